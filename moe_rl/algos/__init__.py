@@ -1,0 +1,16 @@
+"""Advantages and policy losses as pure functions of tensors (GRPO arXiv 2402.03300, GSPO arXiv 2507.18071)."""
+
+from moe_rl.algos.advantages import group_advantages
+from moe_rl.algos.losses import AGG_MODES, DEFAULT_EPS, LOSSES, LossFn, get_loss, grpo_loss, gspo_loss, gspo_token_loss
+
+__all__ = [
+    "AGG_MODES",
+    "DEFAULT_EPS",
+    "LOSSES",
+    "LossFn",
+    "get_loss",
+    "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+]

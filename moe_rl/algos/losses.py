@@ -1,0 +1,235 @@
+"""Clipped policy-gradient losses: GRPO (arXiv 2402.03300), GSPO and GSPO-token (arXiv 2507.18071).
+
+Every loss is a pure function of tensors with one keyword signature and returns
+`(loss, metrics)`: `loss` is a scalar Tensor to call `.backward()` on, `metrics` a dict of floats.
+
+Shared arguments (B sequences, T response positions):
+    logp      (B, T)  log pi_theta of the sampled response tokens, with grad
+    old_logp  (B, T)  log pi_old of the same tokens (constant)
+    adv       (B,)    advantage per sequence (GRPO and GSPO-token also take a (B, T) advantage)
+    mask      (B, T)  bool, valid response tokens (ragged lengths)
+    ref_logp  (B, T)  optional log pi_ref, for `beta * KL(pi_theta || pi_ref)` with the k3 estimator
+Masked positions never enter a value or a gradient, whatever `logp` holds there (even inf/NaN).
+A sequence with no valid token contributes nothing: sequence means run over the non-empty
+sequences only, so padding rows do not dilute the loss; an all-empty batch gives loss 0.
+
+Metrics:
+    loss/policy          the clipped policy term alone (without the KL term)
+    ratio/clipfrac_low   fraction of valid tokens (GSPO: sequences) where the clipped branch is
+                         active on the low side: ratio < 1 - eps_low and adv < 0
+    ratio/clipfrac_high  same on the high side: ratio > 1 + eps_high and adv > 0
+    kl/ref_k3            k3 KL to the reference policy, aggregated like the loss (only with ref_logp)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+AGG_MODES = ("seq-mean-token-mean", "token-mean")
+
+LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+
+def _check_inputs(
+    *, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, ref_logp: Tensor | None, beta: float,
+    eps_low: float, eps_high: float, agg: str, token_adv: bool,
+) -> Tensor:
+    """Validate shapes and options; return `mask` as bool."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
+    for name, x in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if x is not None and x.shape != logp.shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
+    allowed = [logp.shape[:1], logp.shape] if token_adv else [logp.shape[:1]]
+    if adv.shape not in allowed:
+        want = " or ".join(str(tuple(s)) for s in allowed)
+        raise ValueError(f"adv shape {tuple(adv.shape)} must be {want} for logp shape {tuple(logp.shape)}")
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp")
+    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    return mask.to(torch.bool)
+
+
+def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
+    """Reduce per-token values (B, T) to a scalar over valid tokens."""
+    x = torch.where(mask, x, torch.zeros_like(x))
+    if agg == "token-mean":
+        # sum_{i,t} x / sum_i |y_i|
+        return x.sum() / mask.sum().clamp(min=1)
+    # mean_{i: |y_i|>0} (1/|y_i|) sum_t x
+    seq_len = mask.sum(dim=-1)  # (B,)
+    seq_mean = x.sum(dim=-1) / seq_len.clamp(min=1)
+    return seq_mean.sum() / (seq_len > 0).sum().clamp(min=1)
+
+
+def _seq_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean of per-sequence values (B,) over the non-empty sequences."""
+    return torch.where(valid, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1)
+
+
+def _clipfracs(ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float) -> dict[str, Tensor]:
+    """Fractions of valid entries where min() picks the clipped (zero-gradient) branch."""
+    n = valid.sum().clamp(min=1)
+    low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
+    high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
+    return {"ratio/clipfrac_low": low.sum() / n, "ratio/clipfrac_high": high.sum() / n}
+
+
+def _add_kl(
+    policy_loss: Tensor, *, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float, agg: str
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Add beta * k3 KL(pi_theta || pi_ref), aggregated by `agg`; return the total and its metrics."""
+    metrics = {"loss/policy": policy_loss.detach()}
+    if ref_logp is None:
+        return policy_loss, metrics
+    log_ref_ratio = torch.where(mask, ref_logp.detach() - logp, torch.zeros_like(logp))
+    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3 = exp(ref - logp) - (ref - logp) - 1
+    kl = _aggregate(kl, mask, agg)
+    metrics["kl/ref_k3"] = kl.detach()
+    return policy_loss + beta * kl, metrics
+
+
+def _to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
+    values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()
+    return dict(zip(metrics, values))
+
+
+def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
+    """Advantage per token (B, T), broadcasting a per-sequence (B,) advantage; constant."""
+    adv = adv.detach().to(logp.dtype)
+    return adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
+
+
+def _masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """log(pi_theta / pi_old) per token, 0 at masked positions so that exp() stays finite."""
+    return torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))
+
+
+def grpo_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    agg: str = "seq-mean-token-mean",
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO (arXiv 2402.03300) with the token ratio clipped asymmetrically (GSPO paper's eps 0.2/0.27).
+
+    loss = agg_{i,t} -min(r_{i,t} A_i, clip(r_{i,t}, 1-eps_low, 1+eps_high) A_i) + beta * agg k3,
+    r_{i,t} = pi_theta(y_{i,t}) / pi_old(y_{i,t}). agg "seq-mean-token-mean" is the paper's
+    mean_i (1/|y_i|) sum_t; "token-mean" is sum_{i,t} / sum_i |y_i| (DAPO-style).
+    """
+    mask = _check_inputs(
+        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
+        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=True,
+    )
+    adv = _token_adv(adv, logp)  # (B, T)
+    ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(r A, clip(r) A)
+    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
+    return loss, _to_floats(metrics)
+
+
+def _seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Length-normalised sequence log-ratio (1/|y_i|) sum_t log(pi_theta/pi_old), and |y_i| > 0."""
+    seq_len = mask.sum(dim=-1)  # (B,)
+    return _masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / seq_len.clamp(min=1), seq_len > 0
+
+
+def gspo_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    agg: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (arXiv 2507.18071): one length-normalised ratio per sequence, clipped as a whole.
+
+    s_i  = exp((1/|y_i|) sum_t log(pi_theta(y_{i,t}) / pi_old(y_{i,t})))
+    loss = mean_i -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i) + beta * agg k3.
+    The policy term is always a mean over sequences; `agg` only reduces the per-token KL term.
+    Clip fractions count sequences. `adv` must be (B,).
+    """
+    mask = _check_inputs(
+        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
+        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=False,
+    )
+    adv = adv.detach().to(logp.dtype)
+    seq_log_ratio, valid = _seq_log_ratio(logp, old_logp, mask)
+    seq_ratio = torch.exp(seq_log_ratio)  # s_i, (B,)
+    pg_loss1 = -adv * seq_ratio
+    pg_loss2 = -adv * torch.clamp(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s A, clip(s) A), (B,)
+    loss, metrics = _add_kl(_seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    metrics.update(_clipfracs(seq_ratio, adv, valid, eps_low, eps_high))
+    return loss, _to_floats(metrics)
+
+
+def gspo_token_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    agg: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO-token (arXiv 2507.18071): GSPO with a per-token advantage A_{i,t}.
+
+    s_{i,t} = sg[s_i] * pi_theta(y_{i,t}) / sg[pi_theta(y_{i,t})]   (value s_i, gradient of token t)
+    loss    = mean_i (1/|y_i|) sum_t -min(s_{i,t} A_{i,t}, clip(s_{i,t}, 1-eps_low, 1+eps_high) A_{i,t})
+              + beta * agg k3.
+    Equal to `gspo_loss` in value and gradient when A_{i,t} = A_i. The policy term is always
+    seq-mean-token-mean; `agg` only reduces the KL term. Clip fractions count tokens.
+    `adv` may be (B,) or (B, T).
+    """
+    mask = _check_inputs(
+        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
+        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=True,
+    )
+    adv = _token_adv(adv, logp)  # (B, T)
+    seq_log_ratio, _ = _seq_log_ratio(logp, old_logp, mask)
+    seq_ratio = torch.exp(seq_log_ratio).detach()  # sg[s_i], (B,)
+    live_logp = torch.where(mask, logp, torch.zeros_like(logp))
+    ratio = seq_ratio[:, None] * torch.exp(live_logp - live_logp.detach())  # s_{i,t}, (B, T)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s_t A_t, clip(s_t) A_t)
+    policy_loss = _aggregate(pg_loss, mask, "seq-mean-token-mean")
+    loss, metrics = _add_kl(policy_loss, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
+    return loss, _to_floats(metrics)
+
+
+LOSSES: dict[str, LossFn] = {"grpo": grpo_loss, "gspo": gspo_loss, "gspo_token": gspo_token_loss}
+
+# (eps_low, eps_high) used in the GSPO paper's experiments; also each loss's keyword defaults.
+DEFAULT_EPS: dict[str, tuple[float, float]] = {"grpo": (0.2, 0.27), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
+
+
+def get_loss(name: str) -> LossFn:
+    """The loss function registered under `name`."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid: {', '.join(sorted(LOSSES))}")
+    return LOSSES[name]

@@ -1,0 +1,138 @@
+"""Importance-ratio statistics and collapse detection (DESIGN §3). Pure: no I/O, no state.
+
+Ratio statistics, over valid response tokens, before clipping, with delta = logp - old_logp:
+    ratio/token_var     population variance of the token ratio exp(delta)
+    ratio/token_max     largest token ratio
+    ratio/seq_var       population variance, across non-empty sequences, of the GSPO sequence
+                        ratio exp(mean_t delta)
+    ratio/ess           normalised effective sample size (sum r)^2 / (N sum r^2), in (0, 1]
+    ratio/extreme_frac  fraction of valid tokens with |delta| > ln 2 (ratio outside [1/2, 2])
+    kl/k3               mean(exp(-delta) - 1 + delta), the k3 estimate of the old/new policy gap
+`ratio/clipfrac_low` and `ratio/clipfrac_high` depend on eps and advantages and come from the
+losses in `moe_rl.algos`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+RATIO_KEYS = ("ratio/token_var", "ratio/token_max", "ratio/seq_var", "ratio/ess", "ratio/extreme_frac", "kl/k3")
+
+
+@torch.no_grad()
+def ratio_stats(*, logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Ratio statistics of DESIGN §3 (keys in `RATIO_KEYS`), in float64; all NaN when no token is valid."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
+    for name, x in (("old_logp", old_logp), ("mask", mask)):
+        if x.shape != logp.shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
+    mask = mask.to(torch.bool)
+    if not mask.any():
+        return {k: math.nan for k in RATIO_KEYS}
+    delta = torch.where(mask, logp.double() - old_logp.double(), 0.0)  # (B, T)
+    d = delta[mask]  # (N,) valid tokens
+    r = torch.exp(d)
+    seq_len = mask.sum(dim=-1)  # (B,)
+    nonempty = seq_len > 0
+    seq_ratio = torch.exp(delta.sum(dim=-1)[nonempty] / seq_len[nonempty])  # s_i = exp(mean_t delta)
+    stats = {
+        "ratio/token_var": r.var(correction=0),
+        "ratio/token_max": r.max(),
+        "ratio/seq_var": seq_ratio.var(correction=0),
+        "ratio/ess": r.sum() ** 2 / (d.numel() * (r**2).sum()),  # (sum r)^2 / (N sum r^2)
+        "ratio/extreme_frac": (d.abs() > math.log(2.0)).double().mean(),
+        "kl/k3": (torch.exp(-d) - 1.0 + d).mean(),  # k3 = exp(-delta) - 1 + delta
+    }
+    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+
+
+@dataclass(frozen=True)
+class CollapseEvent:
+    """The first step at which a collapse trigger fired."""
+
+    step: int
+    trigger: str
+    detail: str
+
+
+TRIGGERS = ("nonfinite", "reward_drop", "entropy_collapse")
+
+
+def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:
+    """Mean of the last `window` values at each index; None until `window` values exist."""
+    out: list[float | None] = []
+    for j in range(len(values)):
+        out.append(math.fsum(values[j + 1 - window : j + 1]) / window if j + 1 >= window else None)
+    return out
+
+
+def detect_collapse(
+    history: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    reward_window: int = 10,
+    reward_drop_frac: float = 0.5,
+    reward_floor: float = 0.2,
+    entropy_floor: float = 0.05,
+    entropy_window: int = 10,
+) -> list[CollapseEvent]:
+    """Collapse events of a run, at most one per trigger (its first step), sorted by step.
+
+    `history` maps a metric key to its (step, value) records in step order; keys used are
+    `loss`, `optim/grad_norm`, `reward/mean` and `policy/entropy` (a missing key disables the
+    triggers that need it). Windows count logged records, not raw steps. Triggers:
+      nonfinite         `loss` or `optim/grad_norm` is NaN or +-inf at a step.
+      reward_drop       the rolling mean of `reward/mean` over the last `reward_window` records
+                        (defined once that many exist) is below `reward_drop_frac` times the best
+                        rolling mean seen at earlier records, and that best is above `reward_floor`.
+      entropy_collapse  `policy/entropy` is below `entropy_floor` while reward is falling: the
+                        rolling reward at the latest reward record at or before that step is below
+                        the rolling reward `entropy_window` records earlier.
+    """
+    if reward_window < 1 or entropy_window < 1:
+        raise ValueError(f"windows must be >= 1, got reward_window={reward_window}, entropy_window={entropy_window}")
+    first: dict[str, CollapseEvent] = {}
+
+    for key in ("loss", "optim/grad_norm"):
+        for step, value in history.get(key, ()):
+            if not math.isfinite(value):
+                if "nonfinite" not in first or step < first["nonfinite"].step:
+                    first["nonfinite"] = CollapseEvent(step, "nonfinite", f"{key}={value}")
+                break
+
+    reward = list(history.get("reward/mean", ()))
+    reward_steps = [s for s, _ in reward]
+    rolling = _rolling_means([v for _, v in reward], reward_window)
+
+    best = -math.inf
+    for (step, _), roll in zip(reward, rolling):
+        if roll is None:
+            continue
+        if best > reward_floor and roll < reward_drop_frac * best:
+            detail = f"rolling reward {roll:.4g} < {reward_drop_frac} * best {best:.4g} (window {reward_window})"
+            first["reward_drop"] = CollapseEvent(step, "reward_drop", detail)
+            break
+        best = max(best, roll)
+
+    for step, entropy in history.get("policy/entropy", ()):
+        if not entropy < entropy_floor:
+            continue
+        j = bisect.bisect_right(reward_steps, step) - 1  # latest reward record at or before `step`
+        if j - entropy_window < 0:
+            continue
+        now, before = rolling[j], rolling[j - entropy_window]
+        if now is not None and before is not None and now < before:
+            detail = (
+                f"entropy {entropy:.4g} < {entropy_floor} while rolling reward {now:.4g} < {before:.4g}"
+                f" ({entropy_window} records earlier)"
+            )
+            first["entropy_collapse"] = CollapseEvent(step, "entropy_collapse", detail)
+            break
+
+    return sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger)))

@@ -1,0 +1,183 @@
+"""Tiny transformers v5 MoE models per family, and loading of local checkpoints.
+
+Every family is a real `*ForCausalLM` class from transformers, built from a small config so that
+sweeps run on a laptop CPU. The routers keep their native code; `moe_rl.routing` hooks them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    GptOssConfig,
+    MixtralConfig,
+    OlmoeConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
+
+# Shared tiny dimensions. Families translate them to their own config keys below.
+_BASE: dict[str, Any] = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    initializer_range=0.02,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
+
+def _qwen3_moe() -> PretrainedConfig:
+    return Qwen3MoeConfig(
+        **_BASE, head_dim=16, intermediate_size=128, moe_intermediate_size=64,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+    )
+
+
+def _qwen2_moe() -> PretrainedConfig:
+    return Qwen2MoeConfig(
+        **_BASE, intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
+    )
+
+
+def _mixtral() -> PretrainedConfig:
+    return MixtralConfig(**_BASE, head_dim=16, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)
+
+
+def _olmoe() -> PretrainedConfig:
+    return OlmoeConfig(**_BASE, intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False)
+
+
+def _deepseek_v3() -> PretrainedConfig:
+    # MLA attention, sigmoid router with correction bias and group-limited top-k; the first
+    # decoder layer is dense so the MoE-layer -> decoder-layer map is not the identity.
+    return DeepseekV3Config(
+        **{**_BASE, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: no grouped KV heads intermediate_size=128, moe_intermediate_size=64,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=2,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    )
+
+
+def _gpt_oss() -> PretrainedConfig:
+    return GptOssConfig(
+        **_BASE, head_dim=16, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=64, layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+FAMILIES = {
+    "qwen3_moe": _qwen3_moe,
+    "qwen2_moe": _qwen2_moe,
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
+    "deepseek_v3": _deepseek_v3,
+    "gpt_oss": _gpt_oss,
+}
+
+# Config keys whose name differs per family; `build_model` accepts the common spelling.
+_ALIASES = {
+    "num_experts": {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v3": "n_routed_experts"},
+    "top_k": {"*": "num_experts_per_tok"},
+    "num_layers": {"*": "num_hidden_layers"},
+}
+
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
+
+
+def default_experts_implementation(device: str | torch.device = "cpu") -> str:
+    """Fastest correct experts kernel per device, measured by `benchmarks/experts_impl.py`.
+
+    On CPU `batched_mm` gathers one weight matrix per (token, slot) and beats the per-expert
+    loop of `eager` on the tiny models; on CUDA `grouped_mm` is the fused kernel.
+    """
+    return "grouped_mm" if torch.device(device).type == "cuda" else "batched_mm"
+
+
+def family_config(family: str = "qwen3_moe", **overrides: Any) -> PretrainedConfig:
+    """The tiny config of `family` with `overrides` applied (unknown keys raise)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; valid: {sorted(FAMILIES)}")
+    config = FAMILIES[family]()
+    for key, value in overrides.items():
+        aliases = _ALIASES.get(key, {})
+        key = aliases.get(family, aliases.get("*", key))
+        if not hasattr(config, key):
+            raise ValueError(f"{family} config has no key {key!r}")
+        setattr(config, key, value)
+    if family == "gpt_oss" and "num_hidden_layers" in {_ALIASES.get(k, {}).get("*", k) for k in overrides}:
+        n = config.num_hidden_layers
+        config.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return config
+
+
+def build_model(
+    family: str = "qwen3_moe",
+    *,
+    seed: int = 0,
+    experts_implementation: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    **config_overrides: Any,
+) -> PreTrainedModel:
+    """A seeded tiny `*ForCausalLM` of `family`, e.g. `build_model("mixtral", num_experts=16)`.
+
+    Router weights are checked to be non-degenerate: all-equal logits would make top-k a tie-break.
+    """
+    config = family_config(family, **config_overrides)
+    impl = experts_implementation or default_experts_implementation()
+    if impl not in EXPERTS_IMPLEMENTATIONS:
+        raise ValueError(f"unknown experts_implementation {impl!r}; valid: {list(EXPERTS_IMPLEMENTATIONS)}")
+    config._experts_implementation = impl
+    # GPT-OSS's attention sinks have no SDPA path in transformers.
+    config._attn_implementation = "eager" if family == "gpt_oss" else "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _check_routers(model)
+    return model.eval()
+
+
+def load_model(
+    path: str | Path, *, experts_implementation: str | None = None, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """Load a local `save_pretrained` checkpoint of any supported family (no hub access)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a save_pretrained checkpoint (no config.json)")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if config.model_type not in FAMILIES:
+        raise ValueError(f"checkpoint {path} is a {config.model_type!r} model; supported: {sorted(FAMILIES)}")
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        local_files_only=True,
+        dtype=dtype,
+        experts_implementation=experts_implementation or default_experts_implementation(),
+    )
+    return model.eval()
+
+
+def model_family(model: PreTrainedModel) -> str:
+    return model.config.model_type
+
+
+def _check_routers(model: PreTrainedModel) -> None:
+    from moe_rl.routing.hooks import find_moe_layers
+
+    for layer in find_moe_layers(model):
+        weight = layer.router.weight
+        if torch.all(weight == weight.flatten()[0]):
+            raise RuntimeError(f"router {layer.name} has degenerate (all-equal) weights")

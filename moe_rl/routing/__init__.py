@@ -1,0 +1,17 @@
+"""Route recording, Routing Replay and route comparison (DESIGN §2-§3)."""
+
+from moe_rl.routing.compare import compare_routes, route_overlap
+from moe_rl.routing.hooks import MoeLayer, RouteRecorder, RouteReplay, find_moe_layers, router_margins
+from moe_rl.routing.routes import Routes, index_dtype
+
+__all__ = [
+    "MoeLayer",
+    "RouteRecorder",
+    "RouteReplay",
+    "Routes",
+    "compare_routes",
+    "find_moe_layers",
+    "index_dtype",
+    "route_overlap",
+    "router_margins",
+]

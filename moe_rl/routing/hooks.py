@@ -1,0 +1,366 @@
+"""Route recording and Routing Replay as context managers over a transformers v5 MoE model.
+
+Both hook the router module of every MoE layer, which in transformers v5 returns
+`(logits, weights, indices)` and whose outputs feed the experts. A hook on the model itself marks
+the start and end of each forward pass, which gives three guarantees:
+- a route is recorded once per layer per pass, so gradient-checkpointing recomputation during
+  backward (which runs outside any pass) never double-records;
+- a replay that did not reach every MoE layer in a pass raises instead of silently doing nothing;
+- routes of successive KV-cache calls (`generate`) are assembled along time into one record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from moe_rl.routing.routes import Routes
+from moe_rl.routing.rules import FAMILY_RULES, GENERIC_RULES, Rule, selection_scores
+
+
+@dataclass
+class MoeLayer:
+    name: str  # module path of the router, e.g. "model.layers.3.mlp.gate"
+    router: nn.Module
+    decoder_layer: int
+    num_experts: int
+    top_k: int
+
+
+def _router_classes(model: nn.Module) -> tuple[type, ...]:
+    """Router classes the model declares through v5's `_can_record_outputs["router_logits"]`."""
+    recorder = getattr(model, "_can_record_outputs", None) or {}
+    spec = recorder.get("router_logits")
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    return tuple(s.target_class for s in specs if getattr(s, "target_class", None) is not None)
+
+
+def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
+    """The router module of every MoE layer, in model order. Raises if the model has none."""
+    declared = _router_classes(model)
+    layers = []
+    for name, module in model.named_modules():
+        is_router = isinstance(module, declared) if declared else type(module).__name__.endswith(("Router", "TopkRouter"))
+        if not is_router:
+            continue
+        match = re.search(r"layers\.(\d+)\.", name)
+        weight = getattr(module, "weight", None)
+        num_experts = getattr(module, "num_experts", None) or (weight.shape[0] if weight is not None else None)
+        if match is None or num_experts is None or not hasattr(module, "top_k"):
+            raise ValueError(f"router {name} ({type(module).__name__}) lacks a layer index, top_k or num_experts")
+        layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(module.top_k)))
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no MoE layer (no router module found)")
+    return layers
+
+
+def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+    x = kwargs.get("input_ids")
+    if x is None:
+        x = kwargs.get("inputs_embeds")
+    if x is None and args:
+        x = args[0]
+    if x is None:
+        raise ValueError("forward pass without input_ids or inputs_embeds")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def _is_continuation(kwargs: dict) -> bool:
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # renamed to `cache` in later v5 releases
+    return cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0
+
+
+def align_slots(forced: Tensor, native: Tensor) -> Tensor:
+    """Reorder each row of `forced` so experts the router also chose sit in the router's slots.
+
+    Slot order changes floating-point sums (weight normalisation, the experts' reduction over k),
+    so replaying the router's own routes must present them in its own order to be bitwise exact.
+    """
+    k = forced.shape[-1]
+    match = forced.unsqueeze(-1) == native.unsqueeze(-2)  # (N, k_forced, k_native)
+    slot = match.to(torch.uint8).argmax(-1)
+    key = torch.where(match.any(-1), slot, k + torch.arange(k, device=forced.device))
+    return forced.gather(-1, key.argsort(-1))
+
+
+class _ModelHooks:
+    """Registers hooks on enter and always removes them on exit, also when the body raises."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.layers = find_moe_layers(model)
+        self._handles: list[RemovableHandle] = []
+        self.in_pass = False
+
+    def _hook_layers(self, hook_for_layer, prepend: bool = False) -> None:
+        for i, layer in enumerate(self.layers):
+            self._handles.append(layer.router.register_forward_hook(hook_for_layer(i), prepend=prepend))
+        self._handles.append(self.model.register_forward_pre_hook(self._pre, with_kwargs=True))
+        self._handles.append(self.model.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.in_pass = True
+        self.begin_pass(args, kwargs)
+
+    def _post(self, module: nn.Module, args: tuple, output: object) -> None:
+        self.in_pass = False
+        self.end_pass()
+
+    def begin_pass(self, args: tuple, kwargs: dict) -> None: ...
+
+    def end_pass(self) -> None: ...
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.in_pass = False
+
+    @property
+    def layer_map(self) -> tuple[int, ...]:
+        return tuple(layer.decoder_layer for layer in self.layers)
+
+    @property
+    def num_experts(self) -> int:
+        return self.layers[0].num_experts
+
+
+@dataclass
+class _Record:
+    """Routes of one sequence batch, as successive passes (prefill, then decode steps)."""
+
+    passes: list[list[Tensor | None]] = field(default_factory=list)  # per pass, per layer: (B*T, k)
+    masks: list[Tensor] = field(default_factory=list)  # per pass: (B, T)
+    margins: list[list[Tensor | None]] = field(default_factory=list)
+
+
+class RouteRecorder(_ModelHooks):
+    """Record the top-k expert ids of every MoE layer for every position of every forward pass.
+
+    >>> with RouteRecorder(model) as rec:
+    ...     out = model.generate(**batch)
+    >>> rec.routes.indices.shape   # (B, T, L, k), T = out.shape[1] - 1
+
+    A pass without a KV cache starts a new record; KV-cache continuations (`generate`'s decode
+    steps) extend the current one along time. `routes` is the latest record, `records` all.
+    Pad positions (attention_mask == 0) are masked. With `margins=True`, `margins` holds the gap
+    between the k-th and (k+1)-th router probability per (B, T, L).
+    """
+
+    def __init__(self, model: nn.Module, *, margins: bool = False) -> None:
+        super().__init__(model)
+        self.record_margins = margins
+        self._records: list[_Record] = []
+
+    def __enter__(self) -> RouteRecorder:
+        self._hook_layers(self._make_hook)
+        return self
+
+    def begin_pass(self, args: tuple, kwargs: dict) -> None:
+        B, T = _input_shape(args, kwargs)
+        if not self._records or not _is_continuation(kwargs):
+            self._records.append(_Record())
+        record = self._records[-1]
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and attention_mask.dim() == 2:
+            mask = attention_mask[:, -T:].bool()
+        else:
+            mask = torch.ones(B, T, dtype=torch.bool)
+        record.masks.append(mask)
+        record.passes.append([None] * len(self.layers))
+        record.margins.append([None] * len(self.layers))
+
+    def _make_hook(self, i: int):
+        def hook(router: nn.Module, args: tuple, output: tuple) -> None:
+            if not self.in_pass:  # gradient-checkpointing recomputation or a call outside the model
+                return
+            current = self._records[-1].passes[-1]
+            if current[i] is not None:
+                return
+            current[i] = output[2].detach()
+            if self.record_margins:
+                scores = selection_scores(router, output[0].detach())
+                self._records[-1].margins[-1][i] = router_margins(scores, self.layers[i].top_k)
+
+        return hook
+
+    @property
+    def records(self) -> list[Routes]:
+        return [self._assemble(r) for r in self._records]
+
+    @property
+    def routes(self) -> Routes:
+        if not self._records:
+            raise RuntimeError("RouteRecorder saw no forward pass")
+        return self._assemble(self._records[-1])
+
+    @property
+    def margins(self) -> Tensor:
+        """(B, T, L) float32 margins of the latest record (needs `margins=True`)."""
+        if not self.record_margins:
+            raise RuntimeError("construct RouteRecorder(model, margins=True) to record margins")
+        record = self._records[-1]
+        steps = []
+        for mask, per_layer in zip(record.masks, record.margins):
+            B, T = mask.shape
+            steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers)))
+        return torch.cat(steps, dim=1)
+
+    def _assemble(self, record: _Record) -> Routes:
+        steps = []
+        for p, (mask, per_layer) in enumerate(zip(record.masks, record.passes)):
+            missing = [self.layers[i].name for i, x in enumerate(per_layer) if x is None]
+            if missing:
+                raise RuntimeError(
+                    f"pass {p}: no route recorded for MoE layers {missing}; their router was bypassed "
+                    "(e.g. a hub kernel that routes internally)"
+                )
+            B, T = mask.shape
+            steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
+        mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
+        return Routes.from_topk(torch.cat(steps, dim=1), mask, self.layer_map, self.num_experts)
+
+
+def router_margins(scores: Tensor, k: int) -> Tensor:
+    """Gap between the k-th and (k+1)-th largest router score along the last dim.
+
+    Small margins predict route flips: a small update can swap the k-th and (k+1)-th expert.
+    """
+    top = scores.float().topk(k + 1, dim=-1).values
+    return top[..., k - 1] - top[..., k]
+
+
+class RouteReplay(_ModelHooks):
+    """Force `routes.indices` into every MoE layer; gate weights come from the live router.
+
+    Only the indices are forced. The weights are recomputed from the router's logits at the forced
+    indices by the family's own rule (`moe_rl.routing.rules`), so gradients reach the router and a
+    forced expert outside the live top-k keeps its true, non-zero weight. Masked positions keep
+    their native routes. With `record_native=True`, `native_routes` is what the router would have
+    chosen in the last pass (for `route/native_vs_replayed`).
+
+    Every forward pass in the context must be a teacher-forced pass of the routes' (B, T): a pass
+    that misses an MoE layer raises RuntimeError, mismatched shapes raise ValueError.
+    """
+
+    def __init__(self, model: nn.Module, routes: Routes, *, record_native: bool = False) -> None:
+        super().__init__(model)
+        self.routes = routes
+        self.record_native = record_native
+        self._validate(routes)
+        self.rules = [resolve_rule(layer) for layer in self.layers]
+        self._applied: list[bool] = []
+        self._native: list[Tensor | None] = []
+        self.passes = 0
+
+    def _validate(self, routes: Routes) -> None:
+        B, T, L, k = routes.shape
+        if L != len(self.layers):
+            raise ValueError(f"routes have {L} MoE layers, the model has {len(self.layers)}")
+        if routes.layer_map != self.layer_map:
+            raise ValueError(f"routes layer_map {routes.layer_map} != model's MoE layers {self.layer_map}")
+        for i, layer in enumerate(self.layers):
+            if k != layer.top_k:
+                raise ValueError(f"routes have k={k}, MoE layer {i} ({layer.name}) routes top_k={layer.top_k}")
+        if routes.num_experts != self.num_experts:
+            raise ValueError(f"routes are for num_experts={routes.num_experts}, the model has {self.num_experts}")
+        valid = routes.indices[routes.mask]  # (n, L, k)
+        if valid.numel():
+            top = int(valid.max())
+            if top >= self.num_experts:
+                raise ValueError(f"expert id {top} out of range for num_experts={self.num_experts}")
+            if k > 1 and bool((valid[..., 1:] == valid[..., :-1]).any()):
+                raise ValueError("routes repeat an expert within one position's top-k")
+
+    def __enter__(self) -> RouteReplay:
+        device = self.layers[0].router.weight.device
+        B, T, L, k = self.routes.shape
+        forced = self.routes.indices.to(device=device, dtype=torch.int64)  # (B, T, L, k)
+        self._forced = [forced[:, :, i].reshape(B * T, k) for i in range(L)]
+        self._keep_native = ~self.routes.mask.to(device).reshape(B * T, 1)
+        self._hook_layers(self._make_hook, prepend=True)  # before any recorder, which then sees forced routes
+        return self
+
+    def begin_pass(self, args: tuple, kwargs: dict) -> None:
+        B, T = _input_shape(args, kwargs)
+        rb, rt = self.routes.shape[:2]
+        if _is_continuation(kwargs):
+            raise ValueError("RouteReplay covers whole teacher-forced passes, not KV-cache continuations")
+        if B != rb:
+            raise ValueError(f"batch size {B} != routes batch size {rb}")
+        if T != rt:
+            raise ValueError(f"sequence length {T} != routes sequence length {rt}")
+        self._applied = [False] * len(self.layers)
+        self._native = [None] * len(self.layers)
+
+    def end_pass(self) -> None:
+        missing = [self.layers[i].name for i, done in enumerate(self._applied) if not done]
+        if missing:
+            raise RuntimeError(f"routing replay was armed but not applied to MoE layers {missing}")
+        self.passes += 1
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        super().__exit__(exc_type, *exc)
+        if exc_type is None and self.passes == 0:
+            raise RuntimeError("routing replay was armed but no forward pass ran inside it")
+
+    def _make_hook(self, i: int):
+        layer, rule = self.layers[i], self.rules[i]
+
+        def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
+            logits, weights, native = output
+            forced = self._forced[i]
+            if forced.shape[0] != logits.shape[0]:
+                raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
+            forced = align_slots(torch.where(self._keep_native, native, forced), native)
+            new_weights = rule(router, logits, forced).to(weights.dtype)
+            if self.in_pass:
+                self._applied[i] = True
+                if self.record_native and self._native[i] is None:
+                    self._native[i] = native.detach()
+            return logits, new_weights, forced.to(native.dtype)
+
+        return hook
+
+    @property
+    def native_routes(self) -> Routes:
+        """What the router would have chosen in the last pass, on the replayed routes' mask."""
+        if not self.record_native or any(x is None for x in self._native):
+            raise RuntimeError("construct RouteReplay(..., record_native=True) and run a forward pass")
+        B, T = self.routes.shape[:2]
+        topk = torch.stack(self._native, dim=1).view(B, T, len(self.layers), -1)
+        return Routes.from_topk(topk, self.routes.mask, self.layer_map, self.num_experts)
+
+
+def resolve_rule(layer: MoeLayer) -> Rule:
+    """The gate-weight rule of `layer`'s router, checked on a probe input.
+
+    Recomputing the weights at the router's own indices must reproduce the router's own weights;
+    otherwise replay would train a different function than the model computes, so raise now.
+    """
+    router = layer.router
+    candidates = (FAMILY_RULES[type(router).__name__],) if type(router).__name__ in FAMILY_RULES else GENERIC_RULES
+    weight = router.weight
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    probe = torch.randn(32, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        output = router(probe)
+        if not (isinstance(output, tuple) and len(output) == 3):
+            raise ValueError(f"router {layer.name} does not return (logits, weights, indices)")
+        logits, weights, indices = output
+        for rule in candidates:
+            try:
+                recomputed = rule(router, logits, indices).to(weights.dtype)
+            except AttributeError:
+                continue
+            if torch.allclose(recomputed.float(), weights.float(), rtol=1e-4, atol=1e-6):
+                return rule
+    tried = [rule.__name__ for rule in candidates]
+    raise ValueError(
+        f"router {layer.name} ({type(router).__name__}): no gate-weight rule reproduces its weights "
+        f"at its own indices (tried {tried}); replay would train a different function"
+    )

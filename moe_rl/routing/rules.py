@@ -1,0 +1,65 @@
+"""Per-family gate-weight rules: the router's weights recomputed at given (forced) expert indices.
+
+Each rule maps `(router, logits [N, E], indices [N, k]) -> weights [N, k]` and is differentiable in
+`logits`, so the router still learns under Routing Replay. Forced experts outside the live top-k
+get their true weight: the probabilities are gathered from the full distribution, never from a
+top-k-masked one. `selection_scores` gives the scores top-k is taken over (for margins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+Rule = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+def softmax_topk(router: nn.Module, logits: Tensor, indices: Tensor) -> Tensor:
+    """Qwen2/3-MoE, OLMoE, Mixtral: w = softmax(logits)[idx], renormalised if `norm_topk_prob`."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    weights = probs.gather(-1, indices)
+    if getattr(router, "norm_topk_prob", True):  # Mixtral always renormalises and has no flag
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights
+
+
+def softmax_topk_unnormalised(router: nn.Module, logits: Tensor, indices: Tensor) -> Tensor:
+    return torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
+
+
+def sigmoid_scaled(router: nn.Module, logits: Tensor, indices: Tensor) -> Tensor:
+    """DeepSeek-V3: w = sigmoid(logits)[idx] (bias only steers selection), normalised, times the
+    routed scaling factor."""
+    weights = logits.float().sigmoid().gather(-1, indices)
+    if router.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * router.routed_scaling_factor
+
+
+def softmax_selected(router: nn.Module, logits: Tensor, indices: Tensor) -> Tensor:
+    """GPT-OSS: softmax over the selected logits only."""
+    return torch.softmax(logits.gather(-1, indices), dim=-1, dtype=logits.dtype)
+
+
+FAMILY_RULES: dict[str, Rule] = {
+    "Qwen3MoeTopKRouter": softmax_topk,
+    "Qwen2MoeTopKRouter": softmax_topk,
+    "OlmoeTopKRouter": softmax_topk,
+    "MixtralTopKRouter": softmax_topk,
+    "DeepseekV3TopkRouter": sigmoid_scaled,
+    "GptOssTopKRouter": softmax_selected,
+}
+
+# Tried in order for routers of other models that follow the v5 contract
+# `router(hidden) -> (logits, weights, indices)`; the first that reproduces the router's own
+# weights at its own indices is used.
+GENERIC_RULES: tuple[Rule, ...] = (softmax_topk, softmax_topk_unnormalised, softmax_selected, sigmoid_scaled)
+
+
+def selection_scores(router: nn.Module, logits: Tensor) -> Tensor:
+    """The scores the router takes its top-k over, as probabilities where the family has them."""
+    if type(router).__name__ == "DeepseekV3TopkRouter":
+        return logits.float().sigmoid() + router.e_score_correction_bias
+    return torch.softmax(logits, dim=-1, dtype=torch.float)

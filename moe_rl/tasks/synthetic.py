@@ -1,0 +1,208 @@
+"""The four synthetic tasks: digit reversal, digit sorting, addition, countdown (DESIGN §4).
+
+Every prompt is `<prefix letter><instance><separator>` over the tokenizer alphabet, so tasks are
+told apart by their first character; the answer is the demonstration completion without eos.
+Rewards are exact: 1.0 for a correct completion, `partial_credit` for a well-formed wrong one,
+0.0 for anything malformed. Rewards never raise.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from moe_rl.tasks.expr import MAX_EXPR_CHARS, parse_expression
+
+
+def _is_digits(text: str) -> bool:
+    """Non-empty and ASCII digits only (`str.isdigit` also accepts '²' and other scripts)."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
+def _clean(completion: Any) -> str | None:
+    return completion.strip() if isinstance(completion, str) else None
+
+
+@dataclass(frozen=True)
+class Task(ABC):
+    """A synthetic task: samples examples from a `random.Random` and scores completions exactly."""
+
+    name: str
+    prefix: str
+
+    @abstractmethod
+    def make_example(self, rng: random.Random, **kwargs: Any) -> dict[str, Any]:
+        """One example: {"prompt", "answer", task fields}; all randomness comes from `rng`."""
+
+    @abstractmethod
+    def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
+        """1.0 if correct, `partial_credit` if well-formed but wrong, else 0.0."""
+
+
+def _check_range(lo: int, hi: int, floor: int, what: str) -> None:
+    if not floor <= lo <= hi:
+        raise ValueError(f"need {floor} <= min_{what} <= max_{what}, got ({lo}, {hi})")
+
+
+@dataclass(frozen=True)
+class _DigitStringTask(Task):
+    """Map a random digit string to another digit string of the same length."""
+
+    @abstractmethod
+    def solve(self, digits: str) -> str:
+        """The exact answer for `digits`."""
+
+    def make_example(self, rng: random.Random, *, min_len: int = 3, max_len: int = 6) -> dict[str, Any]:
+        """Digits of length uniform in [min_len, max_len], e.g. {"prompt": "R3071=", "answer": "1703"}."""
+        _check_range(min_len, max_len, 1, "len")
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(min_len, max_len)))
+        return {"prompt": f"{self.prefix}{digits}=", "answer": self.solve(digits), "digits": digits}
+
+    def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
+        """Exact string match; well-formed = ASCII digits of the answer's length."""
+        text = _clean(completion)
+        if text is None:
+            return 0.0
+        if text == example["answer"]:
+            return 1.0
+        return partial_credit if _is_digits(text) and len(text) == len(example["answer"]) else 0.0
+
+
+@dataclass(frozen=True)
+class ReversalTask(_DigitStringTask):
+    """Reverse a digit string: "R3071=" -> "1703"."""
+
+    name: str = "reversal"
+    prefix: str = "R"
+
+    def solve(self, digits: str) -> str:
+        return digits[::-1]
+
+
+@dataclass(frozen=True)
+class SortingTask(_DigitStringTask):
+    """Sort the digits ascending: "S3071=" -> "0137"."""
+
+    name: str = "sorting"
+    prefix: str = "S"
+
+    def solve(self, digits: str) -> str:
+        return "".join(sorted(digits))
+
+
+@dataclass(frozen=True)
+class AdditionTask(Task):
+    """Add two non-negative integers: "A57+968=" -> "1025"."""
+
+    name: str = "addition"
+    prefix: str = "A"
+
+    def make_example(self, rng: random.Random, *, min_digits: int = 1, max_digits: int = 3) -> dict[str, Any]:
+        """Each operand has a digit count uniform in [min_digits, max_digits], no leading zeros."""
+        _check_range(min_digits, max_digits, 1, "digits")
+
+        def operand() -> int:
+            n = rng.randint(min_digits, max_digits)
+            return rng.randint(0 if n == 1 else 10 ** (n - 1), 10**n - 1)
+
+        a, b = operand(), operand()
+        return {"prompt": f"{self.prefix}{a}+{b}=", "answer": str(a + b), "a": a, "b": b}
+
+    def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
+        """Exact match with the canonical sum (no leading zeros); well-formed = ASCII digits, at
+        most one more digit than the longer operand."""
+        text = _clean(completion)
+        if text is None:
+            return 0.0
+        if text == example["answer"]:
+            return 1.0
+        max_len = max(len(str(example["a"])), len(str(example["b"]))) + 1
+        return partial_credit if _is_digits(text) and len(text) <= max_len else 0.0
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+_ATOM = 3
+
+
+@dataclass(frozen=True)
+class CountdownTask(Task):
+    """TinyZero-style countdown: combine every given number once with + - * / to hit the target.
+
+    "C3,5,7>22:" -> "3*5+7". The target comes from a random expression tree over all numbers
+    (division only where exact, every intermediate an integer), resampled until the target is
+    positive; the answer is that expression with minimal parentheses.
+    """
+
+    name: str = "countdown"
+    prefix: str = "C"
+
+    def make_example(
+        self, rng: random.Random, *, n_numbers: int = 3, min_number: int = 1, max_number: int = 9
+    ) -> dict[str, Any]:
+        """`n_numbers` integers uniform in [min_number, max_number] and a positive integer target."""
+        if n_numbers < 2:
+            raise ValueError(f"n_numbers must be >= 2, got {n_numbers}")
+        _check_range(min_number, max_number, 0, "number")
+        numbers = [rng.randint(min_number, max_number) for _ in range(n_numbers)]
+        for _ in range(100):
+            order = rng.sample(numbers, len(numbers))
+            answer, target, _ = _random_expression(rng, order)
+            if target > 0:
+                break
+        else:  # practically unreachable unless all numbers are 0
+            answer, target = "+".join(map(str, numbers)), sum(numbers)
+        prompt = f"{self.prefix}{','.join(map(str, numbers))}>{target}:"
+        return {"prompt": prompt, "answer": answer, "numbers": numbers, "target": target}
+
+    def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
+        """1.0 iff the completion uses each given number exactly once (as a multiset) and evaluates
+        exactly to the target; well-formed = any expression that parses and evaluates."""
+        text = _clean(completion)
+        parsed = parse_expression(text, max_chars=MAX_EXPR_CHARS) if text is not None else None
+        if parsed is None:
+            return 0.0
+        value, literals = parsed
+        uses_each_once = sorted(literals) == sorted(str(n) for n in example["numbers"])
+        return 1.0 if uses_each_once and value == example["target"] else partial_credit
+
+
+def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[str, int, int]:
+    """A random binary expression tree over `numbers` in order: (text, integer value, precedence)."""
+    if len(numbers) == 1:
+        return str(numbers[0]), numbers[0], _ATOM
+    split = rng.randint(1, len(numbers) - 1)
+    left_text, left, left_prec = _random_expression(rng, numbers[:split])
+    right_text, right, right_prec = _random_expression(rng, numbers[split:])
+    op = rng.choice("+-*/")
+    if op == "/" and (right == 0 or left % right != 0):
+        op = rng.choice("+-*")  # division only where exact
+    if op == "+":
+        value = left + right
+    elif op == "-":
+        value = left - right
+    elif op == "*":
+        value = left * right
+    else:
+        value = left // right
+    prec = _PRECEDENCE[op]
+    # Parenthesise only where needed: a lower-precedence child, or an equal-precedence right
+    # child of a non-associative op (a-(b+c), a/(b*c)). a*(b/c) == a*b/c exactly, so no parens.
+    if left_prec < prec:
+        left_text = f"({left_text})"
+    if right_prec < prec or (right_prec == prec and op in "-/"):
+        right_text = f"({right_text})"
+    return f"{left_text}{op}{right_text}", value, prec
+
+
+TASKS: dict[str, Task] = {
+    task.name: task for task in (ReversalTask(), SortingTask(), AdditionTask(), CountdownTask())
+}
+
+
+def get_task(name: str) -> Task:
+    """Look a task up by name; unknown names raise a ValueError listing the valid ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {sorted(TASKS)}")
+    return TASKS[name]

@@ -1,0 +1,436 @@
+"""Route recording and Routing Replay on every supported family: exactness, alignment, errors."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moe_rl.models import FAMILIES, build_model
+from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, router_margins
+
+FAMILY_NAMES = sorted(FAMILIES)
+
+
+def _inputs(B: int = 3, T: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 64, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _random_routes(model, B: int, T: int, seed: int = 1) -> Routes:
+    layers = find_moe_layers(model)
+    E, k = layers[0].num_experts, layers[0].top_k
+    g = torch.Generator().manual_seed(seed)
+    topk = torch.rand(B, T, len(layers), E, generator=g).argsort(-1)[..., :k]
+    return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
+
+
+def _capture_experts(model):
+    """Pre-hooks on every experts module recording the (index, weight) tensors they receive."""
+    seen, handles = [], []
+    for layer in find_moe_layers(model):
+        experts = model.get_submodule(layer.name.rsplit(".", 1)[0]).experts
+
+        def hook(module, args, kwargs):
+            seen.append((args[1].detach().clone(), args[2].detach().clone()))
+
+        handles.append(experts.register_forward_pre_hook(hook, with_kwargs=True))
+    return seen, handles
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("top_k", [2, 4])
+def test_self_replay_is_bitwise_identical(family: str, top_k: int) -> None:
+    model = build_model(family, top_k=top_k)
+    x = _inputs()
+    plain = model(x).logits
+    with RouteRecorder(model) as rec:
+        recorded = model(x).logits
+    with RouteReplay(model, rec.routes) as replay:
+        replayed = model(x).logits
+    assert replay.passes == 1
+    assert torch.equal(plain, recorded)
+    assert torch.equal(plain, replayed)
+    assert rec.routes.indices.dtype == torch.uint8
+    assert rec.routes.shape == (3, 12, len(find_moe_layers(model)), top_k)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_forced_routes_reach_experts_and_router_learns(family: str) -> None:
+    model = build_model(family)
+    x = _inputs(B=4, T=16)
+    routes = _random_routes(model, 4, 16)
+    seen, handles = _capture_experts(model)
+    try:
+        with RouteReplay(model, routes):
+            loss = model(x).logits.float().pow(2).mean()
+    finally:
+        for h in handles:
+            h.remove()
+    L = routes.shape[2]
+    assert len(seen) == L
+    for i, (idx, _) in enumerate(seen):
+        got = idx.view(4, 16, -1).sort(-1).values
+        assert torch.equal(got, routes.indices[:, :, i].long())
+    loss.backward()
+    for layer in find_moe_layers(model):
+        grad = layer.router.weight.grad
+        assert grad is not None and bool((grad.norm(dim=1) > 0).all()), layer.name
+
+
+def _expected_weights(family: str, router, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Each family's gate weight written out by hand from the model code."""
+    if family == "deepseek_v3":
+        s = torch.sigmoid(logits.float()).gather(-1, idx)
+        return s / (s.sum(-1, keepdim=True) + 1e-20) * router.routed_scaling_factor
+    if family == "gpt_oss":
+        return torch.softmax(logits.gather(-1, idx), -1)
+    p = torch.softmax(logits.float(), -1).gather(-1, idx)
+    normalise = family == "mixtral" or router.norm_topk_prob
+    return p / p.sum(-1, keepdim=True) if normalise else p
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_forced_expert_outside_topk_gets_true_weight(family: str) -> None:
+    model = build_model(family)
+    x = _inputs(B=2, T=8)
+    with RouteRecorder(model) as rec:
+        model(x)
+    native = rec.routes
+    E = native.num_experts
+    # For every (position, layer) force the two lowest-numbered experts the router did NOT choose.
+    chosen = F.one_hot(native.indices.long(), E).sum(-2).bool()  # (B, T, L, E)
+    outside = torch.sort((~chosen).float(), dim=-1, descending=True, stable=True).indices[..., :2]
+    forced = Routes.from_topk(outside, None, native.layer_map, E)
+    layers = find_moe_layers(model)
+    replay = RouteReplay(model, forced)  # before the capture hooks: attaching probes the routers
+    logits_seen = []
+    handles = [layer.router.register_forward_hook(lambda m, a, o: logits_seen.append(o[0].detach())) for layer in layers]
+    seen, ehandles = _capture_experts(model)
+    try:
+        with torch.no_grad(), replay:
+            model(x)
+    finally:
+        for h in handles + ehandles:
+            h.remove()
+    assert compare_routes(native, forced)["expert_flip_frac"] == 1.0
+    for layer, logits, (idx, weights) in zip(layers, logits_seen, seen):
+        expected = _expected_weights(family, layer.router, logits, idx)
+        assert bool((weights > 0).all())
+        torch.testing.assert_close(weights.float(), expected.float(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
+def test_generate_routes_match_teacher_forced_on_left_padded_batch(family: str) -> None:
+    model = build_model(family)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
+    P = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad(), RouteRecorder(model) as rec:
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, min_new_tokens=6,
+            do_sample=False, pad_token_id=0, eos_token_id=None,
+        )
+    routes = rec.routes
+    assert len(rec.records) == 1
+    assert routes.shape[:2] == (3, out.shape[1] - 1)
+    full_mask = torch.cat([attention_mask, torch.ones(3, out.shape[1] - P, dtype=torch.long)], 1)
+    assert torch.equal(routes.mask, full_mask[:, :-1].bool())
+    with torch.no_grad(), RouteRecorder(model) as tf:
+        model(out[:, :-1], attention_mask=full_mask[:, :-1])
+    metrics = compare_routes(routes, tf.routes)
+    assert metrics["flip_rate"] == 0.0
+    valid = routes.mask
+    assert torch.equal(routes.indices[valid], tf.routes.indices[valid])
+    assert int(valid.sum()) == sum(len(p) for p in prompts) + 3 * 5
+
+
+def test_gradient_checkpointing_records_once_and_replays_exactly() -> None:
+    model = build_model("qwen3_moe")
+    model.train()
+    x = _inputs(B=2, T=10)
+    routes = _random_routes(model, 2, 10)
+    def grads() -> dict[str, torch.Tensor]:
+        out = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        return out
+
+    model(x).logits.pow(2).mean().backward()
+    native = grads()
+    with RouteReplay(model, routes):
+        reference_logits = model(x).logits
+        reference_logits.pow(2).mean().backward()
+    reference = grads()
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = find_moe_layers(model)
+    replay = RouteReplay(model, routes, record_native=True)
+    calls = []
+    counters = [layer.router.register_forward_hook(lambda m, a, o: calls.append(1)) for layer in layers]
+    with replay, RouteRecorder(model) as rec:
+        logits = model(x).logits
+        logits.pow(2).mean().backward()
+    checkpointed = grads()
+    for h in counters:
+        h.remove()
+    assert len(calls) == 2 * len(layers)  # forward + recomputation during backward
+    assert len(rec.records) == 1 and rec.routes.shape == routes.shape
+    assert torch.equal(rec.routes.indices, routes.indices)  # the recorder sees what replay forced
+    assert replay.passes == 1
+    assert torch.equal(logits, reference_logits)
+    # Checkpointing only reorders the backward accumulation (differences ~1e-11); had the
+    # recomputation used native routes, the expert gradients would differ by ~1e-3.
+    for name in reference:
+        torch.testing.assert_close(checkpointed[name], reference[name], rtol=0, atol=1e-9)
+    assert max((native[n] - reference[n]).abs().max().item() for n in reference) > 1e-4
+
+
+def test_recording_is_identical_under_no_grad_and_autograd() -> None:
+    model = build_model("olmoe")
+    x = _inputs()
+    with RouteRecorder(model) as a:
+        model(x)
+    with torch.no_grad(), RouteRecorder(model) as b:
+        model(x)
+    assert torch.equal(a.routes.indices, b.routes.indices)
+
+
+def test_margins_are_recorded_and_hand_checked() -> None:
+    scores = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    torch.testing.assert_close(router_margins(scores, 2), torch.tensor([0.15, 0.0]))
+    model = build_model("qwen3_moe")
+    with torch.no_grad(), RouteRecorder(model, margins=True) as rec:
+        model(_inputs())
+    assert rec.margins.shape == (3, 12, 2)
+    assert bool((rec.margins >= 0).all()) and bool((rec.margins > 0).any())
+
+
+# --- errors, not silence ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return build_model("qwen3_moe")
+
+
+def _routes_of(model, x) -> Routes:
+    with torch.no_grad(), RouteRecorder(model) as rec:
+        model(x)
+    return rec.routes
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda r, x: (r, x[:2]), "batch size 2 != routes batch size 3"),
+        (lambda r, x: (r, x[:, :5]), "sequence length 5 != routes sequence length 12"),
+    ],
+)
+def test_replay_shape_mismatch_raises(qwen, change, match: str) -> None:
+    x = _inputs()
+    routes, x = change(_routes_of(qwen, x), x)
+    with pytest.raises(ValueError, match=match):
+        with RouteReplay(qwen, routes):
+            qwen(x)
+    assert all(not layer.router._forward_hooks for layer in find_moe_layers(qwen))
+
+
+def test_replay_validation_errors(qwen) -> None:
+    routes = _routes_of(qwen, _inputs())
+    one_layer = Routes(routes.indices[:, :, :1], routes.mask, routes.layer_map[:1], routes.num_experts)
+    with pytest.raises(ValueError, match="routes have 1 MoE layers, the model has 2"):
+        RouteReplay(qwen, one_layer)
+    k1 = Routes(routes.indices[..., :1], routes.mask, routes.layer_map, routes.num_experts)
+    with pytest.raises(ValueError, match="routes have k=1, MoE layer 0 .* top_k=2"):
+        RouteReplay(qwen, k1)
+    bad = routes.indices.clone()
+    bad[0, 0, 0, 1] = 8
+    with pytest.raises(ValueError, match="expert id 8 out of range for num_experts=8"):
+        RouteReplay(qwen, Routes(bad, routes.mask, routes.layer_map, 8))
+    with pytest.raises(ValueError, match="num_experts=16"):
+        RouteReplay(qwen, Routes(routes.indices, routes.mask, routes.layer_map, 16))
+    with pytest.raises(ValueError, match="layer_map"):
+        RouteReplay(qwen, Routes(routes.indices, routes.mask, (3, 4), 8))
+    dup = routes.indices.clone()
+    dup[0, 0, 0] = torch.tensor([3, 3], dtype=dup.dtype)
+    with pytest.raises(ValueError, match="repeat an expert"):
+        RouteReplay(qwen, Routes(dup, routes.mask, routes.layer_map, 8))
+
+
+def test_replay_not_applied_to_every_layer_raises() -> None:
+    model = build_model("qwen3_moe")
+    x = _inputs()
+    routes = _routes_of(model, x)
+    block = model.model.layers[1].mlp
+    router = block.gate
+
+    def bypass(hidden_states):  # a fused kernel that routes internally, never calling the router
+        B, T, H = hidden_states.shape
+        h = hidden_states.view(-1, H)
+        probs = torch.softmax(F.linear(h, router.weight), -1)
+        w, idx = probs.topk(router.top_k, -1)
+        return block.experts(h, idx, w / w.sum(-1, keepdim=True)).view(B, T, H)
+
+    block.forward = bypass
+    with pytest.raises(RuntimeError, match=r"armed but not applied to MoE layers \['model.layers.1.mlp.gate'\]"):
+        with RouteReplay(model, routes):
+            model(x)
+    with pytest.raises(RuntimeError, match="router was bypassed"):
+        with RouteRecorder(model) as rec:
+            model(x)
+        rec.routes
+
+
+def test_replay_without_forward_pass_raises(qwen) -> None:
+    routes = _routes_of(qwen, _inputs())
+    with pytest.raises(RuntimeError, match="no forward pass ran"):
+        with RouteReplay(qwen, routes):
+            pass
+
+
+def test_model_without_moe_layer_raises() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dense = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="has no MoE layer"):
+        RouteRecorder(dense)
+
+
+def test_hooks_removed_when_body_raises(qwen) -> None:
+    routes = _routes_of(qwen, _inputs())
+    with pytest.raises(KeyError):
+        with RouteRecorder(qwen), RouteReplay(qwen, routes):
+            qwen(_inputs())
+            raise KeyError("boom")
+    assert not qwen._forward_hooks and not qwen._forward_pre_hooks
+    assert all(not layer.router._forward_hooks for layer in find_moe_layers(qwen))
+
+
+def test_generic_router_rule_and_its_check() -> None:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    class CustomRouter(Qwen3MoeTopKRouter):  # same contract, unknown class name -> generic rule
+        pass
+
+    class TemperedRouter(Qwen3MoeTopKRouter):  # weights no generic rule can reproduce
+        def forward(self, hidden_states):
+            logits, weights, idx = super().forward(hidden_states)
+            return logits, torch.softmax(weights * 3.0, -1), idx
+
+    for cls, ok in [(CustomRouter, True), (TemperedRouter, False)]:
+        model = build_model("qwen3_moe")
+        for layer in model.model.layers:
+            new = cls(model.config)
+            new.load_state_dict(layer.mlp.gate.state_dict())
+            layer.mlp.gate = new
+        x = _inputs()
+        if ok:
+            plain = model(x).logits
+            routes = _routes_of(model, x)
+            with RouteReplay(model, routes):
+                assert torch.equal(model(x).logits, plain)
+        else:
+            with pytest.raises(ValueError, match="no gate-weight rule reproduces"):
+                RouteReplay(model, _routes_of(model, x))
+
+
+# --- compare_routes and Routes ----------------------------------------------------------------
+
+
+def _routes(sets, mask=None, E=8) -> Routes:
+    t = torch.tensor(sets)  # (B, T, L, k)
+    return Routes.from_topk(t, None if mask is None else torch.tensor(mask), list(range(t.shape[2])), E)
+
+
+def test_compare_routes_hand_built() -> None:
+    # B=1, T=3, L=2, k=2. Position 0: identical; 1: layer 0 swaps one expert; 2: layer 1 swaps both.
+    a = _routes([[[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[4, 5], [6, 7]]]])
+    b = _routes([[[[1, 0], [2, 3]], [[0, 2], [2, 3]], [[4, 5], [0, 1]]]])
+    m = compare_routes(a, b)
+    assert m["flip_rate"] == pytest.approx(2 / 6)
+    assert m["expert_flip_frac"] == pytest.approx((0.5 + 1.0) / 6)
+    assert m["token_flip_rate"] == pytest.approx(2 / 3)
+    assert m["flip_rate/layer_0"] == pytest.approx(1 / 3)
+    assert m["flip_rate/layer_1"] == pytest.approx(1 / 3)
+    assert m["expert_flip_frac/layer_1"] == pytest.approx(1 / 3)
+    # Masking out position 2 in either argument removes its flip.
+    masked = compare_routes(a, _routes(b.indices.tolist(), [[True, True, False]]))
+    assert masked["flip_rate"] == pytest.approx(1 / 4)
+    assert masked["token_flip_rate"] == pytest.approx(1 / 2)
+
+
+def test_compare_routes_against_slow_loop() -> None:
+    g = torch.Generator().manual_seed(3)
+    B, T, L, E, k = 3, 7, 3, 6, 2
+    a_idx = torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k]
+    b_idx = torch.where(torch.rand(B, T, L, 1, generator=g) < 0.6, a_idx, torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k])
+    ma, mb = torch.rand(B, T, generator=g) < 0.8, torch.rand(B, T, generator=g) < 0.8
+    a = Routes.from_topk(a_idx, ma, range(L), E)
+    b = Routes.from_topk(b_idx, mb, range(L), E)
+    fast = compare_routes(a, b)
+    flips, expert, tokens, per_layer = [], [], [], [[] for _ in range(L)]
+    for i, t in itertools.product(range(B), range(T)):
+        if not (ma[i, t] and mb[i, t]):
+            continue
+        token_flip = False
+        for layer in range(L):
+            sa, sb = set(a_idx[i, t, layer].tolist()), set(b_idx[i, t, layer].tolist())
+            flips.append(sa != sb)
+            per_layer[layer].append(sa != sb)
+            expert.append(1 - len(sa & sb) / k)
+            token_flip |= sa != sb
+        tokens.append(token_flip)
+    assert fast["flip_rate"] == pytest.approx(np.mean(flips))
+    assert fast["expert_flip_frac"] == pytest.approx(np.mean(expert))
+    assert fast["token_flip_rate"] == pytest.approx(np.mean(tokens))
+    for layer in range(L):
+        assert fast[f"flip_rate/layer_{layer}"] == pytest.approx(np.mean(per_layer[layer]))
+
+
+def test_compare_routes_shape_mismatch() -> None:
+    a = _routes([[[[0, 1]]]])
+    b = _routes([[[[0, 1]], [[0, 1]]]])
+    with pytest.raises(ValueError, match="shapes differ"):
+        compare_routes(a, b)
+
+
+def test_routes_dtype_sorting_and_save_load(tmp_path) -> None:
+    r = Routes.from_topk(torch.tensor([[[[5, 2]], [[7, 1]]]]), torch.tensor([[True, False]]), [3], 8)
+    assert r.indices.dtype == torch.uint8 and r.indices.tolist() == [[[[2, 5]], [[1, 7]]]]
+    assert r.bytes_per_token_layer() == 2
+    r.save(tmp_path / "r.safetensors")
+    back = Routes.load(tmp_path / "r.safetensors")
+    assert torch.equal(back.indices, r.indices) and torch.equal(back.mask, r.mask)
+    assert back.layer_map == (3,) and back.num_experts == 8
+    big = Routes.from_topk(torch.tensor([[[[299, 3]]]]), None, [0], 300)
+    assert big.indices.dtype == torch.int16 and big.bytes_per_token_layer() == 4
+    with pytest.raises(ValueError, match=r"expert ids must lie in \[0, 8\)"):
+        Routes.from_topk(torch.tensor([[[[9, 3]]]]), None, [0], 8)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a routes file")
+    with pytest.raises(ValueError, match="bad.safetensors is not a readable routes file"):
+        Routes.load(tmp_path / "bad.safetensors")
+    truncated = (tmp_path / "r.safetensors").read_bytes()[:-3]
+    (tmp_path / "trunc.safetensors").write_bytes(truncated)
+    with pytest.raises(ValueError, match="trunc.safetensors"):
+        Routes.load(tmp_path / "trunc.safetensors")
+
+
+def test_routes_from_vllm_and_sglang() -> None:
+    seq0 = np.array([[[1, 0], [3, 2]], [[4, 5], [6, 7]], [[0, 2], [1, 3]]], dtype=np.int32)  # 3 positions
+    seq1 = np.array([[[7, 6], [5, 4]]], dtype=np.int32)  # 1 position
+    r = Routes.from_vllm([seq0, seq1], num_experts=8)
+    assert r.shape == (2, 3, 2, 2)
+    assert r.mask.tolist() == [[True, True, True], [True, False, False]]
+    assert r.indices[0, 0].tolist() == [[0, 1], [2, 3]] and r.indices[1, 0].tolist() == [[6, 7], [4, 5]]
+    encoded = [base64.b64encode(s.tobytes()).decode() for s in (seq0, seq1)]
+    s = Routes.from_sglang(encoded, num_layers=2, top_k=2, num_experts=8)
+    assert torch.equal(s.indices, r.indices) and torch.equal(s.mask, r.mask)
+    with pytest.raises(ValueError, match="not a multiple of num_layers"):
+        Routes.from_sglang(base64.b64encode(np.arange(3, dtype=np.int32).tobytes()).decode(), num_layers=2, top_k=2, num_experts=8)
+    with pytest.raises(ValueError, match="expert ids must lie"):
+        Routes.from_vllm([seq0], num_experts=4)
