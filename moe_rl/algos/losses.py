@@ -78,7 +78,7 @@ def _clipfracs(ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_hi
     n = valid.sum().clamp(min=1)
     low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
     high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
-    return {"ratio/clipfrac_low": low.sum() / n, "ratio/clipfrac_high": high.sum() / n}
+    return {"ratio/clipfrac_low": low.sum().double() / n, "ratio/clipfrac_high": high.sum().double() / n}
 
 
 def _add_kl(

@@ -49,10 +49,12 @@ def load_task(name: str, *, n_train: int, n_eval: int, seed: int, **task_kwargs:
     eval_rows = _unique_examples(task, random.Random(f"{name}/eval/{seed}"), n_eval, set(), task_kwargs)
     held_out = {row["prompt"] for row in eval_rows}
     train_rows = _unique_examples(task, random.Random(f"{name}/train/{seed}"), n_train, held_out, task_kwargs)
-    return DatasetDict(
-        train=Dataset.from_list(train_rows, features=features),
-        eval=Dataset.from_list(eval_rows, features=features),
-    )
+    return DatasetDict(train=_to_dataset(train_rows, features), eval=_to_dataset(eval_rows, features))
+
+
+def _to_dataset(rows: list[dict[str, Any]], features: Features) -> Dataset:
+    """Column-wise build (`from_list` cannot build an empty split with a schema)."""
+    return Dataset.from_dict({key: [row[key] for row in rows] for key in features}, features=features)
 
 
 def score_completions(

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from moe_rl.tasks.expr import MAX_EXPR_CHARS, parse_expression
+from moe_rl.tasks.expr import parse_expression
 
 
 def _is_digits(text: str) -> bool:
@@ -160,7 +160,7 @@ class CountdownTask(Task):
         """1.0 iff the completion uses each given number exactly once (as a multiset) and evaluates
         exactly to the target; well-formed = any expression that parses and evaluates."""
         text = _clean(completion)
-        parsed = parse_expression(text, max_chars=MAX_EXPR_CHARS) if text is not None else None
+        parsed = parse_expression(text) if text is not None else None
         if parsed is None:
             return 0.0
         value, literals = parsed

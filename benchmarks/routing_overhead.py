@@ -1,0 +1,90 @@
+"""Overhead of route recording and Routing Replay, measured side by side on CPU.
+
+    python benchmarks/routing_overhead.py [--family qwen3_moe] [--batch 64] [--seq 64] [--repeats 15]
+
+Prints forward-with-recorder / plain forward and forward+backward-with-replay / plain
+forward+backward, each the median ratio over interleaved repeats (plain and hooked runs
+alternate so machine noise hits both alike), and the stored route bytes per token per MoE layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from moe_rl.models import build_model
+from moe_rl.routing import RouteRecorder, RouteReplay
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="qwen3_moe")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model = build_model(args.family)
+    x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), RouteRecorder(model) as rec:
+        model(x)
+    routes = rec.routes
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_recorded() -> None:
+        with torch.no_grad(), RouteRecorder(model) as r:
+            model(x)
+        r.routes  # assembling the (B, T, L, k) record is part of the cost
+
+    def train_step() -> None:
+        model(x).logits.float().pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    def train_step_replayed() -> None:
+        with RouteReplay(model, routes):
+            model(x).logits.float().pow(2).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    for fn in (forward, forward_recorded, train_step, train_step_replayed):  # warm-up
+        fn()
+    fwd, rec_ratio, step, rep_ratio = [], [], [], []
+    for i in range(args.repeats):
+        # Alternate which of the pair runs first to cancel drift.
+        if i % 2:
+            a, b = _time(forward), _time(forward_recorded)
+            c, d = _time(train_step), _time(train_step_replayed)
+        else:
+            b, a = _time(forward_recorded), _time(forward)
+            d, c = _time(train_step_replayed), _time(train_step)
+        fwd.append(a)
+        step.append(c)
+        rec_ratio.append(b / a)
+        rep_ratio.append(d / c)
+
+    L, k = routes.shape[2], routes.shape[3]
+    print(f"model={args.family} experts_impl={model.config._experts_implementation} batch={args.batch}x{args.seq} "
+          f"MoE layers={L} experts={routes.num_experts} k={k} threads={torch.get_num_threads()} repeats={args.repeats}")
+    print(f"plain forward            median {statistics.median(fwd) * 1e3:8.1f} ms")
+    print(f"plain forward+backward   median {statistics.median(step) * 1e3:8.1f} ms")
+    print(f"recorder / plain forward              {statistics.median(rec_ratio):.3f}x  (target <= 1.03x)")
+    print(f"replay fwd+bwd / plain fwd+bwd        {statistics.median(rep_ratio):.3f}x  (target <= 1.05x)")
+    print(f"route bytes per token per MoE layer   {routes.bytes_per_token_layer()}  (target <= k = {k})")
+
+
+if __name__ == "__main__":
+    main()

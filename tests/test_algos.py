@@ -1,0 +1,316 @@
+"""Advantages and policy losses: hand-computed values, clip cases, gradients, GSPO == GSPO-token."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from moe_rl.algos import (
+    AGG_MODES,
+    DEFAULT_EPS,
+    LOSSES,
+    get_loss,
+    group_advantages,
+    grpo_loss,
+    gspo_loss,
+    gspo_token_loss,
+)
+
+LN = math.log
+DT = torch.float64
+
+
+def _t(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=DT)
+
+
+# ---------------------------------------------------------------- group_advantages
+
+
+def test_group_advantages_by_hand_population_std():
+    # group 0: [0, 3, 3], mean 2, deviations [-2, 1, 1], population var (4+1+1)/3 = 2, std sqrt(2)
+    # group 1: [1, 1, 1], zero variance -> zeros
+    # group 2: [0.1, 0.1, 0.1], zero variance even though its float mean need not equal 0.1 exactly
+    # group 3: [1, 0, 0], mean 1/3, deviations [2/3, -1/3, -1/3], var (4/9+1/9+1/9)/3 = 2/9
+    rewards = _t([0, 3, 3, 1, 1, 1, 0.1, 0.1, 0.1, 1, 0, 0])
+    adv = group_advantages(rewards, group_size=3, eps=0.0)
+    s2, s29 = math.sqrt(2), math.sqrt(2 / 9)
+    expected = [-2 / s2, 1 / s2, 1 / s2, 0, 0, 0, 0, 0, 0, (2 / 3) / s29, (-1 / 3) / s29, (-1 / 3) / s29]
+    torch.testing.assert_close(adv, _t(expected))
+    assert adv[3:9].eq(0).all()
+
+
+def test_group_advantages_eps_and_int_rewards():
+    # [1, 0] -> mean 0.5, population std 0.5 -> A = +-0.5 / (0.5 + eps)
+    adv = group_advantages(torch.tensor([1, 0, 0, 0]), group_size=2, eps=0.25)
+    assert adv.is_floating_point()
+    torch.testing.assert_close(adv, torch.tensor([0.5 / 0.75, -0.5 / 0.75, 0.0, 0.0]))
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="not divisible by group_size=3"):
+        group_advantages(torch.zeros(7), group_size=3)
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        group_advantages(torch.zeros(4), group_size=1)
+    with pytest.raises(ValueError, match="1-D"):
+        group_advantages(torch.zeros(2, 4), group_size=4)
+
+
+# ---------------------------------------------------------------- GRPO by hand
+
+# Token ratios r = exp(logp - old_logp) with eps_low 0.2, eps_high 0.27, clip range [0.8, 1.27].
+# seq 0, A = +1, 3 valid tokens:
+#   r = 1.5 > 1.27, A > 0: min(1.5, 1.27) = 1.27          -> loss -1.27  clipped (high)
+#   r = 0.5 < 0.8,  A > 0: min(0.5, 0.8)  = 0.5           -> loss -0.5   unclipped
+#   r = 1.0 inside:                                        -> loss -1.0   unclipped
+# seq 1, A = -2, 2 valid tokens (third masked):
+#   r = 1.5 > 1.27, A < 0: min(-3, -2.54) = -3            -> loss  3.0   unclipped
+#   r = 0.5 < 0.8,  A < 0: min(-1, -1.6)  = -1.6          -> loss  1.6   clipped (low)
+# seq-mean-token-mean = (-(1.27 + 0.5 + 1)/3 + (3 + 1.6)/2) / 2 = (-2.77/3 + 2.3) / 2
+# token-mean          = (-1.27 - 0.5 - 1 + 3 + 1.6) / 5 = 1.83 / 5
+SEQ_MEAN = (-2.77 / 3 + 2.3) / 2
+TOKEN_MEAN = 1.83 / 5
+
+
+def _grpo_example():
+    old_logp = _t([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]])
+    delta = _t([[LN(1.5), LN(0.5), 0.0], [LN(1.5), LN(0.5), LN(1.1)]])
+    logp = (old_logp + delta).requires_grad_(True)
+    adv = _t([1.0, -2.0])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return logp, old_logp, adv, mask
+
+
+@pytest.mark.parametrize(("agg", "expected"), [("seq-mean-token-mean", SEQ_MEAN), ("token-mean", TOKEN_MEAN)])
+def test_grpo_by_hand(agg, expected):
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, m = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg)
+    assert loss.dim() == 0
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["loss/policy"] == pytest.approx(expected, rel=1e-12)
+    # one of 5 valid tokens clipped on each side
+    assert m["ratio/clipfrac_high"] == pytest.approx(1 / 5)
+    assert m["ratio/clipfrac_low"] == pytest.approx(1 / 5)
+    assert "kl/ref_k3" not in m
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def test_grpo_gradient_by_hand_token_mean():
+    # d loss / d logp = -A r / N on unclipped tokens (d r / d logp = r), 0 on clipped or masked ones:
+    # seq 0: [0, -1 * 0.5 / 5, -1 * 1 / 5] = [0, -0.1, -0.2]; seq 1: [2 * 1.5 / 5, 0, 0] = [0.6, 0, 0]
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[0.0, -0.1, -0.2], [0.6, 0.0, 0.0]]))
+
+
+def test_grpo_empty_sequence_and_garbage_at_masked_positions():
+    # an all-masked row contributes nothing; inf / NaN / huge logp at masked positions stay out
+    logp, old_logp, adv, mask = _grpo_example()
+    logp = torch.cat([logp.detach(), _t([[1000.0, float("inf"), float("nan")]])]).requires_grad_(True)
+    logp.data[1, 2] = 1000.0  # masked position of a non-empty row
+    old_logp = torch.cat([old_logp, _t([[0.0, 0.0, 0.0]])])
+    adv = torch.cat([adv, _t([5.0])])
+    mask = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    ref_logp = old_logp.clone()
+    for agg, expected in (("seq-mean-token-mean", SEQ_MEAN), ("token-mean", TOKEN_MEAN)):
+        loss, m = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg, ref_logp=ref_logp, beta=0.1)
+        assert m["loss/policy"] == pytest.approx(expected, rel=1e-12)
+        assert m["ratio/clipfrac_high"] == pytest.approx(1 / 5)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        assert grad[2].eq(0).all() and grad[1, 2] == 0
+
+
+def test_all_empty_batch_gives_zero_loss():
+    z = torch.zeros(2, 3, dtype=DT, requires_grad=True)
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    for name, fn in LOSSES.items():
+        loss, m = fn(logp=z, old_logp=z.detach(), adv=_t([1.0, -1.0]), mask=mask)
+        assert loss.item() == 0.0, name
+        assert m["ratio/clipfrac_low"] == 0.0 and m["ratio/clipfrac_high"] == 0.0
+
+
+def test_grpo_token_level_advantage_equals_broadcast():
+    logp, old_logp, adv, mask = _grpo_example()
+    a, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask)
+    b, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv[:, None].expand(2, 3), mask=mask)
+    assert a.item() == b.item()
+
+
+def test_grpo_gradient_on_policy_is_advantage_weighted_logp_gradient():
+    # at theta == theta_old every r = 1 is inside the clip range, so
+    # grad loss = -mean_i (A_i / |y_i|) sum_t grad logp_{i,t}   (seq-mean-token-mean)
+    g = torch.Generator().manual_seed(0)
+    B, T, V, H = 4, 5, 7, 3
+    w = torch.randn(H, V, generator=g, dtype=DT, requires_grad=True)
+    x = torch.randn(B, T, H, generator=g, dtype=DT)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    logp = torch.log_softmax(x @ w, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    adv = _t([1.0, -0.5, 2.0, -1.5])
+    loss, m = grpo_loss(logp=logp, old_logp=logp.detach(), adv=adv, mask=mask)
+    surrogate = -((adv[:, None] * logp * mask).sum(-1) / mask.sum(-1)).mean()
+    torch.testing.assert_close(loss, -(adv.mean()))  # value: -mean_i A_i * 1
+    (grad_loss,) = torch.autograd.grad(loss, w, retain_graph=True)
+    (grad_surrogate,) = torch.autograd.grad(surrogate, w)
+    torch.testing.assert_close(grad_loss, grad_surrogate)
+    assert m["ratio/clipfrac_low"] == 0.0 and m["ratio/clipfrac_high"] == 0.0
+
+
+# ---------------------------------------------------------------- KL term
+
+
+def _kl_example():
+    # ref - logp = [ln 2, -ln 2] (seq 0), [ln 2, masked] (seq 1)
+    # k3 = exp(x) - x - 1: ln 2 -> 2 - ln2 - 1 = 1 - ln2;  -ln 2 -> 1/2 + ln2 - 1 = ln2 - 1/2
+    # seq 0 mean = (1 - ln2 + ln2 - 1/2) / 2 = 1/4;  seq 1 mean = 1 - ln2
+    logp = _t([[-1.0, -2.0], [-0.5, -0.3]]).requires_grad_(True)
+    ref_logp = logp.detach() + _t([[LN(2), -LN(2)], [LN(2), 9.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    return logp, ref_logp, mask
+
+
+@pytest.mark.parametrize(
+    ("agg", "kl"),
+    [("seq-mean-token-mean", (0.25 + 1 - LN(2)) / 2), ("token-mean", (0.5 + 1 - LN(2)) / 3)],
+)
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_kl_term(name, agg, kl):
+    # policy term is 0 (A = 0), so loss = beta * kl; and at beta = 0 the KL is reported but not added
+    logp, ref_logp, mask = _kl_example()
+    adv = _t([0.0, 0.0])
+    loss, m = LOSSES[name](logp=logp, old_logp=logp.detach(), adv=adv, mask=mask, ref_logp=ref_logp, beta=0.1, agg=agg)
+    assert m["kl/ref_k3"] == pytest.approx(kl, rel=1e-12)
+    assert loss.item() == pytest.approx(0.1 * kl, rel=1e-12)
+    assert m["loss/policy"] == 0.0
+    loss0, m0 = LOSSES[name](logp=logp, old_logp=logp.detach(), adv=adv, mask=mask, ref_logp=ref_logp, agg=agg)
+    assert loss0.item() == 0.0 and m0["kl/ref_k3"] == pytest.approx(kl, rel=1e-12)
+
+
+def test_kl_gradient_by_hand():
+    # d k3 / d logp = d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp)
+    # token-mean over 3 tokens, beta 0.1: 0.1 * [(1 - 2)/3, (1 - 1/2)/3, (1 - 2)/3]
+    logp, ref_logp, mask = _kl_example()
+    loss, _ = grpo_loss(
+        logp=logp, old_logp=logp.detach(), adv=_t([0.0, 0.0]), mask=mask, ref_logp=ref_logp, beta=0.1, agg="token-mean"
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, 0.1 * _t([[-1 / 3, 0.5 / 3], [-1 / 3, 0.0]]))
+
+
+# ---------------------------------------------------------------- GSPO by hand
+
+# Sequence ratio s_i = exp(mean of valid deltas); custom eps 0.2 / 0.27, clip range [0.8, 1.27].
+# seq 0, A = +1, deltas [ln 4, 0]        -> s = exp(ln 2) = 2  > 1.27, A > 0: min(2, 1.27)     -> -1.27 clipped high
+# seq 1, A = -1, deltas [ln 1/4, 0]      -> s = 1/2 < 0.8,     A < 0: min(-0.5, -0.8)  -> 0.8   clipped low
+# seq 2, A = +1, deltas [ln 1/4, 0, ln 4] -> s = 1 inside                              -> -1.0
+# seq 3, A = -1, deltas [ln 4, 0]        -> s = 2,             A < 0: min(-2, -1.27)   -> 2.0   unclipped
+# seq 4, A = +1, deltas [ln 1/4, 0]      -> s = 1/2,           A > 0: min(0.5, 0.8)    -> -0.5  unclipped
+# (the third column of seqs 0, 1, 3, 4 is masked and holds a large delta that must be ignored)
+# loss = (-1.27 + 0.8 - 1 + 2 - 0.5) / 5 = 0.03 / 5
+def _gspo_example():
+    old_logp = -torch.arange(15, dtype=DT).view(5, 3) / 10 - 0.1
+    delta = _t([[LN(4), 0, 5], [LN(0.25), 0, 5], [LN(0.25), 0, LN(4)], [LN(4), 0, 5], [LN(0.25), 0, 5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    return (old_logp + delta).requires_grad_(True), old_logp, _t([1.0, -1.0, 1.0, -1.0, 1.0]), mask
+
+
+@pytest.mark.parametrize(("fn", "n_valid"), [(gspo_loss, 5), (gspo_token_loss, 11)])
+def test_gspo_by_hand(fn, n_valid):
+    # gspo counts clipped sequences (1 of 5 per side); gspo_token counts tokens (2 of 11 per side)
+    logp, old_logp, adv, mask = _gspo_example()
+    loss, m = fn(logp=logp, old_logp=old_logp, adv=adv, mask=mask, eps_low=0.2, eps_high=0.27)
+    assert loss.item() == pytest.approx(0.03 / 5, rel=1e-9)
+    assert m["loss/policy"] == pytest.approx(0.03 / 5, rel=1e-9)
+    clipped = 1 if fn is gspo_loss else 2
+    assert m["ratio/clipfrac_high"] == pytest.approx(clipped / n_valid)
+    assert m["ratio/clipfrac_low"] == pytest.approx(clipped / n_valid)
+
+
+def test_gspo_gradient_by_hand():
+    # unclipped sequences: d loss / d logp_t = -(1/B) A_i s_i / |y_i|; clipped ones: 0
+    # seq 2: -(1/5) * 1 * 1 / 3;  seq 3: (1/5) * 2 / 2;  seq 4: -(1/5) * 0.5 / 2
+    logp, old_logp, adv, mask = _gspo_example()
+    loss, _ = gspo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, eps_low=0.2, eps_high=0.27)
+    (grad,) = torch.autograd.grad(loss, logp)
+    expected = _t([[0, 0, 0], [0, 0, 0], [-1 / 15] * 3, [0.2, 0.2, 0], [-0.05, -0.05, 0]])
+    torch.testing.assert_close(grad, expected)
+
+
+def test_gspo_default_eps_clips_almost_everything():
+    # with eps 3e-4 / 4e-4 the same batch is clipped wherever the clipped branch can be active
+    logp, old_logp, adv, mask = _gspo_example()
+    loss, m = gspo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask)
+    # seq 0: -(1 + 4e-4); seq 1: (1 - 3e-4); seq 2: -1; seq 3: 2; seq 4: -0.5
+    assert loss.item() == pytest.approx((-(1 + 4e-4) + (1 - 3e-4) - 1 + 2 - 0.5) / 5, rel=1e-9)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_gspo_equals_gspo_token_on_random_inputs(agg):
+    g = torch.Generator().manual_seed(1)
+    B, T = 8, 9
+    old_logp = -torch.rand(B, T, generator=g, dtype=DT) * 3
+    delta = torch.randn(B, T, generator=g, dtype=DT) * 1e-3  # sequence ratios straddle 1 +- 4e-4
+    logp = (old_logp + delta).requires_grad_(True)
+    ref_logp = old_logp + torch.randn(B, T, generator=g, dtype=DT) * 0.1
+    lengths = torch.tensor([9, 1, 4, 0, 7, 2, 9, 5])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    adv = torch.randn(B, generator=g, dtype=DT)
+    kw = dict(old_logp=old_logp, mask=mask, ref_logp=ref_logp, beta=0.05, agg=agg)
+    a, ma = gspo_loss(logp=logp, adv=adv, **kw)
+    b, mb = gspo_token_loss(logp=logp, adv=adv, **kw)
+    c, _ = gspo_token_loss(logp=logp, adv=adv[:, None].expand(B, T), **kw)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(a, c)
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (a, b))
+    torch.testing.assert_close(ga, gb)
+    # the batch exercises both clipped and unclipped sequences
+    assert 0 < ma["ratio/clipfrac_low"] + ma["ratio/clipfrac_high"] < 1
+    assert ma["kl/ref_k3"] == pytest.approx(mb["kl/ref_k3"])
+
+
+# ---------------------------------------------------------------- registry and errors
+
+
+def test_registry_and_defaults():
+    assert set(LOSSES) == set(DEFAULT_EPS) == {"grpo", "gspo", "gspo_token"}
+    for name, fn in LOSSES.items():
+        assert get_loss(name) is fn
+        params = inspect.signature(fn).parameters
+        assert (params["eps_low"].default, params["eps_high"].default) == DEFAULT_EPS[name]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: grpo, gspo, gspo_token"):
+        get_loss("ppo")
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_input_errors(name):
+    fn = LOSSES[name]
+    x = torch.zeros(2, 3)
+    ok = dict(logp=x, old_logp=x, adv=torch.zeros(2), mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="unknown agg 'mean'; valid: seq-mean-token-mean, token-mean"):
+        fn(**ok, agg="mean")
+    with pytest.raises(ValueError, match=r"old_logp shape \(2, 4\) != logp shape \(2, 3\)"):
+        fn(**{**ok, "old_logp": torch.zeros(2, 4)})
+    with pytest.raises(ValueError, match=r"mask shape"):
+        fn(**{**ok, "mask": torch.ones(3, 3, dtype=torch.bool)})
+    with pytest.raises(ValueError, match=r"adv shape \(3,\)"):
+        fn(**{**ok, "adv": torch.zeros(3)})
+    with pytest.raises(ValueError, match=r"logp must be \(B, T\)"):
+        fn(**{**ok, "logp": torch.zeros(6)})
+    with pytest.raises(ValueError, match="beta=0.1 needs ref_logp"):
+        fn(**ok, beta=0.1)
+    with pytest.raises(ValueError, match=r"ref_logp shape"):
+        fn(**ok, ref_logp=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="eps_low"):
+        fn(**ok, eps_low=1.5)
+
+
+def test_gspo_rejects_token_advantage():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"adv shape \(2, 3\) must be \(2,\)"):
+        gspo_loss(logp=x, old_logp=x, adv=torch.zeros(2, 3), mask=torch.ones(2, 3, dtype=torch.bool))
