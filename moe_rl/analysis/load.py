@@ -1,0 +1,193 @@
+"""Load run folders into one long-format DataFrame.
+
+A run is a directory holding `metrics.parquet` (run keys, step, key, value), `status.json`,
+`meta.json` and `config.yaml`. Any directory tree of runs is a results folder.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+VALUE_COLUMNS = ("step", "key", "value")
+# columns added by load_results; everything else except VALUE_COLUMNS is a run key
+RUN_INFO_COLUMNS = ("status", "n_collapse_events", "first_collapse_step", "run_dir")
+INCOMPLETE_STATUSES = frozenset({"running", "failed", "missing"})
+COLLAPSED_STATUSES = frozenset({"collapsed", "diverged"})
+EVENT_COLUMNS = ("step", "trigger", "detail", "run_dir")
+
+
+def run_key_columns(df: pd.DataFrame) -> list[str]:
+    """Columns that identify a run (every column but step/key/value and the loader's run info)."""
+    return [c for c in df.columns if c not in VALUE_COLUMNS and c not in RUN_INFO_COLUMNS]
+
+
+def _metric_files(root: Path) -> list[Path]:
+    if not root.exists():
+        raise FileNotFoundError(f"results folder {root} does not exist")
+    files = sorted(root.rglob("metrics.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no runs under {root}: no metrics.parquet found (searched recursively)")
+    return files
+
+
+def _read_status(run_dir: Path) -> dict:
+    """status.json as a dict; status "missing" when the file is absent or unreadable."""
+    path = run_dir / "status.json"
+    if not path.exists():
+        return {"status": "missing", "collapse_events": []}
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        warnings.warn(f"unreadable {path} ({err}); treating the run as incomplete", stacklevel=3)
+        return {"status": "missing", "collapse_events": []}
+    return {
+        "status": str(status.get("status", "missing")),
+        "collapse_events": list(status.get("collapse_events") or []),
+    }
+
+
+def _first_collapse_step(events: list[dict]) -> float:
+    steps = [float(e["step"]) for e in events if e.get("step") is not None]
+    return min(steps) if steps else np.nan
+
+
+def _default_run_id(run_dir: Path, root: Path) -> str:
+    rel = run_dir.relative_to(root).as_posix()
+    return run_dir.name if rel == "." else rel
+
+
+def load_results(root: str | PathLike) -> pd.DataFrame:
+    """Every run under `root`, concatenated in long format.
+
+    Adds per-run columns `status` (from status.json; "missing" without one),
+    `n_collapse_events`, `first_collapse_step` (NaN if none) and `run_dir`. Runs whose status is
+    running/failed/missing are kept and named in a warning. A metrics.parquet that cannot be read
+    is skipped with a warning; a run id seen twice keeps its first directory.
+    """
+    root = Path(root)
+    frames: list[pd.DataFrame] = []
+    seen: dict[str, Path] = {}
+    for path in _metric_files(root):
+        run_dir = path.parent
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as err:  # corrupt or half-written file: skip it, keep the rest
+            warnings.warn(f"skipping unreadable {path}: {type(err).__name__}: {err}", stacklevel=2)
+            continue
+        missing = [c for c in VALUE_COLUMNS if c not in frame.columns]
+        if missing:
+            warnings.warn(f"skipping {path}: missing column(s) {missing}", stacklevel=2)
+            continue
+        if frame.empty:
+            warnings.warn(f"skipping {path}: no rows", stacklevel=2)
+            continue
+        if "run" not in frame.columns:
+            frame.insert(0, "run", _default_run_id(run_dir, root))
+        frame["run"] = frame["run"].astype(str)
+        dup = [r for r in frame["run"].unique() if r in seen]
+        if dup:
+            warnings.warn(
+                f"run id(s) {dup} in {path} already loaded from {seen[dup[0]]}; skipping the duplicate",
+                stacklevel=2,
+            )
+            frame = frame[~frame["run"].isin(dup)]
+            if frame.empty:
+                continue
+        for r in frame["run"].unique():
+            seen[r] = run_dir
+        status = _read_status(run_dir)
+        frame = frame.assign(
+            step=frame["step"].astype("int64"),
+            value=frame["value"].astype("float64"),
+            status=status["status"],
+            n_collapse_events=len(status["collapse_events"]),
+            first_collapse_step=_first_collapse_step(status["collapse_events"]),
+            run_dir=str(run_dir),
+        )
+        frames.append(frame)
+    if not frames:
+        raise FileNotFoundError(f"no readable runs under {root}: every metrics.parquet failed to load")
+    df = pd.concat(frames, ignore_index=True)
+    df["n_collapse_events"] = df["n_collapse_events"].astype("int64")
+    df["first_collapse_step"] = df["first_collapse_step"].astype("float64")
+    keys = ["run"] + [c for c in run_key_columns(df) if c != "run"]
+    df = df[keys + list(VALUE_COLUMNS) + list(RUN_INFO_COLUMNS)]
+    incomplete = df.loc[df["status"].isin(INCOMPLETE_STATUSES), ["run", "status"]].drop_duplicates()
+    if len(incomplete):
+        listed = ", ".join(f"{r} ({s})" for r, s in incomplete.itertuples(index=False))
+        warnings.warn(f"{len(incomplete)} incomplete run(s) loaded: {listed}", stacklevel=2)
+    return df
+
+
+def _run_keys(path: Path, root: Path) -> dict:
+    """Run keys of one run: the first row of metrics.parquet, else meta.json's run_keys."""
+    try:
+        import pyarrow.parquet as pq
+
+        names = [n for n in pq.read_schema(path).names if n not in VALUE_COLUMNS]
+        first = pd.read_parquet(path, columns=names).head(1)
+        if len(first):
+            keys = first.iloc[0].to_dict()
+            keys.setdefault("run", _default_run_id(path.parent, root))
+            return keys
+    except Exception:  # fall back to meta.json below
+        pass
+    keys: dict = {"run": _default_run_id(path.parent, root)}
+    try:
+        keys.update(json.loads((path.parent / "meta.json").read_text()).get("run_keys", {}))
+    except (OSError, ValueError):
+        pass
+    return keys
+
+
+def load_events(root: str | PathLike) -> pd.DataFrame:
+    """Collapse events of every run under `root`: run keys, step, trigger, detail, run_dir."""
+    root = Path(root)
+    rows: list[dict] = []
+    key_names: dict[str, None] = {"run": None}  # ordered union of run-key names
+    for path in _metric_files(root):
+        status = _read_status(path.parent)
+        if not status["collapse_events"]:
+            continue
+        keys = _run_keys(path, root)
+        key_names.update(dict.fromkeys(keys))
+        for event in status["collapse_events"]:
+            rows.append(
+                {
+                    **keys,
+                    "step": event.get("step"),
+                    "trigger": str(event.get("trigger", "")),
+                    "detail": str(event.get("detail", "")),
+                    "run_dir": str(path.parent),
+                }
+            )
+    events = pd.DataFrame(rows, columns=list(key_names) + list(EVENT_COLUMNS))
+    if len(events):
+        steps = pd.to_numeric(events["step"], errors="coerce")
+        events["step"] = steps.astype("int64") if steps.notna().all() else steps
+        events = events.sort_values(["run", "step"], ignore_index=True)
+    return events
+
+
+# defaults for a frame not made by load_results (e.g. parquet files concatenated by hand)
+_INFO_DEFAULTS = {"status": "unknown", "n_collapse_events": 0, "first_collapse_step": np.nan, "run_dir": ""}
+
+
+def runs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: run keys, status, collapse info, run_dir and the last logged step."""
+    table = df.drop_duplicates("run")[run_key_columns(df)].reset_index(drop=True)
+    for col, default in _INFO_DEFAULTS.items():
+        table[col] = df.drop_duplicates("run")[col].to_numpy() if col in df.columns else default
+    table["last_step"] = table["run"].map(df.groupby("run")["step"].max())
+    return table
+
+
+def metric_keys(df: pd.DataFrame) -> list[str]:
+    """Sorted metric keys present in `df`."""
+    return sorted(df["key"].unique())

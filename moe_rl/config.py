@@ -1,0 +1,166 @@
+"""Run configuration: plain dataclasses, the single source of defaults (Hydra registers them too).
+
+`validate(cfg)` rejects bad input before any work starts, naming the key and the valid values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from moe_rl.algos import DEFAULT_EPS, LOSSES
+from moe_rl.models import EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.tasks import TASKS
+
+REPLAY_MODES = ("none", "r2", "r3")
+AGG_MODES = ("seq-mean-token-mean", "token-mean")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    family: str = "qwen3_moe"
+    num_layers: int = 2
+    num_experts: int = 8
+    top_k: int = 2
+    hidden_size: int = 64
+    experts_implementation: str | None = None  # None: fastest correct on the device
+    checkpoint: str | None = None  # a local save_pretrained directory instead of a built model
+
+
+@dataclass
+class TaskConfig:
+    name: str = "sorting"
+    n_train: int = 4000
+    n_eval: int = 128
+    partial_credit: float = 0.0
+    max_new_tokens: int = 8
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    eps_low: float | None = None  # None: the paper default of the algorithm
+    eps_high: float | None = None
+    agg: str = "seq-mean-token-mean"
+    beta: float = 0.0  # k3 KL to the cold-start policy
+
+    def eps(self) -> tuple[float, float]:
+        low, high = DEFAULT_EPS[self.name]
+        return (low if self.eps_low is None else self.eps_low, high if self.eps_high is None else self.eps_high)
+
+
+@dataclass
+class ReplayConfig:
+    mode: str = "none"
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class ColdStartConfig:
+    band: tuple[float, float] = (0.2, 0.6)  # eval accuracy in which RL has signal
+    lr: float = 3e-3
+    batch_size: int = 64
+    max_steps: int = 3000
+    eval_every: int = 50
+    seed: int = 0
+    cache_dir: str = ".cache/cold_start"
+
+
+@dataclass
+class CollapseConfig:
+    reward_window: int = 10
+    reward_drop_frac: float = 0.5
+    reward_floor: float = 0.2
+    entropy_floor: float = 0.05
+    entropy_window: int = 10
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/default"
+    experiment: str = "default"
+    seed: int = 0
+    steps: int = 60
+    eval_every: int = 10
+    eval_size: int = 128
+    snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
+    position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
+    device: str = "cpu"
+    threads: int | None = None
+    progress: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+
+    @property
+    def arm(self) -> str:
+        return f"{self.algo.name}+{self.replay.mode}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _one_of(key: str, value: Any, valid: Any) -> None:
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is not valid; valid: {sorted(valid)}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Raise ValueError naming the first invalid key; return `cfg` unchanged otherwise."""
+    _one_of("algo.name", cfg.algo.name, LOSSES)
+    _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
+    if cfg.model.checkpoint is None:
+        _one_of("model.family", cfg.model.family, FAMILIES)
+    _one_of("task.name", cfg.task.name, TASKS)
+    _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
+    _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    if cfg.model.experts_implementation is not None:
+        _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
+    eps_low, eps_high = cfg.algo.eps()
+    if not 0 <= eps_low < 1:
+        raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1)")
+    if eps_high < eps_low and cfg.algo.eps_high is not None:
+        raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+    if cfg.rollout.group_size < 2:
+        raise ValueError(f"rollout.group_size={cfg.rollout.group_size} must be >= 2 (group-normalised advantages)")
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    n = cfg.optim.updates_per_rollout
+    if n < 1 or batch % n:
+        raise ValueError(
+            f"optim.updates_per_rollout={n} must divide the rollout batch "
+            f"rollout.prompts_per_step*rollout.group_size={batch}"
+        )
+    if cfg.optim.lr <= 0:
+        raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
+    if cfg.rollout.temperature <= 0:
+        raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
+    if cfg.steps < 1:
+        raise ValueError(f"steps={cfg.steps} must be >= 1")
+    low, high = cfg.cold_start.band
+    if not 0 <= low <= high <= 1:
+        raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
+    if cfg.model.top_k >= cfg.model.num_experts:
+        raise ValueError(f"model.top_k={cfg.model.top_k} must be < model.num_experts={cfg.model.num_experts}")
+    return cfg

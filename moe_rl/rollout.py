@@ -1,0 +1,133 @@
+"""Batched sampling with KV cache, recording rollout log-probs and rollout routes (for R3).
+
+Layout shared with the training passes: a teacher-forced pass runs over `inputs = sequences[:, :-1]`
+and predicts `targets = sequences[:, 1:]`; every per-token tensor below is (B, S-1) in that frame,
+and `routes` are the routes of `inputs` (DESIGN §2). Prompts are left-padded, so all completions
+start at the same column `prompt_len`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from moe_rl.routing import RouteRecorder, Routes
+
+
+@dataclass
+class Rollout:
+    sequences: Tensor  # (B, S) prompt + completion token ids, pads after EOS
+    attention_mask: Tensor  # (B, S) 0 on left pads and after EOS
+    response_mask: Tensor  # (B, S-1) bool: target is a completion token (up to and including EOS)
+    rollout_logp: Tensor  # (B, S-1) log-prob of each target under the sampling policy (0 off-response)
+    routes: Routes | None  # routes of inputs during generation, masked to real tokens
+    completions: list[str]
+    prompt_len: int
+
+    @property
+    def inputs(self) -> Tensor:
+        return self.sequences[:, :-1]
+
+    @property
+    def targets(self) -> Tensor:
+        return self.sequences[:, 1:]
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+
+def token_logp(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log pi(target) per position from (B, T, V) logits of the policy at `temperature`."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of the policy's next-token distribution per position (B, T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left pads, as `generate` assigns them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: list[str],
+    *,
+    group_size: int = 1,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    record_routes: bool = True,
+    seed: int | None = None,
+) -> Rollout:
+    """Sample `group_size` completions per prompt (rows p*G..p*G+G-1 share prompt p)."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    device = next(model.parameters()).device
+    input_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)
+    attention_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
+    prompt_len = input_ids.shape[1]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    generator_state = None
+    if seed is not None:
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+    recorder = RouteRecorder(model) if record_routes else None
+    try:
+        with recorder if recorder is not None else nullcontext():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=not greedy,
+                temperature=temperature if not greedy else None,
+                top_k=0 if not greedy else None,
+                top_p=1.0 if not greedy else None,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+    finally:
+        if generator_state is not None:
+            torch.random.set_rng_state(generator_state)
+    sequences = out.sequences  # (B, S)
+    new_tokens = sequences[:, prompt_len:]  # (B, n)
+    # Completion tokens: up to and including the first EOS.
+    is_eos = new_tokens == eos
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    completion_mask = ~after_eos  # (B, n)
+    full_mask = torch.cat([attention_mask, completion_mask.long()], dim=1)  # (B, S)
+    response_mask = torch.zeros_like(sequences[:, 1:], dtype=torch.bool)
+    response_mask[:, prompt_len - 1 :] = completion_mask
+
+    rollout_logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=device)
+    if out.logits:
+        step_logits = torch.stack(out.logits, dim=1)  # (B, n, V): logits that sampled each new token
+        rollout_logp[:, prompt_len - 1 :] = token_logp(step_logits, new_tokens, 1.0 if greedy else temperature)
+        rollout_logp = rollout_logp * response_mask
+
+    routes = None
+    if recorder is not None:
+        routes = recorder.routes.with_mask(full_mask[:, :-1].bool())
+    texts = tokenizer.batch_decode(torch.where(completion_mask & ~is_eos, new_tokens, pad), skip_special_tokens=True)
+    return Rollout(sequences, full_mask, response_mask, rollout_logp, routes, texts, prompt_len)
+
+
+def forward_logp(
+    model: PreTrainedModel, rollout: Rollout, rows: slice | Tensor | None = None, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Teacher-forced (logp, logits) of rollout `rows` under `model`; logp is (b, S-1)."""
+    rows = slice(None) if rows is None else rows
+    inputs = rollout.inputs[rows]
+    mask = rollout.attention_mask[rows, :-1]
+    logits = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids(mask)).logits
+    return token_logp(logits, rollout.targets[rows], temperature), logits

@@ -1,0 +1,167 @@
+"""Test fixture: a fake results folder that follows the run-folder contract (DESIGN §3, §5).
+
+Values come from a seeded numpy RNG with arm-dependent structure (replay arms flip less, GRPO
+without replay has the largest ratio variance, deeper layers and later positions flip more), so
+tables and plots have something to show. Not data: never cite these numbers.
+
+    python tests/fake_results.py OUT_DIR   # write a folder to try the report on
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PAIRS = ("old_vs_new", "rollout_vs_old", "native_vs_replayed")
+FLIP_BASE = {"none": 0.10, "r2": 0.035, "r3": 0.025}
+TOKEN_VAR_BASE = {"grpo": 4e-3, "gspo": 1.5e-3}
+CLIP_BASE = {"grpo": (0.01, 0.015), "gspo": (0.08, 0.12)}
+SKILL = {"grpo+r2": 1.0, "grpo+r3": 1.0, "gspo+none": 0.95, "gspo+r2": 0.95, "grpo+none": 0.85}
+
+
+def _run_metrics(rng: np.random.Generator, arm: str, *, steps: int, num_layers: int, num_buckets: int,
+                 eval_every: int, collapse_step: int | None) -> list[tuple[int, str, float]]:
+    """(step, key, value) rows of one run; the run stops at its collapse step."""
+    algo, replay = arm.split("+")
+    flip_base = FLIP_BASE.get(replay, 0.08) * (0.8 if algo == "gspo" else 1.0)
+    run_factor = rng.lognormal(0.0, 0.15)
+    tv_base = TOKEN_VAR_BASE.get(algo, 2e-3) * (0.3 if replay != "none" else 1.0) * run_factor
+    clip_low, clip_high = CLIP_BASE.get(algo, (0.02, 0.03))
+    skill = SKILL.get(arm, 0.9) * rng.uniform(0.9, 1.1)
+    last = steps - 1 if collapse_step is None else collapse_step
+    rows: list[tuple[int, str, float]] = []
+    best = 0.0
+    for step in range(last + 1):
+        progress = step / max(steps - 1, 1)
+        near_collapse = collapse_step is not None and step >= collapse_step - 1
+        blowup = 20.0 if near_collapse else 1.0
+
+        def put(key: str, value: float) -> None:
+            rows.append((step, key, float(value)))
+
+        for pair in PAIRS:
+            if pair == "native_vs_replayed" and replay == "none":
+                continue
+            base = {"old_vs_new": flip_base, "rollout_vs_old": 0.3 * flip_base,
+                    "native_vs_replayed": FLIP_BASE["none"]}[pair]
+            depth = 0.7 + 0.6 * np.arange(num_layers) / max(num_layers - 1, 1)
+            layer = np.clip(base * run_factor * (1 + 0.5 * progress) * depth
+                            * rng.lognormal(0.0, 0.1, num_layers) * (3.0 if near_collapse else 1.0), 0, 1)
+            flip = layer.mean()
+            put(f"route/{pair}/flip_rate", flip)
+            put(f"route/{pair}/expert_flip_frac", flip * rng.uniform(0.5, 0.6))
+            put(f"route/{pair}/token_flip_rate", 1 - np.prod(1 - layer))
+            for i, value in enumerate(layer):
+                put(f"route/{pair}/flip_rate/layer_{i}", value)
+            if pair == "old_vs_new":
+                for b in range(num_buckets):
+                    slope = 0.6 + 0.8 * b / max(num_buckets - 1, 1)
+                    put(f"route/{pair}/flip_rate/pos_{4 * b}", np.clip(flip * slope * rng.lognormal(0, 0.1), 0, 1))
+        put("route/margin_mean", 0.08 * (1 - 0.3 * progress) * rng.lognormal(0, 0.1))
+
+        token_var = tv_base * (1 + progress) * rng.lognormal(0.0, 0.2) * blowup
+        put("ratio/token_var", token_var)
+        put("ratio/token_max", 1 + np.sqrt(token_var) * rng.uniform(3, 6))
+        put("ratio/seq_var", token_var * rng.uniform(0.05, 0.15))
+        put("ratio/ess", 1 / (1 + token_var))
+        put("ratio/extreme_frac", min(1.0, token_var * rng.uniform(0.5, 1.5)))
+        put("ratio/clipfrac_low", min(1.0, clip_low * rng.lognormal(0, 0.3) * blowup ** 0.5))
+        put("ratio/clipfrac_high", min(1.0, clip_high * rng.lognormal(0, 0.3) * blowup ** 0.5))
+        put("kl/k3", token_var / 2 * rng.uniform(0.8, 1.2))
+
+        reward = 0.25 + 0.55 * skill * (1 - np.exp(-3 * progress)) + rng.normal(0, 0.02)
+        if near_collapse:
+            reward = 0.4 * best
+        best = max(best, reward)
+        put("reward/mean", reward)
+        put("reward/std", 0.1 + 0.2 * rng.uniform())
+        if step % eval_every == 0 or step == last:
+            put("task/accuracy", np.clip(reward - 0.05 + rng.normal(0, 0.02), 0, 1))
+        put("policy/entropy", 1.2 * (1 - 0.4 * progress) * rng.lognormal(0, 0.05) * (0.3 if near_collapse else 1))
+        put("optim/grad_norm", rng.lognormal(0, 0.3) * blowup)
+        put("loss", rng.normal(0, 0.05))
+        put("time/rollout_s", rng.uniform(1.0, 2.0))
+        put("time/old_logp_s", rng.uniform(0.1, 0.3))
+        put("time/update_s", rng.uniform(0.5, 1.5))
+    return rows
+
+
+def make_fake_results(
+    root: str | PathLike,
+    *,
+    arms: tuple[str, ...] = ("grpo+r2", "grpo+none", "gspo+none"),
+    seeds: tuple[int, ...] = (0, 1, 2),
+    steps: int = 12,
+    num_layers: int = 2,
+    collapse: tuple[str, int] | None = ("grpo+none", 1),
+    experiment: str = "compare",
+    num_buckets: int = 4,
+    eval_every: int = 4,
+    rng_seed: int = 0,
+) -> list[Path]:
+    """Write one run folder per (arm, seed) under root/experiment/arm/seed_<s>; return the run dirs.
+
+    `collapse=(arm, k)`: the first k seeds of `arm` collapse (status "collapsed", one event, the
+    run stops at that step); None for no collapses.
+    """
+    root = Path(root)
+    run_dirs = []
+    for a, arm in enumerate(arms):
+        algo, replay = arm.split("+")
+        for s, seed in enumerate(seeds):
+            rng = np.random.default_rng([rng_seed, a, seed])
+            collapses = collapse is not None and arm == collapse[0] and s < collapse[1]
+            collapse_step = int(rng.integers(steps // 2, steps - 1)) if collapses else None
+            run_keys = {
+                "run": f"{experiment}-{arm}-s{seed}", "experiment": experiment, "arm": arm, "algo": algo,
+                "replay": replay, "family": "qwen3_moe", "task": "reversal", "seed": seed, "N": 4,
+                "lr": 1e-5, "rollout_dtype": "bfloat16", "num_layers": num_layers, "num_experts": 8,
+            }
+            rows = _run_metrics(rng, arm, steps=steps, num_layers=num_layers, num_buckets=num_buckets,
+                                eval_every=eval_every, collapse_step=collapse_step)
+            metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
+            for col, value in reversed(run_keys.items()):
+                metrics.insert(0, col, value)
+            metrics = metrics.astype({"seed": "int64", "N": "int64", "num_layers": "int64", "num_experts": "int64",
+                                      "lr": "float64", "step": "int64", "value": "float64"})
+
+            run_dir = root / experiment / arm / f"seed_{seed}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            metrics.to_parquet(run_dir / "metrics.parquet", index=False)
+            (run_dir / "config.yaml").write_text(
+                "".join(f"{k}: {v}\n" for k, v in run_keys.items() if k != "run") + f"steps: {steps}\n"
+            )
+            meta = {
+                "git_sha": "".join(rng.choice(list("0123456789abcdef"), 40)),
+                "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pandas": pd.__version__},
+                "device": "cpu",
+                "seed": seed,
+                "run_keys": run_keys,
+            }
+            (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+            events = []
+            if collapse_step is not None:
+                reward = metrics[(metrics["key"] == "reward/mean")].set_index("step")["value"]
+                events.append({"step": collapse_step, "trigger": "reward_drop",
+                               "detail": f"rolling reward {reward.iloc[-1]:.3f} < 0.5 x best {reward.max():.3f}"})
+            status = {
+                "status": "collapsed" if events else "completed",
+                "steps_done": (collapse_step + 1) if events else steps,
+                "collapse_events": events,
+                "wall_s": float(rng.uniform(30, 90)),
+            }
+            (run_dir / "status.json").write_text(json.dumps(status, indent=2))
+            run_dirs.append(run_dir)
+    return run_dirs
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/fake_results.py OUT_DIR")
+    for path in make_fake_results(sys.argv[1]):
+        print(path)
