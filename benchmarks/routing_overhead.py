@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--family", default="qwen3_moe")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:

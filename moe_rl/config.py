@@ -30,7 +30,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "sorting"
+    name: str = "reversal"
     n_train: int = 4000
     n_eval: int = 128
     partial_credit: float = 0.0

@@ -12,13 +12,14 @@ the start and end of each forward pass, which gives three guarantees:
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from moe_rl.routing.routes import Routes
+from moe_rl.routing.routes import Routes, index_dtype
 from moe_rl.routing.rules import FAMILY_RULES, GENERIC_RULES, Rule, selection_scores
 
 
@@ -74,17 +75,15 @@ def _is_continuation(kwargs: dict) -> bool:
     return cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0
 
 
-def align_slots(forced: Tensor, native: Tensor) -> Tensor:
-    """Reorder each row of `forced` so experts the router also chose sit in the router's slots.
+def take_native_order(forced: Tensor, native: Tensor, keep_native: Tensor) -> Tensor:
+    """`forced` (N, k) sorted ascending, with rows that equal the router's own choice as a set (or
+    that `keep_native` marks) replaced by the router's `native` indices in the router's slot order.
 
     Slot order changes floating-point sums (weight normalisation, the experts' reduction over k),
     so replaying the router's own routes must present them in its own order to be bitwise exact.
     """
-    k = forced.shape[-1]
-    match = forced.unsqueeze(-1) == native.unsqueeze(-2)  # (N, k_forced, k_native)
-    slot = match.to(torch.uint8).argmax(-1)
-    key = torch.where(match.any(-1), slot, k + torch.arange(k, device=forced.device))
-    return forced.gather(-1, key.argsort(-1))
+    same = (forced == native.sort(dim=-1).values).all(dim=-1, keepdim=True)
+    return torch.where(same | keep_native, native, forced)
 
 
 class _ModelHooks:
@@ -222,7 +221,9 @@ class RouteRecorder(_ModelHooks):
             B, T = mask.shape
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
-        return Routes.from_topk(torch.cat(steps, dim=1), mask, self.layer_map, self.num_experts)
+        # Router outputs are in range by construction, so skip from_topk's range check.
+        indices = torch.cat(steps, dim=1).sort(dim=-1).values.to(index_dtype(self.num_experts))
+        return Routes(indices, mask, self.layer_map, self.num_experts)
 
 
 def router_margins(scores: Tensor, k: int) -> Tensor:
@@ -316,7 +317,7 @@ class RouteReplay(_ModelHooks):
             forced = self._forced[i]
             if forced.shape[0] != logits.shape[0]:
                 raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
-            forced = align_slots(torch.where(self._keep_native, native, forced), native)
+            forced = take_native_order(forced, native, self._keep_native)
             new_weights = rule(router, logits, forced).to(weights.dtype)
             if self.in_pass:
                 self._applied[i] = True
@@ -336,6 +337,9 @@ class RouteReplay(_ModelHooks):
         return Routes.from_topk(topk, self.routes.mask, self.layer_map, self.num_experts)
 
 
+_CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
+
+
 def resolve_rule(layer: MoeLayer) -> Rule:
     """The gate-weight rule of `layer`'s router, checked on a probe input.
 
@@ -343,6 +347,8 @@ def resolve_rule(layer: MoeLayer) -> Rule:
     otherwise replay would train a different function than the model computes, so raise now.
     """
     router = layer.router
+    if router in _CHECKED_RULES:
+        return _CHECKED_RULES[router]
     candidates = (FAMILY_RULES[type(router).__name__],) if type(router).__name__ in FAMILY_RULES else GENERIC_RULES
     weight = router.weight
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -358,6 +364,7 @@ def resolve_rule(layer: MoeLayer) -> Rule:
             except AttributeError:
                 continue
             if torch.allclose(recomputed.float(), weights.float(), rtol=1e-4, atol=1e-6):
+                _CHECKED_RULES[router] = rule
                 return rule
     tried = [rule.__name__ for rule in candidates]
     raise ValueError(

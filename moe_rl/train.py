@@ -1,0 +1,328 @@
+"""The one stateful loop: cold start, rollouts, old-policy pass, N updates with replay, logging.
+
+Per step (DESIGN §1, §3):
+1. rollout: sample G completions for each of P prompts with the rollout policy (a copy in
+   `rollout.dtype` when that differs from training), recording rollout log-probs and routes (R3);
+2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
+   policy's routes (R2). Under R3 this pass already replays the rollout routes;
+3. N updates on a shuffled split of the batch into N mini-batches; updates 2..N are off-policy.
+   Every forward that computes pi_theta for the ratio replays the cached routes (R2: old pass,
+   R3: rollout) while recording what the router would have chosen natively.
+Metrics of each update are aggregated over the whole step (mean; `ratio/token_max` is a max).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import platform
+import subprocess
+import time
+from collections import defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from moe_rl.algos import get_loss, group_advantages
+from moe_rl.cold_start import evaluate, get_cold_start
+from moe_rl.config import TrainConfig, validate
+from moe_rl.metrics import detect_collapse, ratio_stats
+from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
+from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, route_overlap
+from moe_rl.tasks import get_task, load_task, make_tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STATUSES = ("running", "completed", "collapsed", "diverged", "failed")
+
+
+def run_keys(cfg: TrainConfig) -> dict[str, Any]:
+    """Columns that identify a run in every metrics row (analysis groups on them)."""
+    return {
+        "run": Path(cfg.out_dir).name, "experiment": cfg.experiment, "arm": cfg.arm, "algo": cfg.algo.name,
+        "replay": cfg.replay.mode, "family": cfg.model.family, "task": cfg.task.name, "seed": cfg.seed,
+        "N": cfg.optim.updates_per_rollout, "lr": cfg.optim.lr, "rollout_dtype": cfg.rollout.dtype,
+        "num_layers": cfg.model.num_layers, "num_experts": cfg.model.num_experts,
+    }
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write to a temporary name and rename, so a reader never sees a partial file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Owns a run directory: config.yaml, meta.json, metrics.parquet (long format), status.json."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from omegaconf import OmegaConf
+
+        self.dir = Path(cfg.out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keys = run_keys(cfg)
+        self.rows: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(cfg.to_dict()))
+
+    def meta(self, **extra: Any) -> None:
+        import transformers
+
+        meta = {
+            "git_sha": _git_sha(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                                                "python": platform.python_version()},
+            "device": _device_name(), "seed": self.keys["seed"], "run_keys": self.keys, **extra,
+        }
+        write_atomic(self.dir / "meta.json", json.dumps(meta, indent=1, default=str))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows += [{"step": step, "key": k, "value": float(v)} for k, v in metrics.items()]
+
+    def flush(self, status: str, steps_done: int, wall_s: float) -> None:
+        frame = pd.DataFrame(self.rows, columns=["step", "key", "value"])
+        for column, value in reversed(self.keys.items()):
+            frame.insert(0, column, value)
+        write_atomic(self.dir / "metrics.parquet", frame.to_parquet(index=False))
+        status_doc = {"status": status, "steps_done": steps_done, "collapse_events": self.events, "wall_s": wall_s}
+        write_atomic(self.dir / "status.json", json.dumps(status_doc, indent=1))
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or 'unknown'})"
+
+
+def route_pair_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
+    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}
+
+
+def flip_by_position(a: Routes, b: Routes, response_mask: torch.Tensor, start: int, bucket: int) -> dict[str, float]:
+    """`route/old_vs_new/flip_rate/pos_{p}` over response positions bucketed by `bucket`.
+
+    Position p counts from the input that predicts the first completion token (`start`).
+    """
+    flipped = (route_overlap(a, b) < a.top_k).float().mean(-1)  # (B, T): fraction of layers flipped
+    valid = response_mask & a.mask & b.mask
+    out = {}
+    for p in range(0, flipped.shape[1] - start, bucket):
+        cols = slice(start + p, start + p + bucket)
+        n = valid[:, cols].sum()
+        if n:
+            out[f"route/old_vs_new/flip_rate/pos_{p}"] = ((flipped[:, cols] * valid[:, cols]).sum() / n).item()
+    return out
+
+
+def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
+    """Step-level metrics from the step's updates: the mean, and the max for maxima."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for metrics in updates:
+        for key, value in metrics.items():
+            values[key].append(value)
+    return {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+
+
+class Trainer:
+    """State of one run; `train(cfg)` is the entry point."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = validate(cfg)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.tokenizer = make_tokenizer()
+        self.task = get_task(cfg.task.name)
+        self.policy, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+        self.policy.to(cfg.device)
+        self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
+        self.rollout_dtype = DTYPES[cfg.rollout.dtype]
+        self.rollout_policy = (
+            self.policy if self.rollout_dtype == torch.float32 else copy.deepcopy(self.policy).to(self.rollout_dtype)
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
+        )
+        self.loss_fn = get_loss(cfg.algo.name)
+        self.eps_low, self.eps_high = cfg.algo.eps()
+        data = load_task(cfg.task.name, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval,
+                         seed=cfg.cold_start.seed, **cfg.task.kwargs)
+        self.train_examples = data["train"].to_list()
+        self.eval_examples = data["eval"].to_list()[: cfg.eval_size]
+        self.writer = RunWriter(cfg)
+        self.writer.meta(cold_start=self.cold_info)
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def prompts_for(self, step: int) -> list[dict]:
+        """The P examples of `step`: a seeded permutation, the same for every arm of a seed."""
+        P = self.cfg.rollout.prompts_per_step
+        n = len(self.order)
+        return [self.train_examples[self.order[(step * P + i) % n]] for i in range(P)]
+
+    def rollout(self, step: int) -> tuple[Rollout, torch.Tensor, list[dict]]:
+        cfg = self.cfg
+        if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
+            self.rollout_policy.load_state_dict(self.policy.state_dict())
+        examples = self.prompts_for(step)
+        rollout = generate(
+            self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
+            max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
+            seed=cfg.seed * 1_000_003 + step,
+        )
+        group = [e for e in examples for _ in range(cfg.rollout.group_size)]
+        rewards = torch.tensor(
+            [self.task.reward(c, e, partial_credit=cfg.task.partial_credit) for c, e in zip(rollout.completions, group)]
+        )
+        return rollout, rewards, group
+
+    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor]:
+        """(old_logp, old policy's native routes, margins) on the rollout tokens."""
+        with torch.no_grad(), ExitStack() as stack:
+            replay = None
+            if self.cfg.replay.mode == "r3":
+                replay = stack.enter_context(RouteReplay(self.policy, rollout.routes, record_native=True))
+            recorder = stack.enter_context(RouteRecorder(self.policy, margins=True))
+            old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
+        native = replay.native_routes if replay is not None else recorder.routes
+        return old_logp, native.with_mask(rollout.routes.mask), recorder.margins
+
+    def update(
+        self, rollout: Rollout, rows: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+        old_routes: Routes, replay_routes: Routes | None,
+    ) -> dict[str, float]:
+        cfg = self.cfg
+        mask = rollout.response_mask[rows]
+        with ExitStack() as stack:
+            replay = None
+            if replay_routes is not None:
+                replay = stack.enter_context(RouteReplay(self.policy, replay_routes[rows], record_native=True))
+            recorder = stack.enter_context(RouteRecorder(self.policy))  # sees the routes actually used
+            logp, logits = forward_logp(self.policy, rollout, rows, temperature=cfg.rollout.temperature)
+        valid = rollout.routes.mask[rows]
+        native = (replay.native_routes if replay is not None else recorder.routes).with_mask(valid)
+        ref_logp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
+        loss, metrics = self.loss_fn(
+            logp=logp, old_logp=old_logp[rows], adv=adv[rows], mask=mask, eps_low=self.eps_low,
+            eps_high=self.eps_high, ref_logp=ref_logp, beta=cfg.algo.beta, agg=cfg.algo.agg,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+        if torch.isfinite(loss) and torch.isfinite(grad_norm):
+            self.optimizer.step()
+        with torch.no_grad():
+            entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
+        metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
+        metrics.update({"loss": loss.item(), "optim/grad_norm": grad_norm.item(), "policy/entropy": entropy.item()})
+        metrics.update(route_pair_metrics("old_vs_new", native, old_routes[rows]))
+        metrics.update(flip_by_position(native, old_routes[rows], mask, rollout.prompt_len - 1, cfg.position_bucket))
+        if replay_routes is not None:
+            used = recorder.routes.with_mask(valid)
+            metrics.update(route_pair_metrics("native_vs_replayed", native, replay_routes[rows]))
+            metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay_routes[rows])["flip_rate"]
+        return metrics
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        rollout, rewards, _ = self.rollout(step)
+        adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
+        t1 = time.perf_counter()
+        old_logp, old_routes, margins = self.old_pass(rollout)
+        t2 = time.perf_counter()
+        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[cfg.replay.mode]
+        B, N = len(rollout), cfg.optim.updates_per_rollout
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+        perm = torch.randperm(B, generator=generator)
+        self.policy.train()
+        updates = [
+            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes) for rows in perm.chunk(N)
+        ]
+        self.policy.eval()
+        t3 = time.perf_counter()
+        metrics = aggregate(updates)
+        valid_margins = margins[old_routes.mask]  # (n, L)
+        metrics.update(route_pair_metrics("rollout_vs_old", rollout.routes, old_routes))
+        metrics.update({
+            "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
+            "route/margin_mean": valid_margins.mean().item(),
+            "route/margin_p10": valid_margins.float().quantile(0.1).item(),
+            "rollout/logp_gap": ((rollout.rollout_logp - old_logp).abs() * rollout.response_mask).sum().item()
+            / rollout.response_mask.sum().clamp(min=1).item(),
+            "rollout/response_len": rollout.response_mask.sum(-1).float().mean().item(),
+            "time/rollout_s": t1 - t0, "time/old_logp_s": t2 - t1, "time/update_s": t3 - t2,
+        })
+        if cfg.snapshot_every and step % cfg.snapshot_every == 0:
+            old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors")
+            rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors")
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        t = time.perf_counter()
+        accuracy = evaluate(self.policy, self.tokenizer, self.eval_examples, self.cfg.task.name,
+                            max_new_tokens=self.cfg.task.max_new_tokens)
+        return {"task/accuracy": accuracy, "time/eval_s": time.perf_counter() - t}
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        cfg, writer = self.cfg, self.writer
+        start = time.perf_counter()
+        status, step = "running", 0
+        writer.log(0, self.evaluate())
+        seen_triggers: set[str] = set()
+        bar = tqdm(range(1, cfg.steps + 1), desc=f"{writer.keys['run']} {cfg.arm}", disable=not cfg.progress,
+                   dynamic_ncols=True)
+        try:
+            for step in bar:
+                metrics = self.step(step)
+                if step % cfg.eval_every == 0 or step == cfg.steps:
+                    metrics.update(self.evaluate())
+                writer.log(step, metrics)
+                for key in ("loss", "optim/grad_norm", "reward/mean", "policy/entropy"):
+                    self.history[key].append((step, metrics[key]))
+                for event in detect_collapse(self.history, **vars(cfg.collapse)):
+                    if event.trigger not in seen_triggers:
+                        seen_triggers.add(event.trigger)
+                        writer.events.append({"step": event.step, "trigger": event.trigger, "detail": event.detail})
+                        log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
+                                flip=f"{metrics['route/old_vs_new/flip_rate']:.3f}",
+                                acc=f"{metrics.get('task/accuracy', float('nan')):.2f}")
+                if "nonfinite" in seen_triggers:
+                    status = "diverged"
+                    break
+                if step % 10 == 0:
+                    writer.flush("running", step, time.perf_counter() - start)
+            else:
+                status = "collapsed" if writer.events else "completed"
+        except BaseException:
+            writer.flush("failed", step - 1, time.perf_counter() - start)
+            raise
+        finally:
+            bar.close()
+        writer.flush(status, step, time.perf_counter() - start)
+        return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run one training run described by `cfg`; returns its status."""
+    return Trainer(cfg).run()
