@@ -66,7 +66,7 @@ class RolloutConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4
+    lr: float = 1e-4
     updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -74,11 +74,11 @@ class OptimConfig:
 
 @dataclass
 class ColdStartConfig:
-    band: tuple[float, float] = (0.2, 0.6)  # eval accuracy in which RL has signal
+    band: list[float] = field(default_factory=lambda: [0.2, 0.6])  # eval accuracy [low, high] where RL has signal
     lr: float = 3e-3
     batch_size: int = 64
     max_steps: int = 3000
-    eval_every: int = 50
+    eval_every: int = 25
     seed: int = 0
     cache_dir: str = ".cache/cold_start"
 
@@ -94,11 +94,13 @@ class CollapseConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = "runs/default"
+    out_dir: str = "runs/default"  # under Hydra: the job's output directory
     experiment: str = "default"
+    results_dir: str = "results"  # Hydra puts runs under results_dir/experiment/
+    dry_run: bool = False  # validate and resolve the config, then stop (for sweep dry runs)
     seed: int = 0
-    steps: int = 60
-    eval_every: int = 10
+    steps: int = 300
+    eval_every: int = 25
     eval_size: int = 128
     snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
     position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
@@ -158,8 +160,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
     if cfg.steps < 1:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
-    low, high = cfg.cold_start.band
-    if not 0 <= low <= high <= 1:
+    if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
         raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
     if cfg.model.top_k >= cfg.model.num_experts:
         raise ValueError(f"model.top_k={cfg.model.top_k} must be < model.num_experts={cfg.model.num_experts}")

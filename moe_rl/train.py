@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+import transformers
 from tqdm.auto import tqdm
 
 from moe_rl.algos import get_loss, group_advantages
@@ -74,8 +75,6 @@ class RunWriter:
         write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(cfg.to_dict()))
 
     def meta(self, **extra: Any) -> None:
-        import transformers
-
         meta = {
             "git_sha": _git_sha(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                                 "python": platform.python_version()},
@@ -141,6 +140,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = validate(cfg)
+        transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.tokenizer = make_tokenizer()

@@ -1,0 +1,34 @@
+"""Hydra entry point: a thin wrapper around `moe_rl.train.train`.
+
+    python experiments/train.py algo=gspo replay=none seed=1
+    python experiments/train.py -m +experiment=compare                      # the headline sweep
+    python experiments/train.py -m +experiment=compare hydra/launcher=joblib hydra.launcher.n_jobs=2
+
+Defaults live in the dataclasses of `moe_rl.config` (registered below); config groups and
+experiment files in `experiments/conf/` hold only deltas. A run whose directory already holds a
+finished `status.json` is skipped, so rerunning an interrupted multirun completes it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from moe_rl.experiment import run_from_hydra
+from moe_rl.config import TrainConfig
+
+ConfigStore.instance().store(name="base_config", node=TrainConfig)
+log = logging.getLogger(__name__)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> str:
+    return run_from_hydra(cfg, HydraConfig.get())
+
+
+if __name__ == "__main__":
+    main()

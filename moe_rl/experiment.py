@@ -1,0 +1,52 @@
+"""Glue between Hydra's composed config and the plain training function."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from moe_rl.config import TrainConfig, validate
+
+log = logging.getLogger(__name__)
+
+FINISHED = ("completed", "collapsed", "diverged")
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """The typed config object (Hydra has already checked the types against the dataclasses)."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, TrainConfig):
+        raise TypeError(f"expected a TrainConfig-structured config, got {type(obj).__name__}")
+    return obj
+
+
+def finished_status(out_dir: str | Path) -> str | None:
+    """The status of a run directory whose outputs are complete, else None."""
+    path = Path(out_dir) / "status.json"
+    try:
+        status = json.loads(path.read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return status if status in FINISHED and (Path(out_dir) / "metrics.parquet").is_file() else None
+
+
+def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
+    from moe_rl.train import train
+
+    train_cfg = validate(to_train_config(cfg))
+    train_cfg.out_dir = hydra_cfg.runtime.output_dir
+    cache = Path(train_cfg.cold_start.cache_dir)
+    if not cache.is_absolute():  # shared by every job of a sweep, whatever the launcher's cwd
+        train_cfg.cold_start.cache_dir = str(Path(hydra_cfg.runtime.cwd) / cache)
+    if train_cfg.dry_run:
+        log.info("dry run %s: %s", train_cfg.arm, train_cfg.out_dir)
+        return "dry_run"
+    done = finished_status(train_cfg.out_dir)
+    if done is not None:
+        log.info("skipping %s: already %s", train_cfg.out_dir, done)
+        return done
+    return train(train_cfg)["status"]

@@ -1,0 +1,155 @@
+"""The RL loop: replay equivalence at theta == theta_old, and short end-to-end runs per arm."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from moe_rl.config import TrainConfig, validate
+from moe_rl.rollout import forward_logp
+from moe_rl.routing import Routes, compare_routes
+from moe_rl.train import Trainer, aggregate, train
+
+
+def tiny_config(tmp_path, cache, *, algo="grpo", replay="none", steps=3, name=None, **optim) -> TrainConfig:
+    cfg = TrainConfig(out_dir=str(tmp_path / (name or f"{algo}_{replay}")), steps=steps, eval_every=2, eval_size=16,
+                      snapshot_every=2, progress=False)
+    cfg.algo.name, cfg.replay.mode = algo, replay
+    cfg.task.n_train, cfg.task.n_eval = 400, 32
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 8, 4
+    cfg.optim.updates_per_rollout = optim.pop("N", 2)
+    cfg.optim.lr = optim.pop("lr", 1e-3)
+    cfg.cold_start.band = [0.15, 1.0]
+    cfg.cold_start.max_steps, cfg.cold_start.eval_every = 200, 25
+    cfg.cold_start.cache_dir = str(cache)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cold_start")
+
+
+def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cache) -> None:
+    results = {}
+    for replay in ("none", "r2", "r3"):
+        trainer = Trainer(tiny_config(tmp_path, cache, replay=replay))
+        rollout, rewards, _ = trainer.rollout(step=1)
+        old_logp, old_routes, _ = trainer.old_pass(rollout)
+        from moe_rl.algos import group_advantages
+
+        adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
+        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
+        rows = torch.arange(len(rollout))[:16]
+        results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes)
+    # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide, so every
+    # replay mode computes bitwise the same loss and ratios (all exactly 1).
+    for replay in ("r2", "r3"):
+        for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max", "optim/grad_norm"):
+            assert results[replay][key] == results["none"][key], (replay, key)
+        assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
+    assert results["none"]["ratio/token_max"] == 1.0 and results["none"]["ratio/token_var"] == 0.0
+    assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo, replay", [("grpo", "r2"), ("grpo", "none"), ("gspo", "none"), ("grpo", "r3")])
+def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
+    cfg = tiny_config(tmp_path, cache, algo=algo, replay=replay, steps=4, N=4, lr=3e-3)
+    trainer = Trainer(cfg)
+    before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    result = trainer.run()
+    assert result["status"] in ("completed", "collapsed")
+    frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
+    assert list(frame.columns) == ["run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr",
+                                   "rollout_dtype", "num_layers", "num_experts", "step", "key", "value"]
+    assert set(frame["arm"]) == {f"{algo}+{replay}"} and sorted(frame["step"].unique()) == [0, 1, 2, 3, 4]
+    metrics = frame.pivot_table(index="step", columns="key", values="value")
+    for key in ("reward/mean", "ratio/token_var", "ratio/seq_var", "ratio/ess", "kl/k3", "policy/entropy",
+                "optim/grad_norm", "route/old_vs_new/flip_rate", "route/rollout_vs_old/flip_rate",
+                "route/old_vs_new/flip_rate/layer_1", "route/old_vs_new/flip_rate/pos_0", "route/margin_mean",
+                "time/rollout_s", "time/update_s", "ratio/clipfrac_low", "ratio/clipfrac_high"):
+        assert metrics.loc[1:, key].map(math.isfinite).all(), key
+    assert metrics["task/accuracy"].dropna().index.tolist() == [0, 2, 4]
+    changed = sum(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+    assert changed > 0
+    # N = 4 mini-batches with a large learning rate: later updates see a moved router.
+    assert metrics["route/old_vs_new/flip_rate"].max() > 0
+    if replay != "none":
+        # The routes the experts actually used in every update equal the cached ones.
+        assert (metrics["route/used_vs_cached/flip_rate"].loc[1:] == 0).all()
+        assert metrics["route/native_vs_replayed/flip_rate"].max() > 0
+    if replay == "r3":
+        # Under R3 the old pass itself replays the rollout routes.
+        assert (metrics["route/rollout_vs_old/flip_rate"].loc[1:] == 0).all()
+    status = json.loads((tmp_path / f"{algo}_{replay}" / "status.json").read_text())
+    assert status["steps_done"] == 4
+    snapshot = Routes.load(tmp_path / f"{algo}_{replay}" / "routes" / "step_00002_old.safetensors")
+    assert snapshot.shape[0] == 32 and snapshot.indices.dtype == torch.uint8
+
+
+def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cache) -> None:
+    """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
+    trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", lr=3e-2))
+    rollout, rewards, _ = trainer.rollout(step=1)
+    old_logp, old_routes, _ = trainer.old_pass(rollout)
+    adv = torch.randn(len(rollout))  # any non-zero signal moves the router
+    rows = torch.arange(len(rollout))
+    for _ in range(2):
+        metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes)
+    assert metrics["route/native_vs_replayed/flip_rate"] > 0
+    assert metrics["route/used_vs_cached/flip_rate"] == 0.0
+    # and the recorded log-probs are those of the replayed routes, not the native ones
+    from moe_rl.routing import RouteReplay
+
+    with torch.no_grad():
+        native_logp, _ = forward_logp(trainer.policy, rollout)
+        with RouteReplay(trainer.policy, old_routes):
+            replayed_logp, _ = forward_logp(trainer.policy, rollout)
+    mask = rollout.response_mask
+    assert not torch.equal(native_logp[mask], replayed_logp[mask])
+
+
+def test_aggregate_is_over_the_whole_step() -> None:
+    agg = aggregate([{"loss": 1.0, "ratio/token_max": 1.5}, {"loss": 3.0, "ratio/token_max": 1.2}])
+    assert agg == {"loss": 2.0, "ratio/token_max": 1.5}
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda c: setattr(c.algo, "name", "ppo"), r"algo.name='ppo' is not valid; valid: \['grpo', 'gspo', 'gspo_token'\]"),
+        (lambda c: setattr(c.replay, "mode", "r4"), r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r3'\]"),
+        (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
+        (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
+        (lambda c: (setattr(c.algo, "eps_low", 0.3), setattr(c.algo, "eps_high", 0.1)), r"eps_high=0.1 < algo.eps_low=0.3"),
+        (lambda c: setattr(c.rollout, "group_size", 1), r"rollout.group_size=1 must be >= 2"),
+        (lambda c: setattr(c.optim, "updates_per_rollout", 3), r"updates_per_rollout=3 must divide the rollout batch"),
+        (lambda c: setattr(c.optim, "lr", -1e-4), r"optim.lr=-0.0001 must be > 0"),
+    ],
+)
+def test_invalid_configs_are_rejected_naming_the_key(change, match: str) -> None:
+    cfg = TrainConfig()
+    change(cfg)
+    with pytest.raises(ValueError, match=match):
+        validate(cfg)
+
+
+def test_compare_routes_is_used_on_masked_positions_only() -> None:
+    a = Routes.from_topk(torch.tensor([[[[0, 1]], [[2, 3]]]]), torch.tensor([[True, False]]), [0], 8)
+    b = Routes.from_topk(torch.tensor([[[[0, 1]], [[4, 5]]]]), None, [0], 8)
+    assert compare_routes(a, b)["flip_rate"] == 0.0
+
+
+def test_train_function_writes_run_directory(tmp_path, cache) -> None:
+    cfg = tiny_config(tmp_path, cache, steps=2, name="plain")
+    result = train(cfg)
+    assert result["status"] in ("completed", "collapsed")
+    run = tmp_path / "plain"
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["seed"] == 0 and meta["run_keys"]["arm"] == "grpo+none" and "torch" in meta["versions"]
+    assert "algo:" in (run / "config.yaml").read_text()
