@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from moe_rl.algos import DEFAULT_EPS, LOSSES
@@ -62,6 +64,7 @@ class RolloutConfig:
     group_size: int = 8
     temperature: float = 1.0
     dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
+    record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class OptimConfig:
     updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many updates
 
 
 @dataclass
@@ -104,6 +108,9 @@ class TrainConfig:
     eval_size: int = 128
     snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
     position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
+    checkpoint_every: int = 25  # save model/optimizer/RNG state and flush metrics every K steps; 0: never
+    keep_checkpoint: bool = False  # keep checkpoint.pt after the run finished
+    fault_nan_step: int | None = None  # testing hook: corrupt a router weight with NaN at this step
     device: str = "cpu"
     threads: int | None = None
     progress: bool = True
@@ -129,12 +136,25 @@ def _one_of(key: str, value: Any, valid: Any) -> None:
         raise ValueError(f"{key}={value!r} is not valid; valid: {sorted(valid)}")
 
 
+def _check_checkpoint(path: str, family: str) -> None:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise ValueError(f"model.checkpoint={path!r} is not a save_pretrained directory (no config.json)")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type != family:
+        raise ValueError(
+            f"model.checkpoint={path!r} is a {model_type!r} model but model.family={family!r}; "
+            f"set model.family={model_type}"
+        )
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key; return `cfg` unchanged otherwise."""
     _one_of("algo.name", cfg.algo.name, LOSSES)
     _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
-    if cfg.model.checkpoint is None:
-        _one_of("model.family", cfg.model.family, FAMILIES)
+    _one_of("model.family", cfg.model.family, FAMILIES)
+    if cfg.model.checkpoint:
+        _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
     _one_of("task.name", cfg.task.name, TASKS)
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
@@ -158,6 +178,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.rollout.temperature <= 0:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
+    if cfg.replay.mode == "r3" and not cfg.rollout.record_routes:
+        raise ValueError("replay.mode='r3' replays rollout routes, but rollout.record_routes=false records none")
+    if cfg.optim.warmup_steps < 0:
+        raise ValueError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0")
+    if cfg.checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every={cfg.checkpoint_every} must be >= 0")
     if cfg.steps < 1:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -13,7 +14,18 @@ from moe_rl.config import TrainConfig, validate
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("completed", "collapsed", "diverged")
+
+def short_name(name: str, limit: int = 96) -> str:
+    """A run directory name: Hydra's override string, or its head plus a hash when too long."""
+    if len(name) <= limit:
+        return name
+    return f"{name[: limit - 17]}~{hashlib.sha1(name.encode()).hexdigest()[:16]}"
+
+
+if not OmegaConf.has_resolver("short_name"):
+    OmegaConf.register_new_resolver("short_name", short_name)
+
+from moe_rl.runio import FINISHED
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:

@@ -33,6 +33,11 @@ class Rollout:
         return self.sequences[:, :-1]
 
     @property
+    def token_mask(self) -> Tensor:
+        """(B, S-1) bool: inputs that are real tokens (not left pads, not after EOS)."""
+        return self.attention_mask[:, :-1].bool()
+
+    @property
     def targets(self) -> Tensor:
         return self.sequences[:, 1:]
 

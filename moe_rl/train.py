@@ -14,34 +14,32 @@ Metrics of each update are aggregated over the whole step (mean; `ratio/token_ma
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import os
-import platform
-import subprocess
 import time
 from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 import transformers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from tqdm.auto import tqdm
 
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start
 from moe_rl.config import TrainConfig, validate
+from moe_rl.models import load_model
 from moe_rl.metrics import detect_collapse, ratio_stats
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, route_overlap
+from moe_rl.runio import RunWriter, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.tasks import get_task, load_task, make_tokenizer
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-STATUSES = ("running", "completed", "collapsed", "diverged", "failed")
+HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy")
 
 
 def run_keys(cfg: TrainConfig) -> dict[str, Any]:
@@ -54,56 +52,16 @@ def run_keys(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a temporary name and rename, so a reader never sees a partial file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
-class RunWriter:
-    """Owns a run directory: config.yaml, meta.json, metrics.parquet (long format), status.json."""
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        from omegaconf import OmegaConf
-
-        self.dir = Path(cfg.out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.keys = run_keys(cfg)
-        self.rows: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(cfg.to_dict()))
-
-    def meta(self, **extra: Any) -> None:
-        meta = {
-            "git_sha": _git_sha(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                                "python": platform.python_version()},
-            "device": _device_name(), "seed": self.keys["seed"], "run_keys": self.keys, **extra,
-        }
-        write_atomic(self.dir / "meta.json", json.dumps(meta, indent=1, default=str))
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.rows += [{"step": step, "key": k, "value": float(v)} for k, v in metrics.items()]
-
-    def flush(self, status: str, steps_done: int, wall_s: float) -> None:
-        frame = pd.DataFrame(self.rows, columns=["step", "key", "value"])
-        for column, value in reversed(self.keys.items()):
-            frame.insert(0, column, value)
-        write_atomic(self.dir / "metrics.parquet", frame.to_parquet(index=False))
-        status_doc = {"status": status, "steps_done": steps_done, "collapse_events": self.events, "wall_s": wall_s}
-        write_atomic(self.dir / "status.json", json.dumps(status_doc, indent=1))
-
-
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def _device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or 'unknown'})"
+def checkpoint_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's own tokenizer if it saved one (left padding for generation), else ours."""
+    path = Path(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return make_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def route_pair_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
@@ -143,9 +101,14 @@ class Trainer:
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.tokenizer = make_tokenizer()
         self.task = get_task(cfg.task.name)
-        self.policy, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+        if cfg.model.checkpoint:  # a local checkpoint is the starting policy; no cold start
+            self.policy = load_model(cfg.model.checkpoint, experts_implementation=cfg.model.experts_implementation)
+            self.tokenizer = checkpoint_tokenizer(cfg.model.checkpoint)
+            self.cold_info = {"path": cfg.model.checkpoint, "key": f"checkpoint:{Path(cfg.model.checkpoint).resolve()}"}
+        else:
+            self.tokenizer = make_tokenizer()
+            self.policy, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = DTYPES[cfg.rollout.dtype]
@@ -155,14 +118,20 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
         )
+        warmup = cfg.optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
         self.loss_fn = get_loss(cfg.algo.name)
         self.eps_low, self.eps_high = cfg.algo.eps()
         data = load_task(cfg.task.name, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval,
                          seed=cfg.cold_start.seed, **cfg.task.kwargs)
         self.train_examples = data["train"].to_list()
         self.eval_examples = data["eval"].to_list()[: cfg.eval_size]
-        self.writer = RunWriter(cfg)
-        self.writer.meta(cold_start=self.cold_info)
+        self.writer = RunWriter(cfg.out_dir, run_keys(cfg))
+        self.writer.write_config(cfg.to_dict())
+        self.writer.write_meta(cold_start=self.cold_info)
+        self.checkpoint_path = self.writer.dir / "checkpoint.pt"
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
 
@@ -182,7 +151,7 @@ class Trainer:
         rollout = generate(
             self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
-            seed=cfg.seed * 1_000_003 + step,
+            seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
         )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         rewards = torch.tensor(
@@ -199,7 +168,7 @@ class Trainer:
             recorder = stack.enter_context(RouteRecorder(self.policy, margins=True))
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
         native = replay.native_routes if replay is not None else recorder.routes
-        return old_logp, native.with_mask(rollout.routes.mask), recorder.margins
+        return old_logp, native.with_mask(rollout.token_mask), recorder.margins
 
     def update(
         self, rollout: Rollout, rows: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
@@ -213,7 +182,7 @@ class Trainer:
                 replay = stack.enter_context(RouteReplay(self.policy, replay_routes[rows], record_native=True))
             recorder = stack.enter_context(RouteRecorder(self.policy))  # sees the routes actually used
             logp, logits = forward_logp(self.policy, rollout, rows, temperature=cfg.rollout.temperature)
-        valid = rollout.routes.mask[rows]
+        valid = rollout.token_mask[rows]
         native = (replay.native_routes if replay is not None else recorder.routes).with_mask(valid)
         ref_logp = None
         if self.ref is not None:
@@ -228,6 +197,7 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
             self.optimizer.step()
+        self.scheduler.step()
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
@@ -244,6 +214,9 @@ class Trainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         rollout, rewards, _ = self.rollout(step)
+        if cfg.fault_nan_step == step:  # fault injection for tests: corrupt a router weight
+            with torch.no_grad():
+                next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
         t1 = time.perf_counter()
         old_logp, old_routes, margins = self.old_pass(rollout)
@@ -260,7 +233,8 @@ class Trainer:
         t3 = time.perf_counter()
         metrics = aggregate(updates)
         valid_margins = margins[old_routes.mask]  # (n, L)
-        metrics.update(route_pair_metrics("rollout_vs_old", rollout.routes, old_routes))
+        if rollout.routes is not None:
+            metrics.update(route_pair_metrics("rollout_vs_old", rollout.routes, old_routes))
         metrics.update({
             "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
             "route/margin_mean": valid_margins.mean().item(),
@@ -272,7 +246,8 @@ class Trainer:
         })
         if cfg.snapshot_every and step % cfg.snapshot_every == 0:
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors")
-            rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors")
+            if rollout.routes is not None:
+                rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors")
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -283,21 +258,51 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------
 
+    def save(self, step: int) -> None:
+        save_checkpoint(self.checkpoint_path, {
+            "step": step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
+            "ref": self.ref.state_dict() if self.ref is not None else None,
+            "cold_start_key": self.cold_info.get("key"),
+        })
+
+    def resume(self) -> int:
+        """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
+        if not self.checkpoint_path.exists():
+            self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
+            return 0
+        state = load_checkpoint(self.checkpoint_path)
+        if state.get("cold_start_key") != self.cold_info.get("key"):
+            raise ValueError(f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun")
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ref is not None and state["ref"] is not None:
+            self.ref.load_state_dict(state["ref"])
+        set_rng_state(state["rng"])
+        self.writer.events = list(state["events"])
+        self.writer.truncate_after(state["step"])
+        self.history.update(self.writer.history(HISTORY_KEYS))
+        log.info("resuming %s after step %d", self.writer.dir, state["step"])
+        return state["step"]
+
     def run(self) -> dict[str, Any]:
         cfg, writer = self.cfg, self.writer
         start = time.perf_counter()
-        status, step = "running", 0
-        writer.log(0, self.evaluate())
-        seen_triggers: set[str] = set()
-        bar = tqdm(range(1, cfg.steps + 1), desc=f"{writer.keys['run']} {cfg.arm}", disable=not cfg.progress,
-                   dynamic_ncols=True)
+        done = self.resume()
+        status, step = "running", done
+        if done == 0:
+            writer.log(0, self.evaluate())
+        seen_triggers = {e["trigger"] for e in writer.events}
+        bar = tqdm(range(done + 1, cfg.steps + 1), desc=f"{writer.keys['run']} {cfg.arm}", disable=not cfg.progress,
+                   dynamic_ncols=True, initial=done, total=cfg.steps)
         try:
             for step in bar:
                 metrics = self.step(step)
                 if step % cfg.eval_every == 0 or step == cfg.steps:
                     metrics.update(self.evaluate())
                 writer.log(step, metrics)
-                for key in ("loss", "optim/grad_norm", "reward/mean", "policy/entropy"):
+                for key in HISTORY_KEYS:
                     self.history[key].append((step, metrics[key]))
                 for event in detect_collapse(self.history, **vars(cfg.collapse)):
                     if event.trigger not in seen_triggers:
@@ -310,8 +315,9 @@ class Trainer:
                 if "nonfinite" in seen_triggers:
                     status = "diverged"
                     break
-                if step % 10 == 0:
-                    writer.flush("running", step, time.perf_counter() - start)
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                    writer.flush("running", step, time.perf_counter() - start)  # metrics first, then state
+                    self.save(step)
             else:
                 status = "collapsed" if writer.events else "completed"
         except BaseException:
@@ -320,6 +326,8 @@ class Trainer:
         finally:
             bar.close()
         writer.flush(status, step, time.perf_counter() - start)
+        if status in ("completed", "collapsed", "diverged") and not cfg.keep_checkpoint:
+            self.checkpoint_path.unlink(missing_ok=True)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
 
 

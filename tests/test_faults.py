@@ -1,0 +1,164 @@
+"""Runs that survive faults and bad input: kill and resume, determinism, NaN, corrupt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from moe_rl.config import TrainConfig, validate
+from moe_rl.models import build_model
+from moe_rl.runio import CorruptFileError
+from moe_rl.train import Trainer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One tiny run, as Hydra overrides and as a config, shared by the tests below.
+OVERRIDES = [
+    "steps=10", "eval_every=3", "eval_size=16", "checkpoint_every=2", "snapshot_every=0", "progress=false",
+    "task.n_train=400", "task.n_eval=32", "rollout.prompts_per_step=8", "rollout.group_size=4",
+    "optim.updates_per_rollout=2", "optim.lr=3e-3", "cold_start.band=[0.15,1.0]", "cold_start.max_steps=200",
+]
+
+
+def tiny(out_dir: Path, cache: Path, **changes) -> TrainConfig:
+    """OVERRIDES (plus `changes`) applied to the dataclass defaults, the way Hydra applies them."""
+    dotlist = OVERRIDES + [f"{k}={v}" for k, v in changes.items()] + [f"cold_start.cache_dir={cache}"]
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
+    cfg.out_dir = str(out_dir)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cold_start")
+
+
+def _metrics(run: Path) -> pd.DataFrame:
+    """A run's metrics without the wall-clock timings, which no rerun reproduces."""
+    frame = pd.read_parquet(run / "metrics.parquet")
+    return frame[~frame["key"].str.startswith("time/")].sort_values(["step", "key"]).reset_index(drop=True)
+
+
+def test_same_config_and_seed_give_identical_metrics(tmp_path, cache) -> None:
+    for name in ("a", "b"):
+        assert train(tiny(tmp_path / name, cache, steps=4))["status"] in ("completed", "collapsed")
+    a, b = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+    pd.testing.assert_frame_equal(a.drop(columns="run"), b.drop(columns="run"))
+    assert a["key"].str.startswith("route/old_vs_new").any() and sorted(a["step"].unique()) == [0, 1, 2, 3, 4]
+    other = _metrics(tmp_path / "a")
+    train(tiny(tmp_path / "c", cache, steps=4, seed=1))
+    assert not _metrics(tmp_path / "c")["value"].equals(other["value"])
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache) -> None:
+    reference = tmp_path / "reference"
+    train(tiny(reference, cache))
+    run = tmp_path / "killed"
+    cmd = [sys.executable, "experiments/train.py", *OVERRIDES, f"cold_start.cache_dir={cache}",
+           f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (run / "metrics" / "part-0000004.parquet").exists():  # checkpoints at 2 and 4 are written
+        assert proc.poll() is None and time.time() < deadline, "run ended before it could be killed"
+        time.sleep(0.01)
+    time.sleep(0.05)  # somewhere inside step 5 or 6
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "running" and 4 <= status["steps_done"] < 10
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "resuming" in rerun.stdout + rerun.stderr
+    assert json.loads((run / "status.json").read_text())["steps_done"] == 10
+    pd.testing.assert_frame_equal(_metrics(run).drop(columns="run"), _metrics(reference).drop(columns="run"))
+
+
+def test_corrupt_checkpoint_is_reported_by_name(tmp_path, cache) -> None:
+    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    train(cfg)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    assert checkpoint.is_file()
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    (tmp_path / "run" / "status.json").unlink()
+    with pytest.raises(CorruptFileError, match=r"checkpoint .*run/checkpoint.pt is corrupt or truncated"):
+        Trainer(cfg).run()
+
+
+def test_corrupt_metrics_part_is_reported_by_name(tmp_path, cache) -> None:
+    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    train(cfg)  # checkpoint at step 2; parts up to steps 2 and 4
+    part = sorted((tmp_path / "run" / "metrics").glob("part-*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:50])
+    with pytest.raises(CorruptFileError, match=rf"metrics part .*{part.name} is corrupt or truncated"):
+        Trainer(cfg).run()
+
+
+def test_nan_in_one_run_of_a_multirun_is_data_not_a_crash(tmp_path, cache) -> None:
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "-m", *OVERRIDES, "steps=5", f"cold_start.cache_dir={cache}",
+         "fault_nan_step=3,null", f"results_dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = [p.parent for p in (tmp_path / "default").rglob("status.json")]
+    fault = {run: OmegaConf.load(run / "config.yaml").fault_nan_step for run in runs}
+    diverged = [json.loads((run / "status.json").read_text()) for run in runs if fault[run] == 3]
+    healthy = [json.loads((run / "status.json").read_text()) for run in runs if fault[run] is None]
+    assert len(diverged) == 1 and len(healthy) == 1
+    assert diverged[0]["status"] == "diverged" and diverged[0]["steps_done"] == 3
+    assert diverged[0]["collapse_events"][0]["step"] == 3
+    assert diverged[0]["collapse_events"][0]["trigger"] == "nonfinite"
+    assert healthy[0]["status"] in ("completed", "collapsed") and healthy[0]["steps_done"] == 5
+    from moe_rl.analysis import load_results, summarize
+
+    summary = summarize(load_results(tmp_path / "default"))
+    assert summary["collapsed"].tolist() == ["1 of 2"]
+    assert summary["first_collapse_step"].tolist() == [3]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(replay="r3", record_routes=False), r"replay.mode='r3' replays rollout routes, but rollout.record_routes"),
+        (dict(checkpoint="mixtral"), r"is a 'mixtral' model but model.family='qwen3_moe'; set model.family=mixtral"),
+        (dict(checkpoint="missing"), r"is not a save_pretrained directory"),
+    ],
+)
+def test_bad_input_rejected_before_work(tmp_path, change, match: str) -> None:
+    cfg = TrainConfig(out_dir=str(tmp_path / "run"))
+    if change.get("replay"):
+        cfg.replay.mode = change["replay"]
+        cfg.rollout.record_routes = change["record_routes"]
+    if change.get("checkpoint") == "mixtral":
+        build_model("mixtral").save_pretrained(tmp_path / "mixtral")
+        cfg.model.checkpoint = str(tmp_path / "mixtral")
+    if change.get("checkpoint") == "missing":
+        cfg.model.checkpoint = str(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=match):
+        validate(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
+    from moe_rl.tasks import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    build_model("olmoe", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    cfg = tiny(tmp_path / "run", tmp_path / "unused", steps=2)
+    cfg.model.family, cfg.model.checkpoint = "olmoe", str(tmp_path / "ckpt")
+    result = train(cfg)
+    assert result["status"] in ("completed", "collapsed")
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["cold_start"]["path"] == str(tmp_path / "ckpt")
+    assert not (tmp_path / "unused").exists()
