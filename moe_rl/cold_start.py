@@ -71,7 +71,20 @@ def _sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[dict]) -> dict
 
 
 def train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> tuple[PreTrainedModel, dict]:
-    """Supervised warm-up until greedy eval accuracy reaches the band's lower edge."""
+    """Supervised warm-up until greedy eval accuracy reaches the band's lower edge.
+
+    Runs on one CPU thread whatever the caller's setting: float reductions depend on the thread
+    count, and the cached weights must not depend on which run of a sweep trained them.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_cold_start(model_cfg, task_cfg, cold)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> tuple[PreTrainedModel, dict]:
     tokenizer = make_tokenizer()
     model = build_model(
         model_cfg.family, seed=cold.seed, experts_implementation=model_cfg.experts_implementation,
@@ -86,7 +99,7 @@ def train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdSta
     history, accuracy, step = [], 0.0, 0
     model.train()
     for step in range(1, cold.max_steps + 1):
-        batch = _sft_batch(tokenizer, rng.sample(train, cold.batch_size))
+        batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, rng.sample(train, cold.batch_size)).items()}
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_rl.algos import DEFAULT_EPS, LOSSES
-from moe_rl.models import EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
 
 REPLAY_MODES = ("none", "r2", "r3")
@@ -152,7 +152,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key; return `cfg` unchanged otherwise."""
     _one_of("algo.name", cfg.algo.name, LOSSES)
     _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
-    _one_of("model.family", cfg.model.family, FAMILIES)
+    _one_of("model.family", cfg.model.family, [*FAMILIES, *BACKENDS])
+    if cfg.model.family in BACKENDS and not cfg.device.startswith("cuda"):
+        raise ValueError(f"model.family={cfg.model.family!r} runs on CUDA only; set device=cuda")
+    if cfg.model.family in BACKENDS and cfg.rollout.dtype == "float16":
+        raise ValueError("model.family='megablocks' computes experts in bfloat16; rollout.dtype=float16 is not supported")
     if cfg.model.checkpoint:
         _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
     _one_of("task.name", cfg.task.name, TASKS)

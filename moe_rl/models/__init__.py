@@ -97,6 +97,8 @@ _ALIASES = {
 }
 
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
+# Backends other than a transformers family: MoE blocks computed by another library (GPU only).
+BACKENDS = ("megablocks",)
 
 
 def default_experts_implementation(device: str | torch.device = "cpu") -> str:
@@ -137,7 +139,12 @@ def build_model(
     """A seeded tiny `*ForCausalLM` of `family`, e.g. `build_model("mixtral", num_experts=16)`.
 
     Router weights are checked to be non-degenerate: all-equal logits would make top-k a tie-break.
+    `family="megablocks"` builds the default family with MegaBlocks dMoE blocks (CUDA only).
     """
+    if family == "megablocks":
+        from moe_rl.models.megablocks import build_megablocks_model
+
+        return build_megablocks_model(seed=seed, dtype=dtype, **config_overrides)
     config = family_config(family, **config_overrides)
     impl = experts_implementation or default_experts_implementation()
     if impl not in EXPERTS_IMPLEMENTATIONS:
@@ -160,6 +167,10 @@ def load_model(
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a save_pretrained checkpoint (no config.json)")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if getattr(config, "moe_rl_backend", None) == "megablocks":
+        from moe_rl.models.megablocks import load_megablocks_model
+
+        return load_megablocks_model(path, dtype=dtype)
     if config.model_type not in FAMILIES:
         raise ValueError(f"checkpoint {path} is a {config.model_type!r} model; supported: {sorted(FAMILIES)}")
     model = AutoModelForCausalLM.from_pretrained(
@@ -179,6 +190,6 @@ def _check_routers(model: PreTrainedModel) -> None:
     from moe_rl.routing.hooks import find_moe_layers
 
     for layer in find_moe_layers(model):
-        weight = layer.router.weight
+        weight = layer.weight
         if torch.all(weight == weight.flatten()[0]):
             raise RuntimeError(f"router {layer.name} has degenerate (all-equal) weights")

@@ -1,7 +1,10 @@
 """Route recording and Routing Replay as context managers over a transformers v5 MoE model.
 
 Both hook the router module of every MoE layer, which in transformers v5 returns
-`(logits, weights, indices)` and whose outputs feed the experts. A hook on the model itself marks
+`(logits, weights, indices)` and whose outputs feed the experts. MegaBlocks' `LearnedRouter` returns
+`(scores, weights, indices)` with `scores` already softmax probabilities, and its rows in
+sequence-major order (`t * B + b`, dMoE's Megatron `(seq, batch, hidden)` layout): such a layer is
+marked `seq_major` and its rows are permuted to and from batch-major here. A hook on the model itself marks
 the start and end of each forward pass, which gives three guarantees:
 - a route is recorded once per layer per pass, so gradient-checkpointing recomputation during
   backward (which runs outside any pass) never double-records;
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +35,28 @@ class MoeLayer:
     decoder_layer: int
     num_experts: int
     top_k: int
+    seq_major: bool = False  # router rows are t * B + b (MegaBlocks' (seq, batch, hidden)), not b * T + t
+
+    @property
+    def weight(self) -> Tensor:
+        """The router's (num_experts, hidden) weight."""
+        return router_weight(self.router)
+
+
+# MegaBlocks (megablocks/layers/router.py): `LearnedRouter(args)` keeps its config in `args`
+# (`moe_num_experts`, `moe_top_k`, `moe_normalize_expert_weights`) and its weight in `layer`.
+MEGABLOCKS_ROUTERS = ("LearnedRouter",)
+
+
+def is_megablocks_router(module: nn.Module) -> bool:
+    args = getattr(module, "args", None)
+    return type(module).__name__ in MEGABLOCKS_ROUTERS and all(
+        hasattr(args, key) for key in ("moe_top_k", "moe_num_experts", "moe_normalize_expert_weights")
+    )
+
+
+def router_weight(router: nn.Module) -> Tensor:
+    return router.layer.weight if is_megablocks_router(router) else router.weight
 
 
 def _router_classes(model: nn.Module) -> tuple[type, ...]:
@@ -45,15 +72,20 @@ def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
     declared = _router_classes(model)
     layers = []
     for name, module in model.named_modules():
+        megablocks = is_megablocks_router(module)  # found also where the model declares other router classes
         is_router = isinstance(module, declared) if declared else type(module).__name__.endswith(("Router", "TopkRouter"))
-        if not is_router:
+        if not (is_router or megablocks):
             continue
         match = re.search(r"layers\.(\d+)\.", name)
-        weight = getattr(module, "weight", None)
-        num_experts = getattr(module, "num_experts", None) or (weight.shape[0] if weight is not None else None)
-        if match is None or num_experts is None or not hasattr(module, "top_k"):
+        if megablocks:
+            num_experts, top_k = module.args.moe_num_experts, module.args.moe_top_k
+        else:
+            weight = getattr(module, "weight", None)
+            num_experts = getattr(module, "num_experts", None) or (weight.shape[0] if weight is not None else None)
+            top_k = getattr(module, "top_k", None)
+        if match is None or num_experts is None or top_k is None:
             raise ValueError(f"router {name} ({type(module).__name__}) lacks a layer index, top_k or num_experts")
-        layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(module.top_k)))
+        layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(top_k), seq_major=megablocks))
     if not layers:
         raise ValueError(f"{type(model).__name__} has no MoE layer (no router module found)")
     return layers
@@ -75,6 +107,64 @@ def _is_continuation(kwargs: dict) -> bool:
     return cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0
 
 
+def hub_kernel_of(module: nn.Module) -> str | None:
+    """The hub kernel whose forward replaced `module`'s own, else None.
+
+    transformers marks kernel-capable classes with `use_kernel_forward_from_hub(name)`, which sets
+    the class attribute `kernel_layer_name`; `kernels.kernelize` (run by `use_kernels=True`) then sets
+    the instance attribute `forward = MethodType(kernel.forward, module)`, or the class's own forward
+    when it falls back.
+    """
+    name = getattr(type(module), "kernel_layer_name", None)
+    forward = module.__dict__.get("forward")
+    if name is None or forward is None or getattr(forward, "__func__", forward) is type(module).forward:
+        return None
+    return str(name)
+
+
+def _refuse_hub_kernels(model: nn.Module, layers: list[MoeLayer]) -> None:
+    """Raise if a module around a router runs a hub kernel: it routes internally (e.g. GPT-OSS's
+    `MegaBlocksMoeMLP` under `use_kernels=True`), so hooks on the router would see nothing."""
+    for layer in layers:
+        parts = layer.name.split(".")
+        for depth in range(len(parts) - 1, -1, -1):
+            owner = ".".join(parts[:depth])
+            module = model.get_submodule(owner)
+            kernel = hub_kernel_of(module)
+            if kernel is not None:
+                raise RuntimeError(
+                    f"MoE block {owner or '<model>'} ({type(module).__name__}) runs "
+                    f"the hub kernel {kernel!r} (transformers `use_kernels=True`), which routes internally and "
+                    f"never calls its router {layer.name}: routes can be neither recorded nor replayed. Load the "
+                    "model without `use_kernels=True`."
+                )
+
+
+def rows_to_batch_major(rows: Tensor, B: int, T: int) -> Tensor:
+    """(T*B, ...) rows in sequence-major order (t * B + b) -> (B*T, ...) batch-major (b * T + t)."""
+    return rows.reshape(T, B, *rows.shape[1:]).transpose(0, 1).reshape(B * T, *rows.shape[1:])
+
+
+def rows_to_seq_major(rows: Tensor, B: int, T: int) -> Tensor:
+    """(B*T, ...) batch-major rows -> (T*B, ...) sequence-major, the inverse of `rows_to_batch_major`."""
+    return rows.reshape(B, T, *rows.shape[1:]).transpose(0, 1).reshape(T * B, *rows.shape[1:])
+
+
+def _batch_major(layer: MoeLayer, rows: Tensor, B: int, T: int) -> Tensor:
+    """`layer`'s router rows in batch-major order, the order of `Routes`."""
+    return rows_to_batch_major(rows, B, T) if layer.seq_major else rows
+
+
+def _check_seq_major_input(layer: MoeLayer, args: tuple, B: int, T: int) -> None:
+    """A sequence-major router fed (B, T, H) activations would have batch-major rows: refuse it."""
+    x = args[0] if args else None
+    if isinstance(x, Tensor) and x.dim() == 3 and B != T and tuple(x.shape[:2]) != (T, B):
+        raise ValueError(
+            f"{layer.name}: MegaBlocks router saw activations of shape {tuple(x.shape)}; it must be fed "
+            f"(seq, batch, hidden) = ({T}, {B}, ...), dMoE's Megatron layout, for its rows to be t * B + b"
+        )
+
+
 def take_native_order(forced: Tensor, native: Tensor, keep_native: Tensor) -> Tensor:
     """`forced` (N, k) sorted ascending, with rows that equal the router's own choice as a set (or
     that `keep_native` marks) replaced by the router's `native` indices in the router's slot order.
@@ -92,6 +182,7 @@ class _ModelHooks:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.layers = find_moe_layers(model)
+        _refuse_hub_kernels(model, self.layers)
         self._handles: list[RemovableHandle] = []
         self.in_pass = False
 
@@ -177,13 +268,17 @@ class RouteRecorder(_ModelHooks):
         def hook(router: nn.Module, args: tuple, output: tuple) -> None:
             if not self.in_pass:  # gradient-checkpointing recomputation or a call outside the model
                 return
-            current = self._records[-1].passes[-1]
+            record, layer = self._records[-1], self.layers[i]
+            current = record.passes[-1]
             if current[i] is not None:
                 return
-            current[i] = output[2].detach()
+            B, T = record.masks[-1].shape
+            if layer.seq_major:
+                _check_seq_major_input(layer, args, B, T)
+            current[i] = _batch_major(layer, output[2].detach(), B, T)
             if self.record_margins:
                 scores = selection_scores(router, output[0].detach())
-                self._records[-1].margins[-1][i] = router_margins(scores, self.layers[i].top_k)
+                record.margins[-1][i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
 
         return hook
 
@@ -278,11 +373,14 @@ class RouteReplay(_ModelHooks):
                 raise ValueError("routes repeat an expert within one position's top-k")
 
     def __enter__(self) -> RouteReplay:
-        device = self.layers[0].router.weight.device
+        device = self.layers[0].weight.device
         B, T, L, k = self.routes.shape
         forced = self.routes.indices.to(device=device, dtype=torch.int64)  # (B, T, L, k)
         self._forced = [forced[:, :, i].reshape(B * T, k) for i in range(L)]
         self._keep_native = ~self.routes.mask.to(device).reshape(B * T, 1)
+        if any(layer.seq_major for layer in self.layers):  # the same rows in MegaBlocks' t * B + b order
+            self._forced_seq = [rows_to_seq_major(f, B, T) for f in self._forced]
+            self._keep_native_seq = rows_to_seq_major(self._keep_native, B, T)
         self._hook_layers(self._make_hook, prepend=True)  # before any recorder, which then sees forced routes
         return self
 
@@ -313,16 +411,21 @@ class RouteReplay(_ModelHooks):
         layer, rule = self.layers[i], self.rules[i]
 
         def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
-            logits, weights, native = output
-            forced = self._forced[i]
+            logits, weights, native = output  # MegaBlocks: logits are the softmax scores
+            B, T = self.routes.shape[:2]
+            if layer.seq_major:
+                _check_seq_major_input(layer, args, B, T)
+                forced, keep_native = self._forced_seq[i], self._keep_native_seq
+            else:
+                forced, keep_native = self._forced[i], self._keep_native
             if forced.shape[0] != logits.shape[0]:
                 raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
-            forced = take_native_order(forced, native, self._keep_native)
+            forced = take_native_order(forced, native, keep_native)
             new_weights = rule(router, logits, forced).to(weights.dtype)
             if self.in_pass:
                 self._applied[i] = True
                 if self.record_native and self._native[i] is None:
-                    self._native[i] = native.detach()
+                    self._native[i] = _batch_major(layer, native.detach(), B, T)
             return logits, new_weights, forced.to(native.dtype)
 
         return hook
@@ -350,10 +453,10 @@ def resolve_rule(layer: MoeLayer) -> Rule:
     if router in _CHECKED_RULES:
         return _CHECKED_RULES[router]
     candidates = (FAMILY_RULES[type(router).__name__],) if type(router).__name__ in FAMILY_RULES else GENERIC_RULES
-    weight = router.weight
+    weight = layer.weight
     generator = torch.Generator(device="cpu").manual_seed(0)
     probe = torch.randn(32, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
+    with torch.no_grad(), _probe_without_side_effects(router):
         output = router(probe)
         if not (isinstance(output, tuple) and len(output) == 3):
             raise ValueError(f"router {layer.name} does not return (logits, weights, indices)")
@@ -371,3 +474,23 @@ def resolve_rule(layer: MoeLayer) -> Rule:
         f"router {layer.name} ({type(router).__name__}): no gate-weight rule reproduces its weights "
         f"at its own indices (tried {tried}); replay would train a different function"
     )
+
+
+@contextmanager
+def _probe_without_side_effects(router: nn.Module) -> Iterator[None]:
+    """MegaBlocks' router jitters its input in training (drawing from the RNG) and appends its logits
+    to the module-level z-loss list when `args.moe_zloss_weight` is set: the attach-time probe must
+    do neither, so it runs in eval mode with the z-loss weight at 0, both restored after."""
+    if not is_megablocks_router(router):
+        yield
+        return
+    args, training, zloss = router.args, router.training, getattr(router.args, "moe_zloss_weight", 0)
+    router.train(False)
+    if zloss:
+        args.moe_zloss_weight = 0
+    try:
+        yield
+    finally:
+        router.train(training)
+        if zloss:
+            args.moe_zloss_weight = zloss

@@ -4,6 +4,8 @@ Each rule maps `(router, logits [N, E], indices [N, k]) -> weights [N, k]` and i
 `logits`, so the router still learns under Routing Replay. Forced experts outside the live top-k
 get their true weight: the probabilities are gathered from the full distribution, never from a
 top-k-masked one. `selection_scores` gives the scores top-k is taken over (for margins).
+MegaBlocks' `LearnedRouter` hands over softmax probabilities (`scores`) where others hand logits;
+its rule gathers them directly, and gradients reach its weight through them just the same.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def softmax_selected(router: nn.Module, logits: Tensor, indices: Tensor) -> Tens
     return torch.softmax(logits.gather(-1, indices), dim=-1, dtype=logits.dtype)
 
 
+def megablocks_scores(router: nn.Module, scores: Tensor, indices: Tensor) -> Tensor:
+    """MegaBlocks `LearnedRouter`: w = scores[idx] with scores = softmax(logits), divided by the
+    p-norm of the selected scores when `args.moe_normalize_expert_weights = p`
+    (megablocks/layers/router.py). Computed in the scores' dtype, as the router does."""
+    weights = scores.gather(-1, indices)
+    p = router.args.moe_normalize_expert_weights
+    if p:
+        weights = weights / torch.norm(weights, p=p, dim=-1, keepdim=True)
+    return weights
+
+
 FAMILY_RULES: dict[str, Rule] = {
     "Qwen3MoeTopKRouter": softmax_topk,
     "Qwen2MoeTopKRouter": softmax_topk,
@@ -50,6 +63,7 @@ FAMILY_RULES: dict[str, Rule] = {
     "MixtralTopKRouter": softmax_topk,
     "DeepseekV3TopkRouter": sigmoid_scaled,
     "GptOssTopKRouter": softmax_selected,
+    "LearnedRouter": megablocks_scores,
 }
 
 # Tried in order for routers of other models that follow the v5 contract
@@ -62,4 +76,6 @@ def selection_scores(router: nn.Module, logits: Tensor) -> Tensor:
     """The scores the router takes its top-k over, as probabilities where the family has them."""
     if type(router).__name__ == "DeepseekV3TopkRouter":
         return logits.float().sigmoid() + router.e_score_correction_bias
+    if type(router).__name__ == "LearnedRouter":  # MegaBlocks hands over the probabilities themselves
+        return logits.float()
     return torch.softmax(logits, dim=-1, dtype=torch.float)

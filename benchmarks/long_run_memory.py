@@ -1,0 +1,63 @@
+"""Resident memory of a long run: peak RSS at step 100 and at step 1000 (issue: flat memory).
+
+    python benchmarks/long_run_memory.py [--steps 1000] [--out /tmp/moe_rl_memory]
+
+Metric rows are streamed to disk at every checkpoint (`metrics/part-*.parquet`) and route
+snapshots are written as they are taken, so RSS should not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import time
+from pathlib import Path
+
+from moe_rl.config import TrainConfig
+from moe_rl.train import Trainer
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class MeasuredTrainer(Trainer):
+    marks: dict[int, tuple[float, float]] = {}
+
+    def step(self, step: int) -> dict[str, float]:
+        metrics = super().step(step)
+        if step in (10, 100, 1000) or step == self.cfg.steps:
+            self.marks[step] = (peak_rss_mib(), rss_mib())
+        return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--out", default="/tmp/moe_rl_memory")
+    args = parser.parse_args()
+    shutil.rmtree(args.out, ignore_errors=True)
+    cfg = TrainConfig(out_dir=args.out, steps=args.steps, eval_every=250, eval_size=16, snapshot_every=50,
+                      checkpoint_every=50, progress=False)
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 4, 4
+    cfg.optim.updates_per_rollout = 2
+    start = time.perf_counter()
+    MeasuredTrainer(cfg).run()
+    print(f"{args.steps} steps in {time.perf_counter() - start:.0f} s")
+    for step, (peak, now) in sorted(MeasuredTrainer.marks.items()):
+        print(f"step {step:5d}: peak RSS {peak:7.1f} MiB   current RSS {now:7.1f} MiB")
+    marks = MeasuredTrainer.marks
+    if 100 in marks and args.steps in marks:
+        print(f"peak RSS step {args.steps} / step 100: {marks[args.steps][0] / marks[100][0]:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Time per RL step: the harness's own loop vs TRL's GRPOTrainer, interleaved, with the phase split.
+
+    python benchmarks/trl_vs_harness.py [--prompts 16] [--group 8] [--max-new-tokens 8] [--updates 4]
+                                        [--repeats 6] [--warmup 1] [--arms none,r2] [--threads N]
+
+One RL step = sample G completions for each of P prompts, score them, one old-policy pass, then N
+optimizer updates on N mini-batches of the rollout batch. Both sides get the same cold-start model
+(a copy), the same prompts in the same order, the same sampling (temperature 1, no top-k/top-p),
+fp32, no gradient checkpointing, the same optimizer settings and the GRPO loss (eps 0.2 / 0.27, no KL,
+no load-balancing loss). In TRL terms: per_device_train_batch_size = P*G/N, steps_per_generation = N,
+num_iterations = 1, gradient_accumulation_steps = 1, so TRL also computes old log-probs once per
+rollout and takes N optimizer steps. Arm `none` runs plain `GRPOTrainer`; arms `r2`/`r3` run
+`moe_rl.integrations.trl.MoeGRPOTrainer` against the harness in the same replay mode.
+
+The two loops alternate inside one process: a TRL callback runs one harness step after every N TRL
+optimizer steps, so machine noise hits both alike. TRL's time per step is the wall time between
+those callbacks (its whole loop: data loading, generation, scoring, updates, optimizer, logging);
+its phases come from timing its methods. Prints the median over steps of TRL time / harness time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import transformers
+from datasets import Dataset
+from transformers import TrainerCallback
+
+import trl
+from moe_rl.config import TrainConfig
+from moe_rl.integrations.trl import MoeGRPOTrainer, algo_args, task_reward
+from moe_rl.train import Trainer
+from trl import GRPOConfig, GRPOTrainer
+
+
+def timed(base: type) -> type:
+    """`base` with its generation, scoring, old-logp pass and training steps timed into `self.phases`."""
+
+    class Timed(base):
+        def _generate_and_score_completions(self, inputs):
+            start = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.phases["score"] += time.perf_counter() - start
+
+        def _generate_single_turn(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*args, **kwargs)
+            finally:
+                self.phases["generate"] += time.perf_counter() - start
+
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            finally:
+                if not torch.is_grad_enabled():  # the old-policy pass (beta = 0: no reference pass)
+                    self.phases["old_logp"] += time.perf_counter() - start
+
+        def training_step(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super().training_step(*args, **kwargs)
+            finally:
+                self.phases["training_step"] += time.perf_counter() - start
+
+    Timed.__name__ = f"Timed{base.__name__}"
+    return Timed
+
+
+class Interleave(TrainerCallback):
+    """After every N TRL optimizer steps (one RL step), time it and run one harness step."""
+
+    def __init__(self, updates: int, harness: Trainer) -> None:
+        self.updates, self.harness = updates, harness
+        self.trl_rows: list[dict[str, float]] = []
+        self.harness_rows: list[dict[str, float]] = []
+        self.trainer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.mark = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.updates:
+            return
+        now = time.perf_counter()
+        phases = dict(self.trainer.phases)
+        self.trainer.phases.clear()
+        self.trl_rows.append({"total": now - self.mark, **phases})
+        rl_step = state.global_step // self.updates  # TRL just consumed the prompts of this step
+        start = time.perf_counter()
+        metrics = self.harness.step(rl_step)
+        total = time.perf_counter() - start
+        self.harness_rows.append({"total": total, "rollout": metrics["time/rollout_s"],
+                                  "old_logp": metrics["time/old_logp_s"], "update": metrics["time/update_s"]})
+        self.mark = time.perf_counter()
+
+
+def harness_config(args: argparse.Namespace, replay: str, out_dir: Path) -> TrainConfig:
+    cfg = TrainConfig(out_dir=str(out_dir), steps=args.repeats + args.warmup, progress=False, snapshot_every=0,
+                      eval_size=16, threads=args.threads, device="cuda" if torch.cuda.is_available() else "cpu")
+    cfg.algo.name, cfg.replay.mode = "grpo", replay
+    cfg.task.name, cfg.task.max_new_tokens = "reversal", args.max_new_tokens
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size = args.prompts, args.group
+    cfg.optim.updates_per_rollout, cfg.optim.lr = args.updates, args.lr
+    cfg.cold_start.band = [0.15, 1.0]
+    cfg.cold_start.max_steps, cfg.cold_start.eval_every = args.cold_start_steps, 25
+    return cfg
+
+
+def run_arm(args: argparse.Namespace, replay: str, root: Path) -> tuple[list[dict], list[dict]]:
+    harness = Trainer(harness_config(args, replay, root / f"harness_{replay}"))
+    steps = args.repeats + args.warmup
+    # TRL draws the prompts in dataset order (shuffle_dataset=False): RL step s gets the harness's step-s prompts.
+    rows = [example for s in range(1, steps + 1) for example in harness.prompts_for(s)]
+    batch = args.prompts * args.group
+    config = GRPOConfig(
+        output_dir=str(root / f"trl_{replay}"), per_device_train_batch_size=batch // args.updates,
+        steps_per_generation=args.updates, num_iterations=1, gradient_accumulation_steps=1,
+        num_generations=args.group, max_completion_length=args.max_new_tokens, max_steps=steps * args.updates,
+        learning_rate=args.lr, lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
+        shuffle_dataset=False, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
+        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, log_level="error", seed=0,
+        **algo_args("grpo"),
+    )
+    base = GRPOTrainer if replay == "none" else MoeGRPOTrainer
+    extra = {} if replay == "none" else {"routing_replay": replay}
+    trainer = timed(base)(
+        model=copy.deepcopy(harness.policy).train(), args=config, processing_class=harness.tokenizer,
+        train_dataset=Dataset.from_list(rows), reward_funcs=task_reward("reversal"), **extra,
+    )
+    trainer.phases = defaultdict(float)
+    callback = Interleave(args.updates, harness)
+    callback.trainer = trainer
+    trainer.add_callback(callback)
+    trainer.train()
+    return callback.trl_rows[args.warmup:], callback.harness_rows[args.warmup:]
+
+
+def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: argparse.Namespace) -> None:
+    med = lambda rows, key: statistics.median(r.get(key, 0.0) for r in rows)  # noqa: E731
+    h_other = [r["total"] - r["rollout"] - r["old_logp"] - r["update"] for r in harness_rows]
+    t_rollout = [r["score"] - r["old_logp"] for r in trl_rows]
+    t_fwd_bwd = [r["training_step"] - r["score"] for r in trl_rows]
+    t_loop = [r["total"] - r["training_step"] for r in trl_rows]
+    ratios = [t["total"] / h["total"] for t, h in zip(trl_rows, harness_rows)]
+    trl_name = "GRPOTrainer" if replay == "none" else f"MoeGRPOTrainer({replay})"
+    print(f"\n== replay {replay}: harness Trainer.step vs TRL {trl_name}, median seconds per RL step "
+          f"over {len(ratios)} interleaved steps ==")
+    lines = [
+        ("rollout: generate + decode + rewards", med(harness_rows, "rollout"), statistics.median(t_rollout)),
+        ("  of which model.generate", float("nan"), med(trl_rows, "generate")),
+        ("old-logp pass", med(harness_rows, "old_logp"), med(trl_rows, "old_logp")),
+        (f"{args.updates} updates: forward + backward", float("nan"), statistics.median(t_fwd_bwd)),
+        (f"{args.updates} updates: optimizer + loop + logging", float("nan"), statistics.median(t_loop)),
+        (f"{args.updates} updates, all", med(harness_rows, "update"),
+         statistics.median(f + o for f, o in zip(t_fwd_bwd, t_loop))),
+        ("other (metrics, bookkeeping)", statistics.median(h_other), 0.0),
+        ("total", med(harness_rows, "total"), med(trl_rows, "total")),
+    ]
+    print(f"{'phase':<42}{'harness':>10}{'TRL':>10}{'TRL/harness':>13}")
+    for name, h, t in lines:
+        ratio = t / h if h and h == h and t == t else float("nan")
+        fmt = lambda x: f"{x:10.3f}" if x == x else f"{'-':>10}"  # noqa: E731
+        print(f"{name:<42}{fmt(h)}{fmt(t)}{ratio:13.2f}" if ratio == ratio else f"{name:<42}{fmt(h)}{fmt(t)}{'':>13}")
+    print(f"time-per-step ratio TRL/harness (median of {len(ratios)} paired steps): {statistics.median(ratios):.2f}"
+          f"  [min {min(ratios):.2f}, max {max(ratios):.2f}]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--cold-start-steps", type=int, default=200)
+    parser.add_argument("--arms", default="none,r2", help="comma-separated replay modes")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
+    print(f"qwen3_moe tiny (2 MoE layers, 8 experts, top-2), reversal task: {args.prompts} prompts x {args.group} "
+          f"completions, <= {args.max_new_tokens} new tokens, {args.updates} updates per rollout; {device}, "
+          f"{torch.get_num_threads()} torch threads; torch {torch.__version__}, transformers "
+          f"{transformers.__version__}, trl {trl.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for replay in args.arms.split(","):
+            trl_rows, harness_rows = run_arm(args, replay, Path(tmp))
+            report(replay, trl_rows, harness_rows, args)
+
+
+if __name__ == "__main__":
+    main()
