@@ -25,6 +25,22 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
+def _paired(base, hooked, repeats: int) -> tuple[list[float], list[float]]:
+    """Base times and hooked/base ratios from pairs run in alternating (ABBA) order.
+
+    Each kind of pass gets its own loop, so both members of a pair follow the same kind of work.
+    """
+    times, ratios = [], []
+    for i in range(repeats):
+        if i % 2:
+            a, b = _time(base), _time(hooked)
+        else:
+            b, a = _time(hooked), _time(base)
+        times.append(a)
+        ratios.append(b / a)
+    return times, ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="qwen3_moe")
@@ -62,19 +78,8 @@ def main() -> None:
 
     for fn in (forward, forward_recorded, train_step, train_step_replayed):  # warm-up
         fn()
-    fwd, rec_ratio, step, rep_ratio = [], [], [], []
-    for i in range(args.repeats):
-        # Alternate which of the pair runs first to cancel drift.
-        if i % 2:
-            a, b = _time(forward), _time(forward_recorded)
-            c, d = _time(train_step), _time(train_step_replayed)
-        else:
-            b, a = _time(forward_recorded), _time(forward)
-            d, c = _time(train_step_replayed), _time(train_step)
-        fwd.append(a)
-        step.append(c)
-        rec_ratio.append(b / a)
-        rep_ratio.append(d / c)
+    fwd, rec_ratio = _paired(forward, forward_recorded, args.repeats)
+    step, rep_ratio = _paired(train_step, train_step_replayed, args.repeats)
 
     L, k = routes.shape[2], routes.shape[3]
     print(f"model={args.family} experts_impl={model.config._experts_implementation} batch={args.batch}x{args.seq} "

@@ -75,8 +75,9 @@ def build_markdown(
     root: Path, df: pd.DataFrame, summary: pd.DataFrame, events: pd.DataFrame, by: list[str], figures: list[str]
 ) -> str:
     """The text of summary.md."""
+    experiments = sorted(df["experiment"].astype(str).unique()) if "experiment" in df else []
     parts = [
-        f"# Results: {root.resolve().name}",
+        f"# Results: {', '.join(experiments) or root.resolve().name}",
         "",
         _runs_line(df, by, root),
         "",

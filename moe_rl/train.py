@@ -9,6 +9,13 @@ Per step (DESIGN §1, §3):
    Every forward that computes pi_theta for the ratio replays the cached routes (R2: old pass,
    R3: rollout) while recording what the router would have chosen natively.
 Metrics of each update are aggregated over the whole step (mean; `ratio/token_max` is a max).
+
+How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
+from configs and synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router
+load-balancing loss (transformers' `output_router_logits` stays off), so nothing but the policy
+gradient moves the router; advantages use the population std of each group; AdamW with
+betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
+model sampling with a KV cache (in `rollout.dtype`), not vLLM/SGLang.
 """
 
 from __future__ import annotations

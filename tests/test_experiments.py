@@ -19,7 +19,7 @@ from moe_rl.experiment import to_train_config
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4}
+SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12}
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 

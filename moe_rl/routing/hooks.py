@@ -67,8 +67,31 @@ def _router_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(s.target_class for s in specs if getattr(s, "target_class", None) is not None)
 
 
+_LAYER_CACHE: weakref.WeakKeyDictionary[nn.Module, list[MoeLayer]] = weakref.WeakKeyDictionary()
+
+
 def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
-    """The router module of every MoE layer, in model order. Raises if the model has none."""
+    """The router module of every MoE layer, in model order. Raises if the model has none.
+
+    Cached per model (walking every module costs more than a tiny forward's hooks) and
+    re-discovered whenever a cached router is no longer the module at its path.
+    """
+    cached = _LAYER_CACHE.get(model)
+    if cached is not None and all(_submodule(model, layer.name) is layer.router for layer in cached):
+        return list(cached)
+    layers = _discover_moe_layers(model)
+    _LAYER_CACHE[model] = layers
+    return list(layers)
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
     declared = _router_classes(model)
     layers = []
     for name, module in model.named_modules():
@@ -243,6 +266,7 @@ class RouteRecorder(_ModelHooks):
 
     def __init__(self, model: nn.Module, *, margins: bool = False) -> None:
         super().__init__(model)
+        self._dtype = index_dtype(self.num_experts)
         self.record_margins = margins
         self._records: list[_Record] = []
 
@@ -275,7 +299,7 @@ class RouteRecorder(_ModelHooks):
             B, T = record.masks[-1].shape
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
-            current[i] = _batch_major(layer, output[2].detach(), B, T)
+            current[i] = _batch_major(layer, output[2].detach().to(self._dtype), B, T)  # compact at once
             if self.record_margins:
                 scores = selection_scores(router, output[0].detach())
                 record.margins[-1][i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
@@ -317,7 +341,7 @@ class RouteRecorder(_ModelHooks):
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
         # Router outputs are in range by construction, so skip from_topk's range check.
-        indices = torch.cat(steps, dim=1).sort(dim=-1).values.to(index_dtype(self.num_experts))
+        indices = torch.cat(steps, dim=1).sort(dim=-1).values
         return Routes(indices, mask, self.layer_map, self.num_experts)
 
 
