@@ -5,17 +5,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.algos import DEFAULT_EPS, LOSSES
+from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
 
 REPLAY_MODES = ("none", "r2", "r3")
-AGG_MODES = ("seq-mean-token-mean", "token-mean")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -73,7 +73,7 @@ class OptimConfig:
     updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    warmup_steps: int = 0  # linear learning-rate warm-up over this many updates
+    warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates
 
 
 @dataclass
@@ -131,6 +131,18 @@ class TrainConfig:
         return asdict(self)
 
 
+# Keys that do not change what a run computes: excluded from its identity (`config_hash`).
+_NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
+                 "keep_checkpoint")
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """Identity of what a run computes: resuming or skipping a run directory requires it to match."""
+    spec = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY}
+    spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _one_of(key: str, value: Any, valid: Any) -> None:
     if value not in valid:
         raise ValueError(f"{key}={value!r} is not valid; valid: {sorted(valid)}")
@@ -167,7 +179,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     eps_low, eps_high = cfg.algo.eps()
     if not 0 <= eps_low < 1:
         raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1)")
-    if eps_high < eps_low and cfg.algo.eps_high is not None:
+    if eps_high < eps_low:
         raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
     if cfg.rollout.group_size < 2:
         raise ValueError(f"rollout.group_size={cfg.rollout.group_size} must be >= 2 (group-normalised advantages)")
@@ -184,10 +196,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
     if cfg.replay.mode == "r3" and not cfg.rollout.record_routes:
         raise ValueError("replay.mode='r3' replays rollout routes, but rollout.record_routes=false records none")
-    if cfg.optim.warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0")
-    if cfg.checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every={cfg.checkpoint_every} must be >= 0")
+    for key, value, low in [
+        ("optim.warmup_updates", cfg.optim.warmup_updates, 0), ("checkpoint_every", cfg.checkpoint_every, 0),
+        ("snapshot_every", cfg.snapshot_every, 0), ("eval_every", cfg.eval_every, 1), ("eval_size", cfg.eval_size, 1),
+        ("position_bucket", cfg.position_bucket, 1), ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
+        ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", cfg.task.n_train, 1),
+        ("task.n_eval", cfg.task.n_eval, 1), ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
+        ("cold_start.batch_size", cfg.cold_start.batch_size, 1), ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
+    ]:
+        if value < low:
+            raise ValueError(f"{key}={value} must be >= {low}")
     if cfg.steps < 1:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:

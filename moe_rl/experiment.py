@@ -10,13 +10,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from moe_rl.config import TrainConfig, validate
+from moe_rl.config import TrainConfig, config_hash, validate
 
 log = logging.getLogger(__name__)
 
 
 def short_name(name: str, limit: int = 96) -> str:
     """A run directory name: Hydra's override string, or its head plus a hash when too long."""
+    if not name:
+        return "default"
     if len(name) <= limit:
         return name
     return f"{name[: limit - 17]}~{hashlib.sha1(name.encode()).hexdigest()[:16]}"
@@ -36,14 +38,22 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
     return obj
 
 
-def finished_status(out_dir: str | Path) -> str | None:
-    """The status of a run directory whose outputs are complete, else None."""
+def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
+    """The status of a run directory whose outputs are complete, else None.
+
+    A finished directory of another config is an error, not a run to skip or overwrite.
+    """
     path = Path(out_dir) / "status.json"
     try:
-        status = json.loads(path.read_text())["status"]
+        doc = json.loads(path.read_text())
+        status = doc["status"]
     except (OSError, ValueError, KeyError):
         return None
-    return status if status in FINISHED and (Path(out_dir) / "metrics.parquet").is_file() else None
+    if status not in FINISHED or not (Path(out_dir) / "metrics.parquet").is_file():
+        return None
+    if doc.get("config_hash") != config_hash(cfg):
+        raise ValueError(f"{out_dir} holds a finished run of another config; choose another directory or delete it")
+    return status
 
 
 def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
@@ -57,7 +67,7 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
     if train_cfg.dry_run:
         log.info("dry run %s: %s", train_cfg.arm, train_cfg.out_dir)
         return "dry_run"
-    done = finished_status(train_cfg.out_dir)
+    done = finished_status(train_cfg.out_dir, train_cfg)
     if done is not None:
         log.info("skipping %s: already %s", train_cfg.out_dir, done)
         return done

@@ -136,3 +136,11 @@ def detect_collapse(
             break
 
     return sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger)))
+
+
+def margin_stats(margins: Tensor, mask: Tensor) -> dict[str, float]:
+    """`route/margin_mean` and `route/margin_p10` of (B, T, L) router margins at valid (B, T)."""
+    values = margins[mask.to(margins.device)].float()  # (n, L)
+    if not values.numel():
+        return {}
+    return {"route/margin_mean": values.mean().item(), "route/margin_p10": values.quantile(0.1).item()}

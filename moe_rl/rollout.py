@@ -81,12 +81,11 @@ def generate(
     attention_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
     prompt_len = input_ids.shape[1]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    generator_state = None
-    if seed is not None:
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
     recorder = RouteRecorder(model) if record_routes else None
-    try:
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None):  # callers' RNG untouched
+        if seed is not None:
+            torch.manual_seed(seed)
         with recorder if recorder is not None else nullcontext():
             out = model.generate(
                 input_ids=input_ids,
@@ -101,9 +100,6 @@ def generate(
                 return_dict_in_generate=True,
                 output_logits=True,
             )
-    finally:
-        if generator_state is not None:
-            torch.random.set_rng_state(generator_state)
     sequences = out.sequences  # (B, S)
     new_tokens = sequences[:, prompt_len:]  # (B, n)
     # Completion tokens: up to and including the first EOS.

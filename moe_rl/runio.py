@@ -49,8 +49,9 @@ class CorruptFileError(RuntimeError):
 class RunWriter:
     """Owns a run directory. Metric rows are buffered between flushes only."""
 
-    def __init__(self, out_dir: str | Path, keys: dict[str, Any]) -> None:
+    def __init__(self, out_dir: str | Path, keys: dict[str, Any], *, config_hash: str = "") -> None:
         self.dir = Path(out_dir)
+        self.config_hash = config_hash
         self.dir.mkdir(parents=True, exist_ok=True)
         self.parts = self.dir / "metrics"
         self.keys = keys
@@ -89,7 +90,8 @@ class RunWriter:
             write_atomic(self.parts / f"part-{last:07d}.parquet", self._frame(self.rows).to_parquet(index=False))
             self.rows = []
         self._consolidate()
-        doc = {"status": status, "steps_done": steps_done, "collapse_events": self.events, "wall_s": wall_s}
+        doc = {"status": status, "steps_done": steps_done, "collapse_events": self.events, "wall_s": wall_s,
+               "config_hash": self.config_hash}
         write_atomic(self.dir / "status.json", json.dumps(doc, indent=1))
 
     def _consolidate(self) -> None:

@@ -35,27 +35,33 @@ from tqdm.auto import tqdm
 
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start
-from moe_rl.config import TrainConfig, validate
+from moe_rl.config import TrainConfig, config_hash, validate
 from moe_rl.models import load_model
-from moe_rl.metrics import detect_collapse, ratio_stats
+from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, route_overlap
+from moe_rl.routing import (
+    RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, route_metrics, route_overlap,
+)
 from moe_rl.runio import RunWriter, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.tasks import get_task, load_task, make_tokenizer
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy")
 
 
-def run_keys(cfg: TrainConfig) -> dict[str, Any]:
-    """Columns that identify a run in every metrics row (analysis groups on them)."""
+def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """Columns that identify a run in every metrics row (analysis groups on them).
+
+    Depth and expert count are read off the model, which a local checkpoint may set.
+    """
+    layers = find_moe_layers(model)
     return {
         "run": Path(cfg.out_dir).name, "experiment": cfg.experiment, "arm": cfg.arm, "algo": cfg.algo.name,
         "replay": cfg.replay.mode, "family": cfg.model.family, "task": cfg.task.name, "seed": cfg.seed,
         "N": cfg.optim.updates_per_rollout, "lr": cfg.optim.lr, "rollout_dtype": cfg.rollout.dtype,
-        "num_layers": cfg.model.num_layers, "num_experts": cfg.model.num_experts,
+        "num_layers": model.config.num_hidden_layers, "num_moe_layers": len(layers),
+        "num_experts": layers[0].num_experts,
     }
 
 
@@ -69,10 +75,6 @@ def checkpoint_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def route_pair_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
-    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}
 
 
 def flip_by_position(a: Routes, b: Routes, response_mask: torch.Tensor, start: int, bucket: int) -> dict[str, float]:
@@ -91,13 +93,26 @@ def flip_by_position(a: Routes, b: Routes, response_mask: torch.Tensor, start: i
     return out
 
 
+# Also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
+# old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
+OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
+                  "route/old_vs_new/token_flip_rate", "ratio/token_var", "ratio/seq_var", "kl/k3")
+
+
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
-    """Step-level metrics from the step's updates: the mean, and the max for maxima."""
+    """Step-level metrics from the step's updates (equal-size mini-batches): the mean of each
+    update's value, the max for maxima, and the mean over updates 2..N for OFFPOLICY_KEYS."""
     values: dict[str, list[float]] = defaultdict(list)
     for metrics in updates:
         for key, value in metrics.items():
             values[key].append(value)
-    return {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+    out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+    if len(updates) > 1:
+        for key in OFFPOLICY_KEYS:
+            late = [m[key] for m in updates[1:] if key in m]
+            if late:
+                out[f"{key}/offpolicy"] = sum(late) / len(late)
+    return out
 
 
 class Trainer:
@@ -118,14 +133,14 @@ class Trainer:
             self.policy, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
-        self.rollout_dtype = DTYPES[cfg.rollout.dtype]
+        self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
         self.rollout_policy = (
             self.policy if self.rollout_dtype == torch.float32 else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
         )
-        warmup = cfg.optim.warmup_steps
+        warmup = cfg.optim.warmup_updates
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
@@ -135,9 +150,7 @@ class Trainer:
                          seed=cfg.cold_start.seed, **cfg.task.kwargs)
         self.train_examples = data["train"].to_list()
         self.eval_examples = data["eval"].to_list()[: cfg.eval_size]
-        self.writer = RunWriter(cfg.out_dir, run_keys(cfg))
-        self.writer.write_config(cfg.to_dict())
-        self.writer.write_meta(cold_start=self.cold_info)
+        self.writer = RunWriter(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
         self.checkpoint_path = self.writer.dir / "checkpoint.pt"
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
@@ -209,11 +222,11 @@ class Trainer:
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
         metrics.update({"loss": loss.item(), "optim/grad_norm": grad_norm.item(), "policy/entropy": entropy.item()})
-        metrics.update(route_pair_metrics("old_vs_new", native, old_routes[rows]))
+        metrics.update(route_metrics("old_vs_new", native, old_routes[rows]))
         metrics.update(flip_by_position(native, old_routes[rows], mask, rollout.prompt_len - 1, cfg.position_bucket))
         if replay_routes is not None:
             used = recorder.routes.with_mask(valid)
-            metrics.update(route_pair_metrics("native_vs_replayed", native, replay_routes[rows]))
+            metrics.update(route_metrics("native_vs_replayed", native, replay_routes[rows]))
             metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay_routes[rows])["flip_rate"]
         return metrics
 
@@ -239,13 +252,11 @@ class Trainer:
         self.policy.eval()
         t3 = time.perf_counter()
         metrics = aggregate(updates)
-        valid_margins = margins[old_routes.mask]  # (n, L)
         if rollout.routes is not None:
-            metrics.update(route_pair_metrics("rollout_vs_old", rollout.routes, old_routes))
+            metrics.update(route_metrics("rollout_vs_old", rollout.routes, old_routes))
         metrics.update({
             "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
-            "route/margin_mean": valid_margins.mean().item(),
-            "route/margin_p10": valid_margins.float().quantile(0.1).item(),
+            **margin_stats(margins, old_routes.mask),
             "rollout/logp_gap": ((rollout.rollout_logp - old_logp).abs() * rollout.response_mask).sum().item()
             / rollout.response_mask.sum().clamp(min=1).item(),
             "rollout/response_len": rollout.response_mask.sum(-1).float().mean().item(),
@@ -270,7 +281,7 @@ class Trainer:
             "step": step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
             "ref": self.ref.state_dict() if self.ref is not None else None,
-            "cold_start_key": self.cold_info.get("key"),
+            "cold_start_key": self.cold_info.get("key"), "config_hash": self.writer.config_hash,
         })
 
     def resume(self) -> int:
@@ -279,6 +290,11 @@ class Trainer:
             self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
             return 0
         state = load_checkpoint(self.checkpoint_path)
+        if state.get("config_hash") != self.writer.config_hash:
+            raise ValueError(
+                f"{self.checkpoint_path} belongs to a run with another config; use another output directory "
+                "or delete this one"
+            )
         if state.get("cold_start_key") != self.cold_info.get("key"):
             raise ValueError(f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun")
         self.policy.load_state_dict(state["model"])
@@ -296,8 +312,10 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg, writer = self.cfg, self.writer
         start = time.perf_counter()
-        done = self.resume()
-        status, step = "running", done
+        done = self.resume()  # refuses a directory of another config before writing into it
+        writer.write_config(cfg.to_dict())
+        writer.write_meta(cold_start=self.cold_info, resumed_after_step=done)
+        status, step, last = "running", done, done
         if done == 0:
             writer.log(0, self.evaluate())
         seen_triggers = {e["trigger"] for e in writer.events}
@@ -309,6 +327,7 @@ class Trainer:
                 if step % cfg.eval_every == 0 or step == cfg.steps:
                     metrics.update(self.evaluate())
                 writer.log(step, metrics)
+                last = step
                 for key in HISTORY_KEYS:
                     self.history[key].append((step, metrics[key]))
                 for event in detect_collapse(self.history, **vars(cfg.collapse)):
@@ -327,8 +346,11 @@ class Trainer:
                     self.save(step)
             else:
                 status = "collapsed" if writer.events else "completed"
-        except BaseException:
-            writer.flush("failed", step - 1, time.perf_counter() - start)
+        except Exception:
+            writer.flush("failed", last, time.perf_counter() - start)
+            raise
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM -> SystemExit): resumable
+            writer.flush("running", last, time.perf_counter() - start)
             raise
         finally:
             bar.close()

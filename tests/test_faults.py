@@ -162,3 +162,17 @@ def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
     meta = json.loads((tmp_path / "run" / "meta.json").read_text())
     assert meta["cold_start"]["path"] == str(tmp_path / "ckpt")
     assert not (tmp_path / "unused").exists()
+
+
+def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
+    from moe_rl.experiment import finished_status
+
+    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    train(cfg)
+    other = tiny(tmp_path / "run", cache, steps=4, **{"optim.lr": 1e-4})
+    with pytest.raises(ValueError, match="holds a finished run of another config"):
+        finished_status(tmp_path / "run", other)
+    assert finished_status(tmp_path / "run", cfg) in ("completed", "collapsed")
+    (tmp_path / "run" / "status.json").unlink()  # as if killed: a checkpoint (step 2) remains
+    with pytest.raises(ValueError, match="belongs to a run with another config"):
+        Trainer(other).run()

@@ -420,6 +420,19 @@ def test_routes_dtype_sorting_and_save_load(tmp_path) -> None:
         Routes.load(tmp_path / "trunc.safetensors")
 
 
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_every_family_is_tiny(family: str) -> None:
+    params = sum(p.numel() for p in build_model(family).parameters())
+    assert 50_000 < params < 1_000_000, params
+
+
+def test_routes_constructor_keeps_the_contract() -> None:
+    unsorted = Routes(torch.tensor([[[[5, 1]]]], dtype=torch.uint8), torch.ones(1, 1, dtype=torch.bool), (0,), 8)
+    assert unsorted.indices.tolist() == [[[[1, 5]]]]
+    with pytest.raises(ValueError, match=r"expert ids must lie in \[0, 8\), got \[1, 260\]"):
+        Routes(torch.tensor([[[[260, 1]]]]), torch.ones(1, 1, dtype=torch.bool), (0,), 8)
+
+
 def test_routes_from_vllm_and_sglang() -> None:
     seq0 = np.array([[[1, 0], [3, 2]], [[4, 5], [6, 7]], [[0, 2], [1, 3]]], dtype=np.int32)  # 3 positions
     seq1 = np.array([[[7, 6], [5, 4]]], dtype=np.int32)  # 1 position

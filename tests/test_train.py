@@ -66,7 +66,7 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     assert result["status"] in ("completed", "collapsed")
     frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
     assert list(frame.columns) == ["run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr",
-                                   "rollout_dtype", "num_layers", "num_experts", "step", "key", "value"]
+                                   "rollout_dtype", "num_layers", "num_moe_layers", "num_experts", "step", "key", "value"]
     assert set(frame["arm"]) == {f"{algo}+{replay}"} and sorted(frame["step"].unique()) == [0, 1, 2, 3, 4]
     metrics = frame.pivot_table(index="step", columns="key", values="value")
     for key in ("reward/mean", "ratio/token_var", "ratio/seq_var", "ratio/ess", "kl/k3", "policy/entropy",
@@ -115,8 +115,10 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
 
 
 def test_aggregate_is_over_the_whole_step() -> None:
-    agg = aggregate([{"loss": 1.0, "ratio/token_max": 1.5}, {"loss": 3.0, "ratio/token_max": 1.2}])
-    assert agg == {"loss": 2.0, "ratio/token_max": 1.5}
+    agg = aggregate([{"loss": 1.0, "ratio/token_max": 1.5, "kl/k3": 0.0},
+                     {"loss": 3.0, "ratio/token_max": 1.2, "kl/k3": 0.2},
+                     {"loss": 2.0, "ratio/token_max": 1.1, "kl/k3": 0.4}])
+    assert agg == pytest.approx({"loss": 2.0, "ratio/token_max": 1.5, "kl/k3": 0.2, "kl/k3/offpolicy": 0.3})
 
 
 @pytest.mark.parametrize(
@@ -130,6 +132,9 @@ def test_aggregate_is_over_the_whole_step() -> None:
         (lambda c: setattr(c.rollout, "group_size", 1), r"rollout.group_size=1 must be >= 2"),
         (lambda c: setattr(c.optim, "updates_per_rollout", 3), r"updates_per_rollout=3 must divide the rollout batch"),
         (lambda c: setattr(c.optim, "lr", -1e-4), r"optim.lr=-0.0001 must be > 0"),
+        (lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.algo, "eps_low", 0.2)), r"eps_high=0.0004 < algo.eps_low=0.2"),
+        (lambda c: setattr(c, "eval_every", 0), r"eval_every=0 must be >= 1"),
+        (lambda c: setattr(c, "position_bucket", 0), r"position_bucket=0 must be >= 1"),
     ],
 )
 def test_invalid_configs_are_rejected_naming_the_key(change, match: str) -> None:

@@ -68,8 +68,8 @@ check_trl_version(trl.__version__)
 from accelerate.utils import is_peft_model  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from moe_rl.metrics import ratio_stats  # noqa: E402
-from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers  # noqa: E402
+from moe_rl.metrics import margin_stats, ratio_stats  # noqa: E402
+from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
 REPLAY_MODES = ("none", "r2", "r3")
@@ -177,10 +177,6 @@ def clip_fractions(
     low = ((ratio < 1 - eps_low) & (adv < 0) & valid).sum() / n
     high = ((ratio > 1 + eps_high) & (adv > 0) & valid).sum() / n
     return {"ratio/clipfrac_low": low.item(), "ratio/clipfrac_high": high.item()}
-
-
-def _route_pair(pair: str, a: Routes, b: Routes) -> dict[str, float]:
-    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}
 
 
 # --- the trainer ---------------------------------------------------------------------------------------
@@ -320,11 +316,8 @@ class MoeGRPOTrainer(GRPOTrainer):
             if self.route_metrics:
                 metrics = {}
                 if generation is not None:
-                    metrics.update(_route_pair("rollout_vs_old", generation, old))
-                margins = old_pass.margin_values[old.mask.to(old_pass.margin_values.device)]  # (n, L)
-                if margins.numel():
-                    metrics["route/margin_mean"] = margins.mean().item()
-                    metrics["route/margin_p10"] = margins.float().quantile(0.1).item()
+                    metrics.update(route_metrics("rollout_vs_old", generation, old))
+                metrics.update(margin_stats(old_pass.margin_values, old.mask))
                 self._log_metrics(metrics)
         self._generation_routes = None
         return output
@@ -371,9 +364,9 @@ class MoeGRPOTrainer(GRPOTrainer):
             eps_high=self.epsilon_high, level=self.importance_sampling_level,
         ))
         if old is not None:
-            metrics.update(_route_pair("old_vs_new", update.native, old))
+            metrics.update(route_metrics("old_vs_new", update.native, old))
         if update.replay is not None:
-            metrics.update(_route_pair("native_vs_replayed", update.native, update.replay))
+            metrics.update(route_metrics("native_vs_replayed", update.native, update.replay))
             metrics["route/used_vs_cached/flip_rate"] = compare_routes(update.used, update.replay)["flip_rate"]
         return metrics
 

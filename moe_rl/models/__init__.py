@@ -66,7 +66,8 @@ def _deepseek_v3() -> PretrainedConfig:
     # MLA attention, sigmoid router with correction bias and group-limited top-k; the first
     # decoder layer is dense so the MoE-layer -> decoder-layer map is not the identity.
     return DeepseekV3Config(
-        **{**_BASE, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: no grouped KV heads intermediate_size=128, moe_intermediate_size=64,
+        **{**_BASE, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: no grouped KV heads
+        intermediate_size=128, moe_intermediate_size=64,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=2,
         first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
         kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
@@ -101,7 +102,7 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
 BACKENDS = ("megablocks",)
 
 
-def default_experts_implementation(device: str | torch.device = "cpu") -> str:
+def default_experts_implementation() -> str:
     """Fastest correct experts kernel, measured by `benchmarks/experts_impl.py`.
 
     On CPU `grouped_mm` matches `eager` bitwise and is 0.9x its time, while `batched_mm`, which
@@ -180,10 +181,6 @@ def load_model(
         experts_implementation=experts_implementation or default_experts_implementation(),
     )
     return model.eval()
-
-
-def model_family(model: PreTrainedModel) -> str:
-    return model.config.model_type
 
 
 def _check_routers(model: PreTrainedModel) -> None:

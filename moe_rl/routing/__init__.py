@@ -1,6 +1,6 @@
 """Route recording, Routing Replay and route comparison (DESIGN §2-§3)."""
 
-from moe_rl.routing.compare import compare_routes, route_overlap
+from moe_rl.routing.compare import compare_routes, route_metrics, route_overlap
 from moe_rl.routing.hooks import MoeLayer, RouteRecorder, RouteReplay, find_moe_layers, router_margins
 from moe_rl.routing.routes import Routes, index_dtype
 
@@ -12,6 +12,7 @@ __all__ = [
     "compare_routes",
     "find_moe_layers",
     "index_dtype",
+    "route_metrics",
     "route_overlap",
     "router_margins",
 ]

@@ -53,3 +53,8 @@ def compare_routes(a: Routes, b: Routes) -> dict[str, float]:
         out[f"flip_rate/layer_{i}"] = per_layer_flip[i].item()
         out[f"expert_flip_frac/layer_{i}"] = per_layer_expert[i].item()
     return out
+
+
+def route_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
+    """`compare_routes(a, b)` under the metric names `route/{pair}/...` (DESIGN §3)."""
+    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}

@@ -25,6 +25,11 @@ def index_dtype(num_experts: int) -> torch.dtype:
     raise ValueError(f"num_experts={num_experts} does not fit int16")
 
 
+def _check_range(ids: Tensor, num_experts: int) -> None:
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
+        raise ValueError(f"expert ids must lie in [0, {num_experts}), got [{int(ids.min())}, {int(ids.max())}]")
+
+
 @dataclass
 class Routes:
     """Top-k expert ids per position and MoE layer.
@@ -50,22 +55,22 @@ class Routes:
             raise ValueError(f"Routes.layer_map has {len(self.layer_map)} entries for L={L} MoE layers")
         self.layer_map = tuple(int(i) for i in self.layer_map)
         self.mask = self.mask.bool()
-        if self.indices.dtype != index_dtype(self.num_experts):
-            self.indices = self.indices.to(torch.int64).sort(dim=-1).values.to(index_dtype(self.num_experts))
+        dtype = index_dtype(self.num_experts)
+        if self.indices.dtype != dtype:  # range-check before a cast could wrap ids around
+            _check_range(self.indices, self.num_experts)
+            self.indices = self.indices.to(dtype)
+        if self.indices.shape[-1] > 1 and bool((self.indices[..., 1:] < self.indices[..., :-1]).any()):
+            self.indices = self.indices.sort(dim=-1).values
 
     @classmethod
     def from_topk(
         cls, topk: Tensor, mask: Tensor | None, layer_map: Sequence[int], num_experts: int
     ) -> Routes:
         """Build from raw top-k ids (any int dtype, any slot order), checking the id range."""
-        if topk.numel() and (int(topk.min()) < 0 or int(topk.max()) >= num_experts):
-            raise ValueError(
-                f"expert ids must lie in [0, {num_experts}), got [{int(topk.min())}, {int(topk.max())}]"
-            )
-        indices = topk.sort(dim=-1).values.to(index_dtype(num_experts))
+        _check_range(topk, num_experts)
         if mask is None:
             mask = torch.ones(topk.shape[:2], dtype=torch.bool, device=topk.device)
-        return cls(indices, mask.bool(), tuple(layer_map), num_experts)
+        return cls(topk.to(torch.int64), mask.bool(), tuple(layer_map), num_experts)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -113,10 +118,12 @@ class Routes:
             raise ValueError(f"{path} is not a readable routes file: {err}") from err
         if meta.get("format") != "moe_rl.routes/1" or set(tensors) != {"indices", "mask"}:
             raise ValueError(f"{path} is not a moe_rl routes file (metadata {meta}, tensors {sorted(tensors)})")
-        routes = cls(tensors["indices"], tensors["mask"], tuple(json.loads(meta["layer_map"])), int(meta["num_experts"]))
-        if routes.indices.numel() and int(routes.indices.max()) >= routes.num_experts:
-            raise ValueError(f"{path}: expert id {int(routes.indices.max())} >= num_experts {routes.num_experts}")
-        return routes
+        try:
+            num_experts = int(meta["num_experts"])
+            _check_range(tensors["indices"], num_experts)
+            return cls(tensors["indices"], tensors["mask"], tuple(json.loads(meta["layer_map"])), num_experts)
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"{path}: invalid routes file: {err}") from err
 
     # --- inference-engine interop ----------------------------------------------------------------
 
