@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -76,47 +75,10 @@ def _time(fn) -> float:
 
 
 def overhead(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> dict[str, float]:
-    with torch.no_grad(), RouteRecorder(model) as rec:
-        model(x)
-    routes = rec.routes
+    """The CPU benchmark's measurement, timed with CUDA synchronisation."""
+    from routing_overhead import overhead as measure
 
-    def forward() -> None:
-        with torch.no_grad():
-            model(x)
-
-    def forward_recorded() -> None:
-        with torch.no_grad(), RouteRecorder(model) as r:
-            model(x)
-        r.routes  # assembling the (B, T, L, k) record is part of the cost
-
-    def train_step() -> None:
-        model(x).logits.float().pow(2).mean().backward()
-        model.zero_grad(set_to_none=True)
-
-    def train_step_replayed() -> None:
-        with RouteReplay(model, routes):
-            model(x).logits.float().pow(2).mean().backward()
-        model.zero_grad(set_to_none=True)
-
-    for fn in (forward, forward_recorded, train_step, train_step_replayed):  # warm-up (and triton autotune)
-        fn()
-    fwd, step, rec_ratio, rep_ratio = [], [], [], []
-    for i in range(repeats):
-        pairs = [(forward, forward_recorded), (train_step, train_step_replayed)]
-        for (plain, hooked), plain_times, ratios in zip(pairs, (fwd, step), (rec_ratio, rep_ratio)):
-            if i % 2:  # alternate which of the pair runs first to cancel drift
-                a, b = _time(plain), _time(hooked)
-            else:
-                b, a = _time(hooked), _time(plain)
-            plain_times.append(a)
-            ratios.append(b / a)
-    return {
-        "forward_ms": statistics.median(fwd) * 1e3,
-        "forward_backward_ms": statistics.median(step) * 1e3,
-        "recorder_overhead": statistics.median(rec_ratio),
-        "replay_overhead": statistics.median(rep_ratio),
-        "route_bytes_per_token_layer": routes.bytes_per_token_layer(),
-    }
+    return measure(model, x, repeats, timer=_time)
 
 
 def main() -> None:

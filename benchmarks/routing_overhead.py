@@ -25,7 +25,7 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
-def _paired(base, hooked, repeats: int) -> tuple[list[float], list[float]]:
+def _paired(base, hooked, repeats: int, timer) -> tuple[list[float], list[float]]:
     """Base times and hooked/base ratios from pairs run in alternating (ABBA) order.
 
     Each kind of pass gets its own loop, so both members of a pair follow the same kind of work.
@@ -33,27 +33,19 @@ def _paired(base, hooked, repeats: int) -> tuple[list[float], list[float]]:
     times, ratios = [], []
     for i in range(repeats):
         if i % 2:
-            a, b = _time(base), _time(hooked)
+            a, b = timer(base), timer(hooked)
         else:
-            b, a = _time(hooked), _time(base)
+            b, a = timer(hooked), timer(base)
         times.append(a)
         ratios.append(b / a)
     return times, ratios
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="qwen3_moe")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=41)
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def overhead(model: torch.nn.Module, x: torch.Tensor, repeats: int, timer=_time) -> dict[str, float]:
+    """Recorder and replay overhead of `model` on inputs `x`, as medians of paired ratios.
 
-    model = build_model(args.family)
-    x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    `timer(fn) -> seconds`; on CUDA pass one that synchronises (benchmarks/gpu_check.py does).
+    """
     with torch.no_grad(), RouteRecorder(model) as rec:
         model(x)
     routes = rec.routes
@@ -78,17 +70,42 @@ def main() -> None:
 
     for fn in (forward, forward_recorded, train_step, train_step_replayed):  # warm-up
         fn()
-    fwd, rec_ratio = _paired(forward, forward_recorded, args.repeats)
-    step, rep_ratio = _paired(train_step, train_step_replayed, args.repeats)
+    fwd, rec_ratio = _paired(forward, forward_recorded, repeats, timer)
+    step, rep_ratio = _paired(train_step, train_step_replayed, repeats, timer)
+    return {
+        "forward_ms": statistics.median(fwd) * 1e3,
+        "forward_backward_ms": statistics.median(step) * 1e3,
+        "recorder_overhead": statistics.median(rec_ratio),
+        "replay_overhead": statistics.median(rep_ratio),
+        "route_bytes_per_token_layer": routes.bytes_per_token_layer(),
+        "num_moe_layers": routes.shape[2],
+        "num_experts": routes.num_experts,
+        "top_k": routes.shape[3],
+    }
 
-    L, k = routes.shape[2], routes.shape[3]
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="qwen3_moe")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=101)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model = build_model(args.family)
+    x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    r = overhead(model, x, args.repeats)
+    L, k = r["num_moe_layers"], r["top_k"]
     print(f"model={args.family} experts_impl={model.config._experts_implementation} batch={args.batch}x{args.seq} "
-          f"MoE layers={L} experts={routes.num_experts} k={k} threads={torch.get_num_threads()} repeats={args.repeats}")
-    print(f"plain forward            median {statistics.median(fwd) * 1e3:8.1f} ms")
-    print(f"plain forward+backward   median {statistics.median(step) * 1e3:8.1f} ms")
-    print(f"recorder / plain forward              {statistics.median(rec_ratio):.3f}x  (target <= 1.03x)")
-    print(f"replay fwd+bwd / plain fwd+bwd        {statistics.median(rep_ratio):.3f}x  (target <= 1.05x)")
-    print(f"route bytes per token per MoE layer   {routes.bytes_per_token_layer()}  (target <= k = {k})")
+          f"MoE layers={L} experts={r['num_experts']} k={k} threads={torch.get_num_threads()} repeats={args.repeats}")
+    print(f"plain forward            median {r['forward_ms']:8.1f} ms")
+    print(f"plain forward+backward   median {r['forward_backward_ms']:8.1f} ms")
+    print(f"recorder / plain forward              {r['recorder_overhead']:.3f}x  (target <= 1.03x)")
+    print(f"replay fwd+bwd / plain fwd+bwd        {r['replay_overhead']:.3f}x  (target <= 1.05x)")
+    print(f"route bytes per token per MoE layer   {r['route_bytes_per_token_layer']}  (target <= k = {k})")
 
 
 if __name__ == "__main__":
