@@ -426,6 +426,14 @@ def test_every_family_is_tiny(family: str) -> None:
     assert 50_000 < params < 1_000_000, params
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7, 8, 9])
+def test_sort_topk_matches_torch_sort(k: int) -> None:
+    from moe_rl.routing.routes import sort_topk
+
+    ids = torch.rand(50, 3, 16, generator=torch.Generator().manual_seed(k)).argsort(-1)[..., :k].to(torch.uint8)
+    assert torch.equal(sort_topk(ids), ids.sort(dim=-1).values)
+
+
 def test_routes_constructor_keeps_the_contract() -> None:
     unsorted = Routes(torch.tensor([[[[5, 1]]]], dtype=torch.uint8), torch.ones(1, 1, dtype=torch.bool), (0,), 8)
     assert unsorted.indices.tolist() == [[[[1, 5]]]]

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from moe_rl.routing.routes import Routes, index_dtype
+from moe_rl.routing.routes import Routes, index_dtype, sort_topk
 from moe_rl.routing.rules import FAMILY_RULES, GENERIC_RULES, Rule, selection_scores
 
 
@@ -341,7 +341,7 @@ class RouteRecorder(_ModelHooks):
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
         # Router outputs are in range by construction, so skip from_topk's range check.
-        indices = torch.cat(steps, dim=1).sort(dim=-1).values
+        indices = sort_topk(torch.cat(steps, dim=1))
         return Routes(indices, mask, self.layer_map, self.num_experts)
 
 
