@@ -9,17 +9,15 @@ place, so a reader never sees a half-written report.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import matplotlib
 import pandas as pd
 
 from moe_rl import analysis
+from moe_rl.atomic import write_atomic
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 
 FIGURES: dict[str, Callable[..., object]] = {
@@ -29,19 +27,6 @@ FIGURES: dict[str, Callable[..., object]] = {
     "ratio_variance.png": lambda df, by, events: analysis.plot_ratio_variance(df, by=by),
     "reward_accuracy.png": lambda df, by, events: analysis.plot_reward_accuracy(df, events=events, by=by),
 }
-
-
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write via a temporary file in the same folder, then os.replace it onto `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:

@@ -14,7 +14,6 @@ Every file is written to a temporary name and renamed, so a reader never sees a 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -25,6 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from moe_rl.atomic import write_atomic
+
 STATUSES = {
     "running": "the run is in progress, or was killed (rerun the same command to resume)",
     "completed": "all steps ran and no collapse trigger fired",
@@ -33,13 +34,6 @@ STATUSES = {
     "failed": "an exception other than divergence stopped the run (see the log)",
 }
 FINISHED = ("completed", "collapsed", "diverged")
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a temporary name and rename, so a reader never sees a partial file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 class CorruptFileError(RuntimeError):
@@ -100,13 +94,15 @@ class RunWriter:
         if not parts:
             write_atomic(self.dir / "metrics.parquet", self._frame([]).to_parquet(index=False))
             return
-        tmp = self.dir / f".metrics.parquet.tmp{os.getpid()}"
         first = read_part(parts[0])
-        with pq.ParquetWriter(tmp, first.schema) as writer:
-            writer.write_table(first)
-            for part in parts[1:]:
-                writer.write_table(read_part(part).cast(first.schema))
-        os.replace(tmp, self.dir / "metrics.parquet")
+
+        def stream(f) -> None:
+            with pq.ParquetWriter(f, first.schema) as writer:
+                writer.write_table(first)
+                for part in parts[1:]:
+                    writer.write_table(read_part(part).cast(first.schema))
+
+        write_atomic(self.dir / "metrics.parquet", stream)
 
     def truncate_after(self, step: int) -> None:
         """Drop parts logged after `step` (work of a killed process past its last checkpoint)."""
@@ -136,9 +132,7 @@ def read_part(path: Path) -> pa.Table:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
+
+from moe_rl.atomic import write_atomic
 
 
 def index_dtype(num_experts: int) -> torch.dtype:
@@ -117,10 +119,9 @@ class Routes:
         """Write a safetensors file atomically (temporary name, then rename)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         meta = {"format": "moe_rl.routes/1", "layer_map": json.dumps(self.layer_map), "num_experts": str(self.num_experts)}
-        save_file({"indices": self.indices.contiguous().cpu(), "mask": self.mask.contiguous().cpu()}, tmp, metadata=meta)
-        os.replace(tmp, path)
+        tensors = {"indices": self.indices.contiguous().cpu(), "mask": self.mask.contiguous().cpu()}
+        write_atomic(path, safetensors_bytes(tensors, metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> Routes:
