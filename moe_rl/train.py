@@ -24,7 +24,6 @@ import copy
 import logging
 import time
 from collections import defaultdict
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from moe_rl.models import load_model
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
-    RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, route_metrics, route_overlap,
+    RoutedPass, Routes, compare_routes, find_moe_layers, route_metrics, route_overlap,
 )
 from moe_rl.runio import RunWriter, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.tasks import get_task, load_task, make_tokenizer
@@ -181,14 +180,10 @@ class Trainer:
 
     def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor]:
         """(old_logp, old policy's native routes, margins) on the rollout tokens."""
-        with torch.no_grad(), ExitStack() as stack:
-            replay = None
-            if self.cfg.replay.mode == "r3":
-                replay = stack.enter_context(RouteReplay(self.policy, rollout.routes, record_native=True))
-            recorder = stack.enter_context(RouteRecorder(self.policy, margins=True))
+        replay = rollout.routes if self.cfg.replay.mode == "r3" else None
+        with torch.no_grad(), RoutedPass(self.policy, replay, margins=True) as routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-        native = replay.native_routes if replay is not None else recorder.routes
-        return old_logp, native.with_mask(rollout.token_mask), recorder.margins
+        return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins
 
     def update(
         self, rollout: Rollout, rows: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
@@ -196,14 +191,11 @@ class Trainer:
     ) -> dict[str, float]:
         cfg = self.cfg
         mask = rollout.response_mask[rows]
-        with ExitStack() as stack:
-            replay = None
-            if replay_routes is not None:
-                replay = stack.enter_context(RouteReplay(self.policy, replay_routes[rows], record_native=True))
-            recorder = stack.enter_context(RouteRecorder(self.policy))  # sees the routes actually used
+        replay = replay_routes[rows] if replay_routes is not None else None
+        with RoutedPass(self.policy, replay) as routed:
             logp, logits = forward_logp(self.policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
-        native = (replay.native_routes if replay is not None else recorder.routes).with_mask(valid)
+        native = routed.native.with_mask(valid)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -225,7 +217,7 @@ class Trainer:
         metrics.update(route_metrics("old_vs_new", native, old_routes[rows]))
         metrics.update(flip_by_position(native, old_routes[rows], mask, rollout.prompt_len - 1, cfg.position_bucket))
         if replay_routes is not None:
-            used = recorder.routes.with_mask(valid)
+            used = routed.used.with_mask(valid)
             metrics.update(route_metrics("native_vs_replayed", native, replay_routes[rows]))
             metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay_routes[rows])["flip_rate"]
         return metrics

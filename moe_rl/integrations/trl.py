@@ -69,7 +69,7 @@ from accelerate.utils import is_peft_model  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from moe_rl.metrics import margin_stats, ratio_stats  # noqa: E402
-from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
+from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
 REPLAY_MODES = ("none", "r2", "r3")
@@ -404,20 +404,18 @@ class MoeGRPOTrainer(GRPOTrainer):
             rows = slice(start, min(start + step, B))
             with ExitStack() as local:
                 stack = self._backward_hooks if keep_for_backward else local
-                replayer = None
-                if replay is not None:
-                    replayer = stack.enter_context(RouteReplay(policy, replay[rows], record_native=True))
-                recorder = stack.enter_context(RouteRecorder(policy, margins=policy_pass.margins))  # sees forced routes
+                routed = stack.enter_context(
+                    RoutedPass(policy, replay[rows] if replay is not None else None, margins=policy_pass.margins)
+                )
                 logp, entropy, aux = super()._get_per_token_logps_and_entropies(
                     model, input_ids[rows], attention_mask[rows], logits_to_keep,
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
                 )
                 rows_valid = valid[rows]
-                used.append(recorder.routes.with_mask(rows_valid))
-                own = replayer.native_routes if replayer is not None else recorder.routes
-                native.append(own.with_mask(rows_valid))
+                used.append(routed.used.with_mask(rows_valid))
+                native.append(routed.native.with_mask(rows_valid))
                 if policy_pass.margins:
-                    margins.append(recorder.margins)
+                    margins.append(routed.margins)
             logps.append(logp)
             entropies.append(entropy)
             aux_losses.append(aux)

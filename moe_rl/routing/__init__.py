@@ -1,11 +1,12 @@
 """Route recording, Routing Replay and route comparison (DESIGN §2-§3)."""
 
 from moe_rl.routing.compare import compare_routes, route_metrics, route_overlap
-from moe_rl.routing.hooks import MoeLayer, RouteRecorder, RouteReplay, find_moe_layers, router_margins
+from moe_rl.routing.hooks import MoeLayer, RoutedPass, RouteRecorder, RouteReplay, find_moe_layers, router_margins
 from moe_rl.routing.routes import Routes, index_dtype
 
 __all__ = [
     "MoeLayer",
+    "RoutedPass",
     "RouteRecorder",
     "RouteReplay",
     "Routes",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -462,6 +462,40 @@ class RouteReplay(_ModelHooks):
         B, T = self.routes.shape[:2]
         topk = torch.stack(self._native, dim=1).view(B, T, len(self.layers), -1)
         return Routes.from_topk(topk, self.routes.mask, self.layer_map, self.num_experts)
+
+
+class RoutedPass:
+    """One recorded forward pass, replaying `routes` when given (None: the router's own routes).
+
+    `used` are the routes the experts received (the recorder runs after the replay hook), `native`
+    what the router itself would have chosen, `margins` its k-th vs (k+1)-th gaps when asked for.
+    """
+
+    def __init__(self, model: nn.Module, routes: Routes | None = None, *, margins: bool = False) -> None:
+        self.replay = RouteReplay(model, routes, record_native=True) if routes is not None else None
+        self.recorder = RouteRecorder(model, margins=margins)
+        self._stack = ExitStack()
+
+    def __enter__(self) -> RoutedPass:
+        if self.replay is not None:
+            self._stack.enter_context(self.replay)
+        self._stack.enter_context(self.recorder)
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        return self._stack.__exit__(*exc)
+
+    @property
+    def used(self) -> Routes:
+        return self.recorder.routes
+
+    @property
+    def native(self) -> Routes:
+        return self.replay.native_routes if self.replay is not None else self.recorder.routes
+
+    @property
+    def margins(self) -> Tensor:
+        return self.recorder.margins
 
 
 _CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
