@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
+from moe_rl.metrics import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
 
@@ -89,11 +90,17 @@ class ColdStartConfig:
 
 @dataclass
 class CollapseConfig:
+    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition."""
+
     reward_window: int = 10
     reward_drop_frac: float = 0.5
     reward_floor: float = 0.2
     entropy_floor: float = 0.05
     entropy_window: int = 10
+    definition: str = "absolute"  # "relative": against the run's own early reward and step-0 accuracy
+    baseline_window: int = 10
+    accuracy_drop_frac: float = 0.5
+    accuracy_patience: int = 2
 
 
 @dataclass
@@ -136,9 +143,17 @@ _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", 
                  "keep_checkpoint")
 
 
+# Keys added after runs were shipped: hashed only when set away from their default, so older run
+# folders keep their identity.
+_HASH_IF_SET = {"collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5,
+                             "accuracy_patience": 2}}
+
+
 def config_hash(cfg: TrainConfig) -> str:
     """Identity of what a run computes: resuming or skipping a run directory requires it to match."""
     spec = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY}
+    for group, defaults in _HASH_IF_SET.items():
+        spec[group] = {k: v for k, v in spec[group].items() if k not in defaults or v != defaults[k]}
     spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -174,6 +189,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("task.name", cfg.task.name, TASKS)
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    _one_of("collapse.definition", cfg.collapse.definition, COLLAPSE_DEFINITIONS)
     if cfg.model.experts_implementation is not None:
         _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
     eps_low, eps_high = cfg.algo.eps()

@@ -46,7 +46,7 @@ from moe_rl.tasks import get_task, load_task, make_tokenizer
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy")
+HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy")
 
 
 def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
@@ -309,7 +309,8 @@ class Trainer:
         writer.write_meta(cold_start=self.cold_info, resumed_after_step=done)
         status, step, last = "running", done, done
         if done == 0:
-            writer.log(0, self.evaluate())
+            writer.log(0, start_eval := self.evaluate())
+            self.history["task/accuracy"].append((0, start_eval["task/accuracy"]))
         seen_triggers = {e["trigger"] for e in writer.events}
         bar = tqdm(range(done + 1, cfg.steps + 1), desc=f"{writer.keys['run']} {cfg.arm}", disable=not cfg.progress,
                    dynamic_ncols=True, initial=done, total=cfg.steps)
@@ -321,7 +322,8 @@ class Trainer:
                 writer.log(step, metrics)
                 last = step
                 for key in HISTORY_KEYS:
-                    self.history[key].append((step, metrics[key]))
+                    if key in metrics:  # task/accuracy only at evaluation steps
+                        self.history[key].append((step, metrics[key]))
                 for event in detect_collapse(self.history, **vars(cfg.collapse)):
                     if event.trigger not in seen_triggers:
                         seen_triggers.add(event.trigger)

@@ -186,3 +186,61 @@ def test_events_one_per_trigger_sorted_by_step():
 def test_detect_collapse_rejects_bad_windows():
     with pytest.raises(ValueError, match="windows must be >= 1"):
         detect_collapse({}, reward_window=0)
+
+
+def _hist(reward, accuracy=(), entropy=None):
+    h = {"reward/mean": [(i + 1, r) for i, r in enumerate(reward)]}
+    if accuracy:
+        h["task/accuracy"] = list(accuracy)
+    if entropy is not None:
+        h["policy/entropy"] = [(i + 1, entropy) for i in range(len(reward))]
+    return h
+
+
+def test_relative_reward_trigger_fires_below_floor_where_absolute_cannot():
+    # a run that never passes the 0.2 floor: start level 0.12, falls to 0.04 from step 11 on
+    reward = [0.12] * 10 + [0.04] * 10
+    assert detect_collapse(_hist(reward), reward_window=5) == []  # absolute: best 0.12 < floor
+    events = detect_collapse(_hist(reward), definition="relative", reward_window=5, baseline_window=10)
+    # rolling mean of 5 at step 11+j: (0.12*(4-j) + 0.04*(1+j)) / 5 < 0.06 first when j = 3 (0.056)
+    assert [(e.step, e.trigger) for e in events] == [(14, "reward_below_start")]
+    assert "start 0.12" in events[0].detail
+
+
+def test_relative_accuracy_trigger_needs_patience():
+    acc = [(0, 0.4), (25, 0.18), (50, 0.25), (75, 0.19), (100, 0.1), (125, 0.3)]
+    events = detect_collapse(_hist([0.3] * 20, acc), definition="relative")
+    # 0.18 < 0.2 once (then back up); 0.19 and 0.1 two in a row -> fires at step 100
+    assert [(e.step, e.trigger) for e in events] == [(100, "accuracy_below_start")]
+    one = detect_collapse(_hist([0.3] * 20, acc), definition="relative", accuracy_patience=1)
+    assert [(e.step, e.trigger) for e in one] == [(25, "accuracy_below_start")]
+    assert detect_collapse(_hist([0.3] * 20, acc)) == []  # absolute ignores accuracy
+    with pytest.raises(ValueError, match="definition"):
+        detect_collapse({}, definition="nope")
+
+
+def test_relative_keeps_nonfinite_and_entropy_triggers():
+    h = _hist([0.3] * 12 + [0.2] * 12, entropy=0.01)
+    h["loss"] = [(3, 0.1), (4, float("nan"))]
+    triggers = {e.trigger for e in detect_collapse(h, definition="relative", entropy_window=5)}
+    assert triggers == {"nonfinite", "entropy_collapse"}
+
+
+def test_collapse_config_hash_unchanged_by_new_defaults():
+    from moe_rl.config import TrainConfig, config_hash
+
+    cfg = TrainConfig()
+    before = config_hash(cfg)
+    # the hash of a default config as computed before the relative definition existed
+    import dataclasses, hashlib, json
+
+    spec = {k: v for k, v in cfg.to_dict().items()
+            if k not in ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads",
+                         "checkpoint_every", "keep_checkpoint")}
+    spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
+    legacy = {f.name for f in dataclasses.fields(cfg.collapse)} - {"definition", "baseline_window",
+                                                                   "accuracy_drop_frac", "accuracy_patience"}
+    spec["collapse"] = {k: v for k, v in spec["collapse"].items() if k in legacy}
+    assert before == hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cfg.collapse.definition = "relative"
+    assert config_hash(cfg) != before
