@@ -16,12 +16,18 @@ log = logging.getLogger(__name__)
 
 
 def short_name(name: str, limit: int = 96) -> str:
-    """A run directory name: Hydra's override string, or its head plus a hash when too long."""
+    """A run directory name (and run id): Hydra's override string, or its head plus a hash when too long.
+
+    `/` in a value (e.g. `model.checkpoint=/a/ckpt`) is written `%2F` (and `%` as `%25`), so the name
+    is one folder, never a nested path, and stays unique: two checkpoints ending in the same folder
+    name do not share a run id.
+    """
     if not name:
         return "default"
-    if len(name) <= limit:
-        return name
-    return f"{name[: limit - 17]}~{hashlib.sha1(name.encode()).hexdigest()[:16]}"
+    safe = name.replace("%", "%25").replace("/", "%2F")
+    if len(safe) <= limit:
+        return safe
+    return f"{safe[: limit - 17]}~{hashlib.sha1(name.encode()).hexdigest()[:16]}"
 
 
 if not OmegaConf.has_resolver("short_name"):

@@ -165,3 +165,108 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/fake_results.py OUT_DIR")
     for path in make_fake_results(sys.argv[1]):
         print(path)
+
+
+def _write_run(run_dir: Path, run_keys: dict, rows: list[tuple[int, str, float]], events: list[dict],
+               steps: int) -> None:
+    metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
+    for col, value in reversed(run_keys.items()):
+        metrics.insert(0, col, value)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics.to_parquet(run_dir / "metrics.parquet", index=False)
+    (run_dir / "meta.json").write_text(json.dumps({"seed": run_keys["seed"], "run_keys": run_keys}))
+    (run_dir / "status.json").write_text(json.dumps({
+        "status": "collapsed" if events else "completed", "steps_done": steps, "collapse_events": events,
+    }))
+
+
+def make_fake_grid(
+    root: str | PathLike,
+    *,
+    experiment: str = "phase",
+    arms: tuple[str, ...] = ("grpo+none", "grpo+r2", "gspo+none"),
+    lrs: tuple[float, ...] = (1e-4, 1e-3),
+    Ns: tuple[int, ...] = (1, 4),
+    layers: tuple[int, ...] = (2,),
+    seeds: tuple[int, ...] = tuple(range(8)),
+    steps: int = 40,
+    eval_every: int = 5,
+    n_collapse=lambda arm, lr, N, L: 0,
+    flip=lambda arm, lr, N, L, seed: 0.01,
+    final_acc=lambda arm, lr, N, L, seed: 0.45,
+    shift_lag: int | None = None,
+    rollout_dtype: str = "float32",
+    rng_seed: int = 0,
+) -> list[Path]:
+    """A sweep grid (arm x lr x N x MoE layers x seed) of small runs under root/experiment/runs/.
+
+    The first `n_collapse(arm, lr, N, L)` seeds of a cell collapse: reward falls from ~0.3 to ~0.03
+    and accuracy from 0.4 to 0.05 at a step in the middle third, which every collapse definition
+    flags; status.json holds the in-loop (absolute) events. `flip` sets the off-policy flip rate
+    (per-layer values rise with depth around it), `final_acc` the last evaluation of a run that
+    does not collapse. `shift_lag`: `route/old_vs_new/shift/mean` leads the clip fraction by that
+    many steps (negative: lags it); None: unrelated.
+    """
+    from moe_rl.metrics import detect_collapse
+
+    root = Path(root)
+    dirs = []
+    grid = [(a, lr, N, L) for a in arms for lr in lrs for N in Ns for L in layers]
+    for i, (arm, lr, N, L) in enumerate(grid):
+        algo, replay = arm.split("+")
+        k = n_collapse(arm, lr, N, L)
+        for s, seed in enumerate(seeds):
+            rng = np.random.default_rng([rng_seed, i, seed])
+            c = int(rng.integers(steps // 3, 2 * steps // 3)) if s < k else None
+            f = flip(arm, lr, N, L, seed)
+            acc_end = final_acc(arm, lr, N, L, seed)
+            x = rng.normal(0.0, 1.0, steps + 20)
+            shift = 0.05 + 0.01 * x
+            if shift_lag is None:
+                clip = 0.02 + 0.005 * rng.normal(0.0, 1.0, steps + 20)
+            else:
+                clip = 0.02 + 0.005 * (np.roll(x, shift_lag) + 0.3 * rng.normal(0.0, 1.0, steps + 20))
+            rows: list[tuple[int, str, float]] = [(0, "task/accuracy", 0.4)]
+            for step in range(1, steps + 1):
+                down = c is not None and step >= c
+                reward = (0.03 if down else 0.3) + rng.normal(0, 0.01)
+                rows += [(step, "reward/mean", reward), (step, "loss", rng.normal(0, 0.05)),
+                         (step, "optim/grad_norm", rng.lognormal(0, 0.2)), (step, "policy/entropy", 1.0),
+                         (step, "ratio/clipfrac_low", clip[step + 10] / 2), (step, "ratio/clipfrac_high", clip[step + 10] / 2),
+                         (step, "route/old_vs_new/shift/mean", shift[step + 10])]
+                if N > 1:
+                    rows.append((step, "route/old_vs_new/flip_rate/offpolicy", f * rng.lognormal(0, 0.05)))
+                    rows.append((step, "route/old_vs_new/expert_flip_frac/offpolicy", f / 2 * rng.lognormal(0, 0.05)))
+                rows.append((step, "route/old_vs_new/flip_rate", f * (N - 1) / N))
+                for layer in range(L):
+                    depth = 0.5 + layer / max(L - 1, 1)
+                    rows.append((step, f"route/old_vs_new/flip_rate/layer_{layer}", f * depth * (N - 1) / N))
+                if step % eval_every == 0 or step == steps:
+                    acc = 0.05 if down else 0.4 + (acc_end - 0.4) * step / steps
+                    rows.append((step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, 0.005))))
+            history: dict[str, list] = {}
+            for step, key, value in rows:
+                history.setdefault(key, []).append((step, value))
+            events = [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in detect_collapse(history)]
+            run = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}"
+            run_keys = {"run": run, "experiment": experiment, "arm": arm, "algo": algo, "replay": replay,
+                        "family": "qwen3_moe", "task": "reversal", "seed": seed, "N": N, "lr": lr,
+                        "rollout_dtype": rollout_dtype, "num_layers": L, "num_moe_layers": L, "num_experts": 8}
+            run_dir = root / experiment / "runs" / run
+            _write_run(run_dir, run_keys, rows, events, steps)
+            dirs.append(run_dir)
+    return dirs
+
+
+def write_fake_fit(root: str | PathLike, *, predicted: float = 0.1, ci: tuple[float, float] = (0.06, 0.15),
+                   r2_holdout: float = 0.9) -> Path:
+    """results/drift_scaling/fit.json in the schema the drift-scaling fit writes."""
+    path = Path(root) / "drift_scaling" / "fit.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metrics = {key: {"measured_max": 0.02, "predicted": predicted, "ci": list(ci), "r2_holdout": r2_holdout}
+               for key in ("route/old_vs_new/expert_flip_frac/offpolicy", "route/old_vs_new/flip_rate/offpolicy",
+                           "route/old_vs_new/token_flip_rate/offpolicy")}
+    doc = {"target": {"num_experts": 128, "top_k": 8, "num_moe_layers": 48, "lr": 1e-6}, "metrics": metrics,
+           "assumptions": "log-linear in log E, k, depth and log lr (fake)"}
+    path.write_text(json.dumps(doc, indent=2))
+    return path

@@ -99,3 +99,24 @@ def test_submitit_local_multirun_then_rerun_skips_finished_runs(tmp_path) -> Non
     out = _multirun(args, tmp_path)
     assert out.stderr.count("skipping") + out.stdout.count("skipping") == 2
     assert [(r / "metrics.parquet").stat().st_mtime_ns for r in runs] == stamps
+
+
+def test_short_name_never_nests_and_keeps_values_apart() -> None:
+    from moe_rl.experiment import short_name
+
+    a, b = short_name("model.checkpoint=/a/ckpt,seed=0"), short_name("model.checkpoint=/b/ckpt,seed=0")
+    assert a == "model.checkpoint=%2Fa%2Fckpt,seed=0" and "/" not in b and a != b
+    assert short_name("x=50%/y") == "x=50%25%2Fy"  # '%' is escaped too, so the mapping stays one-to-one
+    long = short_name("model.checkpoint=/" + "d/" * 80 + "ckpt")
+    assert len(long) == 96 and "/" not in long
+    assert long != short_name("model.checkpoint=/" + "d/" * 80 + "ckpt2")
+    assert short_name("algo=grpo,seed=1") == "algo=grpo,seed=1"  # names without '/' are unchanged
+
+
+def test_sweep_over_values_with_slashes_gives_one_folder_per_run(tmp_path) -> None:
+    out = _multirun(["+experiment=smoke", "algo=grpo", "replay=none", "out_dir=x/a/ckpt,y/b/ckpt", "dry_run=true"],
+                    tmp_path)
+    dirs = sorted(line.split(": ", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
+                  if "dry run " in line)
+    assert len(dirs) == 2 and len(set(Path(d).name for d in dirs)) == 2
+    assert all(Path(d).parent == tmp_path / "smoke" for d in dirs), dirs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
 
@@ -62,21 +63,21 @@ def _default_run_id(run_dir: Path, root: Path) -> str:
     return run_dir.name if rel == "." else rel
 
 
-def load_results(root: str | PathLike) -> pd.DataFrame:
-    """Every run under `root`, concatenated in long format.
+def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every run under `root`, concatenated in long format (only metric `keys` when given).
 
     Adds per-run columns `status` (from status.json; "missing" without one),
     `n_collapse_events`, `first_collapse_step` (NaN if none) and `run_dir`. Runs whose status is
     running/failed/missing are kept and named in a warning. A metrics.parquet that cannot be read
-    is skipped with a warning; a run id seen twice keeps its first directory.
+    is skipped with a warning; runs whose run id is also logged by another folder are named by
+    their folder relative to `root` (with a warning), so no run is dropped.
     """
     root = Path(root)
-    frames: list[pd.DataFrame] = []
-    seen: dict[str, Path] = {}
+    loaded: list[tuple[Path, pd.DataFrame]] = []
     for path in _metric_files(root):
         run_dir = path.parent
         try:
-            frame = pd.read_parquet(path)
+            frame = pd.read_parquet(path, filters=[("key", "in", list(keys))] if keys is not None else None)
         except Exception as err:  # corrupt or half-written file: skip it, keep the rest
             warnings.warn(f"skipping unreadable {path}: {type(err).__name__}: {err}", stacklevel=2)
             continue
@@ -85,22 +86,30 @@ def load_results(root: str | PathLike) -> pd.DataFrame:
             warnings.warn(f"skipping {path}: missing column(s) {missing}", stacklevel=2)
             continue
         if frame.empty:
-            warnings.warn(f"skipping {path}: no rows", stacklevel=2)
+            if keys is None:
+                warnings.warn(f"skipping {path}: no rows", stacklevel=2)
             continue
         if "run" not in frame.columns:
             frame.insert(0, "run", _default_run_id(run_dir, root))
         frame["run"] = frame["run"].astype(str)
-        dup = [r for r in frame["run"].unique() if r in seen]
-        if dup:
-            warnings.warn(
-                f"run id(s) {dup} in {path} already loaded from {seen[dup[0]]}; skipping the duplicate",
-                stacklevel=2,
-            )
-            frame = frame[~frame["run"].isin(dup)]
-            if frame.empty:
-                continue
+        loaded.append((run_dir, frame))
+
+    # a run id logged by several folders (e.g. runs of one sweep whose folder names ended alike):
+    # each of them is named by its folder relative to root instead, which is unique and stable
+    dirs_of: dict[str, set[Path]] = {}
+    for run_dir, frame in loaded:
         for r in frame["run"].unique():
-            seen[r] = run_dir
+            dirs_of.setdefault(r, set()).add(run_dir)
+    clash = {r for r, d in dirs_of.items() if len(d) > 1}
+    if clash:
+        warnings.warn(f"run id(s) {sorted(clash)} found in several folders; naming those runs by their folder "
+                      f"relative to {root}", stacklevel=2)
+    frames: list[pd.DataFrame] = []
+    for run_dir, frame in loaded:
+        if clash:
+            rel = run_dir.relative_to(root).as_posix()
+            single = frame["run"].nunique() == 1
+            frame["run"] = frame["run"].map(lambda r: r if r not in clash else (rel if single else f"{rel}/{r}"))
         status = _read_status(run_dir)
         frame = frame.assign(
             step=frame["step"].astype("int64"),
@@ -151,11 +160,14 @@ def load_events(root: str | PathLike) -> pd.DataFrame:
     root = Path(root)
     rows: list[dict] = []
     key_names: dict[str, None] = {"run": None}  # ordered union of run-key names
-    for path in _metric_files(root):
-        status = _read_status(path.parent)
-        if not status["collapse_events"]:
-            continue
-        keys = _run_keys(path, root)
+    found = [(path, _read_status(path.parent)) for path in _metric_files(root)]
+    found = [(path, status, _run_keys(path, root)) for path, status in found if status["collapse_events"]]
+    dirs_of: dict[str, set[Path]] = {}
+    for path, _, keys in found:
+        dirs_of.setdefault(str(keys["run"]), set()).add(path.parent)
+    for path, status, keys in found:
+        if len(dirs_of[str(keys["run"])]) > 1:  # the same renaming as load_results
+            keys = {**keys, "run": path.parent.relative_to(root).as_posix()}
         key_names.update(dict.fromkeys(keys))
         for event in status["collapse_events"]:
             rows.append(
