@@ -195,6 +195,8 @@ def make_fake_grid(
     flip=lambda arm, lr, N, L, seed: 0.01,
     final_acc=lambda arm, lr, N, L, seed: 0.45,
     shift_lag: int | None = None,
+    log_shift: bool = True,
+    acc_noise: float = 0.005,
     rollout_dtype: str = "float32",
     rng_seed: int = 0,
 ) -> list[Path]:
@@ -232,8 +234,9 @@ def make_fake_grid(
                 reward = (0.03 if down else 0.3) + rng.normal(0, 0.01)
                 rows += [(step, "reward/mean", reward), (step, "loss", rng.normal(0, 0.05)),
                          (step, "optim/grad_norm", rng.lognormal(0, 0.2)), (step, "policy/entropy", 1.0),
-                         (step, "ratio/clipfrac_low", clip[step + 10] / 2), (step, "ratio/clipfrac_high", clip[step + 10] / 2),
-                         (step, "route/old_vs_new/shift/mean", shift[step + 10])]
+                         (step, "ratio/clipfrac_low", clip[step + 10] / 2), (step, "ratio/clipfrac_high", clip[step + 10] / 2)]
+                if log_shift:
+                    rows.append((step, "route/old_vs_new/shift/mean", shift[step + 10]))
                 if N > 1:
                     rows.append((step, "route/old_vs_new/flip_rate/offpolicy", f * rng.lognormal(0, 0.05)))
                     rows.append((step, "route/old_vs_new/expert_flip_frac/offpolicy", f / 2 * rng.lognormal(0, 0.05)))
@@ -243,7 +246,7 @@ def make_fake_grid(
                     rows.append((step, f"route/old_vs_new/flip_rate/layer_{layer}", f * depth * (N - 1) / N))
                 if step % eval_every == 0 or step == steps:
                     acc = 0.05 if down else 0.4 + (acc_end - 0.4) * step / steps
-                    rows.append((step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, 0.005))))
+                    rows.append((step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, acc_noise))))
             history: dict[str, list] = {}
             for step, key, value in rows:
                 history.setdefault(key, []).append((step, value))

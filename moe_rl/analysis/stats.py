@@ -180,6 +180,8 @@ def sign_flip_pvalue(d: Sequence[float] | np.ndarray, *, alternative: str = "two
         return math.nan
     if np.all(a == 0):
         return 1.0
+    if len(a) == 1:  # two sign patterns
+        return {"two-sided": 1.0, "greater": 0.5 if a[0] > 0 else 1.0, "less": 0.5 if a[0] < 0 else 1.0}[alternative]
     res = stats.permutation_test((a,), lambda v, axis=-1: np.mean(v, axis=axis), permutation_type="samples",
                                  vectorized=True, alternative=alternative, n_resamples=2**14,
                                  rng=np.random.default_rng(0))

@@ -1,0 +1,149 @@
+"""moe_rl.analysis.stats against scipy and hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from moe_rl.analysis import stats
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 8), (3, 8), (8, 8), (1, 3), (17, 40)])
+def test_wilson_matches_scipy(k: int, n: int) -> None:
+    ref = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert stats.wilson_interval(k, n) == pytest.approx((ref.low, ref.high), abs=1e-12)
+
+
+def test_wilson_by_hand() -> None:
+    z2 = 1.959963984540054**2
+    assert stats.wilson_interval(0, 8) == pytest.approx((0.0, z2 / (8 + z2)))  # upper bound of 0 of n
+    assert all(math.isnan(v) for v in stats.wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        stats.wilson_interval(5, 3)
+
+
+def test_collapse_test_fisher_and_boschloo() -> None:
+    # 6 of 8 vs 0 of 8, one-sided Fisher: P(X >= 6), X ~ Hypergeom(16, 6, 8) = C(10,2) / C(16,8) = 45 / 12870
+    assert stats.collapse_test(6, 8, 0, 8, alternative="greater", method="fisher") == pytest.approx(45 / 12870)
+    assert stats.collapse_test(6, 8, 0, 8, method="fisher") == pytest.approx(2 * 45 / 12870)
+    ref = sps.boschloo_exact([[6, 0], [2, 8]], alternative="greater").pvalue  # columns = arms
+    bos = stats.collapse_test(6, 8, 0, 8, alternative="greater")
+    assert bos == pytest.approx(ref) and bos < 45 / 12870  # more power than Fisher at fixed arm sizes
+    assert stats.collapse_test(0, 8, 6, 8, alternative="greater") == pytest.approx(1.0)
+    assert stats.collapse_test(0, 8, 0, 8) == 1.0 and math.isnan(stats.collapse_test(0, 0, 1, 8))
+    with pytest.raises(ValueError, match="method"):
+        stats.collapse_test(1, 8, 0, 8, method="nope")
+
+
+def _hyper(total: int, hits: int, n1: int, a: int) -> float:
+    return math.comb(hits, a) * math.comb(total - hits, n1 - a) / math.comb(total, n1)
+
+
+def test_cmh_exact_one_stratum_is_fisher() -> None:
+    for alt in ("two-sided", "greater", "less"):
+        ref = sps.fisher_exact([[5, 3], [1, 7]], alternative=alt).pvalue
+        assert stats.cmh_exact([(5, 8, 1, 8)], alternative=alt)["p_value"] == pytest.approx(ref)
+
+
+def test_cmh_exact_two_strata_by_enumeration() -> None:
+    tables = [(3, 5, 1, 5), (4, 6, 0, 6)]
+    # brute force: the sum of arm-1 collapses over strata, each hypergeometric given its margins
+    dists = []
+    for k1, n1, k2, n2 in tables:
+        total, hits = n1 + n2, k1 + k2
+        dists.append({a: _hyper(total, hits, n1, a) for a in range(max(0, hits - n2), min(hits, n1) + 1)})
+    p_ge = sum(p * q for a, p in dists[0].items() for b, q in dists[1].items() if a + b >= 7)
+    res = stats.cmh_exact(tables, alternative="greater")
+    assert res["p_value"] == pytest.approx(p_ge) and res["observed"] == 7
+    assert res["expected"] == pytest.approx(4 * 5 / 10 + 4 * 6 / 12)
+    # Mantel-Haenszel odds ratio sum(a d / n) / sum(b c / n) = (3*4/10 + 4*6/12) / (2*1/10 + 2*0/12)
+    assert res["odds_ratio"] == pytest.approx((1.2 + 2.0) / 0.2)
+    # a stratum where every run ended alike carries no information
+    assert stats.cmh_exact([*tables, (0, 8, 0, 8)], alternative="greater")["p_value"] == pytest.approx(p_ge)
+    assert math.isnan(stats.cmh_exact([(0, 8, 0, 8)])["p_value"])
+
+
+def test_holm_by_hand() -> None:
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    # (statsmodels.stats.multitest.multipletests(method="holm") gives the same)
+    out = stats.holm([0.01, 0.04, 0.03, 0.005, np.nan])
+    assert out[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(out[4])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert len(stats.holm([])) == 0
+
+
+def test_sign_flip_pvalues_are_exact() -> None:
+    assert stats.sign_flip_pvalue([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # 3 seeds can never reach 0.05
+    assert stats.sign_flip_pvalue(np.ones(8)) == pytest.approx(2 / 256)
+    assert stats.sign_flip_pvalue(np.ones(8), alternative="greater") == pytest.approx(1 / 256)
+    assert stats.sign_flip_pvalue([0.0, 0.0]) == 1.0
+
+
+def test_paired_compare_by_hand() -> None:
+    a, b = [1.0, 2.0, 3.0, 4.0], [0.5, 1.6, 2.0, 4.2]  # d = 0.5, 0.4, 1.0, -0.2
+    r = stats.paired_compare(a, b)
+    assert r["n"] == 4 and r["mean_diff"] == pytest.approx(0.425) and r["prob_improvement"] == 0.75
+    # |sum of signed d| >= 1.7 for 4 of the 16 sign patterns (+ + + ±, and their negatives)
+    assert r["p_value"] == pytest.approx(4 / 16)
+    assert r["lo"] < r["mean_diff"] < r["hi"]
+    assert stats.paired_compare([1, np.nan], [0, 0])["n"] == 1
+
+
+def test_pairing_by_seed_removes_between_seed_variance() -> None:
+    rng = np.random.default_rng(0)
+    seed_level = rng.normal(0, 1.0, 10)  # shared by both arms of a seed (same cold start and prompts)
+    a = seed_level + 0.1 + rng.normal(0, 0.01, 10)
+    b = seed_level + rng.normal(0, 0.01, 10)
+    r = stats.paired_compare(a, b)
+    assert 0.08 < r["lo"] < r["hi"] < 0.12 and r["p_value"] == pytest.approx(2 / 1024)
+    unpaired = sps.ttest_ind(a, b).pvalue
+    assert unpaired > 0.5  # without pairing the effect is invisible
+
+
+def test_bootstrap_ci_matches_normal_theory_for_large_n() -> None:
+    x = np.random.default_rng(1).normal(3.0, 2.0, 400)
+    mean, lo, hi = stats.bootstrap_mean_ci(x)
+    half = 1.96 * x.std(ddof=1) / math.sqrt(len(x))
+    assert mean == pytest.approx(x.mean())
+    assert lo == pytest.approx(mean - half, abs=0.03) and hi == pytest.approx(mean + half, abs=0.03)
+    assert stats.bootstrap_mean_ci([0.2, 0.2, 0.2])[1:] == pytest.approx((0.2, 0.2))  # constant: degenerate, not NaN
+    assert stats.bootstrap_mean_ci([1.0, 2.0, 3.0]) == stats.bootstrap_mean_ci([1.0, 2.0, 3.0])  # seeded
+
+
+def test_pair_by() -> None:
+    frame = pd.DataFrame({"arm": ["a", "a", "b", "b", "b"], "seed": [0, 1, 0, 1, 2], "v": [1.0, 2.0, 0.5, 1.0, 9.0]})
+    pairs = stats.pair_by(frame, arm_col="arm", a="a", b="b", value="v")
+    assert pairs.to_dict("list") == {"seed": [0, 1], "a": [1.0, 2.0], "b": [0.5, 1.0]}
+    with pytest.raises(ValueError, match="several runs"):
+        stats.pair_by(pd.concat([frame, frame]), arm_col="arm", a="a", b="b", value="v")
+
+
+def test_lagged_xcorr_matches_numpy() -> None:
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=50), rng.normal(size=50)
+    out = stats.lagged_xcorr(x, y, 3).set_index("lag")
+    assert list(out.index) == [-3, -2, -1, 0, 1, 2, 3]
+    assert out.loc[2, "r"] == pytest.approx(np.corrcoef(x[:-2], y[2:])[0, 1])  # x[t] with y[t+2]
+    assert out.loc[-1, "r"] == pytest.approx(np.corrcoef(x[1:], y[:-1])[0, 1])
+    assert out.loc[0, "r"] == pytest.approx(np.corrcoef(x, y)[0, 1]) and out.loc[3, "n"] == 47
+    lead = np.roll(x, 3)  # lead[t] = x[t-3]: x leads by 3
+    peak = stats.lagged_xcorr(x, lead, 4).set_index("lag")["r"]
+    assert peak.idxmax() == 3 and peak[3] == pytest.approx(1.0)
+    y_nan = y.copy()
+    y_nan[5] = np.nan
+    assert stats.lagged_xcorr(x, y_nan, 0)["n"].iloc[0] == 49
+
+
+def test_event_aligned_mean_by_hand() -> None:
+    values = pd.DataFrame({"run": ["a"] * 6 + ["b"] * 6, "step": list(range(6)) * 2,
+                           "value": [0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]})
+    events = pd.DataFrame({"run": ["a", "b"], "step": [3, 1]})
+    out = stats.event_aligned_mean(values, events, before=2, after=1).set_index("offset")
+    # offset -2: a at step 1 (1) only (b has no step -1); offset 0: a 3, b 11; offset +1: a 4, b 12
+    assert out.loc[-2, "mean"] == 1 and out.loc[-2, "n"] == 1
+    assert out.loc[0, "mean"] == 7 and out.loc[1, "mean"] == 8 and out.loc[1, "n"] == 2
+    assert out.loc[-1, "mean"] == pytest.approx((2 + 10) / 2)
