@@ -1,9 +1,15 @@
-"""Write a report of a results folder: summary.md, summary.csv and figures.
+"""Write a report of a results folder: summary.md, summary.csv and figures; the claims page; all of it.
 
-    python -m moe_rl.report RESULTS_DIR [--out OUT_DIR] [--by arm [N ...]]
+    python -m moe_rl.report RESULTS_DIR [--out OUT_DIR] [--by arm [N ...]] [--pool KEY ...]
+                            [--variant auto|all|offpolicy] [--ref ARM]
+    python -m moe_rl.report --claims [RESULTS_ROOT]                # RESULTS_ROOT/CLAIMS.md
+    python -m moe_rl.report --collapse-definitions [RESULTS_ROOT]  # RESULTS_ROOT/collapse_definitions.md
+    python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs, then both pages
 
-Every file is written to a temporary name in OUT_DIR (default RESULTS_DIR) and renamed into
-place, so a reader never sees a half-written report.
+`--by` names the comparison (default arm); every other run key that varies is added to the
+grouping unless `--pool` names it, and summary.md says what was added and what was pooled. When
+the runs vary in learning rate and N the report adds the phase map. Every file is written to a
+temporary name and renamed into place, so a reader never sees a half-written report.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import matplotlib
 import pandas as pd
 
 from moe_rl import analysis
-from moe_rl.atomic import write_atomic
+from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
+from moe_rl.analysis.phase import REFERENCE_ARM
+from moe_rl.atomic import write_atomic
 
 FIGURES: dict[str, Callable[..., object]] = {
     "flip_rate.png": lambda df, by, events: analysis.plot_flip_rate(df, by=by),
@@ -26,6 +34,15 @@ FIGURES: dict[str, Callable[..., object]] = {
     "flip_by_position.png": lambda df, by, events: analysis.plot_flip_by_position(df, by=by),
     "ratio_variance.png": lambda df, by, events: analysis.plot_ratio_variance(df, by=by),
     "reward_accuracy.png": lambda df, by, events: analysis.plot_reward_accuracy(df, events=events, by=by),
+}
+PHASE_AXES = ("lr", "N")
+SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
+VARIANT_TEXT = {
+    "auto": "Route flips and ratio variances of runs with N > 1 are their off-policy values (updates 2..N, "
+            "`<key>/offpolicy`; update 1 runs on the old weights and flips nothing); runs with N = 1 show "
+            "every update.",
+    "all": "Route flips and ratio variances average every update, update 1 (on the old weights, no flips) included.",
+    "offpolicy": "Route flips and ratio variances are off-policy values (updates 2..N); — where a run logged none.",
 }
 
 
@@ -45,6 +62,16 @@ def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:
     return line
 
 
+def _grouping_line(by: list[str], added: list[str], pooled: list[str]) -> str:
+    line = f"Grouped by {', '.join(by)}"
+    if added:
+        line += (f"; {', '.join(added)} also {'varies' if len(added) == 1 else 'vary'} across runs and "
+                 f"{'was' if len(added) == 1 else 'were'} added to the grouping (pass "
+                 f"`--pool {' '.join(added)}` to average over them)")
+    line += f". Pooled within a group: {', '.join(pooled)}."
+    return line
+
+
 def _events_lines(events: pd.DataFrame, by: list[str]) -> list[str]:
     if events.empty:
         return ["No collapse events."]
@@ -56,8 +83,72 @@ def _events_lines(events: pd.DataFrame, by: list[str]) -> list[str]:
     return lines
 
 
+def _tests_section(tests: pd.DataFrame, groups: list[str], compare: str) -> list[str]:
+    ref = tests.attrs.get("reference")
+    return [
+        f"## Tests against {compare} = {ref}",
+        "",
+        f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
+        f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
+        f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
+        "(same cold start and prompts), mean difference with a 95% bootstrap (BCa) interval, p from a sign-flip "
+        "permutation test, P(better) = share of seeds where the arm beats the reference. Holm-adjusted p in "
+        "parentheses, over each column's tests. Reward AUC: area under the mean-reward curve divided by the steps "
+        "(a mean reward).",
+        "",
+        analysis.format_arm_tests_markdown(
+            tests, groups=groups, collapse_cols={"collapsed_in_loop": "collapsed (in loop)",
+                                                 f"collapsed_{MAIN_DEFINITION}": f"collapsed ({MAIN_DEFINITION})"}),
+    ]
+
+
+def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str) -> tuple[list[str], dict, pd.DataFrame]:
+    """Markdown lines, figures {name: Figure} and the phase table (main definition) of the phase map."""
+    lines = ["## Phase map", ""]
+    figs: dict[str, object] = {}
+    tables = []
+    sig: dict[str, set] = {}
+    for definition in (MAIN_DEFINITION, ALTERNATIVE_DEFINITION):
+        table = analysis.phase_table(outcomes, axes=axes, definition=definition)
+        has_ref = reference in set(outcomes["arm"])
+        tests = analysis.phase_tests(outcomes, axes=axes, reference=reference, definition=definition) if has_ref else None
+        tables.append(table.assign(definition=definition))
+        label = "main" if definition == MAIN_DEFINITION else "alternative"
+        lines += [f"### Collapse definition `{definition}` ({label})", "", DEFINITION_TEXT[definition] + ".", "",
+                  analysis.format_phase_markdown(table, tests, axes=axes)]
+        suffix = "" if definition == MAIN_DEFINITION else f"_{definition}"
+        figs[f"phase_map{suffix}.png"] = analysis.plot_phase_map(
+            table, axes=axes, title=f"P(collapse) per cell, {definition} definition (k/n runs)")
+        if tests is not None and len(tests):
+            figs[f"phase_difference{suffix}.png"] = analysis.plot_phase_difference(tests, axes=axes)
+            sig[definition] = set(tests.loc[tests["significant"], [*axes, "arm"]].itertuples(index=False, name=None))
+    lines[2:2] = [
+        f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
+        "first collapse over the runs that collapsed, final accuracy and reward AUC with 95% bootstrap intervals "
+        f"over seeds. p: Boschloo's exact test of {reference} against the arm in the same cell, Holm-adjusted over "
+        "every testable cell and arm (a cell where all runs of both arms ended alike is untestable and left out); "
+        "* = significant at 0.05 after Holm.", ""]
+    if len(sig) == 2:
+        a, b = sig[MAIN_DEFINITION], sig[ALTERNATIVE_DEFINITION]
+        lines += ["### Does anything depend on the definition?", "",
+                  "No: the same cells are significant under both definitions." if a == b else
+                  f"Yes: significant only under `{MAIN_DEFINITION}`: {sorted(a - b) or 'none'}; only under "
+                  f"`{ALTERNATIVE_DEFINITION}`: {sorted(b - a) or 'none'}.", ""]
+    return lines, figs, pd.concat(tables, ignore_index=True)
+
+
+def _sweep_axis(df: pd.DataFrame, groups: list[str], compare: str) -> str | None:
+    """A numeric grouping key besides the comparison with >= 3 values (e.g. N in the offpolicy sweep)."""
+    table = analysis.runs(df)
+    for c in groups:
+        if c != compare and pd.api.types.is_numeric_dtype(table[c]) and table[c].nunique() >= 3:
+            return c
+    return None
+
+
 def build_markdown(
-    root: Path, df: pd.DataFrame, summary: pd.DataFrame, events: pd.DataFrame, by: list[str], figures: list[str]
+    root: Path, df: pd.DataFrame, summary: pd.DataFrame, events: pd.DataFrame, by: list[str], figures: list[str],
+    *, grouping_line: str = "", variant: str = "all", extra: list[str] | None = None,
 ) -> str:
     """The text of summary.md."""
     experiments = sorted(df["experiment"].astype(str).unique()) if "experiment" in df else []
@@ -66,12 +157,14 @@ def build_markdown(
         "",
         _runs_line(df, by, root),
         "",
+        *([grouping_line, ""] if grouping_line else []),
         "Per-run means over all steps (old-vs-new route flips, ratio statistics before clipping), then "
-        "mean ± 95% Student-t half-width across seeds. Final accuracy is each run's last evaluation; "
-        "the gain is over step 0. — marks a metric the runs did not log.",
+        "mean ± 95% Student-t half-width across seeds. " + VARIANT_TEXT[variant] + " Final accuracy is each run's "
+        "last evaluation; the gain is over step 0. — marks a metric the runs did not log.",
         "",
         analysis.format_summary_markdown(summary),
-        "## Collapse events",
+        *(extra or []),
+        "## Collapse events (in loop)",
         "",
         *_events_lines(events, by),
         "",
@@ -81,41 +174,135 @@ def build_markdown(
     return "\n".join(parts)
 
 
+def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str] | None = None,
+                 variant: str = "auto", reference: str | None = None,
+                 phase_axes: tuple[str, ...] = PHASE_AXES) -> list[Path]:
+    """Write summary.md, summary.csv, tests.csv, figures (and the phase map when the runs vary in
+    `phase_axes`) for the runs under `results_dir` into `out`; return the paths written."""
+    df = analysis.load_results(results_dir)
+    events = analysis.load_events(results_dir)
+    groups, added, pooled = analysis.grouping(df, by, pool or [])
+    summary = analysis.summarize(df, by=groups, variant=variant, pool=pool or [])
+    outcomes = analysis.run_outcomes(df)
+    compare = by[0]
+    tests = analysis.arm_tests(outcomes, groups=groups, compare=compare, reference=reference,
+                               collapse_cols=("collapsed_in_loop", f"collapsed_{MAIN_DEFINITION}"),
+                               pair_on=pooled)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    figs: dict[str, object] = {}
+    for name, make in FIGURES.items():
+        try:
+            figs[name] = make(df, groups, events)
+        except ValueError as err:
+            print(f"skipped {name}: {err}", file=sys.stderr)
+    axis = _sweep_axis(df, groups, compare)
+    if axis is not None:
+        values = summary_per_run(df, outcomes, variant)
+        figs[f"summary_vs_{axis}.png"] = analysis.plot_metric_vs_axis(
+            values, {"flip_rate": "flip rate", "token_var": "token ratio variance", "final_accuracy": "final accuracy"},
+            axis, by=compare, logx=axis == "lr")
+    extra = _tests_section(tests, groups, compare)
+    run_table = analysis.runs(df)
+    if all(a in run_table and run_table[a].nunique() > 1 for a in phase_axes) and compare == "arm":
+        lines, phase_figs, phase = _phase_section(outcomes, tuple(phase_axes), REFERENCE_ARM)
+        extra += lines
+        figs.update(phase_figs)
+        write_atomic(out / "phase_map.csv", lambda f: f.write(phase.to_csv(index=False).encode()))
+        written.append(out / "phase_map.csv")
+    for name, fig in figs.items():
+        write_atomic(out / name, lambda f, fig=fig: fig.savefig(f, format="png", dpi=120))
+        written.append(out / name)
+    write_atomic(out / "summary.csv", lambda f: f.write(summary.to_csv(index=False).encode()))
+    write_atomic(out / "tests.csv", lambda f: f.write(tests.to_csv(index=False).encode()))
+    text = build_markdown(results_dir, df, summary, events, groups, list(figs),
+                          grouping_line=_grouping_line(by, added, pooled), variant=variant, extra=extra)
+    write_atomic(out / "summary.md", lambda f: f.write(text.encode()))
+    return [out / "summary.md", out / "summary.csv", out / "tests.csv", *written]
+
+
+def summary_per_run(df: pd.DataFrame, outcomes: pd.DataFrame, variant: str) -> pd.DataFrame:
+    """One row per run: outcomes plus the flip rate and token ratio variance in the chosen variant."""
+    values = outcomes.set_index("run")
+    values["flip_rate"] = analysis.variant_per_run(df, analysis.SUMMARY_METRICS["flip_rate"], variant)
+    values["token_var"] = analysis.variant_per_run(df, analysis.SUMMARY_METRICS["token_var"], variant)
+    return values.reset_index()
+
+
+def write_claims(root: Path, out: Path | None = None) -> Path:
+    """RESULTS_ROOT/CLAIMS.md from the result folders under root."""
+    path = (out or root) / "CLAIMS.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = analysis.format_claims_markdown(analysis.evaluate_claims(root), root)
+    write_atomic(path, lambda f: f.write(text.encode()))
+    return path
+
+
+def write_collapse_definitions(root: Path, out: Path | None = None,
+                               folders: tuple[str, ...] = SHIPPED_COLLAPSE_FOLDERS) -> Path | None:
+    """RESULTS_ROOT/collapse_definitions.md: which runs each collapse definition flags, and why."""
+    frames = {}
+    for name in folders:
+        runs_dir = root / name / "runs"
+        if runs_dir.is_dir():
+            frames[f"{root.name}/{name}/runs"] = analysis.load_results(runs_dir)
+    if not frames:
+        print(f"skipped collapse_definitions.md: none of {list(folders)} under {root}", file=sys.stderr)
+        return None
+    path = (out or root) / "collapse_definitions.md"
+    text = analysis.collapse_definitions_markdown(frames)
+    write_atomic(path, lambda f: f.write(text.encode()))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     parser = argparse.ArgumentParser(prog="python -m moe_rl.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, help="folder searched recursively for runs")
+    parser.add_argument("results_dir", type=Path, nargs="?", default=None,
+                        help="folder searched recursively for runs (with --claims/--all: the results root, "
+                             "default `results`)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
-    parser.add_argument("--by", nargs="+", default=["arm"], help="run keys to group by (default: arm)")
+    parser.add_argument("--by", nargs="+", default=["arm"], help="run keys to compare and group by (default: arm)")
+    parser.add_argument("--pool", nargs="+", default=[], help="run keys to average over instead of grouping by")
+    parser.add_argument("--variant", choices=analysis.tables.VARIANTS, default="auto",
+                        help="route-flip / ratio-variance variant: auto (off-policy where N > 1), all, offpolicy")
+    parser.add_argument("--ref", default=None, help="reference value of the first --by key (default grpo+r2)")
+    parser.add_argument("--claims", action="store_true", help="write RESULTS_ROOT/CLAIMS.md")
+    parser.add_argument("--collapse-definitions", action="store_true",
+                        help="write RESULTS_ROOT/collapse_definitions.md from the stress and compare runs")
+    parser.add_argument("--all", action="store_true",
+                        help="report every RESULTS_ROOT/*/runs into its folder, then both pages")
     args = parser.parse_args(argv)
     by = [c for item in args.by for c in item.split(",") if c]
-    out = args.out or args.results_dir
+    pool = [c for item in args.pool for c in item.split(",") if c]
 
+    if args.claims or args.collapse_definitions or args.all:
+        root = args.results_dir or Path("results")
+        written: list[Path | None] = []
+        if args.all:
+            for runs_dir in sorted(p for p in root.glob("*/runs") if p.is_dir()):
+                try:
+                    written += write_report(runs_dir, runs_dir.parent, by=by, pool=pool, variant=args.variant,
+                                            reference=args.ref)
+                except (FileNotFoundError, KeyError) as err:
+                    print(f"skipped {runs_dir}: {err}", file=sys.stderr)
+        if args.all or args.collapse_definitions:
+            written.append(write_collapse_definitions(root, args.out))
+        if args.all or args.claims:
+            written.append(write_claims(root, args.out))
+        for path in written:
+            if path is not None:
+                print(path)
+        return 0
+
+    if args.results_dir is None:
+        parser.error("RESULTS_DIR is required (or pass --claims / --collapse-definitions / --all)")
     try:
-        df = analysis.load_results(args.results_dir)
-        events = analysis.load_events(args.results_dir)
-        summary = analysis.summarize(df, by=by)
+        written = write_report(args.results_dir, args.out or args.results_dir, by=by, pool=pool,
+                               variant=args.variant, reference=args.ref)
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-
-    figures = []
-    for name, make in FIGURES.items():
-        try:
-            fig = make(df, by, events)
-        except ValueError as err:
-            print(f"skipped {name}: {err}", file=sys.stderr)
-            continue
-        write_atomic(out / name, lambda f, fig=fig: fig.savefig(f, format="png", dpi=120))
-        figures.append(name)
-        written.append(out / name)
-
-    write_atomic(out / "summary.csv", lambda f: f.write(summary.to_csv(index=False).encode()))
-    text = build_markdown(args.results_dir, df, summary, events, by, figures)
-    write_atomic(out / "summary.md", lambda f: f.write(text.encode()))
-    written = [out / "summary.md", out / "summary.csv", *written]
     for path in written:
         print(path)
     return 0
@@ -123,3 +310,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+

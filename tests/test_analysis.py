@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from fake_results import make_fake_results
+from fake_results import make_fake_grid, make_fake_results
 from matplotlib.figure import Figure
 
 from moe_rl import analysis
@@ -210,8 +210,8 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    expected = ["summary.md", "summary.csv", "flip_rate.png", "layer_heatmap.png", "flip_by_position.png",
-                "ratio_variance.png", "reward_accuracy.png"]
+    expected = ["summary.md", "summary.csv", "tests.csv", "flip_rate.png", "layer_heatmap.png",
+                "flip_by_position.png", "ratio_variance.png", "reward_accuracy.png"]
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)  # no temporary files left behind
     assert {Path(line).name for line in proc.stdout.split()} == set(expected)
     for name in expected:
@@ -220,6 +220,7 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
     text = (out / "summary.md").read_text()
     assert text.startswith("# ") and "| arm | seeds |" in text and "9 runs" in text
     assert "reward_drop" in text and "1 of 3" in text
+    assert "## Tests against arm = grpo+r2" in text and "Pooled within a group: seed." in text
     csv = pd.read_csv(out / "summary.csv")
     assert csv["arm"].tolist() == sorted(ARMS) and "flip_rate_ci95" in csv.columns
 
@@ -228,9 +229,11 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
     assert empty.returncode == 1 and "does not exist" in empty.stderr
 
 
-@pytest.mark.parametrize(("name", "n_figures"), [("routing_drift", 6), ("compare_algorithms", 2)])
+@pytest.mark.parametrize(("name", "n_figures", "with_phase"),
+                         [("routing_drift", 6, False), ("compare_algorithms", 4, True),
+                          ("compare_algorithms", 2, False)])
 def test_notebook_executes(
-    name: str, n_figures: int, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, n_figures: int, with_phase: bool, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -243,6 +246,12 @@ def test_notebook_executes(
     }))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MOE_RL_RESULTS", str(results))
+    root = tmp_path / "results_root"  # a phase sweep, or nothing: the notebook must run either way
+    root.mkdir()
+    if with_phase:
+        make_fake_grid(root, Ns=(1, 4), lrs=(1e-3,), seeds=(0, 1, 2), steps=25,
+                       n_collapse=lambda a, lr, N, L: 2 if a == "grpo+none" and N > 1 else 0)
+    monkeypatch.setenv("MOE_RL_RESULTS_ROOT", str(root))
     path = REPO / "notebooks" / f"{name}.ipynb"
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "stored with outputs"
@@ -252,3 +261,79 @@ def test_notebook_executes(
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) == n_figures  # each figure shown once
+
+
+# --- report defects (issue: run ids, pooled groups, off-policy variants, figure sizes) -----------------
+
+def test_duplicate_run_ids_in_two_folders_are_both_kept(tmp_path: Path) -> None:
+    for sub in ("a", "b"):  # two sweeps whose folders end alike: the same run id in both
+        make_fake_results(tmp_path / sub, arms=("grpo+r2",), seeds=(0,), steps=4, collapse=None)
+    with pytest.warns(UserWarning, match="several folders"):
+        df = analysis.load_results(tmp_path)
+    ids = sorted(df["run"].unique())
+    assert ids == ["a/compare/grpo+r2/seed_0", "b/compare/grpo+r2/seed_0"]
+    with pytest.warns(UserWarning, match="several folders"):
+        again = analysis.load_results(tmp_path)
+    assert sorted(again["run"].unique()) == ids  # stable: the same names on every load
+    assert len(analysis.summarize(df, by="run")) == 2
+
+
+def test_by_arm_adds_every_key_that_varies(tmp_path: Path) -> None:
+    make_fake_results(tmp_path, arms=("grpo+r2", "grpo+none"), seeds=(0, 1), steps=4, collapse=None)
+    other = tmp_path / "compare" / "grpo+r2" / "seed_1" / "metrics.parquet"
+    frame = pd.read_parquet(other)
+    frame.assign(family="mixtral").to_parquet(other, index=False)  # one run of another family
+    df = analysis.load_results(tmp_path)
+    groups, added, pooled = analysis.grouping(df, "arm")
+    assert groups == ["arm", "family"] and added == ["family"] and pooled == ["seed"]
+    # algo and replay vary too, but are fixed by arm: they add nothing
+    assert analysis.grouping(df, "arm", pool=["family"]) == (["arm"], [], ["family", "seed"])
+
+    out = tmp_path / "report"
+    assert __import__("moe_rl.report").report.main([str(tmp_path), "--out", str(out)]) == 0
+    text = (out / "summary.md").read_text()
+    assert "family also varies across runs and was added to the grouping" in text
+    assert "| arm | family | seeds |" in text and "| grpo+r2 | mixtral | 1 |" in text
+    assert __import__("moe_rl.report").report.main([str(tmp_path), "--out", str(out), "--pool", "family"]) == 0
+    assert "Pooled within a group: family, seed." in (out / "summary.md").read_text()
+
+
+def test_variant_auto_uses_offpolicy_values_where_n_above_one() -> None:
+    rows = []
+    for run, n in (("a", 4), ("b", 1)):
+        for step in (1, 2):
+            rows.append({"run": run, "N": n, "step": step, "key": "route/old_vs_new/flip_rate", "value": 0.03})
+            if n > 1:
+                rows.append({"run": run, "N": n, "step": step, "key": "route/old_vs_new/flip_rate/offpolicy",
+                             "value": 0.04})
+    df = pd.DataFrame(rows)
+    key = "route/old_vs_new/flip_rate"
+    assert analysis.variant_per_run(df, key, "auto").to_dict() == {"a": 0.04, "b": 0.03}
+    assert analysis.variant_per_run(df, key, "all").to_dict() == {"a": 0.03, "b": 0.03}
+    off = analysis.variant_per_run(df, key, "offpolicy")
+    assert off["a"] == 0.04 and math.isnan(off["b"])
+    assert analysis.summarize(df.assign(arm="x", seed=0), by="run", variant="auto").set_index("run")[
+        "flip_rate_mean"].to_dict() == {"a": 0.04, "b": 0.03}
+    with pytest.raises(ValueError, match="variant"):
+        analysis.variant_per_run(df, key, "nope")
+
+
+def test_flip_by_position_ticks_are_the_buckets(df: pd.DataFrame) -> None:
+    ax = analysis.plot_flip_by_position(df).axes[0]
+    assert list(ax.get_xticks()) == [0, 4, 8, 12]
+
+
+def test_many_groups_are_faceted_and_sized(tmp_path: Path) -> None:
+    make_fake_results(tmp_path, arms=("grpo+r2", "grpo+none", "gspo+none", "gspo+r2"), seeds=(0, 1, 2, 3),
+                      steps=6, collapse=None)
+    df = analysis.load_results(tmp_path)
+    by = ["arm", "seed"]  # 16 groups
+    fig = analysis.plot_layer_heatmap(df, by=by)
+    w, h = fig.get_size_inches() * 120
+    assert w <= 1440 and h <= 1080, (w, h)  # was 960 x 2568 px for the offpolicy sweep
+    fig = analysis.plot_ratio_variance(df, by=by)
+    panels = [ax for ax in fig.axes if ax.lines]
+    assert len(panels) == 2 * 4 and all(len(ax.lines) <= analysis.plots.MAX_LINES for ax in panels)
+    assert all(len(ax.lines) == 4 for ax in panels)  # one line per arm, one column per seed
+    assert all(len(ax.lines) == 4 for ax in analysis.plot_flip_rate(df, by=by).axes if ax.lines)
+    assert len(analysis.plot_flip_rate(df, by="arm").axes) == 1  # few groups: one panel

@@ -81,17 +81,57 @@ def _legend(ax: Axes, by: By) -> None:
         ax.legend(title=", ".join(_by_list(by)), fontsize="small")
 
 
+MAX_LINES = 6  # lines per panel a reader can tell apart; more groups are split into panels
+
+
+def _facets(df: pd.DataFrame, by: By) -> list[tuple[str, pd.Series]]:
+    """[(panel title, run -> line label)]: one panel when the groups fit MAX_LINES, else one panel per
+    value of the sweep keys after the first `by` column (lines = the first column, e.g. arm)."""
+    cols = _by_list(by)
+    labels = _run_labels(df, cols)
+    if labels.nunique() <= MAX_LINES or len(cols) == 1:
+        return [("", labels)]
+    table = runs(df).set_index("run", drop=False).rename_axis(None)
+    lines = table[cols[0]].astype(str)
+    out = []
+    for values, g in table.groupby(cols[1:], sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        out.append((", ".join(f"{c}={v}" for c, v in zip(cols[1:], values)), lines.loc[g.index]))
+    return out
+
+
+def _grid(n_panels: int, rows: int = 1, *, panel: tuple[float, float] = (4.2, 3.2), max_cols: int = 4):
+    """Figure and a (rows, n_panels) array of axes, wrapped into lines of at most `max_cols` panels."""
+    cols = min(n_panels, max_cols)
+    wraps = -(-n_panels // cols)
+    fig = Figure(figsize=(panel[0] * cols, panel[1] * rows * wraps), layout="constrained")
+    grid = fig.subplots(rows * wraps, cols, squeeze=False)
+    axes = np.empty((rows, n_panels), dtype=object)
+    for r in range(rows):
+        for i in range(n_panels):
+            axes[r, i] = grid[(i // cols) * rows + r, i % cols]
+    for extra in grid.flat[:]:
+        if extra not in axes.flat:
+            extra.set_axis_off()
+    return fig, axes
+
+
+def _titled(title: str, facet: str) -> str:
+    return f"{title}\n{facet}" if facet else title
+
+
 def plot_metric(df: pd.DataFrame, key: str, *, by: By = "arm", logy: bool = False, title: str | None = None) -> Figure:
-    """Any per-step metric vs step, one line per group."""
+    """Any per-step metric vs step, one line per group (one panel per sweep value when groups are many)."""
     _need(df, [key])
-    labels = _run_labels(df, by)
-    fig = Figure(figsize=(7, 4), layout="constrained")
-    ax = fig.subplots()
-    _draw_curves(ax, _curves(df, key, labels), _colors(labels))
-    if logy:
-        ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel=key, title=title or f"{key} ({BAND_NOTE})")
-    _legend(ax, by)
+    facets = _facets(df, by)
+    colors = _colors(pd.concat([lab for _, lab in facets]))
+    fig, axes = _grid(len(facets), panel=(7, 4) if len(facets) == 1 else (4.2, 3.2))
+    for ax, (facet, labels) in zip(axes[0], facets):
+        _draw_curves(ax, _curves(df, key, labels), colors)
+        if logy:
+            ax.set_yscale("log")
+        ax.set(xlabel="step", ylabel=key, title=_titled(title or f"{key} ({BAND_NOTE})" if len(facets) == 1 else key, facet))
+        _legend(ax, _by_list(by)[:1] if facet else by)
     return fig
 
 
@@ -101,17 +141,18 @@ def plot_flip_rate(
     """Route flip rate vs step for one comparison pair (DESIGN §3), one line per group."""
     key = f"route/{pair}/{metric}"
     _need(df, [key])
-    labels = _run_labels(df, by)
-    fig = Figure(figsize=(7, 4), layout="constrained")
-    ax = fig.subplots()
-    _draw_curves(ax, _curves(df, key, labels), _colors(labels))
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set(
-        xlabel="step",
-        ylabel=metric.replace("_", " "),
-        title=f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')}\n({BAND_NOTE})",
-    )
-    _legend(ax, by)
+    facets = _facets(df, by)
+    colors = _colors(pd.concat([lab for _, lab in facets]))
+    fig, axes = _grid(len(facets), panel=(7, 4) if len(facets) == 1 else (4.2, 3.2))
+    for ax, (facet, labels) in zip(axes[0], facets):
+        _draw_curves(ax, _curves(df, key, labels), colors)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=_titled(
+            f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')}\n({BAND_NOTE})" if len(facets) == 1 else "",
+            facet))
+        _legend(ax, _by_list(by)[:1] if facet else by)
+    if len(facets) > 1:
+        fig.suptitle(f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')} ({BAND_NOTE})")
     return fig
 
 
@@ -162,16 +203,27 @@ def plot_layer_heatmap(
     }
     vmax = max(float(np.nanmax(m)) if np.isfinite(m).any() else 0.0 for m in grids.values()) or 1.0
 
-    fig = Figure(figsize=(8, 0.6 + len(groups) * (0.6 + 0.35 * len(layers))), layout="constrained")
-    axes = fig.subplots(len(groups), 1, sharex=True, squeeze=False)[:, 0]
+    # panels wrap into a grid of at most 4 columns; panel height grows slowly with depth and is capped,
+    # so a 16-group sweep stays about one screen (12 x 9 in) instead of a 2568 px column
+    cols = min(len(groups), 4)
+    rows = -(-len(groups) // cols)
+    panel_h = min(2.6, 0.9 + 0.12 * len(layers))
+    fig = Figure(figsize=(min(12.0, 1.2 + 3.3 * cols), min(9.0, 0.8 + rows * panel_h)), layout="constrained")
+    grid = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
+    axes = list(grid.flat[: len(groups)])
+    for extra in grid.flat[len(groups):]:
+        extra.set_axis_off()
     x, y = _edges(steps), _edges(layers)
     mesh = None
-    for ax, g in zip(axes, groups):
+    for i, (ax, g) in enumerate(zip(axes, groups)):
         mesh = ax.pcolormesh(x, y, np.ma.masked_invalid(grids[g]), vmin=0.0, vmax=vmax, cmap="viridis")
-        ax.set_yticks(layers)
-        ax.set(ylabel="MoE layer", title=g)
-    axes[-1].set_xlabel("step")
-    fig.colorbar(mesh, ax=list(axes), label="flip rate", format=PercentFormatter(1.0))
+        ax.set_yticks(layers if len(layers) <= 8 else layers[:: -(-len(layers) // 8)])
+        ax.set_title(g, fontsize="small")
+        if i % cols == 0:
+            ax.set_ylabel("MoE layer")
+        if i >= len(groups) - cols:
+            ax.set_xlabel("step")
+    fig.colorbar(mesh, ax=axes, label="flip rate", format=PercentFormatter(1.0))
     fig.suptitle(f"Per-layer routing flip rate, {pair.replace('_', ' ')} (mean over seeds)")
     return fig
 
@@ -181,27 +233,27 @@ def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By 
     pos_of = _indexed_keys(df, f"route/{pair}/flip_rate", "pos")
     if not pos_of:
         raise ValueError(f"no per-position keys route/{pair}/flip_rate/pos_<p> in the results")
-    labels = _run_labels(df, by)
-    colors = _colors(labels)
+    facets = _facets(df, by)
+    colors = _colors(pd.concat([lab for _, lab in facets]))
     sub = df.loc[df["key"].isin(pos_of), ["run", "key", "value"]]
     per_run = sub.groupby(["run", "key"], as_index=False)["value"].mean()
-    per_run = per_run.assign(pos=per_run["key"].map(pos_of), group=per_run["run"].map(labels))
-    stats = per_run.groupby(["group", "pos"])["value"].agg(["mean", "min", "max"]).reset_index()
-    starts = np.sort(stats["pos"].unique())
+    per_run = per_run.assign(pos=per_run["key"].map(pos_of))
+    starts = np.sort(per_run["pos"].unique())
     width = int(np.diff(starts).min()) if len(starts) > 1 else 4
 
-    fig = Figure(figsize=(7, 4), layout="constrained")
-    ax = fig.subplots()
-    for group, s in stats.groupby("group", sort=True):
-        ax.fill_between(s["pos"], s["min"], s["max"], color=colors[group], alpha=0.2, linewidth=0)
-        ax.plot(s["pos"], s["mean"], color=colors[group], marker="o", label=group)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set(
-        xlabel=f"response position (first token of a {width}-token bucket)",
-        ylabel="flip rate",
-        title=f"Routing flip rate by response position, {pair.replace('_', ' ')}\n(mean over steps; {BAND_NOTE})",
-    )
-    _legend(ax, by)
+    fig, axes = _grid(len(facets), panel=(7, 4) if len(facets) == 1 else (4.2, 3.2))
+    for ax, (facet, labels) in zip(axes[0], facets):
+        mine = per_run[per_run["run"].isin(labels.index)].assign(group=lambda f: f["run"].map(labels))
+        stats = mine.groupby(["group", "pos"])["value"].agg(["mean", "min", "max"]).reset_index()
+        for group, s in stats.groupby("group", sort=True):
+            ax.fill_between(s["pos"], s["min"], s["max"], color=colors[group], alpha=0.2, linewidth=0)
+            ax.plot(s["pos"], s["mean"], color=colors[group], marker="o", label=group)
+        ax.set_xticks(starts)  # one tick per bucket, labelled by its first position
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set(xlabel=f"response position (first token of a {width}-token bucket)", ylabel="flip rate",
+               title=_titled(f"Routing flip rate by response position, {pair.replace('_', ' ')}\n"
+                             f"(mean over steps; {BAND_NOTE})" if len(facets) == 1 else "", facet))
+        _legend(ax, _by_list(by)[:1] if facet else by)
     return fig
 
 
@@ -209,19 +261,26 @@ def plot_ratio_variance(df: pd.DataFrame, *, by: By = "arm") -> Figure:
     """Token-ratio and GSPO sequence-ratio variance vs step (log y), one line per group."""
     keys = {"ratio/token_var": "token ratio variance", "ratio/seq_var": "sequence ratio variance"}
     _need(df, list(keys))
-    labels = _run_labels(df, by)
-    colors = _colors(labels)
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    axes = fig.subplots(1, 2)
-    for ax, (key, name) in zip(axes, keys.items()):
-        curves = _curves(df, key, labels)
-        if curves.empty:
-            _no_data(ax, key)
-        else:
-            _draw_curves(ax, curves, colors)
-            ax.set_yscale("log")
-        ax.set(xlabel="step", ylabel=f"{name} (before clipping)", title=name)
-        _legend(ax, by)
+    facets = _facets(df, by)
+    colors = _colors(pd.concat([lab for _, lab in facets]))
+    if len(facets) == 1:  # one row: token and sequence variance side by side
+        fig = Figure(figsize=(11, 4), layout="constrained")
+        axes = np.asarray(fig.subplots(1, 2), dtype=object).reshape(2, 1)
+    else:  # a row per statistic, a column per sweep value
+        fig, axes = _grid(len(facets), rows=2, panel=(3.6, 2.8))
+    for col, (facet, labels) in enumerate(facets):
+        for row, (key, name) in enumerate(keys.items()):
+            ax = axes[row, col]
+            curves = _curves(df, key, labels)
+            if curves.empty:
+                _no_data(ax, key)
+            else:
+                _draw_curves(ax, curves, colors)
+                if (curves["max"] > 0).any():  # N = 1: the ratio is exactly 1, the variance 0
+                    ax.set_yscale("log")
+            ax.set(xlabel="step", ylabel=f"{name} (before clipping)" if col == 0 or len(facets) == 1 else "",
+                   title=_titled(name, facet))
+            _legend(ax, _by_list(by)[:1] if facet else by)
     fig.suptitle(f"Importance-ratio variance ({BAND_NOTE})")
     return fig
 
@@ -241,30 +300,134 @@ def plot_reward_accuracy(df: pd.DataFrame, events: pd.DataFrame | None = None, *
     """
     keys = {"reward/mean": "mean reward", "task/accuracy": "eval accuracy"}
     _need(df, list(keys))
-    labels = _run_labels(df, by)
-    colors = _colors(labels)
-    points = _collapse_points(df, events)
-    points = points[points["run"].isin(labels.index)]
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    axes = fig.subplots(1, 2)
-    for ax, (key, name) in zip(axes, keys.items()):
-        curves = _curves(df, key, labels)
-        if curves.empty:
-            _no_data(ax, key)
-        else:
-            _draw_curves(ax, curves, colors, marker="o" if key == "task/accuracy" else None)
-        xs, ys, cs = [], [], []
-        sub = df.loc[df["key"] == key, ["run", "step", "value"]].dropna()
-        for run, step in points.itertuples(index=False):
-            own = sub[sub["run"] == run].groupby("step")["value"].mean()
-            if own.empty:
-                continue
-            xs.append(step)
-            ys.append(float(np.interp(step, own.index.to_numpy(dtype=float), own.to_numpy())))
-            cs.append(colors[labels[run]])
-        if xs:
-            ax.scatter(xs, ys, c=cs, marker="x", s=70, linewidths=2, zorder=5, label="collapse")
-        ax.set(xlabel="step", ylabel=name, title=name)
-        _legend(ax, by)
+    facets = _facets(df, by)
+    colors = _colors(pd.concat([lab for _, lab in facets]))
+    if len(facets) == 1:
+        fig = Figure(figsize=(11, 4), layout="constrained")
+        axes = np.asarray(fig.subplots(1, 2), dtype=object).reshape(2, 1)
+    else:
+        fig, axes = _grid(len(facets), rows=2, panel=(3.6, 2.8))
+    for col, (facet, labels) in enumerate(facets):
+        points = _collapse_points(df, events)
+        points = points[points["run"].isin(labels.index)]
+        for row, (key, name) in enumerate(keys.items()):
+            _reward_panel(axes[row, col], df, key, _titled(name, facet), labels, colors, points,
+                          _by_list(by)[:1] if facet else by)
     fig.suptitle(f"Reward and accuracy ({BAND_NOTE}; x = collapse event)")
+    return fig
+
+
+def _reward_panel(ax: Axes, df: pd.DataFrame, key: str, name: str, labels: pd.Series, colors: dict,
+                  points: pd.DataFrame, by: By) -> None:
+    """One panel of plot_reward_accuracy: curves per group and x at each run's collapse step."""
+    curves = _curves(df, key, labels)
+    if curves.empty:
+        _no_data(ax, key)
+    else:
+        _draw_curves(ax, curves, colors, marker="o" if key == "task/accuracy" else None)
+    xs, ys, cs = [], [], []
+    sub = df.loc[df["key"] == key, ["run", "step", "value"]].dropna()
+    for run, step in points.itertuples(index=False):
+        own = sub[sub["run"] == run].groupby("step")["value"].mean()
+        if own.empty:
+            continue
+        xs.append(step)
+        ys.append(float(np.interp(step, own.index.to_numpy(dtype=float), own.to_numpy())))
+        cs.append(colors[labels[run]])
+    if xs:
+        ax.scatter(xs, ys, c=cs, marker="x", s=70, linewidths=2, zorder=5, label="collapse")
+    ax.set(xlabel="step", ylabel=name.split("\n")[0], title=name)
+    _legend(ax, by)
+
+
+def _cell_grid(frame: pd.DataFrame, value: str, axes: Sequence[str]) -> tuple[np.ndarray, list, list]:
+    """(values as an array [len(y), len(x)], x labels, y labels) of a per-cell column; x = axes[0], y = axes[1]."""
+    x_name, y_name = axes
+    xs, ys = sorted(frame[x_name].unique()), sorted(frame[y_name].unique())
+    grid = frame.pivot_table(index=y_name, columns=x_name, values=value, aggfunc="first")
+    return grid.reindex(index=ys, columns=xs).to_numpy(dtype=float), xs, ys
+
+
+def _cell_axes(ax: Axes, xs: list, ys: list, axes: Sequence[str]) -> None:
+    ax.set_xticks(range(len(xs)), [f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v) for v in ys])
+    ax.set(xlabel=axes[0], ylabel=axes[1])
+
+
+def plot_phase_map(table: pd.DataFrame, *, axes: Sequence[str] = ("lr", "N"), arm_col: str = "arm",
+                   title: str = "") -> Figure:
+    """Collapse probability per (lr, N) cell, one heatmap per arm, each cell annotated "k/n" (`phase_table`)."""
+    if table.empty:
+        raise ValueError("empty phase table")
+    arms = sorted(table[arm_col].unique())
+    fig, grid = _grid(len(arms), panel=(3.6, 3.0))
+    mesh = None
+    for ax, arm in zip(grid[0], arms):
+        sub = table[table[arm_col] == arm]
+        values, xs, ys = _cell_grid(sub, "p_collapse", axes)
+        k, _, _ = _cell_grid(sub, "k", axes)
+        n, _, _ = _cell_grid(sub, "n", axes)
+        mesh = ax.imshow(np.ma.masked_invalid(values), origin="lower", vmin=0, vmax=1, cmap="magma_r", aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                ax.text(j, i, f"{int(k[i, j])}/{int(n[i, j])}", ha="center", va="center",
+                        color="white" if v > 0.55 else "black", fontsize="small")
+        _cell_axes(ax, xs, ys, axes)
+        ax.set_title(arm)
+    fig.colorbar(mesh, ax=list(grid.flat), label="P(collapse)")
+    fig.suptitle(title or "Collapse probability per cell (k/n runs collapsed)")
+    return fig
+
+
+def plot_phase_difference(tests: pd.DataFrame, *, axes: Sequence[str] = ("lr", "N"), title: str = "") -> Figure:
+    """Reference-arm minus arm collapse probability per cell (`phase_tests`), one panel per arm;
+    * marks cells significant after Holm, · cells that cannot be tested (all runs alike)."""
+    if tests.empty:
+        raise ValueError("no phase tests (is the reference arm in the results?)")
+    ref = tests.attrs.get("reference", "reference")
+    arms = sorted(tests["arm"].unique())
+    fig, grid = _grid(len(arms), panel=(3.6, 3.0))
+    mesh = None
+    for ax, arm in zip(grid[0], arms):
+        sub = tests[tests["arm"] == arm]
+        diff, xs, ys = _cell_grid(sub, "diff", axes)
+        sig, _, _ = _cell_grid(sub.assign(sig=sub["significant"].astype(float)), "sig", axes)
+        p, _, _ = _cell_grid(sub, "p_value", axes)
+        mesh = ax.imshow(np.ma.masked_invalid(diff), origin="lower", vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+        for (i, j), v in np.ndenumerate(diff):
+            if np.isfinite(v):
+                mark = " *" if sig[i, j] == 1 else (" ·" if np.isnan(p[i, j]) else "")
+                ax.text(j, i, f"{v:+.2f}{mark}", ha="center", va="center", fontsize="small",
+                        color="white" if abs(v) > 0.6 else "black")
+        _cell_axes(ax, xs, ys, axes)
+        ax.set_title(f"{ref} − {arm}")
+    fig.colorbar(mesh, ax=list(grid.flat), label="difference in P(collapse)")
+    method = tests.attrs.get("method", "exact")
+    fig.suptitle(title or f"Collapse probability difference (* Holm-significant, {method} test; · untestable)")
+    return fig
+
+
+def plot_metric_vs_axis(values: pd.DataFrame, metrics: dict[str, str], axis: str, *, by: str = "arm",
+                        logx: bool = False) -> Figure:
+    """Per-run summary metrics against a sweep axis: mean over seeds with a 95% bootstrap interval,
+    one line per `by` value, one panel per metric. `values`: one row per run with `axis`, `by` and
+    the metric columns; `metrics` maps a column to its axis label."""
+    from moe_rl.analysis.stats import bootstrap_mean_ci
+
+    groups = sorted(values[by].astype(str).unique())
+    colors = {g: colormaps["tab10"](i % 10) for i, g in enumerate(groups)}
+    fig, grid = _grid(len(metrics), panel=(4.2, 3.2))
+    for ax, (col, label) in zip(grid[0], metrics.items()):
+        for g, sub in values.assign(**{by: values[by].astype(str)}).groupby(by, sort=True):
+            pts = [(x, *bootstrap_mean_ci(s[col], n_resamples=1999)) for x, s in sub.groupby(axis, sort=True)]
+            if not pts:
+                continue
+            x, m, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
+            ax.errorbar(x, m, yerr=[np.nan_to_num(m - lo), np.nan_to_num(hi - m)], marker="o", capsize=3,
+                        color=colors[g], label=g)
+        if logx:
+            ax.set_xscale("log")
+        ax.set(xlabel=axis, ylabel=label, title=label)
+        _legend(ax, by)
+    fig.suptitle(f"Per-run means against {axis} (mean over seeds, 95% bootstrap interval)")
     return fig

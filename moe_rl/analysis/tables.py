@@ -28,6 +28,8 @@ SUMMARY_METRICS = {
     "clipfrac_high": "ratio/clipfrac_high",
 }
 ACCURACY_KEY = "task/accuracy"
+OFFPOLICY_SUFFIX = "/offpolicy"
+VARIANTS = ("auto", "all", "offpolicy")
 
 
 def t_quantile_975(dof: int) -> float:
@@ -69,6 +71,52 @@ def per_run_mean(df: pd.DataFrame, key: str, *, last_frac: float = 1.0) -> pd.Se
     return sub.groupby("run")["value"].mean()
 
 
+def grouping(df: pd.DataFrame, by: Sequence[str] | str, pool: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """(group columns, keys added to `by`, keys pooled) for a table that must not average unlike runs.
+
+    Every run key that still varies inside a group of `by` is added, in column order, unless it is
+    in `pool`; keys fixed by the ones already there (algo and replay under arm) add nothing. The
+    pooled keys are `pool` (those that vary) and seed.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    table = runs(df)
+    unknown = [c for c in [*by, *pool] if c not in table.columns]
+    if unknown:
+        raise KeyError(f"unknown run key(s) {unknown}; run keys are {run_key_columns(df)}")
+    cols, added = list(by), []
+    for c in run_key_columns(df):
+        if c in cols or c in pool or c in ("run", "seed"):
+            continue
+        if table.groupby(cols, dropna=False)[c].nunique(dropna=False).gt(1).any():
+            cols.append(c)
+            added.append(c)
+    pooled = [c for c in pool if table.groupby(cols, dropna=False)[c].nunique(dropna=False).gt(1).any()]
+    return cols, added, [*pooled, "seed"]
+
+
+def variant_per_run(df: pd.DataFrame, key: str, variant: str = "auto", *, last_frac: float = 1.0) -> pd.Series:
+    """Per-run mean of `key` or of its off-policy companion `key/offpolicy` (updates 2..N only).
+
+    "all": every update; "offpolicy": updates 2..N (NaN where a run did not log them); "auto": the
+    off-policy value for runs with N > 1 that logged it, else every update. Update 1 of a step runs
+    on the old policy's weights, so its flips and ratio spread are zero and dilute the step mean.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not valid; valid: {list(VARIANTS)}")
+    every = per_run_mean(df, key, last_frac=last_frac)
+    off = per_run_mean(df, key + OFFPOLICY_SUFFIX, last_frac=last_frac)
+    if variant == "all" or off.empty:  # a key without an off-policy companion (e.g. clip fractions)
+        return every
+    if variant == "offpolicy":
+        return off.reindex(every.index.union(off.index))
+    out = every.copy()
+    n = runs(df).set_index("run")["N"] if "N" in df.columns else None
+    use = off.index if n is None else off.index[n.reindex(off.index).fillna(2).to_numpy() > 1]
+    out = out.reindex(out.index.union(use))
+    out.loc[use] = off.loc[use]
+    return out
+
+
 def _accuracy_per_run(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """(final, first) task accuracy per run: the last and the first (step 0) evaluation."""
     sub = df.loc[df["key"] == ACCURACY_KEY, ["run", "step", "value"]].dropna().sort_values("step")
@@ -76,14 +124,17 @@ def _accuracy_per_run(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return g.last(), g.first()
 
 
-def summarize(df: pd.DataFrame, *, by: Sequence[str] | str = ("arm",), last_frac: float = 1.0) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, *, by: Sequence[str] | str = ("arm",), last_frac: float = 1.0,
+              variant: str = "all", pool: Sequence[str] = ()) -> pd.DataFrame:
     """One row per `by` combination, aggregated across seeds (one value per run, then mean ± 95% CI).
 
-    Per-run values: mean over steps (the last `last_frac` of them) of each SUMMARY_METRICS key;
+    Per-run values: mean over steps (the last `last_frac` of them) of each SUMMARY_METRICS key (or
+    its off-policy companion, see `variant_per_run`);
     `final_accuracy` = last task/accuracy; `accuracy_gain` = last minus the first (step 0)
     evaluation. Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
     run). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
-    collapsed/diverged); `first_collapse_step` is the earliest over the group's runs.
+    collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
+    mixes runs differing in a key outside `by` and `pool` is averaged with a warning (see `grouping`).
     """
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by if c not in df.columns]
@@ -91,13 +142,13 @@ def summarize(df: pd.DataFrame, *, by: Sequence[str] | str = ("arm",), last_frac
         raise KeyError(f"summarize(by=...): unknown column(s) {missing}; run keys are {run_key_columns(df)}")
     table = runs(df).set_index("run", drop=False).rename_axis(None)
     for name, key in SUMMARY_METRICS.items():
-        table[name] = per_run_mean(df, key, last_frac=last_frac)
+        table[name] = variant_per_run(df, key, variant, last_frac=last_frac)
     final, first = _accuracy_per_run(df)
     table["final_accuracy"] = final
     table["accuracy_gain"] = final - first
     table["is_collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
 
-    others = [c for c in run_key_columns(df) if c not in {*by, "run", "seed"}]
+    others = [c for c in run_key_columns(df) if c not in {*by, *pool, "run", "seed"}]
     mixed: set[str] = set()
     rows = []
     for values, g in table.groupby(by, sort=True, dropna=False):

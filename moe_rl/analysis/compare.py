@@ -1,0 +1,101 @@
+"""Arms against a reference arm, within each stratum of the other grouping keys (DESIGN §7).
+
+Collapse counts: k of n with Wilson intervals and Boschloo's exact test. Continuous outcomes
+(final accuracy, reward AUC): paired by seed (and any pooled key) — arms of a seed share the cold
+start and the prompts — with a bootstrap interval of the mean difference, a sign-flip p-value and
+the probability of improvement. Holm over each column's tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.analysis.stats import collapse_test, holm, paired_compare, wilson_interval
+
+CONTINUOUS = ("final_accuracy", "reward_auc")
+
+
+def default_reference(values: Sequence[str]) -> str:
+    """grpo+r2 (the replay baseline of the papers) when present, else the first value."""
+    values = sorted(map(str, values))
+    return "grpo+r2" if "grpo+r2" in values else values[0]
+
+
+def arm_tests(outcomes: pd.DataFrame, *, groups: Sequence[str], compare: str = "arm", reference: str | None = None,
+              collapse_cols: Sequence[str] = ("collapsed_in_loop",), pair_on: Sequence[str] = ("seed",),
+              seed: int = 0) -> pd.DataFrame:
+    """One row per group (`groups`, which include `compare`): collapse k, n, Wilson interval and p vs the
+    reference group of the same stratum for each of `collapse_cols`; for CONTINUOUS outcomes the
+    paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`). `*_holm` columns
+    hold Holm-adjusted p over the table's rows. The reference row has NaN tests.
+    """
+    groups = list(groups)
+    strata = [g for g in groups if g != compare]
+    reference = reference or default_reference(outcomes[compare].unique())
+    rows = []
+    for key, g in outcomes.groupby(groups, sort=True, dropna=False):
+        values = dict(zip(groups, key if isinstance(key, tuple) else (key,)))
+        row: dict = {**values, "n": len(g), "is_reference": values[compare] == reference}
+        ref = outcomes[outcomes[compare] == reference]
+        for c in strata:
+            ref = ref[ref[c] == values[c]]
+        for col in collapse_cols:
+            k = int(g[col].sum())
+            row[f"{col}_k"], row[f"{col}_n"] = k, len(g)
+            row[f"{col}_lo"], row[f"{col}_hi"] = wilson_interval(k, len(g))
+            k0, n0 = int(ref[col].sum()), len(ref)
+            row[f"{col}_p"] = (collapse_test(k, len(g), k0, n0) if not row["is_reference"] and n0 and
+                               0 < k + k0 < len(g) + n0 else math.nan)
+        for name in CONTINUOUS:
+            res = {"mean_diff": math.nan, "lo": math.nan, "hi": math.nan, "p_value": math.nan,
+                   "prob_improvement": math.nan, "n": 0}
+            if not row["is_reference"] and len(ref) and name in g:
+                on = [c for c in pair_on if c in g]
+                joined = g[[*on, name]].merge(ref[[*on, name]], on=on, suffixes=("", "_ref"))
+                if len(joined) and not joined.duplicated(on).any():
+                    res = paired_compare(joined[name], joined[f"{name}_ref"], seed=seed)
+            row.update({f"{name}_diff": res["mean_diff"], f"{name}_lo": res["lo"], f"{name}_hi": res["hi"],
+                        f"{name}_p": res["p_value"], f"{name}_poi": res["prob_improvement"],
+                        f"{name}_pairs": res["n"]})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for col in [c for c in table.columns if c.endswith("_p")]:
+        table[f"{col}_holm"] = holm(table[col].to_numpy())
+    table.attrs.update(reference=reference, compare=compare)
+    return table
+
+
+def _p(p: float, p_holm: float) -> str:
+    return "—" if not np.isfinite(p) else f"{p:.3g} ({p_holm:.3g})"
+
+
+def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
+                              collapse_cols: dict[str, str] | None = None) -> str:
+    """Markdown of `arm_tests`; `collapse_cols` maps a collapse column to its header name."""
+    collapse_cols = collapse_cols or {"collapsed_in_loop": "collapsed (in loop)"}
+    head = [*groups]
+    for name in collapse_cols.values():
+        head += [f"{name} [95% Wilson]", "p vs ref (Holm)"]
+    head += ["Δ final acc (pp) [95% boot]", "p (Holm)", "P(better)", "Δ reward AUC [95% boot]", "p (Holm)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + ":---|" * len(groups) + "---:|" * (len(head) - len(groups))]
+    for _, r in table.iterrows():
+        cells = [str(r[g]).replace("|", "\\|") for g in groups]
+        for col in collapse_cols:
+            cells.append(f"{int(r[f'{col}_k'])} of {int(r[f'{col}_n'])} [{r[f'{col}_lo']:.2f}, {r[f'{col}_hi']:.2f}]")
+            cells.append("ref" if r["is_reference"] else _p(r[f"{col}_p"], r[f"{col}_p_holm"]))
+        if r["is_reference"]:
+            cells += ["ref", "—", "—", "ref", "—"]
+        else:
+            a, auc = "final_accuracy", "reward_auc"
+            fmt = lambda x, s=".1f", k=100: "—" if not np.isfinite(x) else f"{k * x:+{s}}"  # noqa: E731
+            cells += [f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
+                      _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
+                      "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",
+                      f"{fmt(r[f'{auc}_diff'], '.3f', 1)} [{fmt(r[f'{auc}_lo'], '.3f', 1)}, {fmt(r[f'{auc}_hi'], '.3f', 1)}]",
+                      _p(r[f"{auc}_p"], r[f"{auc}_p_holm"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
