@@ -93,6 +93,15 @@ def test_fit_rules_at_their_edges(tmp_path: Path) -> None:
         assert C.claim_expert_drift(tmp_path).verdict == verdict, (ci, r2)
 
 
+def test_reward_auc_by_hand() -> None:
+    from moe_rl.analysis.phase import reward_auc
+
+    # trapezoid over steps 0, 1, 3 of 0, 1, 1 = 0.5 + 2 = 2.5, over a span of 3
+    assert reward_auc(np.array([0, 1, 3]), np.array([0.0, 1.0, 1.0])) == pytest.approx(2.5 / 3)
+    assert reward_auc(np.array([3, 0, 1]), np.array([1.0, 0.0, 1.0])) == pytest.approx(2.5 / 3)  # unsorted input
+    assert reward_auc(np.array([5]), np.array([0.4])) == 0.4
+
+
 def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     root = _world(tmp_path / "results", "reproduced")
     proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], capture_output=True,
@@ -160,3 +169,25 @@ def test_collapse_definitions_markdown(grid) -> None:
     text = collapse_definitions_markdown({"fake": grid})
     assert "| grpo+none | 32 | 14 of 32 | 14 of 32 | 14 of 32 |" in text
     assert "reward_below_start" in text or "accuracy_below_start" in text
+
+
+@pytest.mark.slow
+def test_report_all_writes_every_page(tmp_path: Path) -> None:
+    from fake_results import make_fake_results
+
+    from moe_rl.report import main
+
+    root = tmp_path / "results"
+    make_fake_grid(root, Ns=(1, 4), lrs=(1e-4, 1e-3), seeds=(0, 1, 2), steps=25,
+                   n_collapse=lambda a, lr, N, L: 3 if a == "grpo+none" and N > 1 and lr > 5e-4 else 0)
+    make_fake_results(root / "stress", experiment="runs", seeds=(0, 1), steps=12)
+    assert main(["--all", str(root)]) == 0
+    for name in ("phase/summary.md", "phase/phase_map.png", "phase/phase_difference.png", "phase/phase_map.csv",
+                 "phase/phase_map_absolute.png", "stress/summary.md", "collapse_definitions.md", "CLAIMS.md"):
+        assert (root / name).is_file(), name
+    text = (root / "phase" / "summary.md").read_text()
+    assert "## Phase map" in text and "Does anything depend on the definition?" in text
+    assert "| 0.001 | 4 | grpo+none | 3 | 3 of 3 |" in text
+    assert "grpo+none" in (root / "collapse_definitions.md").read_text()
+    claims = (root / "CLAIMS.md").read_text()
+    assert "no data" in claims  # no drift_scaling / phase_mismatch folders here

@@ -30,7 +30,8 @@ def reward_auc(steps: np.ndarray, values: np.ndarray) -> float:
         return math.nan
     if len(s) == 1 or s[-1] == s[0]:
         return float(v.mean())
-    return float(np.trapezoid(v, s) / (s[-1] - s[0]))
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    return float(trapezoid(v, s) / (s[-1] - s[0]))
 
 
 def run_outcomes(df: pd.DataFrame, definitions: dict | None = None) -> pd.DataFrame:
