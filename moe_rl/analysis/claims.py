@@ -526,13 +526,13 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
         f"whenever the data are missing. Collapse uses the `{MAIN_DEFINITION}` definition (see "
         f"results/collapse_definitions.md); each collapse verdict is recomputed under `{ALTERNATIVE_DEFINITION}`.",
         "",
-        "| # | claim | experiment and cells | statistic [95% interval] | test | p | verdict |",
-        "|---:|:---|:---|:---|:---|---:|:---|",
+        "| # | claim | experiment and cells | statistic [95% interval] | test | p | verdict | why |",
+        "|---:|:---|:---|:---|:---|---:|:---|:---|",
     ]
     esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
     for c in claims:
         lines.append(f"| {c.id} | {esc(c.claim)} ({esc(c.source)}) | {esc(c.experiment)}: {esc(c.cells) or '—'} | "
-                     f"{esc(c.statistic) or '—'} | {esc(c.test) or '—'} | {_p(c.p_value)} | **{c.verdict}** |")
+                     f"{esc(c.statistic) or '—'} | {esc(c.test) or '—'} | {_p(c.p_value)} | **{c.verdict}** | {esc(c.reason)} |")
     lines += ["", "## Rules and reasons", ""]
     for c in claims:
         lines += [f"### {c.id}. {c.claim}", "", f"- rule: {c.rule}", f"- verdict: **{c.verdict}** ({c.reason})"]
