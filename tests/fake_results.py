@@ -206,8 +206,8 @@ def make_fake_grid(
     and accuracy from 0.4 to 0.05 at a step in the middle third, which every collapse definition
     flags; status.json holds the in-loop (absolute) events. `flip` sets the off-policy flip rate
     (per-layer values rise with depth around it), `final_acc` the last evaluation of a run that
-    does not collapse. `shift_lag`: `route/old_vs_new/shift/mean` leads the clip fraction by that
-    many steps (negative: lags it); None: unrelated.
+    does not collapse. `shift_lag`: the router shift (1 - `route/old_vs_new/shift/mean`) leads the
+    clip fraction by that many steps (negative: lags it); None: unrelated.
     """
     from moe_rl.metrics import detect_collapse
 
@@ -223,7 +223,7 @@ def make_fake_grid(
             f = flip(arm, lr, N, L, seed)
             acc_end = final_acc(arm, lr, N, L, seed)
             x = rng.normal(0.0, 1.0, steps + 20)
-            shift = 0.05 + 0.01 * x
+            shift = 0.95 - 0.01 * x  # router-shift ratio gamma: lower = the router moved more
             if shift_lag is None:
                 clip = 0.02 + 0.005 * rng.normal(0.0, 1.0, steps + 20)
             else:

@@ -33,7 +33,9 @@ COLLAPSE_MARGIN = 0.10  # collapse probability difference too small to matter
 ACCURACY_MARGIN = 0.05
 DRIFT_MARGIN = 0.10  # relative to the shallow model's drift
 PAPER_BAND = (0.05, 0.20)  # "~10% of activated experts change per update" (GSPO paper)
-SHIFT_KEY = "route/old_vs_new/shift/mean"
+SHIFT_KEY = "route/old_vs_new/shift/mean"  # gamma in (0, 1]: 1 = the router did not move (moe_rl.routing.router_shift)
+SHIFT_KEYS = (SHIFT_KEY + "/offpolicy", SHIFT_KEY)  # the off-policy mean (updates 2..N) where logged
+SHIFT_AMOUNT = "router shift 1 - gamma"
 CLIP_KEYS = ("ratio/clipfrac_low", "ratio/clipfrac_high")
 MAX_LAG = 5
 N_BOOT = 4999
@@ -428,7 +430,8 @@ def lead_contrast(per_run: pd.DataFrame, *, seed: int = 0, n_boot: int = N_BOOT)
 
 def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phase_mismatch", "drift_scaling")) -> Claim:
     c = Claim(6, "Router shift leads clip bursts and collapse", "RSPO, arXiv 2510.23027",
-              f"per run, Pearson correlation of the step-to-step change in `{SHIFT_KEY}` at t with the change in "
+              f"per run, Pearson correlation of the step-to-step change in the router shift 1 - `{SHIFT_KEY}` "
+              "(its off-policy mean where logged; gamma = 1 when the router did not move) at t with the change in "
               f"clip fraction (low + high) at t + lag, lag -{MAX_LAG}..{MAX_LAG}, averaged over runs. reproduced if the "
               "pooled peak sits at a positive lag and the lead contrast (highest pooled r at a positive lag minus the "
               "highest at lag <= 0) has a 95% bootstrap interval over runs above 0; not reproduced if that interval "
@@ -437,14 +440,16 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
               experiment="runs that log the shift metric")
     frames = []
     for exp in experiments:
-        df = _load(root, exp, [SHIFT_KEY, *CLIP_KEYS, *HISTORY_KEYS])
-        if df is not None and SHIFT_KEY in set(df["key"]):
-            frames.append(df)
+        df = _load(root, exp, [*SHIFT_KEYS, *CLIP_KEYS, *HISTORY_KEYS])
+        present = [k for k in SHIFT_KEYS if df is not None and k in set(df["key"])]
+        if present:  # one series per run: the amount of shift 1 - gamma, so more shift is larger
+            amount = df[df["key"] == present[0]].assign(key=SHIFT_AMOUNT, value=lambda f: 1.0 - f["value"])
+            frames.append(pd.concat([df[~df["key"].isin(SHIFT_KEYS)], amount], ignore_index=True))
     if not frames:
         return c
     df = pd.concat(frames, ignore_index=True)
     c.experiment = ", ".join(sorted(df["experiment"].astype(str).unique())) if "experiment" in df else c.experiment
-    per_run = pooled_xcorr(df, SHIFT_KEY, CLIP_KEYS)
+    per_run = pooled_xcorr(df, SHIFT_AMOUNT, CLIP_KEYS)
     res = lead_contrast(per_run) if len(per_run) else {"n_runs": 0}
     if res["n_runs"] < 3:
         c.reason = f"{res['n_runs']} run(s) with both series: need >= 3"
@@ -466,15 +471,15 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
 
 
 def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int = 30) -> str:
-    """Support text: mean shift in the `before` steps up to each collapse (main definition) minus its mean
-    in the `baseline` steps before those, with a bootstrap interval over events."""
+    """Support text: mean router shift (1 - gamma) in the `before` steps up to each collapse (main
+    definition) minus its mean in the `baseline` steps before those, with a bootstrap interval over events."""
     from moe_rl.analysis.collapse import collapse_events
 
     ev = collapse_events(df[df["key"].isin(HISTORY_KEYS)], {MAIN_DEFINITION: _main_kwargs()})
     ev = ev[ev["collapsed"]]
     if ev.empty:
         return "no collapse events under the main definition: shift before collapse not measured"
-    values = df.loc[df["key"] == SHIFT_KEY, ["run", "step", "value"]]
+    values = df.loc[df["key"] == SHIFT_AMOUNT, ["run", "step", "value"]]
     aligned = event_aligned(values, ev[["run", "step"]], before=before + baseline, after=0)
     near = aligned[aligned["offset"] >= -before].groupby("event")["value"].mean()
     far = aligned[aligned["offset"] < -before].groupby("event")["value"].mean()
@@ -482,7 +487,8 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
     if d.empty:
         return "collapse events too early to compare the shift before them with a baseline"
     mean, lo, hi = bootstrap_mean_ci(d.to_numpy(), n_resamples=N_BOOT)
-    return (f"shift in the {before} steps before {len(d)} collapse event(s) minus the {baseline} steps before those: "
+    return (f"router shift (1 - gamma) in the {before} steps before {len(d)} collapse event(s) minus the {baseline} "
+            "steps before those: "
             f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]")
 
 
