@@ -88,13 +88,13 @@ def _tests_section(tests: pd.DataFrame, groups: list[str], compare: str) -> list
     return [
         f"## Tests against {compare} = {ref}",
         "",
-        f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
+        (f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
         f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
         f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
         "(same cold start and prompts), mean difference with a 95% bootstrap (BCa) interval, p from a sign-flip "
         "permutation test, P(better) = share of seeds where the arm beats the reference. Holm-adjusted p in "
         "parentheses, over each column's tests. Reward AUC: area under the mean-reward curve divided by the steps "
-        "(a mean reward).",
+        "(a mean reward)."),
         "",
         analysis.format_arm_tests_markdown(
             tests, groups=groups, collapse_cols={"collapsed_in_loop": "collapsed (in loop)",
@@ -123,11 +123,11 @@ def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str
             figs[f"phase_difference{suffix}.png"] = analysis.plot_phase_difference(tests, axes=axes)
             sig[definition] = set(tests.loc[tests["significant"], [*axes, "arm"]].itertuples(index=False, name=None))
     lines[2:2] = [
-        f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
+        (f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
         "first collapse over the runs that collapsed, final accuracy and reward AUC with 95% bootstrap intervals "
         f"over seeds. p: Boschloo's exact test of {reference} against the arm in the same cell, Holm-adjusted over "
         "every testable cell and arm (a cell where all runs of both arms ended alike is untestable and left out); "
-        "* = significant at 0.05 after Holm.", ""]
+        "* = significant at 0.05 after Holm."), ""]
     if len(sig) == 2:
         a, b = sig[MAIN_DEFINITION], sig[ALTERNATIVE_DEFINITION]
         lines += ["### Does anything depend on the definition?", "",

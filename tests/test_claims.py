@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +103,7 @@ def test_reward_auc_by_hand() -> None:
 
 def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     root = _world(tmp_path / "results", "reproduced")
-    proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], check=False, capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = (root / "CLAIMS.md").read_text()

@@ -232,7 +232,9 @@ def test_collapse_config_hash_unchanged_by_new_defaults():
     cfg = TrainConfig()
     before = config_hash(cfg)
     # the hash of a default config as computed before the relative definition existed
-    import dataclasses, hashlib, json
+    import dataclasses
+    import hashlib
+    import json
 
     spec = {k: v for k, v in cfg.to_dict().items()
             if k not in ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads",

@@ -36,9 +36,9 @@ from moe_rl.analysis.tables import (
 
 __all__ = [
     "COLLAPSE_DEFINITIONS",
-    "Claim",
     "MAIN_DEFINITION",
     "SUMMARY_METRICS",
+    "Claim",
     "arm_tests",
     "collapse_definitions_markdown",
     "collapse_events",

@@ -91,7 +91,7 @@ def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
             cells += ["ref", "—", "—", "ref", "—"]
         else:
             a, auc = "final_accuracy", "reward_auc"
-            fmt = lambda x, s=".1f", k=100: "—" if not np.isfinite(x) else f"{k * x:+{s}}"  # noqa: E731
+            fmt = lambda x, s=".1f", k=100: "—" if not np.isfinite(x) else f"{k * x:+{s}}"
             cells += [f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
                       _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
                       "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",

@@ -109,7 +109,8 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None) -> 
         if clash:
             rel = run_dir.relative_to(root).as_posix()
             single = frame["run"].nunique() == 1
-            frame["run"] = frame["run"].map(lambda r: r if r not in clash else (rel if single else f"{rel}/{r}"))
+            names = {r: r if r not in clash else (rel if single else f"{rel}/{r}") for r in frame["run"].unique()}
+            frame["run"] = frame["run"].map(names)
         status = _read_status(run_dir)
         frame = frame.assign(
             step=frame["step"].astype("int64"),

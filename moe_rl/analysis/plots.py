@@ -243,7 +243,8 @@ def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By 
 
     fig, axes = _grid(len(facets), panel=(7, 4) if len(facets) == 1 else (4.2, 3.2))
     for ax, (facet, labels) in zip(axes[0], facets):
-        mine = per_run[per_run["run"].isin(labels.index)].assign(group=lambda f: f["run"].map(labels))
+        mine = per_run[per_run["run"].isin(labels.index)]
+        mine = mine.assign(group=mine["run"].map(labels))
         stats = mine.groupby(["group", "pos"])["value"].agg(["mean", "min", "max"]).reset_index()
         for group, s in stats.groupby("group", sort=True):
             ax.fill_between(s["pos"], s["min"], s["max"], color=colors[group], alpha=0.2, linewidth=0)

@@ -106,7 +106,7 @@ def cmh_exact(tables: Sequence[tuple[int, int, int, int]], *, alternative: str =
            "odds_ratio": (num / den) if den > 0 else (math.inf if num > 0 else math.nan)}
     if not used:
         return {**out, "p_value": math.nan}
-    x = int(round(observed)) - support_lo
+    x = round(observed) - support_lo
     if alternative == "greater":
         p = pmf[x:].sum()
     elif alternative == "less":
@@ -256,7 +256,7 @@ def lagged_xcorr(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarra
         r = math.nan
         if len(xs) >= 3 and np.ptp(xs) > 0 and np.ptp(ys) > 0:
             r = float(np.corrcoef(xs, ys)[0, 1])
-        rows.append({"lag": lag, "r": r, "n": int(len(xs))})
+        rows.append({"lag": lag, "r": r, "n": len(xs)})
     return pd.DataFrame(rows)
 
 
