@@ -4,7 +4,7 @@
                             [--variant auto|all|offpolicy] [--ref ARM]
     python -m moe_rl.report --claims [RESULTS_ROOT]                # RESULTS_ROOT/CLAIMS.md
     python -m moe_rl.report --collapse-definitions [RESULTS_ROOT]  # RESULTS_ROOT/collapse_definitions.md
-    python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs, then both pages
+    python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then both pages
 
 `--by` names the comparison (default arm); every other run key that varies is added to the
 grouping unless `--pool` names it, and summary.md says what was added and what was pooled. When
@@ -23,6 +23,7 @@ import matplotlib
 import pandas as pd
 
 from moe_rl import analysis
+from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM
@@ -243,9 +244,9 @@ def write_collapse_definitions(root: Path, out: Path | None = None,
     """RESULTS_ROOT/collapse_definitions.md: which runs each collapse definition flags, and why."""
     frames = {}
     for name in folders:
-        runs_dir = root / name / "runs"
-        if runs_dir.is_dir():
-            frames[f"{root.name}/{name}/runs"] = analysis.load_results(runs_dir)
+        runs_dir = runs_folder(root, name)
+        if runs_dir.is_dir() and any(runs_dir.rglob("metrics.parquet")):
+            frames[f"{root.name}/{runs_dir.relative_to(root).as_posix()}"] = analysis.load_results(runs_dir)
     if not frames:
         print(f"skipped collapse_definitions.md: none of {list(folders)} under {root}", file=sys.stderr)
         return None
@@ -280,9 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         root = args.results_dir or Path("results")
         written: list[Path | None] = []
         if args.all:
-            for runs_dir in sorted(p for p in root.glob("*/runs") if p.is_dir()):
+            folders = [runs_folder(root, p.name) for p in sorted(root.iterdir()) if p.is_dir()]
+            for runs_dir in [f for f in folders if any(f.rglob("metrics.parquet"))]:
                 try:
-                    written += write_report(runs_dir, runs_dir.parent, by=by, pool=pool, variant=args.variant,
+                    out = runs_dir.parent if runs_dir.name == "runs" else runs_dir
+                    written += write_report(runs_dir, out, by=by, pool=pool, variant=args.variant,
                                             reference=args.ref)
                 except (FileNotFoundError, KeyError) as err:
                     print(f"skipped {runs_dir}: {err}", file=sys.stderr)

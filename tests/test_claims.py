@@ -103,8 +103,8 @@ def test_reward_auc_by_hand() -> None:
 
 def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     root = _world(tmp_path / "results", "reproduced")
-    proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], check=False, capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], check=False,
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = (root / "CLAIMS.md").read_text()
     assert text.count("**reproduced**") >= 6 and "| # | claim |" in text and "rule:" in text

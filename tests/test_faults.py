@@ -175,3 +175,15 @@ def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
     (tmp_path / "run" / "status.json").unlink()  # as if killed: a checkpoint (step 2) remains
     with pytest.raises(ValueError, match="belongs to a run with another config"):
         Trainer(other).run()
+
+
+def test_relative_collapse_definition_in_the_loop(tmp_path, cache) -> None:
+    # thresholds that must fire: accuracy below 2x its step-0 value at one evaluation (step 1)
+    cfg = tiny(tmp_path / "rel", cache, steps=2, eval_every=1, **{
+        "collapse.definition": "relative", "collapse.accuracy_drop_frac": 2.0, "collapse.accuracy_patience": 1})
+    result = train(validate(cfg))
+    status = json.loads((tmp_path / "rel" / "status.json").read_text())
+    assert result["status"] == status["status"] == "collapsed"
+    assert [(e["step"], e["trigger"]) for e in status["collapse_events"]] == [(1, "accuracy_below_start")]
+    with pytest.raises(ValueError, match="collapse.definition"):
+        validate(tiny(tmp_path / "bad", cache, **{"collapse.definition": "nope"}))

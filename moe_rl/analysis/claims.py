@@ -66,8 +66,15 @@ class Claim:
     notes: list[str] = field(default_factory=list)
 
 
+def runs_folder(root: Path, experiment: str) -> Path:
+    """Where an experiment's runs live: root/experiment/runs (shipped layout), else root/experiment
+    (a Hydra sweep written straight into results_dir)."""
+    shipped = root / experiment / "runs"
+    return shipped if shipped.is_dir() else root / experiment
+
+
 def _load(root: Path, experiment: str, keys: list[str] | None) -> pd.DataFrame | None:
-    folder = root / experiment / "runs"
+    folder = runs_folder(root, experiment)
     if not folder.is_dir() or not any(folder.rglob("metrics.parquet")):
         return None
     try:
