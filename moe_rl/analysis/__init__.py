@@ -10,6 +10,7 @@ from moe_rl.analysis.collapse import (
     collapse_events,
 )
 from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
+from moe_rl.analysis.drift import drift_per_run, fit_drift, flip_vs_margin, plot_drift_scaling, plot_flip_vs_margin
 from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 from moe_rl.analysis.plots import (
@@ -37,6 +38,11 @@ from moe_rl.analysis.tables import (
 __all__ = [
     "COLLAPSE_DEFINITIONS",
     "MAIN_DEFINITION",
+    "drift_per_run",
+    "fit_drift",
+    "flip_vs_margin",
+    "plot_drift_scaling",
+    "plot_flip_vs_margin",
     "SUMMARY_METRICS",
     "Claim",
     "arm_tests",
