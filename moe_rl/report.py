@@ -6,6 +6,8 @@
     python -m moe_rl.report --collapse-definitions [RESULTS_ROOT]  # RESULTS_ROOT/collapse_definitions.md
     python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then both pages
 
+`--all` writes each folder's report next to its runs (drift_scaling through moe_rl.drift_report).
+
 `--by` names the comparison (default arm); every other run key that varies is added to the
 grouping unless `--pool` names it, and summary.md says what was added and what was pooled. When
 the runs vary in learning rate and N the report adds the phase map. Every file is written to a
@@ -15,6 +17,7 @@ temporary name and renamed into place, so a reader never sees a half-written rep
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +40,22 @@ FIGURES: dict[str, Callable[..., object]] = {
     "reward_accuracy.png": lambda df, by, events: analysis.plot_reward_accuracy(df, events=events, by=by),
 }
 PHASE_AXES = ("lr", "N")
+WALL_LINE = re.compile(r"^Wall time of the sweep on 2 cores: (.+)\.$", re.M)
+
+
+def _drift_report(runs_dir: Path, out: Path) -> list[Path]:
+    """The drift-scaling folder has its own report (moe_rl.drift_report); keep the wall time it quotes."""
+    from moe_rl import drift_report
+
+    old = out / "summary.md"
+    found = WALL_LINE.search(old.read_text()) if old.is_file() else None
+    drift_report.main([str(runs_dir), "--out", str(out), *(["--wall", found.group(1)] if found else [])])
+    return [out / n for n in ("summary.md", "fit.json", "points.csv", "drift_table.csv", "flip_vs_margin.csv",
+                              "drift_scaling.png", "flip_vs_margin.png")]
+
+
+# result folders with a report of their own: name -> writer(runs_dir, out)
+DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {"drift_scaling": _drift_report}
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {
     "auto": "Route flips and ratio variances of runs with N > 1 are their off-policy values (updates 2..N, "
@@ -285,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
             for runs_dir in [f for f in folders if any(f.rglob("metrics.parquet"))]:
                 try:
                     out = runs_dir.parent if runs_dir.name == "runs" else runs_dir
-                    written += write_report(runs_dir, out, by=by, pool=pool, variant=args.variant,
-                                            reference=args.ref)
+                    if out.name in DEDICATED_REPORTS:
+                        written += DEDICATED_REPORTS[out.name](runs_dir, out)
+                    else:
+                        written += write_report(runs_dir, out, by=by, pool=pool, variant=args.variant,
+                                                reference=args.ref)
                 except (FileNotFoundError, KeyError) as err:
                     print(f"skipped {runs_dir}: {err}", file=sys.stderr)
         if args.all or args.collapse_definitions:

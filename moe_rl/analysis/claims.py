@@ -336,6 +336,9 @@ def claim_depth(root: Path) -> Claim:
     c.test, c.p_value = "paired sign-flip, one-sided", r["p_value"]
     c.verdict, c.reason = _direction_verdict(r["p_value"], r_rev["p_value"], (r["lo"] / level, r["hi"] / level)
                                              if level > 0 else (math.nan, math.nan), DRIFT_MARGIN)
+    if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
+        c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
+                     f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
     # support: within the deepest runs, deeper half of the layers vs the shallower half
     layer_keys = {k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique()
                   if k.startswith("route/old_vs_new/flip_rate/layer_")}
@@ -476,7 +479,8 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
     if res["peak_lag"] > 0 and res["lo"] > 0:
         c.verdict, c.reason = REPRODUCED, "shift changes precede clip-fraction changes"
     elif res["hi"] < 0.05:
-        c.verdict, c.reason = NOT_REPRODUCED, "no lead of shift over the clip fraction"
+        c.verdict, c.reason = NOT_REPRODUCED, (f"no lead of shift over the clip fraction (pooled peak at lag "
+                                               f"{res['peak_lag']:+d})")
     else:
         c.verdict, c.reason = INCONCLUSIVE, f"peak at lag {res['peak_lag']:+d}, contrast interval includes small leads"
     c.notes.append("pooled r by lag: " + ", ".join(f"{int(k):+d}: {v:.2f}" for k, v in res["mean_r"].items()))
