@@ -177,7 +177,8 @@ def _direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], mar
     lo, hi = ci
     if np.isfinite(lo) and np.isfinite(hi) and -margin < lo and hi < margin:
         return NOT_REPRODUCED, f"effect interval [{lo:.3g}, {hi:.3g}] inside ±{margin:g}"
-    return INCONCLUSIVE, f"neither direction significant (p = {_p(p_pred)}) and the interval [{lo:.3g}, {hi:.3g}] is wider than ±{margin:g}"
+    return INCONCLUSIVE, (f"neither direction significant (p = {_p(p_pred)}, reverse {_p(p_opp)}) and the effect "
+                          f"interval [{lo:.3g}, {hi:.3g}] is not inside ±{margin:g}")
 
 
 def _phase_outcomes(root: Path, experiment: str) -> pd.DataFrame | None:
