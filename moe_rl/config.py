@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
-from moe_rl.metrics import DEFINITIONS as COLLAPSE_DEFINITIONS
+from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
 

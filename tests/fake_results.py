@@ -209,7 +209,7 @@ def make_fake_grid(
     does not collapse. `shift_lag`: the router shift (1 - `route/old_vs_new/shift/mean`) leads the
     clip fraction by that many steps (negative: lags it); None: unrelated.
     """
-    from moe_rl.metrics import detect_collapse
+    from moe_rl.collapse import detect_collapse
 
     root = Path(root)
     dirs = []

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.metrics import detect_collapse
+from moe_rl.collapse import detect_collapse
 
 HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy")
 MAIN_DEFINITION = "relative"

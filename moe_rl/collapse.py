@@ -1,0 +1,142 @@
+"""Collapse detection (DESIGN §3): pure Python over a run's (step, value) records, no torch, so
+analysis can recompute any definition without importing the training stack. Re-exported by
+`moe_rl.metrics`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CollapseEvent:
+    """The first step at which a collapse trigger fired."""
+
+    step: int
+    trigger: str
+    detail: str
+
+
+TRIGGERS = ("nonfinite", "reward_drop", "reward_below_start", "accuracy_below_start", "entropy_collapse")
+# definition -> the triggers it uses (nonfinite and entropy_collapse do not depend on a level, so both keep them)
+DEFINITIONS = {
+    "absolute": ("nonfinite", "reward_drop", "entropy_collapse"),
+    "relative": ("nonfinite", "reward_below_start", "accuracy_below_start", "entropy_collapse"),
+}
+
+
+def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:
+    """Mean of the last `window` values at each index; None until `window` values exist."""
+    out: list[float | None] = []
+    for j in range(len(values)):
+        out.append(math.fsum(values[j + 1 - window : j + 1]) / window if j + 1 >= window else None)
+    return out
+
+
+def detect_collapse(
+    history: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    definition: str = "absolute",
+    reward_window: int = 10,
+    reward_drop_frac: float = 0.5,
+    reward_floor: float = 0.2,
+    entropy_floor: float = 0.05,
+    entropy_window: int = 10,
+    baseline_window: int = 10,
+    accuracy_drop_frac: float = 0.5,
+    accuracy_patience: int = 2,
+) -> list[CollapseEvent]:
+    """Collapse events of a run, at most one per trigger (its first step), sorted by step.
+
+    `history` maps a metric key to its (step, value) records in step order; keys used are
+    `loss`, `optim/grad_norm`, `reward/mean`, `policy/entropy` and (relative) `task/accuracy`
+    (a missing key disables the triggers that need it). Windows count logged records, not raw
+    steps. `definition` picks the triggers (DEFINITIONS):
+      nonfinite         `loss` or `optim/grad_norm` is NaN or +-inf at a step.
+      reward_drop       (absolute) the rolling mean of `reward/mean` over the last `reward_window`
+                        records (defined once that many exist) is below `reward_drop_frac` times the
+                        best rolling mean seen at earlier records, and that best is above `reward_floor`.
+                        A run whose reward never passes the floor can never fire it.
+      reward_below_start (relative) the rolling reward is below `reward_drop_frac` times the run's
+                        early level: the mean of its first `baseline_window` reward records.
+      accuracy_below_start (relative) `task/accuracy` is below `accuracy_drop_frac` times its first
+                        record (the step-0 evaluation of the cold start) at `accuracy_patience`
+                        consecutive evaluations (one evaluation of 128 prompts has a standard error
+                        of ~4 pp); the event's step is the last of them, when a monitor would know.
+      entropy_collapse  `policy/entropy` is below `entropy_floor` while reward is falling: the
+                        rolling reward at the latest reward record at or before that step is below
+                        the rolling reward `entropy_window` records earlier.
+    The relative triggers measure each run against its own start, so an arm whose reward never
+    climbs (e.g. GSPO's clipped updates under stress) is judged like one that climbs and falls.
+    """
+    if definition not in DEFINITIONS:
+        raise ValueError(f"definition={definition!r} is not valid; valid: {sorted(DEFINITIONS)}")
+    for name, w in (("reward_window", reward_window), ("entropy_window", entropy_window),
+                    ("baseline_window", baseline_window), ("accuracy_patience", accuracy_patience)):
+        if w < 1:
+            raise ValueError(f"windows must be >= 1, got {name}={w}")
+    use = DEFINITIONS[definition]
+    first: dict[str, CollapseEvent] = {}
+
+    for key in ("loss", "optim/grad_norm"):
+        for step, value in history.get(key, ()):
+            if not math.isfinite(value):
+                if "nonfinite" not in first or step < first["nonfinite"].step:
+                    first["nonfinite"] = CollapseEvent(step, "nonfinite", f"{key}={value}")
+                break
+
+    reward = list(history.get("reward/mean", ()))
+    reward_steps = [s for s, _ in reward]
+    rolling = _rolling_means([v for _, v in reward], reward_window)
+
+    if "reward_drop" in use:
+        best = -math.inf
+        for (step, _), roll in zip(reward, rolling):
+            if roll is None:
+                continue
+            if best > reward_floor and roll < reward_drop_frac * best:
+                detail = f"rolling reward {roll:.4g} < {reward_drop_frac} * best {best:.4g} (window {reward_window})"
+                first["reward_drop"] = CollapseEvent(step, "reward_drop", detail)
+                break
+            best = max(best, roll)
+
+    if "reward_below_start" in use and len(reward) >= baseline_window:
+        start = math.fsum(v for _, v in reward[:baseline_window]) / baseline_window
+        for j, ((step, _), roll) in enumerate(zip(reward, rolling)):
+            if roll is not None and j >= baseline_window - 1 and roll < reward_drop_frac * start:
+                detail = (f"rolling reward {roll:.4g} < {reward_drop_frac} * start {start:.4g} "
+                          f"(window {reward_window}; start = first {baseline_window} records)")
+                first["reward_below_start"] = CollapseEvent(step, "reward_below_start", detail)
+                break
+
+    accuracy = list(history.get("task/accuracy", ()))
+    if "accuracy_below_start" in use and len(accuracy) > 1 and accuracy[0][1] > 0:
+        start_step, start = accuracy[0]
+        run = 0
+        for step, value in accuracy[1:]:
+            run = run + 1 if value < accuracy_drop_frac * start else 0
+            if run >= accuracy_patience:
+                detail = (f"accuracy {value:.4g} < {accuracy_drop_frac} * step-{start_step} accuracy {start:.4g} "
+                          f"at {accuracy_patience} consecutive evaluations")
+                first["accuracy_below_start"] = CollapseEvent(step, "accuracy_below_start", detail)
+                break
+
+    for step, entropy in history.get("policy/entropy", ()):
+        if not entropy < entropy_floor:
+            continue
+        j = bisect.bisect_right(reward_steps, step) - 1  # latest reward record at or before `step`
+        if j - entropy_window < 0:
+            continue
+        now, before = rolling[j], rolling[j - entropy_window]
+        if now is not None and before is not None and now < before:
+            detail = (
+                f"entropy {entropy:.4g} < {entropy_floor} while rolling reward {now:.4g} < {before:.4g}"
+                f" ({entropy_window} records earlier)"
+            )
+            first["entropy_collapse"] = CollapseEvent(step, "entropy_collapse", detail)
+            break
+
+    return sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger)))
