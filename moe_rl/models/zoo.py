@@ -31,7 +31,7 @@ _SHRINK: dict[str, int] = {
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "mamba_n_heads": 4, "mamba_d_head": 16,
     "mamba_head_dim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "n_groups": 1, "mamba_n_groups": 1,
     "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "mamba_chunk_size": 16, "chunk_size": 16,
-    "index_n_heads": 2, "index_head_dim": 16, "index_topk": 16, "global_attn_every_n_layers": 1,
+    "index_n_heads": 2, "zero_expert_num": 2, "index_head_dim": 16, "index_topk": 16, "global_attn_every_n_layers": 1,
 }
 _SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 # Default configs that transformers leaves unbuildable (a required per-layer list or feature size

@@ -1,7 +1,9 @@
 """Route recording, Routing Replay and route comparison (DESIGN §2-§3)."""
 
 from moe_rl.routing.compare import compare_routes, route_metrics, route_overlap
-from moe_rl.routing.hooks import MoeLayer, RoutedPass, RouteRecorder, RouteReplay, find_moe_layers, router_margins
+from moe_rl.routing.hooks import (
+    MoeLayer, RoutedPass, RouteRecorder, RouteReplay, UnsupportedRouterError, find_moe_layers, router_margins,
+)
 from moe_rl.routing.routes import Routes, index_dtype
 
 __all__ = [
@@ -10,6 +12,7 @@ __all__ = [
     "RouteRecorder",
     "RouteReplay",
     "Routes",
+    "UnsupportedRouterError",
     "compare_routes",
     "find_moe_layers",
     "index_dtype",

@@ -74,7 +74,7 @@ def router_weight(router: nn.Module) -> Tensor:
         return weight
     matrices = [p for p in router.parameters() if p.dim() == 2]
     num_experts = getattr(router, "num_experts", None)
-    if num_experts is not None:
+    if num_experts is not None and any(p.shape[0] == num_experts for p in matrices):
         matrices = [p for p in matrices if p.shape[0] == num_experts]
     if len(matrices) != 1:
         raise UnsupportedRouterError(
@@ -127,9 +127,12 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
         if megablocks:
             num_experts, top_k = module.args.moe_num_experts, module.args.moe_top_k
         else:
-            num_experts = getattr(module, "num_experts", None)
-            if num_experts is None:
+            # The router's output width, where its weight is found: it also counts ids that are no
+            # parameterised expert (LongCat-Flash's zero experts).
+            try:
                 num_experts = router_weight(module).shape[0]
+            except UnsupportedRouterError:
+                num_experts = getattr(module, "num_experts", None)
             top_k = getattr(module, "top_k", None)
         if match is None or num_experts is None or top_k is None:
             missing = [w for w, v in (("a layer index in its path", match), ("num_experts", num_experts),
@@ -138,8 +141,11 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
         layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(top_k), seq_major=megablocks))
     if not layers:
         declared_names = [c.__name__ for c in declared]
-        raise UnsupportedRouterError("", f"{type(model).__name__} has no MoE layer (no router module found: none "
-                                     f"of {declared_names or 'the modules named *Router'} is in the model)")
+        raise UnsupportedRouterError(
+            "/".join(declared_names) or "*Router",
+            f"{type(model).__name__} has no MoE layer (no module of the declared router class, nor one named "
+            "*Router, with a layer index, num_experts and top_k)",
+        )
     return layers
 
 
