@@ -170,7 +170,8 @@ class Routes:
         column. `length` pads to a fixed number of columns (default: the fewest that fit).
         """
         completions = _per_request(routed_experts, "routed_experts")
-        prompts = None if prompt_routed_experts is None else _per_request(prompt_routed_experts, "prompt_routed_experts")
+        prompts = (None if prompt_routed_experts is None
+                   else _per_request(prompt_routed_experts, "prompt_routed_experts"))
         if prompts is not None and len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompt_routed_experts for {len(completions)} routed_experts")
         shapes = {tuple(r.shape[1:]) for r in completions + (prompts or [])}

@@ -171,7 +171,8 @@ def render_markdown(results: list[FamilyResult]) -> str:
         "experts. `refused`: `UnsupportedRouterError` with the reason. `skipped`: not a text-only causal LM,",
         "or its tiny config does not build.",
         "",
-        f"**{len(results)} families: {counts['exact']} exact, {counts['refused']} refused, {counts['skipped']} skipped.**",
+        f"**{len(results)} families: {counts['exact']} exact, {counts['refused']} refused, "
+        f"{counts['skipped']} skipped.**",
         "",
         "| family | router | rule | status | reason |",
         "|---|---|---|---|---|",

@@ -72,7 +72,9 @@ def read_rows(path: str, *, split: str = "train") -> tuple[list[dict[str, Any]],
         try:
             data = datasets.load_dataset(FORMATS[suffix], data_files=str(file), split="train")
         except Exception as err:
-            raise ValueError(f"task.path={path!r}: cannot read it as {suffix[1:]}: {type(err).__name__}: {err}") from err
+            raise ValueError(
+                f"task.path={path!r}: cannot read it as {suffix[1:]}: {type(err).__name__}: {err}"
+            ) from err
         return data.to_list(), digest
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
         raise ValueError(
