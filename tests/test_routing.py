@@ -521,8 +521,6 @@ def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> Non
     assert torch.equal(used[0, :4], native.indices[0, :4])  # live router where the engine had no route
     assert torch.equal(used[0, 4:], forced.indices[0, 4:])
 
-        Routes.from_vllm([seq0], E=4)
-
 
 # --- router shift and flip-vs-margin (hand-built inputs) ----------------------------------------
 
