@@ -2,9 +2,10 @@
 
 `moe_families()` walks transformers' causal-LM auto mapping and keeps the model types whose
 (text) config counts experts; `tiny_config(model_type)` shrinks a family's default config to a
-few-thousand-parameter model (hidden 64, 2-3 layers, 8 experts, top-2, vocab 128) by rewriting
+small model (hidden 64, 2-3 layers, 8 experts, top-2, vocab 128; 0.1-15M parameters) by rewriting
 the keys that size it, so the family survey (`moe_rl.routing.survey`) can run every family on a
-CPU in seconds. Nothing here is a hand-kept list of families.
+CPU in seconds. Nothing here lists families by hand, except `_DEFAULT_FIXES` for the default
+configs transformers itself leaves unbuildable.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ def _text_config(config: PretrainedConfig) -> PretrainedConfig:
 
 
 def _counts_experts(config: PretrainedConfig) -> bool:
-    return any(isinstance(getattr(config, key, None), int) or isinstance(getattr(config, key, None), list)
-               for key in EXPERT_COUNT_KEYS) and any(hasattr(config, key) for key in (*TOP_K_KEYS, *EXPERT_COUNT_KEYS))
+    """An expert-count key set to a number (or a per-layer list). Dense families lack the keys or
+    leave them None; an MoE family may default to a single expert (HunYuan-MoE) and still routes."""
+    return any(isinstance(getattr(config, key, None), (int, list)) and not isinstance(getattr(config, key), bool)
+               for key in EXPERT_COUNT_KEYS)
 
 
 def moe_families() -> list[MoeFamily]:
@@ -72,13 +75,11 @@ def moe_families() -> list[MoeFamily]:
     for model_type, model_class in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         try:
             config = CONFIG_MAPPING[model_type]()
-        except Exception:  # a config without defaults is not buildable tiny either
+        except Exception:  # a config without usable defaults cannot be built tiny either
             continue
         text = _text_config(config)
-        if not _counts_experts(text) or all(getattr(text, k, None) in (None, 0, 1) for k in EXPERT_COUNT_KEYS):
-            if not (model_type == "hunyuan_v1_moe"):  # defaults to 1 expert, but is an MoE family
-                continue
-        families.append(MoeFamily(model_type, model_class, multimodal=text is not config))
+        if _counts_experts(text):
+            families.append(MoeFamily(model_type, model_class, multimodal=text is not config))
     return families
 
 
