@@ -158,6 +158,9 @@ def tiny_config(model_type: str, *, num_layers: int = TINY_LAYERS, num_experts: 
             updates[key] = [v if v < TINY_VOCAB else i for v in value]
     kwargs = {k: v for k, v in values.items() if k not in ("transformers_version", "model_type", "_name_or_path")}
     kwargs.update(updates)
+    for key in ("is_moe", "use_moe"):  # families whose default config is the dense variant (Doge)
+        if values.get(key) is False:
+            kwargs[key] = True
     if values.get("num_experts_per_tok", 0) is None:
         kwargs["num_experts_per_tok"] = top_k
     if values.get("mamba_d_head") and values.get("mamba_expand"):  # heads * head size = expand * hidden
