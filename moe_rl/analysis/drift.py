@@ -10,9 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-
-from moe_rl.routing.compare import MARGIN_EDGES
+from moe_rl.analysis.stats import wilson_interval
+from moe_rl.bins import MARGIN_EDGES
 
 DRIFT_KEYS = (
     "route/old_vs_new/expert_flip_frac/offpolicy",
@@ -110,20 +109,6 @@ def holdout_check(train: pd.DataFrame, held: pd.DataFrame, key: str) -> dict:
             "rmse_log": float(np.sqrt(ss_res / len(y))), "points": points}
 
 
-def wilson_interval(k: np.ndarray, n: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson score intervals for k successes of n, elementwise (scipy's binomtest)."""
-    lo, hi = [], []
-    for ki, ni in zip(np.asarray(k, int), np.asarray(n, int)):
-        if ni == 0:
-            lo.append(np.nan)
-            hi.append(np.nan)
-            continue
-        ci = stats.binomtest(int(ki), int(ni)).proportion_ci(confidence, method="wilson")
-        lo.append(ci.low)
-        hi.append(ci.high)
-    return np.array(lo), np.array(hi)
-
-
 def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[float] = MARGIN_EDGES) -> pd.DataFrame:
     """P(a (token, layer) top-k set flips at an off-policy update | the old router's margin bin).
 
@@ -141,7 +126,9 @@ def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[
     table["margin_lo"] = [edges[b] for b in table["bin"]]
     table["margin_hi"] = [edges[b + 1] for b in table["bin"]]
     table["p"] = np.where(table["n"] > 0, table["flips"] / table["n"].clip(lower=1), np.nan)
-    table["p_lo"], table["p_hi"] = wilson_interval(table["flips"].to_numpy(), table["n"].to_numpy())
+    bounds = [wilson_interval(int(k), int(n)) if n else (np.nan, np.nan) for k, n in zip(table["flips"], table["n"])]
+    table["p_lo"] = [lo for lo, _ in bounds]
+    table["p_hi"] = [hi for _, hi in bounds]
     return table[[*by, "bin", "margin_lo", "margin_hi", "n", "flips", "p", "p_lo", "p_hi"]]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from moe_rl.bins import MARGIN_EDGES
 from moe_rl.routing.routes import Routes
 
 
@@ -92,9 +93,6 @@ def router_shift(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tens
     return out
 
 
-# Margin bins of the flip-vs-margin calibration: the gap between the k-th and (k+1)-th router
-# probability, log-spaced because fine-grained routers (E = 64-128) have gaps of 1e-4..1e-2.
-MARGIN_EDGES = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, float("inf"))
 
 
 def flip_margin_counts(
