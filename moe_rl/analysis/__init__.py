@@ -1,6 +1,6 @@
 """Analysis of result folders: load runs, tables across seeds, figures (returned, never saved)."""
 
-from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs
+from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs, to_wide
 from moe_rl.analysis.plots import (
     plot_flip_by_position,
     plot_flip_rate,
@@ -36,4 +36,5 @@ __all__ = [
     "runs",
     "summarize",
     "t_quantile_975",
+    "to_wide",
 ]
