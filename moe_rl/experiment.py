@@ -115,6 +115,10 @@ class SweepProgress(Callback):
         (folder / "start.json").write_text(json.dumps({"n": sweep_size(config), "start": time.time()}))
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
         folder = Path(config.hydra.sweep.dir) / ".sweep_progress"
         try:
             start = json.loads((folder / "start.json").read_text())
@@ -136,5 +140,5 @@ def sweep_size(config: DictConfig) -> int | None:
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
         return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
-    except Exception:  # another sweeper (e.g. optuna): the count stays unknown
+    except Exception:  # noqa: BLE001 - another sweeper (e.g. optuna): the count stays unknown
         return None

@@ -29,6 +29,8 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -77,6 +79,19 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (POSIX flock), released on exit."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class TensorBoardBackend:
     def __init__(self, run_dir: Path, info: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -119,16 +134,19 @@ class MlflowBackend:
     def __init__(self, run_dir: Path, info: dict[str, Any]) -> None:
         from mlflow import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(info['results_dir']).resolve()}/mlflow.db"
-        Path(info["results_dir"]).mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=uri)
+        results = Path(info["results_dir"]).resolve()
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results}/mlflow.db"
+        results.mkdir(parents=True, exist_ok=True)
+        # parallel jobs of a sweep would race to create the store's tables and the experiment
+        with _file_lock(results / ".mlflow.lock"):
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment = self.client.get_experiment_by_name(info["experiment"])
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else self.client.create_experiment(info["experiment"]))
         run_id = info["ids"].get("mlflow") if info["resumed_after"] else None
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
         else:
-            experiment = self.client.get_experiment_by_name(info["experiment"])
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment(info["experiment"]))
             tags = {"arm": info["arm"], "experiment": info["experiment"], "run_dir": str(run_dir),
                     "mlflow.runName": info["name"]}
             run_id = self.client.create_run(experiment_id, run_name=info["name"], tags=tags).info.run_id

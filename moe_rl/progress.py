@@ -25,7 +25,7 @@ def format_duration(seconds: float) -> str:
     """`1h02m`, `3m04s`, `12s`; `?` when unknown."""
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     if seconds >= 60:

@@ -135,7 +135,7 @@ class RunWriter:
         for backend in list(self.backends):
             try:
                 backend.log(step, metrics)
-            except Exception as err:  # a live view must not stop a run: parquet has every value
+            except Exception as err:  # noqa: BLE001 - a live view must not stop a run: parquet has every value
                 log.warning("logging backend %s failed at step %d (%s: %s); it is dropped for this run",
                             type(backend).__name__, step, type(err).__name__, err)
                 self.backends.remove(backend)
@@ -144,7 +144,7 @@ class RunWriter:
         for backend in self.backends:
             try:
                 backend.close(status)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - same: closing a live view must not fail the run
                 log.warning("closing logging backend %s failed (%s: %s)", type(backend).__name__,
                             type(err).__name__, err)
         self.backends = []

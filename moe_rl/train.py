@@ -38,11 +38,11 @@ from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loggers import open_loggers
 from moe_rl.models import load_model
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
+from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
     RoutedPass, Routes, compare_routes, find_moe_layers, route_metrics, route_overlap,
 )
-from moe_rl.progress import Progress, run_log
 from moe_rl.runio import (
     RunDirectoryError, RunWriter, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
     status_on_failure,
