@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -209,7 +210,8 @@ def open_loggers(
     if resumed_after and ids_path.is_file():
         ids = json.loads(ids_path.read_text())
     if "wandb" not in ids:
-        ids["wandb"] = f"{keys.get('experiment', 'run')[:24]}-{uuid.uuid4().hex[:12]}"
+        prefix = re.sub(r"[^A-Za-z0-9_-]", "-", str(keys.get("experiment", "run")))[:24]  # W&B id characters
+        ids["wandb"] = f"{prefix}-{uuid.uuid4().hex[:12]}"
     info = {"name": str(keys.get("run", run_dir.name)), "experiment": str(keys.get("experiment", "default")),
             "arm": f"{keys.get('algo')}+{keys.get('replay')}", "config": config, "results_dir": results_dir,
             "resumed_after": resumed_after, "ids": ids, "id": ids["wandb"]}

@@ -314,7 +314,9 @@ class Trainer:
                 "or delete this one"
             )
         if state.get("cold_start_key") != self.cold_info.get("key"):
-            raise RunDirectoryError(f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun")
+            raise RunDirectoryError(
+                f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun"
+            )
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -337,7 +339,7 @@ class Trainer:
         start = time.perf_counter()
         prior = read_status(writer.dir)
         status = "running"
-        step = last = prior.get("steps_done", 0) if prior.get("config_hash") == writer.config_hash else 0
+        last = prior.get("steps_done", 0) if prior.get("config_hash") == writer.config_hash else 0
         progress = None
         try:
             step = last = done = self.resume()  # refuses a directory of another config before writing into it
@@ -378,7 +380,7 @@ class Trainer:
             writer.flush(status, step, time.perf_counter() - start)
         except RunDirectoryError:  # another run's folder: left as it is
             raise
-        except Exception as err:  # setup, cold start, step-0 evaluation or a step: failed, with the reason
+        except Exception as err:  # resume, step-0 evaluation, a step (setup: see train()): failed, with why
             status = "failed"
             writer.flush(status, last, time.perf_counter() - start, error=err)
             log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")

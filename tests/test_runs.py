@@ -213,7 +213,8 @@ def test_progress_lines_go_to_train_log(watched) -> None:
 
 def test_multirun_reports_runs_done(tmp_path) -> None:
     out = subprocess.run([sys.executable, "experiments/train.py", "-m", "+experiment=smoke", "dry_run=true",
-                          f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+                          f"results_dir={tmp_path}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
     assert [f"{k} of 4 runs done" in text for k in range(1, 5)] == [True] * 4
