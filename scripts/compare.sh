@@ -14,20 +14,8 @@ JOBS=${JOBS:-2}
 start=$(date +%s)
 $PY experiments/train.py -m +experiment=compare results_dir=runs progress=false threads=1 \
   hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS" "$@"
-if [ "${REFRESH_RUNS:-0}" = 1 ]; then
-  # Ship the small per-run files next to the report so notebooks can re-analyse them.
-  $PY - <<'PYEOF'
-import shutil
-from pathlib import Path
-src, dst = Path("runs/compare"), Path("results/compare/runs")
-for metrics in src.rglob("metrics.parquet"):
-    run = metrics.parent
-    out = dst / run.relative_to(src)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.parquet", "status.json", "config.yaml", "meta.json"):
-        if (run / name).is_file():
-            shutil.copy2(run / name, out / name)
-PYEOF
+if [ "${REFRESH_RUNS:-0}" = 1 ]; then  # ship the small per-run files the notebooks re-analyse
+  $PY scripts/ship_runs.py runs/compare results/compare/runs
 fi
 $PY -m moe_rl.report runs/compare --out results/compare
 echo "compare sweep and report: $(( $(date +%s) - start )) s"
