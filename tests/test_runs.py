@@ -41,8 +41,8 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory, cache):
-    """A 4-step run logged to every installed backend, interrupted after step 2's checkpoint
-    (SIGTERM-like SystemExit inside step 3) and resumed: backends must hold steps 0..4 once."""
+    """A 4-step run logged to every installed backend, interrupted inside step 4 (a SIGTERM-like
+    SystemExit) after step 2's checkpoint, then resumed: step 3 reaches the backends twice."""
     tmp = tmp_path_factory.mktemp("watched")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "moe_rl_test",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
@@ -54,7 +54,7 @@ def watched(tmp_path_factory, cache):
     real_step = Trainer.step
 
     def interrupted(self, step):
-        if step == 3:
+        if step == 4:
             raise SystemExit("interrupted")
         return real_step(self, step)
 
@@ -90,6 +90,10 @@ def _assert_series(got: list[tuple[int, float]], expected: list[tuple[int, float
     assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=rel), key
 
 
+def _first_per_step(series: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    return sorted(dict(reversed(series)).items())
+
+
 def test_parquet_has_each_step_once_after_resume(watched) -> None:
     assert [s for s, _ in _expected(watched["frame"], "reward/mean")] == [1, 2, 3, 4]
     assert [s for s, _ in _expected(watched["frame"], "task/accuracy")] == [0, 2, 4]
@@ -103,6 +107,7 @@ def test_tensorboard_event_files_mirror_the_parquet(watched) -> None:
     events.Reload()
     for key in KEYS:
         got = [(e.step, e.value) for e in events.Scalars(key)]
+        # exactly once per step: the resume purged the step 3 the interrupted process had logged
         _assert_series(got, _expected(watched["frame"], key), key, rel=1e-6)  # float32 in event files
     assert "config/text_summary" in events.Tags()["tensors"]
 
@@ -152,7 +157,7 @@ def test_wandb_offline_run_mirrors_the_parquet(watched) -> None:
     config = {u.key: json.loads(u.value_json) for u in runs[0].config.update}
     assert config["optim"]["lr"] == 3e-3 and config["steps"] == 4
     for key in KEYS:
-        _assert_series(history[key], _expected(watched["frame"], key), key)
+        _assert_series(_first_per_step(history[key]), _expected(watched["frame"], key), key)
 
 
 @pytest.mark.skipif("mlflow" not in BACKENDS, reason="mlflow not installed (moe_rl[mlflow])")
@@ -166,7 +171,10 @@ def test_mlflow_local_store_mirrors_the_parquet(watched) -> None:
     assert client.get_experiment(run.info.experiment_id).name == "watched"
     for key in KEYS:
         got = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-        _assert_series(got, _expected(watched["frame"], key), key)
+        expected = _expected(watched["frame"], key)
+        # step 3 ran twice (before the interrupt and after the resume), bitwise equal: MLflow keeps both
+        assert len(got) == len(expected) + (key != "task/accuracy")
+        _assert_series(_first_per_step(got), expected, key)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trackio") is None, reason="trackio not installed (moe_rl[trackio])")
