@@ -222,7 +222,7 @@ def test_progress_lines_go_to_train_log(watched) -> None:
 def test_multirun_reports_runs_done(tmp_path) -> None:
     out = subprocess.run([sys.executable, "experiments/train.py", "-m", "+experiment=smoke", "dry_run=true",
                           f"results_dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
     assert [f"{k} of 4 runs done" in text for k in range(1, 5)] == [True] * 4
@@ -258,7 +258,7 @@ def test_failure_anywhere_leaves_failed_status_with_reason(tmp_path, cache, monk
 def test_invalid_config_under_hydra_is_marked_invalid_in_out_dir(tmp_path) -> None:
     run = tmp_path / "my_run"
     out = subprocess.run([sys.executable, "experiments/train.py", "optim.lr=-1", f"out_dir={run}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode != 0 and "optim.lr=-1.0 must be > 0" in out.stderr
     status = json.loads((run / "status.json").read_text())  # out_dir is honoured: Hydra's folder is it
     assert status["status"] == "invalid"
