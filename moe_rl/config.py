@@ -118,9 +118,11 @@ class CollapseConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = "runs/default"  # under Hydra: the job's output directory
+    out_dir: str | None = None  # the run folder (a sweep's folder under -m); None: see run_dir()
     experiment: str = "default"
-    results_dir: str = "results"  # Hydra puts runs under results_dir/experiment/
+    results_dir: str = "runs"  # new runs go under results_dir/experiment/ (untracked; results/ is shipped)
+    logger: list[str] = field(default_factory=lambda: ["parquet"])  # + tensorboard, wandb, mlflow, trackio
+    log_every: int = 10  # with progress=false: one progress line every this many steps
     dry_run: bool = False  # validate and resolve the config, then stop (for sweep dry runs)
     seed: int = 0
     steps: int = 300
@@ -153,7 +155,12 @@ class TrainConfig:
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
 _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint")
+                 "keep_checkpoint", "logger", "log_every")
+
+
+def run_dir(cfg: TrainConfig) -> str:
+    """The run folder: `out_dir` when set, else `results_dir/experiment/single/default`."""
+    return cfg.out_dir or str(Path(cfg.results_dir) / cfg.experiment / "single" / "default")
 
 
 # Keys added after runs were shipped: left out of the identity while at their default, so the
@@ -207,7 +214,11 @@ def _check_checkpoint(path: str, family: str) -> None:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Raise ValueError naming the first invalid key; return `cfg` unchanged otherwise."""
+    """Raise ValueError naming the first invalid key (ImportError for a logger whose package is
+    missing); return `cfg` unchanged otherwise."""
+    from moe_rl.loggers import check_loggers
+
+    check_loggers(list(cfg.logger))
     _one_of("algo.name", cfg.algo.name, LOSSES)
     _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
     if not cfg.model.checkpoint:  # a checkpoint may be of any MoE family (its model_type is checked below)
@@ -252,7 +263,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key, value, low in [
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0), ("checkpoint_every", cfg.checkpoint_every, 0),
         ("snapshot_every", cfg.snapshot_every, 0), ("eval_every", cfg.eval_every, 1), ("eval_size", cfg.eval_size, 1),
-        ("position_bucket", cfg.position_bucket, 1), ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
+        ("position_bucket", cfg.position_bucket, 1), ("log_every", cfg.log_every, 0), ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
         ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", cfg.task.n_train, 1),
         ("task.n_eval", cfg.task.n_eval, 1), ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
         ("cold_start.batch_size", cfg.cold_start.batch_size, 1), ("cold_start.max_steps", cfg.cold_start.max_steps, 1),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from moe_rl.config import TrainConfig, config_hash, validate
@@ -30,10 +32,18 @@ def short_name(name: str, limit: int = 96) -> str:
     return f"{safe[: limit - 17]}~{hashlib.sha1(name.encode()).hexdigest()[:16]}"
 
 
+def or_default(value: str | None, default: str) -> str:
+    """`value` unless it is unset: `hydra.run.dir: ${or_default:${out_dir},...}` honours out_dir."""
+    return default if value in (None, "") else str(value)
+
+
 if not OmegaConf.has_resolver("short_name"):
     OmegaConf.register_new_resolver("short_name", short_name)
+if not OmegaConf.has_resolver("or_default"):
+    OmegaConf.register_new_resolver("or_default", or_default)
 
-from moe_rl.runio import FINISHED
+from moe_rl.progress import eta_seconds, format_duration
+from moe_rl.runio import FINISHED, read_status, write_status
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -62,11 +72,27 @@ def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
     return status
 
 
+def parallel_launcher(hydra_cfg: Any) -> bool:
+    """Whether this job may run beside others on one terminal (a multirun with a non-basic launcher)."""
+    from hydra.types import RunMode
+
+    target = str(OmegaConf.select(hydra_cfg, "launcher._target_", default="") or "")
+    return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith("BasicLauncher")
+
+
 def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
     from moe_rl.train import train
 
-    train_cfg = validate(to_train_config(cfg))
-    train_cfg.out_dir = hydra_cfg.runtime.output_dir
+    out_dir = hydra_cfg.runtime.output_dir
+    try:
+        train_cfg = validate(to_train_config(cfg))
+    except Exception as err:  # Hydra already made the folder: say why it holds no run (never over a real run)
+        if not read_status(out_dir) and not (Path(out_dir) / "metrics.parquet").exists():
+            write_status(out_dir, "invalid", error=err)
+        raise
+    train_cfg.out_dir = out_dir
+    if parallel_launcher(hydra_cfg):
+        train_cfg.progress = False  # bars of parallel runs garble one another: log lines instead
     cache = Path(train_cfg.cold_start.cache_dir)
     if not cache.is_absolute():  # shared by every job of a sweep, whatever the launcher's cwd
         train_cfg.cold_start.cache_dir = str(Path(hydra_cfg.runtime.cwd) / cache)
@@ -78,3 +104,47 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
         log.info("skipping %s: already %s", train_cfg.out_dir, done)
         return done
     return train(train_cfg)["status"]
+
+
+class SweepProgress(Callback):
+    """Hydra callback: after each job of a multirun, log "k of n runs done" and the sweep's ETA.
+
+    Jobs may run in other processes (joblib, submitit), so the count lives in the sweep folder:
+    `.sweep_progress/start.json` (n and the start time) and one marker file per finished job.
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir) / ".sweep_progress"
+        folder.mkdir(parents=True, exist_ok=True)
+        for marker in folder.glob("job-*"):
+            marker.unlink()
+        (folder / "start.json").write_text(json.dumps({"n": sweep_size(config), "start": time.time()}))
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        folder = Path(config.hydra.sweep.dir) / ".sweep_progress"
+        try:
+            start = json.loads((folder / "start.json").read_text())
+        except (OSError, ValueError):
+            return  # a single run, or the sweep folder was moved
+        (folder / f"job-{config.hydra.job.num}").touch()
+        done = len(list(folder.glob("job-*")))
+        n = start["n"]
+        eta = eta_seconds(done, n, time.time() - start["start"]) if n else float("nan")
+        log.info("%d of %s runs done (sweep ETA %s)", done, n or "?", format_duration(eta))
+
+
+def sweep_size(config: DictConfig) -> int | None:
+    """Number of jobs the basic sweeper makes of `hydra.sweeper.params` plus the command line."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+        return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+    except Exception:  # noqa: BLE001 - another sweeper (e.g. optuna): the count stays unknown
+        return None

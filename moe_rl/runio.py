@@ -5,8 +5,12 @@ Layout of one run:
     meta.json             git sha, library versions, device, seed, run keys, cold start
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
-    status.json           running | completed | collapsed | diverged | failed, with collapse events
-    checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps)
+    status.json           running | completed | collapsed | diverged | failed | invalid, with collapse
+                          events and, when failed, the exception's type and message
+    train.log             progress lines and, when a run fails, its traceback
+    checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps); plain
+                          data only, loaded with torch.load(weights_only=True): it cannot run code
+    loggers.json          ids of the live logging backends' runs (moe_rl.loggers), reused on resume
     routes/step_*.safetensors  route snapshots
 Every file is written to a temporary name and renamed, so a reader never sees a partial file.
 """
@@ -14,8 +18,12 @@ Every file is written to a temporary name and renamed, so a reader never sees a 
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import subprocess
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +34,15 @@ import torch
 
 from moe_rl.atomic import write_atomic
 
+log = logging.getLogger(__name__)
+
 STATUSES = {
     "running": "the run is in progress, or was killed (rerun the same command to resume)",
     "completed": "all steps ran and no collapse trigger fired",
     "collapsed": "all steps ran; a collapse trigger (reward drop, entropy collapse) fired on the way",
     "diverged": "a non-finite loss, gradient or log-prob: the run stopped at that step",
-    "failed": "an exception other than divergence stopped the run (see the log)",
+    "failed": "an exception other than divergence stopped the run: `error` in status.json, traceback in train.log",
+    "invalid": "the config was rejected by validation before any work (`error` says why)",
 }
 FINISHED = ("completed", "collapsed", "diverged")
 
@@ -40,11 +51,63 @@ class CorruptFileError(RuntimeError):
     """A run file that exists but cannot be read; it is never silently reused."""
 
 
+class RunDirectoryError(ValueError):
+    """The run directory belongs to another run (config or cold start): refused, and left untouched."""
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """status.json as a dict ({} when absent or unreadable)."""
+    try:
+        doc = json.loads((Path(run_dir) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_status(
+    run_dir: str | Path, status: str, *, steps_done: int = 0, events: list[dict[str, Any]] | None = None,
+    wall_s: float = 0.0, config_hash: str = "", error: BaseException | None = None,
+) -> None:
+    """Write status.json; a failure records the exception (type, message) and appends its traceback
+    to train.log, so that a folder always says why it stopped."""
+    doc: dict[str, Any] = {"status": status, "steps_done": steps_done, "collapse_events": events or [],
+                           "wall_s": wall_s, "config_hash": config_hash}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if error is not None:
+        doc["error"] = {"type": type(error).__name__, "message": str(error)}
+        with open(Path(run_dir) / "train.log", "a") as f:
+            f.write(f"run {status}: {type(error).__name__}: {error}\n")
+            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    write_atomic(Path(run_dir) / "status.json", json.dumps(doc, indent=1))
+
+
+@contextmanager
+def status_on_failure(run_dir: str | Path, config_hash: str) -> Iterator[None]:
+    """Around a run's setup (cold start, data, model): mark the folder `running` while it works and
+    `failed` (with the exception) if it raises, so no folder is left without a status.json."""
+    run_dir = Path(run_dir)
+    prior = read_status(run_dir)
+    ours = prior.get("config_hash") in (None, config_hash)  # else the trainer refuses the folder untouched
+    if not prior:
+        write_status(run_dir, "running", config_hash=config_hash)
+    try:
+        yield
+    except RunDirectoryError:
+        raise
+    except Exception as err:
+        if not ours:
+            raise
+        write_status(run_dir, "failed", steps_done=prior.get("steps_done", 0), events=prior.get("collapse_events"),
+                     config_hash=config_hash, error=err)
+        raise
+
+
 class RunWriter:
     """Owns a run directory. Metric rows are buffered between flushes only."""
 
     def __init__(self, out_dir: str | Path, keys: dict[str, Any], *, config_hash: str = "") -> None:
         self.dir = Path(out_dir)
+        self.backends: list[Any] = []  # live logging backends (moe_rl.loggers); parquet is always written
         self.config_hash = config_hash
         self.dir.mkdir(parents=True, exist_ok=True)
         self.parts = self.dir / "metrics"
@@ -69,6 +132,22 @@ class RunWriter:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.rows += [{"step": step, "key": k, "value": float(v)} for k, v in metrics.items()]
+        for backend in list(self.backends):
+            try:
+                backend.log(step, metrics)
+            except Exception as err:  # noqa: BLE001 - a live view must not stop a run: parquet has every value
+                log.warning("logging backend %s failed at step %d (%s: %s); it is dropped for this run",
+                            type(backend).__name__, step, type(err).__name__, err)
+                self.backends.remove(backend)
+
+    def close_backends(self, status: str) -> None:
+        for backend in self.backends:
+            try:
+                backend.close(status)
+            except Exception as err:  # noqa: BLE001 - same: closing a live view must not fail the run
+                log.warning("closing logging backend %s failed (%s: %s)", type(backend).__name__,
+                            type(err).__name__, err)
+        self.backends = []
 
     def _frame(self, rows: list[dict[str, Any]]) -> pd.DataFrame:
         frame = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"step": "int64", "value": "float64"})
@@ -76,17 +155,20 @@ class RunWriter:
             frame.insert(0, column, value)
         return frame
 
-    def flush(self, status: str, steps_done: int, wall_s: float) -> None:
+    def flush(self, status: str, steps_done: int, wall_s: float, error: BaseException | None = None) -> None:
         """Write buffered rows as a new part, rebuild metrics.parquet from the parts, write status."""
         if self.rows:
             self.parts.mkdir(exist_ok=True)
             last = max(r["step"] for r in self.rows)
             write_atomic(self.parts / f"part-{last:07d}.parquet", self._frame(self.rows).to_parquet(index=False))
             self.rows = []
-        self._consolidate()
-        doc = {"status": status, "steps_done": steps_done, "collapse_events": self.events, "wall_s": wall_s,
-               "config_hash": self.config_hash}
-        write_atomic(self.dir / "status.json", json.dumps(doc, indent=1))
+        try:
+            self._consolidate()
+        except CorruptFileError:
+            if error is None:
+                raise  # on failure the status below still says why (the corrupt part, most likely)
+        write_status(self.dir, status, steps_done=steps_done, events=self.events, wall_s=wall_s,
+                     config_hash=self.config_hash, error=error)
 
     def _consolidate(self) -> None:
         """Stream the parts, one at a time, into metrics.parquet (memory stays one part)."""
@@ -136,21 +218,28 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint of plain data (tensors, containers, numbers, strings). `weights_only=True`
+    refuses any other pickled object, so a checkpoint from someone else's folder cannot run code."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # truncated zip, unpickling errors, ...: report by name, never reuse
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated zip, unpickling errors, refused objects: report by name, never reuse
         raise CorruptFileError(
-            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}: {err}); "
-            "delete it (and the run directory's metrics/) to restart the run"
+            f"checkpoint {path} is corrupt or truncated, or holds objects other than plain data, which are "
+            f"refused ({type(err).__name__}: {str(err)[:300]}); delete it (and the run directory's metrics/) "
+            "to restart the run"
         ) from err
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors and plain containers (loadable with weights_only=True)."""
     import random
 
     import numpy as np
 
-    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -162,8 +251,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
 
     torch.random.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

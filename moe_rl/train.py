@@ -21,6 +21,7 @@ model sampling with a KV cache (in `rollout.dtype`), not vLLM/SGLang.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -29,19 +30,23 @@ from typing import Any
 
 import torch
 import transformers
-from tqdm.auto import tqdm
 
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start, make_task, render, task_data
-from moe_rl.config import TrainConfig, config_hash, validate
+from moe_rl.config import TrainConfig, config_hash, run_dir, validate
+from moe_rl.loggers import open_loggers
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
+from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
     RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
     router_shift,
 )
-from moe_rl.runio import RunWriter, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.runinfo import note_meta
+from moe_rl.runio import (
+    RunDirectoryError, RunWriter, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
+    status_on_failure,
+)
 from moe_rl.tasks.rewards import zero_variance_frac
 
 log = logging.getLogger(__name__)
@@ -122,7 +127,7 @@ class Trainer:
     """State of one run; `train(cfg)` is the entry point."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = validate(cfg)
+        self.cfg = cfg = dataclasses.replace(validate(cfg), out_dir=run_dir(cfg))
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -299,12 +304,14 @@ class Trainer:
             return 0
         state = load_checkpoint(self.checkpoint_path)
         if state.get("config_hash") != self.writer.config_hash:
-            raise ValueError(
+            raise RunDirectoryError(
                 f"{self.checkpoint_path} belongs to a run with another config; use another output directory "
                 "or delete this one"
             )
         if state.get("cold_start_key") != self.cold_info.get("key"):
-            raise ValueError(f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun")
+            raise RunDirectoryError(
+                f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun"
+            )
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -318,20 +325,33 @@ class Trainer:
         return state["step"]
 
     def run(self) -> dict[str, Any]:
+        """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""
+        with run_log(self.writer.dir):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         cfg, writer = self.cfg, self.writer
         start = time.perf_counter()
-        done = self.resume()  # refuses a directory of another config before writing into it
-        writer.write_config(cfg.to_dict())
-        writer.write_meta(cold_start=self.cold_info, resumed_after_step=done)
-        status, step, last = "running", done, done
-        if done == 0:
-            writer.log(0, start_eval := self.evaluate())
-            self.history["task/accuracy"].append((0, start_eval["task/accuracy"]))
-        seen_triggers = {e["trigger"] for e in writer.events}
-        bar = tqdm(range(done + 1, cfg.steps + 1), desc=f"{writer.keys['run']} {cfg.arm}", disable=not cfg.progress,
-                   dynamic_ncols=True, initial=done, total=cfg.steps)
+        prior = read_status(writer.dir)
+        status = "running"
+        last = prior.get("steps_done", 0) if prior.get("config_hash") == writer.config_hash else 0
+        progress = None
         try:
-            for step in bar:
+            step = last = done = self.resume()  # refuses a directory of another config before writing into it
+            writer.write_config(cfg.to_dict())
+            writer.write_meta(cold_start=self.cold_info, resumed_after_step=done)
+            writer.backends = open_loggers(cfg.logger, writer.dir, keys=writer.keys, config=cfg.to_dict(),
+                                           results_dir=cfg.results_dir, resumed_after=done)
+            accuracy = None
+            if done == 0:
+                first = self.evaluate()
+                writer.log(0, first)
+                accuracy = first["task/accuracy"]
+                self.history["task/accuracy"].append((0, accuracy))  # the accuracy collapse trigger's baseline
+            seen_triggers = {e["trigger"] for e in writer.events}
+            progress = Progress(total=cfg.steps, initial=done, desc=f"{writer.keys['run']} {cfg.arm}",
+                                bar=cfg.progress, every=cfg.log_every, accuracy=accuracy)
+            for step in range(done + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if step % cfg.eval_every == 0 or step == cfg.steps:
                     metrics.update(self.evaluate())
@@ -345,9 +365,7 @@ class Trainer:
                         seen_triggers.add(event.trigger)
                         writer.events.append({"step": event.step, "trigger": event.trigger, "detail": event.detail})
                         log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}",
-                                flip=f"{metrics['route/old_vs_new/flip_rate']:.3f}",
-                                acc=f"{metrics.get('task/accuracy', float('nan')):.2f}")
+                progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
                     status = "diverged"
                     break
@@ -356,20 +374,33 @@ class Trainer:
                     self.save(step)
             else:
                 status = "collapsed" if writer.events else "completed"
-        except Exception:
-            writer.flush("failed", last, time.perf_counter() - start)
+            writer.flush(status, step, time.perf_counter() - start)
+        except RunDirectoryError:  # another run's folder: left as it is
+            raise
+        except Exception as err:  # resume, step-0 evaluation, a step (setup: see train()): failed, with why
+            status = "failed"
+            writer.flush(status, last, time.perf_counter() - start, error=err)
+            log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")
             raise
         except BaseException:  # interrupted (Ctrl-C, SIGTERM -> SystemExit): resumable
             writer.flush("running", last, time.perf_counter() - start)
             raise
         finally:
-            bar.close()
-        writer.flush(status, step, time.perf_counter() - start)
+            if progress is not None:
+                progress.close()
+            writer.close_backends(status)
         if status in ("completed", "collapsed", "diverged") and not cfg.keep_checkpoint:
             self.checkpoint_path.unlink(missing_ok=True)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run one training run described by `cfg`; returns its status."""
-    return Trainer(cfg).run()
+    """Run one training run described by `cfg`; returns its status.
+
+    An invalid config raises before any folder is made; a failure in setup (cold start, data,
+    model) leaves status.json `failed` with the exception, like a failure in the loop does.
+    """
+    cfg = validate(cfg)
+    with status_on_failure(run_dir(cfg), config_hash(cfg)):
+        trainer = Trainer(cfg)
+    return trainer.run()

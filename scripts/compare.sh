@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job: set up .venv, run the `compare` sweep (GRPO+R2, GRPO, GSPO, GSPO+R2 x 3 seeds from
-# one shared cold start) and write its report to results/compare/.
+# one shared cold start) and write its report to results/compare/ (summary.md, summary.csv, figures).
 #   bash scripts/compare.sh [extra Hydra overrides, e.g. steps=100]
-# Runs go to runs/compare/ (finished runs are skipped on a rerun; delete runs/ to start over).
+# Runs go to runs/compare/ (untracked; finished runs are skipped on a rerun; delete runs/ to start
+# over). The committed per-run files under results/compare/runs/ (what the notebooks read) are left
+# alone unless REFRESH_RUNS=1 asks to replace them with the runs of this sweep.
 # JOBS (default 2) runs in parallel, one thread each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,18 +14,8 @@ JOBS=${JOBS:-2}
 start=$(date +%s)
 $PY experiments/train.py -m +experiment=compare results_dir=runs progress=false threads=1 \
   hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS" "$@"
-# Keep the small per-run files next to the report so notebooks can re-analyse them.
-$PY - <<'PYEOF'
-import shutil
-from pathlib import Path
-src, dst = Path("runs/compare"), Path("results/compare/runs")
-for metrics in src.rglob("metrics.parquet"):
-    run = metrics.parent
-    out = dst / run.relative_to(src)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.parquet", "status.json", "config.yaml", "meta.json"):
-        if (run / name).is_file():
-            shutil.copy2(run / name, out / name)
-PYEOF
-$PY -m moe_rl.report results/compare/runs --out results/compare
+if [ "${REFRESH_RUNS:-0}" = 1 ]; then  # ship the small per-run files the notebooks re-analyse
+  $PY scripts/ship_runs.py runs/compare results/compare/runs
+fi
+$PY -m moe_rl.report runs/compare --out results/compare
 echo "compare sweep and report: $(( $(date +%s) - start )) s"

@@ -11,7 +11,7 @@ from moe_rl.analysis.collapse import (
 )
 from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
 from moe_rl.analysis.drift import drift_per_run, fit_drift, flip_vs_margin, plot_drift_scaling, plot_flip_vs_margin
-from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs
+from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs, to_wide
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 from moe_rl.analysis.plots import (
     plot_flip_by_position,
@@ -76,5 +76,6 @@ __all__ = [
     "stats",
     "summarize",
     "t_quantile_975",
+    "to_wide",
     "variant_per_run",
 ]

@@ -63,8 +63,9 @@ def _default_run_id(run_dir: Path, root: Path) -> str:
     return run_dir.name if rel == "." else rel
 
 
-def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None) -> pd.DataFrame:
-    """Every run under `root`, concatenated in long format (only metric `keys` when given).
+def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wide: bool = False) -> pd.DataFrame:
+    """Every run under `root`, concatenated in long format (only metric `keys` when given;
+    `wide=True`: one row per run and step, see `to_wide`).
 
     Adds per-run columns `status` (from status.json; "missing" without one),
     `n_collapse_events`, `first_collapse_step` (NaN if none) and `run_dir`. Runs whose status is
@@ -132,7 +133,19 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None) -> 
     if len(incomplete):
         listed = ", ".join(f"{r} ({s})" for r, s in incomplete.itertuples(index=False))
         warnings.warn(f"{len(incomplete)} incomplete run(s) loaded: {listed}", stacklevel=2)
-    return df
+    return to_wide(df) if wide else df
+
+
+def to_wide(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, step), one column per metric key (NaN where a step did not log the key,
+    e.g. `task/accuracy` between evaluations); run keys and run info stay as columns."""
+    index = [c for c in df.columns if c not in ("key", "value")]
+    info = df.drop_duplicates("run").set_index("run")[[c for c in index if c not in ("run", "step")]]
+    wide = df.pivot_table(index=["run", "step"], columns="key", values="value", aggfunc="last", dropna=False)
+    wide = wide.dropna(how="all").reset_index()
+    wide.columns.name = None
+    wide = info.join(wide.set_index("run"), how="inner").reset_index()
+    return wide[["run", *[c for c in index if c not in ("run", "step")], "step", *sorted(df["key"].unique())]]
 
 
 def _run_keys(path: Path, root: Path) -> dict:
