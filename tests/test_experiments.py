@@ -19,7 +19,8 @@ from moe_rl.experiment import to_train_config
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12}
+SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12,
+               "drift_scaling": 42, "phase": 144, "phase_mismatch": 16}
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 
@@ -49,7 +50,7 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
             cfg = validate(to_train_config(compose("config", overrides=[f"+experiment={experiment}", *combo])))
             assert cfg.experiment == experiment
             seen.add((cfg.arm, cfg.seed, cfg.model.family, cfg.optim.updates_per_rollout, cfg.model.num_layers,
-                      cfg.model.num_experts))
+                      cfg.model.num_experts, cfg.model.top_k, cfg.optim.lr))
     assert len(seen) == len(combos)  # every combination is a distinct run
 
 
