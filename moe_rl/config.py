@@ -97,6 +97,14 @@ class CollapseConfig:
 
 
 @dataclass
+class DistConfig:
+    """How a torchrun launch splits one run across processes (ignored without torchrun; moe_rl.distributed)."""
+
+    strategy: str = "fsdp"  # fsdp: FSDP2 fully_shard per decoder layer, then the root; ddp: full replicas
+    timeout_s: float = 1800.0  # a collective waiting this long for a dead peer raises instead of hanging
+
+
+@dataclass
 class TrainConfig:
     out_dir: str = "runs/default"  # under Hydra: the job's output directory
     experiment: str = "default"
@@ -122,6 +130,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     @property
     def arm(self) -> str:
@@ -133,7 +142,7 @@ class TrainConfig:
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
 _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint")
+                 "keep_checkpoint", "dist")
 
 
 def config_hash(cfg: TrainConfig) -> str:
@@ -174,6 +183,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("task.name", cfg.task.name, TASKS)
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
     if cfg.model.experts_implementation is not None:
         _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
     eps_low, eps_high = cfg.algo.eps()
