@@ -38,6 +38,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from torch import Tensor, nn
 
 from moe_rl.atomic import write_atomic
 from moe_rl.metrics import RATIO_KEYS
+from moe_rl.rollout import Rollout
 from moe_rl.routing import Routes, route_overlap
 from moe_rl.runio import RunWriter
 
@@ -172,6 +174,24 @@ def position_sums(a: Routes, b: Routes, response_mask: Tensor, start: int, bucke
     return out
 
 
+def pad_rollout(rollout: Rollout, width: int, pad_id: int) -> Rollout:
+    """`rollout` with its sequences right-padded to `width` columns (pads masked everywhere)."""
+    extra = width - rollout.sequences.shape[1]
+    if extra <= 0:
+        return rollout
+
+    def pad(x: Tensor, value: float | bool) -> Tensor:
+        return torch.cat([x, torch.full((x.shape[0], extra, *x.shape[2:]), value, dtype=x.dtype, device=x.device)], 1)
+
+    routes = rollout.routes
+    if routes is not None:
+        routes = Routes(pad(routes.indices, 0), pad(routes.mask, False), routes.layer_map, routes.num_experts)
+    return replace(
+        rollout, sequences=pad(rollout.sequences, pad_id), attention_mask=pad(rollout.attention_mask, 0),
+        response_mask=pad(rollout.response_mask, False), rollout_logp=pad(rollout.rollout_logp, 0.0), routes=routes,
+    )
+
+
 # --- the process group and the model -----------------------------------------------------------------
 
 
@@ -280,6 +300,14 @@ class Dist:
         first = self.first_row(prompts_per_step, group_size)
         count = prompts_per_step // self.world_size * group_size
         return [(seed, step, first + i) for i in range(count)]
+
+    def pad_rollout(self, rollout: Rollout, pad_id: int) -> Rollout:
+        """`rollout` right-padded to the widest completion on any rank, the width one process would give the
+        global batch: a row's last real token is an input position (with a route) exactly when it is there."""
+        if not self.active:
+            return rollout
+        width = int(self._all_reduce(torch.tensor([rollout.sequences.shape[1]]), dist.ReduceOp.MAX)[0])
+        return pad_rollout(rollout, width, pad_id)
 
     def global_rows(self, local_count: int) -> int:
         return local_count * self.world_size
