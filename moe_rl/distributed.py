@@ -14,8 +14,8 @@ Under torchrun (any N, also 1):
 - rows: the P prompts of a step are split into W contiguous blocks of whole groups (W must divide P).
   A rank samples, scores, normalises advantages, runs the old pass and keeps the routes of its block only,
   so R2/R3 replay is rank-local and no route crosses ranks. Sampling is per row: global row i draws from
-  its own stream keyed by (seed, step, i) (`rollout.generate(row_keys=...)`), so the rollouts of a config
-  do not depend on W. (A plain `python` run keeps its historical stream, one sampler for the whole batch,
+  its own stream keyed by (seed, step, i) (`rollout.generate(row_keys=...)`), and generation stops when
+  every row of every rank has ended, so the rollouts of a config (tokens, widths, routes) do not depend on W. (A plain `python` run keeps its historical stream, one sampler for the whole batch,
   so it matches a torchrun run in distribution, not token for token.)
 - updates: the global permutation of the P*G rows is cut into N mini-batches exactly as in one process,
   and each rank runs its own rows of each mini-batch (a rank with none runs one masked row, so that every
@@ -38,7 +38,6 @@ import os
 import shutil
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,6 @@ from torch import Tensor, nn
 
 from moe_rl.atomic import write_atomic
 from moe_rl.metrics import RATIO_KEYS
-from moe_rl.rollout import Rollout
 from moe_rl.routing import Routes, route_overlap
 from moe_rl.runio import RunWriter
 
@@ -174,24 +172,6 @@ def position_sums(a: Routes, b: Routes, response_mask: Tensor, start: int, bucke
     return out
 
 
-def pad_rollout(rollout: Rollout, width: int, pad_id: int) -> Rollout:
-    """`rollout` with its sequences right-padded to `width` columns (pads masked everywhere)."""
-    extra = width - rollout.sequences.shape[1]
-    if extra <= 0:
-        return rollout
-
-    def pad(x: Tensor, value: float | bool) -> Tensor:
-        return torch.cat([x, torch.full((x.shape[0], extra, *x.shape[2:]), value, dtype=x.dtype, device=x.device)], 1)
-
-    routes = rollout.routes
-    if routes is not None:
-        routes = Routes(pad(routes.indices, 0), pad(routes.mask, False), routes.layer_map, routes.num_experts)
-    return replace(
-        rollout, sequences=pad(rollout.sequences, pad_id), attention_mask=pad(rollout.attention_mask, 0),
-        response_mask=pad(rollout.response_mask, False), rollout_logp=pad(rollout.rollout_logp, 0.0), routes=routes,
-    )
-
-
 # --- the process group and the model -----------------------------------------------------------------
 
 
@@ -300,14 +280,6 @@ class Dist:
         first = self.first_row(prompts_per_step, group_size)
         count = prompts_per_step // self.world_size * group_size
         return [(seed, step, first + i) for i in range(count)]
-
-    def pad_rollout(self, rollout: Rollout, pad_id: int) -> Rollout:
-        """`rollout` right-padded to the widest completion on any rank, the width one process would give the
-        global batch: a row's last real token is an input position (with a route) exactly when it is there."""
-        if not self.active:
-            return rollout
-        width = int(self._all_reduce(torch.tensor([rollout.sequences.shape[1]]), dist.ReduceOp.MAX)[0])
-        return pad_rollout(rollout, width, pad_id)
 
     def global_rows(self, local_count: int) -> int:
         return local_count * self.world_size

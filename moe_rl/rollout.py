@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerFast, StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from moe_rl.routing import RouteRecorder, Routes
 
@@ -70,17 +73,40 @@ class RowSampler(LogitsProcessor):
     a row's completion depends on its own logits and uniforms only, not on which rows share the batch
     (`torch.multinomial` over the batch draws one stream for all rows). Returns scores that are 0 at
     the sampled token and -inf elsewhere, for `generate`'s greedy step to pick.
+    A row that has produced `eos` gets `pad` from then on (what `generate` does with its own EOS handling,
+    which `RowEos` replaces).
     """
 
-    def __init__(self, uniforms: Tensor, temperature: float, prompt_len: int) -> None:
+    def __init__(self, uniforms: Tensor, temperature: float, prompt_len: int, eos: int, pad: int) -> None:
         self.uniforms, self.temperature, self.prompt_len = uniforms, temperature, prompt_len  # (B, n) float64
+        self.eos, self.pad = eos, pad
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         t = input_ids.shape[1] - self.prompt_len
         cdf = torch.softmax(scores.double() / self.temperature, dim=-1).cumsum(-1)  # (B, V)
         u = self.uniforms[:, t : t + 1].to(cdf.device) * cdf[:, -1:]
         token = torch.searchsorted(cdf, u, right=True).clamp(max=scores.shape[-1] - 1)  # (B, 1)
+        finished = (input_ids[:, self.prompt_len :] == self.eos).any(-1, keepdim=True)
+        token = torch.where(finished, self.pad, token)
         return torch.full_like(scores, -torch.inf).scatter_(1, token, 0.0)
+
+
+class RowEos(StoppingCriteria):
+    """Stop once every row has produced EOS, on every rank of a process group when one is running.
+
+    Ranks then run the same number of decode passes (the collectives of a sharded model stay paired) and
+    the batch has the width one process would give the global batch: a row's EOS is fed back to the
+    model, and gets a route, exactly when some row of the global batch is still running.
+    """
+
+    def __init__(self, eos: int, prompt_len: int) -> None:
+        self.eos, self.prompt_len = eos, prompt_len
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> Tensor:
+        done = (input_ids[:, self.prompt_len :] == self.eos).any(-1).all().reshape(1).long()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN)
+        return done.bool().expand(input_ids.shape[0]).clone()
 
 
 def row_uniforms(row_keys: Sequence[Sequence[int]], n: int) -> Tensor:
@@ -121,11 +147,14 @@ def generate(
         if seed is not None:
             torch.manual_seed(seed)
         sample = not greedy and row_keys is None
-        processors = None
-        if row_keys is not None and not greedy:
+        processors = stopping = None
+        gen_eos = eos
+        if row_keys is not None and not greedy:  # per-row streams; EOS handled by RowSampler and RowEos
             if len(row_keys) != input_ids.shape[0]:
                 raise ValueError(f"{len(row_keys)} row_keys for {input_ids.shape[0]} rows")
-            processors = LogitsProcessorList([RowSampler(row_uniforms(row_keys, max_new_tokens), temperature, prompt_len)])
+            uniforms = row_uniforms(row_keys, max_new_tokens)
+            processors = LogitsProcessorList([RowSampler(uniforms, temperature, prompt_len, eos, pad)])
+            stopping, gen_eos = StoppingCriteriaList([RowEos(eos, prompt_len)]), None
         with recorder if recorder is not None else nullcontext():
             out = model.generate(
                 input_ids=input_ids,
@@ -136,7 +165,8 @@ def generate(
                 top_k=0 if sample else None,
                 top_p=1.0 if sample else None,
                 logits_processor=processors,
-                eos_token_id=eos,
+                stopping_criteria=stopping,
+                eos_token_id=gen_eos,
                 pad_token_id=pad,
                 return_dict_in_generate=True,
                 output_logits=True,

@@ -178,7 +178,6 @@ class Trainer:
             seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
             row_keys=self.dist.row_keys(cfg.seed, step, cfg.rollout.prompts_per_step, cfg.rollout.group_size),
         )
-        rollout = self.dist.pad_rollout(rollout, self.tokenizer.pad_token_id)  # to the global batch's width
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         rewards = torch.tensor(
             [self.task.reward(c, e, partial_credit=cfg.task.partial_credit) for c, e in zip(rollout.completions, group)]
