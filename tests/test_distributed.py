@@ -239,10 +239,14 @@ def test_two_ranks_log_what_one_rank_logs(runs) -> None:
     )
     loss = both[both["key"] == "loss"]
     assert ((loss["value_1"] - loss["value_2"]).abs() < 1e-5).all()
-    a, b = _params(root / "r3_1"), _params(root / "r3_2")  # after K = 4 steps (8 optimizer updates)
+    # Parameters after K = 4 steps (8 AdamW updates at lr 1e-3). Adam divides by sqrt(v), so a coordinate
+    # whose gradient is tiny moves by up to ~lr whatever its size, and rounding-level gradient differences
+    # there become parameter differences of a fraction of lr (measured: 2.3e-5 = 0.023 lr). Tolerance
+    # 0.1 lr; weighting the ranks' rows wrongly (a wrong loss share) moves parameters by O(lr).
+    a, b = _params(root / "r3_1"), _params(root / "r3_2")
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert worst < 1e-5, worst
+    assert worst < 1e-4, worst
     used = both[both["key"] == "route/used_vs_cached/flip_rate"]
     assert len(used) == 6 and (used[["value_1", "value_2"]] == 0).all().all()
 
@@ -270,7 +274,9 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) ->
     os.kill(_worker_pid(proc, 1), signal.SIGKILL)
     assert proc.wait(timeout=120) != 0  # torchrun stops rank 0 too and fails: no hang
     status = json.loads((run / "status.json").read_text())
-    assert status["status"] == "running" and 4 <= status["steps_done"] < 6
+    # rank 0 either sees its peer's collective fail ("failed", the error in its log) or is stopped by
+    # torchrun first (the "running" of its last flush); both are resumable
+    assert status["status"] in ("running", "failed") and 4 <= status["steps_done"] < 6
     out = _torchrun(2, run, cache, *extra)
     assert "resuming" in out.stdout + out.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 6
@@ -282,19 +288,24 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) ->
 def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path) -> None:
     root, cache = runs
     run = tmp_path / "ddp"
-    _torchrun(2, run, cache, "steps=3", "replay=r2", "dist.strategy=ddp", "keep_checkpoint=true")
-    frame = _metrics(run)
-    used = frame[frame["key"] == "route/used_vs_cached/flip_rate"]
-    assert len(used) == 3 and (used["value"] == 0).all()
-    # The kept checkpoint (step 2, 2 ranks) resumes on 1 rank: DCP reshards; steps 3.. rerun.
-    (run / "status.json").unlink()
-    out = _torchrun(1, run, cache, "steps=4", "replay=r2", "dist.strategy=fsdp")
-    assert "resuming" in out.stdout + out.stderr
+    extra = ("steps=4", "replay=r2", "keep_checkpoint=true")
+    _torchrun(2, run, cache, *extra, "dist.strategy=ddp")
+    first = _metrics(run)
+    used = first[first["key"] == "route/used_vs_cached/flip_rate"]
+    assert len(used) == 4 and (used["value"] == 0).all()
+    # The kept checkpoint (step 2, DDP on 2 ranks) resumes with FSDP2 on 1 rank: DCP reshards.
+    (run / "status.json").unlink()  # else the finished run is skipped
+    out = _torchrun(1, run, cache, *extra, "dist.strategy=fsdp")
+    assert "resuming" in out.stdout + out.stderr and "resharding" in out.stdout + out.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 4
-    with pytest.raises(subprocess.CalledProcessError):  # a plain run refuses the sharded directory
-        subprocess.run([sys.executable, "experiments/train.py", *OVERRIDES, "steps=5", "replay=r2",
-                        f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}", "keep_checkpoint=true"],
-                       cwd=ROOT, check=True, capture_output=True, timeout=300)
+    again = _metrics(run)
+    rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
+    pd.testing.assert_frame_equal(again[rewards], first[rewards])
+    (run / "status.json").unlink()
+    plain = subprocess.run([sys.executable, "experiments/train.py", *OVERRIDES, *extra,
+                            f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and "holds a sharded checkpoint of a torchrun launch" in plain.stderr
 
 
 @pytest.mark.slow
