@@ -1,6 +1,8 @@
 """One run over many processes (DESIGN §6): process group, sharding, row split, exact metric reduction.
 
     torchrun --nproc_per_node=N experiments/train.py ...      # N processes, one training run
+    python experiments/train.py -m hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=N ...
+                                                               # a sweep of such runs on Slurm
 
 Without torchrun (no `WORLD_SIZE` in the environment) `Dist` is inactive and every method below is the
 identity, so a plain `python experiments/train.py` run computes bitwise what it did before this module.
@@ -59,6 +61,19 @@ POINTER = "checkpoint.json"  # names the last complete sharded checkpoint (writt
 
 def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def export_submitit_env() -> None:
+    """Inside a submitit job of several tasks (Hydra's submitit launcher with `tasks_per_node` > 1 or
+    `nodes` > 1, on Slurm or with the local executor) each task is one rank: set the variables torchrun
+    would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from the job's environment."""
+    if launched_by_torchrun() or "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    import submitit
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if submitit.JobEnvironment().num_tasks > 1:
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # LOCAL_RANK picks the GPU
 
 
 # --- pure helpers: which rows a rank owns, loss weights, sufficient statistics ------------------------
@@ -179,6 +194,7 @@ class Dist:
     """This process's place in the run; inactive (every call the identity) without torchrun."""
 
     def __init__(self, strategy: str = "fsdp", timeout_s: float = 1800.0, device: str = "cpu") -> None:
+        export_submitit_env()
         self.active = launched_by_torchrun()
         self.strategy = strategy
         self.rank, self.world_size, self.local_rank = 0, 1, 0
@@ -188,7 +204,7 @@ class Dist:
             return
         if strategy not in STRATEGIES:
             raise ValueError(f"dist.strategy={strategy!r} is not valid; valid: {list(STRATEGIES)}")
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = str(device).startswith("cuda")
         if cuda:
             torch.cuda.set_device(self.local_rank)  # "cuda" now means this rank's device
@@ -215,7 +231,7 @@ class Dist:
             raise ValueError(
                 f"algo.name={cfg.algo.name!r} with algo.agg='token-mean' and algo.beta>0 mixes a per-sequence "
                 "policy term with a per-token KL term; one loss scale cannot make it exact across ranks. "
-                f"Use algo.agg=seq-mean-token-mean (counts: {sorted(counts)})"
+                "Use algo.agg=seq-mean-token-mean"
             )
 
     def wrap(self, model: nn.Module) -> nn.Module:

@@ -16,7 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor
 from transformers import (
-    LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerFast, StoppingCriteria,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    StoppingCriteria,
     StoppingCriteriaList,
 )
 

@@ -7,6 +7,7 @@ the run directories; `dist_worker.py` checks replay and gradient checkpointing o
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,8 +23,15 @@ import torch
 
 from moe_rl.algos import grpo_loss, gspo_loss
 from moe_rl.distributed import (
-    Dist, group_block, local_rows, loss_counts, position_sums, ratio_from_sums, ratio_sums,
-    route_counts, route_from_counts,
+    Dist,
+    group_block,
+    local_rows,
+    loss_counts,
+    position_sums,
+    ratio_from_sums,
+    ratio_sums,
+    route_counts,
+    route_from_counts,
 )
 from moe_rl.metrics import ratio_stats
 from moe_rl.models import build_model
@@ -45,7 +53,7 @@ def _routes(B: int, T: int, seed: int, L: int = 3, E: int = 8, k: int = 2) -> Ro
 def _split(B: int, parts: list[int]) -> list[slice]:
     edges = [0, *torch.tensor(parts).cumsum(0).tolist()]
     assert edges[-1] == B
-    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:])]
+    return [slice(a, b) for a, b in itertools.pairwise(edges)]
 
 
 # --- pure helpers -------------------------------------------------------------------------------------
@@ -78,9 +86,9 @@ def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(lo
     adv = torch.randn(B, generator=g)
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[1] = False  # an empty sequence
-    kwargs = dict(old_logp=old_logp, mask=mask, adv=adv, agg=agg)
+    kwargs = {"old_logp": old_logp, "mask": mask, "adv": adv, "agg": agg}
     algo = "grpo" if loss_fn is grpo_loss else "gspo"
-    (reference,) = torch.autograd.grad(loss_fn(logp=logp, **{**kwargs})[0], logp)
+    (reference,) = torch.autograd.grad(loss_fn(logp=logp, **kwargs)[0], logp)
     total = loss_counts(algo, agg, mask)["policy"]
     mean = torch.zeros_like(logp)
     for rows in _split(B, [1, 3, 2]):  # unequal shares, as a rank's rows of a mini-batch are
@@ -187,7 +195,7 @@ def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 
@@ -286,7 +294,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) ->
 
 @pytest.mark.slow
 def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path) -> None:
-    root, cache = runs
+    _, cache = runs
     run = tmp_path / "ddp"
     extra = ("steps=4", "replay=r2", "keep_checkpoint=true")
     _torchrun(2, run, cache, *extra, "dist.strategy=ddp")
@@ -304,7 +312,7 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     (run / "status.json").unlink()
     plain = subprocess.run([sys.executable, "experiments/train.py", *OVERRIDES, *extra,
                             f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert plain.returncode != 0 and "holds a sharded checkpoint of a torchrun launch" in plain.stderr
 
 
@@ -312,7 +320,25 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
 def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(ROOT / "tests" / "dist_worker.py")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          str(ROOT / "tests" / "dist_worker.py")], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count("ok") == 2
+
+
+@pytest.mark.slow
+def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(runs, tmp_path) -> None:
+    """The Slurm recipe of the README with submitit's local executor: each task of a job is one rank."""
+    _, cache = runs
+    cmd = [sys.executable, "experiments/train.py", "-m", *OVERRIDES, "steps=2", "replay=r2,r3",
+           f"cold_start.cache_dir={cache}", f"results_dir={tmp_path}", "hydra/launcher=submitit_local",
+           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metas = sorted(tmp_path.rglob("meta.json"))
+    assert len(metas) == 2
+    for meta in metas:
+        doc = json.loads(meta.read_text())
+        assert doc["world_size"] == 2 and doc["strategy"] == "fsdp", doc
+        assert json.loads((meta.parent / "status.json").read_text())["status"] in ("completed", "collapsed")
