@@ -90,6 +90,7 @@ def _train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdSt
         model_cfg.family, seed=cold.seed, experts_implementation=model_cfg.experts_implementation,
         vocab_size=len(tokenizer), num_layers=model_cfg.num_layers, num_experts=model_cfg.num_experts,
         top_k=model_cfg.top_k, hidden_size=model_cfg.hidden_size,
+        **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
     )
     data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=cold.seed, **task_cfg.kwargs)
     train, evals = data["train"].to_list(), data["eval"].to_list()

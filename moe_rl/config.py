@@ -26,6 +26,7 @@ class ModelConfig:
     num_experts: int = 8
     top_k: int = 2
     hidden_size: int = 64
+    moe_intermediate_size: int | None = None  # width of each expert; None: the family's tiny default
     experts_implementation: str | None = None  # None: fastest correct on the device
     checkpoint: str | None = None  # a local save_pretrained directory instead of a built model
 
@@ -220,6 +221,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
         raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
+    if cfg.model.moe_intermediate_size is not None and cfg.model.moe_intermediate_size < 1:
+        raise ValueError(f"model.moe_intermediate_size={cfg.model.moe_intermediate_size} must be >= 1")
     if cfg.model.top_k >= cfg.model.num_experts:
         raise ValueError(f"model.top_k={cfg.model.top_k} must be < model.num_experts={cfg.model.num_experts}")
     return cfg

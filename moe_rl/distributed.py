@@ -51,11 +51,13 @@ from torch import Tensor, nn
 from moe_rl.atomic import write_atomic
 from moe_rl.metrics import RATIO_KEYS
 from moe_rl.routing import Routes, route_overlap
+from moe_rl.routing.compare import shift_summary
 from moe_rl.runio import RunWriter
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("fsdp", "ddp")
+COUNT_PREFIX = "route/flip_vs_margin/"  # per-update counts (train.COUNT_PREFIX): summed across ranks
 POINTER = "checkpoint.json"  # names the last complete sharded checkpoint (written last, atomically)
 
 
@@ -371,13 +373,16 @@ class Dist:
     def reduce_update(
         self, metrics: dict[str, float], *, algo: str, agg: str, logp: Tensor, old_logp: Tensor, mask: Tensor,
         routes: dict[str, tuple[Routes, Routes]], positions: tuple[Routes, Routes, int, int, int],
+        shift: Tensor | None = None,
     ) -> dict[str, float]:
         """The metrics of one update over the global mini-batch, from this rank's `metrics` and tensors.
 
         Ratio statistics come from sums, route metrics of each pair in `routes` (`route/<pair>/...`) and the
-        per-position flips (`positions` = (native, old, start, bucket, buckets)) from counts; loss terms,
-        clip fractions and entropy are means weighted by their denominators; `optim/grad_norm` is already
-        global. A key with no declared rule is averaged over valid response tokens, with a warning.
+        per-position flips (`positions` = (native, old, start, bucket, buckets)) from counts, the
+        flip-vs-margin counts summed, the router shift (`shift`: this rank's `router_shift_gaps`) from all
+        ranks' gaps in row order; loss terms, clip fractions and entropy are means weighted by their
+        denominators; `optim/grad_norm` is already global. A key with no declared rule is averaged over
+        valid response tokens, with a warning.
         """
         if not self.active:
             return metrics
@@ -397,6 +402,8 @@ class Dist:
         sums["positions"] = position_sums(native, old, mask, start, bucket, buckets) * w
         exact = {"optim/grad_norm"} | set(RATIO_KEYS) | {k for k in metrics if k.startswith("route/")}
         for key, value in metrics.items():
+            if key.startswith(COUNT_PREFIX):
+                sums[f"count.{key}"] = torch.tensor(value * w, dtype=torch.float64)
             if key in exact:
                 continue
             if key not in weights and key not in self._warned:
@@ -407,6 +414,11 @@ class Dist:
             sums[f"mean.{key}"] = torch.tensor([value * n, n], dtype=torch.float64)
         total, top = self._reduce(sums, maxima)
         out = {k: v for k, v in metrics.items() if k == "optim/grad_norm"}
+        out.update({k[6:]: v for k, v in total.items() if k.startswith("count.")})
+        if shift is not None:
+            gaps = self._gather(shift.double() if w else shift.new_zeros(0, shift.shape[1]).double())
+            summary = shift_summary(gaps.view(-1, shift.shape[1]))
+            out.update({f"route/old_vs_new/{k}": v for k, v in summary.items()})
         for key in metrics:
             if f"mean.{key}" in total:
                 s, n = total[f"mean.{key}"]

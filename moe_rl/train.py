@@ -36,11 +36,13 @@ from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, validate
 from moe_rl.distributed import Dist, refuse_sharded_checkpoint
+from moe_rl.routing.compare import router_shift_gaps
 from moe_rl.models import load_model
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
-    RoutedPass, Routes, compare_routes, find_moe_layers, route_metrics, route_overlap,
+    RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
+    router_shift,
 )
 from moe_rl.runio import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.tasks import get_task, load_task, make_tokenizer
@@ -61,7 +63,7 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
         "replay": cfg.replay.mode, "family": cfg.model.family, "task": cfg.task.name, "seed": cfg.seed,
         "N": cfg.optim.updates_per_rollout, "lr": cfg.optim.lr, "rollout_dtype": cfg.rollout.dtype,
         "num_layers": model.config.num_hidden_layers, "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts,
+        "num_experts": layers[0].num_experts, "top_k": layers[0].top_k,
     }
 
 
@@ -96,18 +98,34 @@ def flip_by_position(a: Routes, b: Routes, response_mask: torch.Tensor, start: i
 # Also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
-                  "route/old_vs_new/token_flip_rate", "ratio/token_var", "ratio/seq_var", "kl/k3")
+                  "route/old_vs_new/token_flip_rate", "route/old_vs_new/shift/mean", "ratio/token_var",
+                  "ratio/seq_var", "kl/k3")
+# Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
+COUNT_PREFIX = "route/flip_vs_margin/"
+
+
+def flip_margin_metrics(old: Routes, new: Routes, margins: torch.Tensor) -> dict[str, float]:
+    """`route/flip_vs_margin/{n,flips}/bin_{b}`: (t, l) counts per old-margin bin (MARGIN_EDGES)."""
+    n, flips = flip_margin_counts(old, new, margins)
+    out = {f"{COUNT_PREFIX}n/bin_{b}": float(v) for b, v in enumerate(n.tolist())}
+    out.update({f"{COUNT_PREFIX}flips/bin_{b}": float(v) for b, v in enumerate(flips.tolist())})
+    return out
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
     """Step-level metrics from the step's updates (equal-size mini-batches): the mean of each
-    update's value, the max for maxima, and the mean over updates 2..N for OFFPOLICY_KEYS."""
+    update's value, the max for maxima, the mean over updates 2..N for OFFPOLICY_KEYS, and the
+    sum over updates 2..N for the flip-vs-margin counts."""
     values: dict[str, list[float]] = defaultdict(list)
     for metrics in updates:
         for key, value in metrics.items():
-            values[key].append(value)
+            if not key.startswith(COUNT_PREFIX):
+                values[key].append(value)
     out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
     if len(updates) > 1:
+        for key in updates[1]:
+            if key.startswith(COUNT_PREFIX):
+                out[key] = sum(m[key] for m in updates[1:])
         for key in OFFPOLICY_KEYS:
             late = [m[key] for m in updates[1:] if key in m]
             if late:
@@ -184,21 +202,21 @@ class Trainer:
         )
         return rollout, rewards, group
 
-    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor]:
-        """(old_logp, old policy's native routes, margins) on the rollout tokens."""
+    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
+        """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
         replay = rollout.routes if self.cfg.replay.mode == "r3" else None
-        with torch.no_grad(), RoutedPass(self.policy, replay, margins=True) as routed:
+        with torch.no_grad(), RoutedPass(self.policy, replay, margins=True, scores=True) as routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-        return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins
+        return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins, routed.scores
 
     def update(
         self, rollout: Rollout, rows: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-        old_routes: Routes, replay_routes: Routes | None,
+        old_routes: Routes, replay_routes: Routes | None, old_margins: torch.Tensor, old_scores: torch.Tensor,
     ) -> dict[str, float]:
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
-        with RoutedPass(self.policy, replay) as routed:
+        with RoutedPass(self.policy, replay, scores=True) as routed:
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
         native = routed.native.with_mask(valid)
@@ -223,6 +241,9 @@ class Trainer:
         metrics.update({"loss": loss.item(), "optim/grad_norm": grad_norm.item(), "policy/entropy": entropy.item()})
         metrics.update(route_metrics("old_vs_new", native, old_routes[rows]))
         metrics.update(flip_by_position(native, old_routes[rows], mask, rollout.prompt_len - 1, cfg.position_bucket))
+        shift = router_shift(old_scores[rows], routed.scores, old_routes[rows], mask)
+        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift.items()})
+        metrics.update(flip_margin_metrics(old_routes[rows], native, old_margins[rows]))
         if replay_routes is not None:
             used = routed.used.with_mask(valid)
             metrics.update(route_metrics("native_vs_replayed", native, replay_routes[rows]))
@@ -236,6 +257,7 @@ class Trainer:
                 metrics, algo=cfg.algo.name, agg=cfg.algo.agg, logp=logp.detach(), old_logp=old_logp[rows],
                 mask=mask, routes=pairs,
                 positions=(native, old_routes[rows], rollout.prompt_len - 1, cfg.position_bucket, buckets),
+                shift=router_shift_gaps(old_scores[rows], routed.scores, old_routes[rows], mask),
             )
         return metrics
 
@@ -248,7 +270,7 @@ class Trainer:
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
         t1 = time.perf_counter()
-        old_logp, old_routes, margins = self.old_pass(rollout)
+        old_logp, old_routes, margins, old_scores = self.old_pass(rollout)
         t2 = time.perf_counter()
         replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[cfg.replay.mode]
         B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
@@ -257,7 +279,7 @@ class Trainer:
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
         updates = [  # under torchrun: this rank's rows of each global mini-batch
-            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes)
+            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()

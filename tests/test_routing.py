@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -11,7 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from moe_rl.models import FAMILIES, build_model
-from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, router_margins
+from moe_rl.routing import (
+    MARGIN_EDGES, RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, flip_margin_counts, router_margins,
+    router_shift,
+)
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -454,4 +458,59 @@ def test_routes_from_vllm_and_sglang() -> None:
     with pytest.raises(ValueError, match="not a multiple of num_layers"):
         Routes.from_sglang(base64.b64encode(np.arange(3, dtype=np.int32).tobytes()).decode(), num_layers=2, top_k=2, num_experts=8)
     with pytest.raises(ValueError, match="expert ids must lie"):
-        Routes.from_vllm([seq0], num_experts=4)
+        Routes.from_vllm([seq0], E=4)
+
+
+# --- router shift and flip-vs-margin (hand-built inputs) ----------------------------------------
+
+
+def test_router_shift_hand_computed() -> None:
+    # B=1, T=2, L=2, k=1, E=4. Token 0: layer 0's old expert keeps p=0.5, layer 1's goes 0.4 -> 0.2.
+    old = _routes([[[[0], [1]], [[2], [3]]]], E=4)
+    p_old = torch.tensor([[[[0.5, 0.2, 0.2, 0.1], [0.3, 0.4, 0.2, 0.1]],
+                           [[0.1, 0.1, 0.7, 0.1], [0.1, 0.1, 0.1, 0.7]]]])
+    p_new = p_old.clone()
+    p_new[0, 0, 1] = torch.tensor([0.3, 0.2, 0.4, 0.1])  # layer 1, token 0: expert 1 at 0.2
+    mask = torch.tensor([[True, True]])
+    m = router_shift(p_old, p_new, old, mask)
+    gamma0 = math.exp(-(0.0 + abs(math.log(0.2 / 0.4))) / 2)  # mean over layers of |log ratio|
+    assert m["shift/mean"] == pytest.approx((gamma0 + 1.0) / 2)
+    assert m["shift/p10"] == pytest.approx(torch.tensor([gamma0, 1.0], dtype=torch.float64).quantile(0.1).item())
+    assert m["shift/layer_0"] == pytest.approx(1.0)
+    assert m["shift/layer_1"] == pytest.approx((0.5 + 1.0) / 2)
+    # The unchanged token alone: no shift. No valid token: NaN.
+    assert router_shift(p_old, p_new, old, torch.tensor([[False, True]]))["shift/mean"] == pytest.approx(1.0)
+    assert math.isnan(router_shift(p_old, p_new, old, torch.tensor([[False, False]]))["shift/mean"])
+    # Identical routers: exactly 1 everywhere.
+    assert router_shift(p_old, p_old, old, mask)["shift/p10"] == 1.0
+
+
+def test_flip_margin_counts_hand_built() -> None:
+    # B=1, T=3, L=2, k=1; flips at (t=0, l=1) and (t=2, l=0).
+    old = _routes([[[[0], [1]], [[2], [3]], [[1], [1]]]], E=4)
+    new = _routes([[[[0], [2]], [[2], [3]], [[3], [1]]]], E=4)
+    margins = torch.tensor([[[0.5, 5e-5], [2e-3, 2e-3], [5e-5, 0.02]]])
+    n, flips = flip_margin_counts(old, new, margins, edges=(0.0, 1e-4, 1e-2, float("inf")))
+    assert n.tolist() == [2, 2, 2]
+    assert flips.tolist() == [2, 0, 0]
+    # A masked position leaves every bin.
+    new_masked = _routes(new.indices.tolist(), [[True, True, False]], E=4)
+    n, flips = flip_margin_counts(old, new_masked, margins, edges=(0.0, 1e-4, 1e-2, float("inf")))
+    assert n.tolist() == [1, 2, 1] and flips.tolist() == [1, 0, 0]
+    # Default edges: counts add up to the valid (t, l) and the flips to compare_routes' flip rate.
+    n, flips = flip_margin_counts(old, new, margins)
+    assert n.sum() == 6 and flips.sum() / 6 == pytest.approx(compare_routes(old, new)["flip_rate"])
+    assert len(n) == len(MARGIN_EDGES) - 1
+
+
+def test_recorder_scores_are_router_probabilities() -> None:
+    model = build_model("qwen3_moe")
+    with torch.no_grad(), RouteRecorder(model, scores=True, margins=True) as rec:
+        model(_inputs())
+    scores = rec.scores  # (B, T, L, E)
+    assert scores.shape == (3, 12, 2, 8)
+    torch.testing.assert_close(scores.sum(-1), torch.ones(3, 12, 2))
+    # The recorded top-k are the top-k of the recorded scores; margins agree with the scores.
+    top = scores.topk(2, dim=-1).indices.sort(-1).values
+    assert torch.equal(top, rec.routes.indices.long())
+    torch.testing.assert_close(rec.margins, router_margins(scores, 2))

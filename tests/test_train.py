@@ -39,13 +39,13 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
     for replay in ("none", "r2", "r3"):
         trainer = Trainer(tiny_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, _ = trainer.old_pass(rollout)
+        old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
 
         adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
         replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
         rows = torch.arange(len(rollout))[:16]
-        results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes)
+        results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores)
     # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide, so every
     # replay mode computes bitwise the same loss and ratios (all exactly 1).
     for replay in ("r2", "r3"):
@@ -54,6 +54,7 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
         assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
     assert results["none"]["ratio/token_max"] == 1.0 and results["none"]["ratio/token_var"] == 0.0
     assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
+    assert results["none"]["route/old_vs_new/shift/mean"] == 1.0  # the router has not moved
 
 
 @pytest.mark.slow
@@ -66,14 +67,25 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     assert result["status"] in ("completed", "collapsed")
     frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
     assert list(frame.columns) == ["run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr",
-                                   "rollout_dtype", "num_layers", "num_moe_layers", "num_experts", "step", "key", "value"]
+                                   "rollout_dtype", "num_layers", "num_moe_layers", "num_experts", "top_k", "step", "key",
+                                   "value"]
     assert set(frame["arm"]) == {f"{algo}+{replay}"} and sorted(frame["step"].unique()) == [0, 1, 2, 3, 4]
     metrics = frame.pivot_table(index="step", columns="key", values="value")
     for key in ("reward/mean", "ratio/token_var", "ratio/seq_var", "ratio/ess", "kl/k3", "policy/entropy",
                 "optim/grad_norm", "route/old_vs_new/flip_rate", "route/rollout_vs_old/flip_rate",
                 "route/old_vs_new/flip_rate/layer_1", "route/old_vs_new/flip_rate/pos_0", "route/margin_mean",
-                "time/rollout_s", "time/update_s", "ratio/clipfrac_low", "ratio/clipfrac_high"):
+                "time/rollout_s", "time/update_s", "ratio/clipfrac_low", "ratio/clipfrac_high",
+                "route/old_vs_new/shift/mean", "route/old_vs_new/shift/p10", "route/old_vs_new/shift/layer_1",
+                "route/old_vs_new/shift/mean/offpolicy"):
         assert metrics.loc[1:, key].map(math.isfinite).all(), key
+    # Router-shift ratio in (0, 1]; the flip-vs-margin counts of updates 2..N match their flip rate.
+    assert ((metrics.loc[1:, "route/old_vs_new/shift/mean"] > 0) & (metrics.loc[1:, "route/old_vs_new/shift/mean"] <= 1)).all()
+    n = metrics.loc[1:, [c for c in metrics if c.startswith("route/flip_vs_margin/n/")]].sum(axis=1)
+    flips = metrics.loc[1:, [c for c in metrics if c.startswith("route/flip_vs_margin/flips/")]].sum(axis=1)
+    assert (flips <= n).all() and (n > 0).all()
+    # Pooled counts vs the mean of per-update rates: equal up to the mini-batches' differing token counts.
+    assert (flips / n).to_numpy() == pytest.approx(
+        metrics.loc[1:, "route/old_vs_new/flip_rate/offpolicy"].to_numpy(), rel=0.05)
     assert metrics["task/accuracy"].dropna().index.tolist() == [0, 2, 4]
     changed = sum(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
     assert changed > 0
@@ -96,11 +108,11 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
     """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
     trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", lr=3e-2))
     rollout, rewards, _ = trainer.rollout(step=1)
-    old_logp, old_routes, _ = trainer.old_pass(rollout)
+    old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
     adv = torch.randn(len(rollout))  # any non-zero signal moves the router
     rows = torch.arange(len(rollout))
     for _ in range(2):
-        metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes)
+        metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes, margins, scores)
     assert metrics["route/native_vs_replayed/flip_rate"] > 0
     assert metrics["route/used_vs_cached/flip_rate"] == 0.0
     # and the recorded log-probs are those of the replayed routes, not the native ones
@@ -119,6 +131,10 @@ def test_aggregate_is_over_the_whole_step() -> None:
                      {"loss": 3.0, "ratio/token_max": 1.2, "kl/k3": 0.2},
                      {"loss": 2.0, "ratio/token_max": 1.1, "kl/k3": 0.4}])
     assert agg == pytest.approx({"loss": 2.0, "ratio/token_max": 1.5, "kl/k3": 0.2, "kl/k3/offpolicy": 0.3})
+    # Flip-vs-margin counts are summed over the off-policy updates 2..N, never averaged.
+    counts = aggregate([{"route/flip_vs_margin/n/bin_0": 5.0}, {"route/flip_vs_margin/n/bin_0": 7.0},
+                        {"route/flip_vs_margin/n/bin_0": 4.0}])
+    assert counts == {"route/flip_vs_margin/n/bin_0": 11.0}
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,8 @@ _ALIASES = {
     "num_experts": {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v3": "n_routed_experts"},
     "top_k": {"*": "num_experts_per_tok"},
     "num_layers": {"*": "num_hidden_layers"},
+    # Per-expert width: families whose experts use the dense `intermediate_size` key.
+    "moe_intermediate_size": {"mixtral": "intermediate_size", "gpt_oss": "intermediate_size", "olmoe": "intermediate_size"},
 }
 
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")

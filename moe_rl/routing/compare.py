@@ -58,3 +58,70 @@ def compare_routes(a: Routes, b: Routes) -> dict[str, float]:
 def route_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
     """`compare_routes(a, b)` under the metric names `route/{pair}/...` (DESIGN §3)."""
     return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}
+
+
+def router_shift(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> dict[str, float]:
+    """Router-shift ratio on the old policy's activated experts (RSPO, arXiv 2510.23027).
+
+    With p_old, p_new the routers' selection probabilities (B, T, L, E) and S_old(t, l) the old
+    policy's top-k set, per valid token t
+
+        gamma_t = exp( -(1/L) sum_l (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)| )
+
+    in (0, 1]: 1 when the router puts the same probability on every previously activated expert,
+    smaller the more it moved. Returns `shift/mean` and `shift/p10` (10th percentile over tokens:
+    the most shifted tail) of gamma, and `shift/layer_{i}`, the mean of the per-layer ratio.
+    NaN when no token is valid.
+    """
+    return shift_summary(router_shift_gaps(old_scores, new_scores, old, mask))
+
+
+def router_shift_gaps(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> Tensor:
+    """(n, L) float64: (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)| for the n valid tokens, in
+    row-major order (what `router_shift` summarises; rows of several batches concatenate)."""
+    if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
+        raise ValueError(f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match "
+                         f"routes {old.shape}")
+    valid = mask.to(torch.bool) & old.mask  # (B, T)
+    idx = old.indices.to(torch.int64)[valid]  # (n, L, k)
+    tiny = torch.finfo(torch.float64).tiny
+    p_old = old_scores[valid].double().gather(-1, idx).clamp(min=tiny)  # (n, L, k)
+    p_new = new_scores[valid].double().gather(-1, idx).clamp(min=tiny)
+    return (p_new.log() - p_old.log()).abs().mean(-1)  # (n, L)
+
+
+def shift_summary(per_layer: Tensor) -> dict[str, float]:
+    """`shift/mean`, `shift/p10` and `shift/layer_{i}` of `router_shift` from its (n, L) gaps."""
+    L = per_layer.shape[1]
+    if not per_layer.shape[0]:
+        return {"shift/mean": float("nan"), "shift/p10": float("nan"),
+                **{f"shift/layer_{i}": float("nan") for i in range(L)}}
+    gamma = torch.exp(-per_layer.mean(-1))  # (n,)
+    out = {"shift/mean": gamma.mean().item(), "shift/p10": gamma.quantile(0.1).item()}
+    out.update({f"shift/layer_{i}": v for i, v in enumerate(torch.exp(-per_layer).mean(0).tolist())})
+    return out
+
+
+# Margin bins of the flip-vs-margin calibration: the gap between the k-th and (k+1)-th router
+# probability, log-spaced because fine-grained routers (E = 64-128) have gaps of 1e-4..1e-2.
+MARGIN_EDGES = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, float("inf"))
+
+
+def flip_margin_counts(
+    old: Routes, new: Routes, margins: Tensor, edges: tuple[float, ...] = MARGIN_EDGES
+) -> tuple[Tensor, Tensor]:
+    """(n, flips) per margin bin, both int64 of shape (len(edges) - 1,), over (t, l) valid in both.
+
+    `margins` (B, T, L) are the old router's k-th vs (k+1)-th probability gaps; a (t, l) flips when
+    its top-k set under `new` differs from `old`. Bin b holds margins in [edges[b], edges[b+1]).
+    """
+    _check_comparable(old, new)
+    flipped = route_overlap(old, new) < old.top_k  # (B, T, L)
+    valid = (old.mask & new.mask.to(old.mask.device)).unsqueeze(-1).expand_as(flipped)  # (B, T, L)
+    m = margins.to(flipped.device).float()[valid]
+    f = flipped[valid]
+    bins = torch.bucketize(m, torch.tensor(edges[1:-1], dtype=m.dtype), right=True)  # (n,) in [0, len-2]
+    n_bins = len(edges) - 1
+    n = torch.bincount(bins, minlength=n_bins)
+    flips = torch.bincount(bins, weights=f.double(), minlength=n_bins).round().long()
+    return n, flips

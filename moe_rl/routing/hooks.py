@@ -249,6 +249,7 @@ class _Record:
     passes: list[list[Tensor | None]] = field(default_factory=list)  # per pass, per layer: (B*T, k)
     masks: list[Tensor] = field(default_factory=list)  # per pass: (B, T)
     margins: list[list[Tensor | None]] = field(default_factory=list)
+    scores: list[list[Tensor | None]] = field(default_factory=list)
 
 
 class RouteRecorder(_ModelHooks):
@@ -261,13 +262,15 @@ class RouteRecorder(_ModelHooks):
     A pass without a KV cache starts a new record; KV-cache continuations (`generate`'s decode
     steps) extend the current one along time. `routes` is the latest record, `records` all.
     Pad positions (attention_mask == 0) are masked. With `margins=True`, `margins` holds the gap
-    between the k-th and (k+1)-th router probability per (B, T, L).
+    between the k-th and (k+1)-th router probability per (B, T, L); with `scores=True`, `scores`
+    holds the router's selection probabilities per (B, T, L, E) (for the router-shift metric).
     """
 
-    def __init__(self, model: nn.Module, *, margins: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, margins: bool = False, scores: bool = False) -> None:
         super().__init__(model)
         self._dtype = index_dtype(self.num_experts)
         self.record_margins = margins
+        self.record_scores = scores
         self._records: list[_Record] = []
 
     def __enter__(self) -> RouteRecorder:
@@ -287,6 +290,7 @@ class RouteRecorder(_ModelHooks):
         record.masks.append(mask)
         record.passes.append([None] * len(self.layers))
         record.margins.append([None] * len(self.layers))
+        record.scores.append([None] * len(self.layers))
 
     def _make_hook(self, i: int):
         def hook(router: nn.Module, args: tuple, output: tuple) -> None:
@@ -300,9 +304,12 @@ class RouteRecorder(_ModelHooks):
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
             current[i] = _batch_major(layer, output[2].detach().to(self._dtype), B, T)  # compact at once
-            if self.record_margins:
+            if self.record_margins or self.record_scores:
                 scores = selection_scores(router, output[0].detach())
-                record.margins[-1][i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
+                if self.record_margins:
+                    record.margins[-1][i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
+                if self.record_scores:
+                    record.scores[-1][i] = _batch_major(layer, scores, B, T)
 
         return hook
 
@@ -326,6 +333,18 @@ class RouteRecorder(_ModelHooks):
         for mask, per_layer in zip(record.masks, record.margins):
             B, T = mask.shape
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers)))
+        return torch.cat(steps, dim=1)
+
+    @property
+    def scores(self) -> Tensor:
+        """(B, T, L, E) float32 router selection probabilities of the latest record (needs `scores=True`)."""
+        if not self.record_scores:
+            raise RuntimeError("construct RouteRecorder(model, scores=True) to record router scores")
+        record = self._records[-1]
+        steps = []
+        for mask, per_layer in zip(record.masks, record.scores):
+            B, T = mask.shape
+            steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         return torch.cat(steps, dim=1)
 
     def _assemble(self, record: _Record) -> Routes:
@@ -468,12 +487,15 @@ class RoutedPass:
     """One recorded forward pass, replaying `routes` when given (None: the router's own routes).
 
     `used` are the routes the experts received (the recorder runs after the replay hook), `native`
-    what the router itself would have chosen, `margins` its k-th vs (k+1)-th gaps when asked for.
+    what the router itself would have chosen, `margins` its k-th vs (k+1)-th gaps and `scores` its
+    selection probabilities when asked for (both are the live router's, whatever was replayed).
     """
 
-    def __init__(self, model: nn.Module, routes: Routes | None = None, *, margins: bool = False) -> None:
+    def __init__(
+        self, model: nn.Module, routes: Routes | None = None, *, margins: bool = False, scores: bool = False
+    ) -> None:
         self.replay = RouteReplay(model, routes, record_native=True) if routes is not None else None
-        self.recorder = RouteRecorder(model, margins=margins)
+        self.recorder = RouteRecorder(model, margins=margins, scores=scores)
         self._stack = ExitStack()
 
     def __enter__(self) -> RoutedPass:
@@ -496,6 +518,10 @@ class RoutedPass:
     @property
     def margins(self) -> Tensor:
         return self.recorder.margins
+
+    @property
+    def scores(self) -> Tensor:
+        return self.recorder.scores
 
 
 _CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
