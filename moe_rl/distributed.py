@@ -436,7 +436,7 @@ class Dist:
 
     def reduce_rollout(
         self, metrics: dict[str, float], *, rewards: Tensor, response_mask: Tensor, logp_gap: Tensor,
-        margins: Tensor, margin_mask: Tensor, rollout_vs_old: tuple[Routes, Routes] | None,
+        margins: Tensor, margin_mask: Tensor, rollout_vs_old: tuple[Routes, Routes] | None, group_size: int = 1,
     ) -> dict[str, float]:
         """Step-level values over all ranks' rows: rewards and margins gathered in global row order,
         `rollout/*` from sums, `route/rollout_vs_old/*` from counts, `time/*` as the slowest rank's."""
@@ -448,6 +448,10 @@ class Dist:
         all_rewards = self._gather(rewards.double()).to(rewards.dtype)
         out["reward/mean"] = all_rewards.mean().item()
         out["reward/std"] = all_rewards.std(unbiased=False).item()
+        if "reward/zero_var_group_frac" in metrics:
+            from moe_rl.tasks.rewards import zero_variance_frac
+
+            out["reward/zero_var_group_frac"] = zero_variance_frac(all_rewards, group_size)
         values = margins[margin_mask.to(margins.device)].float()  # (n, L) in row order
         gathered = self._gather(values).view(-1, margins.shape[-1])
         out.update(margin_stats(gathered.unsqueeze(0), torch.ones(1, gathered.shape[0], dtype=torch.bool)))
@@ -456,10 +460,14 @@ class Dist:
                 "rows": torch.tensor(float(mask.shape[0]), dtype=torch.float64)}
         if rollout_vs_old is not None:
             sums.update({f"route.{k}": v for k, v in route_counts(*rollout_vs_old).items()})
+        if "reward/errors" in metrics:
+            sums["errors"] = torch.tensor(metrics["reward/errors"], dtype=torch.float64)
         times = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items() if k.startswith("time/")}
         total, top = self._reduce(sums, times)
         out["rollout/logp_gap"] = total["gap"] / max(total["tokens"], 1.0)
         out["rollout/response_len"] = total["tokens"] / total["rows"]
+        if "errors" in total:
+            out["reward/errors"] = total["errors"]
         if rollout_vs_old is not None:
             counts = {k[6:]: v for k, v in total.items() if k.startswith("route.")}
             out.update(
