@@ -3,6 +3,7 @@
     python experiments/train.py algo=gspo replay=none seed=1
     python experiments/train.py -m +experiment=compare                      # the headline sweep
     python experiments/train.py -m +experiment=compare hydra/launcher=joblib hydra.launcher.n_jobs=2
+    torchrun --nproc_per_node=4 experiments/train.py algo=gspo       # one run over 4 processes (FSDP2)
 
 Defaults live in the dataclasses of `moe_rl.config` (registered below); config groups and
 experiment files in `experiments/conf/` hold only deltas. A run whose directory already holds a
@@ -12,6 +13,8 @@ finished `status.json` is skipped, so rerunning an interrupted multirun complete
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -31,4 +34,6 @@ def main(cfg: DictConfig) -> str:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun's other ranks: rank 0 alone writes the run directory
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     main()

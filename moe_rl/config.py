@@ -117,6 +117,14 @@ class CollapseConfig:
 
 
 @dataclass
+class DistConfig:
+    """How a torchrun launch splits one run across processes (ignored without torchrun; moe_rl.distributed)."""
+
+    strategy: str = "fsdp"  # fsdp: FSDP2 fully_shard per decoder layer, then the root; ddp: full replicas
+    timeout_s: float = 1800.0  # a collective waiting this long for a dead peer raises instead of hanging
+
+
+@dataclass
 class TrainConfig:
     out_dir: str | None = None  # the run folder (a sweep's folder under -m); None: see run_dir()
     experiment: str = "default"
@@ -144,6 +152,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     @property
     def arm(self) -> str:
@@ -155,7 +164,7 @@ class TrainConfig:
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
 _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint", "logger", "log_every")
+                 "keep_checkpoint", "logger", "log_every", "dist")
 
 
 def run_dir(cfg: TrainConfig) -> str:
@@ -238,6 +247,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
     _one_of("collapse.definition", cfg.collapse.definition, COLLAPSE_DEFINITIONS)
+    _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
     if cfg.model.experts_implementation is not None:
         _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
     eps_low, eps_high = cfg.algo.eps()

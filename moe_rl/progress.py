@@ -8,6 +8,7 @@ other's bars on one terminal); with `progress=false` it logs one line every `log
 from __future__ import annotations
 
 import logging
+import os
 import math
 import sys
 import time
@@ -90,6 +91,9 @@ class Progress:
 def run_log(run_dir: str | Path) -> Iterator[None]:
     """Send moe_rl's INFO lines to `<run_dir>/train.log` (and the console if logging is not set up)
     for the duration of a run, unless a handler already writes that file (Hydra's job logging)."""
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes the run folder
+        yield
+        return
     path = (Path(run_dir) / "train.log").resolve()
     root, package = logging.getLogger(), logging.getLogger("moe_rl")
     handlers = [h for lg in (root, package) for h in lg.handlers]

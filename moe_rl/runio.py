@@ -18,6 +18,7 @@ Every file is written to a temporary name and renamed, so a reader never sees a 
 from __future__ import annotations
 
 import json
+import os
 import logging
 import platform
 import subprocess
@@ -85,6 +86,9 @@ def write_status(
 def status_on_failure(run_dir: str | Path, config_hash: str) -> Iterator[None]:
     """Around a run's setup (cold start, data, model): mark the folder `running` while it works and
     `failed` (with the exception) if it raises, so no folder is left without a status.json."""
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 writes the run folder
+        yield
+        return
     run_dir = Path(run_dir)
     prior = read_status(run_dir)
     ours = prior.get("config_hash") in (None, config_hash)  # else the trainer refuses the folder untouched

@@ -34,6 +34,7 @@ import transformers
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start, make_task, render, task_data
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
+from moe_rl.distributed import Dist, refuse_sharded_checkpoint
 from moe_rl.loggers import open_loggers
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
 from moe_rl.progress import Progress, run_log
@@ -42,6 +43,7 @@ from moe_rl.routing import (
     RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
     router_shift,
 )
+from moe_rl.routing.compare import router_shift_gaps
 from moe_rl.runinfo import note_meta
 from moe_rl.runio import (
     RunDirectoryError, RunWriter, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
@@ -128,6 +130,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg = dataclasses.replace(validate(cfg), out_dir=run_dir(cfg))
+        self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # inactive without torchrun
+        self.dist.check(cfg)
+        cfg.progress = cfg.progress and self.dist.is_writer
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -140,6 +145,7 @@ class Trainer:
             self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
+        self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
         )
@@ -154,7 +160,7 @@ class Trainer:
         self.eval_examples = render(cfg.task, eval_examples, self.tokenizer)[: cfg.eval_size]
         self.reward_metrics: dict[str, float] = {}
         self.warned_no_signal = False
-        self.writer = RunWriter(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
+        self.writer = self.dist.writer(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
         self.checkpoint_path = self.writer.dir / "checkpoint.pt"
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
@@ -170,12 +176,13 @@ class Trainer:
     def rollout(self, step: int) -> tuple[Rollout, torch.Tensor, list[dict]]:
         cfg = self.cfg
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
-            self.rollout_policy.load_state_dict(self.policy.state_dict())
-        examples = self.prompts_for(step)
+            self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
+        examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all without torchrun)
         rollout = generate(
             self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
             seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
+            row_keys=self.dist.row_keys(cfg.seed, step, cfg.rollout.prompts_per_step, cfg.rollout.group_size),
         )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         errors = getattr(self.task, "errors", 0)
@@ -185,7 +192,7 @@ class Trainer:
         zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
         self.reward_metrics = {"reward/zero_var_group_frac": zero_var,
                                "reward/errors": float(getattr(self.task, "errors", 0) - errors)}
-        if zero_var == 1.0 and not self.warned_no_signal:  # every advantage is 0: the loss is 0
+        if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
             message = (f"step {step}: every prompt group has zero reward variance (reward/mean "
                        f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
@@ -209,7 +216,7 @@ class Trainer:
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
         with RoutedPass(self.policy, replay, scores=True) as routed:
-            logp, logits = forward_logp(self.policy, rollout, rows, temperature=cfg.rollout.temperature)
+            logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
         native = routed.native.with_mask(valid)
         ref_logp = None
@@ -220,8 +227,9 @@ class Trainer:
             logp=logp, old_logp=old_logp[rows], adv=adv[rows], mask=mask, eps_low=self.eps_low,
             eps_high=self.eps_high, ref_logp=ref_logp, beta=cfg.algo.beta, agg=cfg.algo.agg,
         )
+        share = self.dist.loss_share(cfg.algo.name, cfg.algo.agg, mask)  # None without torchrun
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if share is None else loss * share).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -239,6 +247,17 @@ class Trainer:
             used = routed.used.with_mask(valid)
             metrics.update(route_metrics("native_vs_replayed", native, replay_routes[rows]))
             metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay_routes[rows])["flip_rate"]
+        if self.dist.active:  # the values of the global mini-batch, from every rank's sums and counts
+            pairs = {"old_vs_new": (native, old_routes[rows])}
+            if replay_routes is not None:
+                pairs.update(native_vs_replayed=(native, replay_routes[rows]), used_vs_cached=(used, replay_routes[rows]))
+            buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
+            metrics = self.dist.reduce_update(
+                metrics, algo=cfg.algo.name, agg=cfg.algo.agg, logp=logp.detach(), old_logp=old_logp[rows],
+                mask=mask, routes=pairs,
+                positions=(native, old_routes[rows], rollout.prompt_len - 1, cfg.position_bucket, buckets),
+                shift=router_shift_gaps(old_scores[rows], routed.scores, old_routes[rows], mask),
+            )
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
@@ -253,13 +272,14 @@ class Trainer:
         old_logp, old_routes, margins, old_scores = self.old_pass(rollout)
         t2 = time.perf_counter()
         replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[cfg.replay.mode]
-        B, N = len(rollout), cfg.optim.updates_per_rollout
+        B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
-        updates = [
+        first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+        updates = [  # under torchrun: this rank's rows of each global mini-batch
             self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
-            for rows in perm.chunk(N)
+            for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()
         t3 = time.perf_counter()
@@ -275,7 +295,12 @@ class Trainer:
             "rollout/response_len": rollout.response_mask.sum(-1).float().mean().item(),
             "time/rollout_s": t1 - t0, "time/old_logp_s": t2 - t1, "time/update_s": t3 - t2,
         })
-        if cfg.snapshot_every and step % cfg.snapshot_every == 0:
+        metrics = self.dist.reduce_rollout(  # identity without torchrun
+            metrics, rewards=rewards, response_mask=rollout.response_mask, logp_gap=rollout.rollout_logp - old_logp,
+            margins=margins, margin_mask=old_routes.mask, group_size=cfg.rollout.group_size,
+            rollout_vs_old=(rollout.routes, old_routes) if rollout.routes is not None else None,
+        )
+        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors")
             if rollout.routes is not None:
                 rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors")
@@ -290,6 +315,12 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
+        if self.dist.active:  # every rank writes its shard
+            self.dist.save(self.writer.dir, step, self.policy, self.optimizer, self.ref, {
+                "step": step, "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
+                "cold_start_key": self.cold_info.get("key"), "config_hash": self.writer.config_hash,
+            })
+            return
         save_checkpoint(self.checkpoint_path, {
             "step": step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
@@ -299,6 +330,9 @@ class Trainer:
 
     def resume(self) -> int:
         """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
+        if self.dist.active:
+            return self._resume_sharded()
+        refuse_sharded_checkpoint(self.writer.dir)
         if not self.checkpoint_path.exists():
             self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
             return 0
@@ -324,6 +358,20 @@ class Trainer:
         log.info("resuming %s after step %d", self.writer.dir, state["step"])
         return state["step"]
 
+    def _resume_sharded(self) -> int:
+        state = self.dist.load(self.writer.dir, self.policy, self.optimizer, self.ref,
+                               config_hash=self.writer.config_hash, cold_start_key=self.cold_info.get("key"))
+        if state is None:
+            self.writer.truncate_after(-1)
+            return 0
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.writer.events = list(state["events"])
+        self.writer.truncate_after(state["step"])
+        self.history.update(self.dist.broadcast(self.writer.history(HISTORY_KEYS)))  # rank 0 reads the parts
+        log.info("resuming %s after step %d", self.writer.dir, state["step"])
+        return state["step"]
+
     def run(self) -> dict[str, Any]:
         """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""
         with run_log(self.writer.dir):
@@ -339,9 +387,10 @@ class Trainer:
         try:
             step = last = done = self.resume()  # refuses a directory of another config before writing into it
             writer.write_config(cfg.to_dict())
-            writer.write_meta(cold_start=self.cold_info, resumed_after_step=done)
-            writer.backends = open_loggers(cfg.logger, writer.dir, keys=writer.keys, config=cfg.to_dict(),
-                                           results_dir=cfg.results_dir, resumed_after=done)
+            writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, **self.dist.meta())
+            if self.dist.is_writer:  # live backends on rank 0 only, like the run folder
+                writer.backends = open_loggers(cfg.logger, writer.dir, keys=writer.keys, config=cfg.to_dict(),
+                                               results_dir=cfg.results_dir, resumed_after=done)
             accuracy = None
             if done == 0:
                 first = self.evaluate()
@@ -391,6 +440,7 @@ class Trainer:
             writer.close_backends(status)
         if status in ("completed", "collapsed", "diverged") and not cfg.keep_checkpoint:
             self.checkpoint_path.unlink(missing_ok=True)
+            self.dist.remove_checkpoint(writer.dir)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
 
 

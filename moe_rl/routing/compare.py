@@ -74,19 +74,29 @@ def router_shift(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tens
     the most shifted tail) of gamma, and `shift/layer_{i}`, the mean of the per-layer ratio.
     NaN when no token is valid.
     """
+    return shift_summary(router_shift_gaps(old_scores, new_scores, old, mask))
+
+
+def router_shift_gaps(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> Tensor:
+    """(n, L) float64: (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)| for the n valid tokens, in
+    row-major order (what `router_shift` summarises; rows of several batches concatenate)."""
     if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
         raise ValueError(f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match "
                          f"routes {old.shape}")
-    L = old.shape[2]
     valid = mask.to(torch.bool) & old.mask  # (B, T)
-    if not valid.any():
-        return {"shift/mean": float("nan"), "shift/p10": float("nan"),
-                **{f"shift/layer_{i}": float("nan") for i in range(L)}}
     idx = old.indices.to(torch.int64)[valid]  # (n, L, k)
     tiny = torch.finfo(torch.float64).tiny
     p_old = old_scores[valid].double().gather(-1, idx).clamp(min=tiny)  # (n, L, k)
     p_new = new_scores[valid].double().gather(-1, idx).clamp(min=tiny)
-    per_layer = (p_new.log() - p_old.log()).abs().mean(-1)  # (n, L)
+    return (p_new.log() - p_old.log()).abs().mean(-1)  # (n, L)
+
+
+def shift_summary(per_layer: Tensor) -> dict[str, float]:
+    """`shift/mean`, `shift/p10` and `shift/layer_{i}` of `router_shift` from its (n, L) gaps."""
+    L = per_layer.shape[1]
+    if not per_layer.shape[0]:
+        return {"shift/mean": float("nan"), "shift/p10": float("nan"),
+                **{f"shift/layer_{i}": float("nan") for i in range(L)}}
     gamma = torch.exp(-per_layer.mean(-1))  # (n,)
     out = {"shift/mean": gamma.mean().item(), "shift/p10": gamma.quantile(0.1).item()}
     out.update({f"shift/layer_{i}": v for i, v in enumerate(torch.exp(-per_layer).mean(0).tolist())})

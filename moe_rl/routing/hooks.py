@@ -649,10 +649,41 @@ def resolve_rule(layer: MoeLayer) -> Rule | None:
     probe = torch.randn(32, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad(), _probe_without_side_effects(router):
         try:
-            output = router(probe)
-        except (TypeError, RuntimeError, AttributeError, IndexError):
+            output = _call_unsharded(router, probe, layer.name)
+        except (TypeError, RuntimeError, AttributeError, IndexError) as err:
+            if _is_dtensor(weight) and "sharded" in str(err):
+                raise
             return None
         return check_rule_on_output(layer, output)
+
+
+def _call_unsharded(router: nn.Module, probe: Tensor, name: str) -> object:
+    """`router(probe)` outside any forward, also when FSDP2 has sharded its parameters into DTensors.
+
+    FSDP2 gathers a layer's parameters only inside that layer's forward, so the router's weight is a
+    shard here; its full value is gathered (`DTensor.full_tensor()`, a collective every rank reaches
+    because each one attaches the same replay) and passed in with `torch.func.functional_call`.
+    """
+    sharded = {n: p for n, p in router.named_parameters() if _is_dtensor(p)}
+    if not sharded:
+        return router(probe)
+    try:
+        full = {n: p.full_tensor() for n, p in sharded.items()}
+    except Exception as err:
+        raise RuntimeError(
+            f"router {name}: its parameters are sharded ({type(next(iter(sharded.values()))).__name__}) and could "
+            f"not be gathered for the attach-time rule check ({type(err).__name__}: {err}); attach the replay "
+            "inside an unsharded context (e.g. FSDP2's module.unshard()) on every rank"
+        ) from err
+    return torch.func.functional_call(router, full, (probe,))
+
+
+def _is_dtensor(x: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed support
+        return False
+    return isinstance(x, DTensor)
 
 
 @contextmanager

@@ -1,0 +1,352 @@
+"""One run over many processes: reductions against one-process references, and torchrun runs on gloo.
+
+The pure reductions are checked in-process against the one-process metric functions on the union of
+the rows. The torchrun tests launch `experiments/train.py` on 1 and 2 CPU processes (gloo) and compare
+the run directories; `dist_worker.py` checks replay and gradient checkpointing on FSDP2-sharded routers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from moe_rl.algos import grpo_loss, gspo_loss
+from moe_rl.distributed import (
+    Dist,
+    group_block,
+    local_rows,
+    loss_counts,
+    position_sums,
+    ratio_from_sums,
+    ratio_sums,
+    route_counts,
+    route_from_counts,
+)
+from moe_rl.metrics import ratio_stats
+from moe_rl.models import build_model
+from moe_rl.rollout import generate
+from moe_rl.routing import Routes, compare_routes
+from moe_rl.tasks import make_tokenizer
+from moe_rl.train import flip_by_position
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _routes(B: int, T: int, seed: int, L: int = 3, E: int = 8, k: int = 2) -> Routes:
+    g = torch.Generator().manual_seed(seed)
+    topk = torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k]
+    mask = torch.rand(B, T, generator=g) > 0.2
+    return Routes.from_topk(topk, mask, list(range(L)), E)
+
+
+def _split(B: int, parts: list[int]) -> list[slice]:
+    edges = [0, *torch.tensor(parts).cumsum(0).tolist()]
+    assert edges[-1] == B
+    return [slice(a, b) for a, b in itertools.pairwise(edges)]
+
+
+# --- pure helpers -------------------------------------------------------------------------------------
+
+
+def test_group_blocks_and_local_rows() -> None:
+    assert [list(group_block(8, r, 4)) for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="prompts_per_step=6 must be divisible by the world size 4"):
+        group_block(6, 0, 4)
+    rows = torch.tensor([7, 2, 9, 4, 5])  # a global mini-batch; this rank holds rows 4..7
+    assert local_rows(rows, 4, 4).tolist() == [3, 0, 1]  # local ids, in mini-batch order
+    assert local_rows(rows, 0, 2).tolist() == []
+
+
+def test_loss_counts_are_the_loss_denominators() -> None:
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)  # 5 tokens, 2 non-empty seqs
+    assert loss_counts("grpo", "seq-mean-token-mean", mask) == {"policy": 2, "kl": 2, "clip": 5, "tokens": 5}
+    assert loss_counts("grpo", "token-mean", mask) == {"policy": 5, "kl": 5, "clip": 5, "tokens": 5}
+    assert loss_counts("gspo", "seq-mean-token-mean", mask) == {"policy": 2, "kl": 2, "clip": 2, "tokens": 5}
+    assert loss_counts("gspo_token", "token-mean", mask) == {"policy": 2, "kl": 5, "clip": 5, "tokens": 5}
+
+
+@pytest.mark.parametrize("loss_fn, agg", [(grpo_loss, "seq-mean-token-mean"), (grpo_loss, "token-mean"),
+                                          (gspo_loss, "seq-mean-token-mean")])
+def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(loss_fn, agg) -> None:
+    g = torch.Generator().manual_seed(0)
+    B, T, W = 6, 5, 3
+    logp = (-torch.rand(B, T, generator=g)).requires_grad_()
+    old_logp = logp.detach() + 0.1 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[1] = False  # an empty sequence
+    kwargs = {"old_logp": old_logp, "mask": mask, "adv": adv, "agg": agg}
+    algo = "grpo" if loss_fn is grpo_loss else "gspo"
+    (reference,) = torch.autograd.grad(loss_fn(logp=logp, **kwargs)[0], logp)
+    total = loss_counts(algo, agg, mask)["policy"]
+    mean = torch.zeros_like(logp)
+    for rows in _split(B, [1, 3, 2]):  # unequal shares, as a rank's rows of a mini-batch are
+        sub = {k: v[rows] if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        share = W * loss_counts(algo, agg, mask[rows])["policy"] / total  # Dist.loss_share
+        loss, _ = loss_fn(logp=logp[rows], **sub)
+        mean += torch.autograd.grad(loss * share, logp)[0] / W  # what FSDP/DDP average
+    torch.testing.assert_close(mean, reference, rtol=1e-6, atol=1e-7)
+
+
+def test_ratio_sums_reduce_to_ratio_stats_of_the_union() -> None:
+    g = torch.Generator().manual_seed(1)
+    B, T = 7, 6
+    logp, old_logp = -torch.rand(B, T, generator=g), -torch.rand(B, T, generator=g)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[2] = False
+    reference = ratio_stats(logp=logp, old_logp=old_logp, mask=mask)
+    sums, maxima = {}, {}
+    for rows in _split(B, [2, 0, 5]):  # one rank without rows
+        s, m = ratio_sums(logp[rows], old_logp[rows], mask[rows])
+        for key, value in s.items():
+            sums[key] = sums.get(key, 0.0) + value.item()
+        for key, value in m.items():
+            maxima[key] = max(maxima.get(key, -math.inf), value.item())
+    got = ratio_from_sums(sums, maxima)
+    assert got.keys() == reference.keys()
+    for key in reference:
+        assert got[key] == pytest.approx(reference[key], rel=1e-12, abs=1e-15), key
+    on_policy, _ = ratio_sums(logp, logp, mask)  # r == 1 exactly: variances exactly 0, as in one process
+    assert ratio_from_sums({k: v.item() for k, v in on_policy.items()}, {"r": 1.0})["ratio/token_var"] == 0.0
+
+
+def test_route_counts_reduce_to_compare_routes_of_the_union() -> None:
+    a, b = _routes(9, 5, seed=2), _routes(9, 5, seed=3)
+    reference = compare_routes(a, b)
+    total: dict = {}
+    for rows in _split(9, [4, 5]):
+        for key, value in route_counts(a[rows], b[rows]).items():
+            total[key] = total[key] + value if key in total else value
+    got = route_from_counts({k: v.tolist() if v.dim() else v.item() for k, v in total.items()}, a.top_k)
+    assert got.keys() == reference.keys()
+    for key in reference:
+        assert got[key] == pytest.approx(reference[key], rel=1e-6), key
+
+
+def test_position_sums_reduce_to_flip_by_position() -> None:
+    a, b = _routes(6, 10, seed=4), _routes(6, 10, seed=5)
+    response = torch.zeros(6, 10, dtype=torch.bool)
+    response[:, 3:] = True
+    reference = flip_by_position(a, b, response, start=3, bucket=3)
+    total = sum(position_sums(a[rows], b[rows], response[rows], 3, 3, buckets=3) for rows in _split(6, [1, 5]))
+    got = {f"route/old_vs_new/flip_rate/pos_{3 * j}": (f / n).item() for j, (f, n) in enumerate(total) if n}
+    assert got.keys() == reference.keys()
+    for key in reference:
+        assert got[key] == pytest.approx(reference[key], rel=1e-6)
+
+
+def test_row_keyed_sampling_does_not_depend_on_the_other_rows() -> None:
+    model, tokenizer = build_model("qwen3_moe"), make_tokenizer()
+    prompts = ["12345=", "987=", "55="]
+    keys = [(0, 1, i) for i in range(6)]  # (seed, step, global row), G = 2
+    full = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, row_keys=keys)
+    tail = generate(model, tokenizer, prompts[1:], group_size=2, max_new_tokens=6, row_keys=keys[2:])
+    assert full.completions[2:] == tail.completions  # the same rows on a "rank" holding prompts 1..2 only
+    assert len(set(full.completions)) > 2  # and they are samples, not one greedy answer
+    again = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, row_keys=keys)
+    assert torch.equal(again.sequences, full.sequences)
+    # Log-probs and routes of a row agree too, up to the batch's left pads and float rounding.
+    offset, width = full.prompt_len - tail.prompt_len, tail.sequences.shape[1]
+    assert full.sequences.shape[1] - full.prompt_len >= width - tail.prompt_len
+    torch.testing.assert_close(tail.rollout_logp, full.rollout_logp[2:, offset : offset + width - 1],
+                               rtol=1e-5, atol=1e-6)
+    finished = (full.sequences[:, full.prompt_len :] == tokenizer.eos_token_id).any(-1)
+    assert finished.all() or full.sequences.shape[1] - full.prompt_len == 6  # stops when every row has ended
+
+
+def test_without_torchrun_dist_is_the_identity(monkeypatch) -> None:
+    for var in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    d = Dist()
+    assert not d.active and d.is_writer and d.meta() == {}
+    model = torch.nn.Linear(2, 2)
+    assert d.wrap(model) is model and d.loss_share("grpo", "token-mean", torch.ones(1, 1)) is None
+    rows = [torch.tensor([3, 1]), torch.tensor([0, 2])]
+    assert [r.tolist() for r in d.chunks(rows, 0, 4)] == [[3, 1], [0, 2]]
+    assert d.row_keys(0, 1, 4, 2) is None and d.shard([{"a": 1}]) == [{"a": 1}]
+    metrics = {"loss": 1.0}
+    assert d.reduce_update(metrics, algo="grpo", agg="token-mean", logp=None, old_logp=None, mask=None, routes={},
+                           positions=None) is metrics
+
+
+# --- torchrun on CPU (gloo) ---------------------------------------------------------------------------
+
+OVERRIDES = [
+    "eval_every=3", "eval_size=16", "checkpoint_every=2", "snapshot_every=0", "progress=false",
+    "task.n_train=400", "task.n_eval=32", "rollout.prompts_per_step=4", "rollout.group_size=4",
+    "optim.updates_per_rollout=2", "optim.lr=1e-3", "cold_start.band=[0.15,1.0]", "cold_start.max_steps=200",
+]
+
+
+def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "experiments/train.py", *OVERRIDES, *extra, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def _metrics(run: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "metrics.parquet")
+    frame = frame[~frame["key"].str.startswith("time/")]
+    return frame.sort_values(["step", "key"]).reset_index(drop=True)[["step", "key", "value"]]
+
+
+def _params(run: Path) -> dict[str, torch.Tensor]:
+    """Model parameters of the run's kept sharded checkpoint, gathered into one process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    pointer = json.loads((run / "checkpoint.json").read_text())
+    dcp_to_torch_save(run / pointer["path"], run / "full.pt")
+    return torch.load(run / "full.pt", weights_only=False)["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One R3 config run on 1 and on 2 ranks (6 steps, the checkpoint of step 4 kept)."""
+    root, cache = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("cold_start")
+    for n in (1, 2):
+        _torchrun(n, root / f"r3_{n}", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
+    return root, cache
+
+
+@pytest.mark.slow
+def test_two_ranks_log_what_one_rank_logs(runs) -> None:
+    root, _ = runs
+    one, two = _metrics(root / "r3_1"), _metrics(root / "r3_2")
+    assert one[["step", "key"]].equals(two[["step", "key"]])
+    assert (root / "r3_2" / "metrics.parquet").is_file() and not list(root.rglob("*rank*"))
+    meta = json.loads((root / "r3_2" / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["strategy"] == "fsdp"
+    both = one.merge(two, on=["step", "key"], suffixes=("_1", "_2"))
+    # Flip-vs-margin counts: the same (t, l) and flips in total; a margin within ~1e-5 of a bin edge may
+    # land in the neighbouring bin, as margins are continuous values of slightly different parameters.
+    binned = both[both["key"].str.startswith("route/flip_vs_margin/")].copy()
+    binned["kind"] = binned["key"].str.extract(r"flip_vs_margin/(\w+)/bin", expand=False)
+    totals = binned.groupby(["step", "kind"])[["value_1", "value_2"]].sum()
+    assert len(totals) and (totals["value_1"] == totals["value_2"]).all()
+    both = both[~both["key"].str.startswith("route/flip_vs_margin/")]
+    # The same rollouts (per-row sampling streams) and the same routes: rewards, accuracy and every
+    # route flip rate are ratios of the same integer counts, hence equal to the last bit.
+    exact = both["key"].str.match(r"(reward/|task/accuracy|route/\w+/(flip_rate|expert_flip_frac|token_flip_rate)"
+                                  r"|rollout/response_len)")
+    assert exact.sum() > 50
+    pd.testing.assert_series_equal(both.loc[exact, "value_1"], both.loc[exact, "value_2"], check_names=False)
+    # Continuous values differ by summation order only: FSDP's reduce-scatter sums the ranks' gradients in
+    # another order than one backward over all rows (~1e-7 relative per update), and Adam's first steps
+    # divide by sqrt(v), amplifying that to ~1e-5 after a few updates at lr 1e-3 (measured: < 2e-5).
+    close = both[~exact]
+    assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), (
+        close.assign(d=(close["value_1"] - close["value_2"]).abs()).nlargest(5, "d")
+    )
+    loss = both[both["key"] == "loss"]
+    assert ((loss["value_1"] - loss["value_2"]).abs() < 1e-5).all()
+    # Parameters after K = 4 steps (8 AdamW updates at lr 1e-3). Adam divides by sqrt(v), so a coordinate
+    # whose gradient is tiny moves by up to ~lr whatever its size, and rounding-level gradient differences
+    # there become parameter differences of a fraction of lr (measured: 2.3e-5 = 0.023 lr). Tolerance
+    # 0.1 lr; weighting the ranks' rows wrongly (a wrong loss share) moves parameters by O(lr).
+    a, b = _params(root / "r3_1"), _params(root / "r3_2")
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-4, worst
+    used = both[both["key"] == "route/used_vs_cached/flip_rate"]
+    assert len(used) == 6 and (used[["value_1", "value_2"]] == 0).all().all()
+
+
+def _worker_pid(torchrun: subprocess.Popen, rank: int) -> int:
+    """The pid of the torchrun worker with RANK=rank (a child of the torchrun process)."""
+    children = Path(f"/proc/{torchrun.pid}/task/{torchrun.pid}/children").read_text().split()
+    for pid in children:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank} among {children}")
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) -> None:
+    root, cache = runs
+    run = root / "killed"
+    extra = ("steps=6", "replay=r3")
+    proc = _torchrun(2, run, cache, *extra, wait=False)
+    deadline = time.time() + 300
+    while not (run / "metrics" / "part-0000004.parquet").exists():  # checkpoints of steps 2 and 4 exist
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(_worker_pid(proc, 1), signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0  # torchrun stops rank 0 too and fails: no hang
+    status = json.loads((run / "status.json").read_text())
+    # rank 0 either sees its peer's collective fail ("failed", the error in its log) or is stopped by
+    # torchrun first (the "running" of its last flush); both are resumable
+    assert status["status"] in ("running", "failed") and 4 <= status["steps_done"] < 6
+    out = _torchrun(2, run, cache, *extra)
+    assert "resuming" in out.stdout + out.stderr
+    assert json.loads((run / "status.json").read_text())["steps_done"] == 6
+    pd.testing.assert_frame_equal(_metrics(run), _metrics(root / "r3_2"))
+    assert not (run / "checkpoint.json").exists() and not list(run.glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path) -> None:
+    _, cache = runs
+    run = tmp_path / "ddp"
+    extra = ("steps=4", "replay=r2", "keep_checkpoint=true")
+    _torchrun(2, run, cache, *extra, "dist.strategy=ddp")
+    first = _metrics(run)
+    used = first[first["key"] == "route/used_vs_cached/flip_rate"]
+    assert len(used) == 4 and (used["value"] == 0).all()
+    # The kept checkpoint (step 2, DDP on 2 ranks) resumes with FSDP2 on 1 rank: DCP reshards.
+    (run / "status.json").unlink()  # else the finished run is skipped
+    out = _torchrun(1, run, cache, *extra, "dist.strategy=fsdp")
+    assert "resuming" in out.stdout + out.stderr and "resharding" in out.stdout + out.stderr
+    assert json.loads((run / "status.json").read_text())["steps_done"] == 4
+    again = _metrics(run)
+    rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
+    pd.testing.assert_frame_equal(again[rewards], first[rewards])
+    (run / "status.json").unlink()
+    plain = subprocess.run([sys.executable, "experiments/train.py", *OVERRIDES, *extra,
+                            f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"],
+                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and "holds a sharded checkpoint of a torchrun launch" in plain.stderr
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(ROOT / "tests" / "dist_worker.py")], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("ok") == 2
+
+
+@pytest.mark.slow
+def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(runs, tmp_path) -> None:
+    """The Slurm recipe of the README with submitit's local executor: each task of a job is one rank."""
+    _, cache = runs
+    cmd = [sys.executable, "experiments/train.py", "-m", *OVERRIDES, "steps=2", "replay=r2,r3",
+           f"cold_start.cache_dir={cache}", f"results_dir={tmp_path}", "hydra/launcher=submitit_local",
+           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metas = sorted(tmp_path.rglob("meta.json"))
+    assert len(metas) == 2
+    for meta in metas:
+        doc = json.loads(meta.read_text())
+        assert doc["world_size"] == 2 and doc["strategy"] == "fsdp", doc
+        assert json.loads((meta.parent / "status.json").read_text())["status"] in ("completed", "collapsed")
