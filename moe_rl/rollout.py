@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from moe_rl.routing import RouteRecorder, Routes
+from moe_rl.sampler import Sampled, sample_loop
 
 
 @dataclass
@@ -73,8 +74,13 @@ def generate(
     greedy: bool = False,
     record_routes: bool = True,
     seed: int | None = None,
+    sampler: str = "loop",
 ) -> Rollout:
-    """Sample `group_size` completions per prompt (rows p*G..p*G+G-1 share prompt p)."""
+    """Sample `group_size` completions per prompt (rows p*G..p*G+G-1 share prompt p).
+
+    `sampler` is one of SAMPLERS: `loop` (moe_rl.sampler.sample_loop, the default) and `generate`
+    (transformers' `model.generate`) draw bitwise the same tokens and logits for the same seed.
+    """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(model.parameters()).device
     input_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)
@@ -87,19 +93,8 @@ def generate(
         if seed is not None:
             torch.manual_seed(seed)
         with recorder if recorder is not None else nullcontext():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=not greedy,
-                temperature=temperature if not greedy else None,
-                top_k=0 if not greedy else None,
-                top_p=1.0 if not greedy else None,
-                eos_token_id=eos,
-                pad_token_id=pad,
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
+            out = sample(model, input_ids, attention_mask, sampler=sampler, max_new_tokens=max_new_tokens,
+                         temperature=temperature, greedy=greedy, eos_token_id=eos, pad_token_id=pad)
     sequences = out.sequences  # (B, S)
     new_tokens = sequences[:, prompt_len:]  # (B, n)
     # Completion tokens: up to and including the first EOS.
@@ -121,6 +116,35 @@ def generate(
         routes = recorder.routes.with_mask(full_mask[:, :-1].bool())
     texts = tokenizer.batch_decode(torch.where(completion_mask & ~is_eos, new_tokens, pad), skip_special_tokens=True)
     return Rollout(sequences, full_mask, response_mask, rollout_logp, routes, texts, prompt_len)
+
+
+SAMPLERS = ("loop", "generate")
+
+
+def sample(
+    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, *, sampler: str, max_new_tokens: int,
+    temperature: float, greedy: bool, eos_token_id: int, pad_token_id: int,
+) -> Sampled:
+    """`sequences` and per-step float32 `logits` of `sampler` (one of SAMPLERS) on left-padded prompts."""
+    if sampler == "loop":
+        return sample_loop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                           greedy=greedy, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    if sampler != "generate":
+        raise ValueError(f"unknown sampler {sampler!r}; valid: {list(SAMPLERS)}")
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=temperature if not greedy else None,
+        top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return Sampled(out.sequences, tuple(out.logits))
 
 
 def forward_logp(
