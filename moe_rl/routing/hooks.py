@@ -145,14 +145,22 @@ def hub_kernel_of(module: nn.Module) -> str | None:
     return str(name)
 
 
+def _path_modules(model: nn.Module, name: str) -> list[tuple[str, nn.Module]]:
+    """(path, module) of `model` and every module above `name` on its path, outermost first, in one
+    walk (hooks are set up once per pass, so `get_submodule` per depth was a visible cost)."""
+    parts = name.split(".")
+    out, module = [("", model)], model
+    for depth in range(1, len(parts)):
+        module = module.get_submodule(parts[depth - 1])
+        out.append((".".join(parts[:depth]), module))
+    return out
+
+
 def _refuse_hub_kernels(model: nn.Module, layers: list[MoeLayer]) -> None:
     """Raise if a module around a router runs a hub kernel: it routes internally (e.g. GPT-OSS's
     `MegaBlocksMoeMLP` under `use_kernels=True`), so hooks on the router would see nothing."""
     for layer in layers:
-        parts = layer.name.split(".")
-        for depth in range(len(parts) - 1, -1, -1):
-            owner = ".".join(parts[:depth])
-            module = model.get_submodule(owner)
+        for owner, module in reversed(_path_modules(model, layer.name)):  # innermost first
             kernel = hub_kernel_of(module)
             if kernel is not None:
                 raise RuntimeError(
