@@ -368,8 +368,8 @@ class RouteRecorder(_ModelHooks):
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
         # Router outputs are in range by construction, so skip from_topk's range check.
-        indices = sort_topk(torch.cat(steps, dim=1))
-        return Routes(indices, mask, self.layer_map, self.num_experts)
+        indices = sort_topk(torch.cat(steps, dim=1))  # compact dtype since the hook, now sorted
+        return Routes._checked(indices, mask.bool(), self.layer_map, self.num_experts)
 
 
 def router_margins(scores: Tensor, k: int) -> Tensor:
@@ -488,7 +488,9 @@ class RouteReplay(_ModelHooks):
             raise RuntimeError("construct RouteReplay(..., record_native=True) and run a forward pass")
         B, T = self.routes.shape[:2]
         topk = torch.stack(self._native, dim=1).view(B, T, len(self.layers), -1)
-        return Routes.from_topk(topk, self.routes.mask, self.layer_map, self.num_experts)
+        # The router's own top-k ids are in range by construction: compact and sort, skip the checks.
+        indices = sort_topk(topk.to(index_dtype(self.num_experts)))
+        return Routes._checked(indices, self.routes.mask, self.layer_map, self.num_experts)
 
 
 class RoutedPass:
