@@ -31,6 +31,7 @@ import copy
 import statistics
 import tempfile
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -280,6 +281,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
+    # The timing wrapper around optimizer.step looks to the scheduler like an override; it is not one.
+    warnings.filterwarnings("ignore", message="Seems like `optimizer.step\\(\\)` has been overridden")
     print(f"Clock: {args.clock} time. Harness and floor steps alternate (ABBA), so machine load (e.g. sweeps at "
           "higher priority) hits both alike: quote the ratios; absolute times vary with the load.")
     with tempfile.TemporaryDirectory() as tmp:

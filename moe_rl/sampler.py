@@ -69,7 +69,6 @@ def sample_loop(
     with decode_context() if decode_context is not None else nullcontext():
         for i in range(max_new_tokens):
             step_logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
-            del out
             logits.append(step_logits)
             if greedy:
                 token = torch.argmax(step_logits, dim=-1)
