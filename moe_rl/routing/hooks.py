@@ -415,13 +415,17 @@ class RouteReplay(_ModelHooks):
                 raise ValueError(f"routes have k={k}, MoE layer {i} ({layer.name}) routes top_k={layer.top_k}")
         if routes.num_experts != self.num_experts:
             raise ValueError(f"routes are for num_experts={routes.num_experts}, the model has {self.num_experts}")
-        valid = routes.indices[routes.mask]  # (n, L, k)
-        if valid.numel():
-            top = int(valid.max())
-            if top >= self.num_experts:
-                raise ValueError(f"expert id {top} out of range for num_experts={self.num_experts}")
-            if k > 1 and bool((valid[..., 1:] == valid[..., :-1]).any()):
-                raise ValueError("routes repeat an expert within one position's top-k")
+        # Over valid positions only, without gathering them (a boolean gather per pass was a visible
+        # cost): the largest id, and whether any sorted top-k row repeats an id, in one transfer.
+        valid = routes.mask[:, :, None, None]  # (B, T, 1, 1)
+        ids = routes.indices
+        top = torch.where(valid, ids, torch.zeros((), dtype=ids.dtype, device=ids.device)).amax() if ids.numel() else 0
+        repeats = ((ids[..., 1:] == ids[..., :-1]) & valid).any() if k > 1 else torch.tensor(False)
+        top, repeats = torch.stack([torch.as_tensor(top).long().cpu(), repeats.long().cpu()]).tolist()
+        if top >= self.num_experts:
+            raise ValueError(f"expert id {top} out of range for num_experts={self.num_experts}")
+        if repeats:
+            raise ValueError("routes repeat an expert within one position's top-k")
 
     def __enter__(self) -> RouteReplay:
         device = self.layers[0].weight.device
