@@ -18,36 +18,102 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
 from moe_rl.rollout import generate
-from moe_rl.tasks import get_task, load_task, make_tokenizer, score_completions
+from moe_rl.tasks import Task, get_task, load_task, make_tokenizer, score_completions
+from moe_rl.tasks.dataset import DatasetTask, data_hash, read_rows, render_examples, split_examples
+from moe_rl.tasks.tokenizer import data_alphabet
 
 log = logging.getLogger(__name__)
 
 
-def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig) -> str:
-    """Hash of everything that determines the cold-start weights (not the RL seed or arm)."""
+def task_data(task_cfg: TaskConfig, seed: int) -> tuple[list[dict], list[dict], str | None]:
+    """Raw train and eval examples of the task (dataset prompts not yet rendered) and, for a
+    dataset task, the content hash of its data."""
+    if task_cfg.name == "dataset":
+        rows, digest = read_rows(str(task_cfg.path), split=task_cfg.split)
+        train, evals = split_examples(rows, path=str(task_cfg.path), prompt_field=task_cfg.prompt_field,
+                                      answer_field=task_cfg.answer_field, n_train=task_cfg.n_train,
+                                      n_eval=task_cfg.n_eval, seed=seed)
+        return train, evals, digest
+    data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=seed, **task_cfg.kwargs)
+    return data["train"].to_list(), data["eval"].to_list(), None
+
+
+def make_task(task_cfg: TaskConfig) -> Task | DatasetTask:
+    """The task's reward holder: a synthetic task, or a dataset task with its reward function."""
+    return DatasetTask(task_cfg.reward) if task_cfg.name == "dataset" else get_task(task_cfg.name)
+
+
+def render(task_cfg: TaskConfig, examples: list[dict], tokenizer: PreTrainedTokenizerBase) -> list[dict]:
+    """Dataset prompts as the policy sees them (chat template, system prompt); synthetic ones as they are."""
+    if task_cfg.name != "dataset":
+        return examples
+    return render_examples(examples, tokenizer, system_prompt=task_cfg.system_prompt,
+                           chat_template=task_cfg.chat_template)
+
+
+def checkpoint_fingerprint(path: str) -> str:
+    """A local checkpoint's files (names, sizes, modification times), or the hub id itself."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return f"hub:{path}"
+    stats = sorted((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in root.rglob("*") if f.is_file())
+    return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
+
+
+def load_tokenizer(path: str | Path, info: dict | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer saved with a checkpoint or cold start, left-padded for generation.
+
+    A character tokenizer is rebuilt from its alphabet (recorded in the cold start's info), so it
+    keeps refusing characters outside it; a checkpoint without tokenizer files gets ours.
+    """
+    info = info or {}
+    if info.get("tokenizer", "char") == "char" and info.get("alphabet") is not None:
+        return make_tokenizer(alphabet=info["alphabet"])
+    root = Path(path).expanduser()
+    if root.is_dir() and not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return make_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(str(root) if root.is_dir() else str(path),
+                                              local_files_only=root.is_dir())
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, data_hash: str | None = None) -> str:
+    """Hash of everything that determines the cold-start weights (not the RL seed or arm): model,
+    task and cold-start config, the data's content hash, the starting checkpoint's files, the
+    tokenizer vocabulary and the library versions."""
     import transformers
 
-    spec = {
+    from moe_rl.config import identity_spec
+
+    spec = identity_spec({
         "model": {k: v for k, v in asdict(model).items() if k != "experts_implementation"},
         "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
         "cold_start": {k: v for k, v in asdict(cold).items() if k != "cache_dir"},
-        "vocab": make_tokenizer().get_vocab(),
-        "versions": [torch.__version__, transformers.__version__],
-    }
+    })
+    spec["vocab"] = make_tokenizer().get_vocab()
+    spec["versions"] = [torch.__version__, transformers.__version__]
+    if data_hash is not None:
+        spec["data"] = data_hash
+    if model.checkpoint:
+        spec["checkpoint_files"] = checkpoint_fingerprint(model.checkpoint)
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def evaluate(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, examples: list[dict], task_name: str, *,
-    max_new_tokens: int, batch_size: int = 256,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[dict], task: str | Task | DatasetTask,
+    *, max_new_tokens: int, batch_size: int = 256,
 ) -> float:
-    """Greedy accuracy (fraction of exactly correct answers) on `examples`."""
-    task = get_task(task_name)
+    """Greedy accuracy (fraction of completions with reward 1.0) on `examples`."""
+    task = get_task(task) if isinstance(task, str) else task
     rewards: list[float] = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
@@ -57,21 +123,56 @@ def evaluate(
     return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
 
 
-def _sft_batch(tokenizer: PreTrainedTokenizerFast, examples: list[dict]) -> dict[str, torch.Tensor]:
-    texts = [e["prompt"] + e["answer"] for e in examples]
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    eos = torch.full((len(texts), 1), tokenizer.eos_token_id)
-    input_ids = torch.cat([enc["input_ids"], eos], 1)
-    attention_mask = torch.cat([enc["attention_mask"], torch.ones_like(eos)], 1)
-    labels = torch.full_like(input_ids, -100)
-    for b, e in enumerate(examples):  # supervise answer + EOS only; rows are left-padded
-        n = len(e["answer"]) + 1
-        labels[b, -n:] = input_ids[b, -n:]
+def _sft_batch(tokenizer: PreTrainedTokenizerBase, examples: list[dict]) -> dict[str, torch.Tensor]:
+    """Left-padded prompt + answer + EOS rows, supervising answer + EOS only. Prompt and answer are
+    tokenized apart, so the supervised span is exact for any tokenizer."""
+    rows = []
+    for e in examples:
+        prompt = tokenizer(e["prompt"], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(e["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt, answer))
+    T = max(len(p) + len(a) for p, a in rows)
+    input_ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), T), dtype=torch.long)
+    labels = torch.full((len(rows), T), -100, dtype=torch.long)
+    for b, (prompt, answer) in enumerate(rows):
+        n = len(prompt) + len(answer)
+        input_ids[b, T - n :] = torch.tensor(prompt + answer)
+        attention_mask[b, T - n :] = 1
+        labels[b, T - len(answer) :] = torch.tensor(answer)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> tuple[PreTrainedModel, dict]:
-    """Supervised warm-up until greedy eval accuracy reaches the band's lower edge.
+def _start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, texts: list[str]
+           ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """The model and tokenizer the warm-up starts from: the checkpoint's own, or a built tiny model
+    with a character tokenizer (over the data's own characters for a dataset task)."""
+    dtype = getattr(torch, model_cfg.dtype)
+    if model_cfg.checkpoint:
+        model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
+        return model, load_tokenizer(model_cfg.checkpoint), {"tokenizer": "checkpoint"}
+    overrides: dict = {}
+    if task_cfg.name == "dataset":
+        tokenizer = make_tokenizer(alphabet=data_alphabet(texts))
+        longest = max(len(t) for t in texts) + task_cfg.max_new_tokens + 2
+        overrides["max_position_embeddings"] = max(256, 1 << (longest - 1).bit_length())
+    else:
+        tokenizer = make_tokenizer()
+    model = build_model(
+        model_cfg.family, seed=cold.seed, experts_implementation=model_cfg.experts_implementation, dtype=dtype,
+        vocab_size=len(tokenizer), num_layers=model_cfg.num_layers, num_experts=model_cfg.num_experts,
+        top_k=model_cfg.top_k, hidden_size=model_cfg.hidden_size, **overrides,
+        **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
+    )
+    info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name == "dataset" else {}
+    return model, tokenizer, info
+
+
+def train_cold_start(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """Supervised warm-up until greedy eval accuracy reaches the band's lower edge (no steps with
+    `cold_start.mode=none`).
 
     Runs on one CPU thread whatever the caller's setting: float reductions depend on the thread
     count, and the cached weights must not depend on which run of a sweep trained them.
@@ -84,23 +185,26 @@ def train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdSta
         torch.set_num_threads(threads)
 
 
-def _train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> tuple[PreTrainedModel, dict]:
-    tokenizer = make_tokenizer()
-    model = build_model(
-        model_cfg.family, seed=cold.seed, experts_implementation=model_cfg.experts_implementation,
-        vocab_size=len(tokenizer), num_layers=model_cfg.num_layers, num_experts=model_cfg.num_experts,
-        top_k=model_cfg.top_k, hidden_size=model_cfg.hidden_size,
-        **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
-    )
-    data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=cold.seed, **task_cfg.kwargs)
-    train, evals = data["train"].to_list(), data["eval"].to_list()
+def _train_cold_start(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    train, evals, _ = task_data(task_cfg, cold.seed)
+    texts = [t for e in train + evals for t in (e["prompt"], e["answer"])] + [task_cfg.system_prompt or ""]
+    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, texts)
+    train, evals = render(task_cfg, train, tokenizer), render(task_cfg, evals, tokenizer)
+    task = make_task(task_cfg)
+    low, high = cold.band
+    if cold.mode == "none":
+        model.eval()
+        return model, tokenizer, {"steps": 0, "accuracy": None, "band": [low, high], "in_band": None,
+                                  "history": [], "mode": "none", **tok_info}
     optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
     rng = random.Random(cold.seed)
-    low, high = cold.band
     history, accuracy, step = [], 0.0, 0
     model.train()
     for step in range(1, cold.max_steps + 1):
-        batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, rng.sample(train, cold.batch_size)).items()}
+        sample = rng.sample(train, min(cold.batch_size, len(train)))
+        batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, sample).items()}
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -108,7 +212,7 @@ def _train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdSt
         optimizer.zero_grad(set_to_none=True)
         if step % cold.eval_every == 0:
             model.eval()
-            accuracy = evaluate(model, tokenizer, evals, task_cfg.name, max_new_tokens=task_cfg.max_new_tokens)
+            accuracy = evaluate(model, tokenizer, evals, task, max_new_tokens=task_cfg.max_new_tokens)
             model.train()
             history.append({"step": step, "loss": loss.item(), "accuracy": accuracy})
             log.info("cold start step %d loss %.3f eval accuracy %.3f", step, loss.item(), accuracy)
@@ -116,28 +220,43 @@ def _train_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdSt
                 break
     model.eval()
     info = {"steps": step, "accuracy": accuracy, "band": [low, high], "in_band": low <= accuracy <= high,
-            "history": history}
+            "history": history, **tok_info}
     if not info["in_band"]:
         log.warning("cold start ended at accuracy %.3f outside the band %s", accuracy, cold.band)
-    return model, info
+    return model, tokenizer, info
 
 
-def get_cold_start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> tuple[PreTrainedModel, dict]:
-    """The cached cold-start model (training it once, under a file lock shared by parallel runs)."""
+def get_cold_start(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+    """The starting policy and its tokenizer: a checkpoint as it is (`cold_start.mode` auto or none),
+    else the cached warm-up (trained once, under a file lock shared by parallel runs)."""
+    dtype = getattr(torch, model_cfg.dtype)
+    if model_cfg.checkpoint and cold.mode in ("auto", "none"):
+        model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
+        return model, load_tokenizer(model_cfg.checkpoint), {
+            "path": model_cfg.checkpoint, "key": f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}",
+        }
     root = Path(cold.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    key = cold_start_key(model_cfg, task_cfg, cold)
+    data_hash = data_hash_of(task_cfg)
+    key = cold_start_key(model_cfg, task_cfg, cold, data_hash)
     path = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path / "cold_start.json").is_file():
             if path.exists():
                 shutil.rmtree(path)  # an interrupted earlier attempt
-            model, info = train_cold_start(model_cfg, task_cfg, cold)
+            model, tokenizer, info = train_cold_start(model_cfg, task_cfg, cold)
             tmp = root / f".{key}.tmp{os.getpid()}"
             model.save_pretrained(tmp)
-            make_tokenizer().save_pretrained(tmp)
-            (tmp / "cold_start.json").write_text(json.dumps({**info, "key": key}, indent=1))
+            tokenizer.save_pretrained(tmp)
+            (tmp / "cold_start.json").write_text(json.dumps({**info, "key": key, "data": data_hash}, indent=1))
             os.replace(tmp, path)
     info = json.loads((path / "cold_start.json").read_text())
-    return load_model(path, experts_implementation=model_cfg.experts_implementation), {**info, "path": str(path)}
+    model = load_model(path, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
+    return model, load_tokenizer(path, info), {**info, "path": str(path)}
+
+
+def data_hash_of(task_cfg: TaskConfig) -> str | None:
+    return data_hash(str(task_cfg.path), task_cfg.split) if task_cfg.name == "dataset" else None

@@ -14,8 +14,10 @@ from typing import Any
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
+from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
 REPLAY_MODES = ("none", "r2", "r3")
+COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -28,7 +30,8 @@ class ModelConfig:
     hidden_size: int = 64
     moe_intermediate_size: int | None = None  # width of each expert; None: the family's tiny default
     experts_implementation: str | None = None  # None: fastest correct on the device
-    checkpoint: str | None = None  # a local save_pretrained directory instead of a built model
+    checkpoint: str | None = None  # a save_pretrained directory or a hub id instead of a built model
+    dtype: str = "float32"  # weights of the training policy, e.g. bfloat16 for a pretrained checkpoint
 
 
 @dataclass
@@ -39,6 +42,14 @@ class TaskConfig:
     partial_credit: float = 0.0
     max_new_tokens: int = 8
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # task=dataset: the user's own data (moe_rl.tasks.dataset) and reward (moe_rl.tasks.rewards)
+    path: str | None = None  # jsonl/json/parquet/csv file, or a hub dataset name when online
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    system_prompt: str | None = None
+    split: str = "train"  # split of a hub dataset
+    chat_template: str = "auto"  # auto: the tokenizer's chat template when it has one; true; false
+    reward: str = "exact"  # exact | numeric | math | package.module:function
 
 
 @dataclass
@@ -86,6 +97,7 @@ class ColdStartConfig:
     eval_every: int = 25
     seed: int = 0
     cache_dir: str = ".cache/cold_start"
+    mode: str = "auto"  # auto: SFT a built model, none for a checkpoint; sft; none
 
 
 @dataclass
@@ -137,9 +149,32 @@ _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", 
                  "keep_checkpoint")
 
 
+# Keys added after runs were shipped: left out of the identity while at their default, so the
+# shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
+_ADDED_DEFAULTS = {
+    "model": {"dtype": "float32"},
+    "task": {"path": None, "prompt_field": "prompt", "answer_field": "answer", "system_prompt": None,
+             "split": "train", "chat_template": "auto", "reward": "exact"},
+    "cold_start": {"mode": "auto"},
+}
+
+
+def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    """`cfg_dict` without keys at the defaults in `_ADDED_DEFAULTS` and task kwargs at their defaults."""
+    from moe_rl.tasks import explicit_task_kwargs
+
+    spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg_dict.items()}
+    for section, defaults in _ADDED_DEFAULTS.items():
+        if isinstance(spec.get(section), dict):
+            spec[section] = {k: v for k, v in spec[section].items() if k not in defaults or v != defaults[k]}
+    if isinstance(spec.get("task"), dict) and "kwargs" in spec["task"]:
+        spec["task"]["kwargs"] = explicit_task_kwargs(spec["task"].get("name", ""), spec["task"]["kwargs"])
+    return spec
+
+
 def config_hash(cfg: TrainConfig) -> str:
     """Identity of what a run computes: resuming or skipping a run directory requires it to match."""
-    spec = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY}
+    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY})
     spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -151,6 +186,8 @@ def _one_of(key: str, value: Any, valid: Any) -> None:
 
 def _check_checkpoint(path: str, family: str) -> None:
     config = Path(path) / "config.json"
+    if not Path(path).exists() and "/" in path and not path.startswith((".", "/", "~")):
+        return  # a hub id: checked when loaded (moe_rl.models.load_model)
     if not config.is_file():
         raise ValueError(f"model.checkpoint={path!r} is not a save_pretrained directory (no config.json)")
     model_type = json.loads(config.read_text()).get("model_type")
@@ -165,14 +202,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key; return `cfg` unchanged otherwise."""
     _one_of("algo.name", cfg.algo.name, LOSSES)
     _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
-    _one_of("model.family", cfg.model.family, [*FAMILIES, *BACKENDS])
+    if not cfg.model.checkpoint:  # a checkpoint may be of any MoE family (its model_type is checked below)
+        _one_of("model.family", cfg.model.family, [*FAMILIES, *BACKENDS])
     if cfg.model.family in BACKENDS and not cfg.device.startswith("cuda"):
         raise ValueError(f"model.family={cfg.model.family!r} runs on CUDA only; set device=cuda")
     if cfg.model.family in BACKENDS and cfg.rollout.dtype == "float16":
         raise ValueError("model.family='megablocks' computes experts in bfloat16; rollout.dtype=float16 is not supported")
     if cfg.model.checkpoint:
         _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
-    _one_of("task.name", cfg.task.name, TASKS)
+    _one_of("task.name", cfg.task.name, [*TASKS, "dataset"])
+    _one_of("model.dtype", cfg.model.dtype, DTYPES)
+    _one_of("cold_start.mode", cfg.cold_start.mode, COLD_START_MODES)
+    _one_of("task.chat_template", str(cfg.task.chat_template).lower(), CHAT_TEMPLATE_MODES)
+    if cfg.task.name == "dataset" and not cfg.task.path:
+        raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
     if cfg.model.experts_implementation is not None:

@@ -29,13 +29,11 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from tqdm.auto import tqdm
 
 from moe_rl.algos import get_loss, group_advantages
-from moe_rl.cold_start import evaluate, get_cold_start
+from moe_rl.cold_start import evaluate, get_cold_start, make_task, render, task_data
 from moe_rl.config import TrainConfig, config_hash, validate
-from moe_rl.models import load_model
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
@@ -43,7 +41,8 @@ from moe_rl.routing import (
     router_shift,
 )
 from moe_rl.runio import RunWriter, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from moe_rl.tasks import get_task, load_task, make_tokenizer
+from moe_rl.runinfo import note_meta
+from moe_rl.tasks.rewards import zero_variance_frac
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +62,6 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
         "num_layers": model.config.num_hidden_layers, "num_moe_layers": len(layers),
         "num_experts": layers[0].num_experts, "top_k": layers[0].top_k,
     }
-
-
-def checkpoint_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The checkpoint's own tokenizer if it saved one (left padding for generation), else ours."""
-    path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return make_tokenizer()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def flip_by_position(
@@ -146,19 +133,14 @@ class Trainer:
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.task = get_task(cfg.task.name)
-        if cfg.model.checkpoint:  # a local checkpoint is the starting policy; no cold start
-            self.policy = load_model(cfg.model.checkpoint, experts_implementation=cfg.model.experts_implementation)
-            self.tokenizer = checkpoint_tokenizer(cfg.model.checkpoint)
-            self.cold_info = {"path": cfg.model.checkpoint, "key": f"checkpoint:{Path(cfg.model.checkpoint).resolve()}"}
-        else:
-            self.tokenizer = make_tokenizer()
-            self.policy, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+        self.task = make_task(cfg.task)
+        self.policy, self.tokenizer, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
         self.rollout_policy = (
-            self.policy if self.rollout_dtype == torch.float32 else copy.deepcopy(self.policy).to(self.rollout_dtype)
+            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype
+            else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
@@ -169,10 +151,11 @@ class Trainer:
         )
         self.loss_fn = get_loss(cfg.algo.name)
         self.eps_low, self.eps_high = cfg.algo.eps()
-        data = load_task(cfg.task.name, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval,
-                         seed=cfg.cold_start.seed, **cfg.task.kwargs)
-        self.train_examples = data["train"].to_list()
-        self.eval_examples = data["eval"].to_list()[: cfg.eval_size]
+        train_examples, eval_examples, _ = task_data(cfg.task, cfg.cold_start.seed)
+        self.train_examples = render(cfg.task, train_examples, self.tokenizer)
+        self.eval_examples = render(cfg.task, eval_examples, self.tokenizer)[: cfg.eval_size]
+        self.reward_metrics: dict[str, float] = {}
+        self.warned_no_signal = False
         self.writer = RunWriter(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
         self.checkpoint_path = self.writer.dir / "checkpoint.pt"
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -197,9 +180,20 @@ class Trainer:
             seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
         )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
+        errors = getattr(self.task, "errors", 0)
         rewards = torch.tensor(
             [self.task.reward(c, e, partial_credit=cfg.task.partial_credit) for c, e in zip(rollout.completions, group)]
         )
+        zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
+        self.reward_metrics = {"reward/zero_var_group_frac": zero_var,
+                               "reward/errors": float(getattr(self.task, "errors", 0) - errors)}
+        if zero_var == 1.0 and not self.warned_no_signal:  # every advantage is 0: the loss is 0
+            self.warned_no_signal = True
+            message = (f"step {step}: every prompt group has zero reward variance (reward/mean "
+                       f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
+                       "policy (cold_start=sft warms a checkpoint up on the task's answers)")
+            log.warning(message)
+            note_meta(self.writer.dir / "meta.json", "warnings", message)
         return rollout, rewards, group
 
     def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
@@ -278,6 +272,7 @@ class Trainer:
         metrics = aggregate(updates)
         if rollout.routes is not None:
             metrics.update(route_metrics("rollout_vs_old", rollout.routes, old_routes))
+        metrics.update(self.reward_metrics)
         metrics.update({
             "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
             **margin_stats(margins, old_routes.mask),
@@ -294,7 +289,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         t = time.perf_counter()
-        accuracy = evaluate(self.policy, self.tokenizer, self.eval_examples, self.cfg.task.name,
+        accuracy = evaluate(self.policy, self.tokenizer, self.eval_examples, self.task,
                             max_new_tokens=self.cfg.task.max_new_tokens)
         return {"task/accuracy": accuracy, "time/eval_s": time.perf_counter() - t}
 

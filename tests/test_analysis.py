@@ -243,6 +243,7 @@ def test_notebook_executes(
     }))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MOE_RL_RESULTS", str(results))
+    monkeypatch.setenv("MOE_RL_DRIFT", str(tmp_path / "no_drift_results"))
     path = REPO / "notebooks" / f"{name}.ipynb"
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "stored with outputs"

@@ -91,3 +91,45 @@ def test_flip_vs_margin_pools_counts_and_wilson_matches_scipy() -> None:
     low = (p + z * z / (2 * n) - z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
     assert curve["p_lo"].iloc[1] == pytest.approx(low)
     assert curve["margin_lo"].tolist() == [0.0, 1e-3]
+
+
+def _fake_drift_folder(root, points, seeds=(0, 1, 2)) -> None:
+    """Run folders whose off-policy drift follows the power law exactly (flip-vs-margin counts too)."""
+    import json
+
+    for (E, k, L, lr), s in itertools.product(points, seeds):
+        run = f"E{E}_k{k}_L{L}_lr{lr}_s{s}"
+        keys = {"run": run, "experiment": "drift_scaling", "arm": "grpo+none", "seed": s, "N": 4, "lr": lr,
+                "num_moe_layers": L, "num_experts": E, "top_k": k}
+        value = _law(E, k, L, lr)
+        rows = [{**keys, "step": step, "key": key, "value": value * scale}
+                for step in (5, 11, 12) for key, scale in zip(DRIFT_KEYS, (1.0, 4.0, 9.0))]
+        rows += [{**keys, "step": 12, "key": f"route/flip_vs_margin/{kind}/bin_{b}", "value": v}
+                 for b, (n, f) in enumerate([(100, 30), (100, 5)]) for kind, v in (("n", n), ("flips", f))]
+        (root / run).mkdir(parents=True)
+        pd.DataFrame(rows).to_parquet(root / run / "metrics.parquet")
+        (root / run / "status.json").write_text(json.dumps({"status": "completed", "collapse_events": []}))
+
+
+def test_drift_report_end_to_end(tmp_path) -> None:
+    import json
+
+    from moe_rl import drift_report
+
+    axes = [(64, 8, 4, 1e-4), (16, 8, 4, 1e-4), (128, 8, 4, 1e-4), (64, 2, 4, 1e-4), (64, 1, 4, 1e-4),
+            (64, 8, 2, 1e-4), (64, 8, 8, 1e-4), (64, 8, 4, 3e-5), (64, 8, 4, 3e-4)]
+    _fake_drift_folder(tmp_path / "runs", axes + [(8, 2, 2, 1e-4), (16, 4, 2, 3e-4)])
+    drift_report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--n-boot", "50", "--wall", "1 min"])
+    fit = json.loads((tmp_path / "out" / "fit.json").read_text())
+    m = fit["metrics"][DRIFT_KEYS[0]]
+    assert m["predicted"] == pytest.approx(_law(128, 8, 48, 1e-4))
+    assert m["coef"] == pytest.approx(TRUE)
+    assert m["r2_holdout"] == pytest.approx(1.0)  # the corners lie on the law
+    assert fit["held_out_runs"] == 6 and fit["fit_runs"] == 8 * 3  # top-1 excluded from the fit
+    assert fit["metrics"][DRIFT_KEYS[1]]["predicted"] == pytest.approx(4 * _law(128, 8, 48, 1e-4))
+    # The top-1 point lies on the law here, so the largest measured value is the top-1 one.
+    assert m["measured_max"] == pytest.approx(max(_law(*p) for p in axes))
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "Wall time of the sweep on 2 cores: 1 min." in summary and "| [0, 0.0001) | 3300 | 990 | 30% [" in summary
+    for name in ("drift_scaling.png", "flip_vs_margin.png", "points.csv", "drift_table.csv", "flip_vs_margin.csv"):
+        assert (tmp_path / "out" / name).stat().st_size > 0

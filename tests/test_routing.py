@@ -458,7 +458,68 @@ def test_routes_from_vllm_and_sglang() -> None:
     with pytest.raises(ValueError, match="not a multiple of num_layers"):
         Routes.from_sglang(base64.b64encode(np.arange(3, dtype=np.int32).tobytes()).decode(), num_layers=2, top_k=2, num_experts=8)
     with pytest.raises(ValueError, match="expert ids must lie"):
-        Routes.from_vllm([seq0], E=4)
+        Routes.from_vllm([seq0], num_experts=4)
+
+
+def _engine(rows: list[list[list[int]]], dtype=np.int32) -> np.ndarray:
+    """(n, L=1, k=2) engine routes from [[a, b], ...] rows."""
+    return np.array(rows, dtype=dtype).reshape(len(rows), 1, 2)
+
+
+def test_routes_from_vllm_split_joined_masked_and_left_padded() -> None:
+    p0, c0 = _engine([[-1, -1], [-1, -1], [2, 1]], np.int16), _engine([[3, 4], [5, 6]], np.int16)  # 2 cached
+    p1, c1 = _engine([[0, 7]]), _engine([[1, 2], [3, 4], [5, 6]])
+    split = Routes.from_vllm([c0, c1], prompt_routed_experts=[p0, p1], num_experts=8)
+    assert split.shape == (2, 5, 1, 2)
+    assert split.mask.tolist() == [[False, False, True, True, True], [True, True, True, True, False]]
+    assert split.indices[0, :, 0].tolist() == [[0, 0], [0, 0], [1, 2], [3, 4], [5, 6]]  # -1 never read as an id
+    joined = Routes.from_vllm([np.concatenate([p0, c0]), np.concatenate([p1, c1])], num_experts=8)
+    assert torch.equal(joined.indices, split.indices) and torch.equal(joined.mask, split.mask)
+    # Left: completions start at one column (the longest prompt, 3), as in the harness's batches.
+    left = Routes.from_vllm([c0, c1], prompt_routed_experts=[p0, p1], num_experts=8, padding_side="left")
+    assert left.shape == (2, 6, 1, 2)
+    assert left.mask.tolist() == [[False, False, True, True, True, False], [False, False, True, True, True, True]]
+    assert left.indices[0, 3, 0].tolist() == [3, 4] and left.indices[1, 3, 0].tolist() == [1, 2]
+    assert left.indices[1, 2, 0].tolist() == [0, 7]
+    joined_left = Routes.from_vllm([c0, np.concatenate([p1, c1])], num_experts=8, padding_side="left", length=5)
+    assert joined_left.mask.tolist() == [[False, False, False, True, True], [False, True, True, True, True]]
+    with pytest.raises(ValueError, match="all zero"):
+        Routes.from_vllm([np.zeros((4, 2, 2), dtype=np.int32)], num_experts=8)
+    with pytest.raises(ValueError, match=r"repeat an expert within one top-k \(request 1, position 1\)"):
+        Routes.from_vllm([c0, _engine([[1, 2], [3, 3]])], num_experts=8)
+    with pytest.raises(ValueError, match="dtype torch.float32; expert ids are integers"):
+        Routes.from_vllm([c0.astype(np.float32)], num_experts=8)
+    with pytest.raises(ValueError, match="padding_side='middle'"):
+        Routes.from_vllm([c0], num_experts=8, padding_side="middle")
+
+
+def test_routes_from_sglang_meta_info_with_cached_positions() -> None:
+    rows = _engine([[-1, -1], [4, 1], [6, 2]])
+    meta_info = {"routed_experts": base64.b64encode(rows.tobytes()).decode()}
+    r = Routes.from_sglang([meta_info], num_layers=1, top_k=2, num_experts=8, padding_side="left", length=4)
+    assert r.mask.tolist() == [[False, False, True, True]]
+    assert r.indices[0, 2:, 0].tolist() == [[1, 4], [2, 6]]
+    with pytest.raises(ValueError, match="request 0: routed_experts is not base64"):
+        Routes.from_sglang("***", num_layers=1, top_k=2, num_experts=8)
+
+
+def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> None:
+    model = build_model("qwen3_moe")
+    x = _inputs(B=1, T=10)
+    with RouteRecorder(model) as rec:
+        model(x)
+    native = rec.routes
+    forced = _random_routes(model, 1, 10, seed=5)
+    engine = forced.indices[0].numpy().astype(np.int32).copy()  # (T, L, k)
+    engine[:4] = -1  # prefix-cached: no route returned
+    routes = Routes.from_vllm([engine], num_experts=8, layer_map=native.layer_map)
+    from moe_rl.routing import RoutedPass
+
+    with RoutedPass(model, routes) as routed:
+        model(x)
+    used = routed.used.indices
+    assert torch.equal(used[0, :4], native.indices[0, :4])  # live router where the engine had no route
+    assert torch.equal(used[0, 4:], forced.indices[0, 4:])
 
 
 # --- router shift and flip-vs-margin (hand-built inputs) ----------------------------------------

@@ -176,7 +176,10 @@ def test_tokenizer_ids_and_round_trip():
     ids = tok("A1+2=")["input_ids"]
     assert tok.decode([1, *ids, 2, 0, 0], skip_special_tokens=True) == "A1+2="
     assert tok.decode([1, *ids, 2]) == "<bos>A1+2=<eos>"
-    assert tok("a")["input_ids"] == [3]  # outside the alphabet -> <unk>
+    with pytest.raises(ValueError, match=r"characters \['a', 'é'\] are outside the character tokenizer's alphabet"):
+        tok("R1a=é")  # outside the alphabet: refused, never a silent <unk>
+    with pytest.raises(ValueError, match="outside"):
+        tok(["R1=", "x"], padding=True)
 
 
 def test_tokenizer_left_padding_batch():

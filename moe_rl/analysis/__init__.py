@@ -1,5 +1,6 @@
 """Analysis of result folders: load runs, tables across seeds, figures (returned, never saved)."""
 
+from moe_rl.analysis.drift import drift_per_run, fit_drift, flip_vs_margin, plot_drift_scaling, plot_flip_vs_margin
 from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs
 from moe_rl.analysis.plots import (
     plot_flip_by_position,
@@ -19,6 +20,11 @@ from moe_rl.analysis.tables import (
 )
 
 __all__ = [
+    "drift_per_run",
+    "fit_drift",
+    "flip_vs_margin",
+    "plot_drift_scaling",
+    "plot_flip_vs_margin",
     "SUMMARY_METRICS",
     "format_summary_markdown",
     "load_events",

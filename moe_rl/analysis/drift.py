@@ -166,6 +166,7 @@ def plot_drift_scaling(table: pd.DataFrame, centre: dict, fits: dict | None = No
     """Drift against each factor with the others at the centre: one row per drift key, one column
     per factor; dots are runs, black markers seed means, the line the fitted power law."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig = Figure(figsize=(13, 3.0 * len(keys)), layout="constrained")
     axes = fig.subplots(len(keys), len(AXES), sharey="row", squeeze=False)
@@ -184,8 +185,11 @@ def plot_drift_scaling(table: pd.DataFrame, centre: dict, fits: dict | None = No
             ax.set_xscale("log", base=2 if factor != "lr" else 10)
             ax.set_yscale("log")
             ax.set_xlabel(label)
-            if factor != "lr":
-                ax.set_xticks(sorted(sub[factor].unique()), [str(int(v)) for v in sorted(sub[factor].unique())])
+            levels = sorted(sub[factor].unique())
+            ax.set_xticks(levels, [f"{v:g}" for v in levels])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "235" else ""))
             if c == 0:
                 ax.set_ylabel(f"% {SHORT.get(key, key)}\nper off-policy update")
             ax.grid(alpha=0.3, which="both")

@@ -6,6 +6,7 @@ sweeps run on a laptop CPU. The routers keep their native code; `moe_rl.routing`
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -165,23 +166,45 @@ def build_model(
 def load_model(
     path: str | Path, *, experts_implementation: str | None = None, dtype: torch.dtype = torch.float32
 ) -> PreTrainedModel:
-    """Load a local `save_pretrained` checkpoint of any supported family (no hub access)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
+    """Load a `save_pretrained` directory or a hub id of any MoE family transformers ships.
+
+    The family's routers must be ones `moe_rl.routing` can record and replay; otherwise this raises
+    `UnsupportedRouterError` with the reason (see docs/families.md). Offline (HF_HUB_OFFLINE) a hub
+    id that is not in the local cache is a clear error, not a network timeout.
+    """
+    from moe_rl.routing.hooks import find_moe_layers, resolve_rule
+
+    local = Path(path).expanduser()
+    if local.exists() and not (local / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a save_pretrained checkpoint (no config.json)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    source = str(local) if local.exists() else str(path)
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=local.exists())
+    except OSError as err:
+        if os.environ.get("HF_HUB_OFFLINE"):
+            raise ValueError(
+                f"model.checkpoint={str(path)!r} is no local directory and HF_HUB_OFFLINE is set, so the hub "
+                f"model {str(path)!r} cannot be downloaded (and is not in the local cache); download it first "
+                "or unset HF_HUB_OFFLINE"
+            ) from err
+        raise ValueError(f"model.checkpoint={str(path)!r}: neither a local checkpoint nor a loadable hub model: "
+                         f"{err}") from err
     if getattr(config, "moe_rl_backend", None) == "megablocks":
         from moe_rl.models.megablocks import load_megablocks_model
 
-        return load_megablocks_model(path, dtype=dtype)
-    if config.model_type not in FAMILIES:
-        raise ValueError(f"checkpoint {path} is a {config.model_type!r} model; supported: {sorted(FAMILIES)}")
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        local_files_only=True,
-        dtype=dtype,
-        experts_implementation=experts_implementation or default_experts_implementation(),
-    )
+        return load_megablocks_model(source, dtype=dtype)
+    kwargs: dict[str, Any] = {"experts_implementation": experts_implementation or default_experts_implementation()}
+    if config.model_type == "gpt_oss":  # attention sinks have no SDPA path
+        kwargs["attn_implementation"] = "eager"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local.exists(), dtype=dtype, **kwargs)
+    except (ValueError, TypeError) as err:
+        if "experts_implementation" not in str(err):
+            raise
+        kwargs.pop("experts_implementation")  # a family without a switchable experts kernel
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local.exists(), dtype=dtype, **kwargs)
+    for layer in find_moe_layers(model):  # refuse now, with the reason, rather than mid-run
+        resolve_rule(layer)
     return model.eval()
 
 

@@ -3,7 +3,9 @@
 from moe_rl.routing.compare import (
     MARGIN_EDGES, compare_routes, flip_margin_counts, route_metrics, route_overlap, router_shift,
 )
-from moe_rl.routing.hooks import MoeLayer, RoutedPass, RouteRecorder, RouteReplay, find_moe_layers, router_margins
+from moe_rl.routing.hooks import (
+    MoeLayer, RoutedPass, RouteRecorder, RouteReplay, UnsupportedRouterError, find_moe_layers, router_margins,
+)
 from moe_rl.routing.routes import Routes, index_dtype
 
 __all__ = [
@@ -15,6 +17,7 @@ __all__ = [
     "RouteRecorder",
     "RouteReplay",
     "Routes",
+    "UnsupportedRouterError",
     "compare_routes",
     "find_moe_layers",
     "index_dtype",

@@ -28,6 +28,15 @@ from moe_rl.routing.routes import Routes, index_dtype, sort_topk
 from moe_rl.routing.rules import FAMILY_RULES, GENERIC_RULES, Rule, selection_scores
 
 
+class UnsupportedRouterError(ValueError):
+    """The harness cannot record or replay this router; the message names its class and why."""
+
+    def __init__(self, router: str, reason: str, name: str = "") -> None:
+        self.router, self.reason, self.name = router, reason, name
+        where = f"router {name} ({router})" if name else f"router {router}"
+        super().__init__(f"{where}: {reason}" if router else reason)
+
+
 @dataclass
 class MoeLayer:
     name: str  # module path of the router, e.g. "model.layers.3.mlp.gate"
@@ -56,7 +65,22 @@ def is_megablocks_router(module: nn.Module) -> bool:
 
 
 def router_weight(router: nn.Module) -> Tensor:
-    return router.layer.weight if is_megablocks_router(router) else router.weight
+    """The router's (num_experts, hidden) weight: `.weight` for most families, the one linear it
+    wraps otherwise (MegaBlocks' `layer`, HunYuan-MoE's `wg`)."""
+    if is_megablocks_router(router):
+        return router.layer.weight
+    weight = getattr(router, "weight", None)
+    if isinstance(weight, Tensor) and weight.dim() == 2:
+        return weight
+    matrices = [p for p in router.parameters() if p.dim() == 2]
+    num_experts = getattr(router, "num_experts", None)
+    if num_experts is not None and any(p.shape[0] == num_experts for p in matrices):
+        matrices = [p for p in matrices if p.shape[0] == num_experts]
+    if len(matrices) != 1:
+        raise UnsupportedRouterError(
+            type(router).__name__, f"no single (num_experts, hidden) weight found ({len(matrices)} candidates)"
+        )
+    return matrices[0]
 
 
 def _router_classes(model: nn.Module) -> tuple[type, ...]:
@@ -103,14 +127,25 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
         if megablocks:
             num_experts, top_k = module.args.moe_num_experts, module.args.moe_top_k
         else:
-            weight = getattr(module, "weight", None)
-            num_experts = getattr(module, "num_experts", None) or (weight.shape[0] if weight is not None else None)
+            # The router's output width, where its weight is found: it also counts ids that are no
+            # parameterised expert (LongCat-Flash's zero experts).
+            try:
+                num_experts = router_weight(module).shape[0]
+            except UnsupportedRouterError:
+                num_experts = getattr(module, "num_experts", None)
             top_k = getattr(module, "top_k", None)
         if match is None or num_experts is None or top_k is None:
-            raise ValueError(f"router {name} ({type(module).__name__}) lacks a layer index, top_k or num_experts")
+            missing = [w for w, v in (("a layer index in its path", match), ("num_experts", num_experts),
+                                      ("top_k", top_k)) if v is None]
+            raise UnsupportedRouterError(type(module).__name__, f"lacks {', '.join(missing)}", name)
         layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(top_k), seq_major=megablocks))
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no MoE layer (no router module found)")
+        declared_names = [c.__name__ for c in declared]
+        raise UnsupportedRouterError(
+            "/".join(declared_names) or "*Router",
+            f"{type(model).__name__} has no MoE layer (no module of the declared router class, nor one named "
+            "*Router, with a layer index, num_experts and top_k)",
+        )
     return layers
 
 
@@ -311,7 +346,8 @@ class RouteRecorder(_ModelHooks):
             B, T = record.masks[-1].shape
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
-            current[i] = _batch_major(layer, output[2].detach().to(self._dtype), B, T)  # compact at once
+            indices = _router_output(layer.name, router, output)[2]
+            current[i] = _batch_major(layer, indices.detach().to(self._dtype), B, T)  # compact at once
             if self.record_margins or self.record_scores:
                 scores = selection_scores(router, output[0].detach())
                 if self.record_margins:
@@ -463,10 +499,12 @@ class RouteReplay(_ModelHooks):
             raise RuntimeError("routing replay was armed but no forward pass ran inside it")
 
     def _make_hook(self, i: int):
-        layer, rule = self.layers[i], self.rules[i]
+        layer = self.layers[i]
 
         def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
-            logits, weights, native = output  # MegaBlocks: logits are the softmax scores
+            logits, weights, native = _router_output(layer.name, router, output)  # MegaBlocks: softmax scores
+            rule = self.rules[i] if self.rules[i] is not None else check_rule_on_output(layer, output)
+            self.rules[i] = rule
             B, T = self.routes.shape[:2]
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
@@ -541,37 +579,94 @@ class RoutedPass:
 _CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
 
 
-def resolve_rule(layer: MoeLayer) -> Rule:
+def _router_output(layer_name: str, router: nn.Module, output: object) -> tuple[Tensor, Tensor, Tensor]:
+    """`output` as the v5 router contract `(logits, weights, indices)`, or UnsupportedRouterError."""
+    if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(x, Tensor) for x in output)):
+        kind = f"a {len(output)}-tuple" if isinstance(output, tuple) else type(output).__name__
+        raise UnsupportedRouterError(
+            type(router).__name__, f"returns {kind}, not (logits, weights, indices): its routes cannot be "
+            "read or forced at the router", layer_name,
+        )
+    logits, weights, indices = output
+    if indices.is_floating_point() or indices.dim() != 2 or weights.shape != indices.shape:
+        raise UnsupportedRouterError(
+            type(router).__name__, f"returns indices {tuple(indices.shape)} {indices.dtype} and weights "
+            f"{tuple(weights.shape)}, not (tokens, k) integer ids with matching weights", layer_name,
+        )
+    return logits, weights, indices
+
+
+def pick_rule(router: nn.Module, logits: Tensor, weights: Tensor, indices: Tensor,
+              candidates: tuple[Rule, ...]) -> Rule | None:
+    """The first candidate that reproduces `weights` at `indices` bitwise, else the first that does
+    so to float tolerance (rtol 1e-4), else None.
+
+    Several rules can agree to within rounding (e.g. softmax over all logits then renormalised vs.
+    softmax over the selected logits); only the one the router itself computes makes self-replay
+    bitwise equal to the plain forward.
+    """
+    close = None
+    for rule in candidates:
+        try:
+            recomputed = rule(router, logits, indices).to(weights.dtype)
+        except (AttributeError, TypeError, RuntimeError):  # the rule needs a field this router lacks
+            continue
+        if recomputed.shape != weights.shape:
+            continue
+        if torch.equal(recomputed, weights):
+            return rule
+        if close is None and torch.allclose(recomputed.float(), weights.float(), rtol=1e-4, atol=1e-6):
+            close = rule
+    return close
+
+
+def _candidates(router: nn.Module) -> tuple[Rule, ...]:
+    name = type(router).__name__
+    return (FAMILY_RULES[name],) if name in FAMILY_RULES else GENERIC_RULES
+
+
+def _no_rule(layer_name: str, router: nn.Module, candidates: tuple[Rule, ...]) -> UnsupportedRouterError:
+    return UnsupportedRouterError(
+        type(router).__name__, f"no gate-weight rule reproduces its weights at its own indices (tried "
+        f"{[rule.__name__ for rule in candidates]}); replay would train a different function", layer_name,
+    )
+
+
+def check_rule_on_output(layer: MoeLayer, output: object) -> Rule:
+    """Resolve `layer`'s rule from one real router call (for routers a synthetic probe cannot call,
+    e.g. LFM2-MoE's, which takes the MoE block's expert bias as a second input)."""
+    router = layer.router
+    if router in _CHECKED_RULES:
+        return _CHECKED_RULES[router]
+    logits, weights, indices = _router_output(layer.name, router, output)
+    with torch.no_grad():
+        rule = pick_rule(router, logits.detach(), weights.detach(), indices, _candidates(router))
+    if rule is None:
+        raise _no_rule(layer.name, router, _candidates(router))
+    _CHECKED_RULES[router] = rule
+    return rule
+
+
+def resolve_rule(layer: MoeLayer) -> Rule | None:
     """The gate-weight rule of `layer`'s router, checked on a probe input.
 
     Recomputing the weights at the router's own indices must reproduce the router's own weights;
-    otherwise replay would train a different function than the model computes, so raise now.
+    otherwise replay would train a different function than the model computes, so raise
+    `UnsupportedRouterError` now. Returns None when the router cannot be called on a probe alone
+    (it needs other inputs of its MoE block); `check_rule_on_output` then checks the first real call.
     """
     router = layer.router
     if router in _CHECKED_RULES:
         return _CHECKED_RULES[router]
-    candidates = (FAMILY_RULES[type(router).__name__],) if type(router).__name__ in FAMILY_RULES else GENERIC_RULES
     weight = layer.weight
     generator = torch.Generator(device="cpu").manual_seed(0)
     probe = torch.randn(32, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad(), _probe_without_side_effects(router):
-        output = router(probe)
-        if not (isinstance(output, tuple) and len(output) == 3):
-            raise ValueError(f"router {layer.name} does not return (logits, weights, indices)")
-        logits, weights, indices = output
-        for rule in candidates:
-            try:
-                recomputed = rule(router, logits, indices).to(weights.dtype)
-            except AttributeError:
-                continue
-            if torch.allclose(recomputed.float(), weights.float(), rtol=1e-4, atol=1e-6):
-                _CHECKED_RULES[router] = rule
-                return rule
-    tried = [rule.__name__ for rule in candidates]
-    raise ValueError(
-        f"router {layer.name} ({type(router).__name__}): no gate-weight rule reproduces its weights "
-        f"at its own indices (tried {tried}); replay would train a different function"
-    )
+        try:
+            output = router(probe)
+        except (TypeError, RuntimeError, AttributeError, IndexError):
+            return None
+        return check_rule_on_output(layer, output)
 
 
 @contextmanager

@@ -160,54 +160,118 @@ class Routes:
         routed_experts: Sequence[np.ndarray | Tensor] | np.ndarray | Tensor,
         *,
         num_experts: int,
+        prompt_routed_experts: Sequence[np.ndarray | Tensor] | np.ndarray | Tensor | None = None,
         layer_map: Sequence[int] | None = None,
         length: int | None = None,
+        padding_side: str = "right",
     ) -> Routes:
-        """Routes from vLLM's per-request `routed_experts`, each `(tokens - 1, layers, k)` int32.
+        """Routes from vLLM's `enable_return_routed_experts` outputs, one request per batch row.
 
-        Row i of the batch is request i, right-padded to `length` (default: the longest); the
-        route of position t is the route of token t of prompt + completion, as in a teacher-forced
-        pass over `sequences[:, :-1]`.
+        Split form: `prompt_routed_experts` `(prompt_len, L, k)` per request plus the completion's
+        `routed_experts` `(gen_len, L, k)`; joined form: `routed_experts` alone, `(tokens - 1, L, k)`.
+        Position t is the route of token t of prompt + completion, as in a teacher-forced pass over
+        `sequences[:, :-1]`. int16 or int32; `-1` marks positions without a route (prefix-cache
+        hits): they are masked, never read as expert ids, and replay keeps the live router there.
+
+        `padding_side="right"` puts every request at column 0; `"left"` lays rows out like the
+        harness's own batches: in the split form prompts are left-padded so that every completion
+        starts at the same column (the longest prompt), in the joined form rows end at the last
+        column. `length` pads to a fixed number of columns (default: the fewest that fit).
         """
-        per_seq = [torch.as_tensor(np.asarray(r)) for r in (
-            [routed_experts] if isinstance(routed_experts, (np.ndarray, Tensor)) and np.ndim(routed_experts) == 3
-            else routed_experts
-        )]
-        if not per_seq:
-            raise ValueError("from_vllm needs at least one sequence")
-        shapes = {tuple(r.shape[1:]) for r in per_seq}
-        if any(r.dim() != 3 for r in per_seq) or len(shapes) != 1:
-            raise ValueError(f"routed_experts must all be (tokens-1, layers, k) with equal layers and k, got {shapes}")
+        completions = _per_request(routed_experts, "routed_experts")
+        prompts = (None if prompt_routed_experts is None
+                   else _per_request(prompt_routed_experts, "prompt_routed_experts"))
+        if prompts is not None and len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompt_routed_experts for {len(completions)} routed_experts")
+        shapes = {tuple(r.shape[1:]) for r in completions + (prompts or [])}
+        if len(shapes) != 1:
+            raise ValueError(f"routed experts must all be (tokens, layers, k) with equal layers and k, got {shapes}")
         L, k = shapes.pop()
-        T = length if length is not None else max(r.shape[0] for r in per_seq)
-        if max(r.shape[0] for r in per_seq) > T:
-            raise ValueError(f"a sequence has more than length={T} routed positions")
-        topk = torch.zeros(len(per_seq), T, L, k, dtype=torch.int64)
-        mask = torch.zeros(len(per_seq), T, dtype=torch.bool)
-        for b, r in enumerate(per_seq):
-            topk[b, : r.shape[0]] = r.to(torch.int64)
-            mask[b, : r.shape[0]] = True
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side={padding_side!r}; valid: ['left', 'right']")
+        prompt_lens = [p.shape[0] for p in prompts] if prompts is not None else [0] * len(completions)
+        rows = [torch.cat([p, c]) if prompts is not None else c
+                for p, c in zip(prompts or [None] * len(completions), completions)]
+        if padding_side == "left" and prompts is not None:
+            start = max(prompt_lens)
+            offsets = [start - n for n in prompt_lens]
+        else:
+            offsets = [0] * len(rows)
+        width = max(o + r.shape[0] for o, r in zip(offsets, rows))
+        T = length if length is not None else width
+        if width > T:
+            raise ValueError(f"a request has more than length={T} routed positions")
+        if padding_side == "left" and prompts is None:
+            offsets = [T - r.shape[0] for r in rows]
+        topk = torch.zeros(len(rows), T, L, k, dtype=torch.int64)
+        mask = torch.zeros(len(rows), T, dtype=torch.bool)
+        for b, (offset, r) in enumerate(zip(offsets, rows)):
+            valid = (r >= 0).all(dim=-1).all(dim=-1)  # (n,): -1 anywhere -> no route at that position
+            topk[b, offset : offset + r.shape[0]] = torch.where(valid[:, None, None], r, torch.zeros_like(r))
+            mask[b, offset : offset + r.shape[0]] = valid
+        _refuse_degenerate(topk, mask)
         return cls.from_topk(topk, mask, tuple(layer_map) if layer_map is not None else tuple(range(L)), num_experts)
 
     @classmethod
     def from_sglang(
         cls,
-        routed_experts: str | Sequence[str],
+        routed_experts: str | dict | Sequence[str | dict],
         *,
         num_layers: int,
         top_k: int,
         num_experts: int,
         layer_map: Sequence[int] | None = None,
         length: int | None = None,
+        padding_side: str = "right",
     ) -> Routes:
-        """Routes from SGLang's `routed_experts`: base64 of a flat int32 `(tokens - 1, layers, k)`."""
-        strings = [routed_experts] if isinstance(routed_experts, str) else list(routed_experts)
+        """Routes from SGLang's `meta_info["routed_experts"]`: base64 of a flat int32
+        `(tokens - 1, layers, k)` per request (the string, or the `meta_info` dict holding it).
+        `-1` positions are masked as in `from_vllm`, whose `length` and `padding_side` apply."""
+        items = [routed_experts] if isinstance(routed_experts, (str, dict)) else list(routed_experts)
         arrays = []
-        for i, s in enumerate(strings):
-            flat = np.frombuffer(base64.b64decode(s), dtype=np.int32)
+        for i, item in enumerate(items):
+            text = item.get("routed_experts") if isinstance(item, dict) else item
+            if not isinstance(text, str):
+                raise ValueError(f"request {i}: no base64 'routed_experts' string (got {type(text).__name__})")
+            try:
+                flat = np.frombuffer(base64.b64decode(text, validate=True), dtype=np.int32)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"request {i}: routed_experts is not base64 of int32: {err}") from err
             if flat.size % (num_layers * top_k):
                 raise ValueError(
-                    f"sequence {i}: {flat.size} ids is not a multiple of num_layers*top_k={num_layers * top_k}"
+                    f"request {i}: {flat.size} ids is not a multiple of num_layers*top_k={num_layers * top_k}"
                 )
-            arrays.append(flat.reshape(-1, num_layers, top_k))
-        return cls.from_vllm(arrays, num_experts=num_experts, layer_map=layer_map, length=length)
+            arrays.append(flat.reshape(-1, num_layers, top_k).copy())
+        return cls.from_vllm(arrays, num_experts=num_experts, layer_map=layer_map, length=length,
+                             padding_side=padding_side)
+
+
+def _per_request(value: Sequence[np.ndarray | Tensor] | np.ndarray | Tensor, name: str) -> list[Tensor]:
+    """One (n, L, k) int64 tensor per request from a 3-D array or a sequence of them."""
+    items = [value] if isinstance(value, (np.ndarray, Tensor)) and np.ndim(value) == 3 else list(value)
+    if not items:
+        raise ValueError(f"{name}: no requests")
+    out = []
+    for i, item in enumerate(items):
+        array = item.detach().cpu() if isinstance(item, Tensor) else torch.as_tensor(np.array(item))
+        if array.dim() != 3:
+            raise ValueError(f"{name}[{i}] has shape {tuple(array.shape)}, not (tokens, layers, k)")
+        if array.is_floating_point() or array.dtype == torch.bool:
+            raise ValueError(f"{name}[{i}] has dtype {array.dtype}; expert ids are integers (int16 or int32)")
+        out.append(array.to(torch.int64))
+    return out
+
+
+def _refuse_degenerate(topk: Tensor, mask: Tensor) -> None:
+    """Refuse routes no router produced: all ids zero (an unfilled buffer), or an expert repeated
+    within one position's top-k."""
+    valid = topk[mask]  # (n, L, k)
+    if valid.numel() and not bool(valid.any()):
+        raise ValueError("routed experts are all zero: an unfilled buffer, not routes (was routing capture enabled?)")
+    if valid.shape[-1] > 1 and valid.numel():
+        ordered = valid.sort(dim=-1).values
+        repeated = (ordered[..., 1:] == ordered[..., :-1]).any(dim=-1)  # (n, L)
+        if bool(repeated.any()):
+            b, t = mask.nonzero()[repeated.any(dim=-1).nonzero()[0, 0]].tolist()
+            raise ValueError(f"routed experts repeat an expert within one top-k (request {b}, position {t}): "
+                             "not routes a top-k router produced")

@@ -56,6 +56,46 @@ def megablocks_scores(router: nn.Module, scores: Tensor, indices: Tensor) -> Ten
     return weights
 
 
+def scaling_factor(router: nn.Module) -> float:
+    """The router's routed scaling factor, under the names families give it."""
+    for name in ("routed_scaling_factor", "router_scaling_factor"):
+        value = getattr(router, name, None)
+        if value is not None:
+            return value
+    raise AttributeError(f"{type(router).__name__} has no routed scaling factor")
+
+
+def gather_rule(score: str, norm: str, eps: float, scale: bool) -> Rule:
+    """A rule of the common shape `w = score(logits)[idx]`, optionally renormalised over the k
+    selected (`norm`: "flag" follows `router.norm_topk_prob`, "always", "never"; `eps` added to the
+    sum as the family does) and optionally times `router.routed_scaling_factor`.
+
+    `score` is "softmax", "sigmoid" or "score_fn" (the router's own `score_fn`, e.g. DeepSeek-V4's
+    configurable scoring function). The probabilities are gathered from the full distribution, so
+    forced experts outside the live top-k keep their true weight.
+    """
+
+    def rule(router: nn.Module, logits: Tensor, indices: Tensor) -> Tensor:
+        if score == "softmax":
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        elif score == "sigmoid":
+            probs = logits.float().sigmoid()
+        else:
+            probs = router.score_fn(logits)
+        weights = probs.gather(-1, indices)
+        if {"flag": getattr(router, "norm_topk_prob", True), "always": True, "never": False}[norm]:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total + eps) if eps else weights / total
+        if scale:
+            weights = weights * scaling_factor(router)
+        return weights
+
+    parts = [score, "topk", {"flag": "norm_if_flag", "always": "norm", "never": ""}[norm],
+             f"eps{eps:g}" if eps and norm != "never" else "", "scaled" if scale else ""]
+    rule.__name__ = "_".join(p for p in parts if p)
+    return rule
+
+
 FAMILY_RULES: dict[str, Rule] = {
     "Qwen3MoeTopKRouter": softmax_topk,
     "Qwen2MoeTopKRouter": softmax_topk,
@@ -69,7 +109,16 @@ FAMILY_RULES: dict[str, Rule] = {
 # Tried in order for routers of other models that follow the v5 contract
 # `router(hidden) -> (logits, weights, indices)`; the first that reproduces the router's own
 # weights at its own indices is used.
-GENERIC_RULES: tuple[Rule, ...] = (softmax_topk, softmax_topk_unnormalised, softmax_selected, sigmoid_scaled)
+# Bitwise matches are preferred over ones within rounding (`moe_rl.routing.hooks.pick_rule`), so the
+# order only decides between rules that agree exactly.
+GENERIC_RULES: tuple[Rule, ...] = (
+    softmax_topk, softmax_topk_unnormalised, softmax_selected, sigmoid_scaled,
+    *(gather_rule(score, norm, eps, scale)
+      for score in ("softmax", "sigmoid", "score_fn")
+      for norm in ("always", "never")
+      for eps in ((0.0, 1e-20, 1e-6) if norm != "never" else (0.0,))
+      for scale in (False, True)),
+)
 
 
 def selection_scores(router: nn.Module, logits: Tensor) -> Tensor:

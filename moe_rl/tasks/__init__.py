@@ -2,7 +2,9 @@
 
 from moe_rl.tasks.data import load_task, score_completions
 from moe_rl.tasks.expr import parse_expression
-from moe_rl.tasks.synthetic import TASKS, AdditionTask, CountdownTask, ReversalTask, SortingTask, Task, get_task
+from moe_rl.tasks.synthetic import (
+    TASKS, AdditionTask, CountdownTask, ReversalTask, SortingTask, Task, explicit_task_kwargs, get_task,
+)
 from moe_rl.tasks.tokenizer import ALPHABET, BOS_ID, EOS_ID, PAD_ID, UNK_ID, VOCAB, make_tokenizer
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "ReversalTask",
     "SortingTask",
     "Task",
+    "explicit_task_kwargs",
     "get_task",
     "load_task",
     "make_tokenizer",

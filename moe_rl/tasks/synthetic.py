@@ -206,3 +206,17 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: {sorted(TASKS)}")
     return TASKS[name]
+
+
+def explicit_task_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` without the entries equal to the synthetic task's `make_example` defaults.
+
+    The task config files spell the defaults out (so `task.kwargs.max_len=8` needs no `+`); caches
+    and run identities depend only on what differs from them.
+    """
+    import inspect
+
+    if name not in TASKS:
+        return dict(kwargs)
+    params = inspect.signature(TASKS[name].make_example).parameters
+    return {k: v for k, v in kwargs.items() if k not in params or params[k].default != v}

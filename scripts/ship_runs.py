@@ -1,0 +1,41 @@
+"""Copy the small files of each finished run (metrics, status, config, meta) next to a shipped report.
+
+    python scripts/ship_runs.py runs/phase results/phase/runs [--drop-prefix route/flip_vs_margin/ ...]
+
+Checkpoints and route snapshots stay behind. `--drop-prefix` removes metric keys from the copied
+metrics.parquet to keep committed folders small (the report notes which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path)
+    parser.add_argument("dst", type=Path)
+    parser.add_argument("--drop-prefix", nargs="*", default=[])
+    args = parser.parse_args()
+    n = 0
+    for metrics in sorted(args.src.rglob("metrics.parquet")):
+        run = metrics.parent
+        out = args.dst / run.relative_to(args.src)
+        out.mkdir(parents=True, exist_ok=True)
+        frame = pd.read_parquet(metrics)
+        if args.drop_prefix:
+            frame = frame[~frame["key"].str.startswith(tuple(args.drop_prefix))]
+        frame.to_parquet(out / "metrics.parquet", index=False, compression="zstd")
+        for name in ("status.json", "config.yaml", "meta.json"):
+            if (run / name).is_file():
+                shutil.copy2(run / name, out / name)
+        n += 1
+    print(f"copied {n} runs from {args.src} to {args.dst}")
+
+
+if __name__ == "__main__":
+    main()
