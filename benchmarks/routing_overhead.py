@@ -1,15 +1,21 @@
 """Overhead of route recording and Routing Replay, measured side by side on CPU.
 
-    python benchmarks/routing_overhead.py [--family qwen3_moe] [--batch 64] [--seq 64] [--repeats 15]
+    python benchmarks/routing_overhead.py [--models default,fine] [--batch 64] [--seq 64] [--repeats 101]
+                                          [--clock cpu|wall] [--threads 1]
 
 Prints forward-with-recorder / plain forward and forward+backward-with-replay / plain
 forward+backward, each the median ratio over interleaved repeats (plain and hooked runs
-alternate so machine noise hits both alike), and the stored route bytes per token per MoE layer.
+alternate so machine noise hits both alike) with a bootstrap 95% interval of that median, and
+the stored route bytes per token per MoE layer. `default` is the tiny qwen3_moe (8 experts, top-2,
+2 MoE layers), `fine` the `qwen3_moe_fine` preset (64 experts of width 16, top-8, 4 MoE layers);
+`--family` measures another family's tiny model. The default clock is this process's CPU time
+(with one torch thread), which other jobs on a loaded machine do not inflate.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -19,10 +25,29 @@ from moe_rl.models import build_model
 from moe_rl.routing import RouteRecorder, RouteReplay
 
 
+PRESETS = {
+    "default": {},
+    "fine": {"num_experts": 64, "top_k": 8, "num_hidden_layers": 4, "moe_intermediate_size": 16},
+}
+
+
 def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _cpu_time(fn) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def median_interval(values: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95% percentile interval of the median of `values`."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
+    return medians[int(0.025 * n_boot)], medians[int(0.975 * n_boot) - 1]
 
 
 def _paired(base, hooked, repeats: int, timer) -> tuple[list[float], list[float]]:
@@ -77,6 +102,8 @@ def overhead(model: torch.nn.Module, x: torch.Tensor, repeats: int, timer=_time)
         "forward_backward_ms": statistics.median(step) * 1e3,
         "recorder_overhead": statistics.median(rec_ratio),
         "replay_overhead": statistics.median(rep_ratio),
+        "recorder_interval": median_interval(rec_ratio),
+        "replay_interval": median_interval(rep_ratio),
         "route_bytes_per_token_layer": routes.bytes_per_token_layer(),
         "num_moe_layers": routes.shape[2],
         "num_experts": routes.num_experts,
@@ -86,26 +113,36 @@ def overhead(model: torch.nn.Module, x: torch.Tensor, repeats: int, timer=_time)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="default,fine", help=f"comma-separated, of {sorted(PRESETS)}")
     parser.add_argument("--family", default="qwen3_moe")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=101)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", default="cpu", choices=("cpu", "wall"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-
-    model = build_model(args.family)
-    x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
-    r = overhead(model, x, args.repeats)
-    L, k = r["num_moe_layers"], r["top_k"]
-    print(f"model={args.family} experts_impl={model.config._experts_implementation} batch={args.batch}x{args.seq} "
-          f"MoE layers={L} experts={r['num_experts']} k={k} threads={torch.get_num_threads()} repeats={args.repeats}")
-    print(f"plain forward            median {r['forward_ms']:8.1f} ms")
-    print(f"plain forward+backward   median {r['forward_backward_ms']:8.1f} ms")
-    print(f"recorder / plain forward              {r['recorder_overhead']:.3f}x  (target <= 1.03x)")
-    print(f"replay fwd+bwd / plain fwd+bwd        {r['replay_overhead']:.3f}x  (target <= 1.05x)")
-    print(f"route bytes per token per MoE layer   {r['route_bytes_per_token_layer']}  (target <= k = {k})")
+    timer = _cpu_time if args.clock == "cpu" else _time
+    print(f"clock: {args.clock} time; plain and hooked passes alternate (ABBA), so load from other jobs hits both "
+          "alike; ratios are medians of paired runs with bootstrap 95% intervals")
+    for preset in args.models.split(","):
+        model = build_model(args.family, **PRESETS[preset])
+        x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq),
+                          generator=torch.Generator().manual_seed(0))
+        r = overhead(model, x, args.repeats, timer)
+        L, k = r["num_moe_layers"], r["top_k"]
+        (rec_lo, rec_hi), (rep_lo, rep_hi) = r["recorder_interval"], r["replay_interval"]
+        print(f"\n{preset}: model={args.family} experts_impl={model.config._experts_implementation} "
+              f"batch={args.batch}x{args.seq} MoE layers={L} experts={r['num_experts']} k={k} "
+              f"threads={torch.get_num_threads()} repeats={args.repeats}")
+        print(f"plain forward            median {r['forward_ms']:8.1f} ms")
+        print(f"plain forward+backward   median {r['forward_backward_ms']:8.1f} ms")
+        print(f"recorder / plain forward              {r['recorder_overhead']:.3f}x  [{rec_lo:.3f}, {rec_hi:.3f}]"
+              "  (target <= 1.03x)")
+        print(f"replay fwd+bwd / plain fwd+bwd        {r['replay_overhead']:.3f}x  [{rep_lo:.3f}, {rep_hi:.3f}]"
+              "  (target <= 1.05x)")
+        print(f"route bytes per token per MoE layer   {r['route_bytes_per_token_layer']}  (target <= k = {k})")
 
 
 if __name__ == "__main__":

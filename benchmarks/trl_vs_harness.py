@@ -16,6 +16,8 @@ The two loops alternate inside one process: a TRL callback runs one harness step
 optimizer steps, so machine noise hits both alike. TRL's time per step is the wall time between
 those callbacks (its whole loop: data loading, generation, scoring, updates, optimizer, logging);
 its phases come from timing its methods. Prints the median over steps of TRL time / harness time.
+`--clock cpu` times this process's CPU time instead of elapsed time: with `--threads 1` it is not
+inflated when other jobs share the machine.
 """
 
 from __future__ import annotations
@@ -41,41 +43,56 @@ from moe_rl.train import Trainer
 from trl import GRPOConfig, GRPOTrainer
 
 
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+clock = CLOCKS["wall"]
+
+
 def timed(base: type) -> type:
     """`base` with its generation, scoring, old-logp pass and training steps timed into `self.phases`."""
 
     class Timed(base):
         def _generate_and_score_completions(self, inputs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return super()._generate_and_score_completions(inputs)
             finally:
-                self.phases["score"] += time.perf_counter() - start
+                self.phases["score"] += clock() - start
 
         def _generate_single_turn(self, *args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return super()._generate_single_turn(*args, **kwargs)
             finally:
-                self.phases["generate"] += time.perf_counter() - start
+                self.phases["generate"] += clock() - start
 
         def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return super()._get_per_token_logps_and_entropies(*args, **kwargs)
             finally:
                 if not torch.is_grad_enabled():  # the old-policy pass (beta = 0: no reference pass)
-                    self.phases["old_logp"] += time.perf_counter() - start
+                    self.phases["old_logp"] += clock() - start
 
         def training_step(self, *args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return super().training_step(*args, **kwargs)
             finally:
-                self.phases["training_step"] += time.perf_counter() - start
+                self.phases["training_step"] += clock() - start
 
     Timed.__name__ = f"Timed{base.__name__}"
     return Timed
+
+
+def _timed_call(fn, phases: dict[str, float], name: str):
+    def call(*args, **kwargs):
+        start = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases[name] += clock() - start
+
+    return call
 
 
 class Interleave(TrainerCallback):
@@ -88,22 +105,30 @@ class Interleave(TrainerCallback):
         self.trainer = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.mark = time.perf_counter()
+        self.mark = clock()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.updates:
             return
-        now = time.perf_counter()
+        now = clock()
         phases = dict(self.trainer.phases)
         self.trainer.phases.clear()
         self.trl_rows.append({"total": now - self.mark, **phases})
         rl_step = state.global_step // self.updates  # TRL just consumed the prompts of this step
-        start = time.perf_counter()
-        metrics = self.harness.step(rl_step)
-        total = time.perf_counter() - start
-        self.harness_rows.append({"total": total, "rollout": metrics["time/rollout_s"],
-                                  "old_logp": metrics["time/old_logp_s"], "update": metrics["time/update_s"]})
-        self.mark = time.perf_counter()
+        phases: dict[str, float] = defaultdict(float)
+        harness = self.harness
+        for name in ("rollout", "old_pass", "update"):  # timed with the benchmark's clock
+            setattr(harness, name, _timed_call(getattr(harness, name), phases, name))
+        try:
+            start = clock()
+            self.harness.step(rl_step)
+            total = clock() - start
+        finally:
+            for name in ("rollout", "old_pass", "update"):
+                harness.__dict__.pop(name, None)
+        self.harness_rows.append({"total": total, "rollout": phases["rollout"], "old_logp": phases["old_pass"],
+                                  "update": phases["update"]})
+        self.mark = clock()
 
 
 def harness_config(args: argparse.Namespace, replay: str, out_dir: Path) -> TrainConfig:
@@ -189,14 +214,18 @@ def main() -> None:
     parser.add_argument("--cold-start-steps", type=int, default=200)
     parser.add_argument("--arms", default="none,r2", help="comma-separated replay modes")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
+                        help="wall: elapsed time; cpu: this process's CPU time (use with --threads 1 on a loaded machine)")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
     print(f"qwen3_moe tiny (2 MoE layers, 8 experts, top-2), reversal task: {args.prompts} prompts x {args.group} "
           f"completions, <= {args.max_new_tokens} new tokens, {args.updates} updates per rollout; {device}, "
-          f"{torch.get_num_threads()} torch threads; torch {torch.__version__}, transformers "
+          f"{torch.get_num_threads()} torch threads, {args.clock} clock; torch {torch.__version__}, transformers "
           f"{transformers.__version__}, trl {trl.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         for replay in args.arms.split(","):

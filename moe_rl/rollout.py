@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from moe_rl.routing import RouteRecorder, Routes
+from moe_rl.sampler import Sampled, sample_loop
 
 
 @dataclass
@@ -131,13 +132,16 @@ def generate(
     record_routes: bool = True,
     seed: int | None = None,
     row_keys: Sequence[Sequence[int]] | None = None,
+    sampler: str = "loop",
 ) -> Rollout:
     """Sample `group_size` completions per prompt (rows p*G..p*G+G-1 share prompt p).
 
     With `row_keys` (one key per row, e.g. (seed, step, global row)) every row samples from its own
-    stream (`RowSampler`), so a row's completion does not depend on the other rows in the batch; this
-    is how a run split across ranks draws the same rollouts on any number of ranks. Without it one seeded
-    sampler serves the whole batch (`seed`).
+    stream (`RowSampler`, through `model.generate`), so a row's completion does not depend on the
+    other rows in the batch; this is how a run split across ranks draws the same rollouts on any
+    number of ranks. Without it one seeded stream serves the whole batch (`seed`), drawn by
+    `sampler`, one of SAMPLERS: `loop` (moe_rl.sampler.sample_loop, the default) and `generate`
+    (transformers' `model.generate`) draw bitwise the same tokens and logits for the same seed.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     device = next(model.parameters()).device
@@ -150,7 +154,7 @@ def generate(
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):  # callers' RNG untouched
         if seed is not None:
             torch.manual_seed(seed)
-        sample = not greedy and row_keys is None
+        do_sample = not greedy and row_keys is None
         processors = stopping = None
         gen_eos = eos
         if row_keys is not None and not greedy:  # per-row streams; EOS handled by RowSampler and RowEos
@@ -160,21 +164,25 @@ def generate(
             processors = LogitsProcessorList([RowSampler(uniforms, temperature, prompt_len, eos, pad)])
             stopping, gen_eos = StoppingCriteriaList([RowEos(eos, prompt_len)]), None
         with recorder if recorder is not None else nullcontext():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=max_new_tokens,
-                do_sample=sample,
-                temperature=temperature if sample else None,
-                top_k=0 if sample else None,
-                top_p=1.0 if sample else None,
-                logits_processor=processors,
-                stopping_criteria=stopping,
-                eos_token_id=gen_eos,
-                pad_token_id=pad,
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
+            if row_keys is None:
+                out = sample(model, input_ids, attention_mask, sampler=sampler, max_new_tokens=max_new_tokens,
+                             temperature=temperature, greedy=greedy, eos_token_id=eos, pad_token_id=pad)
+            else:
+                out = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=do_sample,
+                    temperature=temperature if do_sample else None,
+                    top_k=0 if do_sample else None,
+                    top_p=1.0 if do_sample else None,
+                    logits_processor=processors,
+                    stopping_criteria=stopping,
+                    eos_token_id=gen_eos,
+                    pad_token_id=pad,
+                    return_dict_in_generate=True,
+                    output_logits=True,
+                )
     sequences = out.sequences  # (B, S)
     new_tokens = sequences[:, prompt_len:]  # (B, n)
     # Completion tokens: up to and including the first EOS.
@@ -201,6 +209,35 @@ def generate(
         routes = routes.with_mask(full_mask[:, :-1].bool())
     texts = tokenizer.batch_decode(torch.where(completion_mask & ~is_eos, new_tokens, pad), skip_special_tokens=True)
     return Rollout(sequences, full_mask, response_mask, rollout_logp, routes, texts, prompt_len)
+
+
+SAMPLERS = ("loop", "generate")
+
+
+def sample(
+    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, *, sampler: str, max_new_tokens: int,
+    temperature: float, greedy: bool, eos_token_id: int, pad_token_id: int,
+) -> Sampled:
+    """`sequences` and per-step float32 `logits` of `sampler` (one of SAMPLERS) on left-padded prompts."""
+    if sampler == "loop":
+        return sample_loop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                           greedy=greedy, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    if sampler != "generate":
+        raise ValueError(f"unknown sampler {sampler!r}; valid: {list(SAMPLERS)}")
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=temperature if not greedy else None,
+        top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return Sampled(out.sequences, tuple(out.logits))
 
 
 def forward_logp(

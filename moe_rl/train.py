@@ -71,20 +71,25 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def flip_by_position(a: Routes, b: Routes, response_mask: torch.Tensor, start: int, bucket: int) -> dict[str, float]:
+def flip_by_position(
+    a: Routes, b: Routes, response_mask: torch.Tensor, start: int, bucket: int, *, overlap: torch.Tensor | None = None
+) -> dict[str, float]:
     """`route/old_vs_new/flip_rate/pos_{p}` over response positions bucketed by `bucket`.
 
     Position p counts from the input that predicts the first completion token (`start`).
+    `overlap` is `route_overlap(a, b)` when the caller has it already.
     """
-    flipped = (route_overlap(a, b) < a.top_k).float().mean(-1)  # (B, T): fraction of layers flipped
+    overlap = route_overlap(a, b) if overlap is None else overlap
+    flipped = (overlap < a.top_k).float().mean(-1)  # (B, T): fraction of layers flipped
     valid = response_mask & a.mask & b.mask
-    out = {}
-    for p in range(0, flipped.shape[1] - start, bucket):
-        cols = slice(start + p, start + p + bucket)
-        n = valid[:, cols].sum()
-        if n:
-            out[f"route/old_vs_new/flip_rate/pos_{p}"] = ((flipped[:, cols] * valid[:, cols]).sum() / n).item()
-    return out
+    starts = range(0, flipped.shape[1] - start, bucket)
+    cols = [slice(start + p, start + p + bucket) for p in starts]
+    counts = [valid[:, c].sum() for c in cols]
+    keep = [(p, c, n) for p, c, n, nonzero in zip(starts, cols, counts, torch.stack(counts).tolist()) if nonzero]
+    if not keep:
+        return {}
+    rates = torch.stack([(flipped[:, c] * valid[:, c]).sum() / n for _, c, n in keep]).tolist()  # one transfer
+    return {f"route/old_vs_new/flip_rate/pos_{p}": r for (p, _, _), r in zip(keep, rates)}
 
 
 # Also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
@@ -96,9 +101,11 @@ OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_fr
 COUNT_PREFIX = "route/flip_vs_margin/"
 
 
-def flip_margin_metrics(old: Routes, new: Routes, margins: torch.Tensor) -> dict[str, float]:
+def flip_margin_metrics(
+    old: Routes, new: Routes, margins: torch.Tensor, *, overlap: torch.Tensor | None = None
+) -> dict[str, float]:
     """`route/flip_vs_margin/{n,flips}/bin_{b}`: (t, l) counts per old-margin bin (MARGIN_EDGES)."""
-    n, flips = flip_margin_counts(old, new, margins)
+    n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
     out = {f"{COUNT_PREFIX}n/bin_{b}": float(v) for b, v in enumerate(n.tolist())}
     out.update({f"{COUNT_PREFIX}flips/bin_{b}": float(v) for b, v in enumerate(flips.tolist())})
     return out
@@ -237,16 +244,20 @@ class Trainer:
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
-        metrics.update({"loss": loss.item(), "optim/grad_norm": grad_norm.item(), "policy/entropy": entropy.item()})
-        metrics.update(route_metrics("old_vs_new", native, old_routes[rows]))
-        metrics.update(flip_by_position(native, old_routes[rows], mask, rollout.prompt_len - 1, cfg.position_bucket))
-        shift = router_shift(old_scores[rows], routed.scores, old_routes[rows], mask)
+        scalars = torch.stack([loss.detach().double(), grad_norm.double(), entropy.double()]).tolist()  # one transfer
+        metrics.update(zip(("loss", "optim/grad_norm", "policy/entropy"), scalars))
+        old = old_routes[rows]
+        overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
+        metrics.update(route_metrics("old_vs_new", native, old, overlap=overlap))
+        metrics.update(flip_by_position(native, old, mask, rollout.prompt_len - 1, cfg.position_bucket,
+                                        overlap=overlap))
+        shift = router_shift(old_scores[rows], routed.scores, old, mask)
         metrics.update({f"route/old_vs_new/{k}": v for k, v in shift.items()})
-        metrics.update(flip_margin_metrics(old_routes[rows], native, old_margins[rows]))
-        if replay_routes is not None:
+        metrics.update(flip_margin_metrics(old, native, old_margins[rows], overlap=overlap))
+        if replay is not None:
             used = routed.used.with_mask(valid)
-            metrics.update(route_metrics("native_vs_replayed", native, replay_routes[rows]))
-            metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay_routes[rows])["flip_rate"]
+            metrics.update(route_metrics("native_vs_replayed", native, replay))
+            metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay)["flip_rate"]
         if self.dist.active:  # the values of the global mini-batch, from every rank's sums and counts
             pairs = {"old_vs_new": (native, old_routes[rows])}
             if replay_routes is not None:

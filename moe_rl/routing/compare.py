@@ -23,15 +23,17 @@ def route_overlap(a: Routes, b: Routes) -> Tensor:
     return (x.unsqueeze(-1) == y.unsqueeze(-2)).sum(dim=(-1, -2))
 
 
-def compare_routes(a: Routes, b: Routes) -> dict[str, float]:
+def compare_routes(a: Routes, b: Routes, *, overlap: Tensor | None = None) -> dict[str, float]:
     """Flip metrics between two routings of the same tokens, over positions valid in both.
 
     flip_rate        = mean_{t,l} 1[S_a != S_b]
     expert_flip_frac = mean_{t,l} 1 - |S_a ∩ S_b| / k
     token_flip_rate  = mean_t 1[exists l: S_a != S_b]
     each also per MoE layer as `<name>/layer_<i>`. NaN when no position is valid in both.
+    `overlap` is `route_overlap(a, b)` when the caller has it already.
     """
-    overlap = route_overlap(a, b).float()  # (B, T, L)
+    _check_comparable(a, b)
+    overlap = (route_overlap(a, b) if overlap is None else overlap).float()  # (B, T, L)
     k, L = a.top_k, a.shape[2]
     valid = a.mask & b.mask.to(a.mask.device)  # (B, T)
     n = valid.sum()
@@ -45,20 +47,19 @@ def compare_routes(a: Routes, b: Routes) -> dict[str, float]:
     per_layer_flip = mean_over_tokens(flipped) if n else torch.full((L,), float("nan"))
     per_layer_expert = mean_over_tokens(expert_flip) if n else torch.full((L,), float("nan"))
     token_flip = (flipped.amax(dim=-1) * valid).sum() / n if n else torch.tensor(float("nan"))
-    out = {
-        "flip_rate": per_layer_flip.mean().item(),
-        "expert_flip_frac": per_layer_expert.mean().item(),
-        "token_flip_rate": token_flip.item(),
-    }
+    # One transfer for all values (float32 -> float exactly, as .item() of each would give).
+    values = torch.cat([torch.stack([per_layer_flip.mean(), per_layer_expert.mean(), token_flip]),
+                        per_layer_flip, per_layer_expert]).tolist()
+    out = {"flip_rate": values[0], "expert_flip_frac": values[1], "token_flip_rate": values[2]}
     for i in range(L):
-        out[f"flip_rate/layer_{i}"] = per_layer_flip[i].item()
-        out[f"expert_flip_frac/layer_{i}"] = per_layer_expert[i].item()
+        out[f"flip_rate/layer_{i}"] = values[3 + i]
+        out[f"expert_flip_frac/layer_{i}"] = values[3 + L + i]
     return out
 
 
-def route_metrics(pair: str, a: Routes, b: Routes) -> dict[str, float]:
+def route_metrics(pair: str, a: Routes, b: Routes, *, overlap: Tensor | None = None) -> dict[str, float]:
     """`compare_routes(a, b)` under the metric names `route/{pair}/...` (DESIGN §3)."""
-    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b).items()}
+    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b, overlap=overlap).items()}
 
 
 def router_shift(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> dict[str, float]:
@@ -98,23 +99,26 @@ def shift_summary(per_layer: Tensor) -> dict[str, float]:
         return {"shift/mean": float("nan"), "shift/p10": float("nan"),
                 **{f"shift/layer_{i}": float("nan") for i in range(L)}}
     gamma = torch.exp(-per_layer.mean(-1))  # (n,)
-    out = {"shift/mean": gamma.mean().item(), "shift/p10": gamma.quantile(0.1).item()}
-    out.update({f"shift/layer_{i}": v for i, v in enumerate(torch.exp(-per_layer).mean(0).tolist())})
+    values = torch.cat([torch.stack([gamma.mean(), gamma.quantile(0.1)]), torch.exp(-per_layer).mean(0)]).tolist()
+    out = {"shift/mean": values[0], "shift/p10": values[1]}
+    out.update({f"shift/layer_{i}": v for i, v in enumerate(values[2:])})
     return out
 
 
 
 
 def flip_margin_counts(
-    old: Routes, new: Routes, margins: Tensor, edges: tuple[float, ...] = MARGIN_EDGES
+    old: Routes, new: Routes, margins: Tensor, edges: tuple[float, ...] = MARGIN_EDGES, *,
+    overlap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(n, flips) per margin bin, both int64 of shape (len(edges) - 1,), over (t, l) valid in both.
 
     `margins` (B, T, L) are the old router's k-th vs (k+1)-th probability gaps; a (t, l) flips when
     its top-k set under `new` differs from `old`. Bin b holds margins in [edges[b], edges[b+1]).
+    `overlap` is `route_overlap(old, new)` (symmetric) when the caller has it already.
     """
     _check_comparable(old, new)
-    flipped = route_overlap(old, new) < old.top_k  # (B, T, L)
+    flipped = (route_overlap(old, new) if overlap is None else overlap) < old.top_k  # (B, T, L)
     valid = (old.mask & new.mask.to(old.mask.device)).unsqueeze(-1).expand_as(flipped)  # (B, T, L)
     m = margins.to(flipped.device).float()[valid]
     f = flipped[valid]

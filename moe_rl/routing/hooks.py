@@ -180,14 +180,22 @@ def hub_kernel_of(module: nn.Module) -> str | None:
     return str(name)
 
 
+def _path_modules(model: nn.Module, name: str) -> list[tuple[str, nn.Module]]:
+    """(path, module) of `model` and every module above `name` on its path, outermost first, in one
+    walk (hooks are set up once per pass, so `get_submodule` per depth was a visible cost)."""
+    parts = name.split(".")
+    out, module = [("", model)], model
+    for depth in range(1, len(parts)):
+        module = module.get_submodule(parts[depth - 1])
+        out.append((".".join(parts[:depth]), module))
+    return out
+
+
 def _refuse_hub_kernels(model: nn.Module, layers: list[MoeLayer]) -> None:
     """Raise if a module around a router runs a hub kernel: it routes internally (e.g. GPT-OSS's
     `MegaBlocksMoeMLP` under `use_kernels=True`), so hooks on the router would see nothing."""
     for layer in layers:
-        parts = layer.name.split(".")
-        for depth in range(len(parts) - 1, -1, -1):
-            owner = ".".join(parts[:depth])
-            module = model.get_submodule(owner)
+        for owner, module in reversed(_path_modules(model, layer.name)):  # innermost first
             kernel = hub_kernel_of(module)
             if kernel is not None:
                 raise RuntimeError(
@@ -396,8 +404,8 @@ class RouteRecorder(_ModelHooks):
             steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
         mask = torch.cat([m.to(steps[0].device) for m in record.masks], dim=1)
         # Router outputs are in range by construction, so skip from_topk's range check.
-        indices = sort_topk(torch.cat(steps, dim=1))
-        return Routes(indices, mask, self.layer_map, self.num_experts)
+        indices = sort_topk(torch.cat(steps, dim=1))  # compact dtype since the hook, now sorted
+        return Routes._checked(indices, mask.bool(), self.layer_map, self.num_experts)
 
 
 def router_margins(scores: Tensor, k: int) -> Tensor:
@@ -443,13 +451,17 @@ class RouteReplay(_ModelHooks):
                 raise ValueError(f"routes have k={k}, MoE layer {i} ({layer.name}) routes top_k={layer.top_k}")
         if routes.num_experts != self.num_experts:
             raise ValueError(f"routes are for num_experts={routes.num_experts}, the model has {self.num_experts}")
-        valid = routes.indices[routes.mask]  # (n, L, k)
-        if valid.numel():
-            top = int(valid.max())
-            if top >= self.num_experts:
-                raise ValueError(f"expert id {top} out of range for num_experts={self.num_experts}")
-            if k > 1 and bool((valid[..., 1:] == valid[..., :-1]).any()):
-                raise ValueError("routes repeat an expert within one position's top-k")
+        # Over valid positions only, without gathering them (a boolean gather per pass was a visible
+        # cost): the largest id, and whether any sorted top-k row repeats an id, in one transfer.
+        valid = routes.mask[:, :, None, None]  # (B, T, 1, 1)
+        ids = routes.indices
+        top = torch.where(valid, ids, torch.zeros((), dtype=ids.dtype, device=ids.device)).amax() if ids.numel() else 0
+        repeats = ((ids[..., 1:] == ids[..., :-1]) & valid).any() if k > 1 else torch.tensor(False)
+        top, repeats = torch.stack([torch.as_tensor(top).long().cpu(), repeats.long().cpu()]).tolist()
+        if top >= self.num_experts:
+            raise ValueError(f"expert id {top} out of range for num_experts={self.num_experts}")
+        if repeats:
+            raise ValueError("routes repeat an expert within one position's top-k")
 
     def __enter__(self) -> RouteReplay:
         device = self.layers[0].weight.device
@@ -518,7 +530,9 @@ class RouteReplay(_ModelHooks):
             raise RuntimeError("construct RouteReplay(..., record_native=True) and run a forward pass")
         B, T = self.routes.shape[:2]
         topk = torch.stack(self._native, dim=1).view(B, T, len(self.layers), -1)
-        return Routes.from_topk(topk, self.routes.mask, self.layer_map, self.num_experts)
+        # The router's own top-k ids are in range by construction: compact and sort, skip the checks.
+        indices = sort_topk(topk.to(index_dtype(self.num_experts)))
+        return Routes._checked(indices, self.routes.mask, self.layer_map, self.num_experts)
 
 
 class RoutedPass:

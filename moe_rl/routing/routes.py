@@ -102,13 +102,22 @@ class Routes:
     def to(self, device: str | torch.device) -> Routes:
         return Routes(self.indices.to(device), self.mask.to(device), self.layer_map, self.num_experts)
 
+    @classmethod
+    def _checked(cls, indices: Tensor, mask: Tensor, layer_map: tuple[int, ...], num_experts: int) -> Routes:
+        """Routes from parts that already keep the contract (compact dtype, sorted along k, bool mask):
+        derived views and recorder output skip `__post_init__`'s checks, which cost a host sync each."""
+        routes = cls.__new__(cls)
+        routes.indices, routes.mask, routes.layer_map, routes.num_experts = indices, mask, layer_map, num_experts
+        return routes
+
     def __getitem__(self, rows: slice | Tensor | Sequence[int]) -> Routes:
         """Select batch rows (e.g. one mini-batch)."""
-        return Routes(self.indices[rows], self.mask[rows], self.layer_map, self.num_experts)
+        return Routes._checked(self.indices[rows], self.mask[rows], self.layer_map, self.num_experts)
 
     def with_mask(self, mask: Tensor) -> Routes:
         """Routes whose mask is also False where `mask` is (e.g. positions after EOS)."""
-        return Routes(self.indices, self.mask & mask.to(self.mask.device).bool(), self.layer_map, self.num_experts)
+        return Routes._checked(self.indices, self.mask & mask.to(self.mask.device).bool(), self.layer_map,
+                               self.num_experts)
 
     def bytes_per_token_layer(self) -> int:
         return self.indices.shape[-1] * self.indices.element_size()

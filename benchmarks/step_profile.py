@@ -1,0 +1,294 @@
+"""Where an RL step's time goes, phase by phase, against the same model's bare work (the floor).
+
+    python benchmarks/step_profile.py [--models default,fine] [--repeats 9] [--threads 1] [--replay r3]
+
+For each model (`default`: qwen3_moe, 8 experts, top-2, 2 MoE layers; `fine`: the `qwen3_moe_fine`
+preset, 64 experts of width 16, top-8, 4 MoE layers) it times `moe_rl.train.Trainer.step` split
+into phases and, interleaved with it, the floor of each phase on a copy of the same model:
+
+    phase              what the harness does                     floor (bare work)
+    generate           rollout.generate: sampling + route record  a bare KV-cache sampling loop
+    rollout other      tokenising, decoding, rewards               -
+    old pass           old_pass: no-grad forward + records         plain no-grad model(...) forward
+    forward            update minus the phases below               plain model(...) + token log-probs
+    backward           loss.backward                               backward of a plain loss
+    optimizer          clip_grad_norm_ + AdamW + scheduler         AdamW.step
+    route bookkeeping  route assembly, route/* comparisons         -
+    metrics            ratio stats, entropy, aggregation, rest     -
+
+Harness steps and floor steps alternate (ABBA order), so when the machine is loaded (other jobs,
+sweeps at higher priority) the load hits both alike; every figure is a median over repeats and
+every ratio the median of per-repeat ratios. By default the clock is this process's CPU time
+(`--clock cpu`, with one torch thread), which time-slicing by other jobs does not inflate;
+`--clock wall` gives elapsed time. Absolute times on a loaded machine are not comparable across
+runs (cache and frequency effects remain); the ratios are the figures to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import transformers
+
+import moe_rl.train as train_module
+from moe_rl.config import TrainConfig
+from moe_rl.rollout import position_ids, token_logp
+from moe_rl.routing import RoutedPass
+from moe_rl.train import Trainer
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+now = CLOCKS["cpu"]
+
+MODELS = {
+    "default": {},
+    "fine": {"num_experts": 64, "top_k": 8, "num_layers": 4, "moe_intermediate_size": 16},
+}
+PHASES = ("generate", "rollout other", "old pass", "forward", "backward", "optimizer", "route bookkeeping",
+          "metrics")
+FLOORED = {"generate": "generate", "old pass": "old pass", "forward": "forward", "backward": "backward",
+           "optimizer": "optimizer"}
+ROUTE_FNS = ("route_metrics", "flip_by_position", "router_shift", "flip_margin_metrics", "compare_routes")
+METRIC_FNS = ("ratio_stats", "token_entropy", "aggregate", "margin_stats", "group_advantages")
+
+
+class PhaseClock:
+    """Seconds per phase; `wrap` times a callable into a phase. Calls made inside a scope (`old pass`,
+    `update`) are also booked under `<scope> <phase>`, so each scope's own work is what is left."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.scope: str | None = None
+
+    def wrap(self, phase: str, fn):
+        def timed(*args, **kwargs):
+            start = now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = now() - start
+                self.seconds[phase] += dt
+                if self.scope is not None and self.scope != phase:
+                    self.seconds[f"{self.scope} {phase}"] += dt
+
+        return timed
+
+    def wrap_scope(self, scope: str, fn):
+        def scoped(*args, **kwargs):
+            self.scope = scope
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.scope = None
+
+        return self.wrap(scope, scoped)
+
+
+@contextmanager
+def instrumented(trainer: Trainer, clock: PhaseClock):
+    """Time the step's phases by wrapping what `moe_rl.train` calls; everything is restored after."""
+    saved_module = {name: getattr(train_module, name) for name in ("generate", *ROUTE_FNS, *METRIC_FNS)}
+    saved_props = {name: getattr(RoutedPass, name) for name in ("native", "used", "scores", "margins")}
+    saved_backward, saved_clip = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_
+    try:
+        train_module.generate = clock.wrap("generate", saved_module["generate"])
+        for name in ROUTE_FNS:
+            setattr(train_module, name, clock.wrap("route bookkeeping", saved_module[name]))
+        for name in METRIC_FNS:
+            setattr(train_module, name, clock.wrap("metrics", saved_module[name]))
+        for name, prop in saved_props.items():
+            setattr(RoutedPass, name, property(clock.wrap("route bookkeeping", prop.fget)))
+        torch.Tensor.backward = clock.wrap("backward", saved_backward)
+        torch.nn.utils.clip_grad_norm_ = clock.wrap("optimizer", saved_clip)
+        trainer.optimizer.step = clock.wrap("optimizer", trainer.optimizer.step)
+        trainer.optimizer.zero_grad = clock.wrap("optimizer", trainer.optimizer.zero_grad)
+        trainer.scheduler.step = clock.wrap("optimizer", trainer.scheduler.step)
+        trainer.rollout = clock.wrap("rollout", trainer.rollout)
+        trainer.old_pass = clock.wrap_scope("old pass", trainer.old_pass)
+        trainer.update = clock.wrap_scope("update", trainer.update)
+        yield
+    finally:
+        for name, fn in saved_module.items():
+            setattr(train_module, name, fn)
+        for name, prop in saved_props.items():
+            setattr(RoutedPass, name, prop)
+        torch.Tensor.backward, torch.nn.utils.clip_grad_norm_ = saved_backward, saved_clip
+        for attr in ("rollout", "old_pass", "update"):
+            trainer.__dict__.pop(attr, None)
+        for attr in ("step", "zero_grad"):
+            trainer.optimizer.__dict__.pop(attr, None)
+        trainer.scheduler.__dict__.pop("step", None)
+
+
+def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
+    """One `Trainer.step`, split into PHASES (seconds); `total` is the whole step."""
+    clock = PhaseClock()
+    with instrumented(trainer, clock):
+        start = now()
+        trainer.step(step)
+        total = now() - start
+    s = clock.seconds
+    out = {
+        "generate": s["generate"], "rollout other": s["rollout"] - s["generate"],
+        "old pass": s["old pass"] - s["old pass route bookkeeping"],
+        "backward": s["backward"], "optimizer": s["optimizer"], "route bookkeeping": s["route bookkeeping"],
+        "total": total,
+    }
+    out["forward"] = (s["update"] - s["update backward"] - s["update optimizer"] - s["update route bookkeeping"]
+                      - s["update metrics"])
+    out["metrics"] = total - sum(out[p] for p in PHASES if p != "metrics")  # the metric functions and the rest
+    return out
+
+
+@torch.no_grad()
+def bare_sampling(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  max_new_tokens: int, temperature: float) -> torch.Tensor:
+    """The floor of `generate`: prefill, then one KV-cache decode call per token, sampling from the
+    last logits; no recording, no stopping checks, no stored logits."""
+    cache = transformers.DynamicCache(config=model.config)
+    positions = position_ids(attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    next_pos = positions[:, -1:] + 1
+    tokens = [input_ids]
+    for i in range(max_new_tokens):
+        probs = torch.softmax(out.logits[:, -1].float() / temperature, dim=-1)
+        token = torch.multinomial(probs, 1)
+        tokens.append(token)
+        if i + 1 == max_new_tokens:
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones_like(token)], dim=1)
+        out = model(input_ids=token, attention_mask=attention_mask, position_ids=next_pos, cache=cache,
+                    use_cache=True, logits_to_keep=1)
+        next_pos = next_pos + 1
+    return torch.cat(tokens, dim=1)
+
+
+def floor_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: Trainer, rollout, step: int,
+               new_tokens: int) -> dict[str, float]:
+    """The bare work of one step on `model`: sampling as many tokens as the harness's rollout had,
+    one no-grad forward over the batch, N plain forward/backward/AdamW updates."""
+    cfg = trainer.cfg
+    enc = trainer.tokenizer([e["prompt"] for e in trainer.prompts_for(step)], return_tensors="pt", padding=True,
+                            add_special_tokens=False)
+    ids = enc["input_ids"].repeat_interleave(cfg.rollout.group_size, 0)
+    mask = enc["attention_mask"].repeat_interleave(cfg.rollout.group_size, 0)
+    out: dict[str, float] = defaultdict(float)
+    t = now()
+    bare_sampling(model, ids, mask, new_tokens, cfg.rollout.temperature)
+    out["generate"] = now() - t
+    inputs, targets = rollout.inputs, rollout.targets
+    attn = rollout.attention_mask[:, :-1]
+    t = now()
+    with torch.no_grad():
+        model(input_ids=inputs, attention_mask=attn, position_ids=position_ids(attn))
+    out["old pass"] = now() - t
+    model.train()
+    for rows in torch.arange(len(rollout)).chunk(cfg.optim.updates_per_rollout):
+        t0 = now()
+        logits = model(input_ids=inputs[rows], attention_mask=attn[rows], position_ids=position_ids(attn[rows])).logits
+        loss = -(token_logp(logits, targets[rows]) * rollout.response_mask[rows]).sum() / rollout.response_mask[rows].sum()
+        t1 = now()
+        loss.backward()
+        t2 = now()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        t3 = now()
+        out["forward"] += t1 - t0
+        out["backward"] += t2 - t1
+        out["optimizer"] += t3 - t2
+    model.eval()
+    return out
+
+
+def config(model: str, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
+    cfg = TrainConfig(out_dir=str(out_dir / model), steps=10**6, progress=False, snapshot_every=0, eval_size=16,
+                      threads=args.threads)
+    cfg.replay.mode = args.replay
+    cfg.task.max_new_tokens = args.max_new_tokens
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size = args.prompts, args.group
+    cfg.optim.updates_per_rollout = args.updates
+    cfg.cold_start.band = [0.0, 1.0]  # profiling needs a policy that emits EOS, not a good one
+    cfg.cold_start.max_steps, cfg.cold_start.eval_every = args.cold_start_steps, args.cold_start_steps
+    for key, value in MODELS[model].items():
+        setattr(cfg.model, key, value)
+    return cfg
+
+
+def profile(model: str, args: argparse.Namespace, root: Path) -> None:
+    trainer = Trainer(config(model, args, root))
+    floor_model = copy.deepcopy(trainer.policy)
+    floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=trainer.cfg.optim.lr, betas=(0.9, 0.99))
+    rollout, _, _ = trainer.rollout(1)
+    harness_rows, floor_rows = [], []
+    for i in range(args.warmup + args.repeats):
+        step = i + 1
+        new_tokens = trainer.cfg.task.max_new_tokens
+        if i % 2:
+            h = harness_step(trainer, step)
+            f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
+        else:
+            f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
+            h = harness_step(trainer, step)
+        if i >= args.warmup:
+            harness_rows.append(h)
+            floor_rows.append(f)
+    L, E, k = trainer.cfg.model.num_layers, trainer.cfg.model.num_experts, trainer.cfg.model.top_k
+    print(f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
+          f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
+          f"{torch.get_num_threads()} threads; medians of {len(harness_rows)} interleaved steps ==")
+    total = statistics.median(r["total"] for r in harness_rows)
+    print(f"{'phase':<20}{'harness ms':>12}{'share':>8}{'floor ms':>10}{'harness/floor':>15}")
+    for phase in PHASES:
+        h = statistics.median(r[phase] for r in harness_rows)
+        share = statistics.median(r[phase] / r["total"] for r in harness_rows)
+        if phase in FLOORED:
+            f = statistics.median(r[FLOORED[phase]] for r in floor_rows)
+            ratio = statistics.median(hr[phase] / fr[FLOORED[phase]] for hr, fr in zip(harness_rows, floor_rows))
+            print(f"{phase:<20}{h * 1e3:12.1f}{share:8.1%}{f * 1e3:10.1f}{ratio:14.2f}x")
+        else:
+            print(f"{phase:<20}{h * 1e3:12.1f}{share:8.1%}{'-':>10}{'-':>15}")
+    floor_total = [sum(r.values()) for r in floor_rows]
+    ratio = statistics.median(h["total"] / f for h, f in zip(harness_rows, floor_total))
+    print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="default,fine")
+    parser.add_argument("--replay", default="r3", choices=("none", "r2", "r3"))
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--cold-start-steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", default="cpu", choices=tuple(CLOCKS),
+                        help="cpu: this process's CPU time (robust to other jobs on the machine); wall: elapsed")
+    args = parser.parse_args()
+    global now
+    now = CLOCKS[args.clock]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    # The timing wrapper around optimizer.step looks to the scheduler like an override; it is not one.
+    warnings.filterwarnings("ignore", message="Seems like `optimizer.step\\(\\)` has been overridden")
+    print(f"Clock: {args.clock} time. Harness and floor steps alternate (ABBA), so machine load (e.g. sweeps at "
+          "higher priority) hits both alike: quote the ratios; absolute times vary with the load.")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models.split(","):
+            profile(model, args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""A lean KV-cache sampling loop: `model.generate`'s sampling, without its per-token machinery.
+
+For a tiny model, `generate` spends a large share of each decode step outside the forward:
+`prepare_inputs_for_generation`, `_update_model_kwargs_for_generation`, logits processors and
+stopping criteria, a GenerationConfig per call. This loop does only the work that decides the
+tokens, in the same order and with the same calls, so that for the same RNG state it draws
+bitwise the same tokens from bitwise the same logits (tests/test_sampler.py holds it to that on
+several families, seeds, temperatures and dtypes):
+
+- prefill with a `DynamicCache(config=...)`, positions that skip left pads, `logits_to_keep=1`;
+- per step: float32 copy of the last logits, `/ temperature` when it is not 1 (TemperatureLogitsWarper),
+  `softmax` + `multinomial(probs, 1)` (or `argmax` when greedy), finished rows forced to pad;
+- stop once every row emitted EOS or `max_new_tokens` were sampled; the decode calls extend the
+  attention mask with ones and the positions by one, as `generate` does.
+
+Forward hooks (RouteRecorder) see the same calls as under `generate`: one prefill pass, then one
+KV-cache continuation per new token but the last.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class Sampled:
+    sequences: Tensor  # (B, S) prompt + sampled tokens
+    logits: tuple[Tensor, ...]  # per new token: (B, V) float32 logits that sampled it, as generate's output_logits
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward's name for the KV cache (`cache` in later v5 releases, `past_key_values` before)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def sample_loop(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+) -> Sampled:
+    """Sample up to `max_new_tokens` per row of left-padded `input_ids`, as `model.generate(do_sample=
+    not greedy, temperature, top_k=0, top_p=1.0)` would for the same RNG state."""
+    B = input_ids.shape[0]
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    key = _cache_kwarg(model)
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P): skips left pads
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1, return_dict=True, **{key: cache})
+    next_position = positions[:, -1:] + 1  # (B, 1)
+    unfinished = torch.ones(B, dtype=torch.long, device=input_ids.device)
+    pad = torch.tensor(pad_token_id, device=input_ids.device)
+    tokens = [input_ids]
+    logits: list[Tensor] = []
+    # On accelerators `generate` decodes with `batched_mm` experts; keep its choice for equal outputs.
+    decode_context = getattr(model, "_optimize_model_for_decode", None)
+    with decode_context() if decode_context is not None else nullcontext():
+        for i in range(max_new_tokens):
+            step_logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+            logits.append(step_logits)
+            if greedy:
+                token = torch.argmax(step_logits, dim=-1)
+            else:
+                scores = step_logits / temperature if temperature != 1.0 else step_logits
+                token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            token = token * unfinished + pad * (1 - unfinished)
+            tokens.append(token[:, None])
+            unfinished = unfinished & (token != eos_token_id).long()
+            if i + 1 == max_new_tokens or not bool(unfinished.any()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((B, 1))], dim=-1)
+            out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
+                        use_cache=True, logits_to_keep=1, return_dict=True, **{key: cache})
+            next_position = next_position + 1
+    return Sampled(torch.cat(tokens, dim=1), tuple(logits))
