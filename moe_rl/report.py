@@ -222,6 +222,10 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
         figs[f"summary_vs_{axis}.png"] = analysis.plot_metric_vs_axis(
             values, {"flip_rate": "flip rate", "token_var": "token ratio variance", "final_accuracy": "final accuracy"},
             axis, by=compare, logx=axis == "lr")
+    if any(k.startswith("route/old_vs_new/shift/mean") for k in df["key"].unique()):
+        from moe_rl.analysis.shift import plot_shift_dynamics
+
+        figs["router_shift.png"] = plot_shift_dynamics(df)  # RSPO: does router shift lead clip bursts?
     extra = _tests_section(tests, groups, compare)
     run_table = analysis.runs(df)
     if all(a in run_table and run_table[a].nunique() > 1 for a in phase_axes) and compare == "arm":
