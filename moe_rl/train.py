@@ -244,6 +244,8 @@ class Trainer:
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
         scalars = torch.stack([loss.detach().double(), grad_norm.double(), entropy.double()]).tolist()  # one transfer
         metrics.update(zip(("loss", "optim/grad_norm", "policy/entropy"), scalars))
         old = old_routes[rows]
