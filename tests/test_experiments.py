@@ -117,8 +117,9 @@ def test_short_name_never_nests_and_keeps_values_apart() -> None:
 
 
 def test_sweep_over_values_with_slashes_gives_one_folder_per_run(tmp_path) -> None:
-    out = _multirun(["+experiment=smoke", "algo=grpo", "replay=none", "out_dir=x/a/ckpt,y/b/ckpt", "dry_run=true"],
-                    tmp_path)
+    # A string key with '/' in its values (task.system_prompt is only read by dataset tasks).
+    out = _multirun(["+experiment=smoke", "algo=grpo", "replay=none", "task.system_prompt=x/a/ckpt,y/b/ckpt",
+                     "dry_run=true"], tmp_path)
     dirs = sorted(line.split(": ", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
                   if "dry run " in line)
     assert len(dirs) == 2 and len(set(Path(d).name for d in dirs)) == 2
