@@ -18,7 +18,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis import load_results
+from moe_rl.analysis import load_results, mean_ci95
 from moe_rl.analysis.drift import (
     AXES, DRIFT_KEYS, GEOMETRY, SHORT, drift_per_run, fit_drift, flip_vs_margin, holdout_check, on_axis,
     plot_drift_scaling, plot_flip_vs_margin,
@@ -45,12 +45,6 @@ ASSUMPTIONS = (
 )
 
 
-def _ci(values: pd.Series) -> tuple[float, float]:
-    from moe_rl.analysis import mean_ci95
-
-    return mean_ci95(values)
-
-
 def design_points(table: pd.DataFrame) -> pd.DataFrame:
     """Seed mean and 95% t half-width of each drift key per design point."""
     rows = []
@@ -58,7 +52,7 @@ def design_points(table: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(GEOMETRY, geometry), n_seeds=len(sub))
         for key in DRIFT_KEYS:
             if key in sub:
-                row[key], row[f"{key} ci95"] = _ci(sub[key])
+                row[key], row[f"{key} ci95"] = mean_ci95(sub[key])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -123,7 +117,7 @@ def _pct(x: float) -> str:
 
 def markdown(result: dict, root: Path, wall: str | None) -> str:
     doc, points, fits, checks = result["doc"], result["points"], result["fits"], result["checks"]
-    lines = [f"# Drift scaling: routing drift per off-policy update vs router geometry", "",
+    lines = ["# Drift scaling: routing drift per off-policy update vs router geometry", "",
              f"{len(result['table'])} runs from `{root}`; drift = mean over steps 11-60 of each run of the "
              "off-policy (updates 2..N) route metrics, GRPO without replay, N = 4."]
     if wall:

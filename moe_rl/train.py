@@ -41,12 +41,11 @@ from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
     RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
-    router_shift,
 )
-from moe_rl.routing.compare import router_shift_gaps
+from moe_rl.routing.compare import router_shift_gaps, shift_summary
 from moe_rl.runinfo import note_meta
 from moe_rl.runio import (
-    RunDirectoryError, RunWriter, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
+    RunDirectoryError, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
     status_on_failure,
 )
 from moe_rl.tasks.rewards import zero_variance_frac
@@ -253,23 +252,22 @@ class Trainer:
         metrics.update(route_metrics("old_vs_new", native, old, overlap=overlap))
         metrics.update(flip_by_position(native, old, mask, rollout.prompt_len - 1, cfg.position_bucket,
                                         overlap=overlap))
-        shift = router_shift(old_scores[rows], routed.scores, old, mask)
-        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift.items()})
+        shift_gaps = router_shift_gaps(old_scores[rows], routed.scores, old, mask)  # (n, L)
+        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(shift_gaps).items()})
         metrics.update(flip_margin_metrics(old, native, old_margins[rows], overlap=overlap))
         if replay is not None:
             used = routed.used.with_mask(valid)
             metrics.update(route_metrics("native_vs_replayed", native, replay))
             metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay)["flip_rate"]
         if self.dist.active:  # the values of the global mini-batch, from every rank's sums and counts
-            pairs = {"old_vs_new": (native, old_routes[rows])}
-            if replay_routes is not None:
-                pairs.update(native_vs_replayed=(native, replay_routes[rows]), used_vs_cached=(used, replay_routes[rows]))
+            pairs = {"old_vs_new": (native, old)}
+            if replay is not None:
+                pairs.update(native_vs_replayed=(native, replay), used_vs_cached=(used, replay))
             buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
             metrics = self.dist.reduce_update(
                 metrics, algo=cfg.algo.name, agg=cfg.algo.agg, logp=logp.detach(), old_logp=old_logp[rows],
-                mask=mask, routes=pairs,
-                positions=(native, old_routes[rows], rollout.prompt_len - 1, cfg.position_bucket, buckets),
-                shift=router_shift_gaps(old_scores[rows], routed.scores, old_routes[rows], mask),
+                mask=mask, routes=pairs, positions=(native, old, rollout.prompt_len - 1, cfg.position_bucket, buckets),
+                shift=shift_gaps,
             )
         return metrics
 

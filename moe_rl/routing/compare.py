@@ -105,8 +105,6 @@ def shift_summary(per_layer: Tensor) -> dict[str, float]:
     return out
 
 
-
-
 def flip_margin_counts(
     old: Routes, new: Routes, margins: Tensor, edges: tuple[float, ...] = MARGIN_EDGES, *,
     overlap: Tensor | None = None,

@@ -373,11 +373,7 @@ class RouteRecorder(_ModelHooks):
         if not self.record_margins:
             raise RuntimeError("construct RouteRecorder(model, margins=True) to record margins")
         record = self._records[-1]
-        steps = []
-        for mask, per_layer in zip(record.masks, record.margins):
-            B, T = mask.shape
-            steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers)))
-        return torch.cat(steps, dim=1)
+        return _along_time(record.masks, record.margins)
 
     @property
     def scores(self) -> Tensor:
@@ -385,11 +381,7 @@ class RouteRecorder(_ModelHooks):
         if not self.record_scores:
             raise RuntimeError("construct RouteRecorder(model, scores=True) to record router scores")
         record = self._records[-1]
-        steps = []
-        for mask, per_layer in zip(record.masks, record.scores):
-            B, T = mask.shape
-            steps.append(torch.stack(per_layer, dim=1).view(B, T, len(self.layers), -1))
-        return torch.cat(steps, dim=1)
+        return _along_time(record.masks, record.scores)
 
     def _assemble(self, record: _Record) -> Routes:
         steps = []
@@ -406,6 +398,16 @@ class RouteRecorder(_ModelHooks):
         # Router outputs are in range by construction, so skip from_topk's range check.
         indices = sort_topk(torch.cat(steps, dim=1))  # compact dtype since the hook, now sorted
         return Routes._checked(indices, mask.bool(), self.layer_map, self.num_experts)
+
+
+def _along_time(masks: list[Tensor], passes: list[list[Tensor]]) -> Tensor:
+    """Per-pass, per-layer rows (B*T, ...) of a record -> one (B, T_total, L, ...) tensor along time."""
+    steps = []
+    for mask, per_layer in zip(masks, passes):
+        B, T = mask.shape
+        stacked = torch.stack(per_layer, dim=1)  # (B*T, L, ...)
+        steps.append(stacked.view(B, T, *stacked.shape[1:]))
+    return torch.cat(steps, dim=1)
 
 
 def router_margins(scores: Tensor, k: int) -> Tensor:
