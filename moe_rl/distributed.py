@@ -579,6 +579,10 @@ class SilentWriter(RunWriter):
 
     def truncate_after(self, step: int) -> None: ...
 
+    def history(self, keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+        # rank 0 reads the parts and broadcasts them; reading here would race its truncate_after's unlinks
+        return {k: [] for k in keys}
+
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers FSDP2 shards one by one (transformers' `model.model.layers`)."""

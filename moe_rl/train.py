@@ -379,7 +379,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.writer.events = list(state["events"])
         self.writer.truncate_after(state["step"])
-        self.history.update(self.dist.broadcast(self.writer.history(HISTORY_KEYS)))  # rank 0 reads the parts
+        self.history.update(self.dist.broadcast(self.writer.history(HISTORY_KEYS)))  # only rank 0's writer reads
         log.info("resuming %s after step %d", self.writer.dir, state["step"])
         return state["step"]
 

@@ -32,6 +32,7 @@ from moe_rl.distributed import (
     ratio_sums,
     route_counts,
     route_from_counts,
+    SilentWriter,
 )
 from moe_rl.metrics import ratio_stats
 from moe_rl.models import build_model
@@ -163,6 +164,23 @@ def test_row_keyed_sampling_does_not_depend_on_the_other_rows() -> None:
                                rtol=1e-5, atol=1e-6)
     finished = (full.sequences[:, full.prompt_len :] == tokenizer.eos_token_id).any(-1)
     assert finished.all() or full.sequences.shape[1] - full.prompt_len == 6  # stops when every row has ended
+
+
+def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
+    """Ranks > 0 neither read nor delete metric parts: on resume rank 0 truncates them while the others
+    would be reading (a race that once failed a rerun with a vanished part)."""
+    from moe_rl.runio import RunWriter
+
+    keys = {"seed": 0}
+    writer = RunWriter(tmp_path, keys)
+    for step in (2, 4):
+        writer.log(step, {"reward/mean": step / 10})
+        writer.flush("running", step, 0.0)
+    silent = SilentWriter(tmp_path, keys)
+    assert silent.history(("reward/mean",)) == {"reward/mean": []}
+    silent.truncate_after(2)
+    assert len(list((tmp_path / "metrics").glob("part-*.parquet"))) == 2
+    assert writer.history(("reward/mean",)) == {"reward/mean": [(2, 0.2), (4, 0.4)]}
 
 
 def test_without_torchrun_dist_is_the_identity(monkeypatch) -> None:

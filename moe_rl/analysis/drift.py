@@ -7,11 +7,15 @@ Pure functions over the long-format frame of `load_results` (run keys, step, key
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.bins import MARGIN_EDGES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DRIFT_KEYS = (
     "route/old_vs_new/expert_flip_frac/offpolicy",
@@ -149,7 +153,7 @@ def on_axis(table: pd.DataFrame, factor: str, centre: dict) -> pd.DataFrame:
 
 
 def plot_drift_scaling(table: pd.DataFrame, centre: dict, fits: dict | None = None,
-                       keys: Sequence[str] = DRIFT_KEYS) -> "Figure":
+                       keys: Sequence[str] = DRIFT_KEYS) -> Figure:
     """Drift against each factor with the others at the centre: one row per drift key, one column
     per factor; dots are runs, black markers seed means, the line the fitted power law."""
     from matplotlib.figure import Figure
@@ -186,7 +190,7 @@ def plot_drift_scaling(table: pd.DataFrame, centre: dict, fits: dict | None = No
     return fig
 
 
-def plot_flip_vs_margin(curve: pd.DataFrame, *, by: str | None = None) -> "Figure":
+def plot_flip_vs_margin(curve: pd.DataFrame, *, by: str | None = None) -> Figure:
     """P(flip at an off-policy update) against the old router's k-th vs (k+1)-th margin, Wilson 95% bars."""
     from matplotlib.figure import Figure
 
