@@ -70,7 +70,13 @@ def build(root: Path, centre: dict = CENTRE, target: dict = TARGET, n_boot: int 
     df = load_results(root)
     table = drift_per_run(df)
     held = held_out_mask(table, centre)
-    train = table[~held]
+    # The fit keeps a balanced design: the seeds every design point has. Extra seeds at a few points
+    # (the depth axis, for the depth claim) would weigh those points more, and a bootstrap draw of
+    # only such seeds would leave the other factors without contrast.
+    n_points = table.groupby(list(GEOMETRY)).ngroups
+    points_of_seed = table.groupby("seed")[list(GEOMETRY)].apply(lambda s: len(s.drop_duplicates()))
+    balanced = table["seed"].isin(points_of_seed.index[points_of_seed == n_points])
+    train = table[~held & balanced]
     # Top-1 with renormalised gate weights (Qwen3's norm_topk_prob) gives every token weight 1: the
     # router gets no gradient at all and drifts only through upstream hidden states.
     fit_rows = train[train["top_k"] > 1] if exclude_top1 else train
@@ -78,10 +84,11 @@ def build(root: Path, centre: dict = CENTRE, target: dict = TARGET, n_boot: int 
     fits, checks = {}, {}
     for key in DRIFT_KEYS:
         fits[key] = fit_drift(fit_rows, key, n_boot=n_boot, targets=targets)
-        checks[key] = holdout_check(fit_rows, table[held], key) if held.any() else None
+        checks[key] = holdout_check(fit_rows, table[held & balanced], key) if held.any() else None
     doc = {
         "target": target, "centre": centre, "assumptions": ASSUMPTIONS,
-        "n_boot": n_boot, "fit_runs": int(len(fit_rows)), "held_out_runs": int(held.sum()), "excluded": "top_k = 1" if exclude_top1 else "",
+        "n_boot": n_boot, "fit_runs": int(len(fit_rows)), "held_out_runs": int((held & balanced).sum()),
+        "fit_seeds": sorted(int(s) for s in fit_rows["seed"].unique()), "excluded": "top_k = 1" if exclude_top1 else "",
         "metrics": {},
     }
     for key in DRIFT_KEYS:
@@ -130,7 +137,8 @@ def markdown(result: dict, root: Path, wall: str | None) -> str:
         lines.append(f"| {r['num_experts']:g} | {r['top_k']:g} | {r['num_moe_layers']:g} | {r['lr']:g} | "
                      f"{r['n_seeds']:.0f} | " + " | ".join(cells) + " |")
     lines += ["", f"## Fit: log drift = b0 + bE log E + bk log k + bL log L + blr log lr "
-              f"({doc['fit_runs']} runs on the axes{', top-1 excluded' if doc['excluded'] else ''}; "
+              f"({doc['fit_runs']} runs on the axes, seeds {doc['fit_seeds']} that every design point has"
+              f"{', top-1 excluded' if doc['excluded'] else ''}; "
               f"95% intervals from {doc['n_boot']} bootstrap draws of seeds)", "",
               "| metric | bE | bk | bL | blr | R² (in sample) | R² (held-out corners) |", "|---|---|---|---|---|---|---|"]
     for key in DRIFT_KEYS:

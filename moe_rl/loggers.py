@@ -142,8 +142,12 @@ class MlflowBackend:
         with _file_lock(results / ".mlflow.lock"):
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self.client.get_experiment_by_name(info["experiment"])
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment(info["experiment"]))
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:  # a local store keeps its artifacts beside it, not in ./mlruns of whatever the cwd is
+                local = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" if uri.startswith("sqlite:///") else None
+                experiment_id = self.client.create_experiment(
+                    info["experiment"], artifact_location=local.resolve().as_uri() if local else None)
         run_id = info["ids"].get("mlflow") if info["resumed_after"] else None
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")

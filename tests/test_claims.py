@@ -92,6 +92,21 @@ def test_fit_rules_at_their_edges(tmp_path: Path) -> None:
         assert C.claim_expert_drift(tmp_path).verdict == verdict, (ci, r2)
 
 
+def test_token_share_is_never_reported_above_one(tmp_path: Path) -> None:
+    """A power law in L extrapolates the share of tokens with a changed layer past 100%; the claim then
+    shows the per-layer rate under independent layers, and says why."""
+    import json
+
+    path = write_fake_fit(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["metrics"]["route/old_vs_new/token_flip_rate/offpolicy"].update(predicted=1.173, ci=[1.031, 1.387])
+    doc["token_flip_from_layer_rate"] = {"predicted": 0.88, "ci": [0.85, 0.92]}
+    path.write_text(json.dumps(doc))
+    notes = " ".join(C.claim_expert_drift(tmp_path).notes)
+    assert "token_flip_rate: 88.0% [85.0%, 92.0%] from the per-layer rate" in notes
+    assert "power law in L alone gives 117.3%" in notes
+
+
 def test_reward_auc_by_hand() -> None:
     from moe_rl.analysis.phase import reward_auc
 

@@ -119,6 +119,8 @@ def test_drift_report_end_to_end(tmp_path) -> None:
     axes = [(64, 8, 4, 1e-4), (16, 8, 4, 1e-4), (128, 8, 4, 1e-4), (64, 2, 4, 1e-4), (64, 1, 4, 1e-4),
             (64, 8, 2, 1e-4), (64, 8, 8, 1e-4), (64, 8, 4, 3e-5), (64, 8, 4, 3e-4)]
     _fake_drift_folder(tmp_path / "runs", axes + [(8, 2, 2, 1e-4), (16, 4, 2, 3e-4)])
+    # extra seeds on the depth axis (for the depth claim) stay out of the fit: its design stays balanced
+    _fake_drift_folder(tmp_path / "runs", [(64, 8, 2, 1e-4), (64, 8, 8, 1e-4)], seeds=(3, 4))
     drift_report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--n-boot", "50", "--wall", "1 min"])
     fit = json.loads((tmp_path / "out" / "fit.json").read_text())
     m = fit["metrics"][DRIFT_KEYS[0]]
@@ -126,10 +128,14 @@ def test_drift_report_end_to_end(tmp_path) -> None:
     assert m["coef"] == pytest.approx(TRUE)
     assert m["r2_holdout"] == pytest.approx(1.0)  # the corners lie on the law
     assert fit["held_out_runs"] == 6 and fit["fit_runs"] == 8 * 3  # top-1 excluded from the fit
+    assert fit["fit_seeds"] == [0, 1, 2]
+    points = pd.read_csv(tmp_path / "out" / "points.csv")
+    depth = points[(points["num_experts"] == 64) & (points["top_k"] == 8) & (points["lr"] == 1e-4)]
+    assert dict(zip(depth["num_moe_layers"], depth["n_seeds"])) == {2: 5, 4: 3, 8: 5}
     assert fit["metrics"][DRIFT_KEYS[1]]["predicted"] == pytest.approx(4 * _law(128, 8, 48, 1e-4))
     # The top-1 point lies on the law here, so the largest measured value is the top-1 one.
     assert m["measured_max"] == pytest.approx(max(_law(*p) for p in axes))
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "Wall time of the sweep on 2 cores: 1 min." in summary and "| [0, 0.0001) | 3300 | 990 | 30% [" in summary
+    assert "Wall time of the sweep on 2 cores: 1 min." in summary and "| [0, 0.0001) | 3700 | 1110 | 30% [" in summary
     for name in ("drift_scaling.png", "flip_vs_margin.png", "points.csv", "drift_table.csv", "flip_vs_margin.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 0

@@ -169,6 +169,9 @@ def test_mlflow_local_store_mirrors_the_parquet(watched) -> None:
     assert run.info.run_name == "algo=grpo,seed=0" and run.info.status == "FINISHED"
     assert run.data.tags["arm"] == "grpo+none" and run.data.params["optim.lr"] == "0.003"
     assert client.get_experiment(run.info.experiment_id).name == "watched"
+    # artifacts sit beside the local store, never in ./mlruns of the working directory
+    assert (watched["tmp"] / "mlartifacts").is_dir() and run.info.artifact_uri.startswith(
+        (watched["tmp"] / "mlartifacts").resolve().as_uri())
     for key in KEYS:
         got = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         expected = _expected(watched["frame"], key)
