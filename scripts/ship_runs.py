@@ -1,9 +1,10 @@
 """Copy the small files of each finished run (metrics, status, config, meta) next to a shipped report.
 
-    python scripts/ship_runs.py runs/phase results/phase/runs [--drop-prefix route/flip_vs_margin/ ...]
+    python scripts/ship_runs.py runs/phase results/phase/runs [--drop-prefix route/flip_vs_margin/ ...] [--new-only]
 
 Checkpoints and route snapshots stay behind. `--drop-prefix` removes metric keys from the copied
-metrics.parquet to keep committed folders small (the report notes which).
+metrics.parquet to keep committed folders small (the report notes which). `--new-only` leaves runs already shipped
+untouched (extra seeds added to a shipped sweep).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ def main() -> None:
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)
     parser.add_argument("--drop-prefix", nargs="*", default=[])
+    parser.add_argument("--new-only", action="store_true", help="skip runs whose metrics are already shipped")
     args = parser.parse_args()
     n = 0
     for metrics in sorted(args.src.rglob("metrics.parquet")):
         run = metrics.parent
         out = args.dst / run.relative_to(args.src)
+        if args.new_only and (out / "metrics.parquet").exists():
+            continue
         out.mkdir(parents=True, exist_ok=True)
         frame = pd.read_parquet(metrics)
         if args.drop_prefix:

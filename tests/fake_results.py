@@ -240,6 +240,7 @@ def make_fake_grid(
                 if N > 1:
                     rows.append((step, "route/old_vs_new/flip_rate/offpolicy", f * rng.lognormal(0, 0.05)))
                     rows.append((step, "route/old_vs_new/expert_flip_frac/offpolicy", f / 2 * rng.lognormal(0, 0.05)))
+                    rows.append((step, "route/old_vs_new/token_flip_rate/offpolicy", 1 - (1 - f) ** L))
                 rows.append((step, "route/old_vs_new/flip_rate", f * (N - 1) / N))
                 for layer in range(L):
                     depth = 0.5 + layer / max(L - 1, 1)

@@ -75,6 +75,17 @@ def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]])
     assert all("failed" not in r for _, r in got.values())
 
 
+def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str, list[C.Claim]]) -> None:
+    kind, claims = world
+    if kind != "reproduced":
+        pytest.skip("one world suffices")
+    # per-layer flip 0.002 L (1 + 0.05 s): tokens 1 - (1 - f)^L, seed means over s = 0..5
+    f = {L: 0.002 * L * (1 + 0.05 * np.arange(6)) for L in (2, 8)}
+    diff = 100 * np.mean((1 - (1 - f[8]) ** 8) - (1 - (1 - f[2]) ** 2))
+    note = next(n for n in claims[3].notes if n.startswith("support: tokens"))
+    assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
+
+
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
     claims = C.evaluate_claims(tmp_path / "nothing")
     assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 6

@@ -24,6 +24,9 @@ def test_wilson_by_hand() -> None:
     assert all(math.isnan(v) for v in stats.wilson_interval(0, 0))
     with pytest.raises(ValueError):
         stats.wilson_interval(5, 3)
+    # the bound at p is exact at 0 of n and n of n, so error bars (p - lo, hi - p) are never negative
+    for n in (1, 3, 7, 10, 25, 12_345, 9_876_543):  # 3, 7 (lo) and 10, 25 (hi) missed by rounding before
+        assert stats.wilson_interval(0, n)[0] == 0.0 and stats.wilson_interval(n, n)[1] == 1.0
 
 
 def test_collapse_test_fisher_and_boschloo() -> None:

@@ -327,8 +327,9 @@ def claim_depth(root: Path) -> Claim:
     info = df.drop_duplicates("run").set_index("run")
     frame = info[info["num_moe_layers"].isin([deep, shallow])].copy()
     frame["drift"] = _run_means(df, key)
+    frame["tokens"] = _run_means(df, "route/old_vs_new/token_flip_rate/offpolicy")  # NaN where not logged
     on = [k for k in run_key_columns(df) if k not in ("run", "num_moe_layers", "num_layers")]
-    frame = frame.reset_index()[[*on, "num_moe_layers", "drift"]]
+    frame = frame.reset_index()[[*on, "num_moe_layers", "drift", "tokens"]]
     pairs = frame.pivot_table(index=on, columns="num_moe_layers", values="drift", dropna=True)
     if deep not in pairs or shallow not in pairs:
         c.reason = "no paired runs"
@@ -349,6 +350,14 @@ def claim_depth(root: Path) -> Claim:
     if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
         c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
                      f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
+    # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
+    tp = frame.pivot_table(index=on, columns="num_moe_layers", values="tokens", dropna=True)
+    tp = tp[[deep, shallow]].dropna() if deep in tp and shallow in tp else tp.iloc[:0]
+    if len(tp) >= 2:
+        t = paired_compare(tp[deep], tp[shallow], alternative="greater", n_resamples=N_BOOT)
+        c.notes.append(f"support: tokens with a changed layer {_pct(tp[deep].mean())} ({deep} layers) vs "
+                       f"{_pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
+                       f"[{100 * t['lo']:+.1f}, {100 * t['hi']:+.1f}], {t['n']} pairs, one-sided p = {_p(t['p_value'])}")
     # support: within the deepest runs, deeper half of the layers vs the shallower half
     layer_keys = {k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique()
                   if k.startswith("route/old_vs_new/flip_rate/layer_")}
