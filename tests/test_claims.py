@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from fake_results import make_fake_grid, write_fake_fit
 
@@ -84,6 +85,35 @@ def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str,
     diff = 100 * np.mean((1 - (1 - f[8]) ** 8) - (1 - (1 - f[2]) ** 2))
     note = next(n for n in claims[3].notes if n.startswith("support: tokens"))
     assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
+
+
+def _outcomes(cells: dict) -> pd.DataFrame:
+    rows = []
+    for (lr, N), arms in cells.items():
+        for arm, (k, n) in arms.items():
+            rows += [{"arm": arm, "lr": lr, "N": N, "seed": i, "collapsed_relative": i < k, "collapsed_absolute": i < k}
+                     for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_cells_at_the_floor_or_ceiling_do_not_dilute_the_effect_interval() -> None:
+    """One cell where outcomes vary (20/24 vs 23/24) next to cells where every run of both arms is stable
+    or collapsed: the effect interval is that cell's alone, too wide to call equivalence (inconclusive),
+    whereas averaging in the five exact zeros would have shrunk it inside the margin."""
+    edge = {"grpo+none": (20, 24), "grpo+r2": (23, 24), "gspo+none": (20, 24)}
+    cells = {(3e-4, 8): edge}
+    for lr, N in [(1e-4, 2), (1e-4, 8), (3e-4, 2)]:
+        cells[lr, N] = {arm: (0, 8) for arm in edge}
+    for lr, N in [(1e-3, 2), (1e-3, 8)]:
+        cells[lr, N] = {arm: (8, 8) for arm in edge}
+    out = _outcomes(cells)
+    c2 = C.claim_offpolicy_grpo(Path("unused"), outcomes=out)
+    assert c2.verdict == "inconclusive" and "over the 1 cell(s) where outcomes vary -0.12 [" in c2.statistic
+    c3 = C.claim_gspo_stable(Path("unused"), outcomes=out)
+    assert c3.verdict == "inconclusive", c3.reason
+    # with every cell informative and equal rates, equivalence is still reachable
+    same = _outcomes({(lr, 8): {"grpo+none": (100, 200), "grpo+r2": (100, 200)} for lr in (1e-4, 3e-4, 1e-3)})
+    assert C.claim_offpolicy_grpo(Path("unused"), outcomes=same).verdict == "not reproduced"
 
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:

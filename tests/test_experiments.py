@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12,
-               "drift_scaling": 42, "phase": 144, "phase_mismatch": 16}
+               "drift_scaling": 42, "phase": 144, "phase_mismatch": 16, "phase_edge": 48, "drift_scaling_depth": 15}
+# experiments that add seeds to another one's folder (same configs, so its report pools them)
+ADDS_TO = {"phase_edge": "phase", "drift_scaling_depth": "drift_scaling"}
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 
@@ -48,10 +50,22 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for combo in combos:
             cfg = validate(to_train_config(compose("config", overrides=[f"+experiment={experiment}", *combo])))
-            assert cfg.experiment == experiment
+            assert cfg.experiment == ADDS_TO.get(experiment, experiment)
             seen.add((cfg.arm, cfg.seed, cfg.model.family, cfg.optim.updates_per_rollout, cfg.model.num_layers,
                       cfg.model.num_experts, cfg.model.top_k, cfg.optim.lr))
     assert len(seen) == len(combos)  # every combination is a distinct run
+
+
+@pytest.mark.parametrize("adder", sorted(ADDS_TO))
+def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
+    """A run of `phase_edge` is the `phase` run of the same overrides: same config, so the same config
+    hash and run folder, and reports pool the seeds."""
+    combos, _ = _sweep(adder)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for combo in (combos[0], combos[-1]):
+            ours = to_train_config(compose("config", overrides=[f"+experiment={adder}", *combo]))
+            theirs = to_train_config(compose("config", overrides=[f"+experiment={ADDS_TO[adder]}", *combo]))
+            assert ours.to_dict() == theirs.to_dict()
 
 
 def test_experiment_deltas() -> None:

@@ -169,12 +169,17 @@ def _compare_collapse(outcomes: pd.DataFrame, a: str, b: str, definition: str, c
     strata = _strata(outcomes, a, b, definition, cells)
     tables = [s[1:5] for s in strata]
     more, less = cmh_exact(tables, alternative="greater"), cmh_exact(tables, alternative="less")
-    diff = pooled_rate_difference(strata)
+    # The effect interval uses the cells the CMH test learns from: those where some runs collapse and
+    # some do not. A cell where both arms always (or never) collapse has a difference of exactly 0 at
+    # the floor or ceiling; averaging it in would shrink the interval towards 0 with every cell added.
+    informative = [st for st in strata if 0 < st[1] + st[3] < st[2] + st[4]]
+    diff = pooled_rate_difference(informative)
     per_cell = [collapse_test(*t, alternative="greater") if 0 < t[0] + t[2] < t[1] + t[3] else math.nan for t in tables]
     ka, na = sum(t[0] for t in tables), sum(t[1] for t in tables)
     kb, nb = sum(t[2] for t in tables), sum(t[3] for t in tables)
     return {"strata": strata, "p_more": more["p_value"], "p_less": less["p_value"], "odds_ratio": more["odds_ratio"],
-            "diff": diff, "per_cell_p": per_cell, "per_cell_holm": holm(per_cell), "ka": ka, "na": na, "kb": kb, "nb": nb,
+            "diff": diff, "n_informative": len(informative), "per_cell_p": per_cell,
+            "per_cell_holm": holm(per_cell), "ka": ka, "na": na, "kb": kb, "nb": nb,
             "any": ka + kb > 0}
 
 
@@ -206,7 +211,9 @@ def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None) -> Cl
               "GSPO 2507.18071; R3 2510.11370",
               "per off-policy (lr, N) cell, k of n collapsed for grpo+none vs grpo+r2; pooled over cells with the exact "
               "Cochran-Mantel-Haenszel test (one-sided, grpo+none more). reproduced if p < 0.05; not reproduced if the "
-              f"reverse one-sided p < 0.05 or the pooled difference interval lies within ±{COLLAPSE_MARGIN}; "
+              f"reverse one-sided p < 0.05 or the pooled difference interval lies within ±{COLLAPSE_MARGIN} (mean over "
+              "the cells where outcomes vary, i.e. not every run of both arms stable or collapsed: the cells the CMH "
+              "test uses); "
               "inconclusive otherwise, or when neither arm collapses in any cell (the grid never reached instability)",
               experiment="phase")
     outcomes = _phase_outcomes(root, "phase") if outcomes is None else outcomes
@@ -238,7 +245,8 @@ def _collapse_claim(c: Claim, outcomes: pd.DataFrame, a: str, b: str, cells: lis
             c.cells = _cells_text(r["strata"], cells)
             wa, wb = wilson_interval(r["ka"], r["na"]), wilson_interval(r["kb"], r["nb"])
             c.statistic = (f"{a}: {r['ka']} of {r['na']} [{wa[0]:.2f}, {wa[1]:.2f}]; {b}: {r['kb']} of {r['nb']} "
-                           f"[{wb[0]:.2f}, {wb[1]:.2f}]; mean per-cell difference {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+                           f"[{wb[0]:.2f}, {wb[1]:.2f}]; mean difference over the {r['n_informative']} cell(s) "
+                           f"where outcomes vary {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
             c.test = f"exact CMH one-sided, MH odds ratio {r['odds_ratio']:.3g}"
             c.p_value = r["p_more"]
             sig = [i for i, p in enumerate(r["per_cell_holm"]) if p < ALPHA]
@@ -257,7 +265,8 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None) -> Claim
               "in the off-policy cells where grpo+none collapses at least once: reproduced if gspo+none collapses less "
               "than grpo+none (exact CMH one-sided p < 0.05) and not more than grpo+r2 (one-sided p >= 0.05); not "
               "reproduced if it collapses more than grpo+r2 (p < 0.05) or its difference to grpo+none lies within "
-              f"±{COLLAPSE_MARGIN}; inconclusive otherwise, or when grpo+none never collapses", experiment="phase")
+              f"±{COLLAPSE_MARGIN} (over the cells where outcomes vary); inconclusive otherwise, or when grpo+none never "
+              "collapses", experiment="phase")
     outcomes = _phase_outcomes(root, "phase") if outcomes is None else outcomes
     if outcomes is None:
         return c
