@@ -151,10 +151,24 @@ def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str
     if len(sig) == 2:
         a, b = sig[MAIN_DEFINITION], sig[ALTERNATIVE_DEFINITION]
         lines += ["### Does anything depend on the definition?", "",
-                  "No: the same cells are significant under both definitions." if a == b else
-                  f"Yes: significant only under `{MAIN_DEFINITION}`: {sorted(a - b) or 'none'}; only under "
-                  f"`{ALTERNATIVE_DEFINITION}`: {sorted(b - a) or 'none'}.", ""]
+                  "Significance: the same cells are significant under both definitions." if a == b else
+                  f"Significance: significant only under `{MAIN_DEFINITION}`: {sorted(a - b) or 'none'}; only under "
+                  f"`{ALTERNATIVE_DEFINITION}`: {sorted(b - a) or 'none'}.", "", _moved_counts(tables, axes), ""]
     return lines, figs, pd.concat(tables, ignore_index=True)
+
+
+def _moved_counts(tables: list[pd.DataFrame], axes: list[str], share: float = 0.25) -> str:
+    """Cells whose collapse count moves by `share` of the runs or more between the two definitions:
+    where a binary call depends on the threshold, not on the runs."""
+    key = [*axes, "arm"]
+    both = tables[0].merge(tables[1], on=key, suffixes=("", "_alt"))
+    moved = both[(both["p_collapse"] - both["p_collapse_alt"]).abs() >= share]
+    if moved.empty:
+        return f"Counts: no cell and arm moves by {share:.0%} of its runs or more between the definitions."
+    cells = "; ".join(", ".join(f"{c}={r[c]:g}" if isinstance(r[c], (int, float)) else f"{c}={r[c]}" for c in key)
+                      + f": {r['k']}/{r['n']} vs {r['k_alt']}/{r['n_alt']}" for _, r in moved.iterrows())
+    return (f"Counts: {len(moved)} cell(s) and arm(s) move by {share:.0%} of their runs or more "
+            f"(`{MAIN_DEFINITION}` vs `{ALTERNATIVE_DEFINITION}`): {cells}.")
 
 
 def _sweep_axis(df: pd.DataFrame, groups: list[str], compare: str) -> str | None:
