@@ -145,9 +145,10 @@ class MlflowBackend:
             if experiment is not None:
                 experiment_id = experiment.experiment_id
             else:  # a local store keeps its artifacts beside it, not in ./mlruns of whatever the cwd is
-                local = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" if uri.startswith("sqlite:///") else None
+                local = uri.startswith("sqlite:///")
+                store = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
                 experiment_id = self.client.create_experiment(
-                    info["experiment"], artifact_location=local.resolve().as_uri() if local else None)
+                    info["experiment"], artifact_location=store.resolve().as_uri() if local else None)
         run_id = info["ids"].get("mlflow") if info["resumed_after"] else None
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
