@@ -29,7 +29,7 @@ from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
-from moe_rl.analysis.phase import REFERENCE_ARM
+from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.atomic import write_atomic
 
 FIGURES: dict[str, Callable[..., object]] = {
@@ -165,8 +165,8 @@ def _moved_counts(tables: list[pd.DataFrame], axes: list[str], share: float = 0.
     moved = both[(both["p_collapse"] - both["p_collapse_alt"]).abs() >= share]
     if moved.empty:
         return f"Counts: no cell and arm moves by {share:.0%} of its runs or more between the definitions."
-    cells = "; ".join(", ".join(f"{c}={r[c]:g}" if isinstance(r[c], (int, float)) else f"{c}={r[c]}" for c in key)
-                      + f": {r['k']}/{r['n']} vs {r['k_alt']}/{r['n_alt']}" for _, r in moved.iterrows())
+    cells = "; ".join(f"{cell_label(key, [r[c] for c in key])}: {r['k']}/{r['n']} vs {r['k_alt']}/{r['n_alt']}"
+                      for _, r in moved.iterrows())
     return (f"Counts: {len(moved)} cell(s) and arm(s) move by {share:.0%} of their runs or more "
             f"(`{MAIN_DEFINITION}` vs `{ALTERNATIVE_DEFINITION}`): {cells}.")
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, HISTORY_KEYS, MAIN_DEFINITION
 from moe_rl.analysis.load import load_results, run_key_columns
-from moe_rl.analysis.phase import run_outcomes
+from moe_rl.analysis.phase import cell_label, run_outcomes
 from moe_rl.analysis.stats import (
     bootstrap_mean_ci,
     cmh_exact,
@@ -201,8 +201,7 @@ def _phase_outcomes(root: Path, experiment: str) -> pd.DataFrame | None:
 
 
 def _cells_text(strata: list[tuple], cells: list[str]) -> str:
-    names = [", ".join(f"{c}={v:g}" if isinstance(v, (int, float, np.number)) else f"{c}={v}"
-                       for c, v in zip(cells, vals if isinstance(vals, tuple) else (vals,))) for vals, *_ in strata]
+    names = [cell_label(cells, vals if isinstance(vals, tuple) else (vals,)) for vals, *_ in strata]
     return f"{len(names)} cell(s): " + "; ".join(names) if names else "no cells"
 
 
@@ -339,11 +338,16 @@ def claim_depth(root: Path) -> Claim:
     frame["tokens"] = _run_means(df, "route/old_vs_new/token_flip_rate/offpolicy")  # NaN where not logged
     on = [k for k in run_key_columns(df) if k not in ("run", "num_moe_layers", "num_layers")]
     frame = frame.reset_index()[[*on, "num_moe_layers", "drift", "tokens"]]
-    pairs = frame.pivot_table(index=on, columns="num_moe_layers", values="drift", dropna=True)
-    if deep not in pairs or shallow not in pairs:
+
+    def paired(column: str) -> pd.DataFrame | None:
+        """Runs paired on every other key: columns deep, shallow; None when a depth has no value."""
+        table = frame.pivot_table(index=on, columns="num_moe_layers", values=column, dropna=True)
+        return table[[deep, shallow]].dropna() if deep in table and shallow in table else None
+
+    pairs = paired("drift")
+    if pairs is None:
         c.reason = "no paired runs"
         return c
-    pairs = pairs[[deep, shallow]].dropna()
     if len(pairs) < 2:
         c.reason = f"{len(pairs)} paired run(s): need >= 2"
         return c
@@ -360,9 +364,8 @@ def claim_depth(root: Path) -> Claim:
         c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
                      f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
     # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
-    tp = frame.pivot_table(index=on, columns="num_moe_layers", values="tokens", dropna=True)
-    tp = tp[[deep, shallow]].dropna() if deep in tp and shallow in tp else tp.iloc[:0]
-    if len(tp) >= 2:
+    tp = paired("tokens")
+    if tp is not None and len(tp) >= 2:
         t = paired_compare(tp[deep], tp[shallow], alternative="greater", n_resamples=N_BOOT)
         c.notes.append(f"support: tokens with a changed layer {_pct(tp[deep].mean())} ({deep} layers) vs "
                        f"{_pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "

@@ -113,6 +113,11 @@ def phase_tests(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: 
     return tests
 
 
+def cell_label(keys: Sequence[str], values: Sequence) -> str:
+    """"lr=0.0003, N=8": a cell's keys and values, numbers in %g."""
+    return ", ".join(f"{k}={v:g}" if isinstance(v, (int, float, np.number)) else f"{k}={v}" for k, v in zip(keys, values))
+
+
 def _num(x: float, spec: str = ".2f") -> str:
     return "—" if x is None or not np.isfinite(x) else f"{x:{spec}}"
 
