@@ -1,7 +1,7 @@
 """Collapse recomputed after the fact from a run's logged metrics, under several definitions.
 
 The loop labels a run with its configured definition; analysis recomputes every definition from
-`metrics.parquet` with the same function (`moe_rl.metrics.detect_collapse`), so arms can be
+`metrics.parquet` with the same function (`moe_rl.collapse.detect_collapse`), so arms can be
 compared under one definition whatever their runs were configured with.
 
 - `relative` (main): against the run's own start: rolling reward below half the mean of its first
