@@ -17,6 +17,8 @@ Writes `gpu_check.json` under --out and prints one line per backend.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import json
 import platform
 import time
@@ -61,7 +63,7 @@ def exactness(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
     return {
         "self_replay_bitwise": bool(torch.equal(plain, recorded) and torch.equal(plain, replayed)),
         "self_replay_max_abs_diff": (plain - replayed).abs().max().item(),
-        "forced_routes_applied": bool(torch.equal(used.routes.indices, routes.indices)),
+        "forced_routes_applied": bool(torch.equal(used.routes.indices.cpu(), routes.indices)),  # recorded on the model device
         "router_grad_rows_nonzero": min(rows),
     }
 
@@ -98,9 +100,8 @@ def main() -> None:
         "backends": {},
     }
     try:
-        import megablocks
-
-        report["megablocks"] = megablocks.__version__
+        importlib.import_module("megablocks")
+        report["megablocks"] = importlib.metadata.version("megablocks")
     except Exception as err:
         report["megablocks"] = f"unavailable: {type(err).__name__}: {err}"
     x = torch.randint(3, 64, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to("cuda")

@@ -278,7 +278,7 @@ class Trainer:
         if cfg.fault_nan_step == step:  # fault injection for tests: corrupt a router weight
             with torch.no_grad():
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
-        adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
+        adv = group_advantages(rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards live on the CPU
         t1 = time.perf_counter()
         old_logp, old_routes, margins, old_scores = self.old_pass(rollout)
         t2 = time.perf_counter()

@@ -63,10 +63,18 @@ install_all() {
         "${pip[@]}" -e ".[test]" || return 1
     fi
     if ! $PY -c 'import megablocks.layers.dmoe' 2>/dev/null; then
-        # The extra, without its torch pin: see the header.
-        "${pip[@]}" --no-deps "megablocks==0.10.0" "stanford-stk==0.7.1" "grouped_gemm==0.3.0" || return 1
+        # The extra, without its torch pin: see the header. megablocks 0.10.0's csrc/cumsum.h passes
+        # CUB's `debug_synchronous` argument, which CUDA 13's CCCL 3 removed ("no instance of
+        # overloaded function cub::DeviceScan::ExclusiveSum"): build it from its sdist without it.
+        local src="$WORK/megablocks_src"
+        mkdir -p "$src"
+        "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$src" "megablocks==0.10.0" \
+            ${WHEELHOUSE:+--no-index --find-links "$WHEELHOUSE"} || return 1
+        tar -xzf "$src"/megablocks-0.10.0.tar.gz -C "$src" || return 1
+        perl -0pi -e 's/stream,\s*debug_synchronous\)\)/stream))/g' "$src/megablocks-0.10.0/csrc/cumsum.h"
+        "${pip[@]}" --no-deps "stanford-stk==0.7.1" "grouped_gemm==0.3.0" "$src/megablocks-0.10.0" || return 1
     fi
-    $PY -c 'import megablocks, grouped_gemm; print("megablocks", megablocks.__version__)'
+    $PY -c 'import importlib.metadata as m, grouped_gemm, megablocks.layers.dmoe; print("megablocks", m.version("megablocks"))'
 }
 export -f install_all
 step install 420 install_all

@@ -120,7 +120,7 @@ def flip_margin_counts(
     valid = (old.mask & new.mask.to(old.mask.device)).unsqueeze(-1).expand_as(flipped)  # (B, T, L)
     m = margins.to(flipped.device).float()[valid]
     f = flipped[valid]
-    bins = torch.bucketize(m, torch.tensor(edges[1:-1], dtype=m.dtype), right=True)  # (n,) in [0, len-2]
+    bins = torch.bucketize(m, torch.tensor(edges[1:-1], dtype=m.dtype, device=m.device), right=True)  # (n,) in [0, len-2]
     n_bins = len(edges) - 1
     n = torch.bincount(bins, minlength=n_bins)
     flips = torch.bincount(bins, weights=f.double(), minlength=n_bins).round().long()

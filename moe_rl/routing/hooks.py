@@ -329,7 +329,7 @@ class RouteRecorder(_ModelHooks):
         if attention_mask is not None and attention_mask.dim() == 2:
             mask = attention_mask[:, -T:].bool()
         else:
-            mask = torch.ones(B, T, dtype=torch.bool)
+            mask = torch.ones(B, T, dtype=torch.bool, device=self.layers[0].weight.device)
         record.masks.append(mask)
         record.passes.append([None] * len(self.layers))
         record.margins.append([None] * len(self.layers))
