@@ -69,9 +69,11 @@ def pool(parts: list[Partial]) -> Partial:
 
 
 def _layout(part: Partial) -> tuple:
-    return (sorted((k, tuple(v.shape)) for k, v in part.sums.items()),
-            sorted((k, tuple(v.shape)) for k, v in part.maxima.items()),
-            sorted((k, tuple(v.shape[1:])) for k, v in part.rows.items()))
+    return (
+        sorted((k, tuple(v.shape)) for k, v in part.sums.items()),
+        sorted((k, tuple(v.shape)) for k, v in part.maxima.items()),
+        sorted((k, tuple(v.shape[1:])) for k, v in part.rows.items()),
+    )
 
 
 def mean_parts(values: dict[str, float], weights: dict[str, float]) -> Partial:

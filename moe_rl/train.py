@@ -40,9 +40,10 @@ from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import RoutedPass, Routes, find_moe_layers, flip_margin_counts, route_overlap
+from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
-    compare_finalize, compare_parts, position_finalize, position_parts, router_shift_gaps, shift_summary,
+    compare_finalize, compare_parts, flip_margin_finalize, flip_margin_parts, position_finalize, position_parts,
+    router_shift_gaps, shift_summary,
 )
 from moe_rl.runinfo import note_meta
 from moe_rl.runio import RunDirectoryError, check_run_dir, read_status, rng_state, set_rng_state, status_on_failure
@@ -75,19 +76,6 @@ OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_fr
                   "ratio/seq_var", "kl/k3")
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = "route/flip_vs_margin/"
-
-
-def flip_margin_parts(old: Routes, new: Routes, margins: torch.Tensor, *, overlap: torch.Tensor | None = None
-                      ) -> Partial:
-    """(t, l) seen and flipped per old-margin bin (MARGIN_EDGES), as sums."""
-    n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
-    return Partial(sums={"n": n, "flips": flips})
-
-
-def flip_margin_finalize(parts: Partial) -> dict[str, float]:
-    """`route/flip_vs_margin/{n,flips}/bin_{b}` from pooled `flip_margin_parts`."""
-    return {f"{COUNT_PREFIX}{kind}/bin_{b}": float(v)
-            for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())}
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
@@ -251,7 +239,7 @@ class Trainer:
         metrics.update({f"route/old_vs_new/{k}": v
                         for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()})
         metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
-        metrics.update(flip_margin_finalize(parts.sub("margin_flips")))
+        metrics.update({f"route/{k}": v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
         if replay is not None:
             metrics.update({f"route/native_vs_replayed/{k}": v
                             for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()})

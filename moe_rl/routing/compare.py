@@ -180,3 +180,17 @@ def flip_margin_counts(
     n = torch.bincount(bins, minlength=n_bins)
     flips = torch.bincount(bins, weights=f.double(), minlength=n_bins).round().long()
     return n, flips
+
+
+def flip_margin_parts(
+    old: Routes, new: Routes, margins: Tensor, *, overlap: Tensor | None = None
+) -> Partial:
+    """`flip_margin_counts` as sums: (t, l) seen (`n`) and flipped per old-margin bin."""
+    n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
+    return Partial(sums={"n": n, "flips": flips})
+
+
+def flip_margin_finalize(parts: Partial) -> dict[str, float]:
+    """`flip_vs_margin/{n,flips}/bin_{b}` from pooled `flip_margin_parts`."""
+    return {f"flip_vs_margin/{kind}/bin_{b}": float(v)
+            for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())}
