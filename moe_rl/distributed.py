@@ -253,15 +253,17 @@ class Dist:
              ref: nn.Module | None, extra: dict[str, Any]) -> None:
         """The checkpoint of `step`: model, optimizer, ref and the trainer's `extra` (plain data).
 
-        A world of size 1 writes one file, `checkpoint.pt`. A larger world writes a sharded checkpoint
-        (each rank its shard) at `run_dir/checkpoint-<step>`; rank 0 then points `checkpoint.json` at it
-        and removes older ones. Either way a kill at any moment leaves a complete checkpoint.
+        A world of size 1 writes one file, `checkpoint.pt` (then drops a sharded checkpoint it resumed
+        from). A larger world writes a sharded checkpoint (each rank its shard) at `run_dir/checkpoint-<step>`;
+        rank 0 then points `checkpoint.json` at it and removes older ones. Either way a kill at any moment
+        leaves a complete checkpoint.
         """
         if not self.active:
             save_checkpoint(run_dir / SINGLE_CHECKPOINT, {
                 **extra, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "ref": ref.state_dict() if ref is not None else None,
             })
+            _remove_sharded(run_dir)
             return
         import torch.distributed.checkpoint as dcp
 
@@ -272,20 +274,17 @@ class Dist:
             doc = {"step": step, "path": name, "world_size": self.world_size, "strategy": self.strategy,
                    "config_hash": extra.get("config_hash"), "cold_start_key": extra.get("cold_start_key")}
             write_atomic(run_dir / POINTER, json.dumps(doc, indent=1))
-            for old in run_dir.glob("checkpoint-*"):
-                if old.name != name:
-                    shutil.rmtree(old, ignore_errors=True)
+            _remove_sharded(run_dir, keep=name)
         self.barrier()
 
     def load(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ref: nn.Module | None, *,
              config_hash: str, cold_start_key: str | None) -> dict[str, Any] | None:
-        """Load this world's checkpoint into model, optimizer and ref (resharding a sharded one to this world
-        size); return the trainer state saved with it, or None when there is none. A folder of another run
-        or another world is refused (`check_run_dir`) before any tensor is read."""
+        """Load the run's checkpoint into model, optimizer and ref; return the trainer state saved with it,
+        or None when there is none. A sharded checkpoint resumes on any world size (DCP reshards, also to
+        one process); a `checkpoint.pt` only in a world of size 1. A folder of another run (or a
+        `checkpoint.pt` under N > 1) is refused (`check_run_dir`) before any tensor is read."""
         check_run_dir(run_dir, config_hash=config_hash, cold_start_key=cold_start_key, world_size=self.world_size)
-        if not self.active:
-            if not (run_dir / SINGLE_CHECKPOINT).exists():
-                return None
+        if (run_dir / SINGLE_CHECKPOINT).exists():  # a world of size 1 (check_run_dir refuses it to others)
             state = load_checkpoint(run_dir / SINGLE_CHECKPOINT)
             check_identity(state, run_dir / SINGLE_CHECKPOINT, config_hash=config_hash, cold_start_key=cold_start_key)
             model.load_state_dict(state["model"])
@@ -293,12 +292,12 @@ class Dist:
             if ref is not None and state["ref"] is not None:
                 ref.load_state_dict(state["ref"])
             return state
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
         pointer = run_dir / POINTER
         if not pointer.exists():
             return None
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         doc = json.loads(pointer.read_text())
         if doc["world_size"] != self.world_size:
             log.info("resharding %s from %d to %d ranks", doc["path"], doc["world_size"], self.world_size)
@@ -310,14 +309,19 @@ class Dist:
         return torch.load(run_dir / doc["path"] / "trainer.pt", map_location="cpu", weights_only=True)
 
     def remove_checkpoint(self, run_dir: Path) -> None:
-        """Remove this world's checkpoint (rank 0; a finished run keeps none unless asked to)."""
-        if not self.is_writer:
-            return
-        (run_dir / SINGLE_CHECKPOINT).unlink(missing_ok=True)
-        if self.active:
-            (run_dir / POINTER).unlink(missing_ok=True)
-            for old in run_dir.glob("checkpoint-*"):
-                shutil.rmtree(old, ignore_errors=True)
+        """Remove the run's checkpoint (rank 0; a finished run keeps none unless asked to)."""
+        if self.is_writer:
+            (run_dir / SINGLE_CHECKPOINT).unlink(missing_ok=True)
+            _remove_sharded(run_dir)
+
+
+def _remove_sharded(run_dir: Path, keep: str | None = None) -> None:
+    """Remove the sharded checkpoint(s) of `run_dir` (all but the folder `keep`; the pointer with them)."""
+    if keep is None:
+        (run_dir / POINTER).unlink(missing_ok=True)
+    for old in run_dir.glob("checkpoint-*"):
+        if old.name != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, ref: nn.Module | None) -> dict[str, Any]:

@@ -63,8 +63,8 @@ POINTER = "checkpoint.json"  # names the last complete sharded checkpoint of a l
 
 def check_run_dir(run_dir: str | Path, *, config_hash: str, cold_start_key: str | None, world_size: int) -> None:
     """Refuse, by reading only, a run directory that this run must not write into: one whose status or
-    checkpoint belongs to another config or another cold start, or whose checkpoint another world size
-    wrote (a single-process one under torchrun with N > 1, a sharded one in a world of size 1).
+    checkpoint belongs to another config or another cold start, or that holds a single-process
+    checkpoint while this world has N > 1 processes (a sharded one resumes on any world size).
     Raises RunDirectoryError before anything is written; a checkpoint that cannot be read is left for
     the resume to report (CorruptFileError)."""
     run_dir = Path(run_dir)
@@ -75,11 +75,8 @@ def check_run_dir(run_dir: str | Path, *, config_hash: str, cold_start_key: str 
     single, pointer = run_dir / SINGLE_CHECKPOINT, run_dir / POINTER
     if world_size > 1 and single.exists():
         raise RunDirectoryError(f"{run_dir} holds a single-process checkpoint ({SINGLE_CHECKPOINT}); resume it "
-                                "with plain python, or use another output directory for the torchrun launch")
-    if world_size == 1 and pointer.exists():
-        raise RunDirectoryError(f"{run_dir} holds a sharded checkpoint of a torchrun launch ({POINTER}); resume "
-                                "it with torchrun --nproc_per_node=N experiments/train.py ... (any N > 1 that "
-                                "divides the prompts)")
+                                "with plain python (or torchrun --nproc_per_node=1), or use another output "
+                                "directory for this launch")
     try:
         if single.exists():
             path, doc = single, torch.load(single, map_location="cpu", weights_only=True, mmap=True)
