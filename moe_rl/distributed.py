@@ -23,7 +23,7 @@ so they log bitwise the same metrics. In a world of W > 1 processes:
 - metrics: each metric is a `moe_rl.partial.Partial` of this rank's rows, pooled by `merge` (sums added,
   maxima taken, rows concatenated in rank order) and finalized by the same function as in one process.
 - files: rank 0 writes the run directory; every rank writes only its shard of the checkpoint
-  (`torch.distributed.checkpoint`), which resumes on any world size above 1.
+  (`torch.distributed.checkpoint`), which resumes on any world size (a world of size 1 included).
 """
 
 from __future__ import annotations
