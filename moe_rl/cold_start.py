@@ -226,6 +226,13 @@ def _train_cold_start(
     return model, tokenizer, info
 
 
+def expected_key(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> str:
+    """The `key` that `get_cold_start` will record for this config, computed without loading anything."""
+    if model_cfg.checkpoint and cold.mode in ("auto", "none"):
+        return f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}"
+    return cold_start_key(model_cfg, task_cfg, cold, data_hash_of(task_cfg))
+
+
 def get_cold_start(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:

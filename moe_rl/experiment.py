@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from moe_rl.atomic import write_atomic
 from moe_rl.config import TrainConfig, config_hash, validate
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ if not OmegaConf.has_resolver("or_default"):
     OmegaConf.register_new_resolver("or_default", or_default)
 
 from moe_rl.progress import eta_seconds, format_duration
-from moe_rl.runio import FINISHED, read_status, write_status
+from moe_rl.runio import FINISHED, RunDirectoryError, read_status, write_status
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -68,7 +70,8 @@ def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
     if status not in FINISHED or not (Path(out_dir) / "metrics.parquet").is_file():
         return None
     if doc.get("config_hash") != config_hash(cfg):
-        raise ValueError(f"{out_dir} holds a finished run of another config; choose another directory or delete it")
+        raise RunDirectoryError(f"{out_dir} holds a finished run of another config; choose another directory or "
+                                "delete it")
     return status
 
 
@@ -80,8 +83,21 @@ def parallel_launcher(hydra_cfg: Any) -> bool:
     return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith("BasicLauncher")
 
 
+def write_hydra_record(out_dir: str | Path, cfg: DictConfig, hydra_cfg: Any) -> None:
+    """`.hydra/` (config.yaml, hydra.yaml, overrides.yaml) as Hydra writes it, written by the run itself
+    (`hydra.output_subdir: null`) once the folder is known to be its own, so a refused launch leaves the
+    record of the run that owns the folder as it was."""
+    folder = Path(out_dir) / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    records = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
+               "overrides.yaml": hydra_cfg.overrides.task}
+    for name, record in records.items():
+        write_atomic(folder / name, OmegaConf.to_yaml(record, resolve=False))
+
+
 def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
-    from moe_rl.train import train
+    from moe_rl.distributed import world_size_from_env
+    from moe_rl.train import refuse_foreign_dir, train
 
     out_dir = hydra_cfg.runtime.output_dir
     try:
@@ -99,6 +115,10 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
     if train_cfg.dry_run:
         log.info("dry run %s: %s", train_cfg.arm, train_cfg.out_dir)
         return "dry_run"
+    world_size = world_size_from_env()
+    refuse_foreign_dir(train_cfg, world_size)  # RunDirectoryError: the folder is left as it was
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_hydra_record(out_dir, cfg, hydra_cfg)
     done = finished_status(train_cfg.out_dir, train_cfg)
     if done is not None:
         log.info("skipping %s: already %s", train_cfg.out_dir, done)

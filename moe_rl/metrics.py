@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from moe_rl.collapse import DEFINITIONS, TRIGGERS, CollapseEvent, detect_collapse  # noqa: F401 (re-exported)
+from moe_rl.partial import Partial
 
 RATIO_KEYS = ("ratio/token_var", "ratio/token_max", "ratio/seq_var", "ratio/ess", "ratio/extreme_frac", "kl/k3")
 
@@ -27,20 +28,32 @@ RATIO_KEYS = ("ratio/token_var", "ratio/token_max", "ratio/seq_var", "ratio/ess"
 @torch.no_grad()
 def ratio_stats(*, logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
     """Ratio statistics of DESIGN §3 (keys in `RATIO_KEYS`), in float64; all NaN when no token is valid."""
+    return ratio_finalize(ratio_parts(logp=logp, old_logp=old_logp, mask=mask))
+
+
+@torch.no_grad()
+def ratio_parts(*, logp: Tensor, old_logp: Tensor, mask: Tensor) -> Partial:
+    """What `ratio_finalize` needs from these rows: delta of each valid token and the mean delta of each
+    non-empty sequence (the log of its GSPO ratio), float64, in row-major order."""
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
     for name, x in (("old_logp", old_logp), ("mask", mask)):
         if x.shape != logp.shape:
             raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
     mask = mask.to(torch.bool)
-    if not mask.any():
-        return {k: math.nan for k in RATIO_KEYS}
     delta = torch.where(mask, logp.double() - old_logp.double(), 0.0)  # (B, T)
-    d = delta[mask]  # (N,) valid tokens
-    r = torch.exp(d)
     seq_len = mask.sum(dim=-1)  # (B,)
     nonempty = seq_len > 0
-    seq_ratio = torch.exp(delta.sum(dim=-1)[nonempty] / seq_len[nonempty])  # s_i = exp(mean_t delta)
+    return Partial(rows={"delta": delta[mask], "seq_delta": delta.sum(dim=-1)[nonempty] / seq_len[nonempty]})
+
+
+def ratio_finalize(parts: Partial) -> dict[str, float]:
+    """RATIO_KEYS from the pooled `ratio_parts` of all rows."""
+    d = parts.rows["delta"]  # (N,) valid tokens
+    if not d.numel():
+        return {k: math.nan for k in RATIO_KEYS}
+    r = torch.exp(d)
+    seq_ratio = torch.exp(parts.rows["seq_delta"])  # s_i = exp(mean_t delta)
     stats = {
         "ratio/token_var": r.var(correction=0),
         "ratio/token_max": r.max(),
@@ -54,7 +67,17 @@ def ratio_stats(*, logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, fl
 
 def margin_stats(margins: Tensor, mask: Tensor) -> dict[str, float]:
     """`route/margin_mean` and `route/margin_p10` of (B, T, L) router margins at valid (B, T)."""
-    values = margins[mask.to(margins.device)].float()  # (n, L)
+    return margin_finalize(margin_parts(margins, mask))
+
+
+def margin_parts(margins: Tensor, mask: Tensor) -> Partial:
+    """The (n, L) float32 margins of the valid positions, in row-major order."""
+    return Partial(rows={"margins": margins[mask.to(margins.device)].float()})
+
+
+def margin_finalize(parts: Partial) -> dict[str, float]:
+    """`route/margin_mean` and `route/margin_p10` of the pooled margins ({} when there is none)."""
+    values = parts.rows["margins"]
     if not values.numel():
         return {}
     return {"route/margin_mean": values.mean().item(), "route/margin_p10": values.quantile(0.1).item()}

@@ -53,7 +53,49 @@ class CorruptFileError(RuntimeError):
 
 
 class RunDirectoryError(ValueError):
-    """The run directory belongs to another run (config or cold start): refused, and left untouched."""
+    """The run directory belongs to another run (config, cold start, checkpoint of another world):
+    refused, and left untouched, every byte of it."""
+
+
+SINGLE_CHECKPOINT = "checkpoint.pt"  # the checkpoint of a world of size 1
+POINTER = "checkpoint.json"  # names the last complete sharded checkpoint of a larger world (written last)
+
+
+def check_run_dir(run_dir: str | Path, *, config_hash: str, cold_start_key: str | None, world_size: int) -> None:
+    """Refuse, by reading only, a run directory that this run must not write into: one whose status or
+    checkpoint belongs to another config or another cold start, or that holds a single-process
+    checkpoint while this world has N > 1 processes (a sharded one resumes on any world size).
+    Raises RunDirectoryError before anything is written; a checkpoint that cannot be read is left for
+    the resume to report (CorruptFileError)."""
+    run_dir = Path(run_dir)
+    owner = read_status(run_dir).get("config_hash")
+    if owner and owner != config_hash:
+        raise RunDirectoryError(f"{run_dir} holds a run of another config (status.json); use another output "
+                                "directory or delete this one")
+    single, pointer = run_dir / SINGLE_CHECKPOINT, run_dir / POINTER
+    if world_size > 1 and single.exists():
+        raise RunDirectoryError(f"{run_dir} holds a single-process checkpoint ({SINGLE_CHECKPOINT}); resume it "
+                                "with plain python (or torchrun --nproc_per_node=1), or use another output "
+                                "directory for this launch")
+    try:
+        if single.exists():
+            path, doc = single, torch.load(single, map_location="cpu", weights_only=True, mmap=True)
+        elif pointer.exists():
+            path, doc = pointer, json.loads(pointer.read_text())
+        else:
+            return
+    except Exception:  # noqa: BLE001 - unreadable: the resume reports it by name (CorruptFileError)
+        return
+    check_identity(doc, path, config_hash=config_hash, cold_start_key=cold_start_key)
+
+
+def check_identity(doc: dict[str, Any], path: Path, *, config_hash: str, cold_start_key: str | None) -> None:
+    """RunDirectoryError unless the checkpoint record `doc` (read from `path`) is of this config and cold start."""
+    if doc.get("config_hash") != config_hash:
+        raise RunDirectoryError(f"{path} belongs to a run with another config; use another output directory "
+                                "or delete this one")
+    if doc.get("cold_start_key") != cold_start_key:
+        raise RunDirectoryError(f"{path} was trained from another cold start; delete the run to rerun")
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:

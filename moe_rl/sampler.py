@@ -15,11 +15,18 @@ several families, seeds, temperatures and dtypes):
 
 Forward hooks (RouteRecorder) see the same calls as under `generate`: one prefill pass, then one
 KV-cache continuation per new token but the last.
+
+A batch split across processes (`GlobalRows`) samples as the whole batch would in one process: each
+process draws the multinomial of the whole batch's shape from the same seeded stream and keeps its
+own rows (the draw of a row depends on its own probabilities and its place in the batch only), and
+every process decodes until every row of every process has ended. So a run draws the same tokens on
+any number of processes, and in a world of size 1 this is exactly the one-process loop.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -32,6 +39,26 @@ from transformers import DynamicCache, PreTrainedModel
 class Sampled:
     sequences: Tensor  # (B, S) prompt + sampled tokens
     logits: tuple[Tensor, ...]  # per new token: (B, V) float32 logits that sampled it, as generate's output_logits
+
+
+@dataclass(frozen=True)
+class GlobalRows:
+    """This process's rows [first, first + B) of a batch of `total` rows sampled by several processes;
+    `any_running(flag)` is True when `flag` is True on some process (a collective in a process group)."""
+
+    first: int
+    total: int
+    any_running: Callable[[bool], bool]
+
+
+def draw(probs: Tensor, rows: GlobalRows | None = None) -> Tensor:
+    """One token per row of (B, V) `probs` by `torch.multinomial`; with `rows`, the tokens these rows get
+    in the multinomial of the whole (total, V) batch, whatever the other rows hold."""
+    if rows is None or rows.total == probs.shape[0]:
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+    full = probs.new_ones(rows.total, probs.shape[1])  # other processes' rows: only their draws matter here
+    full[rows.first : rows.first + probs.shape[0]] = probs
+    return torch.multinomial(full, num_samples=1).squeeze(1)[rows.first : rows.first + probs.shape[0]]
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -50,9 +77,11 @@ def sample_loop(
     pad_token_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
+    rows: GlobalRows | None = None,
 ) -> Sampled:
     """Sample up to `max_new_tokens` per row of left-padded `input_ids`, as `model.generate(do_sample=
-    not greedy, temperature, top_k=0, top_p=1.0)` would for the same RNG state."""
+    not greedy, temperature, top_k=0, top_p=1.0)` would for the same RNG state; with `rows`, as the
+    whole batch of which these are the rows would be sampled in one process."""
     B = input_ids.shape[0]
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     key = _cache_kwarg(model)
@@ -74,11 +103,12 @@ def sample_loop(
                 token = torch.argmax(step_logits, dim=-1)
             else:
                 scores = step_logits / temperature if temperature != 1.0 else step_logits
-                token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+                token = draw(torch.softmax(scores, dim=-1), rows)
             token = token * unfinished + pad * (1 - unfinished)
             tokens.append(token[:, None])
             unfinished = unfinished & (token != eos_token_id).long()
-            if i + 1 == max_new_tokens or not bool(unfinished.any()):
+            running = bool(unfinished.any())
+            if i + 1 == max_new_tokens or not (running if rows is None else rows.any_running(running)):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((B, 1))], dim=-1)
             out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,

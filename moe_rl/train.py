@@ -32,22 +32,21 @@ import torch
 import transformers
 
 from moe_rl.algos import get_loss, group_advantages
-from moe_rl.cold_start import evaluate, get_cold_start, make_task, render, task_data
+from moe_rl.cold_start import evaluate, expected_key, get_cold_start, make_task, render, task_data
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.distributed import Dist, refuse_sharded_checkpoint
+from moe_rl.distributed import Dist, world_size_from_env
 from moe_rl.loggers import open_loggers
-from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
+from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
+from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import (
-    RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
+from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
+from moe_rl.routing.compare import (
+    compare_finalize, compare_parts, flip_margin_finalize, flip_margin_parts, position_finalize, position_parts,
+    router_shift_gaps, shift_summary,
 )
-from moe_rl.routing.compare import router_shift_gaps, shift_summary
 from moe_rl.runinfo import note_meta
-from moe_rl.runio import (
-    RunDirectoryError, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
-    status_on_failure,
-)
+from moe_rl.runio import RunDirectoryError, check_run_dir, read_status, rng_state, set_rng_state, status_on_failure
 from moe_rl.tasks.rewards import zero_variance_frac
 
 log = logging.getLogger(__name__)
@@ -70,27 +69,6 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def flip_by_position(
-    a: Routes, b: Routes, response_mask: torch.Tensor, start: int, bucket: int, *, overlap: torch.Tensor | None = None
-) -> dict[str, float]:
-    """`route/old_vs_new/flip_rate/pos_{p}` over response positions bucketed by `bucket`.
-
-    Position p counts from the input that predicts the first completion token (`start`).
-    `overlap` is `route_overlap(a, b)` when the caller has it already.
-    """
-    overlap = route_overlap(a, b) if overlap is None else overlap
-    flipped = (overlap < a.top_k).float().mean(-1)  # (B, T): fraction of layers flipped
-    valid = response_mask & a.mask & b.mask
-    starts = range(0, flipped.shape[1] - start, bucket)
-    cols = [slice(start + p, start + p + bucket) for p in starts]
-    counts = [valid[:, c].sum() for c in cols]
-    keep = [(p, c, n) for p, c, n, nonzero in zip(starts, cols, counts, torch.stack(counts).tolist()) if nonzero]
-    if not keep:
-        return {}
-    rates = torch.stack([(flipped[:, c] * valid[:, c]).sum() / n for _, c, n in keep]).tolist()  # one transfer
-    return {f"route/old_vs_new/flip_rate/pos_{p}": r for (p, _, _), r in zip(keep, rates)}
-
-
 # Also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
@@ -98,16 +76,6 @@ OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_fr
                   "ratio/seq_var", "kl/k3")
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = "route/flip_vs_margin/"
-
-
-def flip_margin_metrics(
-    old: Routes, new: Routes, margins: torch.Tensor, *, overlap: torch.Tensor | None = None
-) -> dict[str, float]:
-    """`route/flip_vs_margin/{n,flips}/bin_{b}`: (t, l) counts per old-margin bin (MARGIN_EDGES)."""
-    n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
-    out = {f"{COUNT_PREFIX}n/bin_{b}": float(v) for b, v in enumerate(n.tolist())}
-    out.update({f"{COUNT_PREFIX}flips/bin_{b}": float(v) for b, v in enumerate(flips.tolist())})
-    return out
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
@@ -136,8 +104,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg = dataclasses.replace(validate(cfg), out_dir=run_dir(cfg))
-        self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # inactive without torchrun
-        self.dist.check(cfg)
+        self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # a world of size 1 without torchrun
+        self.dist.check(cfg.rollout.prompts_per_step, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
+        refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
         cfg.progress = cfg.progress and self.dist.is_writer
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
@@ -167,7 +136,6 @@ class Trainer:
         self.reward_metrics: dict[str, float] = {}
         self.warned_no_signal = False
         self.writer = self.dist.writer(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
-        self.checkpoint_path = self.writer.dir / "checkpoint.pt"
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
 
@@ -183,12 +151,12 @@ class Trainer:
         cfg = self.cfg
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
             self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
-        examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all without torchrun)
+        examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all in a world of size 1)
         rollout = generate(
             self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
             max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
             seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
-            row_keys=self.dist.row_keys(cfg.seed, step, cfg.rollout.prompts_per_step, cfg.rollout.group_size),
+            rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
         )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         errors = getattr(self.task, "errors", 0)
@@ -229,46 +197,53 @@ class Trainer:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
-        loss, metrics = self.loss_fn(
+        loss, loss_metrics = self.loss_fn(
             logp=logp, old_logp=old_logp[rows], adv=adv[rows], mask=mask, eps_low=self.eps_low,
             eps_high=self.eps_high, ref_logp=ref_logp, beta=cfg.algo.beta, agg=cfg.algo.agg,
         )
-        share = self.dist.loss_share(cfg.algo.name, cfg.algo.agg, mask)  # None without torchrun
         self.optimizer.zero_grad(set_to_none=True)
-        (loss if share is None else loss * share).backward()
+        self.dist.scale_loss(loss, loss_metrics.weights["loss"]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
-        metrics.update(ratio_stats(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        scalars = torch.stack([loss.detach().double(), grad_norm.double(), entropy.double()]).tolist()  # one transfer
-        metrics.update(zip(("loss", "optim/grad_norm", "policy/entropy"), scalars))
+        scalars = torch.stack([loss.detach().double(), grad_norm.double(), entropy.double(),
+                               mask.sum().double()]).tolist()  # one transfer
+        means = {**loss_metrics, "loss": scalars[0], "policy/entropy": scalars[2]}
+        weights = {**loss_metrics.weights, "policy/entropy": scalars[3]}
+        # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
+        # world of size 1), then finalized by the one-process functions.
         old = old_routes[rows]
         overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
-        metrics.update(route_metrics("old_vs_new", native, old, overlap=overlap))
-        metrics.update(flip_by_position(native, old, mask, rollout.prompt_len - 1, cfg.position_bucket,
-                                        overlap=overlap))
-        shift_gaps = router_shift_gaps(old_scores[rows], routed.scores, old, mask)  # (n, L)
-        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(shift_gaps).items()})
-        metrics.update(flip_margin_metrics(old, native, old_margins[rows], overlap=overlap))
+        buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
+        parts = Partial().add("mean", mean_parts(means, weights))
+        parts.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
+        parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
+        parts.add("position", position_parts(native, old, mask, rollout.prompt_len - 1, cfg.position_bucket,
+                                             buckets=buckets, overlap=overlap))
+        parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
+        parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
         if replay is not None:
-            used = routed.used.with_mask(valid)
-            metrics.update(route_metrics("native_vs_replayed", native, replay))
-            metrics["route/used_vs_cached/flip_rate"] = compare_routes(used, replay)["flip_rate"]
-        if self.dist.active:  # the values of the global mini-batch, from every rank's sums and counts
-            pairs = {"old_vs_new": (native, old)}
-            if replay is not None:
-                pairs.update(native_vs_replayed=(native, replay), used_vs_cached=(used, replay))
-            buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
-            metrics = self.dist.reduce_update(
-                metrics, algo=cfg.algo.name, agg=cfg.algo.agg, logp=logp.detach(), old_logp=old_logp[rows],
-                mask=mask, routes=pairs, positions=(native, old, rollout.prompt_len - 1, cfg.position_bucket, buckets),
-                shift=shift_gaps,
-            )
+            parts.add("native_vs_replayed", compare_parts(native, replay))
+            parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+        parts = self.dist.merge(parts)
+        pooled = mean_finalize(parts.sub("mean"))
+        metrics = {k: pooled[k] for k in loss_metrics}
+        metrics.update(ratio_finalize(parts.sub("ratio")))
+        metrics.update({"loss": pooled["loss"], "optim/grad_norm": scalars[1], "policy/entropy": pooled["policy/entropy"]})
+        metrics.update({f"route/old_vs_new/{k}": v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
+        metrics.update({f"route/old_vs_new/{k}": v
+                        for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()})
+        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
+        metrics.update({f"route/{k}": v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
+        if replay is not None:
+            metrics.update({f"route/native_vs_replayed/{k}": v
+                            for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()})
+            metrics["route/used_vs_cached/flip_rate"] = compare_finalize(parts.sub("used_vs_cached"))["flip_rate"]
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
@@ -288,29 +263,38 @@ class Trainer:
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
-        updates = [  # under torchrun: this rank's rows of each global mini-batch
+        updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
             self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()
         t3 = time.perf_counter()
         metrics = aggregate(updates)
+        mask = rollout.response_mask
+        parts = Partial(
+            sums={"gap": ((rollout.rollout_logp - old_logp).abs() * mask).sum(), "tokens": mask.sum(),
+                  "length": mask.sum(-1).float().sum(), "rows": torch.tensor(len(rollout)),
+                  "errors": torch.tensor(self.reward_metrics["reward/errors"], dtype=torch.float64)},
+            maxima={"time/rollout_s": torch.tensor(t1 - t0, dtype=torch.float64),
+                    "time/old_logp_s": torch.tensor(t2 - t1, dtype=torch.float64),
+                    "time/update_s": torch.tensor(t3 - t2, dtype=torch.float64)},
+            rows={"rewards": rewards},
+        ).add("margins", margin_parts(margins, old_routes.mask))
         if rollout.routes is not None:
-            metrics.update(route_metrics("rollout_vs_old", rollout.routes, old_routes))
-        metrics.update(self.reward_metrics)
+            parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
+        parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
+        sums, all_rewards = parts.sums, parts.rows["rewards"]
+        if rollout.routes is not None:
+            metrics.update({f"route/rollout_vs_old/{k}": v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()})
         metrics.update({
-            "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
-            **margin_stats(margins, old_routes.mask),
-            "rollout/logp_gap": ((rollout.rollout_logp - old_logp).abs() * rollout.response_mask).sum().item()
-            / rollout.response_mask.sum().clamp(min=1).item(),
-            "rollout/response_len": rollout.response_mask.sum(-1).float().mean().item(),
-            "time/rollout_s": t1 - t0, "time/old_logp_s": t2 - t1, "time/update_s": t3 - t2,
+            "reward/zero_var_group_frac": zero_variance_frac(all_rewards, cfg.rollout.group_size),
+            "reward/errors": sums["errors"].item(),
+            "reward/mean": all_rewards.mean().item(), "reward/std": all_rewards.std(unbiased=False).item(),
+            **margin_finalize(parts.sub("margins")),
+            "rollout/logp_gap": sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
+            "rollout/response_len": (sums["length"] / sums["rows"]).item(),
+            **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
         })
-        metrics = self.dist.reduce_rollout(  # identity without torchrun
-            metrics, rewards=rewards, response_mask=rollout.response_mask, logp_gap=rollout.rollout_logp - old_logp,
-            margins=margins, margin_mask=old_routes.mask, group_size=cfg.rollout.group_size,
-            rollout_vs_old=(rollout.routes, old_routes) if rollout.routes is not None else None,
-        )
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors")
             if rollout.routes is not None:
@@ -326,54 +310,18 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        if self.dist.active:  # every rank writes its shard
-            self.dist.save(self.writer.dir, step, self.policy, self.optimizer, self.ref, {
-                "step": step, "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
-                "cold_start_key": self.cold_info.get("key"), "config_hash": self.writer.config_hash,
-            })
-            return
-        save_checkpoint(self.checkpoint_path, {
-            "step": step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
-            "ref": self.ref.state_dict() if self.ref is not None else None,
+        """This world's checkpoint of `step` (`Dist.save`: one file, or one shard per rank)."""
+        self.dist.save(self.writer.dir, step, self.policy, self.optimizer, self.ref, {
+            "step": step, "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
             "cold_start_key": self.cold_info.get("key"), "config_hash": self.writer.config_hash,
         })
 
     def resume(self) -> int:
         """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
-        if self.dist.active:
-            return self._resume_sharded()
-        refuse_sharded_checkpoint(self.writer.dir)
-        if not self.checkpoint_path.exists():
-            self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
-            return 0
-        state = load_checkpoint(self.checkpoint_path)
-        if state.get("config_hash") != self.writer.config_hash:
-            raise RunDirectoryError(
-                f"{self.checkpoint_path} belongs to a run with another config; use another output directory "
-                "or delete this one"
-            )
-        if state.get("cold_start_key") != self.cold_info.get("key"):
-            raise RunDirectoryError(
-                f"{self.checkpoint_path} was trained from another cold start; delete the run to rerun"
-            )
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ref is not None and state["ref"] is not None:
-            self.ref.load_state_dict(state["ref"])
-        set_rng_state(state["rng"])
-        self.writer.events = list(state["events"])
-        self.writer.truncate_after(state["step"])
-        self.history.update(self.writer.history(HISTORY_KEYS))
-        log.info("resuming %s after step %d", self.writer.dir, state["step"])
-        return state["step"]
-
-    def _resume_sharded(self) -> int:
         state = self.dist.load(self.writer.dir, self.policy, self.optimizer, self.ref,
                                config_hash=self.writer.config_hash, cold_start_key=self.cold_info.get("key"))
         if state is None:
-            self.writer.truncate_after(-1)
+            self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
             return 0
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -450,9 +398,14 @@ class Trainer:
                 progress.close()
             writer.close_backends(status)
         if status in ("completed", "collapsed", "diverged") and not cfg.keep_checkpoint:
-            self.checkpoint_path.unlink(missing_ok=True)
             self.dist.remove_checkpoint(writer.dir)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
+
+
+def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
+    """RunDirectoryError when `cfg`'s run directory belongs to another run or another world (reads only)."""
+    check_run_dir(run_dir(cfg), config_hash=config_hash(cfg), world_size=world_size,
+                  cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start))
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -462,6 +415,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     model) leaves status.json `failed` with the exception, like a failure in the loop does.
     """
     cfg = validate(cfg)
+    refuse_foreign_dir(cfg, world_size_from_env())  # a refused folder is left as it is: nothing written
     with status_on_failure(run_dir(cfg), config_hash(cfg)):
         trainer = Trainer(cfg)
     return trainer.run()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import signal
 import subprocess
@@ -21,25 +20,18 @@ import pandas as pd
 import pytest
 import torch
 
-from moe_rl.algos import grpo_loss, gspo_loss
-from moe_rl.distributed import (
-    Dist,
-    group_block,
-    local_rows,
-    loss_counts,
-    position_sums,
-    ratio_from_sums,
-    ratio_sums,
-    route_counts,
-    route_from_counts,
-    SilentWriter,
-)
-from moe_rl.metrics import ratio_stats
+from moe_rl.algos import grpo_loss, gspo_loss, gspo_token_loss
+from moe_rl.distributed import Dist, SilentWriter, group_block, local_rows
+from moe_rl.metrics import margin_finalize, margin_parts, margin_stats, ratio_finalize, ratio_parts, ratio_stats
 from moe_rl.models import build_model
+from moe_rl.partial import Partial, mean_finalize, mean_parts, pool
 from moe_rl.rollout import generate
 from moe_rl.routing import Routes, compare_routes
+from moe_rl.routing.compare import (
+    compare_finalize, compare_parts, flip_by_position, position_finalize, position_parts,
+)
+from moe_rl.sampler import GlobalRows
 from moe_rl.tasks import make_tokenizer
-from moe_rl.train import flip_by_position
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,12 +61,17 @@ def test_group_blocks_and_local_rows() -> None:
     assert local_rows(rows, 0, 2).tolist() == []
 
 
-def test_loss_counts_are_the_loss_denominators() -> None:
+def test_losses_report_their_denominators() -> None:
+    g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)  # 5 tokens, 2 non-empty seqs
-    assert loss_counts("grpo", "seq-mean-token-mean", mask) == {"policy": 2, "kl": 2, "clip": 5, "tokens": 5}
-    assert loss_counts("grpo", "token-mean", mask) == {"policy": 5, "kl": 5, "clip": 5, "tokens": 5}
-    assert loss_counts("gspo", "seq-mean-token-mean", mask) == {"policy": 2, "kl": 2, "clip": 2, "tokens": 5}
-    assert loss_counts("gspo_token", "token-mean", mask) == {"policy": 2, "kl": 5, "clip": 5, "tokens": 5}
+    logp, old_logp, adv = -torch.rand(3, 3, generator=g), -torch.rand(3, 3, generator=g), torch.randn(3, generator=g)
+    args = {"logp": logp, "old_logp": old_logp, "adv": adv, "mask": mask, "ref_logp": logp - 0.1, "beta": 0.1}
+    cases = [(grpo_loss, "seq-mean-token-mean", 2, 5, 2), (grpo_loss, "token-mean", 5, 5, 5),
+             (gspo_loss, "seq-mean-token-mean", 2, 2, 2), (gspo_token_loss, "token-mean", 2, 5, 5)]
+    for loss_fn, agg, policy, clip, kl in cases:
+        _, metrics = loss_fn(**args, agg=agg)
+        assert metrics.weights == {"loss": policy, "loss/policy": policy, "ratio/clipfrac_low": clip,
+                                   "ratio/clipfrac_high": clip, "kl/ref_k3": kl}, (loss_fn.__name__, agg)
 
 
 @pytest.mark.parametrize("loss_fn, agg", [(grpo_loss, "seq-mean-token-mean"), (grpo_loss, "token-mean"),
@@ -88,82 +85,79 @@ def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(lo
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[1] = False  # an empty sequence
     kwargs = {"old_logp": old_logp, "mask": mask, "adv": adv, "agg": agg}
-    algo = "grpo" if loss_fn is grpo_loss else "gspo"
-    (reference,) = torch.autograd.grad(loss_fn(logp=logp, **kwargs)[0], logp)
-    total = loss_counts(algo, agg, mask)["policy"]
+    loss, metrics = loss_fn(logp=logp, **kwargs)
+    (reference,) = torch.autograd.grad(loss, logp)
+    total = metrics.weights["loss"]
     mean = torch.zeros_like(logp)
     for rows in _split(B, [1, 3, 2]):  # unequal shares, as a rank's rows of a mini-batch are
         sub = {k: v[rows] if torch.is_tensor(v) else v for k, v in kwargs.items()}
-        share = W * loss_counts(algo, agg, mask[rows])["policy"] / total  # Dist.loss_share
-        loss, _ = loss_fn(logp=logp[rows], **sub)
+        loss, metrics = loss_fn(logp=logp[rows], **sub)
+        share = W * metrics.weights["loss"] / total  # Dist.scale_loss
         mean += torch.autograd.grad(loss * share, logp)[0] / W  # what FSDP/DDP average
     torch.testing.assert_close(mean, reference, rtol=1e-6, atol=1e-7)
 
 
-def test_ratio_sums_reduce_to_ratio_stats_of_the_union() -> None:
+def _pooled(parts_of, finalize, splits, *args):
+    """finalize(pool(parts of each block of rows)): what W ranks holding those blocks log."""
+    return finalize(pool([parts_of(*(x[rows] for x in args)) for rows in splits]))
+
+
+def test_pooled_metrics_are_the_one_process_metrics_of_the_union() -> None:
     g = torch.Generator().manual_seed(1)
     B, T = 7, 6
     logp, old_logp = -torch.rand(B, T, generator=g), -torch.rand(B, T, generator=g)
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[2] = False
+    splits = _split(B, [2, 0, 5])  # one rank without rows
     reference = ratio_stats(logp=logp, old_logp=old_logp, mask=mask)
-    sums, maxima = {}, {}
-    for rows in _split(B, [2, 0, 5]):  # one rank without rows
-        s, m = ratio_sums(logp[rows], old_logp[rows], mask[rows])
-        for key, value in s.items():
-            sums[key] = sums.get(key, 0.0) + value.item()
-        for key, value in m.items():
-            maxima[key] = max(maxima.get(key, -math.inf), value.item())
-    got = ratio_from_sums(sums, maxima)
+    got = _pooled(lambda a, b, m: ratio_parts(logp=a, old_logp=b, mask=m), ratio_finalize, splits, logp, old_logp, mask)
     assert got.keys() == reference.keys()
-    for key in reference:
+    for key in reference:  # the same values, summed in another order
         assert got[key] == pytest.approx(reference[key], rel=1e-12, abs=1e-15), key
-    on_policy, _ = ratio_sums(logp, logp, mask)  # r == 1 exactly: variances exactly 0, as in one process
-    assert ratio_from_sums({k: v.item() for k, v in on_policy.items()}, {"r": 1.0})["ratio/token_var"] == 0.0
-
-
-def test_route_counts_reduce_to_compare_routes_of_the_union() -> None:
-    a, b = _routes(9, 5, seed=2), _routes(9, 5, seed=3)
-    reference = compare_routes(a, b)
-    total: dict = {}
-    for rows in _split(9, [4, 5]):
-        for key, value in route_counts(a[rows], b[rows]).items():
-            total[key] = total[key] + value if key in total else value
-    got = route_from_counts({k: v.tolist() if v.dim() else v.item() for k, v in total.items()}, a.top_k)
-    assert got.keys() == reference.keys()
-    for key in reference:
-        assert got[key] == pytest.approx(reference[key], rel=1e-6), key
-
-
-def test_position_sums_reduce_to_flip_by_position() -> None:
-    a, b = _routes(6, 10, seed=4), _routes(6, 10, seed=5)
-    response = torch.zeros(6, 10, dtype=torch.bool)
-    response[:, 3:] = True
-    reference = flip_by_position(a, b, response, start=3, bucket=3)
-    total = sum(position_sums(a[rows], b[rows], response[rows], 3, 3, buckets=3) for rows in _split(6, [1, 5]))
-    got = {f"route/old_vs_new/flip_rate/pos_{3 * j}": (f / n).item() for j, (f, n) in enumerate(total) if n}
+    assert ratio_stats(logp=logp, old_logp=logp, mask=mask)["ratio/token_var"] == 0.0
+    # routes: counts are integers, so a flip rate of the union is the same float32 ratio
+    a, b = _routes(B, T, seed=2), _routes(B, T, seed=3)
+    assert _pooled(lambda x, y: compare_parts(x, y), compare_finalize, splits, a, b) == compare_routes(a, b)
+    response = torch.zeros(B, T, dtype=torch.bool)
+    response[:, 2:] = True
+    reference = flip_by_position(a, b, response, start=2, bucket=3)
+    assert len(reference) == 2
+    got = _pooled(lambda x, y, m: position_parts(x, y, m, 2, 3, buckets=2), lambda p: position_finalize(p, 3),
+                  splits, a, b, response)
     assert got.keys() == reference.keys()
     for key in reference:
         assert got[key] == pytest.approx(reference[key], rel=1e-6)
+    margins = torch.rand(B, T, 3, generator=g)
+    assert _pooled(margin_parts, margin_finalize, splits, margins, mask) == margin_stats(margins, mask)
 
 
-def test_row_keyed_sampling_does_not_depend_on_the_other_rows() -> None:
+def test_one_part_pools_to_itself_bitwise() -> None:
+    """A world of size 1 finalizes its own parts: the values the metric functions return, to the bit."""
+    values, weights = {"loss": 0.1 + 0.2, "loss/policy": -1 / 3}, {"loss": 3.0, "loss/policy": 0.0}
+    assert mean_finalize(pool([mean_parts(values, weights)])) == values
+    two = pool([mean_parts({"m": 1.0}, {"m": 1.0}), mean_parts({"m": 4.0}, {"m": 2.0}), mean_parts({"m": 9.0}, {"m": 0.0})])
+    assert mean_finalize(two) == {"m": 3.0}  # (1 * 1 + 4 * 2) / 3; a rank without rows does not count
+    with pytest.raises(RuntimeError, match="pool different metric sets"):
+        pool([Partial(sums={"n": torch.tensor(1)}), Partial(sums={"m": torch.tensor(1)})])
+
+
+def test_a_slice_of_the_batch_samples_what_the_whole_batch_gives_it() -> None:
     model, tokenizer = build_model("qwen3_moe"), make_tokenizer()
     prompts = ["12345=", "987=", "55="]
-    keys = [(0, 1, i) for i in range(6)]  # (seed, step, global row), G = 2
-    full = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, row_keys=keys)
-    tail = generate(model, tokenizer, prompts[1:], group_size=2, max_new_tokens=6, row_keys=keys[2:])
+    full = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, seed=5)
+    running = iter([True] * 6)  # the other "rank" keeps the batch running until max_new_tokens
+    tail = generate(model, tokenizer, prompts[1:], group_size=2, max_new_tokens=6, seed=5,
+                    rows=GlobalRows(first=2, total=6, any_running=lambda flag: next(running)))
     assert full.completions[2:] == tail.completions  # the same rows on a "rank" holding prompts 1..2 only
     assert len(set(full.completions)) > 2  # and they are samples, not one greedy answer
-    again = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, row_keys=keys)
-    assert torch.equal(again.sequences, full.sequences)
-    # Log-probs and routes of a row agree too, up to the batch's left pads and float rounding.
-    offset, width = full.prompt_len - tail.prompt_len, tail.sequences.shape[1]
-    assert full.sequences.shape[1] - full.prompt_len >= width - tail.prompt_len
-    torch.testing.assert_close(tail.rollout_logp, full.rollout_logp[2:, offset : offset + width - 1],
-                               rtol=1e-5, atol=1e-6)
-    finished = (full.sequences[:, full.prompt_len :] == tokenizer.eos_token_id).any(-1)
-    assert finished.all() or full.sequences.shape[1] - full.prompt_len == 6  # stops when every row has ended
+    whole = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, seed=5,
+                     rows=GlobalRows(first=0, total=6, any_running=lambda flag: flag))
+    assert torch.equal(whole.sequences, full.sequences)  # a world of size 1 is the plain sampler
+    # Log-probs of a row agree too, up to the batch's left pads and float rounding.
+    offset, width = full.prompt_len - tail.prompt_len, full.sequences.shape[1] - full.prompt_len
+    torch.testing.assert_close(tail.rollout_logp[:, tail.prompt_len - 1 : tail.prompt_len - 1 + width],
+                               full.rollout_logp[2:, full.prompt_len - 1 :], rtol=1e-5, atol=1e-6)
+    assert offset >= 0
 
 
 def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
@@ -183,19 +177,20 @@ def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
     assert writer.history(("reward/mean",)) == {"reward/mean": [(2, 0.2), (4, 0.4)]}
 
 
-def test_without_torchrun_dist_is_the_identity(monkeypatch) -> None:
+def test_without_torchrun_the_world_has_size_1(monkeypatch) -> None:
     for var in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(var, raising=False)
     d = Dist()
-    assert not d.active and d.is_writer and d.meta() == {}
+    assert not d.active and d.is_writer and d.world_size == 1 and d.meta() == {"world_size": 1}
     model = torch.nn.Linear(2, 2)
-    assert d.wrap(model) is model and d.loss_share("grpo", "token-mean", torch.ones(1, 1)) is None
+    loss = torch.tensor(2.5)
+    assert d.wrap(model) is model and d.scale_loss(loss, 3.0) is loss
     rows = [torch.tensor([3, 1]), torch.tensor([0, 2])]
     assert [r.tolist() for r in d.chunks(rows, 0, 4)] == [[3, 1], [0, 2]]
-    assert d.row_keys(0, 1, 4, 2) is None and d.shard([{"a": 1}]) == [{"a": 1}]
-    metrics = {"loss": 1.0}
-    assert d.reduce_update(metrics, algo="grpo", agg="token-mean", logp=None, old_logp=None, mask=None, routes={},
-                           positions=None) is metrics
+    rows_of_batch = d.batch_rows(4, 2)
+    assert (rows_of_batch.first, rows_of_batch.total) == (0, 8) and d.shard([{"a": 1}]) == [{"a": 1}]
+    parts = Partial(sums={"n": torch.tensor(3)})
+    assert d.merge(parts) is parts
 
 
 # --- torchrun on CPU (gloo) ---------------------------------------------------------------------------
@@ -207,14 +202,14 @@ OVERRIDES = [
 ]
 
 
-def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True):
+def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True, check: bool = True):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "experiments/train.py", *OVERRIDES, *extra, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
+    assert not check or out.returncode == 0, out.stderr[-4000:]
     return out
 
 
@@ -225,12 +220,32 @@ def _metrics(run: Path) -> pd.DataFrame:
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:
-    """Model parameters of the run's kept sharded checkpoint, gathered into one process."""
+    """Model parameters of the run's kept checkpoint (a world of size 1: one file; larger: sharded)."""
+    if (run / "checkpoint.pt").exists():
+        return torch.load(run / "checkpoint.pt", weights_only=True)["model"]
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     pointer = json.loads((run / "checkpoint.json").read_text())
     dcp_to_torch_save(run / pointer["path"], run / "full.pt")
     return torch.load(run / "full.pt", weights_only=False)["model"]
+
+
+def _python(run: Path, cache: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The same launch as `_torchrun`, with plain python."""
+    cmd = [sys.executable, "experiments/train.py", *OVERRIDES, *extra, f"cold_start.cache_dir={cache}",
+           f"hydra.run.dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert not check or out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder` (hidden ones and .hydra/ included), by relative path."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +255,53 @@ def runs(tmp_path_factory):
     for n in (1, 2):
         _torchrun(n, root / f"r3_{n}", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
     return root, cache
+
+
+@pytest.mark.slow
+def test_python_and_torchrun_with_one_process_log_bitwise_the_same(runs) -> None:
+    """A plain run is a world of size 1: the same sampling, metrics and checkpoint as torchrun with one process."""
+    root, cache = runs
+    _python(root / "r3_python", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
+    plain, one = _metrics(root / "r3_python"), _metrics(root / "r3_1")
+    assert len(plain) > 300 and plain["key"].eq("reward/mean").sum() == 6
+    pd.testing.assert_frame_equal(plain, one, check_exact=True)
+    assert plain.loc[plain["key"] == "reward/std", "value"].gt(0).any()  # a learning signal: the runs could differ
+    a, b = _params(root / "r3_python"), _params(root / "r3_1")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None:
+    """Config mismatch, foreign checkpoint, other cold start, a single-process checkpoint under N > 1: each
+    refused with RunDirectoryError, under python and under torchrun, and the folder (.hydra/ included) is as
+    it was."""
+    import shutil
+
+    root, cache = runs
+    extra = ("steps=6", "replay=r3", "keep_checkpoint=true")
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    shutil.copytree(root / "r3_1", single)  # a world of size 1: checkpoint.pt
+    shutil.copytree(root / "r3_2", sharded)  # two ranks: checkpoint.json and its shards
+    (single / "status.json").unlink()  # as if killed after its last checkpoint: only the checkpoint speaks
+    (sharded / "status.json").unlink()
+    pointer = json.loads((sharded / "checkpoint.json").read_text())
+    (tmp_path / "other_cold").mkdir()
+    shutil.copytree(sharded, tmp_path / "other_cold" / "run")
+    other_cold = tmp_path / "other_cold" / "run"
+    (other_cold / "checkpoint.json").write_text(json.dumps({**pointer, "cold_start_key": "another"}))
+    launches = [
+        (lambda run: _python(run, cache, *extra, "optim.lr=1e-4", check=False), single, "another config"),
+        (lambda run: _torchrun(2, run, cache, *extra, "optim.lr=1e-4", check=False), sharded, "another config"),
+        (lambda run: _python(run, cache, *extra, "optim.lr=1e-4", check=False), sharded, "another config"),
+        (lambda run: _torchrun(2, run, cache, *extra, check=False), single, "single-process checkpoint"),
+        (lambda run: _torchrun(2, run, cache, *extra, check=False), other_cold, "another cold start"),
+    ]
+    for launch, run, reason in launches:
+        before = _digest(run)
+        assert any(name.startswith(".hydra/") for name in before) and "checkpoint" in " ".join(before)
+        out = launch(run)
+        assert out.returncode != 0 and "RunDirectoryError" in out.stderr and reason in out.stderr, out.stderr[-3000:]
+        assert _digest(run) == before, (reason, run.name)
 
 
 @pytest.mark.slow
@@ -327,7 +389,7 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     first = _metrics(run)
     used = first[first["key"] == "route/used_vs_cached/flip_rate"]
     assert len(used) == 4 and (used["value"] == 0).all()
-    # The kept checkpoint (step 2, DDP on 2 ranks) resumes with FSDP2 on 1 rank: DCP reshards.
+    # The kept checkpoint (step 2, DDP on 2 ranks) resumes in a world of size 1: DCP reshards.
     (run / "status.json").unlink()  # else the finished run is skipped
     out = _torchrun(1, run, cache, *extra, "dist.strategy=fsdp")
     assert "resuming" in out.stdout + out.stderr and "resharding" in out.stdout + out.stderr
@@ -336,10 +398,9 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
     pd.testing.assert_frame_equal(again[rewards], first[rewards])
     (run / "status.json").unlink()
-    plain = subprocess.run([sys.executable, "experiments/train.py", *OVERRIDES, *extra,
-                            f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"],
-                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert plain.returncode != 0 and "holds a sharded checkpoint of a torchrun launch" in plain.stderr
+    plain = _python(run, cache, *extra)  # a plain run is that world of size 1 and resumes the same way
+    assert "resuming" in plain.stdout + plain.stderr and "resharding" in plain.stdout + plain.stderr
+    pd.testing.assert_frame_equal(_metrics(run)[rewards], first[rewards])
 
 
 @pytest.mark.slow

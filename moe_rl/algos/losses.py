@@ -19,6 +19,8 @@ Metrics:
                          active on the low side: ratio < 1 - eps_low and adv < 0
     ratio/clipfrac_high  same on the high side: ratio > 1 + eps_high and adv > 0
     kl/ref_k3            k3 KL to the reference policy, aggregated like the loss (only with ref_logp)
+Each metric (and `loss`) is a mean; `metrics.weights` holds its denominator on these rows (valid
+tokens or non-empty sequences), so that means over several batches of rows pool exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from torch import Tensor
 
 AGG_MODES = ("seq-mean-token-mean", "token-mean")
 
-LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+LossFn = Callable[..., tuple[Tensor, "LossMetrics"]]
+
+
+class LossMetrics(dict[str, float]):
+    """A loss's metrics (floats) with `weights`: the denominator of `loss` and of each metric."""
+
+    def __init__(self, values: dict[str, float], weights: dict[str, float]) -> None:
+        super().__init__(values)
+        self.weights = weights
 
 
 def _check_inputs(
@@ -68,6 +78,11 @@ def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
     return seq_mean.sum() / (seq_len > 0).sum().clamp(min=1)
 
 
+def _agg_count(mask: Tensor, agg: str) -> Tensor:
+    """The denominator of `_aggregate`: valid tokens (token-mean) or non-empty sequences."""
+    return mask.sum() if agg == "token-mean" else (mask.sum(dim=-1) > 0).sum()
+
+
 def _seq_mean(x: Tensor, valid: Tensor) -> Tensor:
     """Mean of per-sequence values (B,) over the non-empty sequences."""
     return torch.where(valid, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1)
@@ -95,9 +110,14 @@ def _add_kl(
     return policy_loss + beta * kl, metrics
 
 
-def _to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
-    values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()
-    return dict(zip(metrics, values))
+def _to_floats(metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str) -> LossMetrics:
+    """The metrics as floats (one transfer) with their denominators: `policy` for the loss, `clip` for the
+    clip fractions, the KL term's by `agg`."""
+    counts = {"loss": policy, "loss/policy": policy, "ratio/clipfrac_low": clip, "ratio/clipfrac_high": clip}
+    if "kl/ref_k3" in metrics:
+        counts["kl/ref_k3"] = _agg_count(mask, agg)
+    values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
+    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics):])))
 
 
 def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
@@ -122,7 +142,7 @@ def grpo_loss(
     agg: str = "seq-mean-token-mean",
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossMetrics]:
     """GRPO (arXiv 2402.03300) with the token ratio clipped asymmetrically (GSPO paper's eps 0.2/0.27).
 
     loss = agg_{i,t} -min(r_{i,t} A_i, clip(r_{i,t}, 1-eps_low, 1+eps_high) A_i) + beta * agg k3,
@@ -140,7 +160,7 @@ def grpo_loss(
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(r A, clip(r) A)
     loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
-    return loss, _to_floats(metrics)
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
 
 
 def _seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -160,7 +180,7 @@ def gspo_loss(
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     agg: str = "seq-mean-token-mean",
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossMetrics]:
     """GSPO (arXiv 2507.18071): one length-normalised ratio per sequence, clipped as a whole.
 
     s_i  = exp((1/|y_i|) sum_t log(pi_theta(y_{i,t}) / pi_old(y_{i,t})))
@@ -180,7 +200,7 @@ def gspo_loss(
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s A, clip(s) A), (B,)
     loss, metrics = _add_kl(_seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(seq_ratio, adv, valid, eps_low, eps_high))
-    return loss, _to_floats(metrics)
+    return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg)
 
 
 def gspo_token_loss(
@@ -194,7 +214,7 @@ def gspo_token_loss(
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     agg: str = "seq-mean-token-mean",
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, LossMetrics]:
     """GSPO-token (arXiv 2507.18071): GSPO with a per-token advantage A_{i,t}.
 
     s_{i,t} = sg[s_i] * pi_theta(y_{i,t}) / sg[pi_theta(y_{i,t})]   (value s_i, gradient of token t)
@@ -219,7 +239,8 @@ def gspo_token_loss(
     policy_loss = _aggregate(pg_loss, mask, "seq-mean-token-mean")
     loss, metrics = _add_kl(policy_loss, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
-    return loss, _to_floats(metrics)
+    policy = _agg_count(mask, "seq-mean-token-mean")
+    return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg)
 
 
 LOSSES: dict[str, LossFn] = {"grpo": grpo_loss, "gspo": gspo_loss, "gspo_token": gspo_token_loss}

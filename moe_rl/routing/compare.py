@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from moe_rl.bins import MARGIN_EDGES
+from moe_rl.partial import Partial
 from moe_rl.routing.routes import Routes
 
 
@@ -32,21 +33,32 @@ def compare_routes(a: Routes, b: Routes, *, overlap: Tensor | None = None) -> di
     each also per MoE layer as `<name>/layer_<i>`. NaN when no position is valid in both.
     `overlap` is `route_overlap(a, b)` when the caller has it already.
     """
+    return compare_finalize(compare_parts(a, b, overlap=overlap))
+
+
+def compare_parts(a: Routes, b: Routes, *, overlap: Tensor | None = None) -> Partial:
+    """Sums behind `compare_routes(a, b)`: valid positions `n`, and float32 sums over them of the flip
+    indicator and of 1 - |S_a ∩ S_b| / k per layer (L,), and of the token flip indicator."""
     _check_comparable(a, b)
     overlap = (route_overlap(a, b) if overlap is None else overlap).float()  # (B, T, L)
-    k, L = a.top_k, a.shape[2]
+    k = a.top_k
     valid = a.mask & b.mask.to(a.mask.device)  # (B, T)
-    n = valid.sum()
     flipped = (overlap < k).float()
-    expert_flip = 1.0 - overlap / k
-    w = valid.unsqueeze(-1).float()
+    w = valid.unsqueeze(-1).float()  # (B, T, 1)
+    return Partial(sums={
+        "n": valid.sum(), "flips": (flipped * w).sum(dim=(0, 1)), "expert_flips": ((1.0 - overlap / k) * w).sum(dim=(0, 1)),
+        "token_flips": (flipped.amax(dim=-1) * valid).sum(),
+    })
 
-    def mean_over_tokens(x: Tensor) -> Tensor:  # (B, T, ...) -> (...)
-        return (x * w.view(*w.shape[:2], *([1] * (x.dim() - 2)))).sum(dim=(0, 1)) / n
 
-    per_layer_flip = mean_over_tokens(flipped) if n else torch.full((L,), float("nan"))
-    per_layer_expert = mean_over_tokens(expert_flip) if n else torch.full((L,), float("nan"))
-    token_flip = (flipped.amax(dim=-1) * valid).sum() / n if n else torch.tensor(float("nan"))
+def compare_finalize(parts: Partial) -> dict[str, float]:
+    """`compare_routes` keys from pooled `compare_parts` (NaN when no position is valid)."""
+    sums = parts.sums
+    n, L = sums["n"], sums["flips"].shape[0]
+    nan = torch.full((L,), float("nan"))
+    per_layer_flip = sums["flips"] / n if n else nan
+    per_layer_expert = sums["expert_flips"] / n if n else nan
+    token_flip = sums["token_flips"] / n if n else torch.tensor(float("nan"))
     # One transfer for all values (float32 -> float exactly, as .item() of each would give).
     values = torch.cat([torch.stack([per_layer_flip.mean(), per_layer_expert.mean(), token_flip]),
                         per_layer_flip, per_layer_expert]).tolist()
@@ -55,6 +67,49 @@ def compare_routes(a: Routes, b: Routes, *, overlap: Tensor | None = None) -> di
         out[f"flip_rate/layer_{i}"] = values[3 + i]
         out[f"expert_flip_frac/layer_{i}"] = values[3 + L + i]
     return out
+
+
+def flip_by_position(
+    a: Routes, b: Routes, response_mask: Tensor, start: int, bucket: int, *, buckets: int | None = None,
+    overlap: Tensor | None = None,
+) -> dict[str, float]:
+    """`flip_rate/pos_{p}`: the flip rate over valid response positions, bucketed by `bucket`.
+
+    Position p counts from the input that predicts the first completion token (`start`); a position's
+    value is the fraction of its layers that flipped. `overlap` is `route_overlap(a, b)` when the
+    caller has it already; `buckets` defaults to as many as the batch's width holds.
+    """
+    return position_finalize(position_parts(a, b, response_mask, start, bucket, buckets=buckets, overlap=overlap),
+                             bucket)
+
+
+def position_parts(
+    a: Routes, b: Routes, response_mask: Tensor, start: int, bucket: int, *, buckets: int | None = None,
+    overlap: Tensor | None = None,
+) -> Partial:
+    """Per position bucket (buckets,): the float32 sum of the fraction of flipped layers and the count
+    of valid response positions."""
+    overlap = route_overlap(a, b) if overlap is None else overlap
+    flipped = (overlap < a.top_k).float().mean(-1)  # (B, T): fraction of layers flipped
+    valid = response_mask.to(torch.bool) & a.mask & b.mask.to(a.mask.device)
+    if buckets is None:
+        buckets = -(-max(flipped.shape[1] - start, 0) // bucket)
+    cols = [slice(start + j * bucket, start + (j + 1) * bucket) for j in range(buckets)]
+    flips = [(flipped[:, c] * valid[:, c]).sum() for c in cols]
+    counts = [valid[:, c].sum() for c in cols]
+    return Partial(sums={"flips": torch.stack(flips) if cols else torch.zeros(0),
+                         "n": torch.stack(counts) if cols else torch.zeros(0, dtype=torch.int64)})
+
+
+def position_finalize(parts: Partial, bucket: int) -> dict[str, float]:
+    """`flip_rate/pos_{p}` of each bucket (of width `bucket`) with a valid position, from pooled
+    `position_parts`."""
+    sums = parts.sums
+    keep = [j for j, n in enumerate(sums["n"].tolist()) if n]
+    if not keep:
+        return {}
+    rates = torch.stack([sums["flips"][j] / sums["n"][j] for j in keep]).tolist()  # one transfer
+    return {f"flip_rate/pos_{j * bucket}": r for j, r in zip(keep, rates)}
 
 
 def route_metrics(pair: str, a: Routes, b: Routes, *, overlap: Tensor | None = None) -> dict[str, float]:
@@ -125,3 +180,17 @@ def flip_margin_counts(
     n = torch.bincount(bins, minlength=n_bins)
     flips = torch.bincount(bins, weights=f.double(), minlength=n_bins).round().long()
     return n, flips
+
+
+def flip_margin_parts(
+    old: Routes, new: Routes, margins: Tensor, *, overlap: Tensor | None = None
+) -> Partial:
+    """`flip_margin_counts` as sums: (t, l) seen (`n`) and flipped per old-margin bin."""
+    n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
+    return Partial(sums={"n": n, "flips": flips})
+
+
+def flip_margin_finalize(parts: Partial) -> dict[str, float]:
+    """`flip_vs_margin/{n,flips}/bin_{b}` from pooled `flip_margin_parts`."""
+    return {f"flip_vs_margin/{kind}/bin_{b}": float(v)
+            for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())}
