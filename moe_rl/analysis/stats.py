@@ -389,28 +389,37 @@ def looks_adjusted(p: float, looks: int) -> float:
 
 # --- Granger-style lead against circular-shift surrogates ----------------------------------------------
 
-def _lag_matrix(v: np.ndarray, lags: int) -> np.ndarray:
-    """(T - lags, lags): row i holds v[i + lags - 1], ..., v[i] (lag 1 first)."""
-    T = len(v)
-    return np.stack([v[lags - j : T - j] for j in range(1, lags + 1)], axis=1)
+def _lag_index(T: int, lags: int, offsets: np.ndarray) -> np.ndarray:
+    """(len(offsets), T - lags, lags) indices into a series of length T: entry [m, i, j - 1] is the index of
+    x[t - j] at target t = i + lags after rotating x by offsets[m] (x_rot[t] = x[(t - offset) mod T])."""
+    t = np.arange(lags, T)[None, :, None] - np.arange(1, lags + 1)[None, None, :]
+    return (t - np.asarray(offsets)[:, None, None]) % T
 
 
-def _granger_design(y: np.ndarray, lags: int) -> tuple[np.ndarray, np.ndarray]:
-    """Target y[t] for t >= lags and the restricted design [1, t, y[t-1..t-lags]]."""
+def _restricted(y: np.ndarray, lags: int) -> tuple[np.ndarray, np.ndarray]:
+    """Target y[t] (t >= lags) and an orthonormal basis Q of the restricted design [1, trend, y[t-1..t-lags]]."""
+    T = len(y)
     target = y[lags:]
-    trend = np.arange(len(target), dtype=float) / max(len(target), 1)
-    return target, np.column_stack([np.ones(len(target)), trend, _lag_matrix(y, lags)[: len(target)]])
+    trend = np.arange(T - lags, dtype=float) / (T - lags)
+    design = np.column_stack([np.ones(T - lags), trend, y[_lag_index(T, lags, np.zeros(1, int))[0]]])
+    q, r = np.linalg.qr(design)
+    keep = np.abs(np.diag(r)) > 1e-10 * max(np.abs(np.diag(r)).max(), 1e-300)  # drop collinear columns
+    return target, q[:, keep]
 
 
-def _rss(design: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Residual sum of squares of least squares fits; design (..., T, k), target (T,)."""
-    if design.ndim == 2:
-        coef = np.linalg.lstsq(design, target, rcond=None)[0]
-    else:  # a batch of fits: normal equations
-        xt = np.swapaxes(design, -1, -2)
-        coef = np.linalg.solve(xt @ design, (xt @ target)[..., None])[..., 0]
-    resid = target - (design @ coef[..., None])[..., 0]
-    return (resid ** 2).sum(-1), coef
+def _increments(target: np.ndarray, q: np.ndarray, xlags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Partial R² of the x-lag columns beyond the restricted design (basis q), and their coefficients,
+    for a batch xlags (M, T', lags), by Frisch-Waugh: regress the residual of y on the residuals of x."""
+    ry = target - q @ (q.T @ target)
+    rss_r = float(ry @ ry)
+    rx = xlags - q @ (q.T @ xlags)  # (M, T', lags)
+    gram = np.swapaxes(rx, 1, 2) @ rx  # (M, lags, lags)
+    rhs = np.swapaxes(rx, 1, 2) @ ry  # (M, lags)
+    coef = (np.linalg.pinv(gram) @ rhs[..., None])[..., 0]
+    explained = (coef * rhs).sum(-1)
+    if rss_r <= 1e-12 * max(float(target @ target), 1e-300):
+        return np.full(len(xlags), np.nan), coef
+    return explained / rss_r, coef
 
 
 def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, lags: int) -> dict[str, float]:
@@ -420,7 +429,8 @@ def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.n
     returns `increment`: the share of y's residual variance under the restricted model (no x) that
     the x lags remove, (RSS_r - RSS_f) / RSS_r, a partial R² in [0, 1); and `direction`: the sum of
     the d_j in units of sd(y) / sd(x) (positive: more x, more y later). A correlation of x and y at
-    the same step adds nothing: y[t] is explained only by values before t.
+    the same step adds nothing: y[t] is explained only by values before t. NaN where y's own past
+    explains it exactly.
     """
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
@@ -429,13 +439,10 @@ def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.n
         raise ValueError(f"need lags >= 1 and at least {3 * lags + 5} steps, got lags={lags}, {len(x)} steps")
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError("x and y must be finite")
-    target, restricted = _granger_design(y, lags)
-    full = np.column_stack([restricted, _lag_matrix(x, lags)[: len(target)]])
-    rss_r, _ = _rss(restricted, target)
-    rss_f, coef = _rss(full, target)
+    target, q = _restricted(y, lags)
+    inc, coef = _increments(target, q, x[_lag_index(len(x), lags, np.zeros(1, int))])
     sx, sy = x.std(), y.std()
-    return {"increment": float(1 - rss_f / rss_r) if rss_r > 0 else math.nan,
-            "direction": float(coef[-lags:].sum() * sx / sy) if sx > 0 and sy > 0 else math.nan}
+    return {"increment": float(inc[0]), "direction": float(coef[0].sum() * sx / sy) if sx > 0 and sy > 0 else math.nan}
 
 
 def granger_surrogate_test(series: Sequence[tuple[np.ndarray, np.ndarray]], *, lags: int, n_surrogates: int = 199,
@@ -445,38 +452,41 @@ def granger_surrogate_test(series: Sequence[tuple[np.ndarray, np.ndarray]], *, l
     which each run's x is rotated in time by its own random offset (a circular shift keeps each
     series' autocorrelation and trend but breaks its alignment with y).
 
-    `series`: one (x, y) pair of equal-length arrays per run. Returns n_runs, statistic (mean
-    increment), chance (its mean over surrogates), excess = statistic - chance with a 95% bootstrap
-    interval over runs [lo, hi], p_value = (1 + #surrogates >= statistic) / (1 + n_surrogates),
-    direction (mean over runs), and detectable: the smallest excess this test finds with probability
-    `power` at level `alpha`, (z_(1-alpha) + z_power) times the surrogates' standard deviation.
+    `series`: one (x, y) pair of equal-length arrays per run (runs whose y its own past explains
+    exactly are left out). Returns n_runs, statistic (mean increment), chance (its mean over
+    surrogates), excess = statistic - chance with a 95% bootstrap interval over runs [lo, hi],
+    p_value = (1 + #surrogates >= statistic) / (1 + n_surrogates), direction (mean over runs), and
+    detectable: the smallest excess this test finds with probability `power` at level `alpha`,
+    (z_(1-alpha) + z_power) times the standard deviation of the surrogates' mean.
     """
     if not series:
         raise ValueError("no runs")
     rng = np.random.default_rng(seed)
-    obs, direction, null = np.zeros(len(series)), np.zeros(len(series)), np.zeros((n_surrogates, len(series)))
+    obs, direction, null = [], [], []
     for i, (x, y) in enumerate(series):
         x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
         g = granger_increment(x, y, lags)
-        obs[i], direction[i] = g["increment"], g["direction"]
-        target, restricted = _granger_design(y, lags)
-        rss_r, _ = _rss(restricted, target)
         T, lo = len(x), (min_offset if min_offset is not None else 2 * lags + 1)
         if T - 2 * lo < 1:
             raise ValueError(f"run {i}: {T} steps leave no circular shift at least {lo} steps from the original")
         offsets = rng.integers(lo, T - lo + 1, n_surrogates)
-        xs = np.stack([np.roll(x, k) for k in offsets])  # (M, T)
-        lagged = np.stack([_lag_matrix(v, lags)[: len(target)] for v in xs])  # (M, T', lags)
-        design = np.concatenate([np.broadcast_to(restricted, (n_surrogates, *restricted.shape)), lagged], axis=2)
-        rss_f, _ = _rss(design, target)
-        null[:, i] = 1 - rss_f / rss_r
-    stat, pooled_null = float(obs.mean()), null.mean(1)
+        if not np.isfinite(g["increment"]):
+            continue
+        target, q = _restricted(y, lags)
+        inc, _ = _increments(target, q, x[_lag_index(T, lags, offsets)])
+        obs.append(g["increment"])
+        direction.append(g["direction"])
+        null.append(inc)
+    if not obs:
+        raise ValueError("no run with a residual variance to explain")
+    obs_a, null_a = np.asarray(obs), np.stack(null, axis=1)  # (runs,), (M, runs)
+    stat, pooled_null = float(obs_a.mean()), null_a.mean(1)
     chance = float(pooled_null.mean())
-    per_run_excess = obs - null.mean(0)
-    idx = rng.integers(0, len(series), (n_boot, len(series)))
+    per_run_excess = obs_a - null_a.mean(0)
+    idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
     boot = per_run_excess[idx].mean(1)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
-    return {"n_runs": len(series), "statistic": stat, "chance": chance, "excess": stat - chance,
+    return {"n_runs": len(obs_a), "statistic": stat, "chance": chance, "excess": stat - chance,
             "lo": float(np.quantile(boot, 0.025)), "hi": float(np.quantile(boot, 0.975)),
             "p_value": float((1 + (pooled_null >= stat).sum()) / (1 + n_surrogates)),
             "direction": float(np.nanmean(direction)), "detectable": float(z * pooled_null.std(ddof=1))}
