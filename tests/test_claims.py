@@ -64,7 +64,7 @@ def _world(root: Path, kind: str) -> Path:
 @pytest.fixture(scope="module", params=["reproduced", "not reproduced", "inconclusive"])
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[C.Claim]]:
     root = _world(tmp_path_factory.mktemp(request.param.replace(" ", "_")), request.param)
-    return request.param, C.evaluate_claims(root)
+    return request.param, C.evaluate_claims(root, experiment_files=root / "no_declarations")
 
 
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
@@ -140,6 +140,7 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     looks = next(n for n in c.notes if n.startswith("declared in phase.yaml"))
     assert "more_seeds (look 2, 12 runs)" in looks and "counts 2 looks" in looks and "(12 declared runs" in looks
     assert "**fragile**" in c.plain and "after 1 look(s)" in c.plain
+    assert "declares the primary outcomes ['late_accuracy']; this report computes" in " ".join(c.notes)
     kappa = next(n for n in c.notes if n.startswith("agreement"))
     # per cell: relative fires on the 6 grpo+none runs, absolute on none: 6 of 12 alike, kappa (1/2 - 1/2) / (1/2)
     assert "lr=0.001, N=8: 6 of 12 runs alike, kappa +0.00" in kappa
@@ -164,6 +165,8 @@ def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
     assert {e["name"]: e["look"] for e in phase.extensions} == {"phase_edge": 2, "phase_band": 3}
     edge = next(e for e in phase.extensions if e["name"] == "phase_edge")["runs"]
     assert edge == {"seed": [float(s) for s in range(8, 24)], "lr": [3e-4], "N": [8.0]}
+    depth = C.declared_analyses()["drift_scaling"].extensions
+    assert [(e["name"], e["look"], e["runs"]) for e in depth] == [("drift_scaling_depth", 2, {"seed": [3.0, 4.0, 5.0, 6.0, 7.0]})]
 
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:

@@ -294,6 +294,7 @@ def extension_of(outcomes: pd.DataFrame, declared: Declared | None) -> pd.Series
 
 REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
 CONTINUOUS = {"late_accuracy": "final accuracy", "reward_auc": "reward AUC"}
+PRIMARY = [*CONTINUOUS, "time_to_collapse"]  # what an experiment file's `analysis.primary` should declare
 FRAGILE = "fragile"
 
 
@@ -466,17 +467,24 @@ def _robust(c: Claim, verdicts: dict[str, str], counts: dict[str, str]) -> None:
         c.verdict = FRAGILE
 
 
-def _looks_note(c: Claim, declared: Declared | None, ext: pd.Series, without: str) -> int:
+def _looks_note(c: Claim, declared: Declared | None, ext: pd.Series, without: str,
+                primary_computed: list[str] = PRIMARY, unit: str = "runs") -> int:
     """The declared analysis and the extensions present; returns the number of looks."""
     if declared is None:
         c.notes.append("no declared analysis found for this experiment: one look assumed")
         return 1
+    primary, claimed = list(declared.analysis.get("primary", [])), declared.analysis.get("claims", [])
+    if primary != primary_computed:
+        c.notes.append(f"**{declared.file} declares the primary outcomes {primary}; this report computes "
+                       f"{primary_computed}**")
+    if claimed and c.id not in claimed:
+        c.notes.append(f"**claim {c.id} is not among the claims {declared.file} declares ({claimed})**")
     present = [e for e in declared.extensions if (ext == e["name"]).any()]
     looks = max([1, *(e["look"] for e in present)])
-    added = ", ".join(f"{e['name']} (look {e['look']}, {int((ext == e['name']).sum())} runs)" for e in present)
+    added = ", ".join(f"{e['name']} (look {e['look']}, {int((ext == e['name']).sum())} {unit})" for e in present)
     c.notes.append(f"declared in {declared.file}: primary {', '.join(declared.analysis.get('primary', []))}"
                    + (f"; extensions added after looking at results: {added}; the verdict counts {looks} looks "
-                      f"(p x {looks}); without the extensions ({int((ext == '').sum())} declared runs, one look): "
+                      f"(p x {looks}); without the extensions ({int((ext == '').sum())} declared {unit}, one look): "
                       f"{without}" if present else "; no extension"))
     return looks
 
@@ -528,7 +536,7 @@ def _collapse_claim(c: Claim, outcomes: pd.DataFrame, worse: str, better: str, d
     c.notes.append(f"agreement of the {MAIN_DEFINITION} and {ALTERNATIVE_DEFINITION} definitions: "
                    + kappa_by_cell(_offpolicy(outcomes), cells))
     _robust(c, {d: v for d, (v, _) in cmp.grid.items()}, {d: k for d, (_, k) in cmp.grid.items()})
-    c.plain = _plain_collapse(c, cmp, looks, without if looks > 1 else "")
+    c.plain = _plain_collapse(c, cmp, looks, (base.verdict if base else without) if looks > 1 else "")
     return c
 
 
@@ -598,16 +606,22 @@ def _would_change(verdict: str) -> str:
             INCONCLUSIVE: "more runs, until an interval excludes 0 or fits inside its margin"}.get(verdict, "more data")
 
 
+def _points(d: float) -> str:
+    return f"{abs(100 * d):.1f} accuracy points {'above' if d > 0 else 'below'}"
+
+
 def _plain_collapse(c: Claim, cmp: Comparison, looks: int, without: str, second: Comparison | None = None) -> str:
     acc, s = cmp.cont["late_accuracy"], cmp.surv
     text = (f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
-            f"phase map where runs lose accuracy. {cmp.better} ended {100 * acc['mean_diff']:+.1f} accuracy points "
-            f"from {cmp.worse} (95% interval {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
+            f"phase map where runs lose accuracy. {cmp.better} ended {_points(acc['mean_diff'])} {cmp.worse} "
+            f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
             f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition.")
     if second is not None:
         a2 = second.cont["late_accuracy"]
-        text += (f" Against {second.better}, {second.worse} ended {-100 * a2['mean_diff']:+.1f} points "
-                 f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}).")
+        auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
+        text += (f" Against {second.better}, {second.worse} ended {_points(-a2['mean_diff'])} it "
+                 f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
+                 f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}.")
     shares = _shares(list(c.robustness.values()))
     text += f" Verdict: **{c.verdict}**; across {len(c.robustness)} reasonable collapse definitions: {shares}."
     if looks > 1:
@@ -622,7 +636,7 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
 
 
-def claim_depth(root: Path) -> Claim:
+def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
     key = "route/old_vs_new/flip_rate/offpolicy"
     c = Claim(4, "Routing drift grows with depth", "R3, arXiv 2510.11370",
               "off-policy flip rate of the deepest vs the shallowest model (num_moe_layers, e.g. 8 vs 2), runs paired "
@@ -660,17 +674,33 @@ def claim_depth(root: Path) -> Claim:
     r = paired_compare(pairs[deep], pairs[shallow], alternative="greater", n_resamples=N_BOOT)
     r_rev = paired_compare(pairs[deep], pairs[shallow], alternative="less", n_resamples=N_BOOT)
     level = float(pairs[shallow].mean())
+    # seeds added after a look at this test count as looks (Bonferroni); the verdict without them is a note
+    ext = extension_of(pairs.index.to_frame(index=False), declared)
+    ext.index = pairs.index
+    if (ext != "").any():
+        first = pairs[ext == ""]
+        b = paired_compare(first[deep], first[shallow], alternative="greater", n_resamples=N_BOOT)
+        b_rev = paired_compare(first[deep], first[shallow], alternative="less", n_resamples=N_BOOT)
+        v0 = _direction_verdict(b["p_value"], b_rev["p_value"], (b["lo"] / level, b["hi"] / level)
+                                if level > 0 and len(first) >= 2 else (math.nan, math.nan), DRIFT_MARGIN)
+        without = f"{v0[0]} ({v0[1]}; {len(first)} pairs)"
+    else:
+        without = ""
+    looks = _looks_note(c, declared, ext, without, [key], unit="pairs")
+    r["p_value"], r_rev["p_value"] = looks_adjusted(r["p_value"], looks), looks_adjusted(r_rev["p_value"], looks)
     c.cells = f"num_moe_layers {deep} vs {shallow}, {len(pairs)} pairs"
     c.statistic = (f"flip rate {_pct(pairs[deep].mean())} vs {_pct(level)}: difference {100 * r['mean_diff']:+.2f} pp "
                    f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}")
-    c.test, c.p_value = "paired sign-flip, one-sided", r["p_value"]
+    c.test, c.p_value = "paired sign-flip, one-sided" + (f", x {looks} looks" if looks > 1 else ""), r["p_value"]
     c.verdict, c.reason = _direction_verdict(r["p_value"], r_rev["p_value"], (r["lo"] / level, r["hi"] / level)
                                              if level > 0 else (math.nan, math.nan), DRIFT_MARGIN)
     c.plain = (f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
                f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
                f"{_pct(pairs[deep].mean())} of decisions per layer and the shallower {_pct(level)} (difference "
                f"{100 * r['mean_diff']:+.2f} points, 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}). Verdict: "
-               f"**{c.verdict}** for drift per layer. What would change it: {_would_change(c.verdict)}.")
+               f"**{c.verdict}** for drift per layer" + (f", counting the look after which {int((ext != '').sum())} of the "
+               f"{len(pairs)} pairs were added (without them: {without.split(' (')[0]})" if looks > 1 else "")
+               + f". What would change it: {_would_change(c.verdict)}.")
     if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
         c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
                      f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
@@ -908,13 +938,16 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
     root = Path(root)
     outcomes = _phase_outcomes(root, "phase", grid=True)
     try:
-        declared = declared_analyses(experiment_files).get("phase")
+        declared = declared_analyses(experiment_files)
     except (OSError, ValueError, KeyError, TypeError):
-        declared = None
+        declared = {}
     out = []
     for fn in CLAIMS:
         try:
-            out.append(fn(root, outcomes, declared) if fn in (claim_offpolicy_grpo, claim_gspo_stable) else fn(root))
+            if fn in (claim_offpolicy_grpo, claim_gspo_stable):
+                out.append(fn(root, outcomes, declared.get("phase")))
+            else:
+                out.append(fn(root, declared.get("drift_scaling")) if fn is claim_depth else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
             out.append(Claim(len(out) + 1, fn.__name__, "", "", verdict=INCONCLUSIVE,
                              reason=f"analysis failed: {type(err).__name__}: {err}"))
