@@ -153,6 +153,9 @@ class TrainConfig:
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    # the analysis an experiment file declares before its runs (claims, primary outcome, cells, test;
+    # an extension names the experiment it extends and its look); read by the claims report, not the loop
+    analysis: dict[str, Any] = field(default_factory=dict)
 
     @property
     def arm(self) -> str:
@@ -164,7 +167,7 @@ class TrainConfig:
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
 _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint", "logger", "log_every", "dist")
+                 "keep_checkpoint", "logger", "log_every", "dist", "analysis")
 
 
 def run_dir(cfg: TrainConfig) -> str:

@@ -139,6 +139,8 @@ def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str
         suffix = "" if definition == MAIN_DEFINITION else f"_{definition}"
         figs[f"phase_map{suffix}.png"] = analysis.plot_phase_map(
             table, axes=axes, title=f"P(collapse) per cell, {definition} definition (k/n runs)")
+        if definition == MAIN_DEFINITION and outcomes[f"collapsed_{definition}"].any():
+            figs["survival.png"] = analysis.plot_survival(outcomes, definition=definition, axes=axes)
         if tests is not None and len(tests):
             figs[f"phase_difference{suffix}.png"] = analysis.plot_phase_difference(tests, axes=axes)
             sig[definition] = set(tests.loc[tests["significant"], [*axes, "arm"]].itertuples(index=False, name=None))

@@ -64,7 +64,7 @@ def _world(root: Path, kind: str) -> Path:
 @pytest.fixture(scope="module", params=["reproduced", "not reproduced", "inconclusive"])
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[C.Claim]]:
     root = _world(tmp_path_factory.mktemp(request.param.replace(" ", "_")), request.param)
-    return request.param, C.evaluate_claims(root)
+    return request.param, C.evaluate_claims(root, experiment_files=root / "no_declarations")
 
 
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
@@ -86,33 +86,87 @@ def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str,
     assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
 
 
-def _outcomes(cells: dict) -> pd.DataFrame:
-    rows = []
-    for (lr, N), arms in cells.items():
-        for arm, (k, n) in arms.items():
-            rows += [{"arm": arm, "lr": lr, "N": N, "seed": i, "collapsed_relative": i < k, "collapsed_absolute": i < k}
-                     for i in range(n)]
+def _pairs_frame(n_cells: int, seeds: int, *, acc_gain: float, collapse_w: dict[str, int]) -> pd.DataFrame:
+    """Outcomes of grpo+none (w) and grpo+r2 (b) in `n_cells` off-policy cells: b ends `acc_gain` above w
+    in every pair; under each definition d the first collapse_w[d] pairs (over cells) see w collapse at
+    step 10 and b never."""
+    rows, pair = [], 0
+    for cell in range(n_cells):
+        for seed in range(seeds):
+            for arm, gain in (("grpo+none", 0.0), ("grpo+r2", acc_gain)):
+                row = {"arm": arm, "lr": 1e-3 * (cell + 1), "N": 8, "seed": seed, "start_accuracy": 0.4,
+                       "late_accuracy": 0.2 + 0.01 * seed + gain, "reward_auc": 0.1 + 0.01 * seed, "last_step": 200}
+                for d, k in collapse_w.items():
+                    hit = arm == "grpo+none" and pair < k
+                    row[f"collapsed_{d}"], row[f"collapse_step_{d}"] = hit, 10.0 if hit else np.nan
+                rows.append(row)
+            pair += 1
     return pd.DataFrame(rows)
 
 
-def test_cells_at_the_floor_or_ceiling_do_not_dilute_the_effect_interval() -> None:
-    """One cell where outcomes vary (20/24 vs 23/24) next to cells where every run of both arms is stable
-    or collapsed: the effect interval is that cell's alone, too wide to call equivalence (inconclusive),
-    whereas averaging in the five exact zeros would have shrunk it inside the margin."""
-    edge = {"grpo+none": (20, 24), "grpo+r2": (23, 24), "gspo+none": (20, 24)}
-    cells = {(3e-4, 8): edge}
-    for lr, N in [(1e-4, 2), (1e-4, 8), (3e-4, 2)]:
-        cells[lr, N] = {arm: (0, 8) for arm in edge}
-    for lr, N in [(1e-3, 2), (1e-3, 8)]:
-        cells[lr, N] = {arm: (8, 8) for arm in edge}
-    out = _outcomes(cells)
-    c2 = C.claim_offpolicy_grpo(Path("unused"), outcomes=out)
-    assert c2.verdict == "inconclusive" and "over the 1 cell(s) where outcomes vary -0.12 [" in c2.statistic
-    c3 = C.claim_gspo_stable(Path("unused"), outcomes=out)
-    assert c3.verdict == "inconclusive", c3.reason
-    # with every cell informative and equal rates, equivalence is still reachable
-    same = _outcomes({(lr, 8): {"grpo+none": (100, 200), "grpo+r2": (100, 200)} for lr in (1e-4, 3e-4, 1e-3)})
-    assert C.claim_offpolicy_grpo(Path("unused"), outcomes=same).verdict == "not reproduced"
+def test_compare_arms_by_hand() -> None:
+    """12 pairs, r2 ends 0.1 higher in each: sign-flip p = 1/4096 exactly; reward AUC equal (p = 1); in 5
+    pairs only grpo+none collapses: log-rank on pairs Z = (5/2) / sqrt(5/4) = sqrt(5), McNemar 1/32."""
+    from scipy import stats as sps
+
+    out = _pairs_frame(2, 6, acc_gain=0.1, collapse_w={"relative": 5, "absolute": 0})
+    cmp = C.compare_arms(out, "grpo+none", "grpo+r2", ["lr", "N"])
+    assert cmp.cont["late_accuracy"]["p_value"] == pytest.approx(1 / 4096)
+    assert cmp.cont["late_accuracy"]["mean_diff"] == pytest.approx(0.1)
+    assert cmp.cont["reward_auc"]["p_value"] == 1.0
+    assert cmp.surv["p_more"] == pytest.approx(sps.norm.sf(np.sqrt(5)))
+    assert cmp.surv["mcnemar_more"] == pytest.approx(1 / 32) and (cmp.surv["kw"], cmp.surv["kb"]) == (5, 0)
+    assert cmp.surv["km_w"] == pytest.approx(7 / 12) and cmp.surv["km_b"] == 1.0
+    holm = analysis.stats.holm([1 / 4096, 1.0, sps.norm.sf(np.sqrt(5))])
+    assert cmp.verdict == "reproduced" and cmp.p == pytest.approx(holm.min())
+    # three looks: every p times 3
+    assert C.compare_arms(out, "grpo+none", "grpo+r2", ["lr", "N"], looks=3).p == pytest.approx(3 * holm.min())
+    # no difference at all: the intervals sit inside the margins
+    same = C.compare_arms(_pairs_frame(2, 6, acc_gain=0.0, collapse_w={"relative": 0}), "grpo+none", "grpo+r2",
+                          ["lr", "N"])
+    assert same.verdict == "not reproduced" and "no difference" in same.reason
+
+
+def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
+    """Equal accuracy and reward: the verdict hangs on time to collapse. Under one grid definition grpo+none
+    collapses first in all 12 pairs (reproduced), under another nobody collapses (not reproduced)."""
+    grid = {"relative": 12, "absolute": 0, "relative:d0.5:p2": 12, "absolute:d0.5": 0}
+    out = _pairs_frame(2, 6, acc_gain=0.0, collapse_w=grid)
+    ext = C.Declared("phase", "phase.yaml", {"primary": ["late_accuracy"]},
+                     [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}])
+    c = C.claim_offpolicy_grpo(Path("unused"), outcomes=out, declared=ext)
+    assert c.verdict == "fragile" and c.robustness == {"relative:d0.5:p2": "reproduced", "absolute:d0.5": "not reproduced"}
+    assert "reproduced 50%, not reproduced 50%" in c.notes[0]
+    looks = next(n for n in c.notes if n.startswith("declared in phase.yaml"))
+    assert "more_seeds (look 2, 12 runs)" in looks and "counts 2 looks" in looks and "(12 declared runs" in looks
+    assert "**fragile**" in c.plain and "after 1 look(s)" in c.plain
+    assert "declares the primary outcomes ['late_accuracy']; this report computes" in " ".join(c.notes)
+    kappa = next(n for n in c.notes if n.startswith("agreement"))
+    # per cell: relative fires on the 6 grpo+none runs, absolute on none: 6 of 12 alike, kappa (1/2 - 1/2) / (1/2)
+    assert "lr=0.001, N=8: 6 of 12 runs alike, kappa +0.00" in kappa
+
+
+def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("experiment: base\nanalysis:\n  claims: [2]\n  primary: [late_accuracy]\n"
+                                        "hydra:\n  sweeper:\n    params:\n      seed: 0,1\n")
+    (tmp_path / "more.yaml").write_text("defaults:\n  - base\nanalysis:\n  extends: base\n  look: 2\nhydra:\n"
+                                        "  sweeper:\n    params:\n      seed: 2,3\n      optim.lr: 0.0003\n"
+                                        "      arm: grpo_r2\n")
+    d = C.declared_analyses(tmp_path)["base"]
+    assert d.analysis["primary"] == ["late_accuracy"]
+    assert d.extensions == [{"name": "more", "look": 2, "runs": {"seed": [2.0, 3.0], "lr": [3e-4], "arm": ["grpo+r2"]}}]
+    runs = pd.DataFrame({"seed": [0, 2, 2, 3], "lr": [3e-4, 3e-4, 1e-4, 0.0003], "arm": ["grpo+r2"] * 4})
+    assert C.extension_of(runs, d).tolist() == ["", "more", "", "more"]
+    (tmp_path / "orphan.yaml").write_text("analysis:\n  extends: nothing\n  look: 2\n")
+    with pytest.raises(ValueError, match="orphan.yaml extends 'nothing'"):
+        C.declared_analyses(tmp_path)
+    # the shipped experiment files: phase with its two extensions, added at looks 2 and 3
+    phase = C.declared_analyses()["phase"]
+    assert {e["name"]: e["look"] for e in phase.extensions} == {"phase_edge": 2, "phase_band": 3}
+    edge = next(e for e in phase.extensions if e["name"] == "phase_edge")["runs"]
+    assert edge == {"seed": [float(s) for s in range(8, 24)], "lr": [3e-4], "N": [8.0]}
+    depth = C.declared_analyses()["drift_scaling"].extensions
+    assert [(e["name"], e["look"], e["runs"]) for e in depth] == [("drift_scaling_depth", 2, {"seed": [3.0, 4.0, 5.0, 6.0, 7.0]})]
 
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
@@ -163,22 +217,7 @@ def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     text = (root / "CLAIMS.md").read_text()
     assert text.count("**reproduced**") >= 6 and "| # | claim |" in text and "rule:" in text
-    assert "same verdict" in text  # the collapse claims are checked under the alternative definition
-
-
-def test_lead_contrast_sign() -> None:
-    rng = np.random.default_rng(0)
-    rows = []
-    for run in range(6):
-        x = rng.normal(size=80)
-        y = np.roll(x, 2) + 0.5 * rng.normal(size=80)
-        rows.append(analysis.stats.lagged_xcorr(x, y, 4).assign(run=run))
-    import pandas as pd
-
-    res = C.lead_contrast(pd.concat(rows))
-    assert res["peak_lag"] == 2 and res["lo"] > 0.5
-    back = C.lead_contrast(pd.concat(rows).assign(lag=lambda f: -f["lag"]))
-    assert back["peak_lag"] == -2 and back["hi"] < 0
+    assert "## In plain words" in text and "robustness over 25 collapse definitions" in text
 
 
 # --- collapse definitions and the phase map -----------------------------------------------------------
@@ -219,6 +258,17 @@ def test_phase_table_and_tests(grid) -> None:
     assert "untestable" in text and "7 of 8" in text and " *" in text
 
 
+def test_survival_curves_end_at_the_share_not_collapsed(grid) -> None:
+    out = run_outcomes(grid)
+    fig = analysis.plot_survival(out, definition="relative")
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+    assert len(panels) == 2  # the two off-policy cells where runs collapse (N = 4, lr 1e-4 and 1e-3)
+    ends = {line.get_label(): line.get_ydata()[-1] for line in panels[0].lines}
+    assert ends == {"grpo+none (7 of 8)": 1 / 8, "grpo+r2 (1 of 8)": 7 / 8, "gspo+none (0 of 8)": 1.0}
+    with pytest.raises(ValueError, match="nothing to draw"):
+        analysis.plot_survival(out[out["N"] == 1], definition="relative")
+
+
 def test_collapse_definitions_markdown(grid) -> None:
     text = collapse_definitions_markdown({"fake": grid})
     assert "| grpo+none | 32 | 14 of 32 | 14 of 32 | 14 of 32 |" in text
@@ -237,7 +287,7 @@ def test_report_all_writes_every_page(tmp_path: Path) -> None:
     make_fake_results(root / "stress", experiment="runs", seeds=(0, 1), steps=12)
     assert main(["--all", str(root)]) == 0
     for name in ("phase/summary.md", "phase/phase_map.png", "phase/phase_difference.png", "phase/phase_map.csv",
-                 "phase/phase_map_absolute.png", "stress/summary.md", "collapse_definitions.md", "CLAIMS.md"):
+                 "phase/phase_map_absolute.png", "phase/survival.png", "stress/summary.md", "collapse_definitions.md", "CLAIMS.md"):
         assert (root / name).is_file(), name
     text = (root / "phase" / "summary.md").read_text()
     assert "## Phase map" in text and "Does anything depend on the definition?" in text

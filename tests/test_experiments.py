@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from moe_rl.config import identity_spec, TrainConfig, validate
+from moe_rl.config import TrainConfig, config_hash, identity_spec, validate
 from moe_rl.experiment import to_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,10 @@ def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
         for combo in (combos[0], combos[-1]):
             ours = to_train_config(compose("config", overrides=[f"+experiment={adder}", *combo]))
             theirs = to_train_config(compose("config", overrides=[f"+experiment={ADDS_TO[adder]}", *combo]))
-            assert ours.to_dict() == theirs.to_dict()
+            # the same run but for the declared analysis, which marks the extension and its look
+            assert {**ours.to_dict(), "analysis": None} == {**theirs.to_dict(), "analysis": None}
+            assert config_hash(ours) == config_hash(theirs)
+            assert ours.analysis["extends"] == ADDS_TO[adder] and ours.analysis["look"] >= 2
 
 
 def test_experiment_deltas() -> None:

@@ -150,3 +150,116 @@ def test_event_aligned_mean_by_hand() -> None:
     assert out.loc[-2, "mean"] == 1 and out.loc[-2, "n"] == 1
     assert out.loc[0, "mean"] == 7 and out.loc[1, "mean"] == 8 and out.loc[1, "n"] == 2
     assert out.loc[-1, "mean"] == pytest.approx((2 + 10) / 2)
+
+
+# --- survival, paired counts, agreement, looks ------------------------------------------------------------
+
+def test_kaplan_meier_matches_scipy() -> None:
+    rng = np.random.default_rng(3)
+    t = rng.integers(1, 20, 40).astype(float)
+    e = rng.random(40) < 0.6
+    km = stats.kaplan_meier(t, e)
+    ref = sps.ecdf(sps.CensoredData(uncensored=t[e], right=t[~e])).sf
+    np.testing.assert_allclose(km["survival"], ref.evaluate(km["time"].to_numpy()), rtol=1e-12)
+    # by hand: times 1 (event), 2 (censored), 3 (event), 3 (event): S = 3/4, then 3/4 * (1 - 2/2) = 0
+    assert stats.kaplan_meier([1, 2, 3, 3], [True, False, True, True])["survival"].tolist() == [0.75, 0.0]
+
+
+def test_logrank_one_stratum_matches_scipy() -> None:
+    rng = np.random.default_rng(4)
+    ta, tb = rng.integers(1, 30, 25).astype(float), rng.integers(5, 40, 30).astype(float)
+    ea, eb = rng.random(25) < 0.7, rng.random(30) < 0.5
+    t, e, g = np.r_[ta, tb], np.r_[ea, eb], np.r_[np.ones(25, bool), np.zeros(30, bool)]
+    a, b = (sps.CensoredData(uncensored=tt[ee], right=tt[~ee]) for tt, ee in ((ta, ea), (tb, eb)))
+    ours = stats.logrank_test(t, e, g)
+    ref = sps.logrank(a, b)
+    assert abs(ours["z"]) == pytest.approx(abs(ref.statistic), rel=1e-10)
+    assert ours["p_value"] == pytest.approx(ref.pvalue, rel=1e-10)
+    # "greater": arm a has more events than expected, i.e. collapses sooner (scipy's sign convention too)
+    assert ours["observed"] > ours["expected"]
+    assert stats.logrank_test(t, e, g, alternative="greater")["p_value"] == pytest.approx(
+        sps.logrank(a, b, alternative="greater").pvalue, rel=1e-10)
+
+
+def test_logrank_stratified_on_pairs_by_hand() -> None:
+    """m pairs, arm a collapses at step 1, arm b is censored at step 2: per pair O - E = 1/2, V = 1/4,
+    so Z = (m / 2) / sqrt(m / 4) = sqrt(m); pooled without strata the same data give the same Z."""
+    m = 9
+    t = np.tile([1.0, 2.0], m)
+    e = np.tile([True, False], m)
+    g = np.tile([True, False], m)
+    r = stats.logrank_test(t, e, g, strata=np.repeat(np.arange(m), 2), alternative="greater")
+    assert r["z"] == pytest.approx(3.0) and r["p_value"] == pytest.approx(sps.norm.sf(3.0))
+    # strata that hold every run alike carry no weight: all censored is NaN
+    assert np.isnan(stats.logrank_test([5.0, 5.0], [False, False], [True, False])["p_value"])
+    # duplicating a stratum k times multiplies sum(O - E) by k and the variance by k: Z by sqrt(k)
+    base = stats.logrank_test([1, 3, 4, 2, 5, 6], [1, 1, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0])
+    dup = stats.logrank_test(np.tile([1, 3, 4, 2, 5, 6], 4), np.tile([1, 1, 0, 1, 1, 0], 4),
+                         np.tile([1, 1, 1, 0, 0, 0], 4), strata=np.repeat(np.arange(4), 6))
+    assert dup["z"] == pytest.approx(2 * base["z"])
+
+
+def test_mcnemar_exact_by_hand() -> None:
+    assert stats.mcnemar_exact(8, 0) == pytest.approx(2 / 256)
+    assert stats.mcnemar_exact(8, 0, alternative="greater") == pytest.approx(1 / 256)
+    assert stats.mcnemar_exact(3, 1, alternative="greater") == pytest.approx(5 / 16)  # P(X >= 3), X ~ Bin(4, 1/2)
+    assert stats.mcnemar_exact(0, 0) == 1.0
+    with pytest.raises(ValueError, match="discordant"):
+        stats.mcnemar_exact(-1, 2)
+
+
+def test_cohen_kappa_matches_sklearn() -> None:
+    from sklearn.metrics import cohen_kappa_score
+
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        x, y = rng.random(50) < 0.4, rng.random(50) < 0.6
+        assert stats.cohen_kappa(x, y) == pytest.approx(cohen_kappa_score(x, y), abs=1e-12)
+    # by hand: 4 runs, agree on 2; rates 1/2 and 1/2 -> p_e = 1/2, kappa = (1/2 - 1/2) / (1/2) = 0
+    assert stats.cohen_kappa([1, 1, 0, 0], [1, 0, 1, 0]) == 0.0
+    assert stats.cohen_kappa([1, 0, 1], [0, 1, 0]) == pytest.approx(-0.8)  # (0 - 4/9) / (5/9)
+    assert np.isnan(stats.cohen_kappa([1, 1], [1, 1]))
+
+
+def test_looks_adjusted() -> None:
+    assert stats.looks_adjusted(0.009, 3) == pytest.approx(0.027)
+    assert stats.looks_adjusted(0.5, 3) == 1.0 and stats.looks_adjusted(0.2, 1) == 0.2
+    with pytest.raises(ValueError, match="looks"):
+        stats.looks_adjusted(0.1, 0)
+
+
+# --- Granger-style lead ---------------------------------------------------------------------------------
+
+def test_granger_increment_matches_a_loop_of_least_squares() -> None:
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=60)
+    y = np.r_[0.0, 0.6 * x[:-1]] + rng.normal(size=60)
+    lags = 2
+    rows_r, rows_f, target = [], [], []
+    for t in range(lags, 60):
+        i = t - lags
+        base = [1.0, i / (60 - lags), y[t - 1], y[t - 2]]
+        rows_r.append(base)
+        rows_f.append(base + [x[t - 1], x[t - 2]])
+        target.append(y[t])
+    rss = [np.sum((np.asarray(target) - np.asarray(a) @ np.linalg.lstsq(np.asarray(a), target, rcond=None)[0]) ** 2)
+           for a in (rows_r, rows_f)]
+    g = stats.granger_increment(x, y, lags)
+    assert g["increment"] == pytest.approx(1 - rss[1] / rss[0], rel=1e-9)
+    assert g["direction"] > 0
+
+
+def test_granger_surrogates_find_a_lead_and_not_a_same_step_correlation() -> None:
+    rng = np.random.default_rng(7)
+    lead, same = [], []
+    for _ in range(12):
+        x = rng.normal(size=120)
+        lead.append((x, np.r_[0.0, 0.5 * x[:-1]] + rng.normal(size=120)))  # x at t moves y at t + 1
+        same.append((x, 2.0 * x + rng.normal(size=120)))  # strongly correlated at the same step only
+    r = stats.granger_surrogate_test(lead, lags=2, n_surrogates=99)
+    assert r["p_value"] == pytest.approx(1 / 100) and r["lo"] > 0.1 and r["direction"] > 0
+    r0 = stats.granger_surrogate_test(same, lags=2, n_surrogates=99)
+    assert r0["p_value"] > 0.05 and r0["lo"] < 0 < r0["hi"]
+    # the smallest detectable excess is (z_0.95 + z_0.8) sd of the surrogates' mean: of the order of
+    # the chance increment's spread over 12 runs of 117 fitted steps, far below the planted lead
+    assert 0 < r0["detectable"] < 0.05 < r["excess"]

@@ -23,6 +23,7 @@ from moe_rl.analysis.plots import (
     plot_phase_map,
     plot_ratio_variance,
     plot_reward_accuracy,
+    plot_survival,
 )
 from moe_rl.analysis.tables import (
     SUMMARY_METRICS,
@@ -70,6 +71,7 @@ __all__ = [
     "plot_phase_map",
     "plot_ratio_variance",
     "plot_reward_accuracy",
+    "plot_survival",
     "run_key_columns",
     "run_outcomes",
     "runs",

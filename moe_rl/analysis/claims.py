@@ -20,16 +20,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, HISTORY_KEYS, MAIN_DEFINITION
+from moe_rl.analysis.collapse import (
+    ALTERNATIVE_DEFINITION,
+    COLLAPSE_DEFINITIONS,
+    GRID_DROP_FRACS,
+    GRID_PATIENCES,
+    HISTORY_KEYS,
+    MAIN_DEFINITION,
+    definition_grid,
+)
 from moe_rl.analysis.load import load_results, run_key_columns
 from moe_rl.analysis.phase import cell_label, run_outcomes
 from moe_rl.analysis.stats import (
     bootstrap_mean_ci,
     cmh_exact,
+    cohen_kappa,
     collapse_test,
     event_aligned,
+    granger_surrogate_test,
     holm,
+    kaplan_meier,
     lagged_xcorr,
+    logrank_test,
+    looks_adjusted,
+    mcnemar_exact,
     paired_compare,
     wilson_interval,
 )
@@ -45,6 +59,9 @@ SHIFT_KEYS = (SHIFT_KEY + "/offpolicy", SHIFT_KEY)  # the off-policy mean (updat
 SHIFT_AMOUNT = "router shift 1 - gamma"
 CLIP_KEYS = ("ratio/clipfrac_low", "ratio/clipfrac_high")
 MAX_LAG = 5
+GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
+N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)
+LEAD_MARGIN = 0.01  # share of the clip fraction's next-step variance too small to matter
 N_BOOT = 4999
 
 
@@ -64,6 +81,8 @@ class Claim:
     verdict: str = INCONCLUSIVE
     reason: str = "no data"
     notes: list[str] = field(default_factory=list)
+    plain: str = ""  # a paragraph for a person: what was tested, found, how sure, what would change it
+    robustness: dict[str, str] = field(default_factory=dict)  # collapse definition -> verdict, where it applies
 
 
 def runs_folder(root: Path, experiment: str) -> Path:
@@ -195,9 +214,12 @@ def _direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], mar
                           f"interval [{lo:.3g}, {hi:.3g}] is not inside ±{margin:g}")
 
 
-def _phase_outcomes(root: Path, experiment: str) -> pd.DataFrame | None:
+def _phase_outcomes(root: Path, experiment: str, grid: bool = False) -> pd.DataFrame | None:
+    """One row per run (`run_outcomes`); with `grid`, collapse under every definition of the declared grid too."""
     df = _load(root, experiment, list(HISTORY_KEYS))
-    return None if df is None else run_outcomes(df)
+    if df is None:
+        return None
+    return run_outcomes(df, {**COLLAPSE_DEFINITIONS, **definition_grid()} if grid else None)
 
 
 def _cells_text(strata: list[tuple], cells: list[str]) -> str:
@@ -205,68 +227,328 @@ def _cells_text(strata: list[tuple], cells: list[str]) -> str:
     return f"{len(names)} cell(s): " + "; ".join(names) if names else "no cells"
 
 
-def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None) -> Claim:
-    c = Claim(2, "Off-policy (N >= 2), GRPO without replay is less stable than GRPO with R2",
-              "GSPO 2507.18071; R3 2510.11370",
-              "per off-policy (lr, N) cell, k of n collapsed for grpo+none vs grpo+r2; pooled over cells with the exact "
-              "Cochran-Mantel-Haenszel test (one-sided, grpo+none more). reproduced if p < 0.05; not reproduced if the "
-              f"reverse one-sided p < 0.05 or the pooled difference interval lies within ±{COLLAPSE_MARGIN} (mean over "
-              "the cells where outcomes vary, i.e. not every run of both arms stable or collapsed: the cells the CMH "
-              "test uses); "
-              "inconclusive otherwise, or when neither arm collapses in any cell (the grid never reached instability)",
-              experiment="phase")
-    outcomes = _phase_outcomes(root, "phase") if outcomes is None else outcomes
-    if outcomes is None:
-        return c
-    return _collapse_claim(c, outcomes, "grpo+none", "grpo+r2")
+# --- declared analyses: what an experiment file declares, and the runs added after a look ----------
+
+EXPERIMENT_FILES = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "experiment"
+SWEEP_KEYS = {"seed": "seed", "optim.lr": "lr", "optim.updates_per_rollout": "N", "arm": "arm"}  # sweep -> run key
+
+
+@dataclass
+class Declared:
+    """An experiment's declared analysis (its file's `analysis` block) and the extensions added to it."""
+
+    experiment: str
+    file: str
+    analysis: dict
+    extensions: list[dict] = field(default_factory=list)  # name, look, runs: {run key: values}
+
+
+def _sweep_values(key: str, text: object) -> list:
+    values = [v.strip() for v in str(text).split(",")]
+    if key == "arm":  # arm files are named algo_replay; runs carry algo+replay
+        return [v.replace("_", "+", 1) for v in values]
+    return [float(v) for v in values]
+
+
+def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
+    """experiment -> its declared analysis, from the `analysis` blocks of the experiment files in
+    `folder` (default experiments/conf/experiment). A file whose block says `extends: NAME` and
+    `look: K` added runs to NAME after K - 1 looks at its results; its sweep parameters say which runs."""
+    import yaml
+
+    folder = EXPERIMENT_FILES if folder is None else Path(folder)
+    docs = {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+    out: dict[str, Declared] = {}
+    for name, doc in docs.items():
+        block = doc.get("analysis")
+        if isinstance(block, dict) and "extends" not in block:
+            exp = str(doc.get("experiment", name))
+            out[exp] = Declared(exp, f"experiments/conf/experiment/{name}.yaml", block)
+    for name, doc in docs.items():
+        block = doc.get("analysis")
+        if not (isinstance(block, dict) and "extends" in block):
+            continue
+        base = out.get(str(block["extends"]))
+        if base is None:
+            raise ValueError(f"{name}.yaml extends {block['extends']!r}, which declares no analysis")
+        params = ((doc.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        runs = {SWEEP_KEYS[k]: _sweep_values(SWEEP_KEYS[k], v) for k, v in params.items() if k in SWEEP_KEYS}
+        base.extensions.append({"name": name, "look": int(block["look"]), "runs": runs})
+    return out
+
+
+def extension_of(outcomes: pd.DataFrame, declared: Declared | None) -> pd.Series:
+    """Per run (index of `outcomes`), the extension that added it, "" for the declared runs."""
+    out = pd.Series("", index=outcomes.index, dtype=object)
+    for ext in (declared.extensions if declared else []):
+        hit = pd.Series(True, index=outcomes.index)
+        for key, values in ext["runs"].items():
+            col = outcomes[key]
+            hit &= (col.isin(values) if key == "arm" else
+                    np.isclose(col.to_numpy(float)[:, None], np.asarray(values, float)[None, :]).any(1))
+        out[hit & (out == "")] = ext["name"]
+    return out
+
+
+# --- arm comparisons: measured outcomes paired by seed, time to collapse, counts -----------------------
+
+REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
+CONTINUOUS = {"late_accuracy": "final accuracy", "reward_auc": "reward AUC"}
+PRIMARY = [*CONTINUOUS, "time_to_collapse"]  # what an experiment file's `analysis.primary` should declare
+FRAGILE = "fragile"
+
+
+def _pairs(outcomes: pd.DataFrame, worse: str, better: str, cells: list[str]) -> pd.DataFrame:
+    """Runs of two arms joined on cell and seed (same cold start and prompts): columns <col>_w, <col>_b."""
+    on = [*cells, "seed"]
+    w = outcomes[outcomes["arm"] == worse].set_index(on)
+    b = outcomes[outcomes["arm"] == better].set_index(on)
+    return w.join(b, lsuffix="_w", rsuffix="_b", how="inner").reset_index()
+
+
+def continuous_compare(pairs: pd.DataFrame) -> dict[str, dict]:
+    """better - worse on each measured outcome, paired: `paired_compare` one-sided both ways."""
+    out = {}
+    for col in CONTINUOUS:
+        x, y = pairs[f"{col}_b"].to_numpy(float), pairs[f"{col}_w"].to_numpy(float)
+        r = paired_compare(x, y, alternative="greater", n_resamples=N_BOOT)
+        r["p_reverse"] = paired_compare(x, y, alternative="less", n_resamples=N_BOOT)["p_value"]
+        out[col] = r
+    return out
+
+
+def survival_compare(pairs: pd.DataFrame, definition: str) -> dict[str, float]:
+    """Time to collapse under `definition`, censored at a run's last step: log-rank stratified on the
+    pairs (worse collapses sooner: p_more; the reverse: p_less), Kaplan-Meier survival to the end per
+    arm, collapse counts and the exact McNemar test on the discordant pairs."""
+    cw, cb = pairs[f"collapsed_{definition}_w"].to_numpy(bool), pairs[f"collapsed_{definition}_b"].to_numpy(bool)
+    tw = np.where(cw, pairs[f"collapse_step_{definition}_w"], pairs["last_step_w"]).astype(float)
+    tb = np.where(cb, pairs[f"collapse_step_{definition}_b"], pairs["last_step_b"]).astype(float)
+    n = len(pairs)
+    args = (np.r_[tw, tb], np.r_[cw, cb], np.r_[np.ones(n, bool), np.zeros(n, bool)], np.r_[np.arange(n), np.arange(n)])
+    more, less = logrank_test(*args, alternative="greater"), logrank_test(*args, alternative="less")
+    km = {arm: kaplan_meier(t, c) for arm, t, c in (("w", tw, cw), ("b", tb, cb))}
+    disc_w, disc_b = int((cw & ~cb).sum()), int((~cw & cb).sum())
+    return {"n": n, "kw": int(cw.sum()), "kb": int(cb.sum()), "p_more": more["p_value"], "p_less": less["p_value"],
+            "observed": more["observed"], "expected": more["expected"],
+            "km_w": float(km["w"]["survival"].iloc[-1]) if len(km["w"]) else 1.0,
+            "km_b": float(km["b"]["survival"].iloc[-1]) if len(km["b"]) else 1.0,
+            "disc_w": disc_w, "disc_b": disc_b, "mcnemar_more": mcnemar_exact(disc_w, disc_b, alternative="greater"),
+            "mcnemar_less": mcnemar_exact(disc_w, disc_b, alternative="less")}
+
+
+def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1) -> tuple[str, str, float]:
+    """(verdict, reason, p) for "better beats worse" from the three primary outcomes, Holm over them and
+    Bonferroni over `looks`: reproduced if one favours the better arm at p < 0.05 and none the worse;
+    not reproduced if one favours the worse arm, or both measured differences lie inside their margins."""
+    names = [*CONTINUOUS.values(), "time to collapse"]
+    pred = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_value"] for k in CONTINUOUS), surv["p_more"]])]
+    opp = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_reverse"] for k in CONTINUOUS), surv["p_less"]])]
+    best_pred, best_opp = int(np.nanargmin(pred)) if np.isfinite(pred).any() else 0, \
+        int(np.nanargmin(opp)) if np.isfinite(opp).any() else 0
+    p_pred, p_opp = pred[best_pred], opp[best_opp]
+    corrected = f"Holm{f', x {looks} looks' if looks > 1 else ''}"
+    if p_pred < ALPHA and not p_opp < ALPHA:
+        return REPRODUCED, f"{names[best_pred]} favours the predicted arm ({corrected} p = {_p(p_pred)})", p_pred
+    if p_opp < ALPHA:
+        return NOT_REPRODUCED, f"{names[best_opp]} favours the other arm ({corrected} p = {_p(p_opp)})", p_pred
+    acc, auc = cont["late_accuracy"], cont["reward_auc"]
+    if (-ACCURACY_MARGIN < acc["lo"] and acc["hi"] < ACCURACY_MARGIN and -REWARD_MARGIN < auc["lo"]
+            and auc["hi"] < REWARD_MARGIN):
+        return NOT_REPRODUCED, (f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{ACCURACY_MARGIN}, "
+                                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{REWARD_MARGIN}"), p_pred
+    return INCONCLUSIVE, (f"no outcome significant either way ({corrected} p = {_p(p_pred)}, reverse {_p(p_opp)}) and "
+                          "the measured differences are not inside their margins"), p_pred
+
+
+def count_verdict(surv: dict[str, float]) -> str:
+    """The collapse counts alone (secondary): exact McNemar one-sided either way."""
+    if surv["mcnemar_more"] < ALPHA:
+        return REPRODUCED
+    return NOT_REPRODUCED if surv["mcnemar_less"] < ALPHA else INCONCLUSIVE
+
+
+def _shares(verdicts: list[str]) -> str:
+    counts = pd.Series(verdicts).value_counts()
+    return ", ".join(f"{v} {100 * k / len(verdicts):.0f}%" for v, k in counts.items())
+
+
+def grid_definitions(outcomes: pd.DataFrame) -> list[str]:
+    """The grid points present in `outcomes` (columns collapsed_<name> of `definition_grid`)."""
+    return [d for d in definition_grid() if f"collapsed_{d}" in outcomes]
 
 
 def _offpolicy(outcomes: pd.DataFrame) -> pd.DataFrame:
     return outcomes[outcomes["N"] >= 2] if "N" in outcomes else outcomes.iloc[0:0]
 
 
-def _collapse_claim(c: Claim, outcomes: pd.DataFrame, a: str, b: str, cells: list[str] | None = None) -> Claim:
-    cells = cells or [x for x in ("lr", "N") if x in outcomes]
+def degrading_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -> pd.DataFrame:
+    """Runs of `arms` in the cells where those arms' mean final accuracy (late_accuracy) ends below
+    their mean accuracy at step 0: a measured selection of where instability shows, no label needed."""
+    sub = outcomes[outcomes["arm"].isin(arms)]
+    return sub.groupby(cells).filter(lambda g: g["late_accuracy"].mean() < g["start_accuracy"].mean())
+
+
+def _cell_list(frame: pd.DataFrame, cells: list[str]) -> str:
+    keys = frame[cells].drop_duplicates().sort_values(cells)
+    return "; ".join(cell_label(cells, tuple(r)) for r in keys.itertuples(index=False)) or "none"
+
+
+def kappa_by_cell(outcomes: pd.DataFrame, cells: list[str]) -> str:
+    """Agreement of the two collapse definitions per cell (all arms): share of runs alike and Cohen's kappa."""
+    parts = []
+    for values, g in outcomes.groupby(cells, sort=True):
+        a, b = g[f"collapsed_{MAIN_DEFINITION}"].to_numpy(bool), g[f"collapsed_{ALTERNATIVE_DEFINITION}"].to_numpy(bool)
+        if a.any() or b.any():
+            k = cohen_kappa(a, b)
+            parts.append(f"{cell_label(cells, values if isinstance(values, tuple) else (values,))}: "
+                         f"{int((a == b).sum())} of {len(a)} runs alike, kappa {'—' if np.isnan(k) else f'{k:+.2f}'}")
+    return "; ".join(parts) or "no cell where either definition fires"
+
+
+@dataclass
+class Comparison:
+    """One arm comparison of a collapse claim, on one set of runs."""
+
+    worse: str
+    better: str
+    pairs: pd.DataFrame
+    cont: dict
+    surv: dict  # under the main definition
+    verdict: str
+    reason: str
+    p: float
+    grid: dict[str, tuple[str, str]]  # definition -> (primary verdict, counts-only verdict)
+
+
+def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], *, looks: int = 1) -> Comparison:
+    """`better` beats `worse` on measured outcomes? Verdict under the main definition and under every
+    grid definition present in `runs` (only time to collapse and the counts depend on it)."""
+    pairs = _pairs(runs, worse, better, cells)
+    cont = continuous_compare(pairs)
+    grid = {}
+    for d in grid_definitions(runs) or [MAIN_DEFINITION]:
+        s = survival_compare(pairs, d)
+        grid[d] = (arm_verdict(cont, s, looks=looks)[0], count_verdict(s))
+    surv = survival_compare(pairs, MAIN_DEFINITION)
+    verdict, reason, p = arm_verdict(cont, surv, looks=looks)
+    return Comparison(worse, better, pairs, cont, surv, verdict, reason, p, grid)
+
+
+def _comparison_text(cmp: Comparison) -> str:
+    acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
+    return (f"{cmp.better} - {cmp.worse}: final accuracy {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
+            f"{100 * acc['hi']:+.1f}], reward AUC {auc['mean_diff']:+.3f} [{auc['lo']:+.3f}, {auc['hi']:+.3f}] "
+            f"({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} {s['km_w']:.2f} vs {cmp.better} "
+            f"{s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} {s['kb']} of {s['n']}")
+
+
+def _counts_note(cmp: Comparison) -> str:
+    s = cmp.surv
+    ww, wb = wilson_interval(s["kw"], s["n"]), wilson_interval(s["kb"], s["n"])
+    return (f"secondary, collapse counts ({MAIN_DEFINITION}): {cmp.worse} {s['kw']} of {s['n']} [{ww[0]:.2f}, "
+            f"{ww[1]:.2f}] vs {cmp.better} {s['kb']} of {s['n']} [{wb[0]:.2f}, {wb[1]:.2f}]; discordant pairs: {s['disc_w']} where only {cmp.worse} collapsed, {s['disc_b']} "
+            f"where only {cmp.better} did; exact McNemar one-sided p = {_p(s['mcnemar_more'])} (reverse "
+            f"{_p(s['mcnemar_less'])}); time to collapse, log-rank stratified on pairs p = {_p(s['p_more'])} "
+            f"(reverse {_p(s['p_less'])})")
+
+
+def _robust(c: Claim, verdicts: dict[str, str], counts: dict[str, str]) -> None:
+    """Set the claim's verdict from its main-definition verdict and the grid: **fragile** where the grid disagrees."""
+    c.robustness = verdicts
+    kinds = sorted(set(verdicts.values()))
+    size = len(verdicts)
+    c.notes.insert(0, f"robustness over {size} collapse definitions (both definitions, drop fractions "
+                      f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}): "
+                      f"{_shares(list(verdicts.values()))}; the collapse counts alone (exact McNemar) would give "
+                      f"{_shares(list(counts.values()))}")
+    if len(kinds) > 1:
+        c.reason = f"{c.verdict} under the main definition, but the grid gives {' to '.join(kinds)}; main: {c.reason}"
+        c.verdict = FRAGILE
+
+
+def _looks_note(c: Claim, declared: Declared | None, ext: pd.Series, without: str,
+                primary_computed: list[str] = PRIMARY, unit: str = "runs") -> int:
+    """The declared analysis and the extensions present; returns the number of looks."""
+    if declared is None:
+        c.notes.append("no declared analysis found for this experiment: one look assumed")
+        return 1
+    primary, claimed = list(declared.analysis.get("primary", [])), declared.analysis.get("claims", [])
+    if primary != primary_computed:
+        c.notes.append(f"**{declared.file} declares the primary outcomes {primary}; this report computes "
+                       f"{primary_computed}**")
+    if claimed and c.id not in claimed:
+        c.notes.append(f"**claim {c.id} is not among the claims {declared.file} declares ({claimed})**")
+    present = [e for e in declared.extensions if (ext == e["name"]).any()]
+    looks = max([1, *(e["look"] for e in present)])
+    added = ", ".join(f"{e['name']} (look {e['look']}, {int((ext == e['name']).sum())} {unit})" for e in present)
+    c.notes.append(f"declared in {declared.file}: primary {', '.join(declared.analysis.get('primary', []))}"
+                   + (f"; extensions added after looking at results: {added}; the verdict counts {looks} looks "
+                      f"(p x {looks}); without the extensions ({int((ext == '').sum())} declared {unit}, one look): "
+                      f"{without}" if present else "; no extension"))
+    return looks
+
+
+def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
+    c = Claim(2, "Off-policy (N >= 2), GRPO without replay is less stable than GRPO with R2",
+              "GSPO 2507.18071; R3 2510.11370",
+              "grpo+r2 vs grpo+none, paired by seed in the off-policy (lr, N) cells where the two arms' mean final "
+              "accuracy ends below the cold start's. Primary outcomes: final accuracy (mean of the last 3 evaluations) "
+              "and reward AUC (sign-flip test, bootstrap interval) and time to collapse (log-rank stratified on the "
+              "pairs), Holm over the three and Bonferroni over the looks at the data. reproduced if one favours R2 at "
+              "p < 0.05 and none favours no replay; not reproduced if one favours no replay, or the accuracy and reward "
+              f"AUC intervals lie inside ±{ACCURACY_MARGIN}; inconclusive otherwise. **fragile** when another "
+              "definition of collapse in the declared grid gives another verdict. Collapse counts: secondary, exact "
+              "McNemar on the pairs", experiment="phase")
+    outcomes = _phase_outcomes(root, "phase", grid=True) if outcomes is None else outcomes
+    if outcomes is None:
+        return c
+    return _collapse_claim(c, outcomes, "grpo+none", "grpo+r2", declared)
+
+
+def _collapse_claim(c: Claim, outcomes: pd.DataFrame, worse: str, better: str, declared: Declared | None) -> Claim:
+    cells = [x for x in ("lr", "N") if x in outcomes]
     off = _offpolicy(outcomes)
-    missing = [arm for arm in (a, b) if arm not in set(off["arm"])]
+    missing = [arm for arm in (worse, better) if arm not in set(off["arm"])]
     if missing:
         c.reason = f"no off-policy runs of {missing}"
         return c
-    verdicts = {}
-    for definition in (MAIN_DEFINITION, ALTERNATIVE_DEFINITION):
-        r = _compare_collapse(off, a, b, definition, cells)
-        d, lo, hi = r["diff"]
-        if not r["any"]:
-            verdicts[definition] = (INCONCLUSIVE, "no collapse in either arm in any off-policy cell")
-        else:
-            verdicts[definition] = _direction_verdict(r["p_more"], r["p_less"], (lo, hi), COLLAPSE_MARGIN)
-        if definition == MAIN_DEFINITION:
-            c.cells = _cells_text(r["strata"], cells)
-            wa, wb = wilson_interval(r["ka"], r["na"]), wilson_interval(r["kb"], r["nb"])
-            c.statistic = (f"{a}: {r['ka']} of {r['na']} [{wa[0]:.2f}, {wa[1]:.2f}]; {b}: {r['kb']} of {r['nb']} "
-                           f"[{wb[0]:.2f}, {wb[1]:.2f}]; mean difference over the {r['n_informative']} cell(s) "
-                           f"where outcomes vary {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
-            c.test = f"exact CMH one-sided, MH odds ratio {r['odds_ratio']:.3g}"
-            c.p_value = r["p_more"]
-            sig = [i for i, p in enumerate(r["per_cell_holm"]) if p < ALPHA]
-            c.notes.append(f"per-cell Boschloo (one-sided), Holm over {int(np.isfinite(r['per_cell_p']).sum())} testable "
-                           f"cells: {len(sig)} significant")
-    c.verdict, c.reason = verdicts[MAIN_DEFINITION]
-    alt = verdicts[ALTERNATIVE_DEFINITION]
-    same = "same verdict" if alt[0] == c.verdict else "**verdict depends on the definition**"
-    c.notes.append(f"{ALTERNATIVE_DEFINITION} collapse definition: {alt[0]} ({alt[1]}); {same}")
-    c.reason = f"{MAIN_DEFINITION} definition: {c.reason}"
+    ext = extension_of(off, declared)
+
+    def run(frame: pd.DataFrame, looks: int) -> Comparison | None:
+        sel = degrading_cells(frame, [worse, better], cells)
+        return compare_arms(sel, worse, better, cells, looks=looks) if len(_pairs(sel, worse, better, cells)) else None
+
+    base = run(off[ext == ""], 1) if (ext != "").any() else None
+    without = f"{base.verdict} ({base.reason})" if base else "no degrading cell"
+    looks = _looks_note(c, declared, ext, without)
+    cmp = run(off, looks)
+    if cmp is None:
+        c.verdict, c.reason = INCONCLUSIVE, "no off-policy cell where the runs degrade: the grid never reached instability"
+        return c
+    sel = degrading_cells(off, [worse, better], cells)
+    c.cells = f"{sel[cells].drop_duplicates().shape[0]} degrading cell(s): {_cell_list(sel, cells)}"
+    c.statistic = _comparison_text(cmp)
+    c.test = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm" + (
+        f", x {looks} looks" if looks > 1 else "")
+    c.p_value, c.verdict, c.reason = cmp.p, cmp.verdict, cmp.reason
+    c.notes.append(_counts_note(cmp))
+    c.notes.append(f"agreement of the {MAIN_DEFINITION} and {ALTERNATIVE_DEFINITION} definitions: "
+                   + kappa_by_cell(_offpolicy(outcomes), cells))
+    _robust(c, {d: v for d, (v, _) in cmp.grid.items()}, {d: k for d, (_, k) in cmp.grid.items()})
+    c.plain = _plain_collapse(c, cmp, looks, (base.verdict if base else without) if looks > 1 else "")
     return c
 
 
-def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None) -> Claim:
+def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
     c = Claim(3, "GSPO is stable without routing replay", "GSPO, arXiv 2507.18071",
-              "in the off-policy cells where grpo+none collapses at least once: reproduced if gspo+none collapses less "
-              "than grpo+none (exact CMH one-sided p < 0.05) and not more than grpo+r2 (one-sided p >= 0.05); not "
-              "reproduced if it collapses more than grpo+r2 (p < 0.05) or its difference to grpo+none lies within "
-              f"±{COLLAPSE_MARGIN} (over the cells where outcomes vary); inconclusive otherwise, or when grpo+none never "
-              "collapses", experiment="phase")
-    outcomes = _phase_outcomes(root, "phase") if outcomes is None else outcomes
+              "in the off-policy cells where grpo+none's mean final accuracy ends below the cold start's, paired by "
+              "seed: gspo+none vs grpo+none and grpo+r2 vs gspo+none, each on the three primary outcomes of claim 2 "
+              "(Holm within a comparison, Bonferroni over looks). reproduced if gspo+none beats grpo+none and grpo+r2 "
+              "does not beat gspo+none; not reproduced if grpo+r2 beats gspo+none, or gspo+none vs grpo+none is not "
+              "reproduced (grpo+none better, or both differences inside their margins); inconclusive otherwise. "
+              "**fragile** when the grid of collapse definitions disagrees", experiment="phase")
+    outcomes = _phase_outcomes(root, "phase", grid=True) if outcomes is None else outcomes
     if outcomes is None:
         return c
     off = _offpolicy(outcomes)
@@ -275,39 +557,77 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None) -> Claim
         c.reason = f"no off-policy runs of {sorted(arms - set(off['arm']))}"
         return c
     cells = [x for x in ("lr", "N") if x in off]
-    verdicts = {}
-    for definition in (MAIN_DEFINITION, ALTERNATIVE_DEFINITION):
-        col = f"collapsed_{definition}"
-        unstable = off.groupby(cells).filter(lambda g, col=col: g.loc[g["arm"] == "grpo+none", col].any())
-        if unstable.empty:
-            verdicts[definition] = (INCONCLUSIVE, "grpo+none never collapses off-policy: no unstable cell to test")
-            continue
-        vs_none = _compare_collapse(unstable, "gspo+none", "grpo+none", definition, cells)
-        vs_r2 = _compare_collapse(unstable, "gspo+none", "grpo+r2", definition, cells)
-        _, lo, hi = vs_none["diff"]
-        if vs_none["p_less"] < ALPHA and not vs_r2["p_more"] < ALPHA:
-            v = (REPRODUCED, (f"fewer collapses than grpo+none (p = {_p(vs_none['p_less'])}), not more than grpo+r2 "
-                             f"(p = {_p(vs_r2['p_more'])})"))
-        elif vs_r2["p_more"] < ALPHA:
-            v = (NOT_REPRODUCED, f"more collapses than grpo+r2 (p = {_p(vs_r2['p_more'])})")
-        elif -COLLAPSE_MARGIN < lo and hi < COLLAPSE_MARGIN:
-            v = (NOT_REPRODUCED, f"as unstable as grpo+none: difference [{lo:+.2f}, {hi:+.2f}] within ±{COLLAPSE_MARGIN}")
-        else:
-            v = (INCONCLUSIVE, f"vs grpo+none p = {_p(vs_none['p_less'])}, vs grpo+r2 p = {_p(vs_r2['p_more'])}")
-        verdicts[definition] = v
-        if definition == MAIN_DEFINITION:
-            c.cells = "unstable " + _cells_text(vs_none["strata"], cells)
-            w = wilson_interval(vs_none["ka"], vs_none["na"])
-            c.statistic = (f"gspo+none {vs_none['ka']} of {vs_none['na']} [{w[0]:.2f}, {w[1]:.2f}] vs grpo+none "
-                           f"{vs_none['kb']} of {vs_none['nb']}, grpo+r2 {vs_r2['kb']} of {vs_r2['nb']}")
-            c.test = "exact CMH one-sided (gspo+none < grpo+none; gspo+none > grpo+r2)"
-            c.p_value = vs_none["p_less"]
-    c.verdict, c.reason = verdicts[MAIN_DEFINITION]
-    c.reason = f"{MAIN_DEFINITION} definition: {c.reason}"
-    alt = verdicts[ALTERNATIVE_DEFINITION]
-    same = "same verdict" if alt[0] == c.verdict else "**verdict depends on the definition**"
-    c.notes.append(f"{ALTERNATIVE_DEFINITION} collapse definition: {alt[0]} ({alt[1]}); {same}")
+    ext = extension_of(off, declared)
+
+    def unstable(frame: pd.DataFrame) -> pd.DataFrame:
+        keep = degrading_cells(frame, ["grpo+none"], cells)[cells].drop_duplicates()
+        return frame.merge(keep, on=cells)
+
+    def decide(frame: pd.DataFrame, looks: int) -> tuple | None:
+        sel = unstable(frame)
+        if sel.empty:
+            return None
+        vs_none = compare_arms(sel, "grpo+none", "gspo+none", cells, looks=looks)
+        vs_r2 = compare_arms(sel, "gspo+none", "grpo+r2", cells, looks=looks)
+
+        def rule(v_none: str, v_r2: str) -> str:
+            if v_r2 == REPRODUCED or v_none == NOT_REPRODUCED:
+                return NOT_REPRODUCED
+            return REPRODUCED if v_none == REPRODUCED else INCONCLUSIVE
+
+        grid = {d: (rule(vs_none.grid[d][0], vs_r2.grid[d][0]), rule(vs_none.grid[d][1], vs_r2.grid[d][1]))
+                for d in vs_none.grid}
+        return sel, vs_none, vs_r2, rule(vs_none.verdict, vs_r2.verdict), grid
+
+    base = decide(off[ext == ""], 1) if (ext != "").any() else None
+    without = base[3] if base else "no unstable cell"
+    looks = _looks_note(c, declared, ext, without)
+    got = decide(off, looks)
+    if got is None:
+        c.verdict, c.reason = INCONCLUSIVE, "grpo+none never degrades off-policy: no unstable cell to test"
+        return c
+    sel, vs_none, vs_r2, verdict, grid = got
+    c.cells = f"{sel[cells].drop_duplicates().shape[0]} cell(s) where grpo+none degrades: {_cell_list(sel, cells)}"
+    c.statistic = f"{_comparison_text(vs_none)}. {_comparison_text(vs_r2)}"
+    c.test = "as claim 2, per comparison" + (f", x {looks} looks" if looks > 1 else "")
+    c.p_value, c.verdict = vs_none.p, verdict
+    c.reason = f"vs grpo+none: {vs_none.verdict} ({vs_none.reason}); grpo+r2 vs gspo+none: {vs_r2.verdict} ({vs_r2.reason})"
+    c.notes += [_counts_note(vs_none), _counts_note(vs_r2)]
+    _robust(c, {d: v for d, (v, _) in grid.items()}, {d: k for d, (_, k) in grid.items()})
+    c.plain = _plain_collapse(c, vs_none, looks, without if looks > 1 else "", second=vs_r2)
     return c
+
+
+def _would_change(verdict: str) -> str:
+    return {REPRODUCED: "a replication with new seeds in which the effect vanishes",
+            NOT_REPRODUCED: "a replication that finds the claimed effect at p < 0.05 (for a measured size, an interval "
+                            "that reaches the claimed value), with every look at the data counted",
+            FRAGILE: "a collapse definition agreed before the runs, or measured outcomes that decide without the label",
+            INCONCLUSIVE: "more runs, until an interval excludes 0 or fits inside its margin"}.get(verdict, "more data")
+
+
+def _points(d: float) -> str:
+    return f"{abs(100 * d):.1f} accuracy points {'above' if d > 0 else 'below'}"
+
+
+def _plain_collapse(c: Claim, cmp: Comparison, looks: int, without: str, second: Comparison | None = None) -> str:
+    acc, s = cmp.cont["late_accuracy"], cmp.surv
+    text = (f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
+            f"phase map where runs lose accuracy. {cmp.better} ended {_points(acc['mean_diff'])} {cmp.worse} "
+            f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
+            f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition.")
+    if second is not None:
+        a2 = second.cont["late_accuracy"]
+        auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
+        text += (f" Against {second.better}, {second.worse} ended {_points(-a2['mean_diff'])} it "
+                 f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
+                 f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}.")
+    shares = _shares(list(c.robustness.values()))
+    text += f" Verdict: **{c.verdict}**; across {len(c.robustness)} reasonable collapse definitions: {shares}."
+    if looks > 1:
+        text += (f" Runs were added after {looks - 1} look(s) at the results; counting the looks is part of the "
+                 f"verdict, and without the added runs it reads {without}.")
+    return text + f" What would change it: {_would_change(c.verdict)}."
 
 
 # --- claim 4: drift grows with depth ----------------------------------------------------------------
@@ -316,7 +636,7 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
 
 
-def claim_depth(root: Path) -> Claim:
+def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
     key = "route/old_vs_new/flip_rate/offpolicy"
     c = Claim(4, "Routing drift grows with depth", "R3, arXiv 2510.11370",
               "off-policy flip rate of the deepest vs the shallowest model (num_moe_layers, e.g. 8 vs 2), runs paired "
@@ -354,12 +674,33 @@ def claim_depth(root: Path) -> Claim:
     r = paired_compare(pairs[deep], pairs[shallow], alternative="greater", n_resamples=N_BOOT)
     r_rev = paired_compare(pairs[deep], pairs[shallow], alternative="less", n_resamples=N_BOOT)
     level = float(pairs[shallow].mean())
+    # seeds added after a look at this test count as looks (Bonferroni); the verdict without them is a note
+    ext = extension_of(pairs.index.to_frame(index=False), declared)
+    ext.index = pairs.index
+    if (ext != "").any():
+        first = pairs[ext == ""]
+        b = paired_compare(first[deep], first[shallow], alternative="greater", n_resamples=N_BOOT)
+        b_rev = paired_compare(first[deep], first[shallow], alternative="less", n_resamples=N_BOOT)
+        v0 = _direction_verdict(b["p_value"], b_rev["p_value"], (b["lo"] / level, b["hi"] / level)
+                                if level > 0 and len(first) >= 2 else (math.nan, math.nan), DRIFT_MARGIN)
+        without = f"{v0[0]} ({v0[1]}; {len(first)} pairs)"
+    else:
+        without = ""
+    looks = _looks_note(c, declared, ext, without, [key], unit="pairs")
+    r["p_value"], r_rev["p_value"] = looks_adjusted(r["p_value"], looks), looks_adjusted(r_rev["p_value"], looks)
     c.cells = f"num_moe_layers {deep} vs {shallow}, {len(pairs)} pairs"
     c.statistic = (f"flip rate {_pct(pairs[deep].mean())} vs {_pct(level)}: difference {100 * r['mean_diff']:+.2f} pp "
                    f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}")
-    c.test, c.p_value = "paired sign-flip, one-sided", r["p_value"]
+    c.test, c.p_value = "paired sign-flip, one-sided" + (f", x {looks} looks" if looks > 1 else ""), r["p_value"]
     c.verdict, c.reason = _direction_verdict(r["p_value"], r_rev["p_value"], (r["lo"] / level, r["hi"] / level)
                                              if level > 0 else (math.nan, math.nan), DRIFT_MARGIN)
+    c.plain = (f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
+               f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
+               f"{_pct(pairs[deep].mean())} of decisions per layer and the shallower {_pct(level)} (difference "
+               f"{100 * r['mean_diff']:+.2f} points, 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}). Verdict: "
+               f"**{c.verdict}** for drift per layer" + (f", counting the look after which {int((ext != '').sum())} of the "
+               f"{len(pairs)} pairs were added (without them: {without.split(' (')[0]})" if looks > 1 else "")
+               + f". What would change it: {_would_change(c.verdict)}.")
     if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
         c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
                      f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
@@ -370,6 +711,8 @@ def claim_depth(root: Path) -> Claim:
         c.notes.append(f"support: tokens with a changed layer {_pct(tp[deep].mean())} ({deep} layers) vs "
                        f"{_pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
                        f"[{100 * t['lo']:+.1f}, {100 * t['hi']:+.1f}], {t['n']} pairs, one-sided p = {_p(t['p_value'])}")
+        c.plain += (f" Per token it is another story: {_pct(tp[deep].mean())} of tokens change at least one layer in the "
+                    f"deeper models vs {_pct(tp[shallow].mean())} (more layers, more chances).")
     # support: within the deepest runs, deeper half of the layers vs the shallower half
     layer_keys = {k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique()
                   if k.startswith("route/old_vs_new/flip_rate/layer_")}
@@ -442,7 +785,7 @@ def claim_r3_vs_r2(root: Path) -> Claim:
 def pooled_xcorr(df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, max_lag: int = MAX_LAG,
                  diff: bool = True) -> pd.DataFrame:
     """Per run `lagged_xcorr(x, sum of y_keys)` over steps (first differences when `diff`, so slow
-    trends do not masquerade as a lead); one row per (run, lag) with r and n."""
+    trends do not masquerade as a lead); one row per (run, lag) with r and n (router_shift.png)."""
     rows = []
     for run, g in df[df["key"].isin([x_key, *y_keys])].groupby("run"):
         wide = g.pivot_table(index="step", columns="key", values="value").sort_index()
@@ -455,37 +798,41 @@ def pooled_xcorr(df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, max_l
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["lag", "r", "n", "run"])
 
 
-def lead_contrast(per_run: pd.DataFrame, *, seed: int = 0, n_boot: int = N_BOOT) -> dict:
-    """Pooled r per lag (mean over runs), its peak lag, and the lead contrast C = max r over lags > 0
-    minus max r over lags <= 0 of the pooled curve, with a 95% percentile bootstrap interval that
-    resamples runs (C > 0: x leads y more than it lags or moves with it)."""
-    table = per_run.pivot_table(index="run", columns="lag", values="r").dropna()
-    lags = np.asarray(table.columns)
-    if table.empty or not (lags > 0).any() or not (lags <= 0).any():
-        return {"n_runs": len(table)}
-    values = table.to_numpy()
-    pooled = values.mean(0)
+def run_series(df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, min_steps: int) -> list[tuple]:
+    """Per run, (run, x, y) over the steps that log x and every y key (y = their sum), in step order;
+    runs with fewer than `min_steps` such steps, or a constant series, are left out."""
+    sub = df[df["key"].isin([x_key, *y_keys])]
+    wide = sub.pivot_table(index=["run", "step"], columns="key", values="value")
+    if x_key not in wide or not all(k in wide for k in y_keys):
+        return []
+    wide = wide[[x_key, *y_keys]].dropna().sort_index()
+    out = []
+    for run, g in wide.groupby(level="run", sort=True):
+        x, y = g[x_key].to_numpy(), g[list(y_keys)].sum(axis=1).to_numpy()
+        if len(g) >= min_steps and np.ptp(x) > 0 and np.ptp(y) > 0:
+            out.append((run, x, y))
+    return out
 
-    def contrast(curve: np.ndarray) -> np.ndarray:
-        return curve[..., lags > 0].max(-1) - curve[..., lags <= 0].max(-1)
 
-    rng = np.random.default_rng(seed)
-    boot = contrast(values[rng.integers(0, len(values), (n_boot, len(values)))].mean(1))
-    return {"n_runs": len(table), "mean_r": pd.Series(pooled, index=lags), "peak_lag": int(lags[pooled.argmax()]),
-            "contrast": float(contrast(pooled)), "lo": float(np.quantile(boot, 0.025)),
-            "hi": float(np.quantile(boot, 0.975))}
+def _pooled_r_by_lag(series: list[tuple], max_lag: int = MAX_LAG) -> pd.Series:
+    """Mean over runs of the correlation of first differences of x at t and y at t + lag (descriptive)."""
+    per_run = [lagged_xcorr(np.diff(x), np.diff(y), max_lag).set_index("lag")["r"] for _, x, y in series]
+    return pd.concat(per_run, axis=1).mean(axis=1)
 
 
 def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phase_mismatch", "drift_scaling")) -> Claim:
     c = Claim(6, "Router shift leads clip bursts and collapse", "RSPO, arXiv 2510.23027",
-              f"per run, Pearson correlation of the step-to-step change in the router shift 1 - `{SHIFT_KEY}` "
-              "(its off-policy mean where logged; gamma = 1 when the router did not move) at t with the change in "
-              f"clip fraction (low + high) at t + lag, lag -{MAX_LAG}..{MAX_LAG}, averaged over runs. reproduced if the "
-              "pooled peak sits at a positive lag and the lead contrast (highest pooled r at a positive lag minus the "
-              "highest at lag <= 0) has a 95% bootstrap interval over runs above 0; not reproduced if that interval "
-              "lies below +0.05; "
-              "inconclusive otherwise or with fewer than 3 runs. The shift before collapse events is reported as support",
-              experiment="runs that log the shift metric")
+              f"per run, a Granger-style regression of the clip fraction (low + high) at t on its own {GRANGER_LAGS} "
+              f"previous values, a linear trend and the {GRANGER_LAGS} previous values of the router shift 1 - "
+              f"`{SHIFT_KEY}` (its off-policy mean where logged): the share of the remaining variance the shift's past "
+              "explains, averaged over runs, against surrogates that rotate each run's shift series in time by a random "
+              f"offset ({N_SURROGATES} per run; a same-step correlation cannot pass or fail this test). reproduced if "
+              "the surrogate p < 0.05 with more shift followed by more clipping; not reproduced if the clip fraction "
+              "leads the shift by the same test (p < 0.05) while the shift does not lead it, or the excess over chance "
+              f"has a 95% bootstrap interval over runs below {LEAD_MARGIN:.0%} of the variance while the smallest detectable "
+              "excess is below that too; inconclusive otherwise "
+              "or with fewer than 3 runs. The smallest lead the test detects (80% power) is reported; the shift before "
+              "collapse events is support", experiment="runs that log the shift metric")
     frames = []
     for exp in experiments:
         df = _load(root, exp, [*SHIFT_KEYS, *CLIP_KEYS, *HISTORY_KEYS])
@@ -497,25 +844,56 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         return c
     df = pd.concat(frames, ignore_index=True)
     c.experiment = ", ".join(sorted(df["experiment"].astype(str).unique())) if "experiment" in df else c.experiment
-    per_run = pooled_xcorr(df, SHIFT_AMOUNT, CLIP_KEYS)
-    res = lead_contrast(per_run) if len(per_run) else {"n_runs": 0}
-    if res["n_runs"] < 3:
-        c.reason = f"{res['n_runs']} run(s) with both series: need >= 3"
+    series = run_series(df, SHIFT_AMOUNT, CLIP_KEYS, min_steps=4 * GRANGER_LAGS + 10)
+    if len(series) < 3:
+        c.reason = f"{len(series)} run(s) with both series: need >= 3"
         return c
-    c.cells = f"{res['n_runs']} runs, first differences, lags ±{MAX_LAG}"
-    r_peak = float(res["mean_r"].loc[res["peak_lag"]])
-    c.statistic = (f"peak r = {r_peak:.2f} at lag {res['peak_lag']:+d}; lead contrast {res['contrast']:+.3f} "
-                   f"[{res['lo']:+.3f}, {res['hi']:+.3f}]")
-    c.test = "bootstrap over runs"
-    if res["peak_lag"] > 0 and res["lo"] > 0:
-        c.verdict, c.reason = REPRODUCED, "shift changes precede clip-fraction changes"
-    elif res["hi"] < 0.05:
-        c.verdict, c.reason = NOT_REPRODUCED, (f"no lead of shift over the clip fraction (pooled peak at lag "
-                                               f"{res['peak_lag']:+d})")
+    fwd = granger_surrogate_test([(x, y) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
+    rev = granger_surrogate_test([(y, x) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
+    c.cells = f"{fwd['n_runs']} runs, {GRANGER_LAGS} lags, {N_SURROGATES} circular-shift surrogates per run"
+    c.statistic = (f"the shift's past explains {_pct(fwd['excess'])} [{_pct(fwd['lo'])}, {_pct(fwd['hi'])}] of the clip "
+                   f"fraction's next-step variance beyond its own past (above the surrogates' {_pct(fwd['chance'])}); "
+                   f"surrogate p = {_p(fwd['p_value'])}; smallest detectable {_pct(fwd['detectable'])}; direction "
+                   f"{fwd['direction']:+.2f} (summed standardized coefficients, mean over runs)")
+    c.test, c.p_value = "Granger-style increment vs circular-shift surrogates", fwd["p_value"]
+    reverse_leads = rev["p_value"] < ALPHA and rev["excess"] > fwd["excess"]
+    if fwd["p_value"] < ALPHA and fwd["direction"] > 0 and not reverse_leads:
+        c.verdict, c.reason = REPRODUCED, f"the shift's past predicts more clipping (surrogate p = {_p(fwd['p_value'])})"
+    elif reverse_leads:
+        c.verdict, c.reason = NOT_REPRODUCED, (f"the clip fraction leads the shift more than the shift leads it "
+                                               f"({_pct(rev['excess'])} vs {_pct(fwd['excess'])} of the variance, "
+                                               f"surrogate p = {_p(rev['p_value'])} vs {_p(fwd['p_value'])})")
+    elif fwd["p_value"] < ALPHA and fwd["direction"] <= 0:
+        c.verdict, c.reason = NOT_REPRODUCED, "the shift's past does not predict more clipping (no positive direction)"
+    elif fwd["hi"] < LEAD_MARGIN and fwd["detectable"] < LEAD_MARGIN:
+        c.verdict, c.reason = NOT_REPRODUCED, (f"no lead: the excess over chance is below {_pct(fwd['hi'])} of the "
+                                               f"variance (p = {_p(fwd['p_value'])})")
     else:
-        c.verdict, c.reason = INCONCLUSIVE, f"peak at lag {res['peak_lag']:+d}, contrast interval includes small leads"
-    c.notes.append("pooled r by lag: " + ", ".join(f"{int(k):+d}: {v:.2f}" for k, v in res["mean_r"].items()))
+        c.verdict, c.reason = INCONCLUSIVE, (f"no significant lead (p = {_p(fwd['p_value'])}), and a lead of "
+                                             f"{LEAD_MARGIN:.0%} is not ruled out (interval up to {_pct(fwd['hi'])}, "
+                                             f"smallest detectable {_pct(fwd['detectable'])})")
+    c.notes.append(f"reverse (clip fraction's past predicting the shift): {_pct(rev['excess'])} [{_pct(rev['lo'])}, "
+                   f"{_pct(rev['hi'])}] above chance, surrogate p = {_p(rev['p_value'])}, direction {rev['direction']:+.2f}")
+    c.notes.append(f"the smallest detectable lead, {_pct(fwd['detectable'])} of the next-step variance, is a partial "
+                   f"correlation of about {math.sqrt(max(fwd['detectable'], 0)):.2f} between the shift's past and the "
+                   f"clip fraction (80% power at alpha {ALPHA}, {fwd['n_runs']} runs)")
+    r_by_lag = _pooled_r_by_lag(series)
+    c.notes.append("descriptive, first differences: mean r by lag " + ", ".join(
+        f"{int(k):+d}: {v:.2f}" for k, v in r_by_lag.items()) + " (the lag-0 peak is the same update, which the "
+        "regression above does not count as a lead)")
     c.notes.append(shift_before_collapse(df))
+    sign = lambda d: ("more of one followed by more of the other" if d > 0.05 else
+                      "more of one followed by less of the other" if d < -0.05 else "no consistent sign")
+    c.plain = (f"We asked whether a large move of the router (the shift of probability away from the experts a token "
+               f"used) comes before a rise in clipping, in {fwd['n_runs']} runs. Beyond what the clip fraction's own past "
+               f"predicts, the shift's past explains {_pct(fwd['excess'])} of its next value (95% interval "
+               f"{_pct(fwd['lo'])} to {_pct(fwd['hi'])}; the smallest lead this test detects is "
+               f"{_pct(fwd['detectable'])}), with {sign(fwd['direction'])}; the other way round, the clip fraction's "
+               f"past explains {_pct(rev['excess'])} of the shift's next value, with {sign(rev['direction'])}. The two "
+               f"move together within one update, which this test does not count as a lead. Verdict: "
+               f"**{c.verdict}**. What would change it: "
+               + ("a lead of the shift above the detectable size, with a positive sign, in runs with another model or "
+                  "learning rate" if c.verdict == NOT_REPRODUCED else _would_change(c.verdict)) + ".")
     return c
 
 
@@ -554,32 +932,102 @@ CLAIMS: tuple[Callable[[Path], Claim], ...] = (
 )
 
 
-def evaluate_claims(root: str | Path) -> list[Claim]:
-    """Every claim's verdict from the result folders under `root` (e.g. `results`)."""
+def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
+    """Every claim's verdict from the result folders under `root` (e.g. `results`), with the analyses
+    declared in `experiment_files` (default experiments/conf/experiment)."""
     root = Path(root)
-    outcomes = _phase_outcomes(root, "phase")
+    outcomes = _phase_outcomes(root, "phase", grid=True)
+    try:
+        declared = declared_analyses(experiment_files)
+    except (OSError, ValueError, KeyError, TypeError):
+        declared = {}
     out = []
     for fn in CLAIMS:
         try:
-            out.append(fn(root, outcomes) if fn in (claim_offpolicy_grpo, claim_gspo_stable) else fn(root))
+            if fn in (claim_offpolicy_grpo, claim_gspo_stable):
+                out.append(fn(root, outcomes, declared.get("phase")))
+            else:
+                out.append(fn(root, declared.get("drift_scaling")) if fn is claim_depth else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
             out.append(Claim(len(out) + 1, fn.__name__, "", "", verdict=INCONCLUSIVE,
                              reason=f"analysis failed: {type(err).__name__}: {err}"))
     return out
 
 
+SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling")
+PAPER_SCALE = ("Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code "
+               "(GSPO, R3)")
+
+
+def _span(values: pd.Series, fmt: str = "g") -> str:
+    vals = sorted(values.dropna().unique())
+    if not vals:
+        return "?"
+    return f"{vals[0]:{fmt}}" if len(vals) == 1 else f"{vals[0]:{fmt}}-{vals[-1]:{fmt}}"
+
+
+def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPERIMENTS) -> str:
+    """A sentence naming the models and tasks behind the verdicts, read from the runs' config.yaml."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    rows = []
+    for exp in experiments:
+        folder = runs_folder(Path(root), exp)
+        for path in sorted(folder.glob("*/config.yaml")) if folder.is_dir() else []:
+            doc = yaml.load(path.read_text(), Loader=loader) or {}
+            model, task = doc.get("model") or {}, doc.get("task") or {}
+            rows.append({"experiment": exp, "family": model.get("family"), "hidden": model.get("hidden_size"),
+                         "layers": model.get("num_layers"), "experts": model.get("num_experts"),
+                         "top_k": model.get("top_k"), "task": task.get("name"), "steps": doc.get("steps"),
+                         "device": doc.get("device")})
+    if not rows:
+        return ""
+    f = pd.DataFrame(rows)
+    counts = ", ".join(f"{exp} {n}" for exp, n in f.groupby("experiment", sort=False).size().items())
+    families = ", ".join(sorted(f["family"].dropna().astype(str).unique()))
+    tasks = ", ".join(f"`{t}`" for t in sorted(f["task"].dropna().astype(str).unique()))
+    devices = ", ".join(sorted(f["device"].dropna().astype(str).unique()))
+    return (f"**Scale.** Every verdict below comes from tiny models on a synthetic task, not from the papers' models: "
+            f"{families} with hidden size {_span(f['hidden'])}, {_span(f['layers'])} layers, {_span(f['experts'])} "
+            f"experts and top-{_span(f['top_k'])} routing, trained with RL for {_span(f['steps'])} steps per run on "
+            f"{tasks} (a synthetic task with an exact reward) from a supervised cold start, on {devices} "
+            f"({len(f)} runs: {counts}). The papers' numbers come from models such as {PAPER_SCALE}. A verdict says "
+            "what happens at this scale; it does not refute a result measured at the papers' scale.")
+
+
+def _plain_fallback(c: Claim) -> str:
+    """A paragraph from a claim's fields, for claims that do not write their own."""
+    where = f"{c.experiment}" + (f" ({c.cells})" if c.cells else "") if c.experiment else "no data"
+    found = f" Found: {c.statistic}." if c.statistic else ""
+    return (f"Tested on {where}.{found} Verdict: **{c.verdict}** ({c.reason}). What would change it: "
+            f"{_would_change(c.verdict)}.")
+
+
 def format_claims_markdown(claims: list[Claim], root: str | Path = "results") -> str:
-    """results/CLAIMS.md: the table, then per claim the rule, the reason and the notes."""
-    lines = [
-        "# Claims and verdicts",
+    """results/CLAIMS.md: the scale, a paragraph per claim, the table, then per claim the rule, the reason and the notes."""
+    scale = models_and_tasks(root)
+    lines = ["# Claims and verdicts", ""]
+    if scale:
+        lines += [scale, ""]
+    lines += ["## In plain words", ""]
+    lines += [f"{c.id}. **{c.claim}.** {c.plain or _plain_fallback(c)}" for c in claims]
+    lines += [
+        "",
+        "## Table",
         "",
         (f"Generated by `python -m moe_rl.report --claims` from the result folders under `{root}`; "
         "nothing here is typed by hand. Verdict pattern: **reproduced** when the predicted direction is significant "
-        f"(alpha {ALPHA}, Holm where a claim runs several tests); **not reproduced** when the opposite direction is "
+        f"(alpha {ALPHA}, Holm where a claim runs several tests, Bonferroni over looks where runs were added after "
+        "a look); **not reproduced** when the opposite direction is "
         "significant or the effect's interval lies within a margin too small to matter (collapse probability "
-        f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, drift {DRIFT_MARGIN:.0%}); **inconclusive** otherwise, and "
-        f"whenever the data are missing. Collapse uses the `{MAIN_DEFINITION}` definition (see "
-        f"results/collapse_definitions.md); each collapse verdict is recomputed under `{ALTERNATIVE_DEFINITION}`."),
+        f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
+        f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
+        "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
+        f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
+        f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "
+        f"results/collapse_definitions.md). Primary outcomes are measurements (final accuracy, reward AUC, time to "
+        f"collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Counts read \"k of n\"."),
         "",
         "| # | claim | experiment and cells | statistic [95% interval] | test | p | verdict | why |",
         "|---:|:---|:---|:---|:---|---:|:---|:---|",

@@ -30,6 +30,25 @@ COLLAPSE_DEFINITIONS: dict[str, dict] = {
     "absolute": {"definition": "absolute", "reward_window": 10, "reward_drop_frac": 0.5, "reward_floor": 0.2,
                  "entropy_floor": 0.05, "entropy_window": 10},
 }
+# A declared grid of reasonable definitions (claims report the share of it that gives each verdict):
+# both definitions, drop fractions 0.3-0.7 (reward and accuracy alike) and, for the relative accuracy
+# trigger, a patience of 1-4 consecutive evaluations. Each main definition is one point of the grid.
+GRID_DROP_FRACS = (0.3, 0.4, 0.5, 0.6, 0.7)
+GRID_PATIENCES = (1, 2, 3, 4)
+
+
+def definition_grid() -> dict[str, dict]:
+    """Name -> `detect_collapse` keyword arguments for every point of the declared grid
+    ("relative:d0.5:p2" is the main definition, "absolute:d0.5" the alternative)."""
+    grid = {}
+    for frac in GRID_DROP_FRACS:
+        for patience in GRID_PATIENCES:
+            grid[f"relative:d{frac:g}:p{patience}"] = {**COLLAPSE_DEFINITIONS["relative"], "reward_drop_frac": frac,
+                                                      "accuracy_drop_frac": frac, "accuracy_patience": patience}
+        grid[f"absolute:d{frac:g}"] = {**COLLAPSE_DEFINITIONS["absolute"], "reward_drop_frac": frac}
+    return grid
+
+
 DEFINITION_TEXT = {
     "relative": "rolling reward (10 steps) < 0.5 x the mean of the run's first 10 rewards, or eval accuracy "
                 "< 0.5 x its step-0 accuracy at 2 consecutive evaluations; or non-finite loss/gradient; or "

@@ -432,3 +432,36 @@ def plot_metric_vs_axis(values: pd.DataFrame, metrics: dict[str, str], axis: str
         _legend(ax, by)
     fig.suptitle(f"Per-run means against {axis} (mean over seeds, 95% bootstrap interval)")
     return fig
+
+
+def plot_survival(outcomes: pd.DataFrame, *, definition: str, axes: Sequence[str] = ("lr", "N"),
+                  arm_col: str = "arm", title: str = "") -> Figure:
+    """Kaplan-Meier curves of time to collapse (censored at a run's last step), one panel per cell in which
+    some run collapsed under `definition`, one curve per arm (`run_outcomes` columns)."""
+    from moe_rl.analysis.stats import kaplan_meier
+
+    col, step = f"collapsed_{definition}", f"collapse_step_{definition}"
+    if col not in outcomes:
+        raise ValueError(f"no collapse definition {definition!r} in the outcomes")
+    cells = [(v, g) for v, g in outcomes.groupby(list(axes), sort=True) if g[col].any()]
+    if not cells:
+        raise ValueError(f"no run collapsed under {definition!r}: nothing to draw")
+    fig, grid = _grid(len(cells), panel=(3.8, 3.0))
+    for ax, (values, g) in zip(grid.flat, cells):
+        for arm, h in g.groupby(arm_col, sort=True):
+            event = h[col].to_numpy(bool)
+            time = np.where(event, h[step], h["last_step"]).astype(float)
+            km = kaplan_meier(time, event)
+            xs = np.r_[0.0, km["time"].to_numpy(), time.max()]
+            ys = np.r_[1.0, km["survival"].to_numpy(), km["survival"].iloc[-1] if len(km) else 1.0]
+            ax.step(xs, ys, where="post", label=f"{arm} ({int(event.sum())} of {len(h)})")
+        values = values if isinstance(values, tuple) else (values,)
+        ax.set_title(", ".join(f"{a}={v:g}" for a, v in zip(axes, values)), fontsize="medium")
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize="x-small")
+    for ax in list(grid.flat)[len(cells):]:
+        ax.set_visible(False)
+    grid.flat[0].set_ylabel("runs not yet collapsed (Kaplan-Meier)")
+    fig.suptitle(title or f"Time to collapse per cell, {definition} definition")
+    return fig

@@ -288,3 +288,205 @@ def event_aligned_mean(values: pd.DataFrame, events: pd.DataFrame, *, before: in
     out = pd.DataFrame({"mean": g.mean(), "sem": g.sem(), "n": g.count()}).reindex(range(-before, after + 1))
     out["n"] = out["n"].fillna(0).astype(int)
     return out.rename_axis("offset").reset_index()
+
+
+# --- survival, paired counts, agreement --------------------------------------------------------------
+
+def kaplan_meier(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.ndarray) -> pd.DataFrame:
+    """Kaplan-Meier survival S(t) = prod over event times s <= t of (1 - d_s / n_s).
+
+    `time`: step of the event, or of the last observation for a censored run; `event`: True where
+    the run collapsed at `time`. Returns one row per distinct event time: time, at_risk (n_s),
+    events (d_s), survival (S just after that time). A run censored at t counts as at risk at t.
+    """
+    t, e = np.asarray(time, dtype=float), np.asarray(event, dtype=bool)
+    if t.shape != e.shape or t.ndim != 1:
+        raise ValueError(f"time and event must be 1-d of one length, got {t.shape} and {e.shape}")
+    rows, s = [], 1.0
+    for u in np.unique(t[e]):
+        n, d = int((t >= u).sum()), int(((t == u) & e).sum())
+        s *= 1 - d / n
+        rows.append({"time": float(u), "at_risk": n, "events": d, "survival": s})
+    return pd.DataFrame(rows, columns=["time", "at_risk", "events", "survival"])
+
+
+def logrank_test(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.ndarray,
+                 group: Sequence[bool] | np.ndarray, strata: Sequence | np.ndarray | None = None, *,
+                 alternative: str = "two-sided") -> dict[str, float]:
+    """(Stratified) log-rank test of equal hazards between group True (arm a) and group False (arm b).
+
+    Within each stratum, at every event time u: observed events of a, O_u, expected
+    E_u = d_u n_a,u / n_u and hypergeometric variance V_u = d_u (n_a,u / n_u)(1 - n_a,u / n_u)
+    (n_u - d_u) / (n_u - 1); Z = sum (O - E) / sqrt(sum V) over strata and times. Strata on pairs
+    (cell and seed) give the paired test: only pairs where one arm collapsed first carry weight.
+    `alternative="greater"`: arm a collapses sooner (more events than expected). Returns z,
+    observed and expected events of arm a, and p_value (NaN when no stratum carries information).
+    """
+    _check_alternative(alternative)
+    t, e, g = np.asarray(time, dtype=float), np.asarray(event, dtype=bool), np.asarray(group, dtype=bool)
+    s = np.zeros(len(t), dtype=int) if strata is None else pd.factorize(pd.Series(list(strata)))[0]
+    if not (t.shape == e.shape == g.shape == s.shape) or t.ndim != 1:
+        raise ValueError(f"time, event, group and strata must be 1-d of one length, got {t.shape}, {e.shape}, "
+                         f"{g.shape}, {s.shape}")
+    obs = exp = var = 0.0
+    for k in np.unique(s):
+        tk, ek, gk = t[s == k], e[s == k], g[s == k]
+        for u in np.unique(tk[ek]):
+            at_risk = tk >= u
+            n, na = int(at_risk.sum()), int((at_risk & gk).sum())
+            d = int(((tk == u) & ek).sum())
+            obs += int(((tk == u) & ek & gk).sum())
+            exp += d * na / n
+            if n > 1:
+                var += d * (na / n) * (1 - na / n) * (n - d) / (n - 1)
+    out = {"observed": float(obs), "expected": float(exp), "variance": float(var)}
+    if var <= 0:
+        return {**out, "z": math.nan, "p_value": math.nan}
+    z = (obs - exp) / math.sqrt(var)
+    p = {"greater": stats.norm.sf(z), "less": stats.norm.cdf(z), "two-sided": 2 * stats.norm.sf(abs(z))}[alternative]
+    return {**out, "z": float(z), "p_value": float(min(1.0, p))}
+
+
+def mcnemar_exact(b: int, c: int, *, alternative: str = "two-sided") -> float:
+    """Exact McNemar test from the discordant pairs: b pairs where only arm a collapsed, c where only b did.
+
+    Under equal collapse probability within pairs, b ~ Binomial(b + c, 1/2). Pairs from different
+    cells can be pooled (each pair is its own stratum), so this is also the stratified test.
+    `alternative="greater"`: arm a collapses more. p = 1 without discordant pairs.
+    """
+    _check_alternative(alternative)
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
+    if b + c == 0:
+        return 1.0
+    return float(stats.binomtest(b, b + c, 0.5, alternative=alternative).pvalue)
+
+
+def cohen_kappa(x: Sequence[bool] | np.ndarray, y: Sequence[bool] | np.ndarray) -> float:
+    """Cohen's kappa of two labellings of the same runs: (p_o - p_e) / (1 - p_e).
+
+    1 is perfect agreement, 0 the agreement two independent labellings with these rates would
+    reach by chance; NaN when chance agreement is already perfect (both label every run alike).
+    """
+    a, b = np.asarray(x, dtype=bool), np.asarray(y, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError(f"need two non-empty 1-d labellings of one length, got {a.shape} and {b.shape}")
+    po = float(np.mean(a == b))
+    pe = float(a.mean() * b.mean() + (1 - a.mean()) * (1 - b.mean()))
+    return math.nan if pe == 1 else (po - pe) / (1 - pe)
+
+
+def looks_adjusted(p: float, looks: int) -> float:
+    """p after `looks` analyses of accumulating data (Bonferroni over looks: min(1, looks * p)).
+
+    Valid whatever the dependence between looks, and conservative: adding runs after seeing results
+    and testing again would otherwise raise the false-positive rate with every look.
+    """
+    if looks < 1:
+        raise ValueError(f"looks must be >= 1, got {looks}")
+    return p if not np.isfinite(p) else float(min(1.0, looks * p))
+
+
+# --- Granger-style lead against circular-shift surrogates ----------------------------------------------
+
+def _lag_index(T: int, lags: int, offsets: np.ndarray) -> np.ndarray:
+    """(len(offsets), T - lags, lags) indices into a series of length T: entry [m, i, j - 1] is the index of
+    x[t - j] at target t = i + lags after rotating x by offsets[m] (x_rot[t] = x[(t - offset) mod T])."""
+    t = np.arange(lags, T)[None, :, None] - np.arange(1, lags + 1)[None, None, :]
+    return (t - np.asarray(offsets)[:, None, None]) % T
+
+
+def _restricted(y: np.ndarray, lags: int) -> tuple[np.ndarray, np.ndarray]:
+    """Target y[t] (t >= lags) and an orthonormal basis Q of the restricted design [1, trend, y[t-1..t-lags]]."""
+    T = len(y)
+    target = y[lags:]
+    trend = np.arange(T - lags, dtype=float) / (T - lags)
+    design = np.column_stack([np.ones(T - lags), trend, y[_lag_index(T, lags, np.zeros(1, int))[0]]])
+    q, r = np.linalg.qr(design)
+    keep = np.abs(np.diag(r)) > 1e-10 * max(np.abs(np.diag(r)).max(), 1e-300)  # drop collinear columns
+    return target, q[:, keep]
+
+
+def _increments(target: np.ndarray, q: np.ndarray, xlags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Partial R² of the x-lag columns beyond the restricted design (basis q), and their coefficients,
+    for a batch xlags (M, T', lags), by Frisch-Waugh: regress the residual of y on the residuals of x."""
+    ry = target - q @ (q.T @ target)
+    rss_r = float(ry @ ry)
+    rx = xlags - q @ (q.T @ xlags)  # (M, T', lags)
+    gram = np.swapaxes(rx, 1, 2) @ rx  # (M, lags, lags)
+    rhs = np.swapaxes(rx, 1, 2) @ ry  # (M, lags)
+    coef = (np.linalg.pinv(gram) @ rhs[..., None])[..., 0]
+    explained = (coef * rhs).sum(-1)
+    if rss_r <= 1e-12 * max(float(target @ target), 1e-300):
+        return np.full(len(xlags), np.nan), coef
+    return explained / rss_r, coef
+
+
+def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, lags: int) -> dict[str, float]:
+    """How much the past of x predicts y beyond y's own past (Granger, 1969).
+
+    Fits y[t] = a + b t + sum_j c_j y[t-j] + sum_j d_j x[t-j] (j = 1..lags) by least squares and
+    returns `increment`: the share of y's residual variance under the restricted model (no x) that
+    the x lags remove, (RSS_r - RSS_f) / RSS_r, a partial R² in [0, 1); and `direction`: the sum of
+    the d_j in units of sd(y) / sd(x) (positive: more x, more y later). A correlation of x and y at
+    the same step adds nothing: y[t] is explained only by values before t. NaN where y's own past
+    explains it exactly.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"x and y must be 1-d of one length, got {x.shape} and {y.shape}")
+    if lags < 1 or len(x) < 3 * lags + 5:
+        raise ValueError(f"need lags >= 1 and at least {3 * lags + 5} steps, got lags={lags}, {len(x)} steps")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("x and y must be finite")
+    target, q = _restricted(y, lags)
+    inc, coef = _increments(target, q, x[_lag_index(len(x), lags, np.zeros(1, int))])
+    sx, sy = x.std(), y.std()
+    return {"increment": float(inc[0]), "direction": float(coef[0].sum() * sx / sy) if sx > 0 and sy > 0 else math.nan}
+
+
+def granger_surrogate_test(series: Sequence[tuple[np.ndarray, np.ndarray]], *, lags: int, n_surrogates: int = 199,
+                           min_offset: int | None = None, seed: int = 0, n_boot: int = 4999,
+                           power: float = 0.8, alpha: float = 0.05) -> dict[str, float]:
+    """Does x lead y across runs? Mean over runs of `granger_increment(x, y)` against surrogates in
+    which each run's x is rotated in time by its own random offset (a circular shift keeps each
+    series' autocorrelation and trend but breaks its alignment with y).
+
+    `series`: one (x, y) pair of equal-length arrays per run (runs whose y its own past explains
+    exactly are left out). Returns n_runs, statistic (mean increment), chance (its mean over
+    surrogates), excess = statistic - chance with a 95% bootstrap interval over runs [lo, hi],
+    p_value = (1 + #surrogates >= statistic) / (1 + n_surrogates), direction (mean over runs), and
+    detectable: the smallest excess this test finds with probability `power` at level `alpha`,
+    (z_(1-alpha) + z_power) times the standard deviation of the surrogates' mean.
+    """
+    if not series:
+        raise ValueError("no runs")
+    rng = np.random.default_rng(seed)
+    obs, direction, null = [], [], []
+    for i, (x, y) in enumerate(series):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        g = granger_increment(x, y, lags)
+        T, lo = len(x), (min_offset if min_offset is not None else 2 * lags + 1)
+        if T - 2 * lo < 1:
+            raise ValueError(f"run {i}: {T} steps leave no circular shift at least {lo} steps from the original")
+        offsets = rng.integers(lo, T - lo + 1, n_surrogates)
+        if not np.isfinite(g["increment"]):
+            continue
+        target, q = _restricted(y, lags)
+        inc, _ = _increments(target, q, x[_lag_index(T, lags, offsets)])
+        obs.append(g["increment"])
+        direction.append(g["direction"])
+        null.append(inc)
+    if not obs:
+        raise ValueError("no run with a residual variance to explain")
+    obs_a, null_a = np.asarray(obs), np.stack(null, axis=1)  # (runs,), (M, runs)
+    stat, pooled_null = float(obs_a.mean()), null_a.mean(1)
+    chance = float(pooled_null.mean())
+    per_run_excess = obs_a - null_a.mean(0)
+    idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
+    boot = per_run_excess[idx].mean(1)
+    z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
+    return {"n_runs": len(obs_a), "statistic": stat, "chance": chance, "excess": stat - chance,
+            "lo": float(np.quantile(boot, 0.025)), "hi": float(np.quantile(boot, 0.975)),
+            "p_value": float((1 + (pooled_null >= stat).sum()) / (1 + n_surrogates)),
+            "direction": float(np.nanmean(direction)), "detectable": float(z * pooled_null.std(ddof=1))}
