@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -15,3 +16,26 @@ def test_ruff_finds_no_undefined_names_or_unused_imports() -> None:
     assert ruff, "ruff is missing: it is in the test extra (pip install -e '.[test]')"
     out = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports (absolute names), at top level or inside functions."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_routing_never_imports_models() -> None:
+    """`moe_rl.models` uses `moe_rl.routing` (router checks at load); the reverse would make a cycle."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(m for m in _imported_modules(path) if m.startswith("moe_rl.models"))
+        for path in sorted((ROOT / "moe_rl" / "routing").glob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    # the check itself sees imports: models does import routing
+    assert any(m.startswith("moe_rl.routing") for m in _imported_modules(ROOT / "moe_rl" / "models" / "__init__.py"))

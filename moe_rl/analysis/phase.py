@@ -15,6 +15,7 @@ import pandas as pd
 from moe_rl.analysis.collapse import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
+from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
 
 AXES = ("lr", "N")
 REFERENCE_ARM = "grpo+none"
@@ -38,11 +39,11 @@ def run_outcomes(df: pd.DataFrame, definitions: dict | None = None) -> pd.DataFr
     """One row per run: run keys, status, start/final accuracy, reward_auc, in-loop collapse and
     `collapsed_<def>` / `collapse_step_<def>` / `trigger_<def>` for every collapse definition."""
     table = runs(df).set_index("run", drop=False).rename_axis(None)
-    acc = df.loc[df["key"] == "task/accuracy", ["run", "step", "value"]].dropna().sort_values("step")
+    acc = df.loc[df["key"] == TASK_ACCURACY, ["run", "step", "value"]].dropna().sort_values("step")
     g = acc.groupby("run")["value"]
     table["start_accuracy"] = g.first()
     table["final_accuracy"] = g.last()
-    rew = df.loc[df["key"] == "reward/mean", ["run", "step", "value"]]
+    rew = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]]
     table["reward_auc"] = pd.Series(
         {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}, dtype=float
     )
