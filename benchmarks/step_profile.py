@@ -284,7 +284,7 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,fine")
     parser.add_argument("--replay", default="r3", choices=("none", "r2", "r3"))
@@ -298,7 +298,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", default="cpu", choices=tuple(CLOCKS),
                         help="cpu: this process's CPU time (robust to other jobs on the machine); wall: elapsed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     global now
     now = CLOCKS[args.clock]
     if args.threads:

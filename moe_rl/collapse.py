@@ -1,4 +1,4 @@
-"""Collapse detection (DESIGN §3): pure Python over a run's (step, value) records, no torch, so
+"""Collapse detection (docs/design.md §3): pure Python over a run's (step, value) records, no torch, so
 analysis can recompute any definition without importing the training stack. Re-exported by
 `moe_rl.metrics`.
 """

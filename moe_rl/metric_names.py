@@ -47,7 +47,7 @@ def route_key(pair: str, name: str) -> str:
     return f"route/{pair}/{name}"
 
 
-def layer_key(key: str, i: int) -> str:
+def layer_key(key: str, i: int | str) -> str:
     """The per-layer value of `key` at MoE layer `i`."""
     return f"{key}/layer_{i}"
 
@@ -72,12 +72,12 @@ ROUTE_SHIFT_P10 = route_key(OLD_VS_NEW, "shift/p10")
 FLIP_VS_MARGIN_PREFIX = "route/flip_vs_margin/"
 
 
-def position_key(p: int) -> str:
+def position_key(p: int | str) -> str:
     """Old-vs-new flip rate of the inputs that predict completion tokens p.. (one position bucket)."""
     return f"{ROUTE_FLIP_RATE}/pos_{p}"
 
 
-def margin_bin_key(count: str, b: int) -> str:
+def margin_bin_key(count: str, b: int | str) -> str:
     """`route/flip_vs_margin/{count}/bin_{b}`, `count` one of "n" (pairs seen) and "flips"."""
     return f"{FLIP_VS_MARGIN_PREFIX}{count}/bin_{b}"
 
@@ -112,8 +112,15 @@ TIME_EVAL_S = "time/eval_s"
 
 # Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
 # the old policy's weights, so its flips and ratio spread are ~0 and dilute the step mean by (N-1)/N.
-OFFPOLICY_KEYS = (ROUTE_FLIP_RATE, ROUTE_EXPERT_FLIP_FRAC, ROUTE_TOKEN_FLIP_RATE, ROUTE_SHIFT_MEAN,
-                  RATIO_TOKEN_VAR, RATIO_SEQ_VAR, KL_K3)
+OFFPOLICY_KEYS = (
+    ROUTE_FLIP_RATE,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_TOKEN_FLIP_RATE,
+    ROUTE_SHIFT_MEAN,
+    RATIO_TOKEN_VAR,
+    RATIO_SEQ_VAR,
+    KL_K3,
+)
 
 
 @dataclass(frozen=True)
@@ -129,48 +136,79 @@ METRICS: tuple[Metric, ...] = (
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
     Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),
     Metric(route_key("{pair}", TOKEN_FLIP_RATE), "mean over valid t of `1[exists l: S_a != S_b]`"),
-    Metric(position_key("{p}"), "old-vs-new flip rate over the inputs that predict completion tokens p .. p + `position_bucket` - 1 "
-           "(default 4; p = 0 is the last prompt token)"),
-    Metric(ROUTE_USED_VS_CACHED_FLIP_RATE, "flip rate of the routes the experts received vs the cached ones: 0 "
-           "whenever replay works"),
-    Metric(ROUTE_MARGIN_MEAN, "mean over valid (t, l) of the gap between the k-th and (k+1)-th router probability "
-           "in the old pass (small margins predict flips)"),
+    Metric(
+        position_key("{p}"),
+        "old-vs-new flip rate over the inputs that predict completion tokens p .. p + `position_bucket` - 1 "
+        "(default 4; p = 0 is the last prompt token)",
+    ),
+    Metric(
+        ROUTE_USED_VS_CACHED_FLIP_RATE,
+        "flip rate of the routes the experts received vs the cached ones: 0 whenever replay works",
+    ),
+    Metric(
+        ROUTE_MARGIN_MEAN,
+        "mean over valid (t, l) of the gap between the k-th and (k+1)-th router probability "
+        "in the old pass (small margins predict flips)",
+    ),
     Metric(ROUTE_MARGIN_P10, "10th percentile of the same margins"),
-    Metric(ROUTE_SHIFT_MEAN, "router shift (RSPO, arXiv 2510.23027), mean over valid completion tokens of "
-           "`gamma_t = exp(-(1/L) sum_l (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)|)`, with `p` the "
-           "router's selection probabilities and `S_old` the old pass's top-k; 1 = the router put the same "
-           "probability on every previously activated expert, smaller = it moved"),
+    Metric(
+        ROUTE_SHIFT_MEAN,
+        "router shift (RSPO, arXiv 2510.23027), mean over valid completion tokens of "
+        "`gamma_t = exp(-(1/L) sum_l (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)|)`, with `p` the "
+        "router's selection probabilities and `S_old` the old pass's top-k; 1 = the router put the same "
+        "probability on every previously activated expert, smaller = it moved",
+    ),
     Metric(ROUTE_SHIFT_P10, "10th percentile of `gamma_t` over valid completion tokens"),
-    Metric(route_key(OLD_VS_NEW, "shift/layer_{i}"), "router shift of MoE layer i alone (`gamma_t` with L = 1), "
-           "mean over valid completion tokens"),
-    Metric(margin_bin_key("n", "{b}"), "valid (t, l) pairs whose old margin lies in bin b of `MARGIN_EDGES` "
-           "(0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, inf), summed over updates 2..N of a step"),
-    Metric(margin_bin_key("flips", "{b}"), "those of them whose top-k set flipped; "
-           "`moe_rl.analysis.drift.flip_vs_margin` pools both into P(flip | margin)"),
-    Metric(RATIO_TOKEN_VAR, "population variance of the token ratio `r = exp(delta)` over valid response tokens, "
-           "before clipping, with `delta = logp - old_logp`"),
+    Metric(
+        route_key(OLD_VS_NEW, "shift/layer_{i}"),
+        "router shift of MoE layer i alone (`gamma_t` with L = 1), mean over valid completion tokens",
+    ),
+    Metric(
+        margin_bin_key("n", "{b}"),
+        "valid (t, l) pairs whose old margin lies in bin b of `MARGIN_EDGES` "
+        "(0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, inf), summed over updates 2..N of a step",
+    ),
+    Metric(
+        margin_bin_key("flips", "{b}"),
+        "those of them whose top-k set flipped; "
+        "`moe_rl.analysis.drift.flip_vs_margin` pools both into P(flip | margin)",
+    ),
+    Metric(
+        RATIO_TOKEN_VAR,
+        "population variance of the token ratio `r = exp(delta)` over valid response tokens, "
+        "before clipping, with `delta = logp - old_logp`",
+    ),
     Metric(RATIO_TOKEN_MAX, "largest token ratio (a step keeps the max over its updates)"),
-    Metric(RATIO_SEQ_VAR, "population variance, across non-empty sequences, of the GSPO sequence ratio "
-           "`exp(mean_t delta)`"),
+    Metric(
+        RATIO_SEQ_VAR, "population variance, across non-empty sequences, of the GSPO sequence ratio `exp(mean_t delta)`"
+    ),
     Metric(RATIO_ESS, "normalised effective sample size `(sum r)^2 / (N sum r^2)`, in (0, 1]"),
     Metric(RATIO_EXTREME_FRAC, "fraction of valid tokens with `|delta| > ln 2`"),
     Metric(RATIO_CLIPFRAC_LOW, "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low`"),
-    Metric(RATIO_CLIPFRAC_HIGH, "fraction of valid tokens (GSPO: sequences) on the clipped branch above "
-           "`1 + eps_high`"),
+    Metric(
+        RATIO_CLIPFRAC_HIGH, "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high`"
+    ),
     Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
-    Metric(KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when "
-           "`algo.beta > 0`"),
+    Metric(
+        KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"
+    ),
     Metric(REWARD_MEAN, "mean rollout reward"),
     Metric(REWARD_STD, "population standard deviation of the rollout rewards"),
     Metric(REWARD_ZERO_VAR_GROUP_FRAC, "fraction of prompt groups whose rewards all agree (advantage 0: no signal)"),
     Metric(REWARD_ERRORS, "completions of the step's rollout whose reward function raised (each scored 0)"),
-    Metric(TASK_ACCURACY, "greedy accuracy on the held-out split, every `eval_every` steps (NaN in between in a "
-           "wide frame)"),
-    Metric(POLICY_ENTROPY, "mean token entropy of the policy over valid response tokens, per update, averaged "
-           "over the step"),
+    Metric(
+        TASK_ACCURACY,
+        "greedy accuracy on the held-out split, every `eval_every` steps (NaN in between in a wide frame)",
+    ),
+    Metric(
+        POLICY_ENTROPY,
+        "mean token entropy of the policy over valid response tokens, per update, averaged over the step",
+    ),
     Metric(OPTIM_GRAD_NORM, "gradient norm before clipping, per update, averaged over the step"),
-    Metric(LOSS, "the loss that was minimised (policy term plus `beta` times the KL term), averaged over the "
-           "step's updates"),
+    Metric(
+        LOSS,
+        "the loss that was minimised (policy term plus `beta` times the KL term), averaged over the step's updates",
+    ),
     Metric(LOSS_POLICY, "the clipped policy term alone, without the KL term"),
     Metric(ROLLOUT_LOGP_GAP, "mean `|rollout logp - old logp|` over completion tokens (the inference/training gap)"),
     Metric(ROLLOUT_RESPONSE_LEN, "mean completion length in tokens"),
@@ -218,8 +256,10 @@ def render_table() -> str:
         also = f" (also per layer: `{layer_key(metric.key, '{i}')}`)" if metric.per_layer else ""
         rows.append(f"| `{_cell(metric.key)}` | {_cell(metric.meaning)}{also} |")
     offpolicy = ", ".join(f"`{key}`" for key in OFFPOLICY_KEYS)
-    rows.append(f"| `{{key}}{OFFPOLICY_SUFFIX}` | {{key}} averaged over the off-policy updates 2..N only (update 1 "
-                f"runs on the old weights, so its values are ~0), for {_cell(offpolicy)} |")
+    rows.append(
+        f"| `{{key}}{OFFPOLICY_SUFFIX}` | {{key}} averaged over the off-policy updates 2..N only (update 1 "
+        f"runs on the old weights, so its values are ~0), for {_cell(offpolicy)} |"
+    )
     for pair, meaning in PAIRS.items():
         rows.append(f"| `{{pair}}` = `{pair}` | {_cell(meaning)} |")
     return "\n".join(rows)
@@ -251,8 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 path.write_text(new)
             stale.append(str(path))
     if stale and not args.write:
-        print(f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metric_names --write "
-              f"{' '.join(map(str, args.files))}", file=sys.stderr)
+        print(
+            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metric_names --write "
+            f"{' '.join(map(str, args.files))}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -39,28 +39,38 @@ def test_check_mode_fails_on_a_stale_table_and_write_mode_fixes_it(tmp_path: Pat
 def test_every_key_is_defined_once_and_constants_are_defined() -> None:
     keys = [m.key for m in METRICS]
     assert len(keys) == len(set(keys))
-    constants = {name: value for name, value in vars(metric_names).items()
-                 if name.isupper() and isinstance(value, str) and value != metric_names.OFFPOLICY_SUFFIX
-                 and "/" in value and not value.endswith("/") and not value.startswith("<!--")}
+    constants = {
+        name: value
+        for name, value in vars(metric_names).items()
+        if name.isupper()
+        and isinstance(value, str)
+        and value != metric_names.OFFPOLICY_SUFFIX
+        and "/" in value
+        and not value.endswith("/")
+        and not value.startswith("<!--")
+    }
     assert len(constants) > 30
     assert {name: key for name, key in constants.items() if not defines(key)} == {}
 
 
-@pytest.mark.parametrize("key, defined", [
-    ("route/old_vs_new/flip_rate", True),
-    ("route/rollout_vs_old/expert_flip_frac/layer_3", True),
-    ("route/old_vs_new/flip_rate/offpolicy", True),
-    ("route/old_vs_new/shift/mean/offpolicy", True),
-    ("route/old_vs_new/shift/layer_1", True),
-    ("route/old_vs_new/flip_rate/pos_8", True),
-    ("route/flip_vs_margin/flips/bin_7", True),
-    ("kl/k3/offpolicy", True),
-    ("route/some_pair/flip_rate", False),  # an unknown pair
-    ("route/old_vs_new/token_flip_rate/layer_0", False),  # token flip rates have no per-layer value
-    ("ratio/token_max/offpolicy", False),  # not an off-policy key
-    ("reward/meen", False),
-    ("route/old_vs_new/flip_rate/pos_x", False),
-])
+@pytest.mark.parametrize(
+    "key, defined",
+    [
+        ("route/old_vs_new/flip_rate", True),
+        ("route/rollout_vs_old/expert_flip_frac/layer_3", True),
+        ("route/old_vs_new/flip_rate/offpolicy", True),
+        ("route/old_vs_new/shift/mean/offpolicy", True),
+        ("route/old_vs_new/shift/layer_1", True),
+        ("route/old_vs_new/flip_rate/pos_8", True),
+        ("route/flip_vs_margin/flips/bin_7", True),
+        ("kl/k3/offpolicy", True),
+        ("route/some_pair/flip_rate", False),  # an unknown pair
+        ("route/old_vs_new/token_flip_rate/layer_0", False),  # token flip rates have no per-layer value
+        ("ratio/token_max/offpolicy", False),  # not an off-policy key
+        ("reward/meen", False),
+        ("route/old_vs_new/flip_rate/pos_x", False),
+    ],
+)
 def test_defines_expands_patterns_and_suffixes(key: str, defined: bool) -> None:
     assert defines(key) is defined
 
@@ -89,8 +99,13 @@ def test_a_training_step_logs_only_defined_keys(tmp_path: Path) -> None:
     cfg.cold_start.cache_dir = str(tmp_path / "cold_start")
     trainer = Trainer(cfg)
     logged = {**trainer.step(1), **trainer.evaluate()}
-    for key in (metric_names.ROUTE_USED_VS_CACHED_FLIP_RATE, metric_names.KL_REF_K3, metric_names.TASK_ACCURACY,
-                metric_names.offpolicy_key(metric_names.ROUTE_FLIP_RATE), metric_names.margin_bin_key("n", 0),
-                metric_names.route_key(metric_names.ROLLOUT_VS_OLD, metric_names.FLIP_RATE)):
+    for key in (
+        metric_names.ROUTE_USED_VS_CACHED_FLIP_RATE,
+        metric_names.KL_REF_K3,
+        metric_names.TASK_ACCURACY,
+        metric_names.offpolicy_key(metric_names.ROUTE_FLIP_RATE),
+        metric_names.margin_bin_key("n", 0),
+        metric_names.route_key(metric_names.ROLLOUT_VS_OLD, metric_names.FLIP_RATE),
+    ):
         assert key in logged
     assert sorted(k for k in logged if not defines(k)) == []

@@ -54,7 +54,7 @@ def collapse_events(df: pd.DataFrame, definitions: Mapping[str, dict] | None = N
     definitions = COLLAPSE_DEFINITIONS if definitions is None else definitions
     keys = run_key_columns(df)
     rows = []
-    for run, g in df.groupby("run", sort=True):
+    for _, g in df.groupby("run", sort=True):
         history = run_history(g)
         info = g.iloc[0][keys].to_dict()
         for name, kwargs in definitions.items():

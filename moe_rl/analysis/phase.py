@@ -31,7 +31,7 @@ def reward_auc(steps: np.ndarray, values: np.ndarray) -> float:
         return math.nan
     if len(s) == 1 or s[-1] == s[0]:
         return float(v.mean())
-    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")  # noqa: B009 (numpy < 2 has only trapz)
     return float(trapezoid(v, s) / (s[-1] - s[0]))
 
 

@@ -139,7 +139,7 @@ def plot_metric(df: pd.DataFrame, key: str, *, by: By = "arm", logy: bool = Fals
 def plot_flip_rate(
     df: pd.DataFrame, pair: str = "old_vs_new", *, metric: str = "flip_rate", by: By = "arm"
 ) -> Figure:
-    """Route flip rate vs step for one comparison pair (DESIGN §3), one line per group."""
+    """Route flip rate vs step for one comparison pair (docs/design.md §3), one line per group."""
     key = route_key(pair, metric)
     _need(df, [key])
     facets = _facets(df, by)

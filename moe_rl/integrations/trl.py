@@ -1,4 +1,4 @@
-"""Routing Replay (R2/R3) and the DESIGN §3 `route/*` and `ratio/*` metrics inside TRL's `GRPOTrainer`.
+"""Routing Replay (R2/R3) and the docs/design.md §3 `route/*` and `ratio/*` metrics inside TRL's `GRPOTrainer`.
 
     from moe_rl.integrations.trl import MoeGRPOTrainer, algo_args, task_reward
     args = GRPOConfig(..., num_iterations=2, **algo_args("gspo"))
@@ -77,7 +77,7 @@ from moe_rl.tasks import get_task  # noqa: E402
 
 REPLAY_MODES = ("none", "r2", "r3")
 
-# TRL arguments that give the harness's algorithms (DESIGN §1): GRPO with the GSPO paper's asymmetric
+# TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO with the GSPO paper's asymmetric
 # clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
 # no load-balancing loss (TRL adds the architecture's `router_aux_loss_coef` by default).
 ALGO_ARGS: dict[str, dict[str, Any]] = {
@@ -161,7 +161,7 @@ def cat_routes(parts: list[Routes]) -> Routes:
 def clip_fractions(
     *, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, level: str
 ) -> dict[str, float]:
-    """`ratio/clipfrac_low|high` of DESIGN §3 for TRL's ratio: per token, or per sequence (GSPO).
+    """`ratio/clipfrac_low|high` of docs/design.md §3 for TRL's ratio: per token, or per sequence (GSPO).
 
     low: ratio < 1 - eps_low and adv < 0; high: ratio > 1 + eps_high and adv > 0; over valid tokens
     (sequence level: over non-empty sequences), as in `moe_rl.algos.losses`.
@@ -201,7 +201,7 @@ class _PolicyPass:
 
 
 class MoeGRPOTrainer(GRPOTrainer):
-    """TRL's `GRPOTrainer` with Routing Replay (`routing_replay`: none, r2, r3) and DESIGN §3 metrics.
+    """TRL's `GRPOTrainer` with Routing Replay (`routing_replay`: none, r2, r3) and docs/design.md §3 metrics.
 
     Adds to TRL's logs, per update: `ratio/*` and `kl/k3` (`moe_rl.metrics.ratio_stats`),
     `ratio/clipfrac_low|high`, `route/old_vs_new/*` (the current policy's own routes vs the old

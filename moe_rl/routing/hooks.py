@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -228,7 +229,7 @@ class RouteRecorder(_ModelHooks):
         return Routes._checked(indices, mask.bool(), self.layer_map, self.num_experts)
 
 
-def _along_time(masks: list[Tensor], passes: list[list[Tensor]]) -> Tensor:
+def _along_time(masks: list[Tensor], passes: list[list[Any]]) -> Tensor:
     """Per-pass, per-layer rows (B*T, ...) of a record -> one (B, T_total, L, ...) tensor along time."""
     steps = []
     for mask, per_layer in zip(masks, passes):
@@ -323,9 +324,9 @@ class RouteReplay(_ModelHooks):
             raise RuntimeError(f"routing replay was armed but not applied to MoE layers {missing}")
         self.passes += 1
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        super().__exit__(exc_type, *exc)
-        if exc_type is None and self.passes == 0:
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if exc[0] is None and self.passes == 0:
             raise RuntimeError("routing replay was armed but no forward pass ran inside it")
 
     def _make_hook(self, i: int):
@@ -333,8 +334,9 @@ class RouteReplay(_ModelHooks):
 
         def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
             logits, weights, native = router_output(layer.name, router, output)  # MegaBlocks: softmax scores
-            rule = self.rules[i] if self.rules[i] is not None else check_rule_on_output(layer, output)
-            self.rules[i] = rule
+            rule = self.rules[i]
+            if rule is None:
+                rule = self.rules[i] = check_rule_on_output(layer, output)
             B, T = self.routes.shape[:2]
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
@@ -386,7 +388,7 @@ class RoutedPass:
         self._stack.enter_context(self.recorder)
         return self
 
-    def __exit__(self, *exc: object) -> bool | None:
+    def __exit__(self, *exc: Any) -> bool | None:
         return self._stack.__exit__(*exc)
 
     @property

@@ -112,7 +112,9 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
     layers = []
     for name, module in model.named_modules():
         megablocks = is_megablocks_router(module)  # found also where the model declares other router classes
-        is_router = isinstance(module, declared) if declared else type(module).__name__.endswith(("Router", "TopkRouter"))
+        is_router = (
+            isinstance(module, declared) if declared else type(module).__name__.endswith(("Router", "TopkRouter"))
+        )
         if not (is_router or megablocks):
             continue
         match = re.search(r"layers\.(\d+)\.", name)
@@ -127,8 +129,11 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
                 num_experts = getattr(module, "num_experts", None)
             top_k = getattr(module, "top_k", None)
         if match is None or num_experts is None or top_k is None:
-            missing = [w for w, v in (("a layer index in its path", match), ("num_experts", num_experts),
-                                      ("top_k", top_k)) if v is None]
+            missing = [
+                w
+                for w, v in (("a layer index in its path", match), ("num_experts", num_experts), ("top_k", top_k))
+                if v is None
+            ]
             raise UnsupportedRouterError(type(module).__name__, f"lacks {', '.join(missing)}", name)
         layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(top_k), seq_major=megablocks))
     if not layers:
@@ -140,19 +145,23 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
         )
     return layers
 
+
 def router_output(layer_name: str, router: nn.Module, output: object) -> tuple[Tensor, Tensor, Tensor]:
     """`output` as the v5 router contract `(logits, weights, indices)`, or UnsupportedRouterError."""
     if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(x, Tensor) for x in output)):
         kind = f"a {len(output)}-tuple" if isinstance(output, tuple) else type(output).__name__
         raise UnsupportedRouterError(
-            type(router).__name__, f"returns {kind}, not (logits, weights, indices): its routes cannot be "
-            "read or forced at the router", layer_name,
+            type(router).__name__,
+            f"returns {kind}, not (logits, weights, indices): its routes cannot be read or forced at the router",
+            layer_name,
         )
     logits, weights, indices = output
     if indices.is_floating_point() or indices.dim() != 2 or weights.shape != indices.shape:
         raise UnsupportedRouterError(
-            type(router).__name__, f"returns indices {tuple(indices.shape)} {indices.dtype} and weights "
-            f"{tuple(weights.shape)}, not (tokens, k) integer ids with matching weights", layer_name,
+            type(router).__name__,
+            f"returns indices {tuple(indices.shape)} {indices.dtype} and weights "
+            f"{tuple(weights.shape)}, not (tokens, k) integer ids with matching weights",
+            layer_name,
         )
     return logits, weights, indices
 
