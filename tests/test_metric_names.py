@@ -1,4 +1,7 @@
-"""Metric names are defined once: the registry, the generated tables, and the keys runs really log."""
+"""Metric names are defined once: the registry, the generated tables, and the keys runs really log.
+
+(The keys a fresh run logs, per arm, are checked by `tests/test_train.py::test_short_run_per_arm`.)
+"""
 
 from __future__ import annotations
 
@@ -83,29 +86,3 @@ def test_shipped_runs_log_only_defined_keys() -> None:
         keys.update(pc.unique(pq.read_table(path, columns=["key"])["key"]).to_pylist())
     assert len(keys) > 80
     assert sorted(k for k in keys if not defines(k)) == []
-
-
-def test_a_training_step_logs_only_defined_keys(tmp_path: Path) -> None:
-    """One R3 step with a KL term and N = 2 (every metric family the loop logs), plus an evaluation."""
-    from moe_rl.config import TrainConfig
-    from moe_rl.train import Trainer
-
-    cfg = TrainConfig(out_dir=str(tmp_path / "run"), steps=1, eval_size=4, snapshot_every=0, progress=False)
-    cfg.replay.mode, cfg.algo.beta = "r3", 0.01
-    cfg.task.n_train, cfg.task.n_eval, cfg.task.max_new_tokens = 16, 4, 3
-    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 2, 2
-    cfg.optim.updates_per_rollout = 2
-    cfg.cold_start.band, cfg.cold_start.max_steps, cfg.cold_start.eval_every = [0.0, 1.0], 1, 1
-    cfg.cold_start.cache_dir = str(tmp_path / "cold_start")
-    trainer = Trainer(cfg)
-    logged = {**trainer.step(1), **trainer.evaluate()}
-    for key in (
-        metric_names.ROUTE_USED_VS_CACHED_FLIP_RATE,
-        metric_names.KL_REF_K3,
-        metric_names.TASK_ACCURACY,
-        metric_names.offpolicy_key(metric_names.ROUTE_FLIP_RATE),
-        metric_names.margin_bin_key("n", 0),
-        metric_names.route_key(metric_names.ROLLOUT_VS_OLD, metric_names.FLIP_RATE),
-    ):
-        assert key in logged
-    assert sorted(k for k in logged if not defines(k)) == []
