@@ -1,4 +1,4 @@
-"""ruff's bug-finding checks (pyproject [tool.ruff.lint]) over the whole repository."""
+"""Repository checks: ruff (the rules of pyproject [tool.ruff.lint]), import direction, design references."""
 
 from __future__ import annotations
 
