@@ -3,7 +3,8 @@
     python benchmarks/fsdp_scaling.py                      # CPU, gloo: 1 vs 2 processes
     python benchmarks/fsdp_scaling.py --device cuda --nproc 1 2 4 8   # GPUs, NCCL (one GPU per process)
 
-The model is a Qwen3-MoE built to ~50M parameters (hidden 512, 4 layers, 16 experts of width 512, top-2),
+The model is a Qwen3-MoE built to ~50M parameters (hidden 512, 4 layers, 16 experts of width 512, top-2;
+`--hidden/--layers/--experts` shrink it),
 so parameters, gradients and AdamW's two moments dominate memory. Each configuration runs under torchrun
 with the harness's own `moe_rl.distributed.Dist` (the same `fully_shard` wrapping and loss scaling as a
 run) on a fixed global batch split across the ranks, and reports per rank:
@@ -43,8 +44,8 @@ def worker(args: argparse.Namespace) -> None:
     from moe_rl.models import build_model
 
     d = Dist(args.strategy, 600, args.device)
-    model = build_model("qwen3_moe", hidden_size=512, num_layers=4, num_experts=16, top_k=2,
-                        moe_intermediate_size=512, intermediate_size=1024)
+    model = build_model("qwen3_moe", hidden_size=args.hidden, num_layers=args.layers, num_experts=args.experts, top_k=2,
+                        moe_intermediate_size=args.hidden, intermediate_size=2 * args.hidden)
     n_params = sum(p.numel() for p in model.parameters())
     model.to(args.device).train()
     train_model = d.wrap(model)
@@ -76,7 +77,7 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.out, f"rank{d.rank}.json").write_text(json.dumps(row))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--strategy", default="fsdp", choices=["fsdp", "ddp"])
@@ -85,9 +86,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size and expert width (dense width: 2x)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     if args.worker:
         return worker(args)
     results = {}
@@ -96,7 +100,8 @@ def main() -> None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
                    "--worker", "--out", out, "--device", args.device, "--strategy", args.strategy,
                    "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup)]
+                   "--warmup", str(args.warmup), "--hidden", str(args.hidden), "--layers", str(args.layers),
+                   "--experts", str(args.experts)]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             env.setdefault("OMP_NUM_THREADS", "1")
             subprocess.run(cmd, check=True, env=env, cwd=ROOT)

@@ -83,14 +83,14 @@ def overhead(model: torch.nn.Module, x: torch.Tensor, repeats: int) -> dict[str,
     return measure(model, x, repeats, timer=_time)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/gpu_check")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check needs a CUDA device (torch.cuda.is_available() is False)")
 

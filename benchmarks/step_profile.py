@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import statistics
 import tempfile
 import time
@@ -56,8 +57,32 @@ PHASES = ("generate", "rollout other", "old pass", "forward", "backward", "optim
           "metrics")
 FLOORED = {"generate": "generate", "old pass": "old pass", "forward": "forward", "backward": "backward",
            "optimizer": "optimizer"}
-ROUTE_FNS = ("route_metrics", "flip_by_position", "router_shift", "flip_margin_metrics", "compare_routes")
-METRIC_FNS = ("ratio_stats", "token_entropy", "aggregate", "margin_stats", "group_advantages")
+# What `moe_rl.train` calls, booked by where it comes from: every function it imports from
+# `moe_rl.routing` is route bookkeeping, every one from the metric modules is metrics. The loop's own
+# helpers (and imports from elsewhere) are named here; a name missing from `moe_rl.train` is an error
+# (a refactor renamed it), not a phase that silently stops being timed.
+ROUTE_MODULES = ("moe_rl.routing",)
+METRIC_MODULES = ("moe_rl.metrics", "moe_rl.algos.advantages")
+NAMED_ROUTE_FNS = ("flip_by_position", "flip_margin_metrics")
+NAMED_METRIC_FNS = ("aggregate", "token_entropy")
+
+
+def phase_functions() -> dict[str, str]:
+    """{name in `moe_rl.train`: phase} for every function the step's phases are timed through."""
+    phases = {"generate": "generate"}
+    for name, fn in vars(train_module).items():
+        if not inspect.isfunction(fn):
+            continue
+        if fn.__module__.startswith(ROUTE_MODULES):
+            phases[name] = "route bookkeeping"
+        elif fn.__module__.startswith(METRIC_MODULES):
+            phases[name] = "metrics"
+    missing = [n for n in ("generate", *NAMED_ROUTE_FNS, *NAMED_METRIC_FNS) if not hasattr(train_module, n)]
+    if missing:
+        raise AttributeError(f"moe_rl.train has no {missing}: update step_profile.py's phase lists")
+    phases.update(dict.fromkeys(NAMED_ROUTE_FNS, "route bookkeeping"))
+    phases.update(dict.fromkeys(NAMED_METRIC_FNS, "metrics"))
+    return phases
 
 
 class PhaseClock:
@@ -95,15 +120,13 @@ class PhaseClock:
 @contextmanager
 def instrumented(trainer: Trainer, clock: PhaseClock):
     """Time the step's phases by wrapping what `moe_rl.train` calls; everything is restored after."""
-    saved_module = {name: getattr(train_module, name) for name in ("generate", *ROUTE_FNS, *METRIC_FNS)}
+    phases = phase_functions()
+    saved_module = {name: getattr(train_module, name) for name in phases}
     saved_props = {name: getattr(RoutedPass, name) for name in ("native", "used", "scores", "margins")}
     saved_backward, saved_clip = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_
     try:
-        train_module.generate = clock.wrap("generate", saved_module["generate"])
-        for name in ROUTE_FNS:
-            setattr(train_module, name, clock.wrap("route bookkeeping", saved_module[name]))
-        for name in METRIC_FNS:
-            setattr(train_module, name, clock.wrap("metrics", saved_module[name]))
+        for name, phase in phases.items():
+            setattr(train_module, name, clock.wrap(phase, saved_module[name]))
         for name, prop in saved_props.items():
             setattr(RoutedPass, name, property(clock.wrap("route bookkeeping", prop.fget)))
         torch.Tensor.backward = clock.wrap("backward", saved_backward)
@@ -261,7 +284,7 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="default,fine")
     parser.add_argument("--replay", default="r3", choices=("none", "r2", "r3"))
@@ -275,7 +298,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", default="cpu", choices=tuple(CLOCKS),
                         help="cpu: this process's CPU time (robust to other jobs on the machine); wall: elapsed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     global now
     now = CLOCKS[args.clock]
     if args.threads:

@@ -202,7 +202,7 @@ def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: ar
           f"  [min {min(ratios):.2f}, max {max(ratios):.2f}]")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
@@ -216,7 +216,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
                         help="wall: elapsed time; cpu: this process's CPU time (use with --threads 1 on a loaded machine)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     global clock
     clock = CLOCKS[args.clock]
     if args.threads:

@@ -1,7 +1,7 @@
 """Cold start: supervised warm-up on task demonstrations until eval accuracy enters a band.
 
 RL on a policy that never succeeds has no signal, and on one that always succeeds has nothing to
-learn. Every arm and seed of a comparison starts from the same cold-start checkpoint (DESIGN §4),
+learn. Every arm and seed of a comparison starts from the same cold-start checkpoint (docs/design.md §4),
 cached on disk under a hash of everything that determines it.
 """
 

@@ -1,4 +1,4 @@
-"""Collapse detection (DESIGN §3): pure Python over a run's (step, value) records, no torch, so
+"""Collapse detection (docs/design.md §3): pure Python over a run's (step, value) records, no torch, so
 analysis can recompute any definition without importing the training stack. Re-exported by
 `moe_rl.metrics`.
 """
@@ -9,6 +9,8 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from moe_rl.metric_names import LOSS, OPTIM_GRAD_NORM, POLICY_ENTROPY, REWARD_MEAN, TASK_ACCURACY
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class CollapseEvent:
 
 
 TRIGGERS = ("nonfinite", "reward_drop", "reward_below_start", "accuracy_below_start", "entropy_collapse")
+# The metrics the triggers read, as (step, value) records: what a caller keeps for `detect_collapse`.
+HISTORY_KEYS = (LOSS, OPTIM_GRAD_NORM, REWARD_MEAN, POLICY_ENTROPY, TASK_ACCURACY)
 # definition -> the triggers it uses (nonfinite and entropy_collapse do not depend on a level, so both keep them)
 DEFINITIONS = {
     "absolute": ("nonfinite", "reward_drop", "entropy_collapse"),
@@ -81,14 +85,14 @@ def detect_collapse(
     use = DEFINITIONS[definition]
     first: dict[str, CollapseEvent] = {}
 
-    for key in ("loss", "optim/grad_norm"):
+    for key in (LOSS, OPTIM_GRAD_NORM):
         for step, value in history.get(key, ()):
             if not math.isfinite(value):
                 if "nonfinite" not in first or step < first["nonfinite"].step:
                     first["nonfinite"] = CollapseEvent(step, "nonfinite", f"{key}={value}")
                 break
 
-    reward = list(history.get("reward/mean", ()))
+    reward = list(history.get(REWARD_MEAN, ()))
     reward_steps = [s for s, _ in reward]
     rolling = _rolling_means([v for _, v in reward], reward_window)
 
@@ -112,7 +116,7 @@ def detect_collapse(
                 first["reward_below_start"] = CollapseEvent(step, "reward_below_start", detail)
                 break
 
-    accuracy = list(history.get("task/accuracy", ()))
+    accuracy = list(history.get(TASK_ACCURACY, ()))
     if "accuracy_below_start" in use and len(accuracy) > 1 and accuracy[0][1] > 0:
         start_step, start = accuracy[0]
         run = 0
@@ -124,7 +128,7 @@ def detect_collapse(
                 first["accuracy_below_start"] = CollapseEvent(step, "accuracy_below_start", detail)
                 break
 
-    for step, entropy in history.get("policy/entropy", ()):
+    for step, entropy in history.get(POLICY_ENTROPY, ()):
         if not entropy < entropy_floor:
             continue
         j = bisect.bisect_right(reward_steps, step) - 1  # latest reward record at or before `step`

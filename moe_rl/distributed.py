@@ -1,4 +1,4 @@
-"""One run over many processes (DESIGN §6): process group, sharding, row split, pooled metrics.
+"""One run over many processes (docs/design.md §6): process group, sharding, row split, pooled metrics.
 
     torchrun --nproc_per_node=N experiments/train.py ...      # N processes, one training run
     python experiments/train.py -m hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=N ...

@@ -15,6 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_rl.atomic import write_atomic
 from moe_rl.config import TrainConfig, config_hash, validate
+from moe_rl.progress import eta_seconds, format_duration
+from moe_rl.runio import FINISHED, RunDirectoryError, read_status, write_status
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,6 @@ if not OmegaConf.has_resolver("short_name"):
     OmegaConf.register_new_resolver("short_name", short_name)
 if not OmegaConf.has_resolver("or_default"):
     OmegaConf.register_new_resolver("or_default", or_default)
-
-from moe_rl.progress import eta_seconds, format_duration
-from moe_rl.runio import FINISHED, RunDirectoryError, read_status, write_status
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:

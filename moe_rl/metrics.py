@@ -1,4 +1,4 @@
-"""Importance-ratio statistics and collapse detection (DESIGN §3). Pure: no I/O, no state.
+"""Importance-ratio statistics and collapse detection (docs/design.md §3). Pure: no I/O, no state.
 
 Ratio statistics, over valid response tokens, before clipping, with delta = logp - old_logp:
     ratio/token_var     population variance of the token ratio exp(delta)
@@ -21,13 +21,17 @@ from torch import Tensor
 
 from moe_rl.collapse import DEFINITIONS, TRIGGERS, CollapseEvent, detect_collapse  # noqa: F401 (re-exported)
 from moe_rl.partial import Partial
+from moe_rl.metric_names import (
+    KL_K3, RATIO_ESS, RATIO_EXTREME_FRAC, RATIO_SEQ_VAR, RATIO_TOKEN_MAX, RATIO_TOKEN_VAR, ROUTE_MARGIN_MEAN,
+    ROUTE_MARGIN_P10,
+)
 
-RATIO_KEYS = ("ratio/token_var", "ratio/token_max", "ratio/seq_var", "ratio/ess", "ratio/extreme_frac", "kl/k3")
+RATIO_KEYS = (RATIO_TOKEN_VAR, RATIO_TOKEN_MAX, RATIO_SEQ_VAR, RATIO_ESS, RATIO_EXTREME_FRAC, KL_K3)
 
 
 @torch.no_grad()
 def ratio_stats(*, logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Ratio statistics of DESIGN §3 (keys in `RATIO_KEYS`), in float64; all NaN when no token is valid."""
+    """Ratio statistics of docs/design.md §3 (keys in `RATIO_KEYS`), in float64; all NaN when no token is valid."""
     return ratio_finalize(ratio_parts(logp=logp, old_logp=old_logp, mask=mask))
 
 
@@ -55,12 +59,12 @@ def ratio_finalize(parts: Partial) -> dict[str, float]:
     r = torch.exp(d)
     seq_ratio = torch.exp(parts.rows["seq_delta"])  # s_i = exp(mean_t delta)
     stats = {
-        "ratio/token_var": r.var(correction=0),
-        "ratio/token_max": r.max(),
-        "ratio/seq_var": seq_ratio.var(correction=0),
-        "ratio/ess": r.sum() ** 2 / (d.numel() * (r**2).sum()),  # (sum r)^2 / (N sum r^2)
-        "ratio/extreme_frac": (d.abs() > math.log(2.0)).double().mean(),
-        "kl/k3": (torch.exp(-d) - 1.0 + d).mean(),  # k3 = exp(-delta) - 1 + delta
+        RATIO_TOKEN_VAR: r.var(correction=0),
+        RATIO_TOKEN_MAX: r.max(),
+        RATIO_SEQ_VAR: seq_ratio.var(correction=0),
+        RATIO_ESS: r.sum() ** 2 / (d.numel() * (r**2).sum()),  # (sum r)^2 / (N sum r^2)
+        RATIO_EXTREME_FRAC: (d.abs() > math.log(2.0)).double().mean(),
+        KL_K3: (torch.exp(-d) - 1.0 + d).mean(),  # k3 = exp(-delta) - 1 + delta
     }
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
@@ -80,4 +84,4 @@ def margin_finalize(parts: Partial) -> dict[str, float]:
     values = parts.rows["margins"]
     if not values.numel():
         return {}
-    return {"route/margin_mean": values.mean().item(), "route/margin_p10": values.quantile(0.1).item()}
+    return {ROUTE_MARGIN_MEAN: values.mean().item(), ROUTE_MARGIN_P10: values.quantile(0.1).item()}

@@ -19,6 +19,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from moe_rl.metric_names import REWARD_MEAN, ROUTE_FLIP_RATE, TASK_ACCURACY
+
 log = logging.getLogger("moe_rl.train")
 
 
@@ -43,9 +45,9 @@ def eta_seconds(done: int, total: int, elapsed: float) -> float:
 
 def progress_fields(metrics: dict[str, float], accuracy: float | None) -> dict[str, str]:
     """The short fields a bar or a line shows; accuracy only once an evaluation has measured it."""
-    fields = {"reward": f"{metrics['reward/mean']:.2f}"} if "reward/mean" in metrics else {}
-    if "route/old_vs_new/flip_rate" in metrics:
-        fields["flip"] = f"{metrics['route/old_vs_new/flip_rate']:.3f}"
+    fields = {"reward": f"{metrics[REWARD_MEAN]:.2f}"} if REWARD_MEAN in metrics else {}
+    if ROUTE_FLIP_RATE in metrics:
+        fields["flip"] = f"{metrics[ROUTE_FLIP_RATE]:.3f}"
     if accuracy is not None and math.isfinite(accuracy):
         fields["acc"] = f"{accuracy:.2f}"
     return fields
@@ -69,8 +71,8 @@ class Progress:
         self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True) if bar else None
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
-        if "task/accuracy" in metrics:
-            self.accuracy = float(metrics["task/accuracy"])
+        if TASK_ACCURACY in metrics:
+            self.accuracy = float(metrics[TASK_ACCURACY])
         fields = progress_fields(metrics, self.accuracy)
         if self.bar is not None:
             self.bar.update(1)

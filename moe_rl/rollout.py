@@ -2,7 +2,7 @@
 
 Layout shared with the training passes: a teacher-forced pass runs over `inputs = sequences[:, :-1]`
 and predicts `targets = sequences[:, 1:]`; every per-token tensor below is (B, S-1) in that frame,
-and `routes` are the routes of `inputs` (DESIGN §2). Prompts are left-padded, so all completions
+and `routes` are the routes of `inputs` (docs/design.md §2). Prompts are left-padded, so all completions
 start at the same column `prompt_len`.
 """
 

@@ -1,4 +1,4 @@
-"""A run directory on disk: atomic files, streamed metrics, checkpoints (DESIGN §3 run outputs).
+"""A run directory on disk: atomic files, streamed metrics, checkpoints (docs/design.md §5 run outputs).
 
 Layout of one run:
     config.yaml           resolved config

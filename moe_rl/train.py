@@ -1,6 +1,6 @@
 """The one stateful loop: cold start, rollouts, old-policy pass, N updates with replay, logging.
 
-Per step (DESIGN §1, §3):
+Per step (docs/design.md §1, §3):
 1. rollout: sample G completions for each of P prompts with the rollout policy (a copy in
    `rollout.dtype` when that differs from training), recording rollout log-probs and routes (R3);
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old

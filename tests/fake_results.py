@@ -1,4 +1,4 @@
-"""Test fixture: a fake results folder that follows the run-folder contract (DESIGN §3, §5).
+"""Test fixture: a fake results folder that follows the run-folder contract (docs/design.md §3, §5).
 
 Values come from a seeded numpy RNG with arm-dependent structure (replay arms flip less, GRPO
 without replay has the largest ratio variance, deeper layers and later positions flip more), so
@@ -42,7 +42,7 @@ def _run_metrics(rng: np.random.Generator, arm: str, *, steps: int, num_layers: 
         blowup = 20.0 if near_collapse else 1.0
 
         def put(key: str, value: float) -> None:
-            rows.append((step, key, float(value)))
+            rows.append((step, key, float(value)))  # noqa: B023 (called only within this step's iteration)
 
         for pair in PAIRS:
             if pair == "native_vs_replayed" and replay == "none":

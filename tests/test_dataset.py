@@ -290,7 +290,7 @@ def load_model_tokenizer(path):
 def test_any_family_checkpoint_loads_or_is_refused(tmp_path):
     from moe_rl.models.zoo import moe_families
     from moe_rl.routing import UnsupportedRouterError
-    from moe_rl.routing.survey import _build
+    from moe_rl.models.survey import _build
 
     by_type = {f.model_type: f for f in moe_families()}
     _build(by_type["hunyuan_v1_moe"]).save_pretrained(tmp_path / "hunyuan")

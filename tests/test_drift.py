@@ -44,7 +44,7 @@ def test_fit_recovers_a_power_law_exactly() -> None:
 
 def test_bootstrap_intervals_cover_the_truth_and_widen_with_noise() -> None:
     quiet, noisy = fit_drift(_table(0.05), KEY, n_boot=400), fit_drift(_table(0.3), KEY, n_boot=400)
-    for name, value in TRUE.items():
+    for name in TRUE:
         lo, hi = noisy["coef_ci"][name]
         assert lo <= noisy["coef"][name] <= hi
     width = lambda f: f["coef_ci"]["log_E"][1] - f["coef_ci"]["log_E"][0]  # noqa: E731

@@ -2,7 +2,7 @@
 
 The families are discovered from transformers' auto mapping (`moe_rl.models.zoo.moe_families`),
 not listed by hand. `docs/families.md` is rendered by the same survey: run
-`MOE_RL_WRITE_FAMILIES=1 pytest tests/test_families.py` (or `python -m moe_rl.routing.survey
+`MOE_RL_WRITE_FAMILIES=1 pytest tests/test_families.py` (or `python -m moe_rl.models.survey
 docs/families.md`) to regenerate it after a transformers upgrade.
 """
 
@@ -15,11 +15,10 @@ import pytest
 import torch
 import transformers
 
+from moe_rl.models.survey import _build, render_markdown, survey
 from moe_rl.models.zoo import moe_families, tiny_config
-from moe_rl.routing import RouteRecorder, RouteReplay, find_moe_layers
-from moe_rl.routing.hooks import UnsupportedRouterError, pick_rule
-from moe_rl.routing.rules import GENERIC_RULES, softmax_selected, softmax_topk
-from moe_rl.routing.survey import _build, render_markdown, survey
+from moe_rl.routing import RouteRecorder, RouteReplay, UnsupportedRouterError, find_moe_layers
+from moe_rl.routing.rules import GENERIC_RULES, pick_rule, softmax_selected, softmax_topk
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
 

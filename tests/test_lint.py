@@ -1,7 +1,9 @@
-"""ruff's bug-finding checks (pyproject [tool.ruff.lint]) over the whole repository."""
+"""Repository checks: ruff (the rules of pyproject [tool.ruff.lint]), import direction, design references."""
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -15,3 +17,39 @@ def test_ruff_finds_no_undefined_names_or_unused_imports() -> None:
     assert ruff, "ruff is missing: it is in the test extra (pip install -e '.[test]')"
     out = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports (absolute names), at top level or inside functions."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_routing_never_imports_models() -> None:
+    """`moe_rl.models` uses `moe_rl.routing` (router checks at load); the reverse would make a cycle."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(m for m in _imported_modules(path) if m.startswith("moe_rl.models"))
+        for path in sorted((ROOT / "moe_rl" / "routing").glob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    # the check itself sees imports: models does import routing
+    assert any(m.startswith("moe_rl.routing") for m in _imported_modules(ROOT / "moe_rl" / "models" / "__init__.py"))
+
+
+def test_design_references_point_at_existing_sections() -> None:
+    """Docstrings cite the design as "docs/design.md §n"; each n must be a section of that file."""
+    sections = {int(m) for m in re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "design.md").read_text(), re.M)}
+    assert sections == set(range(1, 8))
+    cited: dict[str, set[int]] = {}
+    for path in [*ROOT.glob("moe_rl/**/*.py"), *ROOT.glob("tests/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
+        for ref in re.findall(r"design\.md ((?:§\d+(?:, |-)?)+)", path.read_text()):
+            cited.setdefault(str(path.relative_to(ROOT)), set()).update(int(n) for n in re.findall(r"§(\d+)", ref))
+        assert "DESIGN" + " §" not in path.read_text(), f"{path}: cite docs/design.md §n"  # split: not a hit itself
+    assert len(cited) > 20
+    assert {path: sorted(ns - sections) for path, ns in cited.items() if ns - sections} == {}

@@ -286,7 +286,7 @@ def test_replay_not_applied_to_every_layer_raises() -> None:
     with pytest.raises(RuntimeError, match="router was bypassed"):
         with RouteRecorder(model) as rec:
             model(x)
-        rec.routes
+        _ = rec.routes
 
 
 def test_replay_without_forward_pass_raises(qwen) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from moe_rl.config import TrainConfig, validate
+from moe_rl.metric_names import defines
 from moe_rl.rollout import forward_logp
 from moe_rl.routing import Routes, compare_routes
 from moe_rl.train import Trainer, aggregate, train
@@ -70,6 +71,7 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
                                    "rollout_dtype", "num_layers", "num_moe_layers", "num_experts", "top_k", "step", "key",
                                    "value"]
     assert set(frame["arm"]) == {f"{algo}+{replay}"} and sorted(frame["step"].unique()) == [0, 1, 2, 3, 4]
+    assert sorted(k for k in frame["key"].unique() if not defines(k)) == []  # every logged key is in metric_names
     metrics = frame.pivot_table(index="step", columns="key", values="value")
     for key in ("reward/mean", "ratio/token_var", "ratio/seq_var", "ratio/ess", "kl/k3", "policy/entropy",
                 "optim/grad_norm", "route/old_vs_new/flip_rate", "route/rollout_vs_old/flip_rate",

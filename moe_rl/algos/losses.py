@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from moe_rl.metric_names import KL_REF_K3, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
+
 AGG_MODES = ("seq-mean-token-mean", "token-mean")
 
 LossFn = Callable[..., tuple[Tensor, "LossMetrics"]]
@@ -93,20 +95,20 @@ def _clipfracs(ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_hi
     n = valid.sum().clamp(min=1)
     low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
     high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
-    return {"ratio/clipfrac_low": low.sum().double() / n, "ratio/clipfrac_high": high.sum().double() / n}
+    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}
 
 
 def _add_kl(
     policy_loss: Tensor, *, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float, agg: str
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Add beta * k3 KL(pi_theta || pi_ref), aggregated by `agg`; return the total and its metrics."""
-    metrics = {"loss/policy": policy_loss.detach()}
+    metrics = {LOSS_POLICY: policy_loss.detach()}
     if ref_logp is None:
         return policy_loss, metrics
     log_ref_ratio = torch.where(mask, ref_logp.detach() - logp, torch.zeros_like(logp))
     kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3 = exp(ref - logp) - (ref - logp) - 1
     kl = _aggregate(kl, mask, agg)
-    metrics["kl/ref_k3"] = kl.detach()
+    metrics[KL_REF_K3] = kl.detach()
     return policy_loss + beta * kl, metrics
 
 

@@ -1,4 +1,4 @@
-"""The papers' claims, each with a verdict computed from the result folders (DESIGN §7).
+"""The papers' claims, each with a verdict computed from the result folders (docs/design.md §7).
 
 `evaluate_claims(results_root)` reads the folders named below (a missing folder gives
 `inconclusive` with reason "no data") and `format_claims_markdown` writes results/CLAIMS.md with

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import pandas as pd
 
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.collapse import detect_collapse
+from moe_rl.collapse import HISTORY_KEYS, detect_collapse
+from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
 
-HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy")
 MAIN_DEFINITION = "relative"
 ALTERNATIVE_DEFINITION = "absolute"
 # name -> detect_collapse keyword arguments
@@ -73,7 +73,7 @@ def collapse_events(df: pd.DataFrame, definitions: Mapping[str, dict] | None = N
     definitions = COLLAPSE_DEFINITIONS if definitions is None else definitions
     keys = run_key_columns(df)
     rows = []
-    for run, g in df.groupby("run", sort=True):
+    for _, g in df.groupby("run", sort=True):
         history = run_history(g)
         info = g.iloc[0][keys].to_dict()
         for name, kwargs in definitions.items():
@@ -140,8 +140,8 @@ def collapse_definitions_markdown(frames: Mapping[str, pd.DataFrame], *, group: 
 
 def _no_event_reason(run: pd.DataFrame) -> str:
     """Why no definition fired: the lowest rolling reward vs the start and the lowest accuracy vs step 0."""
-    reward = run.loc[run["key"] == "reward/mean"].sort_values("step")["value"]
-    acc = run.loc[run["key"] == "task/accuracy"].sort_values("step")["value"]
+    reward = run.loc[run["key"] == REWARD_MEAN].sort_values("step")["value"]
+    acc = run.loc[run["key"] == TASK_ACCURACY].sort_values("step")["value"]
     parts = []
     if len(reward) >= 10:
         parts.append(f"min rolling reward {reward.rolling(10).mean().min():.3g} vs start {reward.iloc[:10].mean():.3g}")
@@ -153,7 +153,7 @@ def _no_event_reason(run: pd.DataFrame) -> str:
 def _no_absolute_reason(run: pd.DataFrame) -> str:
     """Why the absolute reward trigger did not fire: the best rolling reward and the lowest after it."""
     kw = COLLAPSE_DEFINITIONS[ALTERNATIVE_DEFINITION]
-    roll = run.loc[run["key"] == "reward/mean"].sort_values("step")["value"].rolling(kw["reward_window"]).mean()
+    roll = run.loc[run["key"] == REWARD_MEAN].sort_values("step")["value"].rolling(kw["reward_window"]).mean()
     roll = roll.dropna().reset_index(drop=True)
     if roll.empty:
         return "no trigger: too few reward records"

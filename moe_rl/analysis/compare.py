@@ -1,4 +1,4 @@
-"""Arms against a reference arm, within each stratum of the other grouping keys (DESIGN §7).
+"""Arms against a reference arm, within each stratum of the other grouping keys (docs/design.md §7).
 
 Collapse counts: k of n with Wilson intervals and Boschloo's exact test. Continuous outcomes
 (final accuracy, reward AUC): paired by seed (and any pooled key) — arms of a seed share the cold
@@ -73,6 +73,11 @@ def _p(p: float, p_holm: float) -> str:
     return "—" if not np.isfinite(p) else f"{p:.3g} ({p_holm:.3g})"
 
 
+def _signed(x: float, s: str = ".1f", k: float = 100) -> str:
+    """`k * x` with its sign in format `s` (default: percentage points to 0.1), or a dash when not finite."""
+    return "—" if not np.isfinite(x) else f"{k * x:+{s}}"
+
+
 def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
                               collapse_cols: dict[str, str] | None = None) -> str:
     """Markdown of `arm_tests`; `collapse_cols` maps a collapse column to its header name."""
@@ -91,7 +96,7 @@ def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
             cells += ["ref", "—", "—", "ref", "—"]
         else:
             a, auc = "final_accuracy", "reward_auc"
-            fmt = lambda x, s=".1f", k=100: "—" if not np.isfinite(x) else f"{k * x:+{s}}"
+            fmt = _signed
             cells += [f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
                       _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
                       "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",

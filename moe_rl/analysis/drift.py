@@ -13,15 +13,14 @@ import numpy as np
 import pandas as pd
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.bins import MARGIN_EDGES
+from moe_rl.metric_names import (
+    FLIP_VS_MARGIN_PREFIX, ROUTE_EXPERT_FLIP_FRAC, ROUTE_FLIP_RATE, ROUTE_TOKEN_FLIP_RATE, offpolicy_key,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-DRIFT_KEYS = (
-    "route/old_vs_new/expert_flip_frac/offpolicy",
-    "route/old_vs_new/flip_rate/offpolicy",
-    "route/old_vs_new/token_flip_rate/offpolicy",
-)
+DRIFT_KEYS = tuple(offpolicy_key(k) for k in (ROUTE_EXPERT_FLIP_FRAC, ROUTE_FLIP_RATE, ROUTE_TOKEN_FLIP_RATE))
 GEOMETRY = ("num_experts", "top_k", "num_moe_layers", "lr")
 # Fit features: a power law in every factor, log y = b0 + b1 log E + b2 log k + b3 log L + b4 log lr.
 FEATURES = ("log_E", "log_k", "log_L", "log_lr")
@@ -119,7 +118,7 @@ def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[
     Pools the `route/flip_vs_margin/{n,flips}/bin_{b}` counts of every step of every run (per
     group of `by`). Columns: by..., bin, margin_lo, margin_hi, n, flips, p, p_lo, p_hi (Wilson 95%).
     """
-    counts = df[df["key"].str.startswith("route/flip_vs_margin/")]
+    counts = df[df["key"].str.startswith(FLIP_VS_MARGIN_PREFIX)]
     if counts.empty:
         raise ValueError("no route/flip_vs_margin/* counts in these runs (logged since the router-shift release)")
     parts = counts["key"].str.extract(r"route/flip_vs_margin/(?P<kind>n|flips)/bin_(?P<bin>\d+)")

@@ -161,7 +161,7 @@ def _run_keys(path: Path, root: Path) -> dict:
             return keys
     except Exception:  # fall back to meta.json below
         pass
-    keys: dict = {"run": _default_run_id(path.parent, root)}
+    keys = {"run": _default_run_id(path.parent, root)}
     try:
         keys.update(json.loads((path.parent / "meta.json").read_text()).get("run_keys", {}))
     except (OSError, ValueError):
@@ -174,8 +174,8 @@ def load_events(root: str | PathLike) -> pd.DataFrame:
     root = Path(root)
     rows: list[dict] = []
     key_names: dict[str, None] = {"run": None}  # ordered union of run-key names
-    found = [(path, _read_status(path.parent)) for path in _metric_files(root)]
-    found = [(path, status, _run_keys(path, root)) for path, status in found if status["collapse_events"]]
+    statuses = [(path, _read_status(path.parent)) for path in _metric_files(root)]
+    found = [(path, status, _run_keys(path, root)) for path, status in statuses if status["collapse_events"]]
     dirs_of: dict[str, set[Path]] = {}
     for path, _, keys in found:
         dirs_of.setdefault(str(keys["run"]), set()).add(path.parent)

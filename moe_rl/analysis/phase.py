@@ -15,6 +15,7 @@ import pandas as pd
 from moe_rl.analysis.collapse import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
+from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
 
 AXES = ("lr", "N")
 LATE_EVALS = 3  # final accuracy as a measurement: the mean of a run's last evaluations (one has ~4 pp noise)
@@ -31,7 +32,7 @@ def reward_auc(steps: np.ndarray, values: np.ndarray) -> float:
         return math.nan
     if len(s) == 1 or s[-1] == s[0]:
         return float(v.mean())
-    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")  # noqa: B009 (numpy < 2 has only trapz)
     return float(trapezoid(v, s) / (s[-1] - s[0]))
 
 
@@ -40,12 +41,12 @@ def run_outcomes(df: pd.DataFrame, definitions: dict | None = None) -> pd.DataFr
     LATE_EVALS evaluations), reward_auc, last_step, in-loop collapse and `collapsed_<def>` /
     `collapse_step_<def>` / `trigger_<def>` for every collapse definition."""
     table = runs(df).set_index("run", drop=False).rename_axis(None)
-    acc = df.loc[df["key"] == "task/accuracy", ["run", "step", "value"]].dropna().sort_values("step")
+    acc = df.loc[df["key"] == TASK_ACCURACY, ["run", "step", "value"]].dropna().sort_values("step")
     g = acc.groupby("run")["value"]
     table["start_accuracy"] = g.first()
     table["final_accuracy"] = g.last()
     table["late_accuracy"] = g.apply(lambda v: v.iloc[-LATE_EVALS:].mean())
-    rew = df.loc[df["key"] == "reward/mean", ["run", "step", "value"]]
+    rew = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]]
     table["reward_auc"] = pd.Series(
         {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}, dtype=float
     )

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from moe_rl.analysis.load import runs
+from moe_rl.metric_names import FLIP_RATE, RATIO_SEQ_VAR, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY, route_key
 
 By = str | Sequence[str]
 BAND_NOTE = "mean over seeds, band = min–max"
@@ -138,8 +139,8 @@ def plot_metric(df: pd.DataFrame, key: str, *, by: By = "arm", logy: bool = Fals
 def plot_flip_rate(
     df: pd.DataFrame, pair: str = "old_vs_new", *, metric: str = "flip_rate", by: By = "arm"
 ) -> Figure:
-    """Route flip rate vs step for one comparison pair (DESIGN §3), one line per group."""
-    key = f"route/{pair}/{metric}"
+    """Route flip rate vs step for one comparison pair (docs/design.md §3), one line per group."""
+    key = route_key(pair, metric)
     _need(df, [key])
     facets = _facets(df, by)
     colors = _colors(pd.concat([lab for _, lab in facets]))
@@ -179,7 +180,7 @@ def plot_layer_heatmap(
 
     `arm` picks one group (or a list); None shows every group that logged per-layer flips.
     """
-    layer_of = _indexed_keys(df, f"route/{pair}/flip_rate", "layer")
+    layer_of = _indexed_keys(df, route_key(pair, FLIP_RATE), "layer")
     if not layer_of:
         raise ValueError(f"no per-layer keys route/{pair}/flip_rate/layer_<i> in the results")
     labels = _run_labels(df, by)
@@ -230,7 +231,7 @@ def plot_layer_heatmap(
 
 def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By = "arm") -> Figure:
     """Flip rate by response-position bucket (run mean over steps, then mean/min–max over seeds)."""
-    pos_of = _indexed_keys(df, f"route/{pair}/flip_rate", "pos")
+    pos_of = _indexed_keys(df, route_key(pair, FLIP_RATE), "pos")
     if not pos_of:
         raise ValueError(f"no per-position keys route/{pair}/flip_rate/pos_<p> in the results")
     facets = _facets(df, by)
@@ -260,7 +261,7 @@ def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By 
 
 def plot_ratio_variance(df: pd.DataFrame, *, by: By = "arm") -> Figure:
     """Token-ratio and GSPO sequence-ratio variance vs step (log y), one line per group."""
-    keys = {"ratio/token_var": "token ratio variance", "ratio/seq_var": "sequence ratio variance"}
+    keys = {RATIO_TOKEN_VAR: "token ratio variance", RATIO_SEQ_VAR: "sequence ratio variance"}
     _need(df, list(keys))
     facets = _facets(df, by)
     colors = _colors(pd.concat([lab for _, lab in facets]))
@@ -299,7 +300,7 @@ def plot_reward_accuracy(df: pd.DataFrame, events: pd.DataFrame | None = None, *
 
     The marker sits on that run's own curve (its value interpolated at the collapse step).
     """
-    keys = {"reward/mean": "mean reward", "task/accuracy": "eval accuracy"}
+    keys = {REWARD_MEAN: "mean reward", TASK_ACCURACY: "eval accuracy"}
     _need(df, list(keys))
     facets = _facets(df, by)
     colors = _colors(pd.concat([lab for _, lab in facets]))
@@ -325,7 +326,7 @@ def _reward_panel(ax: Axes, df: pd.DataFrame, key: str, name: str, labels: pd.Se
     if curves.empty:
         _no_data(ax, key)
     else:
-        _draw_curves(ax, curves, colors, marker="o" if key == "task/accuracy" else None)
+        _draw_curves(ax, curves, colors, marker="o" if key == TASK_ACCURACY else None)
     xs, ys, cs = [], [], []
     sub = df.loc[df["key"] == key, ["run", "step", "value"]].dropna()
     for run, step in points.itertuples(index=False):

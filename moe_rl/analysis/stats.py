@@ -1,4 +1,4 @@
-"""Statistics for comparisons across seeds and arms (DESIGN §7). Pure functions over arrays.
+"""Statistics for comparisons across seeds and arms (docs/design.md §7). Pure functions over arrays.
 
 - collapse counts "k of n": `wilson_interval`; two arms: `collapse_test` (Boschloo's exact test
   by default, Fisher's on request); many strata (cells of a sweep): `cmh_exact`;

@@ -10,6 +10,10 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, run_key_columns, runs
+from moe_rl.metric_names import (
+    OFFPOLICY_SUFFIX, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW, RATIO_SEQ_VAR, RATIO_TOKEN_VAR, ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_FLIP_RATE, TASK_ACCURACY,
+)
 
 # t_{0.975, dof} for dof = 1..30 (two-sided 95%); checked against a numeric CDF in the tests
 _T975 = (
@@ -20,15 +24,14 @@ _T975 = (
 
 # summary name -> metric key; each is averaged over a run's steps, then across seeds
 SUMMARY_METRICS = {
-    "flip_rate": "route/old_vs_new/flip_rate",
-    "expert_flip_frac": "route/old_vs_new/expert_flip_frac",
-    "token_var": "ratio/token_var",
-    "seq_var": "ratio/seq_var",
-    "clipfrac_low": "ratio/clipfrac_low",
-    "clipfrac_high": "ratio/clipfrac_high",
+    "flip_rate": ROUTE_FLIP_RATE,
+    "expert_flip_frac": ROUTE_EXPERT_FLIP_FRAC,
+    "token_var": RATIO_TOKEN_VAR,
+    "seq_var": RATIO_SEQ_VAR,
+    "clipfrac_low": RATIO_CLIPFRAC_LOW,
+    "clipfrac_high": RATIO_CLIPFRAC_HIGH,
 }
-ACCURACY_KEY = "task/accuracy"
-OFFPOLICY_SUFFIX = "/offpolicy"
+ACCURACY_KEY = TASK_ACCURACY
 VARIANTS = ("auto", "all", "offpolicy")
 
 

@@ -1,4 +1,4 @@
-"""Routing Replay (R2/R3) and the DESIGN §3 `route/*` and `ratio/*` metrics inside TRL's `GRPOTrainer`.
+"""Routing Replay (R2/R3) and the docs/design.md §3 `route/*` and `ratio/*` metrics inside TRL's `GRPOTrainer`.
 
     from moe_rl.integrations.trl import MoeGRPOTrainer, algo_args, task_reward
     args = GRPOConfig(..., num_iterations=2, **algo_args("gspo"))
@@ -68,13 +68,16 @@ check_trl_version(trl.__version__)
 from accelerate.utils import is_peft_model  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
+from moe_rl.metric_names import (  # noqa: E402
+    NATIVE_VS_REPLAYED, OLD_VS_NEW, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW, ROLLOUT_VS_OLD, ROUTE_USED_VS_CACHED_FLIP_RATE,
+)
 from moe_rl.metrics import margin_stats, ratio_stats  # noqa: E402
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
 REPLAY_MODES = ("none", "r2", "r3")
 
-# TRL arguments that give the harness's algorithms (DESIGN §1): GRPO with the GSPO paper's asymmetric
+# TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO with the GSPO paper's asymmetric
 # clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
 # no load-balancing loss (TRL adds the architecture's `router_aux_loss_coef` by default).
 ALGO_ARGS: dict[str, dict[str, Any]] = {
@@ -158,7 +161,7 @@ def cat_routes(parts: list[Routes]) -> Routes:
 def clip_fractions(
     *, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, level: str
 ) -> dict[str, float]:
-    """`ratio/clipfrac_low|high` of DESIGN §3 for TRL's ratio: per token, or per sequence (GSPO).
+    """`ratio/clipfrac_low|high` of docs/design.md §3 for TRL's ratio: per token, or per sequence (GSPO).
 
     low: ratio < 1 - eps_low and adv < 0; high: ratio > 1 + eps_high and adv > 0; over valid tokens
     (sequence level: over non-empty sequences), as in `moe_rl.algos.losses`.
@@ -176,7 +179,7 @@ def clip_fractions(
     n = valid.sum().clamp(min=1)
     low = ((ratio < 1 - eps_low) & (adv < 0) & valid).sum() / n
     high = ((ratio > 1 + eps_high) & (adv > 0) & valid).sum() / n
-    return {"ratio/clipfrac_low": low.item(), "ratio/clipfrac_high": high.item()}
+    return {RATIO_CLIPFRAC_LOW: low.item(), RATIO_CLIPFRAC_HIGH: high.item()}
 
 
 # --- the trainer ---------------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ class _PolicyPass:
 
 
 class MoeGRPOTrainer(GRPOTrainer):
-    """TRL's `GRPOTrainer` with Routing Replay (`routing_replay`: none, r2, r3) and DESIGN §3 metrics.
+    """TRL's `GRPOTrainer` with Routing Replay (`routing_replay`: none, r2, r3) and docs/design.md §3 metrics.
 
     Adds to TRL's logs, per update: `ratio/*` and `kl/k3` (`moe_rl.metrics.ratio_stats`),
     `ratio/clipfrac_low|high`, `route/old_vs_new/*` (the current policy's own routes vs the old
@@ -316,7 +319,7 @@ class MoeGRPOTrainer(GRPOTrainer):
             if self.route_metrics:
                 metrics = {}
                 if generation is not None:
-                    metrics.update(route_metrics("rollout_vs_old", generation, old))
+                    metrics.update(route_metrics(ROLLOUT_VS_OLD, generation, old))
                 metrics.update(margin_stats(old_pass.margin_values, old.mask))
                 self._log_metrics(metrics)
         self._generation_routes = None
@@ -364,10 +367,10 @@ class MoeGRPOTrainer(GRPOTrainer):
             eps_high=self.epsilon_high, level=self.importance_sampling_level,
         ))
         if old is not None:
-            metrics.update(route_metrics("old_vs_new", update.native, old))
+            metrics.update(route_metrics(OLD_VS_NEW, update.native, old))
         if update.replay is not None:
-            metrics.update(route_metrics("native_vs_replayed", update.native, update.replay))
-            metrics["route/used_vs_cached/flip_rate"] = compare_routes(update.used, update.replay)["flip_rate"]
+            metrics.update(route_metrics(NATIVE_VS_REPLAYED, update.native, update.replay))
+            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_routes(update.used, update.replay)["flip_rate"]
         return metrics
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,

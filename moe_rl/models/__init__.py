@@ -2,6 +2,8 @@
 
 Every family is a real `*ForCausalLM` class from transformers, built from a small config so that
 sweeps run on a laptop CPU. The routers keep their native code; `moe_rl.routing` hooks them.
+Dependencies run one way: `moe_rl.models` uses `moe_rl.routing` (to check that a model's routers can
+be recorded and replayed), never the reverse.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3MoeConfig,
 )
+
+from moe_rl.routing import find_moe_layers
+from moe_rl.routing.rules import resolve_rule
 
 # Shared tiny dimensions. Families translate them to their own config keys below.
 _BASE: dict[str, Any] = dict(
@@ -172,8 +177,6 @@ def load_model(
     `UnsupportedRouterError` with the reason (see docs/families.md). Offline (HF_HUB_OFFLINE) a hub
     id that is not in the local cache is a clear error, not a network timeout.
     """
-    from moe_rl.routing.hooks import find_moe_layers, resolve_rule
-
     local = Path(path).expanduser()
     if local.exists() and not (local / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a save_pretrained checkpoint (no config.json)")
@@ -209,8 +212,6 @@ def load_model(
 
 
 def _check_routers(model: PreTrainedModel) -> None:
-    from moe_rl.routing.hooks import find_moe_layers
-
     for layer in find_moe_layers(model):
         weight = layer.weight
         if torch.all(weight == weight.flatten()[0]):

@@ -3,7 +3,7 @@
 `moe_families()` walks transformers' causal-LM auto mapping and keeps the model types whose
 (text) config counts experts; `tiny_config(model_type)` shrinks a family's default config to a
 small model (hidden 64, 2-3 layers, 8 experts, top-2, vocab 128; 0.1-15M parameters) by rewriting
-the keys that size it, so the family survey (`moe_rl.routing.survey`) can run every family on a
+the keys that size it, so the family survey (`moe_rl.models.survey`) can run every family on a
 CPU in seconds. Nothing here lists families by hand, except `_DEFAULT_FIXES` for the default
 configs transformers itself leaves unbuildable.
 """

@@ -1,4 +1,4 @@
-"""Route comparison metrics of DESIGN §3, as pure functions of two `Routes`."""
+"""Route comparison metrics of docs/design.md §3, as pure functions of two `Routes`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from torch import Tensor
 
 from moe_rl.bins import MARGIN_EDGES
 from moe_rl.partial import Partial
+from moe_rl.metric_names import route_key
 from moe_rl.routing.routes import Routes
 
 
@@ -113,8 +114,8 @@ def position_finalize(parts: Partial, bucket: int) -> dict[str, float]:
 
 
 def route_metrics(pair: str, a: Routes, b: Routes, *, overlap: Tensor | None = None) -> dict[str, float]:
-    """`compare_routes(a, b)` under the metric names `route/{pair}/...` (DESIGN §3)."""
-    return {f"route/{pair}/{k}": v for k, v in compare_routes(a, b, overlap=overlap).items()}
+    """`compare_routes(a, b)` under the metric names `route/{pair}/...` (docs/design.md §3)."""
+    return {route_key(pair, k): v for k, v in compare_routes(a, b, overlap=overlap).items()}
 
 
 def router_shift(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""`Routes`: which experts every position was routed to, at every MoE layer (DESIGN §2)."""
+"""`Routes`: which experts every position was routed to, at every MoE layer (docs/design.md §2)."""
 
 from __future__ import annotations
 

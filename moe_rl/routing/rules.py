@@ -6,14 +6,22 @@ get their true weight: the probabilities are gathered from the full distribution
 top-k-masked one. `selection_scores` gives the scores top-k is taken over (for margins).
 MegaBlocks' `LearnedRouter` hands over softmax probabilities (`scores`) where others hand logits;
 its rule gathers them directly, and gradients reach its weight through them just the same.
+
+Which rule a router uses is checked, not assumed: `resolve_rule` (on a probe input when attaching a
+replay) and `check_rule_on_output` (on a real call) keep only a rule that reproduces the router's own
+weights at its own indices, bitwise where one does (`pick_rule`), and refuse the router otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+
+from moe_rl.routing.layers import MoeLayer, UnsupportedRouterError, is_megablocks_router, router_output
 
 Rule = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
@@ -109,7 +117,7 @@ FAMILY_RULES: dict[str, Rule] = {
 # Tried in order for routers of other models that follow the v5 contract
 # `router(hidden) -> (logits, weights, indices)`; the first that reproduces the router's own
 # weights at its own indices is used.
-# Bitwise matches are preferred over ones within rounding (`moe_rl.routing.hooks.pick_rule`), so the
+# Bitwise matches are preferred over ones within rounding (`pick_rule`), so the
 # order only decides between rules that agree exactly.
 GENERIC_RULES: tuple[Rule, ...] = (
     softmax_topk, softmax_topk_unnormalised, softmax_selected, sigmoid_scaled,
@@ -128,3 +136,132 @@ def selection_scores(router: nn.Module, logits: Tensor) -> Tensor:
     if type(router).__name__ == "LearnedRouter":  # MegaBlocks hands over the probabilities themselves
         return logits.float()
     return torch.softmax(logits, dim=-1, dtype=torch.float)
+
+
+# --- which rule a router uses -----------------------------------------------------------------
+
+_CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
+
+
+def pick_rule(router: nn.Module, logits: Tensor, weights: Tensor, indices: Tensor,
+              candidates: tuple[Rule, ...]) -> Rule | None:
+    """The first candidate that reproduces `weights` at `indices` bitwise, else the first that does
+    so to float tolerance (rtol 1e-4), else None.
+
+    Several rules can agree to within rounding (e.g. softmax over all logits then renormalised vs.
+    softmax over the selected logits); only the one the router itself computes makes self-replay
+    bitwise equal to the plain forward.
+    """
+    close = None
+    for rule in candidates:
+        try:
+            recomputed = rule(router, logits, indices).to(weights.dtype)
+        except (AttributeError, TypeError, RuntimeError):  # the rule needs a field this router lacks
+            continue
+        if recomputed.shape != weights.shape:
+            continue
+        if torch.equal(recomputed, weights):
+            return rule
+        if close is None and torch.allclose(recomputed.float(), weights.float(), rtol=1e-4, atol=1e-6):
+            close = rule
+    return close
+
+
+def _candidates(router: nn.Module) -> tuple[Rule, ...]:
+    name = type(router).__name__
+    return (FAMILY_RULES[name],) if name in FAMILY_RULES else GENERIC_RULES
+
+
+def _no_rule(layer_name: str, router: nn.Module, candidates: tuple[Rule, ...]) -> UnsupportedRouterError:
+    return UnsupportedRouterError(
+        type(router).__name__, f"no gate-weight rule reproduces its weights at its own indices (tried "
+        f"{[rule.__name__ for rule in candidates]}); replay would train a different function", layer_name,
+    )
+
+
+def check_rule_on_output(layer: MoeLayer, output: object) -> Rule:
+    """Resolve `layer`'s rule from one real router call (for routers a synthetic probe cannot call,
+    e.g. LFM2-MoE's, which takes the MoE block's expert bias as a second input)."""
+    router = layer.router
+    if router in _CHECKED_RULES:
+        return _CHECKED_RULES[router]
+    logits, weights, indices = router_output(layer.name, router, output)
+    with torch.no_grad():
+        rule = pick_rule(router, logits.detach(), weights.detach(), indices, _candidates(router))
+    if rule is None:
+        raise _no_rule(layer.name, router, _candidates(router))
+    _CHECKED_RULES[router] = rule
+    return rule
+
+
+def resolve_rule(layer: MoeLayer) -> Rule | None:
+    """The gate-weight rule of `layer`'s router, checked on a probe input.
+
+    Recomputing the weights at the router's own indices must reproduce the router's own weights;
+    otherwise replay would train a different function than the model computes, so raise
+    `UnsupportedRouterError` now. Returns None when the router cannot be called on a probe alone
+    (it needs other inputs of its MoE block); `check_rule_on_output` then checks the first real call.
+    """
+    router = layer.router
+    if router in _CHECKED_RULES:
+        return _CHECKED_RULES[router]
+    weight = layer.weight
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    probe = torch.randn(32, weight.shape[1], generator=generator).to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad(), _probe_without_side_effects(router):
+        try:
+            output = _call_unsharded(router, probe, layer.name)
+        except (TypeError, RuntimeError, AttributeError, IndexError) as err:
+            if _is_dtensor(weight) and "sharded" in str(err):
+                raise
+            return None
+        return check_rule_on_output(layer, output)
+
+
+def _call_unsharded(router: nn.Module, probe: Tensor, name: str) -> object:
+    """`router(probe)` outside any forward, also when FSDP2 has sharded its parameters into DTensors.
+
+    FSDP2 gathers a layer's parameters only inside that layer's forward, so the router's weight is a
+    shard here; its full value is gathered (`DTensor.full_tensor()`, a collective every rank reaches
+    because each one attaches the same replay) and passed in with `torch.func.functional_call`.
+    """
+    sharded = {n: p for n, p in router.named_parameters() if _is_dtensor(p)}
+    if not sharded:
+        return router(probe)
+    try:
+        full = {n: p.full_tensor() for n, p in sharded.items()}
+    except Exception as err:
+        raise RuntimeError(
+            f"router {name}: its parameters are sharded ({type(next(iter(sharded.values()))).__name__}) and could "
+            f"not be gathered for the attach-time rule check ({type(err).__name__}: {err}); attach the replay "
+            "inside an unsharded context (e.g. FSDP2's module.unshard()) on every rank"
+        ) from err
+    return torch.func.functional_call(router, full, (probe,))
+
+
+def _is_dtensor(x: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed support
+        return False
+    return isinstance(x, DTensor)
+
+
+@contextmanager
+def _probe_without_side_effects(router: nn.Module) -> Iterator[None]:
+    """MegaBlocks' router jitters its input in training (drawing from the RNG) and appends its logits
+    to the module-level z-loss list when `args.moe_zloss_weight` is set: the attach-time probe must
+    do neither, so it runs in eval mode with the z-loss weight at 0, both restored after."""
+    if not is_megablocks_router(router):
+        yield
+        return
+    args, training, zloss = router.args, router.training, getattr(router.args, "moe_zloss_weight", 0)
+    router.train(False)
+    if zloss:
+        args.moe_zloss_weight = 0
+    try:
+        yield
+    finally:
+        router.train(training)
+        if zloss:
+            args.moe_zloss_weight = zloss

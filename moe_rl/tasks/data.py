@@ -1,4 +1,4 @@
-"""Seeded train/eval datasets of task examples, and batch scoring (DESIGN §4)."""
+"""Seeded train/eval datasets of task examples, and batch scoring (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ class _Parser:
     atom := NUMBER | '(' expr ')'."""
 
     def __init__(self, tokens: list[str]) -> None:
-        self.tokens, self.pos, self.literals = tokens, 0, []
+        self.tokens, self.pos = tokens, 0
+        self.literals: list[str] = []
 
     def peek(self) -> str | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None

@@ -1,4 +1,4 @@
-"""The four synthetic tasks: digit reversal, digit sorting, addition, countdown (DESIGN §4).
+"""The four synthetic tasks: digit reversal, digit sorting, addition, countdown (docs/design.md §4).
 
 Every prompt is `<prefix letter><instance><separator>` over the tokenizer alphabet, so tasks are
 told apart by their first character; the answer is the demonstration completion without eos.

@@ -1,4 +1,4 @@
-"""Character-level tokenizer shared by every synthetic task (DESIGN §4).
+"""Character-level tokenizer shared by every synthetic task (docs/design.md §4).
 
 One token per character over a fixed alphabet, so the vocabulary never depends on the data and
 a checkpoint's tokenizer can be rebuilt from code. Special ids are fixed because the tiny model

@@ -1,0 +1,304 @@
+"""Every metric the harness logs, named and defined once.
+
+The loop, the analysis and the report take metric keys from the constants here, and `METRICS`
+defines each one. The metric table of README.md and docs/design.md §3 is rendered from `METRICS`
+between two marker lines; a test fails when either file differs from it. After changing a
+definition, rewrite both with
+
+    python -m moe_rl.metric_names --write README.md docs/design.md
+
+A key may be a pattern: `{pair}` is one of `PAIRS`, `{i}` a MoE layer (0-based, model order), `{p}` a
+completion position bucket and `{b}` a margin bin of `moe_rl.bins.MARGIN_EDGES`. `defines(key)`
+says whether a logged key has a definition here. Torch-free, so that the analysis can import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# --- route comparison pairs: `route/{pair}/...` ---------------------------------------------------
+ROLLOUT_VS_OLD = "rollout_vs_old"
+OLD_VS_NEW = "old_vs_new"
+NATIVE_VS_REPLAYED = "native_vs_replayed"
+USED_VS_CACHED = "used_vs_cached"
+
+PAIRS = {
+    ROLLOUT_VS_OLD: "routes of the rollout (generation) vs the old-policy pass over the same tokens: the "
+    "inference/training gap",
+    OLD_VS_NEW: "the current policy's own routes vs the old-policy pass, after each update (also under replay, "
+    "where the router's choice is read before it is overridden): staleness",
+    NATIVE_VS_REPLAYED: "inside a replayed pass: what the router would have chosen vs what was forced",
+    USED_VS_CACHED: "the routes the experts actually received vs the cached ones (flip rate only)",
+}
+
+# names of the route comparison statistics (keys of `moe_rl.routing.compare_routes`)
+FLIP_RATE = "flip_rate"
+EXPERT_FLIP_FRAC = "expert_flip_frac"
+TOKEN_FLIP_RATE = "token_flip_rate"
+
+
+def route_key(pair: str, name: str) -> str:
+    """`route/{pair}/{name}`, e.g. `route_key(OLD_VS_NEW, FLIP_RATE)`."""
+    return f"route/{pair}/{name}"
+
+
+def layer_key(key: str, i: int | str) -> str:
+    """The per-layer value of `key` at MoE layer `i`."""
+    return f"{key}/layer_{i}"
+
+
+OFFPOLICY_SUFFIX = "/offpolicy"
+
+
+def offpolicy_key(key: str) -> str:
+    """`key` averaged over the off-policy updates 2..N only."""
+    return key + OFFPOLICY_SUFFIX
+
+
+# --- routes ----------------------------------------------------------------------------------------
+ROUTE_FLIP_RATE = route_key(OLD_VS_NEW, FLIP_RATE)
+ROUTE_EXPERT_FLIP_FRAC = route_key(OLD_VS_NEW, EXPERT_FLIP_FRAC)
+ROUTE_TOKEN_FLIP_RATE = route_key(OLD_VS_NEW, TOKEN_FLIP_RATE)
+ROUTE_USED_VS_CACHED_FLIP_RATE = route_key(USED_VS_CACHED, FLIP_RATE)
+ROUTE_MARGIN_MEAN = "route/margin_mean"
+ROUTE_MARGIN_P10 = "route/margin_p10"
+ROUTE_SHIFT_MEAN = route_key(OLD_VS_NEW, "shift/mean")
+ROUTE_SHIFT_P10 = route_key(OLD_VS_NEW, "shift/p10")
+FLIP_VS_MARGIN_PREFIX = "route/flip_vs_margin/"
+
+
+def position_key(p: int | str) -> str:
+    """Old-vs-new flip rate of the inputs that predict completion tokens p.. (one position bucket)."""
+    return f"{ROUTE_FLIP_RATE}/pos_{p}"
+
+
+def margin_bin_key(count: str, b: int | str) -> str:
+    """`route/flip_vs_margin/{count}/bin_{b}`, `count` one of "n" (pairs seen) and "flips"."""
+    return f"{FLIP_VS_MARGIN_PREFIX}{count}/bin_{b}"
+
+
+# --- importance ratios and KL ----------------------------------------------------------------------
+RATIO_TOKEN_VAR = "ratio/token_var"
+RATIO_TOKEN_MAX = "ratio/token_max"
+RATIO_SEQ_VAR = "ratio/seq_var"
+RATIO_ESS = "ratio/ess"
+RATIO_EXTREME_FRAC = "ratio/extreme_frac"
+RATIO_CLIPFRAC_LOW = "ratio/clipfrac_low"
+RATIO_CLIPFRAC_HIGH = "ratio/clipfrac_high"
+KL_K3 = "kl/k3"
+KL_REF_K3 = "kl/ref_k3"
+
+# --- reward, task, optimisation, rollout, time -----------------------------------------------------
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+REWARD_ZERO_VAR_GROUP_FRAC = "reward/zero_var_group_frac"
+REWARD_ERRORS = "reward/errors"
+TASK_ACCURACY = "task/accuracy"
+POLICY_ENTROPY = "policy/entropy"
+OPTIM_GRAD_NORM = "optim/grad_norm"
+LOSS = "loss"
+LOSS_POLICY = "loss/policy"
+ROLLOUT_LOGP_GAP = "rollout/logp_gap"
+ROLLOUT_RESPONSE_LEN = "rollout/response_len"
+TIME_ROLLOUT_S = "time/rollout_s"
+TIME_OLD_LOGP_S = "time/old_logp_s"
+TIME_UPDATE_S = "time/update_s"
+TIME_EVAL_S = "time/eval_s"
+
+# Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
+# the old policy's weights, so its flips and ratio spread are ~0 and dilute the step mean by (N-1)/N.
+OFFPOLICY_KEYS = (
+    ROUTE_FLIP_RATE,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_TOKEN_FLIP_RATE,
+    ROUTE_SHIFT_MEAN,
+    RATIO_TOKEN_VAR,
+    RATIO_SEQ_VAR,
+    KL_K3,
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One logged key (or key pattern) and what it measures, as one line of markdown."""
+
+    key: str
+    meaning: str
+    per_layer: bool = False  # also logged per MoE layer as `{key}/layer_{i}`
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
+    Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),
+    Metric(route_key("{pair}", TOKEN_FLIP_RATE), "mean over valid t of `1[exists l: S_a != S_b]`"),
+    Metric(
+        position_key("{p}"),
+        "old-vs-new flip rate over the inputs that predict completion tokens p .. p + `position_bucket` - 1 "
+        "(default 4; p = 0 is the last prompt token)",
+    ),
+    Metric(
+        ROUTE_USED_VS_CACHED_FLIP_RATE,
+        "flip rate of the routes the experts received vs the cached ones: 0 whenever replay works",
+    ),
+    Metric(
+        ROUTE_MARGIN_MEAN,
+        "mean over valid (t, l) of the gap between the k-th and (k+1)-th router probability "
+        "in the old pass (small margins predict flips)",
+    ),
+    Metric(ROUTE_MARGIN_P10, "10th percentile of the same margins"),
+    Metric(
+        ROUTE_SHIFT_MEAN,
+        "router shift (RSPO, arXiv 2510.23027), mean over valid completion tokens of "
+        "`gamma_t = exp(-(1/L) sum_l (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)|)`, with `p` the "
+        "router's selection probabilities and `S_old` the old pass's top-k; 1 = the router put the same "
+        "probability on every previously activated expert, smaller = it moved",
+    ),
+    Metric(ROUTE_SHIFT_P10, "10th percentile of `gamma_t` over valid completion tokens"),
+    Metric(
+        route_key(OLD_VS_NEW, "shift/layer_{i}"),
+        "router shift of MoE layer i alone (`gamma_t` with L = 1), mean over valid completion tokens",
+    ),
+    Metric(
+        margin_bin_key("n", "{b}"),
+        "valid (t, l) pairs whose old margin lies in bin b of `MARGIN_EDGES` "
+        "(0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, inf), summed over updates 2..N of a step",
+    ),
+    Metric(
+        margin_bin_key("flips", "{b}"),
+        "those of them whose top-k set flipped; "
+        "`moe_rl.analysis.drift.flip_vs_margin` pools both into P(flip | margin)",
+    ),
+    Metric(
+        RATIO_TOKEN_VAR,
+        "population variance of the token ratio `r = exp(delta)` over valid response tokens, "
+        "before clipping, with `delta = logp - old_logp`",
+    ),
+    Metric(RATIO_TOKEN_MAX, "largest token ratio (a step keeps the max over its updates)"),
+    Metric(
+        RATIO_SEQ_VAR, "population variance, across non-empty sequences, of the GSPO sequence ratio `exp(mean_t delta)`"
+    ),
+    Metric(RATIO_ESS, "normalised effective sample size `(sum r)^2 / (N sum r^2)`, in (0, 1]"),
+    Metric(RATIO_EXTREME_FRAC, "fraction of valid tokens with `|delta| > ln 2`"),
+    Metric(RATIO_CLIPFRAC_LOW, "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low`"),
+    Metric(
+        RATIO_CLIPFRAC_HIGH, "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high`"
+    ),
+    Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
+    Metric(
+        KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"
+    ),
+    Metric(REWARD_MEAN, "mean rollout reward"),
+    Metric(REWARD_STD, "population standard deviation of the rollout rewards"),
+    Metric(REWARD_ZERO_VAR_GROUP_FRAC, "fraction of prompt groups whose rewards all agree (advantage 0: no signal)"),
+    Metric(REWARD_ERRORS, "completions of the step's rollout whose reward function raised (each scored 0)"),
+    Metric(
+        TASK_ACCURACY,
+        "greedy accuracy on the held-out split, every `eval_every` steps (NaN in between in a wide frame)",
+    ),
+    Metric(
+        POLICY_ENTROPY,
+        "mean token entropy of the policy over valid response tokens, per update, averaged over the step",
+    ),
+    Metric(OPTIM_GRAD_NORM, "gradient norm before clipping, per update, averaged over the step"),
+    Metric(
+        LOSS,
+        "the loss that was minimised (policy term plus `beta` times the KL term), averaged over the step's updates",
+    ),
+    Metric(LOSS_POLICY, "the clipped policy term alone, without the KL term"),
+    Metric(ROLLOUT_LOGP_GAP, "mean `|rollout logp - old logp|` over completion tokens (the inference/training gap)"),
+    Metric(ROLLOUT_RESPONSE_LEN, "mean completion length in tokens"),
+    Metric(TIME_ROLLOUT_S, "wall seconds of the rollout (sampling, decoding, rewards, advantages)"),
+    Metric(TIME_OLD_LOGP_S, "wall seconds of the old-policy pass"),
+    Metric(TIME_UPDATE_S, "wall seconds of the step's N updates"),
+    Metric(TIME_EVAL_S, "wall seconds of an evaluation"),
+)
+
+_WILDCARDS = {"{pair}": "(?:" + "|".join(PAIRS) + ")", "{i}": r"\d+", "{p}": r"\d+", "{b}": r"\d+"}
+
+
+def _pattern(metric: Metric) -> str:
+    pattern = re.escape(metric.key)
+    for field, regex in _WILDCARDS.items():
+        pattern = pattern.replace(re.escape(field), regex)
+    suffixes = [r"/layer_\d+"] if metric.per_layer else []
+    if any(re.fullmatch(pattern, key) for key in OFFPOLICY_KEYS):
+        suffixes.append(re.escape(OFFPOLICY_SUFFIX))
+    return pattern + (f"(?:{'|'.join(suffixes)})?" if suffixes else "")
+
+
+_DEFINED = re.compile("|".join(f"(?:{_pattern(m)})" for m in METRICS))
+
+
+def defines(key: str) -> bool:
+    """Whether `key`, as logged, has a definition in `METRICS` (patterns and suffixes expanded)."""
+    return _DEFINED.fullmatch(key) is not None
+
+
+# --- the generated table ---------------------------------------------------------------------------
+BEGIN = "<!-- metric table: generated from moe_rl/metric_names.py by `python -m moe_rl.metric_names --write`; "
+BEGIN += "do not edit -->"
+END = "<!-- end of metric table -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_table() -> str:
+    """The markdown table of every metric, the pairs and the off-policy suffix (between BEGIN and END)."""
+    rows = ["| key | meaning |", "|---|---|"]
+    for metric in METRICS:
+        also = f" (also per layer: `{layer_key(metric.key, '{i}')}`)" if metric.per_layer else ""
+        rows.append(f"| `{_cell(metric.key)}` | {_cell(metric.meaning)}{also} |")
+    offpolicy = ", ".join(f"`{key}`" for key in OFFPOLICY_KEYS)
+    rows.append(
+        f"| `{{key}}{OFFPOLICY_SUFFIX}` | {{key}} averaged over the off-policy updates 2..N only (update 1 "
+        f"runs on the old weights, so its values are ~0), for {_cell(offpolicy)} |"
+    )
+    for pair, meaning in PAIRS.items():
+        rows.append(f"| `{{pair}}` = `{pair}` | {_cell(meaning)} |")
+    return "\n".join(rows)
+
+
+def with_table(text: str, name: str = "the document") -> str:
+    """`text` with the lines between BEGIN and END replaced by `render_table()`."""
+    lines = text.split("\n")
+    try:
+        start, end = lines.index(BEGIN), lines.index(END)
+    except ValueError:
+        raise ValueError(f"{name} has no metric table markers ({BEGIN!r} ... {END!r} on lines of their own)") from None
+    if end < start:
+        raise ValueError(f"{name}: the metric table's end marker comes before its start")
+    return "\n".join([*lines[: start + 1], render_table(), *lines[end:]])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render the metric table into markdown files, or check them.")
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--write", action="store_true", help="rewrite the tables (default: check, exit 1 on a diff)")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in args.files:
+        text = path.read_text()
+        new = with_table(text, str(path))
+        if new != text:
+            if args.write:
+                path.write_text(new)
+            stale.append(str(path))
+    if stale and not args.write:
+        print(
+            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metric_names --write "
+            f"{' '.join(map(str, args.files))}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

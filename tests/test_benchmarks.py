@@ -1,0 +1,131 @@
+"""Every script under benchmarks/ runs end to end at tiny sizes, so a refactor that breaks one fails here.
+
+These are smoke tests, not timings: each runs the script's `main` in-process with the smallest
+sizes its flags allow and checks that it printed its figures as finite numbers. The figures
+themselves are quoted from full-size runs in the README and docs/step_profile.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def numbers_after(label: str, text: str) -> list[float]:
+    """The numbers after `label` on the first line of `text` that is `label`, spaces, then a number."""
+    row = re.compile(re.escape(label) + r"\s+-?\d[\d.]*(?:\s|x|%|$)")  # not "step 4: a log line"
+    line = next(line for line in text.splitlines() if row.match(line))
+    return [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", line[len(label) :])]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Run in a scratch folder (cold-start caches are relative paths) and keep torch's thread count."""
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
+    assert BENCHMARKS and set(BENCHMARKS) <= tested, sorted(set(BENCHMARKS) - tested)
+
+
+def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    load("step_profile").main(
+        "--models default --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --repeats 1 --warmup 0 --cold-start-steps 1 --threads 0".split()
+    )
+    out = capsys.readouterr().out
+    phases = ("generate", "old pass", "forward", "backward", "optimizer")
+    for phase in phases:  # harness ms, share, floor ms, ratio
+        harness_ms, share, floor_ms, ratio = numbers_after(phase, out)
+        assert harness_ms > 0 and floor_ms > 0 and ratio > 0, phase
+    step_ms, _, floor_ms, ratio = numbers_after("step", out)
+    assert step_ms > 0 and floor_ms > 0 and ratio == pytest.approx(step_ms / floor_ms, abs=0.006)  # one repeat
+    route_ms, _ = numbers_after("route bookkeeping", out)
+    assert route_ms > 0  # the routing calls of the loop were found and timed
+
+
+def test_routing_overhead(capsys: pytest.CaptureFixture[str]) -> None:
+    load("routing_overhead").main("--models default --batch 2 --seq 4 --repeats 3 --threads 0".split())
+    out = capsys.readouterr().out
+    recorder, lo, hi = numbers_after("recorder / plain forward", out)[:3]
+    assert 0 < lo <= recorder <= hi
+    assert numbers_after("replay fwd+bwd / plain fwd+bwd", out)[0] > 0
+    assert numbers_after("route bytes per token per MoE layer", out)[:2] == [2, 2]  # uint8 ids, k = 2
+
+
+def test_experts_impl(capsys: pytest.CaptureFixture[str]) -> None:
+    load("experts_impl").main("--batch 2 --seq 4 --repeats 1".split())
+    out = capsys.readouterr().out
+    rows = {}
+    for impl in ("eager", "batched_mm", "grouped_mm"):  # max|diff| to eager, forward and fwd+bwd time ratios
+        found = re.search(rf"^{impl}\s+max\|diff\|=(\S+)\s+forward\s+(\S+)x\s+fwd\+bwd\s+(\S+)x", out, re.M)
+        assert found, impl
+        rows[impl] = [float(x) for x in found.groups()]
+    assert rows["eager"] == [0.0, 1.0, 1.0]
+    assert all(math.isfinite(x) and x >= 0 for row in rows.values() for x in row)
+
+
+def test_long_run_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    load("long_run_memory").main(f"--steps 2 --out {tmp_path / 'run'} --cold-start-steps 1 --eval-every 2".split())
+    out = capsys.readouterr().out
+    peak, now = numbers_after("step     2: peak RSS", out)
+    assert peak >= now > 0
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] in ("completed", "collapsed")
+
+
+def test_trl_vs_harness(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("trl")
+    # two updates: TRL computes old log-probs (and R2 has routes to replay) only off-policy
+    load("trl_vs_harness").main(
+        "--prompts 2 --group 2 --max-new-tokens 2 --updates 2 --repeats 1 --warmup 0 --cold-start-steps 1 --arms r2".split()
+    )
+    out = capsys.readouterr().out
+    harness_s, trl_s, ratio = numbers_after("total", out)
+    # the ratio is of unrounded times; the seconds are printed to 1 ms, a few percent of a tiny step
+    assert harness_s > 0 and trl_s > 0 and ratio == pytest.approx(trl_s / harness_s, rel=0.2)
+    median, low, high = numbers_after("time-per-step ratio TRL/harness (median of 1 paired steps):", out)
+    assert low <= median <= high and median > 0
+
+
+def test_fsdp_scaling(capsys: pytest.CaptureFixture[str]) -> None:
+    """One process under torchrun with the harness's own FSDP2 wrapping, on a model of hidden size 16."""
+    load("fsdp_scaling").main(
+        "--nproc 1 --batch 2 --seq 4 --steps 1 --warmup 0 --hidden 16 --layers 2 --experts 4".split()
+    )
+    out = capsys.readouterr().out
+    rank, state, peak, step_s, state_ratio, peak_ratio, time_ratio = numbers_after("    1", out)  # procs = 1
+    assert (rank, state_ratio, peak_ratio, time_ratio) == (0, 1.0, 1.0, 1.0)
+    assert state > 0 and peak > state and step_s > 0
+
+
+def test_gpu_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a CPU machine the script refuses with its reason; on a GPU it runs the default backend tiny."""
+    module = load("gpu_check")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            module.main(f"--out {tmp_path}".split())
+        return
+    module.main(f"--out {tmp_path} --batch 8 --seq 32 --repeats 1 --backends qwen3_moe".split())
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["backends"]["qwen3_moe"]["self_replay_bitwise"] is True
