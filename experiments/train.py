@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from moe_rl.experiment import named_experiment_args, run_from_hydra
+from moe_rl.experiment import interrupted_line, named_experiment_args, run_from_hydra
 from moe_rl.config import TrainConfig
 from moe_rl.tasks.rewards import TaskInputError
 
@@ -36,9 +36,8 @@ def main(cfg: DictConfig) -> str:
         return run_from_hydra(cfg, HydraConfig.get())
     except TaskInputError as err:  # the user's data or reward: one line (status.json and train.log keep the rest)
         sys.exit(f"error: {err}")
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted: rerun the same command to resume ({HydraConfig.get().runtime.output_dir} keeps its "
-                 "last checkpoint)")
+    except KeyboardInterrupt:  # one line, not a traceback from inside transformers
+        sys.exit(interrupted_line(HydraConfig.get().runtime.output_dir, cfg.checkpoint_every))
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ class TrainConfig:
     snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
     position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
     checkpoint_every: int = 25  # save model/optimizer/RNG state and flush metrics every K steps; 0: never
-    keep_checkpoint: bool = False  # keep checkpoint.pt after the run finished
+    keep_checkpoint: bool = False  # keep checkpoint.pt, with the final step's weights, after the run (moe_rl.export)
     fault_nan_step: int | None = None  # testing hook: corrupt a router weight with NaN at this step
     device: str = "cpu"
     threads: int | None = None

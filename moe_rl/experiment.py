@@ -69,6 +69,16 @@ def named_experiment_args(argv: list[str], conf_dir: str | Path) -> list[str]:
     return out
 
 
+def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:
+    """The one line a Ctrl-C ends with: where the run stopped and what rerunning the command does."""
+    done = int(read_status(out_dir).get("steps_done", 0))
+    saved = done // checkpoint_every * checkpoint_every if checkpoint_every else 0
+    if saved:
+        return f"interrupted after step {done}: rerun the same command to resume from step {saved} ({out_dir})"
+    return (f"interrupted after step {done}, before its first checkpoint (checkpoint_every={checkpoint_every}): "
+            f"rerunning the same command starts the run over ({out_dir})")
+
+
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """The typed config object (Hydra has already checked the types against the dataclasses)."""
     obj = OmegaConf.to_object(cfg)

@@ -457,6 +457,8 @@ class Trainer:
                 status = verdict.status
                 log.warning("run %s: %s", status, verdict.reason)
                 note_meta(writer.dir / "meta.json", "warnings", f"{status}: {verdict.reason}")
+            if cfg.keep_checkpoint and not self.dist.active:  # the final weights, for `python -m moe_rl.export`
+                self.save(step)
             writer.flush(status, step, time.perf_counter() - start, reason=verdict.reason if verdict else None)
         except RunDirectoryError:  # another run's folder: left as it is
             raise
@@ -465,11 +467,8 @@ class Trainer:
             writer.flush(status, last, time.perf_counter() - start, error=err)
             log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")
             raise
-        except BaseException as err:  # interrupted (Ctrl-C, SIGTERM -> SystemExit): resumable
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM -> SystemExit): resumable
             writer.flush("running", last, time.perf_counter() - start)
-            if isinstance(err, KeyboardInterrupt) and self.dist.is_writer:
-                log.warning("interrupted after step %d: rerun the same command to resume from the last checkpoint "
-                            "in %s", last, writer.dir)
             raise
         finally:
             if progress is not None:
