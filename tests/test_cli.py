@@ -18,7 +18,12 @@ ConfigStore.instance().store(name="base_config", node=TrainConfig)
 def test_experiment_name_needs_no_file() -> None:
     argv = ["train.py", "experiment=my_probe", "steps=4", "experiment=smoke", "+experiment=compare"]
     assert named_experiment_args(argv, CONF) == [
-        "train.py", "+experiment=my_probe", "steps=4", "+experiment=smoke", "+experiment=compare"]
+        "train.py",
+        "+experiment=my_probe",
+        "steps=4",
+        "+experiment=smoke",
+        "+experiment=compare",
+    ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         named = to_train_config(compose("config", overrides=["+experiment=my_probe", "steps=4"]))
         smoke = to_train_config(compose("config", overrides=["+experiment=smoke"]))
@@ -31,8 +36,10 @@ def test_experiment_name_needs_no_file() -> None:
 def test_interrupted_line_says_what_a_rerun_does(tmp_path) -> None:
     (tmp_path / "status.json").write_text(json.dumps({"status": "running", "steps_done": 57}))
     assert interrupted_line(tmp_path, 25) == (
-        f"interrupted after step 57: rerun the same command to resume from step 50 ({tmp_path})")
+        f"interrupted after step 57: rerun the same command to resume from step 50 ({tmp_path})"
+    )
     (tmp_path / "status.json").write_text(json.dumps({"status": "running", "steps_done": 6}))
     assert interrupted_line(tmp_path, 25) == (
         f"interrupted after step 6, before its first checkpoint (checkpoint_every=25): rerunning the same command "
-        f"starts the run over ({tmp_path})")
+        f"starts the run over ({tmp_path})"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,6 +36,11 @@ def test_export_reloads_with_the_same_logits_and_snapshots_carry_tokens(tmp_path
         trainer.policy.lm_head.weight.add_(0.01)
     result = trainer.run()
     assert result["status"] == "no_signal"  # an untrained policy never earns a reward: said, not hidden
+    metrics = pd.read_parquet(tmp_path / "run" / "metrics.parquet").pivot_table(
+        index="step", columns="key", values="value"
+    )
+    assert metrics.loc[[0, 2], "eval/pass@1"].between(0, 1).all()
+    assert (metrics.loc[[0, 2], "eval/pass@2"] >= metrics.loc[[0, 2], "eval/pass@1"]).all()
     assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["step"] == 2  # the final weights were kept
     assert main([str(tmp_path / "run"), str(tmp_path / "policy")]) == 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
