@@ -34,7 +34,7 @@ import transformers
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.cold_start import evaluate, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.distributed import Dist, refuse_sharded_checkpoint
+from moe_rl.distributed import Dist, peer_lost, refuse_sharded_checkpoint
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
 from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
@@ -463,6 +463,10 @@ class Trainer:
         except RunDirectoryError:  # another run's folder: left as it is
             raise
         except Exception as err:  # resume, step-0 evaluation, a step (setup: see train()): failed, with why
+            if self.dist.active and peer_lost(err):  # another rank was killed: interrupted, resumable
+                writer.flush("running", last, time.perf_counter() - start)
+                log.error("another process of this run died (%s); rerun the same command to resume", str(err)[:200])
+                raise
             status = "failed"
             writer.flush(status, last, time.perf_counter() - start, error=err)
             log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")
