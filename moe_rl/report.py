@@ -84,6 +84,10 @@ def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:
     if len(incomplete):
         listed = ", ".join(f"`{r}` ({s})" for r, s in zip(incomplete["run"], incomplete["status"]))
         line += f" Incomplete (running, failed or no status.json): {listed}."
+    useless = table[table["status"].isin(("no_signal", "reward_failed"))]
+    if len(useless):
+        listed = ", ".join(f"`{r}` ({s})" for r, s in zip(useless["run"], useless["status"]))
+        line += f" Learned nothing (see each run's status.json `reason`): {listed}."
     return line
 
 
