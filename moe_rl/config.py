@@ -305,6 +305,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", 1 if cfg.task.n_train is None else cfg.task.n_train, 1),
         ("task.n_eval", cfg.task.n_eval, 1), ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
         ("cold_start.batch_size", cfg.cold_start.batch_size, 1), ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
+        ("cold_start.patience", cfg.cold_start.patience or 0, 0),
     ]:
         if value < low:
             raise ValueError(f"{key}={value} must be >= {low}")

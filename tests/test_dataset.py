@@ -358,3 +358,18 @@ def test_task_kwargs_need_no_plus(tmp_path):
          "dry_run=true", f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cold_start_stops_in_band_or_on_a_plateau():
+    from moe_rl.cold_start import cold_start_patience, cold_start_stop
+    from moe_rl.config import ColdStartConfig, TaskConfig
+
+    assert cold_start_stop([0.05, 0.1], 0.2, 3) is None
+    assert cold_start_stop([0.05, 0.1, 0.25], 0.2, 3) == "in_band"
+    # best 0.15 at the 2nd evaluation; three more without a new best (a tie is no improvement) -> plateau
+    assert cold_start_stop([0.1, 0.15, 0.15, 0.12, 0.1], 0.2, 3) == "plateau"
+    assert cold_start_stop([0.1, 0.15, 0.15, 0.12], 0.2, 3) is None
+    assert cold_start_stop([0.1] * 50, 0.2, 0) is None  # patience 0: never stops early
+    assert cold_start_patience(ColdStartConfig(), TaskConfig(name="dataset")) == 10
+    assert cold_start_patience(ColdStartConfig(), TaskConfig(name="reversal")) == 0
+    assert cold_start_patience(ColdStartConfig(patience=4), TaskConfig(name="reversal")) == 4
