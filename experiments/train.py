@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from moe_rl.experiment import run_from_hydra
+from moe_rl.experiment import interrupted_line, named_experiment_args, run_from_hydra
 from moe_rl.config import TrainConfig
+from moe_rl.tasks.rewards import TaskInputError
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 log = logging.getLogger(__name__)
@@ -30,10 +32,16 @@ log = logging.getLogger(__name__)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> str:
-    return run_from_hydra(cfg, HydraConfig.get())
+    try:
+        return run_from_hydra(cfg, HydraConfig.get())
+    except TaskInputError as err:  # the user's data or reward: one line (status.json and train.log keep the rest)
+        sys.exit(f"error: {err}")
+    except KeyboardInterrupt:  # one line, not a traceback from inside transformers
+        sys.exit(interrupted_line(HydraConfig.get().runtime.output_dir, cfg.checkpoint_every))
 
 
 if __name__ == "__main__":
+    sys.argv = named_experiment_args(sys.argv, Path(__file__).parent / "conf")  # experiment=NAME needs no file
     if int(os.environ.get("RANK", "0")) > 0:  # torchrun's other ranks: rank 0 alone writes the run directory
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     main()

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,38 +23,14 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
+from moe_rl.progress import eta_seconds, format_duration
 from moe_rl.rollout import generate
-from moe_rl.tasks import Task, get_task, load_task, make_tokenizer, score_completions
-from moe_rl.tasks.dataset import DatasetTask, data_hash, read_rows, render_examples, split_examples
+from moe_rl.tasks import make_tokenizer
+from moe_rl.tasks.dataset import data_hash
+from moe_rl.tasks.setup import RLTask, setup_task
 from moe_rl.tasks.tokenizer import data_alphabet
 
 log = logging.getLogger(__name__)
-
-
-def task_data(task_cfg: TaskConfig, seed: int) -> tuple[list[dict], list[dict], str | None]:
-    """Raw train and eval examples of the task (dataset prompts not yet rendered) and, for a
-    dataset task, the content hash of its data."""
-    if task_cfg.name == "dataset":
-        rows, digest = read_rows(str(task_cfg.path), split=task_cfg.split)
-        train, evals = split_examples(rows, path=str(task_cfg.path), prompt_field=task_cfg.prompt_field,
-                                      answer_field=task_cfg.answer_field, n_train=task_cfg.n_train,
-                                      n_eval=task_cfg.n_eval, seed=seed)
-        return train, evals, digest
-    data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=seed, **task_cfg.kwargs)
-    return data["train"].to_list(), data["eval"].to_list(), None
-
-
-def make_task(task_cfg: TaskConfig) -> Task | DatasetTask:
-    """The task's reward holder: a synthetic task, or a dataset task with its reward function."""
-    return DatasetTask(task_cfg.reward) if task_cfg.name == "dataset" else get_task(task_cfg.name)
-
-
-def render(task_cfg: TaskConfig, examples: list[dict], tokenizer: PreTrainedTokenizerBase) -> list[dict]:
-    """Dataset prompts as the policy sees them (chat template, system prompt); synthetic ones as they are."""
-    if task_cfg.name != "dataset":
-        return examples
-    return render_examples(examples, tokenizer, system_prompt=task_cfg.system_prompt,
-                           chat_template=task_cfg.chat_template)
 
 
 def checkpoint_fingerprint(path: str) -> str:
@@ -103,23 +80,24 @@ def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, 
     spec["versions"] = [torch.__version__, transformers.__version__]
     if data_hash is not None:
         spec["data"] = data_hash
+    if cold_start_patience(cold, task):  # the stopping rule shapes the weights (absent where it never stops)
+        spec["cold_start"]["patience"] = cold_start_patience(cold, task)
     if model.checkpoint:
         spec["checkpoint_files"] = checkpoint_fingerprint(model.checkpoint)
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def evaluate(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[dict], task: str | Task | DatasetTask,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[dict], task: RLTask,
     *, max_new_tokens: int, batch_size: int = 256,
 ) -> float:
     """Greedy accuracy (fraction of completions with reward 1.0) on `examples`."""
-    task = get_task(task) if isinstance(task, str) else task
     rewards: list[float] = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
         out = generate(model, tokenizer, [e["prompt"] for e in chunk], greedy=True,
                        max_new_tokens=max_new_tokens, record_routes=False)
-        rewards += score_completions(task, out.completions, chunk)
+        rewards += task.score(out.completions, chunk).rewards
     return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
 
 
@@ -171,8 +149,8 @@ def _start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, 
 def train_cold_start(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
-    """Supervised warm-up until greedy eval accuracy reaches the band's lower edge (no steps with
-    `cold_start.mode=none`).
+    """Supervised warm-up until greedy held-out accuracy reaches the band's lower edge or stops
+    improving (`cold_start_stop`), at most `cold_start.max_steps` steps (none with `cold_start.mode=none`).
 
     Runs on one CPU thread whatever the caller's setting: float reductions depend on the thread
     count, and the cached weights must not depend on which run of a sweep trained them.
@@ -188,22 +166,22 @@ def train_cold_start(
 def _train_cold_start(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
-    train, evals, _ = task_data(task_cfg, cold.seed)
-    texts = [t for e in train + evals for t in (e["prompt"], e["answer"])] + [task_cfg.system_prompt or ""]
-    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, texts)
-    train, evals = render(task_cfg, train, tokenizer), render(task_cfg, evals, tokenizer)
-    task = make_task(task_cfg)
+    task = setup_task(task_cfg, cold.seed)
+    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts())
+    task = task.render(tokenizer)
     low, high = cold.band
     if cold.mode == "none":
         model.eval()
         return model, tokenizer, {"steps": 0, "accuracy": None, "band": [low, high], "in_band": None,
                                   "history": [], "mode": "none", **tok_info}
+    patience = cold_start_patience(cold, task_cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
     rng = random.Random(cold.seed)
-    history, accuracy, step = [], 0.0, 0
+    history: list[dict] = []
+    accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None
     model.train()
     for step in range(1, cold.max_steps + 1):
-        sample = rng.sample(train, min(cold.batch_size, len(train)))
+        sample = rng.sample(task.train, min(cold.batch_size, len(task.train)))
         batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, sample).items()}
         loss = model(**batch).loss
         loss.backward()
@@ -212,17 +190,23 @@ def _train_cold_start(
         optimizer.zero_grad(set_to_none=True)
         if step % cold.eval_every == 0:
             model.eval()
-            accuracy = evaluate(model, tokenizer, evals, task, max_new_tokens=task_cfg.max_new_tokens)
+            accuracy = evaluate(model, tokenizer, task.eval, task, max_new_tokens=task_cfg.max_new_tokens)
             model.train()
             history.append({"step": step, "loss": loss.item(), "accuracy": accuracy})
-            log.info("cold start step %d loss %.3f eval accuracy %.3f", step, loss.item(), accuracy)
-            if accuracy >= low:
+            elapsed = time.perf_counter() - start
+            log.info("cold start step %d/%d loss %.3f held-out accuracy %.3f (band %s) %.2f steps/s ETA at most %s",
+                     step, cold.max_steps, loss.item(), accuracy, list(cold.band), step / elapsed,
+                     format_duration(eta_seconds(step, cold.max_steps, elapsed)))
+            stop = cold_start_stop([h["accuracy"] for h in history], low, patience)
+            if stop:
                 break
     model.eval()
     info = {"steps": step, "accuracy": accuracy, "band": [low, high], "in_band": low <= accuracy <= high,
-            "history": history, **tok_info}
+            "stopped": stop or "max_steps", "history": history, **tok_info}
     if not info["in_band"]:
-        log.warning("cold start ended at accuracy %.3f outside the band %s", accuracy, cold.band)
+        log.warning("cold start ended at held-out accuracy %.3f outside the band %s after %d steps (%s): RL may "
+                    "have no signal; see cold_start.band, cold_start.max_steps, task.n_train", accuracy,
+                    list(cold.band), step, info["stopped"])
     return model, tokenizer, info
 
 
@@ -231,6 +215,30 @@ def expected_key(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartCo
     if model_cfg.checkpoint and cold.mode in ("auto", "none"):
         return f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}"
     return cold_start_key(model_cfg, task_cfg, cold, data_hash_of(task_cfg))
+
+
+def cold_start_patience(cold: ColdStartConfig, task_cfg: TaskConfig) -> int:
+    """Evaluations without a new best held-out accuracy after which the warm-up stops (0: never).
+
+    `cold_start.patience=null` (default) means 10 for a dataset task, where accuracy can plateau
+    below the band for good, and never for the synthetic tasks, whose warm-ups run to the band.
+    """
+    if cold.patience is not None:
+        return cold.patience
+    return 10 if task_cfg.name == "dataset" else 0
+
+
+def cold_start_stop(accuracies: list[float], low: float, patience: int) -> str | None:
+    """Why the warm-up stops after these held-out accuracies (one per evaluation), or None to go on:
+    `in_band` once the last reaches the band's lower edge, `plateau` once the best is `patience`
+    evaluations old (`patience` 0: never)."""
+    if accuracies and accuracies[-1] >= low:
+        return "in_band"
+    if patience and len(accuracies) > patience:
+        best = max(range(len(accuracies)), key=lambda i: (accuracies[i], -i))  # first index of the best
+        if len(accuracies) - 1 - best >= patience:
+            return "plateau"
+    return None
 
 
 def get_cold_start(

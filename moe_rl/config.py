@@ -38,7 +38,7 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "reversal"
-    n_train: int = 4000
+    n_train: int | None = 4000  # None (task=dataset only): every row not held out for evaluation
     n_eval: int = 128
     partial_credit: float = 0.0
     max_new_tokens: int = 8
@@ -99,6 +99,7 @@ class ColdStartConfig:
     seed: int = 0
     cache_dir: str = ".cache/cold_start"
     mode: str = "auto"  # auto: SFT a built model, none for a checkpoint; sft; none
+    patience: int | None = None  # stop after this many evaluations without a new best (0: never; None: 10 for task=dataset, else 0)
 
 
 @dataclass
@@ -125,6 +126,23 @@ class DistConfig:
 
 
 @dataclass
+class SignalConfig:
+    """When a run that ran all its steps is labelled useless instead of `completed` (moe_rl.verdict)."""
+
+    no_signal_steps: int = 20  # this many consecutive steps (all, if fewer) with every group zero-variance: no_signal; 0: never
+    max_reward_error_frac: float = 0.5  # the reward raised on more than this share of all completions: reward_failed
+
+
+@dataclass
+class PassAtKConfig:
+    """Sampled evaluation on the held-out split: `eval/pass@{k}` (unbiased estimator, arXiv 2107.03374)."""
+
+    k: list[int] = field(default_factory=list)  # e.g. [1, 4]; empty: off
+    n: int = 8  # samples per held-out prompt (n >= max k)
+    temperature: float = 1.0
+
+
+@dataclass
 class TrainConfig:
     out_dir: str | None = None  # the run folder (a sweep's folder under -m); None: see run_dir()
     experiment: str = "default"
@@ -139,7 +157,7 @@ class TrainConfig:
     snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
     position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
     checkpoint_every: int = 25  # save model/optimizer/RNG state and flush metrics every K steps; 0: never
-    keep_checkpoint: bool = False  # keep checkpoint.pt after the run finished
+    keep_checkpoint: bool = False  # keep checkpoint.pt, with the final step's weights, after the run (moe_rl.export)
     fault_nan_step: int | None = None  # testing hook: corrupt a router weight with NaN at this step
     device: str = "cpu"
     threads: int | None = None
@@ -156,6 +174,8 @@ class TrainConfig:
     # the analysis an experiment file declares before its runs (claims, primary outcome, cells, test;
     # an extension names the experiment it extends and its look); read by the claims report, not the loop
     analysis: dict[str, Any] = field(default_factory=dict)
+    signal: SignalConfig = field(default_factory=SignalConfig)
+    pass_at_k: PassAtKConfig = field(default_factory=PassAtKConfig)
 
     @property
     def arm(self) -> str:
@@ -167,7 +187,7 @@ class TrainConfig:
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
 _NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint", "logger", "log_every", "dist", "analysis")
+                 "keep_checkpoint", "logger", "log_every", "dist", "analysis", "signal")
 
 
 def run_dir(cfg: TrainConfig) -> str:
@@ -181,9 +201,11 @@ _ADDED_DEFAULTS = {
     "model": {"dtype": "float32"},
     "task": {"path": None, "prompt_field": "prompt", "answer_field": "answer", "system_prompt": None,
              "split": "train", "chat_template": "auto", "reward": "exact"},
-    "cold_start": {"mode": "auto"},
+    "cold_start": {"mode": "auto", "patience": None},
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
+    "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
 }
+_ADDED_SECTIONS = ("pass_at_k",)  # sections added later: left out entirely while every key is at its default
 
 
 def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +216,8 @@ def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     for section, defaults in _ADDED_DEFAULTS.items():
         if isinstance(spec.get(section), dict):
             spec[section] = {k: v for k, v in spec[section].items() if k not in defaults or v != defaults[k]}
+            if section in _ADDED_SECTIONS and not spec[section]:
+                del spec[section]
     if isinstance(spec.get("task"), dict) and "kwargs" in spec["task"]:
         spec["task"]["kwargs"] = explicit_task_kwargs(spec["task"].get("name", ""), spec["task"]["kwargs"])
     return spec
@@ -245,6 +269,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("model.dtype", cfg.model.dtype, DTYPES)
     _one_of("cold_start.mode", cfg.cold_start.mode, COLD_START_MODES)
     _one_of("task.chat_template", str(cfg.task.chat_template).lower(), CHAT_TEMPLATE_MODES)
+    if cfg.task.n_train is None and cfg.task.name != "dataset":
+        raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={cfg.task.name}")
+    if not 0 <= cfg.task.partial_credit < 1:
+        raise ValueError(f"task.partial_credit={cfg.task.partial_credit} must lie in [0, 1): 1.0 marks a correct answer")
     if cfg.task.name == "dataset" and not cfg.task.path:
         raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
@@ -277,12 +305,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0), ("checkpoint_every", cfg.checkpoint_every, 0),
         ("snapshot_every", cfg.snapshot_every, 0), ("eval_every", cfg.eval_every, 1), ("eval_size", cfg.eval_size, 1),
         ("position_bucket", cfg.position_bucket, 1), ("log_every", cfg.log_every, 0), ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
-        ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", cfg.task.n_train, 1),
+        ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", 1 if cfg.task.n_train is None else cfg.task.n_train, 1),
         ("task.n_eval", cfg.task.n_eval, 1), ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
         ("cold_start.batch_size", cfg.cold_start.batch_size, 1), ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
+        ("cold_start.patience", cfg.cold_start.patience or 0, 0),
     ]:
         if value < low:
             raise ValueError(f"{key}={value} must be >= {low}")
+    if cfg.signal.no_signal_steps < 0 or not 0 <= cfg.signal.max_reward_error_frac <= 1:
+        raise ValueError(f"signal.no_signal_steps={cfg.signal.no_signal_steps} must be >= 0 and "
+                         f"signal.max_reward_error_frac={cfg.signal.max_reward_error_frac} in [0, 1]")
+    if cfg.pass_at_k.k and (min(cfg.pass_at_k.k) < 1 or max(cfg.pass_at_k.k) > cfg.pass_at_k.n):
+        raise ValueError(f"pass_at_k.k={list(cfg.pass_at_k.k)} must lie in [1, pass_at_k.n={cfg.pass_at_k.n}]")
+    if cfg.pass_at_k.temperature <= 0:
+        raise ValueError(f"pass_at_k.temperature={cfg.pass_at_k.temperature} must be > 0")
     if cfg.steps < 1:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:

@@ -383,3 +383,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
         if isinstance(layers, nn.ModuleList) and len(layers):
             return list(layers)
     raise ValueError(f"{type(model).__name__}: no decoder layer list (model.layers) to shard with FSDP2")
+
+
+# What a collective raises when another rank's process is gone (gloo over TCP, NCCL's watchdog)
+PEER_LOST_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout",
+                      "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether `err` means another rank died under this one (a killed peer breaks the process group),
+    so the run is interrupted and resumable like a killed `python` run, not failed by its own fault."""
+    if isinstance(err, torch.distributed.DistNetworkError):
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in PEER_LOST_MESSAGES)

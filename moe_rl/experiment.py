@@ -47,6 +47,39 @@ if not OmegaConf.has_resolver("or_default"):
     OmegaConf.register_new_resolver("or_default", or_default)
 
 
+def named_experiment_args(argv: list[str], conf_dir: str | Path) -> list[str]:
+    """Command-line arguments with `experiment=NAME` made a selection of the `experiment` group.
+
+    `experiment` is both a config group (`+experiment=compare` loads its file) and the run's name,
+    and Hydra reads a plain `experiment=NAME` as a group override with no default to override. Here
+    `experiment=NAME` and `+experiment=NAME` select `experiment/NAME.yaml` when it exists and otherwise
+    a config that only names the run (registered in Hydra's ConfigStore), so runs go to
+    `runs/NAME/...` without a file.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    out = []
+    for arg in argv:
+        key, sep, name = arg.partition("=")
+        if sep and key in ("experiment", "+experiment") and name and "," not in name:
+            if not (Path(conf_dir) / "experiment" / f"{name}.yaml").is_file():
+                ConfigStore.instance().store(group="experiment", name=name, node={"experiment": name},
+                                             package="_global_")
+            arg = f"+experiment={name}"
+        out.append(arg)
+    return out
+
+
+def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:
+    """The one line a Ctrl-C ends with: where the run stopped and what rerunning the command does."""
+    done = int(read_status(out_dir).get("steps_done", 0))
+    saved = done // checkpoint_every * checkpoint_every if checkpoint_every else 0
+    if saved:
+        return f"interrupted after step {done}: rerun the same command to resume from step {saved} ({out_dir})"
+    return (f"interrupted after step {done}, before its first checkpoint (checkpoint_every={checkpoint_every}): "
+            f"rerunning the same command starts the run over ({out_dir})")
+
+
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """The typed config object (Hydra has already checked the types against the dataclasses)."""
     obj = OmegaConf.to_object(cfg)

@@ -9,7 +9,11 @@
 `--all` writes each folder's report next to its runs (drift_scaling through moe_rl.drift_report).
 
 `--by` names the comparison (default arm); every other run key that varies is added to the
-grouping unless `--pool` names it, and summary.md says what was added and what was pooled. When
+grouping unless `--pool` names it, and summary.md says what was added and what was pooled. Runs
+are pooled only when they share every config key except the seed (their `config.yaml`): other
+differences (a reward, a step count, a data file) become a `config` column of the grouping, unless
+`--pool` names those keys too (e.g. `--pool task.reward`). A group whose runs repeat a seed or ran
+different numbers of steps is flagged at the top of summary.md. When
 the runs vary in learning rate and N the report adds the phase map. Every file is written to a
 temporary name and renamed into place, so a reader never sees a half-written report.
 """
@@ -27,6 +31,7 @@ import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
+from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
@@ -79,6 +84,10 @@ def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:
     if len(incomplete):
         listed = ", ".join(f"`{r}` ({s})" for r, s in zip(incomplete["run"], incomplete["status"]))
         line += f" Incomplete (running, failed or no status.json): {listed}."
+    useless = table[table["status"].isin(("no_signal", "reward_failed"))]
+    if len(useless):
+        listed = ", ".join(f"`{r}` ({s})" for r, s in zip(useless["run"], useless["status"]))
+        line += f" Learned nothing (see each run's status.json `reason`): {listed}."
     return line
 
 
@@ -215,10 +224,14 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
                  phase_axes: tuple[str, ...] = PHASE_AXES) -> list[Path]:
     """Write summary.md, summary.csv, tests.csv, figures (and the phase map when the runs vary in
     `phase_axes`) for the runs under `results_dir` into `out`; return the paths written."""
-    df = analysis.load_results(results_dir)
+    df = with_config(analysis.load_results(results_dir), pool or [])  # runs of other configs stay apart
+    pool = [p for p in pool or [] if p in df.columns]  # config keys in `pool` were pooled by with_config
     events = analysis.load_events(results_dir)
-    groups, added, pooled = analysis.grouping(df, by, pool or [])
-    summary = analysis.summarize(df, by=groups, variant=variant, pool=pool or [])
+    groups, added, pooled = analysis.grouping(df, by, pool)
+    summary = analysis.summarize(df, by=groups, variant=variant, pool=pool)
+    checks = group_checks(df, groups)
+    for line in checks:
+        print(f"warning: {line[2:]}", file=sys.stderr)
     outcomes = analysis.run_outcomes(df)
     compare = by[0]
     tests = analysis.arm_tests(outcomes, groups=groups, compare=compare, reference=reference,
@@ -255,8 +268,12 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
         written.append(out / name)
     write_atomic(out / "summary.csv", lambda f: f.write(summary.to_csv(index=False).encode()))
     write_atomic(out / "tests.csv", lambda f: f.write(tests.to_csv(index=False).encode()))
+    grouping_line = _grouping_line(by, added, pooled)
+    if checks:
+        grouping_line += ("\n\n**Check before reading the table**: some groups hold runs that should not be "
+                          "pooled:\n" + "\n".join(checks))
     text = build_markdown(results_dir, df, summary, events, groups, list(figs),
-                          grouping_line=_grouping_line(by, added, pooled), variant=variant, extra=extra)
+                          grouping_line=grouping_line, variant=variant, extra=extra)
     write_atomic(out / "summary.md", lambda f: f.write(text.encode()))
     return [out / "summary.md", out / "summary.csv", out / "tests.csv", *written]
 

@@ -5,8 +5,9 @@ Layout of one run:
     meta.json             git sha, library versions, device, seed, run keys, cold start
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
-    status.json           running | completed | collapsed | diverged | failed | invalid, with collapse
-                          events and, when failed, the exception's type and message
+    status.json           running | completed | collapsed | diverged | no_signal | reward_failed | failed |
+                          invalid, with collapse events, when failed the exception's type and message,
+                          and for no_signal / reward_failed the `reason`
     train.log             progress lines and, when a run fails, its traceback
     checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps); plain
                           data only, loaded with torch.load(weights_only=True): it cannot run code
@@ -41,11 +42,15 @@ STATUSES = {
     "running": "the run is in progress, or was killed (rerun the same command to resume)",
     "completed": "all steps ran and no collapse trigger fired",
     "collapsed": "all steps ran; a collapse trigger (reward drop, entropy collapse) fired on the way",
+    "no_signal": "all steps ran, but a stretch of them had every prompt group zero-variance: nothing was learned "
+                 "(`reason` says where and the likely cause)",
+    "reward_failed": "all steps ran, but the reward function raised on more than its allowed share of completions "
+                     "(`reason`)",
     "diverged": "a non-finite loss, gradient or log-prob: the run stopped at that step",
     "failed": "an exception other than divergence stopped the run: `error` in status.json, traceback in train.log",
     "invalid": "the config was rejected by validation before any work (`error` says why)",
 }
-FINISHED = ("completed", "collapsed", "diverged")
+FINISHED = ("completed", "collapsed", "diverged", "no_signal", "reward_failed")
 
 
 class CorruptFileError(RuntimeError):
@@ -109,12 +114,14 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
 
 def write_status(
     run_dir: str | Path, status: str, *, steps_done: int = 0, events: list[dict[str, Any]] | None = None,
-    wall_s: float = 0.0, config_hash: str = "", error: BaseException | None = None,
+    wall_s: float = 0.0, config_hash: str = "", error: BaseException | None = None, reason: str | None = None,
 ) -> None:
     """Write status.json; a failure records the exception (type, message) and appends its traceback
     to train.log, so that a folder always says why it stopped."""
     doc: dict[str, Any] = {"status": status, "steps_done": steps_done, "collapse_events": events or [],
                            "wall_s": wall_s, "config_hash": config_hash}
+    if reason is not None:
+        doc["reason"] = reason
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     if error is not None:
         doc["error"] = {"type": type(error).__name__, "message": str(error)}
@@ -201,7 +208,8 @@ class RunWriter:
             frame.insert(0, column, value)
         return frame
 
-    def flush(self, status: str, steps_done: int, wall_s: float, error: BaseException | None = None) -> None:
+    def flush(self, status: str, steps_done: int, wall_s: float, error: BaseException | None = None,
+              reason: str | None = None) -> None:
         """Write buffered rows as a new part, rebuild metrics.parquet from the parts, write status."""
         if self.rows:
             self.parts.mkdir(exist_ok=True)
@@ -214,7 +222,7 @@ class RunWriter:
             if error is None:
                 raise  # on failure the status below still says why (the corrupt part, most likely)
         write_status(self.dir, status, steps_done=steps_done, events=self.events, wall_s=wall_s,
-                     config_hash=self.config_hash, error=error)
+                     config_hash=self.config_hash, error=error, reason=reason)
 
     def _consolidate(self) -> None:
         """Stream the parts, one at a time, into metrics.parquet (memory stays one part)."""

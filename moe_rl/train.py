@@ -32,9 +32,10 @@ import torch
 import transformers
 
 from moe_rl.algos import get_loss, group_advantages
-from moe_rl.cold_start import evaluate, expected_key, get_cold_start, make_task, render, task_data
+from moe_rl.cold_start import evaluate, expected_key, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.distributed import Dist, world_size_from_env
+from moe_rl.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
 from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
 from moe_rl.partial import Partial, mean_finalize, mean_parts
@@ -46,12 +47,17 @@ from moe_rl.routing.compare import (
     router_shift_gaps, shift_summary,
 )
 from moe_rl.runinfo import note_meta
-from moe_rl.runio import RunDirectoryError, check_run_dir, read_status, rng_state, set_rng_state, status_on_failure
+from moe_rl.runio import (
+    FINISHED, RunDirectoryError, check_run_dir, read_status, rng_state, set_rng_state, status_on_failure,
+)
 from moe_rl.tasks.rewards import zero_variance_frac
+from moe_rl.tasks.setup import setup_task
+from moe_rl.verdict import Verdict, run_verdict
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy")
+HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy",
+                "reward/zero_var_group_frac", "reward/errors")
 
 
 def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
@@ -111,7 +117,7 @@ class Trainer:
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.task = make_task(cfg.task)
+        self.task = setup_task(cfg.task, cfg.cold_start.seed)  # data and reward checked before the cold start
         self.policy, self.tokenizer, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
@@ -130,9 +136,8 @@ class Trainer:
         )
         self.loss_fn = get_loss(cfg.algo.name)
         self.eps_low, self.eps_high = cfg.algo.eps()
-        train_examples, eval_examples, _ = task_data(cfg.task, cfg.cold_start.seed)
-        self.train_examples = render(cfg.task, train_examples, self.tokenizer)
-        self.eval_examples = render(cfg.task, eval_examples, self.tokenizer)[: cfg.eval_size]
+        self.task = self.task.render(self.tokenizer)
+        self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
         self.reward_metrics: dict[str, float] = {}
         self.warned_no_signal = False
         self.writer = self.dist.writer(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
@@ -159,13 +164,10 @@ class Trainer:
             rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
         )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
-        errors = getattr(self.task, "errors", 0)
-        rewards = torch.tensor(
-            [self.task.reward(c, e, partial_credit=cfg.task.partial_credit) for c, e in zip(rollout.completions, group)]
-        )
+        scores = self.task.score(rollout.completions, group)
+        rewards = torch.tensor(scores.rewards)
         zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
-        self.reward_metrics = {"reward/zero_var_group_frac": zero_var,
-                               "reward/errors": float(getattr(self.task, "errors", 0) - errors)}
+        self.reward_metrics = {"reward/zero_var_group_frac": zero_var, "reward/errors": float(scores.errors)}
         if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
             message = (f"step {step}: every prompt group has zero reward variance (reward/mean "
@@ -296,16 +298,34 @@ class Trainer:
             **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
         })
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
-            old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors")
+            old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
             if rollout.routes is not None:
-                rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors")
+                rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors",
+                                    token_ids=rollout.inputs)
         return metrics
+
+    def verdict(self) -> Verdict | None:
+        """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.verdict)."""
+        zero_var = dict(self.history["reward/zero_var_group_frac"])
+        errors, means = dict(self.history["reward/errors"]), dict(self.history["reward/mean"])
+        steps = sorted(zero_var)
+        cfg = self.cfg
+        return run_verdict(
+            steps, [zero_var[s] for s in steps], [errors.get(s, 0.0) for s in steps], [means[s] for s in steps],
+            completions_per_step=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+            no_signal_steps=cfg.signal.no_signal_steps, max_reward_error_frac=cfg.signal.max_reward_error_frac,
+            cold_start=self.cold_info,
+        )
 
     def evaluate(self) -> dict[str, float]:
         t = time.perf_counter()
         accuracy = evaluate(self.policy, self.tokenizer, self.eval_examples, self.task,
                             max_new_tokens=self.cfg.task.max_new_tokens)
-        return {"task/accuracy": accuracy, "time/eval_s": time.perf_counter() - t}
+        passes = self.cfg.pass_at_k
+        sampled = pass_at_k_eval(self.policy, self.tokenizer, self.eval_examples, self.task, ks=list(passes.k),
+                                 n=passes.n, temperature=passes.temperature, max_new_tokens=self.cfg.task.max_new_tokens,
+                                 seed=self.cfg.seed) if passes.k else {}
+        return {"task/accuracy": accuracy, **sampled, "time/eval_s": time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -382,10 +402,21 @@ class Trainer:
                     self.save(step)
             else:
                 status = "collapsed" if writer.events else "completed"
-            writer.flush(status, step, time.perf_counter() - start)
+            verdict = self.verdict() if status == "completed" else None
+            if verdict is not None:
+                status = verdict.status
+                log.warning("run %s: %s", status, verdict.reason)
+                note_meta(writer.dir / "meta.json", "warnings", f"{status}: {verdict.reason}")
+            if cfg.keep_checkpoint and not self.dist.active:  # the final weights, for `python -m moe_rl.export`
+                self.save(step)
+            writer.flush(status, step, time.perf_counter() - start, reason=verdict.reason if verdict else None)
         except RunDirectoryError:  # another run's folder: left as it is
             raise
         except Exception as err:  # resume, step-0 evaluation, a step (setup: see train()): failed, with why
+            if self.dist.active and peer_lost(err):  # another rank was killed: interrupted, resumable
+                writer.flush("running", last, time.perf_counter() - start)
+                log.error("another process of this run died (%s); rerun the same command to resume", str(err)[:200])
+                raise
             status = "failed"
             writer.flush(status, last, time.perf_counter() - start, error=err)
             log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")
@@ -397,7 +428,7 @@ class Trainer:
             if progress is not None:
                 progress.close()
             writer.close_backends(status)
-        if status in ("completed", "collapsed", "diverged") and not cfg.keep_checkpoint:
+        if status in FINISHED and not cfg.keep_checkpoint:
             self.dist.remove_checkpoint(writer.dir)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
 

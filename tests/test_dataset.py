@@ -14,11 +14,12 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from moe_rl.cold_start import cold_start_key, data_hash_of, get_cold_start, task_data
+from moe_rl.cold_start import cold_start_key, data_hash_of, get_cold_start
 from moe_rl.config import TrainConfig, validate
 from moe_rl.models import build_model, load_model
 from moe_rl.tasks.dataset import read_rows, render_prompt, split_examples
-from moe_rl.tasks.rewards import Scorer, exact_reward, last_number, numeric_reward, resolve_reward, zero_variance_frac
+from moe_rl.tasks.setup import setup_task
+from moe_rl.tasks.rewards import Scorer, TaskInputError, exact_reward, last_number, numeric_reward, resolve_reward, zero_variance_frac
 from moe_rl.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +104,8 @@ def test_custom_reward_and_bad_specs(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_reward("my_rewards:length_bonus")("abcde", {}) == 0.5
-    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+    with pytest.raises(ValueError, match="no module named 'no_such_module'; the module must be on PYTHONPATH or "
+                                         "importable from the working directory"):
         resolve_reward("no_such_module:f")
     with pytest.raises(ValueError, match="has no callable 'NOT_CALLABLE'"):
         resolve_reward("my_rewards:NOT_CALLABLE")
@@ -153,7 +155,8 @@ def test_data_errors_name_file_and_field(tmp_path, data):
     missing = r"task.prompt_field='prompt' is not a field of .*problems.jsonl.*\['answer', 'question'\]"
     with pytest.raises(ValueError, match=missing):
         split_examples(rows, path=str(data), prompt_field="prompt", answer_field="answer", n_train=4, n_eval=2, seed=0)
-    with pytest.raises(ValueError, match=r"has 60 rows, fewer than task.n_train \+ task.n_eval = 58 \+ 8"):
+    with pytest.raises(ValueError, match=r"has 60 rows; holding out task.n_eval=8 leaves 52 to train on, and "
+                                         r"task.n_train=58 needs 58"):
         split_examples(rows, path=str(data), prompt_field="question", answer_field="answer", n_train=58, n_eval=8,
                        seed=0)
     bad = tmp_path / "bad.parquet"
@@ -165,6 +168,45 @@ def test_data_errors_name_file_and_field(tmp_path, data):
     with pytest.raises(ValueError, match=r"unknown file type '.txt'"):
         (tmp_path / "a.txt").write_text("x")
         read_rows(str(tmp_path / "a.txt"))
+
+
+def test_data_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": "2"}\n{"prompt": "c" "answer": "3"}\n')
+    with pytest.raises(TaskInputError) as err:
+        read_rows(str(bad))
+    assert str(err.value) == (f"task.path={str(bad)!r} line 4: invalid JSON: Expecting ',' delimiter (column 16)")
+    (tmp_path / "list.jsonl").write_text('{"prompt": "a"}\n[1, 2]\n')
+    with pytest.raises(TaskInputError, match="line 2: a row must be a JSON object, got list"):
+        read_rows(str(tmp_path / "list.jsonl"))
+    for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n"), ("empty.csv", "")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(TaskInputError) as err:
+            read_rows(str(tmp_path / name))
+        assert str(err.value) == f"task.path={str(tmp_path / name)!r} is empty"
+
+
+def test_reward_module_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "cwd_reward_mod.py").write_text("def score(completion, example):\n    return 0.5\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(TaskInputError) as err:
+        resolve_reward("cwd_reward_mod:score")
+    assert str(err.value) == (f"reward='cwd_reward_mod:score': no module named 'cwd_reward_mod'; the module must be on "
+                              f"PYTHONPATH or importable from the working directory ({elsewhere})")
+    assert str(elsewhere) not in sys.path  # the failed attempt leaves sys.path as it was
+    monkeypatch.chdir(tmp_path)
+    assert resolve_reward("cwd_reward_mod:score")("x", {}) == 0.5
+
+
+def test_all_rows_not_held_out_train(data):
+    rows, _ = read_rows(str(data))
+    train, evals = split_examples(rows, path=str(data), prompt_field="question", answer_field="answer", n_train=None,
+                                  n_eval=8, seed=0)
+    assert (len(train), len(evals)) == (52, 8)
+    assert not {e["question"] for e in evals} & {e["question"] for e in train}
 
 
 def test_offline_hub_names_are_clear_errors(monkeypatch):
@@ -219,7 +261,7 @@ def test_cache_key_changes_with_the_data(tmp_path, data):
 def test_tiny_model_gets_a_character_tokenizer_over_the_data(tmp_path, data):
     cfg = cfg_for(tmp_path, data, None)
     model, tok, info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
-    train, _, _ = task_data(cfg.task, cfg.cold_start.seed)
+    train = setup_task(cfg.task, cfg.cold_start.seed).train
     assert set(info["alphabet"]) >= set("".join(e["question"] + e["answer"] for e in train))
     assert model.config.vocab_size == len(tok) == 4 + len(info["alphabet"])
     assert Path(info["path"], "tokenizer.json").is_file()
@@ -249,7 +291,7 @@ def test_dataset_run_with_checkpoint(tmp_path, data, checkpoint, monkeypatch, re
     assert trainer.train_examples[0]["prompt"].endswith("<|assistant|>")
     assert len(trainer.tokenizer) < 400  # the checkpoint's own BPE tokenizer, not the character one
     result = trainer.run()
-    assert result["status"] in ("completed", "collapsed")
+    assert result["status"] in ("completed", "collapsed", "no_signal")  # 2 steps of an untrained checkpoint
     frame = pd.read_parquet(Path(result["dir"]) / "metrics.parquet")
     keys = set(frame["key"])
     assert {"reward/zero_var_group_frac", "reward/errors", "reward/mean", "task/accuracy"} <= keys
@@ -266,7 +308,8 @@ def test_no_signal_is_warned_once_in_log_and_meta(tmp_path, data, checkpoint, mo
     frame = pd.read_parquet(Path(result["dir"]) / "metrics.parquet")
     assert frame[frame.key == "reward/zero_var_group_frac"]["value"].tolist() == [1.0, 1.0, 1.0]
     meta = json.loads((Path(result["dir"]) / "meta.json").read_text())
-    assert len(meta["warnings"]) == 1 and "zero reward variance" in meta["warnings"][0]
+    assert len(meta["warnings"]) == 2 and "zero reward variance" in meta["warnings"][0]
+    assert meta["warnings"][1].startswith("no_signal: steps 1-3") and result["status"] == "no_signal"
     assert sum("zero reward variance" in r.message for r in caplog.records) == 1
 
 
@@ -278,7 +321,7 @@ def test_checkpoint_cold_start_sft_and_bfloat16(tmp_path, data, checkpoint):
     assert next(model.parameters()).dtype == torch.bfloat16
     assert len(tok) == len(load_model_tokenizer(checkpoint))
     result = train(cfg)
-    assert result["status"] in ("completed", "collapsed")
+    assert result["status"] in ("completed", "collapsed", "no_signal")
 
 
 def load_model_tokenizer(path):
@@ -315,3 +358,18 @@ def test_task_kwargs_need_no_plus(tmp_path):
          "dry_run=true", f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cold_start_stops_in_band_or_on_a_plateau():
+    from moe_rl.cold_start import cold_start_patience, cold_start_stop
+    from moe_rl.config import ColdStartConfig, TaskConfig
+
+    assert cold_start_stop([0.05, 0.1], 0.2, 3) is None
+    assert cold_start_stop([0.05, 0.1, 0.25], 0.2, 3) == "in_band"
+    # best 0.15 at the 2nd evaluation; three more without a new best (a tie is no improvement) -> plateau
+    assert cold_start_stop([0.1, 0.15, 0.15, 0.12, 0.1], 0.2, 3) == "plateau"
+    assert cold_start_stop([0.1, 0.15, 0.15, 0.12], 0.2, 3) is None
+    assert cold_start_stop([0.1] * 50, 0.2, 0) is None  # patience 0: never stops early
+    assert cold_start_patience(ColdStartConfig(), TaskConfig(name="dataset")) == 10
+    assert cold_start_patience(ColdStartConfig(), TaskConfig(name="reversal")) == 0
+    assert cold_start_patience(ColdStartConfig(patience=4), TaskConfig(name="reversal")) == 4

@@ -422,6 +422,15 @@ def test_routes_dtype_sorting_and_save_load(tmp_path) -> None:
     (tmp_path / "trunc.safetensors").write_bytes(truncated)
     with pytest.raises(ValueError, match="trunc.safetensors"):
         Routes.load(tmp_path / "trunc.safetensors")
+    from moe_rl.routing import load_snapshot
+
+    assert load_snapshot(tmp_path / "r.safetensors")[1] is None  # saved without token ids
+    r.save(tmp_path / "t.safetensors", token_ids=torch.tensor([[17, 4]]))
+    routes, ids = load_snapshot(tmp_path / "t.safetensors")
+    assert ids.tolist() == [[17, 4]] and torch.equal(routes.indices, r.indices)
+    assert torch.equal(Routes.load(tmp_path / "t.safetensors").mask, r.mask)
+    with pytest.raises(ValueError, match=r"token_ids of shape \(1, 3\) for routes of \(B, T\) \(1, 2\)"):
+        r.save(tmp_path / "u.safetensors", token_ids=torch.tensor([[1, 2, 3]]))
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -48,8 +48,8 @@ def plot_shift_dynamics(df: pd.DataFrame, *, max_lag: int = 5, before: int = 30,
     left, right = fig.subplots(1, 2)
     series = shift_series(df)
     per_run = pooled_xcorr(series, SHIFT_AMOUNT, (CLIP,), max_lag=max_lag)
-    if len(per_run):
-        table = per_run.pivot_table(index="run", columns="lag", values="r")
+    table = per_run.pivot_table(index="run", columns="lag", values="r").dropna(how="all") if len(per_run) else None
+    if table is not None and len(table):
         lags = table.columns.to_numpy()
         left.fill_between(lags, table.quantile(0.025), table.quantile(0.975), color="tab:blue", alpha=0.2,
                           label="2.5-97.5% of runs")
@@ -57,6 +57,9 @@ def plot_shift_dynamics(df: pd.DataFrame, *, max_lag: int = 5, before: int = 30,
         left.axvline(0, color="0.5", lw=0.8)
         left.axhline(0, color="0.5", lw=0.8)
         left.legend(fontsize=8)
+    else:  # say why the panel is empty
+        left.text(0.5, 0.5, f"no run with >= {2 * max_lag + 5} steps where router shift\nand clip fraction both "
+                  "vary step to step", ha="center", va="center", transform=left.transAxes)
     left.set_xlabel("lag (steps; > 0: router shift leads the clip fraction)")
     left.set_ylabel("Pearson r of first differences")
     left.set_title("Router shift vs clip fraction, step to step")

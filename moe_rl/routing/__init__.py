@@ -16,7 +16,7 @@ from moe_rl.routing.compare import (
 )
 from moe_rl.routing.hooks import RoutedPass, RouteRecorder, RouteReplay, router_margins
 from moe_rl.routing.layers import MoeLayer, UnsupportedRouterError, find_moe_layers
-from moe_rl.routing.routes import Routes, index_dtype
+from moe_rl.routing.routes import Routes, index_dtype, load_snapshot
 
 __all__ = [
     "MARGIN_EDGES",
@@ -31,6 +31,7 @@ __all__ = [
     "compare_routes",
     "find_moe_layers",
     "index_dtype",
+    "load_snapshot",
     "route_metrics",
     "route_overlap",
     "router_margins",

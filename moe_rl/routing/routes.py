@@ -124,16 +124,28 @@ class Routes:
 
     # --- persistence -------------------------------------------------------------------------
 
-    def save(self, path: str | Path) -> None:
-        """Write a safetensors file atomically (temporary name, then rename)."""
+    def save(self, path: str | Path, *, token_ids: Tensor | None = None) -> None:
+        """Write a safetensors file atomically (temporary name, then rename).
+
+        `token_ids` (B, T), the input token at each routed position, travel with the routes so a
+        reader can say which tokens were routed where (`load_snapshot`).
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": "moe_rl.routes/1", "layer_map": json.dumps(self.layer_map), "num_experts": str(self.num_experts)}
         tensors = {"indices": self.indices.contiguous().cpu(), "mask": self.mask.contiguous().cpu()}
+        if token_ids is not None:
+            if tuple(token_ids.shape) != tuple(self.mask.shape):
+                raise ValueError(f"token_ids of shape {tuple(token_ids.shape)} for routes of (B, T) {tuple(self.mask.shape)}")
+            tensors["token_ids"] = token_ids.contiguous().cpu()
         write_atomic(path, safetensors_bytes(tensors, metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> Routes:
+        return load_snapshot(path)[0]
+
+    @classmethod
+    def _load(cls, path: str | Path) -> tuple[Routes, Tensor | None]:
         path = Path(path)
         try:
             from safetensors import safe_open
@@ -143,12 +155,13 @@ class Routes:
             tensors = load_file(path)
         except (SafetensorError, OSError, ValueError) as err:
             raise ValueError(f"{path} is not a readable routes file: {err}") from err
-        if meta.get("format") != "moe_rl.routes/1" or set(tensors) != {"indices", "mask"}:
+        if meta.get("format") != "moe_rl.routes/1" or set(tensors) - {"token_ids"} != {"indices", "mask"}:
             raise ValueError(f"{path} is not a moe_rl routes file (metadata {meta}, tensors {sorted(tensors)})")
         try:
             num_experts = int(meta["num_experts"])
             _check_range(tensors["indices"], num_experts)
-            return cls(tensors["indices"], tensors["mask"], tuple(json.loads(meta["layer_map"])), num_experts)
+            routes = cls(tensors["indices"], tensors["mask"], tuple(json.loads(meta["layer_map"])), num_experts)
+            return routes, tensors.get("token_ids")
         except (KeyError, ValueError) as err:
             raise ValueError(f"{path}: invalid routes file: {err}") from err
 
@@ -275,3 +288,12 @@ def _refuse_degenerate(topk: Tensor, mask: Tensor) -> None:
             b, t = mask.nonzero()[repeated.any(dim=-1).nonzero()[0, 0]].tolist()
             raise ValueError(f"routed experts repeat an expert within one top-k (request {b}, position {t}): "
                              "not routes a top-k router produced")
+
+
+def load_snapshot(path: str | Path) -> tuple[Routes, Tensor | None]:
+    """(routes, token ids) of a routes file; the ids (B, T) are None in files saved without them.
+
+    A run's route snapshots (`routes/step_*_{old,rollout}.safetensors`) carry them: position t of
+    row b routed token `token_ids[b, t]` (valid where `routes.mask[b, t]`).
+    """
+    return Routes._load(path)

@@ -9,42 +9,19 @@ the named reward or the user's `package.module:function` (`moe_rl.tasks.rewards`
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.tasks.rewards import Scorer, resolve_reward
+from moe_rl.tasks.rewards import TaskInputError
 
 log = logging.getLogger(__name__)
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 CHAT_TEMPLATE_MODES = ("auto", "true", "false")
-
-
-@dataclass
-class DatasetTask:
-    """A dataset task's reward: `reward(completion, example)` as the synthetic tasks have it.
-
-    `partial_credit` is accepted for the shared call signature and unused: the reward function
-    decides what a partly right answer is worth.
-    """
-
-    reward_spec: str = "exact"
-    name: str = "dataset"
-    scorer: Scorer = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.scorer = Scorer(resolve_reward(self.reward_spec), self.reward_spec)
-
-    def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
-        return self.scorer(completion, example)
-
-    @property
-    def errors(self) -> int:
-        return self.scorer.errors
 
 
 def _is_local(path: str) -> bool:
@@ -65,28 +42,51 @@ def read_rows(path: str, *, split: str = "train") -> tuple[list[dict[str, Any]],
         file = Path(path)
         suffix = file.suffix.lower()
         if suffix not in FORMATS:
-            raise ValueError(f"task.path={path!r}: unknown file type {suffix!r}; valid: {sorted(FORMATS)}")
+            raise TaskInputError(f"task.path={path!r}: unknown file type {suffix!r}; valid: {sorted(FORMATS)}")
         if not file.is_file():
-            raise ValueError(f"task.path={path!r}: no such file")
-        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+            raise TaskInputError(f"task.path={path!r}: no such file")
+        raw = file.read_bytes()
+        if not raw.strip():
+            raise TaskInputError(f"task.path={path!r} is empty")
+        if suffix == ".jsonl":
+            check_jsonl(raw, path)
+        digest = hashlib.sha256(raw).hexdigest()
         try:
             data = datasets.load_dataset(FORMATS[suffix], data_files=str(file), split="train")
         except Exception as err:
-            raise ValueError(
+            raise TaskInputError(
                 f"task.path={path!r}: cannot read it as {suffix[1:]}: {type(err).__name__}: {err}"
             ) from err
         return data.to_list(), digest
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
-        raise ValueError(
+        raise TaskInputError(
             f"task.path={path!r} is no local file and HF_HUB_OFFLINE is set, so the hub dataset {path!r} "
             "cannot be downloaded; give a local file or unset HF_HUB_OFFLINE"
         )
     try:
         data = datasets.load_dataset(path, split=split)
     except Exception as err:
-        raise ValueError(f"task.path={path!r}: no local file, and loading split {split!r} of the hub dataset "
+        raise TaskInputError(f"task.path={path!r}: no local file, and loading split {split!r} of the hub dataset "
                          f"failed: {type(err).__name__}: {err}") from err
     return data.to_list(), f"hub:{path}:{split}:{data._fingerprint}"
+
+
+def check_jsonl(raw: bytes, path: str) -> None:
+    """Raise one line naming the file, the line number and the JSON error of the first bad line of a
+    jsonl file (blank lines are allowed), or saying that the file holds no row."""
+    rows = 0
+    for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TaskInputError(f"task.path={path!r} line {number}: invalid JSON: {err.msg} (column {err.colno})") from None
+        if not isinstance(row, dict):
+            raise TaskInputError(f"task.path={path!r} line {number}: a row must be a JSON object, got {type(row).__name__}")
+        rows += 1
+    if not rows:
+        raise TaskInputError(f"task.path={path!r} is empty")
 
 
 def data_hash(path: str, split: str = "train") -> str:
@@ -97,25 +97,27 @@ def data_hash(path: str, split: str = "train") -> str:
 
 
 def split_examples(
-    rows: list[dict[str, Any]], *, path: str, prompt_field: str, answer_field: str, n_train: int, n_eval: int,
-    seed: int,
+    rows: list[dict[str, Any]], *, path: str, prompt_field: str, answer_field: str, n_train: int | None,
+    n_eval: int, seed: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) examples with `question` (the raw prompt) and `answer` plus every original field.
 
-    Eval rows are the first `n_eval` of a permutation seeded by `seed`, train the next `n_train`:
-    eval never depends on `n_train`, and never overlaps train.
+    Eval rows are the first `n_eval` of a permutation seeded by `seed`, train the next `n_train`
+    (None: all the rest): eval never depends on `n_train`, and never overlaps train.
     """
     if not rows:
-        raise ValueError(f"task.path={path!r} has no rows")
+        raise TaskInputError(f"task.path={path!r} has no rows")
     columns = sorted(rows[0])
     for key, name in (("task.prompt_field", prompt_field), ("task.answer_field", answer_field)):
         if name not in rows[0]:
-            raise ValueError(f"{key}={name!r} is not a field of {path!r}; its fields: {columns}")
-    if len(rows) < n_train + n_eval:
-        raise ValueError(
-            f"task.path={path!r} has {len(rows)} rows, fewer than task.n_train + task.n_eval = "
-            f"{n_train} + {n_eval}; lower them or add data"
+            raise TaskInputError(f"{key}={name!r} is not a field of {path!r}; its fields: {columns}")
+    wanted = len(rows) - n_eval if n_train is None else n_train
+    if wanted < 1 or len(rows) < wanted + n_eval:
+        raise TaskInputError(
+            f"task.path={path!r} has {len(rows)} rows; holding out task.n_eval={n_eval} leaves "
+            f"{len(rows) - n_eval} to train on, and task.n_train={n_train} needs {max(wanted, 1)}; lower them or add data"
         )
+    n_train = wanted
     order = list(range(len(rows)))
     random.Random(f"dataset/{seed}").shuffle(order)
     examples = []
@@ -123,7 +125,7 @@ def split_examples(
         row = rows[i]
         prompt, answer = row.get(prompt_field), row.get(answer_field)
         if not isinstance(prompt, str) or answer is None:
-            raise ValueError(f"{path!r} row {i}: {prompt_field!r} must be text and {answer_field!r} present, got "
+            raise TaskInputError(f"{path!r} row {i}: {prompt_field!r} must be text and {answer_field!r} present, got "
                              f"{type(prompt).__name__} and {type(answer).__name__}")
         examples.append({**row, "question": prompt, "prompt": prompt, "answer": str(answer)})
     return examples[n_eval:], examples[:n_eval]

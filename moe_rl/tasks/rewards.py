@@ -13,7 +13,9 @@ import importlib
 import inspect
 import logging
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,10 @@ import torch
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, dict], float]
+
+
+class TaskInputError(ValueError):
+    """The user's data file or reward cannot be used; the message says why in one line."""
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
@@ -70,6 +76,30 @@ def math_reward(completion: str, example: dict) -> float:
 REWARDS: dict[str, RewardFn] = {"exact": exact_reward, "numeric": numeric_reward, "math": math_reward}
 
 
+def _import_reward_module(spec: str, module_name: str) -> Any:
+    """Import the user's reward module from `sys.path`, else from the working directory (which
+    `python experiments/train.py` does not put on the path: the script's folder is there instead)."""
+    cwd, added = os.getcwd(), False
+    while True:
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            missing = err.name is not None and module_name.startswith(err.name)  # the module itself, not its imports
+            if missing and cwd not in sys.path:
+                sys.path.append(cwd)
+                added = True
+                continue
+            if added:
+                sys.path.remove(cwd)
+            if missing:
+                raise TaskInputError(f"reward={spec!r}: no module named {err.name!r}; the module must be on PYTHONPATH "
+                                     f"or importable from the working directory ({cwd})") from err
+            raise TaskInputError(f"reward={spec!r}: importing module {module_name!r} failed: {err}") from err
+        except Exception as err:
+            raise TaskInputError(f"reward={spec!r}: importing module {module_name!r} raised "
+                                 f"{type(err).__name__}: {err}") from err
+
+
 def resolve_reward(spec: str) -> RewardFn:
     """A reward by name, or `package.module:function`; errors name what is wrong."""
     if spec in REWARDS:
@@ -77,22 +107,19 @@ def resolve_reward(spec: str) -> RewardFn:
             try:
                 importlib.import_module("math_verify")
             except ImportError as err:
-                raise ValueError("reward='math' needs the math-verify package: pip install 'moe_rl[math]'") from err
+                raise TaskInputError("reward='math' needs the math-verify package: pip install 'moe_rl[math]'") from err
         return REWARDS[spec]
     if ":" not in spec:
-        raise ValueError(f"unknown reward {spec!r}; valid: {sorted(REWARDS)} or 'package.module:function'")
+        raise TaskInputError(f"unknown reward {spec!r}; valid: {sorted(REWARDS)} or 'package.module:function'")
     module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:
-        raise ValueError(f"reward={spec!r}: cannot import module {module_name!r}: {err}") from err
+    module = _import_reward_module(spec, module_name)
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise ValueError(f"reward={spec!r}: module {module_name!r} has no callable {attr!r}")
+        raise TaskInputError(f"reward={spec!r}: module {module_name!r} has no callable {attr!r}")
     try:
         inspect.signature(fn).bind("completion", {})
     except TypeError as err:
-        raise ValueError(
+        raise TaskInputError(
             f"reward={spec!r}: {attr}{inspect.signature(fn)} cannot be called as (completion: str, example: dict)"
         ) from err
     except ValueError:  # builtins without a signature: trust them

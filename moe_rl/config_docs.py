@@ -1,0 +1,154 @@
+"""Generate `docs/config.md`: every config key with its default and meaning.
+
+    python -m moe_rl.config_docs            # rewrites docs/config.md
+
+The keys and defaults come from the dataclasses of `moe_rl.config`; a key's meaning is the comment
+on its line there, else the entry in `MEANINGS` below. A test fails when the page is stale or a
+key has no meaning.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+from moe_rl import config
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+
+# meanings of keys whose line in moe_rl/config.py carries no comment
+MEANINGS = {
+    "experiment": "the run's name: runs go to `results_dir/experiment/`; `experiment=NAME` needs no file, "
+    "`+experiment=NAME` with `experiments/conf/experiment/NAME.yaml` also loads its deltas",
+    "seed": "seed of the RL run: prompt order, sampling, mini-batch shuffles (not the cold start's)",
+    "steps": "RL steps (one rollout batch and its N updates each)",
+    "eval_every": "greedy held-out accuracy (`task/accuracy`) every this many steps, and at the last",
+    "eval_size": "held-out examples evaluated (at most `task.n_eval`)",
+    "device": "`cpu`, `cuda` or `cuda:K`",
+    "threads": "torch CPU threads (None: torch's default)",
+    "progress": "a progress bar for an interactive single run; false: log lines every `log_every` steps",
+    "model.family": "MoE family of the built model (qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, gpt_oss; "
+    "megablocks on CUDA), or of `model.checkpoint`",
+    "model.num_layers": "decoder layers of the built model",
+    "model.num_experts": "experts per MoE layer",
+    "model.top_k": "experts each token is routed to",
+    "model.hidden_size": "hidden size of the built model",
+    "task.name": "reversal | sorting | addition | countdown | dataset (the user's own file: `task.path`)",
+    "task.n_eval": "held-out examples (never trained on)",
+    "task.partial_credit": "reward of a well-formed wrong answer in the synthetic tasks (below 1)",
+    "task.max_new_tokens": "longest completion sampled",
+    "task.kwargs": "arguments of a synthetic task's example generator, e.g. `task.kwargs.max_len=8`",
+    "task.prompt_field": "column of the data file holding the prompt",
+    "task.answer_field": "column holding the reference answer",
+    "task.system_prompt": "system message (chat template) or text before the prompt",
+    "algo.name": "grpo | gspo | gspo_token",
+    "algo.eps_high": "upper clip range (None: the paper default of the algorithm)",
+    "algo.agg": "loss aggregation over tokens and sequences",
+    "replay.mode": "Routing Replay: none | r2 (old-policy routes) | r3 (rollout routes)",
+    "rollout.prompts_per_step": "prompts per RL step",
+    "rollout.group_size": "completions sampled per prompt (G of the group-normalised advantage)",
+    "rollout.temperature": "sampling temperature of rollouts (and of the log-probs)",
+    "optim.lr": "AdamW learning rate of the RL updates",
+    "optim.weight_decay": "AdamW weight decay",
+    "optim.max_grad_norm": "gradient clipping norm",
+    "cold_start.lr": "learning rate of the supervised warm-up",
+    "cold_start.batch_size": "examples per warm-up step",
+    "cold_start.max_steps": "most warm-up steps",
+    "cold_start.eval_every": "held-out accuracy every this many warm-up steps (and the stopping checks)",
+    "cold_start.seed": "seed of the warm-up, the model's initialisation and the data split",
+    "cold_start.cache_dir": "where warm-ups are cached, keyed by everything that determines them",
+    "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",
+    "collapse.reward_drop_frac": "reward-drop trigger: rolling reward below this fraction of its running best",
+    "collapse.reward_floor": "the reward-drop trigger arms once the running best passed this floor",
+    "collapse.entropy_floor": "entropy trigger: policy entropy below this floor while reward falls",
+    "collapse.entropy_window": "window (steps) over which the entropy trigger looks for a falling reward",
+    "collapse.baseline_window": "`relative` definition: steps of early reward that form the baseline",
+    "collapse.accuracy_drop_frac": "`relative` definition: accuracy below this fraction of step 0's",
+    "collapse.accuracy_patience": "`relative` definition: evaluations the accuracy drop must last",
+    "pass_at_k.temperature": "sampling temperature of the pass@k samples",
+}
+
+
+def _comments() -> dict[str, str]:
+    """`section.key` (or `key` for TrainConfig) -> the comment on the field's line in moe_rl/config.py."""
+    source = inspect.getsource(config)
+    lines = source.splitlines()
+    sections = {
+        f.type if isinstance(f.type, str) else f.type.__name__: f.name
+        for f in dataclasses.fields(config.TrainConfig)
+        if dataclasses.is_dataclass(f.default_factory)
+    }
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        prefix = "" if node.name == "TrainConfig" else sections.get(node.name)
+        if prefix is None:
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                line = lines[stmt.lineno - 1]
+                if "#" in line:
+                    key = f"{prefix}.{stmt.target.id}" if prefix else stmt.target.id
+                    out[key] = line.split("#", 1)[1].strip()
+    return out
+
+
+def config_keys() -> list[tuple[str, Any]]:
+    """(dotted key, default) of every leaf of TrainConfig, in declaration order."""
+    out: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(config.TrainConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out += [(f"{f.name}.{sub.name}", getattr(default, sub.name)) for sub in dataclasses.fields(default)]
+        else:
+            out.append((f.name, default))
+    return out
+
+
+def _default(value: Any) -> str:
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"`{text}`"
+
+
+def render() -> str:
+    """The text of docs/config.md."""
+    comments = _comments()
+    lines = [
+        "# Config keys",
+        "",
+        "Every key of a run's config, its default and what it does. Set any of them on the command line",
+        "(`python experiments/train.py optim.lr=3e-4 task=sorting`); config groups (`model=`, `task=`, `algo=`,",
+        "`replay=`, `cold_start=`) and experiment files (`+experiment=NAME`) hold deltas from these defaults.",
+        "Generated from `moe_rl/config.py` by `python -m moe_rl.config_docs`; do not edit by hand.",
+        "",
+        "| key | default | meaning |",
+        "|:---|:---|:---|",
+    ]
+    for key, default in config_keys():
+        meaning = (comments.get(key) or MEANINGS.get(key, "")).replace("|", "\\|")
+        lines.append(f"| `{key}` | {_default(default)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def missing_meanings() -> list[str]:
+    comments = _comments()
+    return [key for key, _ in config_keys() if not (comments.get(key) or MEANINGS.get(key))]
+
+
+def main() -> int:
+    PAGE.write_text(render())
+    print(PAGE)
+    missing = missing_meanings()
+    if missing:
+        print(f"keys without a meaning (add a comment in moe_rl/config.py): {missing}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

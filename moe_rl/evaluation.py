@@ -1,0 +1,68 @@
+"""Sampled evaluation on the held-out split: pass@k with the unbiased estimator.
+
+Greedy accuracy (`task/accuracy`) says what the policy's most likely answer is worth; pass@k says
+how often at least one of k samples is right, the quantity RL with verifiable rewards is said to
+sharpen or narrow. From n >= k samples per prompt with c correct, the unbiased estimator is
+`1 - C(n-c, k) / C(n, k)` (Chen et al. 2021, arXiv 2107.03374), averaged over prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from moe_rl.rollout import generate
+from moe_rl.tasks.setup import RLTask
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt from `n` samples of which `c` are correct.
+
+    `1 - C(n-c, k) / C(n, k)` computed as `1 - prod_{i=n-c+1}^{n} (1 - k/i)`, which stays exact
+    in floating point where the binomials overflow.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_k_eval(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    ks: list[int],
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_rows: int = 512,
+) -> dict[str, float]:
+    """`eval/pass@{k}` for each k in `ks`: `n` samples per example at `temperature`, scored by the task.
+
+    Samples come from their own seeded stream (`seed`), so the training RNG is untouched and every
+    evaluation of a run draws with the same random numbers (differences between evaluations come
+    from the policy, not from the draw).
+    """
+    correct: list[int] = []
+    per_batch = max(1, batch_rows // n)
+    for i in range(0, len(examples), per_batch):
+        chunk = examples[i : i + per_batch]
+        out = generate(
+            model,
+            tokenizer,
+            [e["prompt"] for e in chunk],
+            group_size=n,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed * 1_000_003 + i,
+            record_routes=False,
+        )
+        rows = [e for e in chunk for _ in range(n)]
+        rewards = task.score(out.completions, rows).rewards
+        correct += [sum(r == 1.0 for r in rewards[j * n : (j + 1) * n]) for j in range(len(chunk))]
+    return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}
