@@ -52,7 +52,7 @@ def test_every_benchmark_has_a_smoke_test() -> None:
 
 def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     load("step_profile").main(
-        "--models default --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --repeats 1 --warmup 0 --cold-start-steps 1 --threads 0".split()
+        "--models default --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --repeats 1 --warmup 0 --cold-start-steps 1 --threads 1".split()
     )
     out = capsys.readouterr().out
     phases = ("generate", "old pass", "forward", "backward", "optimizer")
@@ -66,7 +66,7 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_routing_overhead(capsys: pytest.CaptureFixture[str]) -> None:
-    load("routing_overhead").main("--models default --batch 2 --seq 4 --repeats 3 --threads 0".split())
+    load("routing_overhead").main("--models default --batch 2 --seq 4 --repeats 3 --threads 1".split())
     out = capsys.readouterr().out
     recorder, lo, hi = numbers_after("recorder / plain forward", out)[:3]
     assert 0 < lo <= recorder <= hi
