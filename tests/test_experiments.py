@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import subprocess
@@ -48,9 +49,23 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
     text = (CONF / "experiment" / f"{experiment}.yaml").read_text()
     assert "# Question:" in text, "each experiment file says which question it answers"
     seen = set()
+    # Combinations that differ only in `seed` differ only in `cfg.seed`: Hydra composes the first
+    # combination of every other-axes group and every seed of the first group (each axis value goes
+    # through Hydra once); the other seeds are set on a copy. Every combination is still validated.
+    composed: dict[tuple[str, ...], TrainConfig] = {}
+    first = tuple(c for c in combos[0] if not c.startswith("seed="))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for combo in combos:
-            cfg = validate(to_train_config(compose("config", overrides=[f"+experiment={experiment}", *combo])))
+            rest = tuple(c for c in combo if not c.startswith("seed="))
+            seed = [int(c.split("=", 1)[1]) for c in combo if c.startswith("seed=")]
+            if rest not in composed or not seed or rest == first:
+                cfg = to_train_config(compose("config", overrides=[f"+experiment={experiment}", *combo]))
+                assert not seed or cfg.seed == seed[0]
+                composed.setdefault(rest, cfg)
+            else:
+                cfg = copy.deepcopy(composed[rest])
+                cfg.seed = seed[0]
+            cfg = validate(cfg)
             assert cfg.experiment == ADDS_TO.get(experiment, experiment)
             seen.add((cfg.arm, cfg.seed, cfg.model.family, cfg.optim.updates_per_rollout, cfg.model.num_layers,
                       cfg.model.num_experts, cfg.model.top_k, cfg.optim.lr))
