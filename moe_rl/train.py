@@ -42,7 +42,7 @@ from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
     RoutedPass, Routes, compare_routes, find_moe_layers, flip_margin_counts, route_metrics, route_overlap,
 )
-from moe_rl.routing.compare import router_shift_gaps, shift_summary
+from moe_rl.routing.compare import boundary_movement, router_shift_gaps, shift_summary
 from moe_rl.runinfo import note_meta
 from moe_rl.runio import (
     RunDirectoryError, load_checkpoint, read_status, rng_state, save_checkpoint, set_rng_state,
@@ -95,7 +95,7 @@ def flip_by_position(
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
                   "route/old_vs_new/token_flip_rate", "route/old_vs_new/shift/mean", "ratio/token_var",
-                  "ratio/seq_var", "kl/k3")
+                  "ratio/seq_var", "kl/k3", "route/old_vs_new/move/rms")
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = "route/flip_vs_margin/"
 
@@ -107,6 +107,21 @@ def flip_margin_metrics(
     n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
     out = {f"{COUNT_PREFIX}n/bin_{b}": float(v) for b, v in enumerate(n.tolist())}
     out.update({f"{COUNT_PREFIX}flips/bin_{b}": float(v) for b, v in enumerate(flips.tolist())})
+    return out
+
+
+def movement_metrics(
+    old_scores: torch.Tensor, new_scores: torch.Tensor, old: Routes, new: Routes, *, overlap: torch.Tensor | None = None
+) -> dict[str, float]:
+    """`route/old_vs_new/move/{rms,layer_i}`: RMS change of the old top-k boundary's logit gap (k-th vs
+    (k+1)-th expert), overall and per layer; `route/flip_vs_margin/move/{n,flips}/bin_{b}`: (t, l) counts per
+    bin of gap / layer rms (bins.MOVE_EDGES), the unitless variable of the drift forecast (`moe_rl.forecast`)."""
+    sigma, per_layer, n, flips = boundary_movement(old_scores, new_scores, old, new, overlap=overlap)
+    values = torch.cat([sigma.view(1), per_layer]).tolist()  # one transfer
+    out = {"route/old_vs_new/move/rms": values[0]}
+    out.update({f"route/old_vs_new/move/layer_{i}": v for i, v in enumerate(values[1:])})
+    out.update({f"{COUNT_PREFIX}move/n/bin_{b}": float(v) for b, v in enumerate(n.tolist())})
+    out.update({f"{COUNT_PREFIX}move/flips/bin_{b}": float(v) for b, v in enumerate(flips.tolist())})
     return out
 
 
@@ -255,6 +270,7 @@ class Trainer:
         shift_gaps = router_shift_gaps(old_scores[rows], routed.scores, old, mask)  # (n, L)
         metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(shift_gaps).items()})
         metrics.update(flip_margin_metrics(old, native, old_margins[rows], overlap=overlap))
+        metrics.update(movement_metrics(old_scores[rows], routed.scores, old, native, overlap=overlap))
         if replay is not None:
             used = routed.used.with_mask(valid)
             metrics.update(route_metrics("native_vs_replayed", native, replay))
