@@ -8,9 +8,12 @@ Forecast: builds the policy of the config (a preset's cold start, or `model.chec
 rollout batch of the task, records the old router's k-th vs (k+1)-th logit gaps on it, runs
 `--probe-steps` real RL steps at the planned learning rate to measure the movement of that gap per
 MoE layer (off-policy updates 2..N, as the drift metrics), and predicts the per-update flip rate,
-the share of activated experts changed and the share of tokens with a changed layer with the
-fitted curve F(gap / movement) (`moe_rl.analysis.forecast.predict_flips`). The probe steps' own
-measured drift is printed next to the forecast as a check. `--fit` fits the curve on a sweep that
+the share of activated experts changed and the share of tokens with a changed layer two ways: with
+the fitted curve F(gap / movement) (`moe_rl.analysis.forecast.predict_flips`), and with a gaussian
+model in which every router logit moves by the measured amount (`simulate_flips`), which also
+covers movements large enough to change several experts of a router at once. The probe steps' own
+measured drift is printed next to the forecast as a check, and the factor on the movement at which
+the gaussian model reaches the GSPO paper's ~10% of activated experts. `--fit` fits the curve on a sweep that
 logs `route/flip_vs_margin/move/*` (experiment `drift_forecast`) and validates it on design points
 it was not fitted on.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import tempfile
 from pathlib import Path
@@ -30,10 +34,12 @@ import pandas as pd
 from moe_rl.analysis.drift import GEOMETRY
 from moe_rl.analysis.forecast import (
     EXPERT_KEY, FLIP_KEY, SIGMA_KEY, TOKEN_KEY, flip_curve, move_counts, point_ratios, power_fit,
-    predict_flips, predicted_vs_measured, residual_dependence, sigma_for_rate, sigma_vs_lr,
+    predict_flips, predicted_vs_measured, residual_dependence, scale_for_level, sigma_for_rate, sigma_vs_lr,
+    simulate_flips,
 )
 from moe_rl.atomic import write_atomic
 
+log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CURVE = ROOT / "results" / "drift_forecast" / "curve.csv"
 PAPER_LEVEL = 0.10  # GSPO paper: ~10% of activated experts change per update (Qwen3-30B-A3B)
@@ -100,7 +106,7 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
              f"layer in the update. Curve fitted on {s['fit_runs']} runs ({s['fit_set']}); every other point is "
              "held out."]
     if wall:
-        lines += ["", f"Wall time of the sweep on 2 shared cores: {wall}."]
+        lines += ["", f"Wall time of the sweep on 2 cores: {wall}."]
     lines += ["", "## The curve F(x)", "", "| x bin | (token, layer) pairs | flips | P(flip) [Wilson 95%] |",
               "|---|---|---|---|"]
     for _, r in curve.iterrows():
@@ -173,6 +179,8 @@ def probe(cfg, steps: int) -> dict[str, Any]:
     RMS (`move/rms/offpolicy`) and the mean over all N updates of each layer's RMS; the first update
     runs on the old weights and moves nothing, so the layer profile (layer_i / rms) carries over.
     """
+    import torch
+
     from moe_rl.routing.compare import boundary_gaps
     from moe_rl.train import Trainer
 
@@ -181,13 +189,17 @@ def probe(cfg, steps: int) -> dict[str, Any]:
     trainer = Trainer(cfg)
     rollout, _, _ = trainer.rollout(1)
     _, old_routes, _, old_scores = trainer.old_pass(rollout)
-    gaps, _ = boundary_gaps(old_scores[old_routes.mask], old_routes.top_k)  # (n, L)
+    scores = old_scores[old_routes.mask]  # (n, L, E) router probabilities of the valid tokens
+    gaps, _ = boundary_gaps(scores, old_routes.top_k)  # (n, L)
     history = [trainer.step(s) for s in range(1, steps + 1)]
     L = gaps.shape[1]
     mean = {k: float(np.mean([m[k] for m in history])) for k in (SIGMA_KEY, FLIP_KEY, EXPERT_KEY, TOKEN_KEY)}
     rms = np.mean([m["route/old_vs_new/move/rms"] for m in history])
     profile = np.array([np.mean([m[f"route/old_vs_new/move/layer_{i}"] for m in history]) for i in range(L)]) / rms
-    return {"gaps": gaps.numpy(), "sigma": mean[SIGMA_KEY] * profile, "measured": mean,
+    if not mean[SIGMA_KEY] > 0:
+        log.warning("the %d probe step(s) did not move the router (every advantage 0?): the forecast is 0", steps)
+    logits = scores.double().clamp(min=torch.finfo(torch.float64).tiny).log().numpy()
+    return {"gaps": gaps.numpy(), "logits": logits, "sigma": mean[SIGMA_KEY] * profile, "measured": mean,
             "top_k": old_routes.top_k, "num_experts": int(old_scores.shape[-1]), "num_moe_layers": L}
 
 
@@ -203,7 +215,9 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
         result = probe(cfg, steps)
     flip, token = predict_flips(result["gaps"], result["sigma"], curve_p)
     k = result["top_k"]
-    factor = sigma_for_rate(result["gaps"], result["sigma"], curve_p, PAPER_LEVEL * k / experts_per_flip)
+    factor_curve = sigma_for_rate(result["gaps"], result["sigma"], curve_p, PAPER_LEVEL * k / experts_per_flip)
+    gauss = simulate_flips(result["logits"], result["sigma"], k)
+    factor = scale_for_level(result["logits"], result["sigma"], k, PAPER_LEVEL)
     return {
         "geometry": {"num_experts": result["num_experts"], "top_k": k, "num_moe_layers": result["num_moe_layers"],
                      "lr": cfg.optim.lr},
@@ -211,14 +225,17 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
         "gap_quantiles": {f"q{q}": float(np.quantile(result["gaps"], q / 100)) for q in (10, 50, 90)},
         "sigma": result["sigma"].tolist(), "sigma_rms": float(np.sqrt(np.mean(result["sigma"] ** 2))),
         "predicted": {FLIP_KEY: flip, EXPERT_KEY: flip * experts_per_flip / k, TOKEN_KEY: token},
+        "predicted_gaussian": {FLIP_KEY: gauss["flip_rate"], EXPERT_KEY: gauss["expert_flip_frac"],
+                               TOKEN_KEY: gauss["token_flip_rate"]},
         "measured_in_probe": result["measured"],
         "movement_factor_for_paper_level": factor,
+        "movement_factor_for_paper_level_curve": factor_curve,
         "experts_per_flip": experts_per_flip,
     }
 
 
 def forecast_text(doc: dict[str, Any]) -> str:
-    g, p, m = doc["geometry"], doc["predicted"], doc["measured_in_probe"]
+    g, p, m, q = doc["geometry"], doc["predicted"], doc["measured_in_probe"], doc["predicted_gaussian"]
     names = ((FLIP_KEY, "top-k sets changed"), (EXPERT_KEY, "activated experts changed"),
              (TOKEN_KEY, "tokens with a changed layer"))
     lines = [f"geometry E={g['num_experts']} k={g['top_k']} L={g['num_moe_layers']}, lr {g['lr']:g}; "
@@ -226,11 +243,13 @@ def forecast_text(doc: dict[str, Any]) -> str:
              + ", ".join(f"{v:.3g}" for v in doc["gap_quantiles"].values()),
              "movement per off-policy update (RMS gap change, logits) per layer: "
              + ", ".join(f"{s:.3g}" for s in doc["sigma"]) + f" (from {doc['probe_steps']} probe steps)"]
+    lines.append(f"  {'':<30} {'curve':>9} {'gaussian':>9} {'measured in the probe':>22}")
     for key, name in names:
-        lines.append(f"  {name:<30} forecast {100 * p[key]:7.3f}%   measured in the probe {100 * m[key]:7.3f}%")
+        lines.append(f"  {name:<30} {100 * p[key]:8.3f}% {100 * q[key]:8.3f}% {100 * m[key]:21.3f}%")
     f = doc["movement_factor_for_paper_level"]
-    lines.append(f"10% of activated experts changed needs {f:.3g}x this movement" if math.isfinite(f) else
-                 "10% of activated experts changed is beyond the curve's reach at any movement")
+    lines.append(f"10% of activated experts changed (gaussian model) needs {f:.3g}x this movement "
+                 f"({f * doc['sigma_rms']:.3g} logits)" if math.isfinite(f) else
+                 "10% of activated experts changed is out of the gaussian model's reach (> 1000x this movement)")
     return "\n".join(lines)
 
 

@@ -179,7 +179,7 @@ def test_forecast_smoke(tmp_path: Path) -> None:
     curve.to_csv(tmp_path / "curve.csv", index=False)
     out = tmp_path / "forecast.json"
     cmd = [sys.executable, "-m", "moe_rl.forecast", "+experiment=smoke", "model=qwen3_moe_fine", "model.num_layers=2",
-           f"cold_start.cache_dir={tmp_path / 'cache'}", "task.partial_credit=0.5", "--lr", "3e-4",
+           f"cold_start.cache_dir={tmp_path / 'cache'}", "task.partial_credit=0.5", "cold_start.max_steps=80", "--lr", "3e-4",
            "--probe-steps", "1", "--curve", str(tmp_path / "curve.csv"), "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -188,4 +188,30 @@ def test_forecast_smoke(tmp_path: Path) -> None:
     assert len(doc["sigma"]) == 2 and all(s > 0 for s in doc["sigma"])
     predicted = doc["predicted"]["route/old_vs_new/flip_rate/offpolicy"]
     assert 0 < predicted <= 0.4 and 0 <= doc["predicted"]["route/old_vs_new/token_flip_rate/offpolicy"] <= 1
-    assert "forecast" in done.stdout and "measured in the probe" in done.stdout
+    gauss = doc["predicted_gaussian"]["route/old_vs_new/expert_flip_frac/offpolicy"]
+    assert 0 < gauss < 1 and doc["movement_factor_for_paper_level"] > 0
+    assert "gaussian" in done.stdout and "measured in the probe" in done.stdout
+
+
+def test_gaussian_model_against_the_normal_cdf() -> None:
+    """Two experts, top-1, gap g: the gap moves by N(0, sigma^2), so P(flip) = Phi(-g / sigma)."""
+    from scipy.stats import norm
+
+    from moe_rl.analysis.forecast import scale_for_level, simulate_flips
+
+    gaps = np.array([0.0, 0.5, 1.0, 2.0])
+    logits = np.stack([np.stack([gaps, np.zeros(4)], -1)] * 2000).reshape(-1, 1, 2)  # (8000, 1, 2)
+    sim = simulate_flips(logits, np.array([1.0]), 1, draws=5, seed=3)
+    want = norm.cdf(-gaps).mean()
+    assert sim["flip_rate"] == pytest.approx(want, abs=0.01)
+    assert sim["expert_flip_frac"] == pytest.approx(want, abs=0.01)  # k = 1: a flip changes the one expert
+    assert simulate_flips(logits, np.array([0.0]), 1)["flip_rate"] == 0.0
+    # two layers: a token has a changed layer when either flips (independent noise per layer)
+    two = np.concatenate([logits, logits], axis=1)
+    p = norm.cdf(-gaps)
+    assert simulate_flips(two, np.array([1.0, 1.0]), 1, draws=5)["token_flip_rate"] == pytest.approx(
+        (1 - (1 - p) ** 2).mean(), abs=0.01)
+    c = scale_for_level(logits, np.array([1.0]), 1, 0.3, key="flip_rate")
+    assert simulate_flips(logits, np.array([c * 1.02]), 1, draws=2)["flip_rate"] >= 0.3 - 0.005
+    with pytest.raises(ValueError, match="0 < k < E"):
+        simulate_flips(logits, np.array([1.0]), 2)

@@ -157,3 +157,57 @@ def power_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         raise ValueError("a power law needs at least two distinct x values")
     b, a = np.polyfit(np.log(x), np.log(y), 1)
     return float(a), float(b)
+
+
+def simulate_flips(logits: np.ndarray, sigma: np.ndarray, k: int, *, draws: int = 4, seed: int = 0,
+                   scale: float = 1.0) -> dict[str, float]:
+    """Drift under a Gaussian model of the update: every router logit moves by iid N(0, s_l^2).
+
+    logits (n, L, E): the old router's log selection probabilities of n tokens (logits up to a per-row
+    constant); sigma (L,): the measured RMS change of the boundary gap, so s_l = scale * sigma_l / sqrt(2)
+    (a gap is a difference of two logits). Unlike the boundary curve this counts every expert that
+    leaves the top-k, so it reaches the regime where several experts of a router change at once.
+    Returns the mean over `draws` (same noise for every `scale`, so the result is smooth in it) of
+    flip_rate, expert_flip_frac and token_flip_rate, as the route metrics define them.
+    """
+    logits, sigma = np.asarray(logits, float), np.asarray(sigma, float)
+    if logits.ndim != 3 or sigma.shape != (logits.shape[1],) or not 0 < k < logits.shape[2]:
+        raise ValueError(f"logits must be (n, L, E) with 0 < k < E and sigma (L,), got {logits.shape}, "
+                         f"{sigma.shape}, k={k}")
+    rng = np.random.default_rng(seed)
+    old = _topk_mask(logits, k)
+    s = (scale * sigma / np.sqrt(2.0))[None, :, None]
+    out = np.zeros(3)
+    for _ in range(draws):
+        new = _topk_mask(logits + s * rng.standard_normal(logits.shape), k)
+        overlap = (old & new).sum(-1)  # (n, L)
+        flipped = overlap < k
+        out += [flipped.mean(), (1.0 - overlap / k).mean(), flipped.any(-1).mean()]
+    out /= draws
+    return dict(zip(("flip_rate", "expert_flip_frac", "token_flip_rate"), out.tolist()))
+
+
+def _topk_mask(x: np.ndarray, k: int) -> np.ndarray:
+    """Boolean (..., E): True at the k largest entries of the last axis."""
+    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    mask = np.zeros(x.shape, bool)
+    np.put_along_axis(mask, idx, True, axis=-1)
+    return mask
+
+
+def scale_for_level(logits: np.ndarray, sigma: np.ndarray, k: int, level: float, *, key: str = "expert_flip_frac",
+                    draws: int = 2, seed: int = 0) -> float:
+    """The factor on the measured movement at which `simulate_flips` reaches `level` of `key`
+    (bisection in log scale over [1e-2, 1e3], common random numbers); inf when even 1e3 does not."""
+    def value(c: float) -> float:
+        return simulate_flips(logits, sigma, k, draws=draws, seed=seed, scale=c)[key]
+
+    lo, hi = 1e-2, 1e3
+    if value(hi) < level:
+        return float("inf")
+    if value(lo) >= level:
+        return lo
+    for _ in range(30):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if value(mid) < level else (lo, mid)
+    return float(np.sqrt(lo * hi))
