@@ -68,8 +68,13 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
     runs["fitted"] = runs["run"].isin(fit_runs)
     points = point_ratios(runs)
     points["fitted"] = points.apply(is_fit_run, axis=1)
-    residual = residual_dependence(runs[runs["fitted"]], n_boot=n_boot)
-    residual_all = residual_dependence(runs, n_boot=n_boot)
+    residual = {}
+    for name, subset in (("residual_fit", runs[runs["fitted"]]), ("residual_all", runs)):
+        try:
+            fit = residual_dependence(subset, n_boot=n_boot)
+            residual[name] = {k: fit[k] for k in ("coef", "coef_ci", "r2", "n_runs")}
+        except ValueError as err:  # a factor that does not vary in these runs
+            residual[name] = {"error": str(err)}
     per_run = sigma_vs_lr(df, start_step=start_step)
     centre = per_run[np.all([per_run[k] == v for k, v in CENTRE.items()], axis=0)]
     a, b = power_fit(centre["lr"], centre[SIGMA_KEY])
@@ -83,8 +88,7 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
             "held_out_ratio_range": [float(held["ratio"].min()), float(held["ratio"].max())] if len(held) else None,
             "held_out_within_1.3x": int(((held["ratio"] <= 1.3) & (held["ratio"] >= 1 / 1.3)).sum()),
             "held_out_points": int(len(held)),
-            "residual_fit": {k: residual[k] for k in ("coef", "coef_ci", "r2", "n_runs")},
-            "residual_all": {k: residual_all[k] for k in ("coef", "coef_ci", "r2", "n_runs")},
+            **residual,
             "sigma_vs_lr_centre": {"a": a, "b": b, "lr": sorted(centre["lr"].unique().tolist())},
             "experts_per_flip": {"mean": float(per_run["experts_per_flip"].mean()),
                                  "max": float(per_run["experts_per_flip"].max()),
@@ -129,6 +133,9 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
               "over seeds); an exponent whose interval holds 0 says the factor no longer matters.", "",
               "| runs | bE | bk | bL | blr | R² |", "|---|---|---|---|---|---|"]
     for name, fit in (("fit set", s["residual_fit"]), ("all", s["residual_all"])):
+        if "error" in fit:
+            lines.append(f"| {name} | not identified: {fit['error']} | | | | |")
+            continue
         cells = [f"{fit['coef'][f]:+.2f} [{fit['coef_ci'][f][0]:+.2f}, {fit['coef_ci'][f][1]:+.2f}]"
                  for f in ("log_E", "log_k", "log_L", "log_lr")]
         lines.append(f"| {name} ({fit['n_runs']}) | " + " | ".join(cells) + f" | {fit['r2']:.2f} |")

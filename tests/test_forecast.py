@@ -179,7 +179,7 @@ def test_forecast_smoke(tmp_path: Path) -> None:
     curve.to_csv(tmp_path / "curve.csv", index=False)
     out = tmp_path / "forecast.json"
     cmd = [sys.executable, "-m", "moe_rl.forecast", "+experiment=smoke", "model=qwen3_moe_fine", "model.num_layers=2",
-           f"cold_start.cache_dir={tmp_path / 'cache'}", "task.partial_credit=0.5", "cold_start.max_steps=80", "--lr", "3e-4",
+           f"cold_start.cache_dir={tmp_path / 'cache'}", "cold_start.max_steps=60", "cold_start.eval_every=60", "--lr", "3e-4",
            "--probe-steps", "1", "--curve", str(tmp_path / "curve.csv"), "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -215,3 +215,38 @@ def test_gaussian_model_against_the_normal_cdf() -> None:
     assert simulate_flips(logits, np.array([c * 1.02]), 1, draws=2)["flip_rate"] >= 0.3 - 0.005
     with pytest.raises(ValueError, match="0 < k < E"):
         simulate_flips(logits, np.array([1.0]), 2)
+
+
+def _write_forecast(root: Path, ratio_range: tuple[float, float], factor: float) -> None:
+    folder = root / "drift_forecast"
+    (folder / "forecasts").mkdir(parents=True, exist_ok=True)
+    fit = {"held_out_ratio_range": list(ratio_range), "held_out_points": 5, "held_out_within_1.3x": 4,
+           "experts_per_flip": {"mean": 1.0, "max": 1.2, "at_max_flip_rate": 1.2}, "curve_ceiling": 0.5,
+           "sigma_vs_lr_centre": {"a": 3.0, "b": 0.5, "lr": [3e-5, 1e-4, 3e-4, 1e-3]}}
+    (folder / "fit.json").write_text(json.dumps(fit))
+    keys = ("route/old_vs_new/flip_rate/offpolicy", "route/old_vs_new/expert_flip_frac/offpolicy",
+            "route/old_vs_new/token_flip_rate/offpolicy")
+    doc = {"geometry": {"num_experts": 64, "top_k": 8, "num_moe_layers": 4, "lr": 1e-4}, "sigma_rms": 0.02,
+           "measured_in_probe": dict.fromkeys(keys, 0.01), "predicted": dict.fromkeys(keys, 0.011),
+           "movement_factor_for_paper_level": factor}
+    (folder / "forecasts" / "centre.json").write_text(json.dumps(doc))
+
+
+def test_claim_one_from_the_forecast(tmp_path: Path) -> None:
+    from moe_rl.analysis import claims as C
+    from fake_results import write_fake_fit
+
+    write_fake_fit(tmp_path, ci=(0.21, 0.5))  # the power law alone says "not reproduced"
+    assert C.claim_expert_drift(tmp_path).verdict == "not reproduced"
+    _write_forecast(tmp_path, (0.85, 1.2), 16.0)
+    c = C.claim_expert_drift(tmp_path)
+    assert c.verdict == "untestable at this scale" and c.experiment == "drift_forecast"
+    # 16x the movement at lr^0.5 is 16^2 = 256x the lr: 1e-4 * 256
+    assert "16x that movement (0.32 logits), i.e. lr ~0.026 for our models" in c.statistic
+    assert any("not reproduced" in n for n in c.notes)  # the power law's verdict stays visible
+    _write_forecast(tmp_path, (0.6, 1.2), 16.0)
+    assert C.claim_expert_drift(tmp_path).verdict == "inconclusive"
+    _write_forecast(tmp_path, (0.9, 1.1), math.inf)
+    assert "more than any movement" in C.claim_expert_drift(tmp_path).statistic
+    (tmp_path / "drift_forecast" / "fit.json").write_text("{}")
+    assert "lacks" in C.claim_expert_drift(tmp_path).reason

@@ -127,7 +127,7 @@ def claim_expert_drift(root: Path) -> Claim:
                    f"top-8, 10% of activated experts means {0.1 * 8 / ep['mean']:.2f} of every router's 8 experts "
                    "changing per update")
     residual = fit.get("residual_all", {})
-    if residual:
+    if "coef" in residual:
         c.notes.append("residual dependence of predicted / measured on geometry and lr (exponents, 95%): " + ", ".join(
             f"{f[4:]} {residual['coef'][f]:+.2f} [{residual['coef_ci'][f][0]:+.2f}, {residual['coef_ci'][f][1]:+.2f}]"
             for f in ("log_E", "log_k", "log_L", "log_lr")))

@@ -52,7 +52,7 @@ def flip_curve(counts: pd.DataFrame, edges: Sequence[float] = MOVE_EDGES) -> pd.
 
     Columns: bin, x_lo, x_hi, n, flips, p, p_lo, p_hi. A bin without (t, l) has p NaN.
     """
-    pooled = counts.groupby("bin")[["n", "flips"]].sum().reindex(range(len(edges) - 1), fill_value=0)
+    pooled = counts.groupby("bin")[["n", "flips"]].sum().reindex(range(len(edges) - 1), fill_value=0).astype(int)
     curve = pooled.reset_index()
     curve["x_lo"] = [edges[b] for b in curve["bin"]]
     curve["x_hi"] = [edges[b + 1] for b in curve["bin"]]
