@@ -33,8 +33,20 @@ import pandas as pd
 
 from moe_rl.analysis.drift import GEOMETRY
 from moe_rl.analysis.forecast import (
-    EXPERT_KEY, FLIP_KEY, SIGMA_KEY, TOKEN_KEY, flip_curve, move_counts, point_ratios, power_fit,
-    predict_flips, predicted_vs_measured, residual_dependence, scale_for_level, sigma_for_rate, sigma_vs_lr,
+    EXPERT_KEY,
+    FLIP_KEY,
+    SIGMA_KEY,
+    TOKEN_KEY,
+    flip_curve,
+    move_counts,
+    point_ratios,
+    power_fit,
+    predict_flips,
+    predicted_vs_measured,
+    residual_dependence,
+    scale_for_level,
+    sigma_for_rate,
+    sigma_vs_lr,
     simulate_flips,
 )
 from moe_rl.atomic import write_atomic
@@ -46,11 +58,15 @@ PAPER_LEVEL = 0.10  # GSPO paper: ~10% of activated experts change per update (Q
 CENTRE = {"num_experts": 64, "top_k": 8, "num_moe_layers": 4}
 # Fitted on the one-factor axes at lr <= 1e-4; validated on the held-out corners and lr 3e-4, 1e-3.
 FIT_MAX_LR = 1e-4
-HELD_OUT = ({"num_experts": 8, "top_k": 2, "num_moe_layers": 2}, {"num_experts": 16, "top_k": 4, "num_moe_layers": 2},
-            {"num_experts": 128, "top_k": 8, "num_moe_layers": 8})
+HELD_OUT = (
+    {"num_experts": 8, "top_k": 2, "num_moe_layers": 2},
+    {"num_experts": 16, "top_k": 4, "num_moe_layers": 2},
+    {"num_experts": 128, "top_k": 8, "num_moe_layers": 8},
+)
 
 
 # --- the fit over a sweep ---------------------------------------------------------------------------
+
 
 def is_fit_run(row: pd.Series) -> bool:
     """A run of the fit set: on a one-factor axis (not a held-out corner) at lr <= FIT_MAX_LR."""
@@ -81,18 +97,25 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
     per_run["experts_per_flip"] = per_run[EXPERT_KEY] * per_run["top_k"] / per_run[FLIP_KEY]
     held = points[~points["fitted"]]
     return {
-        "curve": curve, "runs": runs, "points": points, "per_run": per_run,
+        "curve": curve,
+        "runs": runs,
+        "points": points,
+        "per_run": per_run,
         "summary": {
-            "start_step": start_step, "fit_runs": int(len(fit_runs)), "runs": int(len(keys)),
+            "start_step": start_step,
+            "fit_runs": int(len(fit_runs)),
+            "runs": int(len(keys)),
             "fit_set": f"one-factor axes at lr <= {FIT_MAX_LR:g}",
             "held_out_ratio_range": [float(held["ratio"].min()), float(held["ratio"].max())] if len(held) else None,
             "held_out_within_1.3x": int(((held["ratio"] <= 1.3) & (held["ratio"] >= 1 / 1.3)).sum()),
             "held_out_points": int(len(held)),
             **residual,
             "sigma_vs_lr_centre": {"a": a, "b": b, "lr": sorted(centre["lr"].unique().tolist())},
-            "experts_per_flip": {"mean": float(per_run["experts_per_flip"].mean()),
-                                 "max": float(per_run["experts_per_flip"].max()),
-                                 "at_max_flip_rate": float(per_run.loc[per_run[FLIP_KEY].idxmax(), "experts_per_flip"])},
+            "experts_per_flip": {
+                "mean": float(per_run["experts_per_flip"].mean()),
+                "max": float(per_run["experts_per_flip"].max()),
+                "at_max_flip_rate": float(per_run.loc[per_run[FLIP_KEY].idxmax(), "experts_per_flip"]),
+            },
             "curve_ceiling": float(curve["p"].max()),
         },
     }
@@ -104,49 +127,80 @@ def _fmt_point(row: pd.Series) -> str:
 
 def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
     s, curve, points = result["summary"], result["curve"], result["points"]
-    lines = ["# Drift forecast: P(flip) as one curve of margin / movement", "",
-             f"{s['runs']} runs; counts of the off-policy updates (2..N) of steps >= {s['start_step']}. "
-             "x = g / sigma_l: the old router's k-th vs (k+1)-th logit gap over the RMS change of that gap at its "
-             f"layer in the update. Curve fitted on {s['fit_runs']} runs ({s['fit_set']}); every other point is "
-             "held out."]
+    lines = [
+        "# Drift forecast: P(flip) as one curve of margin / movement",
+        "",
+        f"{s['runs']} runs; counts of the off-policy updates (2..N) of steps >= {s['start_step']}. "
+        "x = g / sigma_l: the old router's k-th vs (k+1)-th logit gap over the RMS change of that gap at its "
+        f"layer in the update. Curve fitted on {s['fit_runs']} runs ({s['fit_set']}); every other point is "
+        "held out.",
+    ]
     if wall:
         lines += ["", f"Wall time of the sweep on 2 cores: {wall}."]
-    lines += ["", "## The curve F(x)", "", "| x bin | (token, layer) pairs | flips | P(flip) [Wilson 95%] |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "## The curve F(x)",
+        "",
+        "| x bin | (token, layer) pairs | flips | P(flip) [Wilson 95%] |",
+        "|---|---|---|---|",
+    ]
     for _, r in curve.iterrows():
         p = "—" if not np.isfinite(r["p"]) else f"{100 * r['p']:.3g}% [{100 * r['p_lo']:.3g}%, {100 * r['p_hi']:.3g}%]"
         lines.append(f"| [{r['x_lo']:g}, {r['x_hi']:g}) | {r['n']} | {r['flips']} | {p} |")
-    lines += ["", "## Predicted / measured flip rate per design point", "",
-              "Prediction: sum over x bins of the point's own (token, layer) count times F, over its count.", "",
-              "| design point | fitted | seeds | measured | predicted | predicted / measured (seed range) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Predicted / measured flip rate per design point",
+        "",
+        "Prediction: sum over x bins of the point's own (token, layer) count times F, over its count.",
+        "",
+        "| design point | fitted | seeds | measured | predicted | predicted / measured (seed range) |",
+        "|---|---|---|---|---|---|",
+    ]
     for _, r in points.sort_values(["fitted", *GEOMETRY], ascending=[False, True, True, True, True]).iterrows():
-        lines.append(f"| {_fmt_point(r)} | {'yes' if r['fitted'] else 'held out'} | {r['seeds']} | "
-                     f"{100 * r['measured']:.3g}% | {100 * r['predicted']:.3g}% | "
-                     f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) |")
+        lines.append(
+            f"| {_fmt_point(r)} | {'yes' if r['fitted'] else 'held out'} | {r['seeds']} | "
+            f"{100 * r['measured']:.3g}% | {100 * r['predicted']:.3g}% | "
+            f"{r['ratio']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) |"
+        )
     lo_hi = s["held_out_ratio_range"]
     if lo_hi:
-        lines += ["", f"Held out: {s['held_out_within_1.3x']} of {s['held_out_points']} points within 1.3x "
-                      f"(ratios {lo_hi[0]:.2f}-{lo_hi[1]:.2f})."]
-    lines += ["", "## Do geometry and lr still matter once x is in?", "",
-              "Power law of each run's predicted / measured ratio in E, k, L and lr (95% intervals from a bootstrap "
-              "over seeds); an exponent whose interval holds 0 says the factor no longer matters.", "",
-              "| runs | bE | bk | bL | blr | R² |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Held out: {s['held_out_within_1.3x']} of {s['held_out_points']} points within 1.3x "
+            f"(ratios {lo_hi[0]:.2f}-{lo_hi[1]:.2f}).",
+        ]
+    lines += [
+        "",
+        "## Do geometry and lr still matter once x is in?",
+        "",
+        "Power law of each run's predicted / measured ratio in E, k, L and lr (95% intervals from a bootstrap "
+        "over seeds); an exponent whose interval holds 0 says the factor no longer matters.",
+        "",
+        "| runs | bE | bk | bL | blr | R² |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, fit in (("fit set", s["residual_fit"]), ("all", s["residual_all"])):
         if "error" in fit:
             lines.append(f"| {name} | not identified: {fit['error']} | | | | |")
             continue
-        cells = [f"{fit['coef'][f]:+.2f} [{fit['coef_ci'][f][0]:+.2f}, {fit['coef_ci'][f][1]:+.2f}]"
-                 for f in ("log_E", "log_k", "log_L", "log_lr")]
+        cells = [
+            f"{fit['coef'][f]:+.2f} [{fit['coef_ci'][f][0]:+.2f}, {fit['coef_ci'][f][1]:+.2f}]"
+            for f in ("log_E", "log_k", "log_L", "log_lr")
+        ]
         lines.append(f"| {name} ({fit['n_runs']}) | " + " | ".join(cells) + f" | {fit['r2']:.2f} |")
     sv = s["sigma_vs_lr_centre"]
     ep = s["experts_per_flip"]
-    lines += ["", "## Movement against learning rate (centre geometry E=64, k=8, L=4)", "",
-              f"sigma (RMS boundary-gap change per off-policy update, logits) = exp({sv['a']:.2f}) lr^{sv['b']:.2f}, "
-              f"fitted on lr {', '.join(f'{v:g}' for v in sv['lr'])}.", "",
-              f"Activated experts changed per flipped top-k set: mean {ep['mean']:.2f}, max {ep['max']:.2f} "
-              f"({ep['at_max_flip_rate']:.2f} at the largest flip rate). The curve's ceiling is "
-              f"{100 * s['curve_ceiling']:.3g}% (its smallest-x bin)."]
+    lines += [
+        "",
+        "## Movement against learning rate (centre geometry E=64, k=8, L=4)",
+        "",
+        f"sigma (RMS boundary-gap change per off-policy update, logits) = exp({sv['a']:.2f}) lr^{sv['b']:.2f}, "
+        f"fitted on lr {', '.join(f'{v:g}' for v in sv['lr'])}.",
+        "",
+        f"Activated experts changed per flipped top-k set: mean {ep['mean']:.2f}, max {ep['max']:.2f} "
+        f"({ep['at_max_flip_rate']:.2f} at the largest flip rate). The curve's ceiling is "
+        f"{100 * s['curve_ceiling']:.3g}% (its smallest-x bin).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -157,14 +211,20 @@ def run_fit(runs_dir: Path, out: Path, wall: str | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "curve.csv", result["curve"].to_csv(index=False).encode())
     write_atomic(out / "points.csv", result["points"].to_csv(index=False).encode())
-    write_atomic(out / "runs.csv", result["per_run"].merge(result["runs"][["run", "measured", "predicted", "ratio"]],
-                                                           on="run").to_csv(index=False).encode())
+    write_atomic(
+        out / "runs.csv",
+        result["per_run"]
+        .merge(result["runs"][["run", "measured", "predicted", "ratio"]], on="run")
+        .to_csv(index=False)
+        .encode(),
+    )
     write_atomic(out / "fit.json", (json.dumps(result["summary"], indent=1) + "\n").encode())
     write_atomic(out / "summary.md", fit_markdown(result, wall).encode())
     return result
 
 
 # --- the forecast of one policy ---------------------------------------------------------------------
+
 
 def compose_config(overrides: list[str]):
     """The TrainConfig of Hydra `overrides` on experiments/conf (as `experiments/train.py` composes it)."""
@@ -206,8 +266,15 @@ def probe(cfg, steps: int) -> dict[str, Any]:
     if not mean[SIGMA_KEY] > 0:
         log.warning("the %d probe step(s) did not move the router (every advantage 0?): the forecast is 0", steps)
     logits = scores.double().clamp(min=torch.finfo(torch.float64).tiny).log().numpy()
-    return {"gaps": gaps.numpy(), "logits": logits, "sigma": mean[SIGMA_KEY] * profile, "measured": mean,
-            "top_k": old_routes.top_k, "num_experts": int(old_scores.shape[-1]), "num_moe_layers": L}
+    return {
+        "gaps": gaps.numpy(),
+        "logits": logits,
+        "sigma": mean[SIGMA_KEY] * profile,
+        "measured": mean,
+        "top_k": old_routes.top_k,
+        "num_experts": int(old_scores.shape[-1]),
+        "num_moe_layers": L,
+    }
 
 
 def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: Path) -> dict[str, Any]:
@@ -226,14 +293,23 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
     gauss = simulate_flips(result["logits"], result["sigma"], k)
     factor = scale_for_level(result["logits"], result["sigma"], k, PAPER_LEVEL)
     return {
-        "geometry": {"num_experts": result["num_experts"], "top_k": k, "num_moe_layers": result["num_moe_layers"],
-                     "lr": cfg.optim.lr},
-        "probe_steps": steps, "tokens": int(result["gaps"].shape[0]),
+        "geometry": {
+            "num_experts": result["num_experts"],
+            "top_k": k,
+            "num_moe_layers": result["num_moe_layers"],
+            "lr": cfg.optim.lr,
+        },
+        "probe_steps": steps,
+        "tokens": int(result["gaps"].shape[0]),
         "gap_quantiles": {f"q{q}": float(np.quantile(result["gaps"], q / 100)) for q in (10, 50, 90)},
-        "sigma": result["sigma"].tolist(), "sigma_rms": float(np.sqrt(np.mean(result["sigma"] ** 2))),
+        "sigma": result["sigma"].tolist(),
+        "sigma_rms": float(np.sqrt(np.mean(result["sigma"] ** 2))),
         "predicted": {FLIP_KEY: flip, EXPERT_KEY: flip * experts_per_flip / k, TOKEN_KEY: token},
-        "predicted_gaussian": {FLIP_KEY: gauss["flip_rate"], EXPERT_KEY: gauss["expert_flip_frac"],
-                               TOKEN_KEY: gauss["token_flip_rate"]},
+        "predicted_gaussian": {
+            FLIP_KEY: gauss["flip_rate"],
+            EXPERT_KEY: gauss["expert_flip_frac"],
+            TOKEN_KEY: gauss["token_flip_rate"],
+        },
         "measured_in_probe": result["measured"],
         "movement_factor_for_paper_level": factor,
         "movement_factor_for_paper_level_curve": factor_curve,
@@ -243,20 +319,29 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
 
 def forecast_text(doc: dict[str, Any]) -> str:
     g, p, m, q = doc["geometry"], doc["predicted"], doc["measured_in_probe"], doc["predicted_gaussian"]
-    names = ((FLIP_KEY, "top-k sets changed"), (EXPERT_KEY, "activated experts changed"),
-             (TOKEN_KEY, "tokens with a changed layer"))
-    lines = [f"geometry E={g['num_experts']} k={g['top_k']} L={g['num_moe_layers']}, lr {g['lr']:g}; "
-             f"{doc['tokens']} tokens; logit gap quantiles (10/50/90%): "
-             + ", ".join(f"{v:.3g}" for v in doc["gap_quantiles"].values()),
-             "movement per off-policy update (RMS gap change, logits) per layer: "
-             + ", ".join(f"{s:.3g}" for s in doc["sigma"]) + f" (from {doc['probe_steps']} probe steps)"]
+    names = (
+        (FLIP_KEY, "top-k sets changed"),
+        (EXPERT_KEY, "activated experts changed"),
+        (TOKEN_KEY, "tokens with a changed layer"),
+    )
+    lines = [
+        f"geometry E={g['num_experts']} k={g['top_k']} L={g['num_moe_layers']}, lr {g['lr']:g}; "
+        f"{doc['tokens']} tokens; logit gap quantiles (10/50/90%): "
+        + ", ".join(f"{v:.3g}" for v in doc["gap_quantiles"].values()),
+        "movement per off-policy update (RMS gap change, logits) per layer: "
+        + ", ".join(f"{s:.3g}" for s in doc["sigma"])
+        + f" (from {doc['probe_steps']} probe steps)",
+    ]
     lines.append(f"  {'':<30} {'curve':>9} {'gaussian':>9} {'measured in the probe':>22}")
     for key, name in names:
         lines.append(f"  {name:<30} {100 * p[key]:8.3f}% {100 * q[key]:8.3f}% {100 * m[key]:21.3f}%")
     f = doc["movement_factor_for_paper_level"]
-    lines.append(f"10% of activated experts changed (gaussian model) needs {f:.3g}x this movement "
-                 f"({f * doc['sigma_rms']:.3g} logits)" if math.isfinite(f) else
-                 "10% of activated experts changed is out of the gaussian model's reach (> 1000x this movement)")
+    lines.append(
+        f"10% of activated experts changed (gaussian model) needs {f:.3g}x this movement "
+        f"({f * doc['sigma_rms']:.3g} logits)"
+        if math.isfinite(f)
+        else "10% of activated experts changed is out of the gaussian model's reach (> 1000x this movement)"
+    )
     return "\n".join(lines)
 
 

@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from moe_rl.analysis.forecast import (
-    bin_index, flip_curve, move_counts, point_ratios, predict_flips, predicted_vs_measured, residual_dependence,
+    bin_index,
+    flip_curve,
+    move_counts,
+    point_ratios,
+    predict_flips,
+    predicted_vs_measured,
+    residual_dependence,
     sigma_for_rate,
 )
 from moe_rl.bins import MOVE_EDGES
@@ -118,7 +124,9 @@ def test_sigma_for_rate_reaches_the_level() -> None:
     sigma = np.array([0.01, 0.02])
     curve_p = np.array([0.45, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.02, 0.005, 0.001, 0.0])
     c = sigma_for_rate(gaps, sigma, curve_p, 0.2)
-    assert predict_flips(gaps, sigma * c * 1.001, curve_p)[0] >= 0.2 > predict_flips(gaps, sigma * c / 1.001, curve_p)[0]
+    assert (
+        predict_flips(gaps, sigma * c * 1.001, curve_p)[0] >= 0.2 > predict_flips(gaps, sigma * c / 1.001, curve_p)[0]
+    )
     assert sigma_for_rate(gaps, sigma, curve_p, 0.5) == math.inf  # above the curve's ceiling
 
 
@@ -137,8 +145,12 @@ def _frame(points: dict[tuple, list[tuple[int, int]]]) -> pd.DataFrame:
 
 
 def test_curve_and_prediction_by_hand() -> None:
-    df = _frame({(64, 8, 4, 1e-4, 0): [(100, 40), (300, 30)] + [(0, 0)] * 10,
-                 (8, 2, 2, 1e-4, 0): [(50, 10), (100, 20)] + [(0, 0)] * 10})
+    df = _frame(
+        {
+            (64, 8, 4, 1e-4, 0): [(100, 40), (300, 30)] + [(0, 0)] * 10,
+            (8, 2, 2, 1e-4, 0): [(50, 10), (100, 20)] + [(0, 0)] * 10,
+        }
+    )
     counts = move_counts(df)  # steps 11 and 12 only
     assert counts.groupby("bin")["n"].sum().iloc[:2].tolist() == [300, 800]
     curve = flip_curve(counts)
@@ -157,8 +169,17 @@ def test_a_universal_curve_leaves_no_residual_dependence() -> None:
     rng = np.random.default_rng(0)
     p = np.array([0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0, 0.0])
     points = {}
-    for E, k, L, lr in [(64, 8, 4, 1e-4), (16, 8, 4, 1e-4), (128, 8, 4, 1e-4), (64, 2, 4, 1e-4), (64, 4, 4, 1e-4),
-                        (64, 8, 2, 1e-4), (64, 8, 8, 1e-4), (64, 8, 4, 3e-5), (64, 8, 4, 3e-4)]:
+    for E, k, L, lr in [
+        (64, 8, 4, 1e-4),
+        (16, 8, 4, 1e-4),
+        (128, 8, 4, 1e-4),
+        (64, 2, 4, 1e-4),
+        (64, 4, 4, 1e-4),
+        (64, 8, 2, 1e-4),
+        (64, 8, 8, 1e-4),
+        (64, 8, 4, 3e-5),
+        (64, 8, 4, 3e-4),
+    ]:
         for seed in range(3):
             n = rng.integers(50_000, 100_000, size=len(p))
             points[(E, k, L, lr, seed)] = list(zip(n.tolist(), rng.binomial(n, p).tolist()))
@@ -174,13 +195,35 @@ def test_a_universal_curve_leaves_no_residual_dependence() -> None:
 @pytest.mark.slow
 def test_forecast_smoke(tmp_path: Path) -> None:
     """`python -m moe_rl.forecast` on a tiny preset: a forecast next to the probe's own measurement."""
-    curve = pd.DataFrame({"bin": range(len(MOVE_EDGES) - 1), "x_lo": MOVE_EDGES[:-1], "x_hi": MOVE_EDGES[1:],
-                          "p": [0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.06, 0.03, 0.01, 0.003, 0.0005, 0.0]})
+    curve = pd.DataFrame(
+        {
+            "bin": range(len(MOVE_EDGES) - 1),
+            "x_lo": MOVE_EDGES[:-1],
+            "x_hi": MOVE_EDGES[1:],
+            "p": [0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.06, 0.03, 0.01, 0.003, 0.0005, 0.0],
+        }
+    )
     curve.to_csv(tmp_path / "curve.csv", index=False)
     out = tmp_path / "forecast.json"
-    cmd = [sys.executable, "-m", "moe_rl.forecast", "+experiment=smoke", "model=qwen3_moe_fine", "model.num_layers=2",
-           f"cold_start.cache_dir={tmp_path / 'cache'}", "cold_start.max_steps=60", "cold_start.eval_every=60", "--lr", "3e-4",
-           "--probe-steps", "1", "--curve", str(tmp_path / "curve.csv"), "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "moe_rl.forecast",
+        "+experiment=smoke",
+        "model=qwen3_moe_fine",
+        "model.num_layers=2",
+        f"cold_start.cache_dir={tmp_path / 'cache'}",
+        "cold_start.max_steps=60",
+        "cold_start.eval_every=60",
+        "--lr",
+        "3e-4",
+        "--probe-steps",
+        "1",
+        "--curve",
+        str(tmp_path / "curve.csv"),
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
@@ -210,7 +253,8 @@ def test_gaussian_model_against_the_normal_cdf() -> None:
     two = np.concatenate([logits, logits], axis=1)
     p = norm.cdf(-gaps)
     assert simulate_flips(two, np.array([1.0, 1.0]), 1, draws=5)["token_flip_rate"] == pytest.approx(
-        (1 - (1 - p) ** 2).mean(), abs=0.01)
+        (1 - (1 - p) ** 2).mean(), abs=0.01
+    )
     c = scale_for_level(logits, np.array([1.0]), 1, 0.3, key="flip_rate")
     assert simulate_flips(logits, np.array([c * 1.02]), 1, draws=2)["flip_rate"] >= 0.3 - 0.005
     with pytest.raises(ValueError, match="0 < k < E"):
@@ -220,15 +264,27 @@ def test_gaussian_model_against_the_normal_cdf() -> None:
 def _write_forecast(root: Path, ratio_range: tuple[float, float], factor: float) -> None:
     folder = root / "drift_forecast"
     (folder / "forecasts").mkdir(parents=True, exist_ok=True)
-    fit = {"held_out_ratio_range": list(ratio_range), "held_out_points": 5, "held_out_within_1.3x": 4,
-           "experts_per_flip": {"mean": 1.0, "max": 1.2, "at_max_flip_rate": 1.2}, "curve_ceiling": 0.5,
-           "sigma_vs_lr_centre": {"a": 3.0, "b": 0.5, "lr": [3e-5, 1e-4, 3e-4, 1e-3]}}
+    fit = {
+        "held_out_ratio_range": list(ratio_range),
+        "held_out_points": 5,
+        "held_out_within_1.3x": 4,
+        "experts_per_flip": {"mean": 1.0, "max": 1.2, "at_max_flip_rate": 1.2},
+        "curve_ceiling": 0.5,
+        "sigma_vs_lr_centre": {"a": 3.0, "b": 0.5, "lr": [3e-5, 1e-4, 3e-4, 1e-3]},
+    }
     (folder / "fit.json").write_text(json.dumps(fit))
-    keys = ("route/old_vs_new/flip_rate/offpolicy", "route/old_vs_new/expert_flip_frac/offpolicy",
-            "route/old_vs_new/token_flip_rate/offpolicy")
-    doc = {"geometry": {"num_experts": 64, "top_k": 8, "num_moe_layers": 4, "lr": 1e-4}, "sigma_rms": 0.02,
-           "measured_in_probe": dict.fromkeys(keys, 0.01), "predicted": dict.fromkeys(keys, 0.011),
-           "movement_factor_for_paper_level": factor}
+    keys = (
+        "route/old_vs_new/flip_rate/offpolicy",
+        "route/old_vs_new/expert_flip_frac/offpolicy",
+        "route/old_vs_new/token_flip_rate/offpolicy",
+    )
+    doc = {
+        "geometry": {"num_experts": 64, "top_k": 8, "num_moe_layers": 4, "lr": 1e-4},
+        "sigma_rms": 0.02,
+        "measured_in_probe": dict.fromkeys(keys, 0.01),
+        "predicted": dict.fromkeys(keys, 0.011),
+        "movement_factor_for_paper_level": factor,
+    }
     (folder / "forecasts" / "centre.json").write_text(json.dumps(doc))
 
 

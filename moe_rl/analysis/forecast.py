@@ -82,8 +82,14 @@ def point_ratios(runs: pd.DataFrame) -> pd.DataFrame:
     """Per design point (geometry and lr): pooled predicted / measured over its seeds, and the spread
     of the per-seed ratios (min, max)."""
     g = runs.groupby(list(GEOMETRY), as_index=False)
-    out = g.agg(seeds=("seed", "nunique"), n=("n", "sum"), flips=("flips", "sum"), expected=("expected", "sum"),
-                ratio_min=("ratio", "min"), ratio_max=("ratio", "max"))
+    out = g.agg(
+        seeds=("seed", "nunique"),
+        n=("n", "sum"),
+        flips=("flips", "sum"),
+        expected=("expected", "sum"),
+        ratio_min=("ratio", "min"),
+        ratio_max=("ratio", "max"),
+    )
     out["measured"] = out["flips"] / out["n"]
     out["predicted"] = out["expected"] / out["n"]
     out["ratio"] = out["predicted"] / out["measured"]
@@ -101,8 +107,9 @@ def bin_index(x: np.ndarray, edges: Sequence[float] = MOVE_EDGES) -> np.ndarray:
     return np.searchsorted(np.asarray(edges[1:-1], dtype=float), x, side="right")
 
 
-def predict_flips(gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray,
-                  edges: Sequence[float] = MOVE_EDGES) -> tuple[float, float]:
+def predict_flips(
+    gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray, edges: Sequence[float] = MOVE_EDGES
+) -> tuple[float, float]:
     """(per-(t, l) flip rate, share of tokens with a changed layer) forecast for one update.
 
     gaps (n, L): the old router's k-th vs (k+1)-th logit gap of n tokens at each MoE layer; sigma
@@ -121,10 +128,12 @@ def predict_flips(gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray,
     return float(f.mean()), float((1.0 - np.prod(1.0 - f, axis=1)).mean())
 
 
-def sigma_for_rate(gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray, level: float,
-                   edges: Sequence[float] = MOVE_EDGES) -> float:
+def sigma_for_rate(
+    gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray, level: float, edges: Sequence[float] = MOVE_EDGES
+) -> float:
     """The factor c by which the movement `sigma` must grow for the forecast flip rate to reach `level`
     (bisection in log c over [1e-3, 1e4]); inf when the curve cannot reach it (level above F's ceiling)."""
+
     def rate(c: float) -> float:
         return predict_flips(gaps, sigma * c, curve_p, edges)[0]
 
@@ -159,8 +168,9 @@ def power_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def simulate_flips(logits: np.ndarray, sigma: np.ndarray, k: int, *, draws: int = 4, seed: int = 0,
-                   scale: float = 1.0) -> dict[str, float]:
+def simulate_flips(
+    logits: np.ndarray, sigma: np.ndarray, k: int, *, draws: int = 4, seed: int = 0, scale: float = 1.0
+) -> dict[str, float]:
     """Drift under a Gaussian model of the update: every router logit moves by iid N(0, s_l^2).
 
     logits (n, L, E): the old router's log selection probabilities of n tokens (logits up to a per-row
@@ -172,8 +182,9 @@ def simulate_flips(logits: np.ndarray, sigma: np.ndarray, k: int, *, draws: int 
     """
     logits, sigma = np.asarray(logits, float), np.asarray(sigma, float)
     if logits.ndim != 3 or sigma.shape != (logits.shape[1],) or not 0 < k < logits.shape[2]:
-        raise ValueError(f"logits must be (n, L, E) with 0 < k < E and sigma (L,), got {logits.shape}, "
-                         f"{sigma.shape}, k={k}")
+        raise ValueError(
+            f"logits must be (n, L, E) with 0 < k < E and sigma (L,), got {logits.shape}, {sigma.shape}, k={k}"
+        )
     rng = np.random.default_rng(seed)
     old = _topk_mask(logits, k)
     s = (scale * sigma / np.sqrt(2.0))[None, :, None]
@@ -195,10 +206,19 @@ def _topk_mask(x: np.ndarray, k: int) -> np.ndarray:
     return mask
 
 
-def scale_for_level(logits: np.ndarray, sigma: np.ndarray, k: int, level: float, *, key: str = "expert_flip_frac",
-                    draws: int = 2, seed: int = 0) -> float:
+def scale_for_level(
+    logits: np.ndarray,
+    sigma: np.ndarray,
+    k: int,
+    level: float,
+    *,
+    key: str = "expert_flip_frac",
+    draws: int = 2,
+    seed: int = 0,
+) -> float:
     """The factor on the measured movement at which `simulate_flips` reaches `level` of `key`
     (bisection in log scale over [1e-2, 1e3], common random numbers); inf when even 1e3 does not."""
+
     def value(c: float) -> float:
         return simulate_flips(logits, sigma, k, draws=draws, seed=seed, scale=c)[key]
 
