@@ -74,8 +74,18 @@ def is_fit_run(row: pd.Series) -> bool:
     return not corner and row["lr"] <= FIT_MAX_LR * (1 + 1e-9)
 
 
+def runs_without_signal(df: pd.DataFrame, *, start_step: int = 11) -> list[str]:
+    """Runs in which every prompt group had zero reward variance at every step from `start_step`
+    (`reward/zero_var_group_frac` = 1): no advantage, so no update moves the router and there is no
+    drift to forecast (e.g. a run whose reward fell to 0 for good)."""
+    rows = df[(df["key"] == "reward/zero_var_group_frac") & (df["step"] >= start_step)]
+    return sorted(rows.groupby("run")["value"].min().loc[lambda v: v >= 1.0].index)
+
+
 def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) -> dict[str, Any]:
     """Curve, per-point validation, residual dependence on geometry and lr, and movement against lr."""
+    dead = runs_without_signal(df, start_step=start_step)
+    df = df[~df["run"].isin(dead)]
     counts = move_counts(df, start_step=start_step)
     keys = counts.drop_duplicates("run").set_index("run")
     fit_runs = keys[keys.apply(is_fit_run, axis=1)].index
@@ -103,6 +113,7 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
         "per_run": per_run,
         "summary": {
             "start_step": start_step,
+            "runs_without_signal": dead,
             "fit_runs": int(len(fit_runs)),
             "runs": int(len(keys)),
             "fit_set": f"one-factor axes at lr <= {FIT_MAX_LR:g}",
@@ -135,6 +146,12 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
         f"layer in the update. Curve fitted on {s['fit_runs']} runs ({s['fit_set']}); every other point is "
         "held out.",
     ]
+    if s["runs_without_signal"]:
+        lines += [
+            "",
+            f"Left out, no learning signal in the window (zero reward variance in every group at every "
+            f"step, so the router does not move): {', '.join(s['runs_without_signal'])}.",
+        ]
     if wall:
         lines += ["", f"Wall time of the sweep on 2 cores: {wall}."]
     lines += [
@@ -146,7 +163,7 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
     ]
     for _, r in curve.iterrows():
         p = "—" if not np.isfinite(r["p"]) else f"{100 * r['p']:.3g}% [{100 * r['p_lo']:.3g}%, {100 * r['p_hi']:.3g}%]"
-        lines.append(f"| [{r['x_lo']:g}, {r['x_hi']:g}) | {r['n']} | {r['flips']} | {p} |")
+        lines.append(f"| [{r['x_lo']:g}, {r['x_hi']:g}) | {int(r['n'])} | {int(r['flips'])} | {p} |")
     lines += [
         "",
         "## Predicted / measured flip rate per design point",
