@@ -59,8 +59,19 @@ def _drift_report(runs_dir: Path, out: Path) -> list[Path]:
                               "drift_scaling.png", "flip_vs_margin.png")]
 
 
+def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
+    """The drift-forecast folder: the curve fit and its validation (moe_rl.forecast --fit), wall time kept."""
+    from moe_rl import forecast
+
+    old = out / "summary.md"
+    found = WALL_LINE.search(old.read_text()) if old.is_file() else None
+    forecast.run_fit(runs_dir, out, found.group(1) if found else None)
+    return [out / n for n in ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv")]
+
+
 # result folders with a report of their own: name -> writer(runs_dir, out)
-DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {"drift_scaling": _drift_report}
+DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {"drift_scaling": _drift_report,
+                                                                    "drift_forecast": _forecast_report}
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {
     "auto": "Route flips and ratio variances of runs with N > 1 are their off-policy values (updates 2..N, "

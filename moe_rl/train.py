@@ -43,7 +43,7 @@ from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
-    compare_finalize, compare_parts, flip_margin_finalize, flip_margin_parts, position_finalize, position_parts,
+    compare_finalize, compare_parts, flip_margin_finalize, flip_margin_parts, movement_finalize, movement_parts, position_finalize, position_parts,
     router_shift_gaps, shift_summary,
 )
 from moe_rl.runinfo import note_meta
@@ -79,7 +79,7 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
                   "route/old_vs_new/token_flip_rate", "route/old_vs_new/shift/mean", "ratio/token_var",
-                  "ratio/seq_var", "kl/k3")
+                  "ratio/seq_var", "kl/k3", "route/old_vs_new/move/rms")
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = "route/flip_vs_margin/"
 
@@ -229,6 +229,7 @@ class Trainer:
                                              buckets=buckets, overlap=overlap))
         parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
         parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
+        parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
         if replay is not None:
             parts.add("native_vs_replayed", compare_parts(native, replay))
             parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
@@ -242,6 +243,7 @@ class Trainer:
                         for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()})
         metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
         metrics.update({f"route/{k}": v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
+        metrics.update({f"route/{k}": v for k, v in movement_finalize(parts.sub("move")).items()})
         if replay is not None:
             metrics.update({f"route/native_vs_replayed/{k}": v
                             for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()})

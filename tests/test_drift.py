@@ -81,6 +81,7 @@ def test_flip_vs_margin_pools_counts_and_wilson_matches_scipy() -> None:
                                ("b", 1, 1, 0, 0)]:
         rows += [{"run": run, "step": step, "key": f"route/flip_vs_margin/n/bin_{b}", "value": float(n)},
                  {"run": run, "step": step, "key": f"route/flip_vs_margin/flips/bin_{b}", "value": float(f)}]
+    rows.append({"run": "a", "step": 1, "key": "route/flip_vs_margin/move/n/bin_0", "value": 99.0})  # another curve
     curve = flip_vs_margin(pd.DataFrame(rows), edges=(0.0, 1e-3, 1.0))
     assert curve["n"].tolist() == [40, 50] and curve["flips"].tolist() == [12, 1]
     assert curve["p"].tolist() == pytest.approx([0.3, 0.02])

@@ -121,8 +121,9 @@ def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[
     counts = df[df["key"].str.startswith(FLIP_VS_MARGIN_PREFIX)]
     if counts.empty:
         raise ValueError("no route/flip_vs_margin/* counts in these runs (logged since the router-shift release)")
-    parts = counts["key"].str.extract(r"route/flip_vs_margin/(?P<kind>n|flips)/bin_(?P<bin>\d+)")
-    counts = counts.assign(kind=parts["kind"], bin=parts["bin"].astype(int))
+    parts = counts["key"].str.extract(r"^route/flip_vs_margin/(?P<kind>n|flips)/bin_(?P<bin>\d+)$")
+    keep = parts["kind"].notna()  # the gap/movement counts (`.../move/...`) have their own curve (moe_rl.forecast)
+    counts = counts[keep].assign(kind=parts["kind"][keep], bin=parts["bin"][keep].astype(int))
     table = counts.pivot_table(index=[*by, "bin"], columns="kind", values="value", aggfunc="sum").reset_index()
     table = table.rename_axis(columns=None)
     table["n"], table["flips"] = table["n"].round().astype(int), table["flips"].round().astype(int)

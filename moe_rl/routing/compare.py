@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from moe_rl.bins import MARGIN_EDGES
+from moe_rl.bins import MARGIN_EDGES, MOVE_EDGES
 from moe_rl.partial import Partial
 from moe_rl.metric_names import route_key
 from moe_rl.routing.routes import Routes
@@ -195,3 +197,74 @@ def flip_margin_finalize(parts: Partial) -> dict[str, float]:
     """`flip_vs_margin/{n,flips}/bin_{b}` from pooled `flip_margin_parts`."""
     return {f"flip_vs_margin/{kind}/bin_{b}": float(v)
             for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())}
+
+
+def boundary_gaps(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(gap, experts) at the top-k boundary of router selection probabilities `scores` (..., E).
+
+    gap = log p(k-th) - log p((k+1)-th) >= 0, float64 (...): for a softmax router the logit gap, which
+    does not depend on the softmax normaliser. experts (..., 2) int64 are the k-th and (k+1)-th ids.
+    """
+    if not 0 < k < scores.shape[-1]:
+        raise ValueError(f"top_k {k} needs 0 < k < experts ({scores.shape[-1]}) to have a boundary")
+    top = scores.double().topk(k + 1, dim=-1)
+    logp = top.values[..., k - 1:].clamp(min=torch.finfo(torch.float64).tiny).log()  # (..., 2)
+    return logp[..., 0] - logp[..., 1], top.indices[..., k - 1:]
+
+
+def boundary_movement(
+    old_scores: Tensor, new_scores: Tensor, old: Routes, new: Routes, *, overlap: Tensor | None = None,
+    edges: tuple[float, ...] = MOVE_EDGES,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """How far an update moved the router logits at the old top-k boundary, and flips per gap/movement.
+
+    Per (t, l) valid in both routes, with e_k, e_{k+1} the old router's k-th and (k+1)-th experts and
+    g = log p_old(e_k) - log p_old(e_{k+1}) the old logit gap (`boundary_gaps`), the update moves it by
+    delta = [log p_new(e_k) - log p_new(e_{k+1})] - g; a flip needs delta < -g. Returns
+    sigma = sqrt(mean delta^2) over all valid (t, l) (float64 scalar), sigma_l, the same per layer (L,),
+    and (n, flips) int64 per bin of x = g / sigma_l in `edges` (flip: the top-k set changed,
+    `route_overlap` < k). Layers move at different rates (deeper ones more), hence the per-layer scale;
+    a layer that did not move (sigma_l = 0) puts its (t, l) at x = +inf.
+    """
+    _check_comparable(old, new)
+    if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
+        raise ValueError(f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match "
+                         f"routes {old.shape}")
+    valid = old.mask & new.mask.to(old.mask.device)  # (B, T)
+    gap, experts = boundary_gaps(old_scores[valid], old.top_k)  # (n, L), (n, L, 2)
+    p_new = new_scores[valid].double().gather(-1, experts).clamp(min=torch.finfo(torch.float64).tiny)
+    delta = (p_new[..., 0].log() - p_new[..., 1].log()) - gap  # (n, L)
+    n_bins = len(edges) - 1
+    if not delta.numel():
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        zeros = torch.zeros(n_bins, dtype=torch.int64)
+        return nan, torch.full((old.shape[2],), float("nan"), dtype=torch.float64), zeros, zeros.clone()
+    sigma, sigma_layer = delta.pow(2).mean().sqrt(), delta.pow(2).mean(0).sqrt()  # (), (L,)
+    flipped = ((route_overlap(old, new) if overlap is None else overlap) < old.top_k)[valid]  # (n, L)
+    x = torch.where(sigma_layer > 0, gap / sigma_layer, float("inf")).flatten()
+    bins = torch.bucketize(x, torch.tensor(edges[1:-1], dtype=x.dtype, device=x.device), right=True)
+    n = torch.bincount(bins, minlength=n_bins)
+    flips = torch.bincount(bins, weights=flipped.flatten().double(), minlength=n_bins).round().long()
+    return sigma, sigma_layer, n, flips
+
+
+def movement_parts(
+    old_scores: Tensor, new_scores: Tensor, old: Routes, new: Routes, *, overlap: Tensor | None = None
+) -> Partial:
+    """`boundary_movement` as sums: squared boundary movement per layer (L,), the valid positions behind
+    it, and (n, flips) per gap/movement bin (binned with this process's per-layer movement)."""
+    sigma, per_layer, n, flips = boundary_movement(old_scores, new_scores, old, new, overlap=overlap)
+    count = (old.mask & new.mask.to(old.mask.device)).sum().double().cpu()
+    sq = torch.nan_to_num(per_layer.cpu() ** 2) * count  # (L,)
+    return Partial(sums={"sq": sq, "count": count, "n": n.cpu(), "flips": flips.cpu()})
+
+
+def movement_finalize(parts: Partial) -> dict[str, float]:
+    """`old_vs_new/move/{rms,layer_i}` and `flip_vs_margin/move/{n,flips}/bin_b` from pooled `movement_parts`."""
+    sq, count = parts.sums["sq"].double(), float(parts.sums["count"])
+    per_layer = (sq / count).sqrt().tolist() if count else [math.nan] * sq.numel()
+    out = {"old_vs_new/move/rms": math.sqrt(float(sq.mean()) / count) if count else math.nan}
+    out.update({f"old_vs_new/move/layer_{i}": v for i, v in enumerate(per_layer)})
+    out.update({f"flip_vs_margin/move/{kind}/bin_{b}": float(v)
+                for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())})
+    return out

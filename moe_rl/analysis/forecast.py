@@ -1,0 +1,233 @@
+"""A drift forecast in units that transfer: P(top-k set flips) as one curve of margin / movement.
+
+A (token, layer) flips when an update moves its router logits across the top-k boundary, so with
+g the old k-th vs (k+1)-th logit gap and sigma_l the RMS change of that gap at its layer in the
+update (`moe_rl.routing.compare.boundary_movement`), the flip probability should depend on
+x = g / sigma_l alone, whatever E, k, L and lr produced g and sigma_l. The loop logs per update
+sigma (`route/old_vs_new/move/*`) and (t, l) counts per x bin (`route/flip_vs_margin/move/*`).
+Here: pool the counts into one curve F(x), predict a run's flip rate from its own x counts, test
+whether geometry and lr still matter once x is in, and turn a measured gap sample plus a movement
+into a forecast (`predict_flips`, what `python -m moe_rl.forecast` prints).
+
+Pure functions over the long-format frame of `load_results` and over arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.analysis.drift import GEOMETRY, fit_drift
+from moe_rl.analysis.stats import wilson_interval
+from moe_rl.bins import MOVE_EDGES
+
+MOVE_COUNT = r"^route/flip_vs_margin/move/(?P<kind>n|flips)/bin_(?P<bin>\d+)$"
+SIGMA_KEY = "route/old_vs_new/move/rms/offpolicy"
+FLIP_KEY = "route/old_vs_new/flip_rate/offpolicy"
+EXPERT_KEY = "route/old_vs_new/expert_flip_frac/offpolicy"
+TOKEN_KEY = "route/old_vs_new/token_flip_rate/offpolicy"
+
+
+def move_counts(df: pd.DataFrame, *, start_step: int = 11) -> pd.DataFrame:
+    """(t, l) counts per x bin and run, summed over the off-policy updates of steps >= start_step.
+
+    One row per run and bin: run, seed, geometry columns, bin, n, flips. The first steps after the
+    cold start are skipped as in `drift_per_run` (the policy is still sharpening).
+    """
+    rows = df[df["key"].str.match(MOVE_COUNT) & (df["step"] >= start_step)]
+    if rows.empty:
+        raise ValueError("no route/flip_vs_margin/move/* counts at these steps (logged since the drift forecast)")
+    parts = rows["key"].str.extract(MOVE_COUNT)
+    rows = rows.assign(kind=parts["kind"], bin=parts["bin"].astype(int))
+    table = rows.pivot_table(index=["run", "seed", *GEOMETRY, "bin"], columns="kind", values="value", aggfunc="sum")
+    table = table.reset_index().rename_axis(columns=None)
+    table["n"], table["flips"] = table["n"].round().astype(int), table["flips"].round().astype(int)
+    return table
+
+
+def flip_curve(counts: pd.DataFrame, edges: Sequence[float] = MOVE_EDGES) -> pd.DataFrame:
+    """F(x): pooled P(flip) per x bin with Wilson 95% intervals.
+
+    Columns: bin, x_lo, x_hi, n, flips, p, p_lo, p_hi. A bin without (t, l) has p NaN.
+    """
+    pooled = counts.groupby("bin")[["n", "flips"]].sum().reindex(range(len(edges) - 1), fill_value=0).astype(int)
+    curve = pooled.reset_index()
+    curve["x_lo"] = [edges[b] for b in curve["bin"]]
+    curve["x_hi"] = [edges[b + 1] for b in curve["bin"]]
+    curve["p"] = np.where(curve["n"] > 0, curve["flips"] / curve["n"].clip(lower=1), np.nan)
+    bounds = [wilson_interval(int(k), int(n)) for k, n in zip(curve["flips"], curve["n"])]
+    curve["p_lo"] = [lo for lo, _ in bounds]
+    curve["p_hi"] = [hi for _, hi in bounds]
+    return curve[["bin", "x_lo", "x_hi", "n", "flips", "p", "p_lo", "p_hi"]]
+
+
+def predicted_vs_measured(counts: pd.DataFrame, curve: pd.DataFrame) -> pd.DataFrame:
+    """Per run: measured flip rate (sum flips / sum n), predicted sum_b n_b F_b / sum n and their ratio.
+
+    The prediction uses only the run's x distribution (its gaps and movements) and the curve; a
+    curve that holds across geometries gives ratios near 1 on runs it was not fitted on.
+    """
+    p = curve.set_index("bin")["p"].fillna(0.0)
+    frame = counts.assign(expected=counts["n"] * counts["bin"].map(p))
+    runs = frame.groupby(["run", "seed", *GEOMETRY], as_index=False)[["n", "flips", "expected"]].sum()
+    runs["measured"] = runs["flips"] / runs["n"]
+    runs["predicted"] = runs["expected"] / runs["n"]
+    runs["ratio"] = runs["predicted"] / runs["measured"]
+    return runs
+
+
+def point_ratios(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per design point (geometry and lr): pooled predicted / measured over its seeds, and the spread
+    of the per-seed ratios (min, max)."""
+    g = runs.groupby(list(GEOMETRY), as_index=False)
+    out = g.agg(
+        seeds=("seed", "nunique"),
+        n=("n", "sum"),
+        flips=("flips", "sum"),
+        expected=("expected", "sum"),
+        ratio_min=("ratio", "min"),
+        ratio_max=("ratio", "max"),
+    )
+    out["measured"] = out["flips"] / out["n"]
+    out["predicted"] = out["expected"] / out["n"]
+    out["ratio"] = out["predicted"] / out["measured"]
+    return out
+
+
+def residual_dependence(runs: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Does geometry or lr still matter once x is in? The power law of `fit_drift` fitted to each
+    run's predicted / measured ratio: exponents whose intervals hold 0 say no."""
+    return fit_drift(runs, "ratio", n_boot=n_boot, seed=seed)
+
+
+def bin_index(x: np.ndarray, edges: Sequence[float] = MOVE_EDGES) -> np.ndarray:
+    """Bin of each x in `edges` (bin b holds [edges[b], edges[b+1])), as `torch.bucketize(right=True)`."""
+    return np.searchsorted(np.asarray(edges[1:-1], dtype=float), x, side="right")
+
+
+def predict_flips(
+    gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray, edges: Sequence[float] = MOVE_EDGES
+) -> tuple[float, float]:
+    """(per-(t, l) flip rate, share of tokens with a changed layer) forecast for one update.
+
+    gaps (n, L): the old router's k-th vs (k+1)-th logit gap of n tokens at each MoE layer; sigma
+    (L,): the movement per layer (RMS change of that gap in an update); curve_p: F per bin of
+    x = gap / sigma. flip rate = mean_{t,l} F(x); token share = mean_t [1 - prod_l (1 - F(x_tl))],
+    which assumes layers flip independently given their x.
+    """
+    gaps, sigma, curve_p = np.asarray(gaps, float), np.asarray(sigma, float), np.asarray(curve_p, float)
+    if gaps.ndim != 2 or sigma.shape != (gaps.shape[1],):
+        raise ValueError(f"gaps must be (tokens, layers) and sigma (layers,), got {gaps.shape} and {sigma.shape}")
+    if len(curve_p) != len(edges) - 1 or not np.all(np.isfinite(curve_p)):
+        raise ValueError(f"curve_p needs one finite probability per bin ({len(edges) - 1}), got {curve_p}")
+    with np.errstate(divide="ignore"):
+        x = np.where(sigma > 0, gaps / sigma, np.inf)  # (n, L)
+    f = curve_p[bin_index(x, edges)]  # (n, L)
+    return float(f.mean()), float((1.0 - np.prod(1.0 - f, axis=1)).mean())
+
+
+def sigma_for_rate(
+    gaps: np.ndarray, sigma: np.ndarray, curve_p: np.ndarray, level: float, edges: Sequence[float] = MOVE_EDGES
+) -> float:
+    """The factor c by which the movement `sigma` must grow for the forecast flip rate to reach `level`
+    (bisection in log c over [1e-3, 1e4]); inf when the curve cannot reach it (level above F's ceiling)."""
+
+    def rate(c: float) -> float:
+        return predict_flips(gaps, sigma * c, curve_p, edges)[0]
+
+    lo, hi = 1e-3, 1e4
+    if rate(hi) < level:
+        return float("inf")
+    if rate(lo) >= level:
+        return lo
+    for _ in range(60):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if rate(mid) < level else (lo, mid)
+    return float(np.sqrt(lo * hi))
+
+
+def sigma_vs_lr(df: pd.DataFrame, *, start_step: int = 11) -> pd.DataFrame:
+    """One row per run: geometry, seed and the mean over steps >= start_step of the off-policy movement
+    sigma and of the drift keys (flip rate, activated experts changed, tokens with a changed layer)."""
+    keys = [SIGMA_KEY, FLIP_KEY, EXPERT_KEY, TOKEN_KEY]
+    rows = df[df["key"].isin(keys) & (df["step"] >= start_step)]
+    if rows.empty:
+        raise ValueError(f"no values of {keys} at steps >= {start_step}")
+    table = rows.pivot_table(index=["run", "seed", *GEOMETRY], columns="key", values="value", aggfunc="mean")
+    return table.reset_index().rename_axis(columns=None)
+
+
+def power_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(a, b) of log y = a + b log x by least squares (e.g. movement against learning rate)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or np.ptp(np.log(x)) == 0:
+        raise ValueError("a power law needs at least two distinct x values")
+    b, a = np.polyfit(np.log(x), np.log(y), 1)
+    return float(a), float(b)
+
+
+def simulate_flips(
+    logits: np.ndarray, sigma: np.ndarray, k: int, *, draws: int = 4, seed: int = 0, scale: float = 1.0
+) -> dict[str, float]:
+    """Drift under a Gaussian model of the update: every router logit moves by iid N(0, s_l^2).
+
+    logits (n, L, E): the old router's log selection probabilities of n tokens (logits up to a per-row
+    constant); sigma (L,): the measured RMS change of the boundary gap, so s_l = scale * sigma_l / sqrt(2)
+    (a gap is a difference of two logits). Unlike the boundary curve this counts every expert that
+    leaves the top-k, so it reaches the regime where several experts of a router change at once.
+    Returns the mean over `draws` (same noise for every `scale`, so the result is smooth in it) of
+    flip_rate, expert_flip_frac and token_flip_rate, as the route metrics define them.
+    """
+    logits, sigma = np.asarray(logits, float), np.asarray(sigma, float)
+    if logits.ndim != 3 or sigma.shape != (logits.shape[1],) or not 0 < k < logits.shape[2]:
+        raise ValueError(
+            f"logits must be (n, L, E) with 0 < k < E and sigma (L,), got {logits.shape}, {sigma.shape}, k={k}"
+        )
+    rng = np.random.default_rng(seed)
+    old = _topk_mask(logits, k)
+    s = (scale * sigma / np.sqrt(2.0))[None, :, None]
+    out = np.zeros(3)
+    for _ in range(draws):
+        new = _topk_mask(logits + s * rng.standard_normal(logits.shape), k)
+        overlap = (old & new).sum(-1)  # (n, L)
+        flipped = overlap < k
+        out += [flipped.mean(), (1.0 - overlap / k).mean(), flipped.any(-1).mean()]
+    out /= draws
+    return dict(zip(("flip_rate", "expert_flip_frac", "token_flip_rate"), out.tolist()))
+
+
+def _topk_mask(x: np.ndarray, k: int) -> np.ndarray:
+    """Boolean (..., E): True at the k largest entries of the last axis."""
+    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    mask = np.zeros(x.shape, bool)
+    np.put_along_axis(mask, idx, True, axis=-1)
+    return mask
+
+
+def scale_for_level(
+    logits: np.ndarray,
+    sigma: np.ndarray,
+    k: int,
+    level: float,
+    *,
+    key: str = "expert_flip_frac",
+    draws: int = 2,
+    seed: int = 0,
+) -> float:
+    """The factor on the measured movement at which `simulate_flips` reaches `level` of `key`
+    (bisection in log scale over [1e-2, 1e3], common random numbers); inf when even 1e3 does not."""
+
+    def value(c: float) -> float:
+        return simulate_flips(logits, sigma, k, draws=draws, seed=seed, scale=c)[key]
+
+    lo, hi = 1e-2, 1e3
+    if value(hi) < level:
+        return float("inf")
+    if value(lo) >= level:
+        return lo
+    for _ in range(30):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if value(mid) < level else (lo, mid)
+    return float(np.sqrt(lo * hi))
