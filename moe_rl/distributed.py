@@ -456,7 +456,9 @@ class Dist:
         gathered = self._gather(values).view(-1, margins.shape[-1])
         out.update(margin_stats(gathered.unsqueeze(0), torch.ones(1, gathered.shape[0], dtype=torch.bool)))
         mask = response_mask.bool()
-        sums = {"gap": (logp_gap.abs() * mask).sum().double(), "tokens": mask.sum().double(),
+        gap = logp_gap.abs().double()
+        sums = {"gap": (gap * mask).sum(), "tokens": mask.sum().double(), "mult": (gap.exp() * mask).sum(),
+                "over_ln2": ((gap > math.log(2)) & mask).sum().double(),
                 "rows": torch.tensor(float(mask.shape[0]), dtype=torch.float64)}
         if rollout_vs_old is not None:
             sums.update({f"route.{k}": v for k, v in route_counts(*rollout_vs_old).items()})
@@ -465,6 +467,8 @@ class Dist:
         times = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items() if k.startswith("time/")}
         total, top = self._reduce(sums, times)
         out["rollout/logp_gap"] = total["gap"] / max(total["tokens"], 1.0)
+        out["rollout/token_mult_prob_error"] = total["mult"] / total["tokens"] if total["tokens"] else 1.0
+        out["rollout/logp_gap_over_ln2"] = total["over_ln2"] / max(total["tokens"], 1.0)
         out["rollout/response_len"] = total["tokens"] / total["rows"]
         if "errors" in total:
             out["reward/errors"] = total["errors"]

@@ -15,7 +15,8 @@ from configs and synthetic tasks with exact rewards; no KL term unless `algo.bet
 load-balancing loss (transformers' `output_router_logits` stays off), so nothing but the policy
 gradient moves the router; advantages use the population std of each group; AdamW with
 betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
-model sampling with a KV cache (in `rollout.dtype`), not vLLM/SGLang.
+model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`, where an in-process
+vLLM engine samples and routes the rollouts (moe_rl.engine) and gets the trainer's weights in place.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from moe_rl.cold_start import evaluate, get_cold_start, make_task, render, task_
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.distributed import Dist, refuse_sharded_checkpoint
 from moe_rl.loggers import open_loggers
-from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats
+from moe_rl.metrics import detect_collapse, margin_stats, ratio_stats, rollout_gap_stats
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import (
@@ -147,8 +148,14 @@ class Trainer:
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
+        self.engine = self.engine_synced = None  # rollout.engine=vllm: the engine, the step of its last sync
+        self.engine_checks = 0
+        if cfg.rollout.engine == "vllm":
+            from moe_rl.engine import VllmEngine
+
+            self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
         self.rollout_policy = (
-            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype
+            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
@@ -184,12 +191,15 @@ class Trainer:
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
             self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
         examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all without torchrun)
-        rollout = generate(
-            self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
-            max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
-            seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
-            row_keys=self.dist.row_keys(cfg.seed, step, cfg.rollout.prompts_per_step, cfg.rollout.group_size),
-        )
+        if self.engine is not None:
+            rollout = self.engine_rollout(step, [e["prompt"] for e in examples])
+        else:
+            rollout = generate(
+                self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
+                max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
+                seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
+                row_keys=self.dist.row_keys(cfg.seed, step, cfg.rollout.prompts_per_step, cfg.rollout.group_size),
+            )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         errors = getattr(self.task, "errors", 0)
         rewards = torch.tensor(
@@ -206,6 +216,31 @@ class Trainer:
             log.warning(message)
             note_meta(self.writer.dir / "meta.json", "warnings", message)
         return rollout, rewards, group
+
+    def engine_rollout(self, step: int, prompts: list[str]) -> Rollout:
+        """Sample with the engine after loading the trainer's weights into it (every
+        `rollout.engine_sync_every` steps, and on the first step of this process); the first two syncs
+        of a process are checked on the rollout they produced (moe_rl.engine.check_sync)."""
+        from moe_rl.engine import check_sync
+
+        cfg = self.cfg
+        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
+        t = time.perf_counter()
+        if synced:
+            self.engine.sync(self.policy)
+            self.engine_synced = step
+        sync_s = time.perf_counter() - t
+        rows = len(prompts) * cfg.rollout.group_size
+        rollout = self.engine.generate(
+            self.tokenizer, prompts, row_keys=[(cfg.seed, step, i) for i in range(rows)],
+            group_size=cfg.rollout.group_size, max_new_tokens=cfg.task.max_new_tokens,
+            temperature=cfg.rollout.temperature, record_routes=cfg.rollout.record_routes,
+        )
+        self.engine_metrics = {"rollout/engine_staleness": float(step - self.engine_synced), "time/engine_sync_s": sync_s}
+        if synced and self.engine_checks < 2:
+            self.engine_metrics["rollout/engine_sync_max_diff"] = check_sync(self.engine, self.policy, rollout)
+            self.engine_checks += 1
+        return rollout
 
     def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
         """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
@@ -298,11 +333,12 @@ class Trainer:
         if rollout.routes is not None:
             metrics.update(route_metrics("rollout_vs_old", rollout.routes, old_routes))
         metrics.update(self.reward_metrics)
+        if self.engine is not None:
+            metrics.update(self.engine_metrics)
         metrics.update({
             "reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
             **margin_stats(margins, old_routes.mask),
-            "rollout/logp_gap": ((rollout.rollout_logp - old_logp).abs() * rollout.response_mask).sum().item()
-            / rollout.response_mask.sum().clamp(min=1).item(),
+            **rollout_gap_stats(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=rollout.response_mask),
             "rollout/response_len": rollout.response_mask.sum(-1).float().mean().item(),
             "time/rollout_s": t1 - t0, "time/old_logp_s": t2 - t1, "time/update_s": t3 - t2,
         })
@@ -386,7 +422,11 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""
         with run_log(self.writer.dir):
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                if self.engine is not None:
+                    self.engine.close()
 
     def _run(self) -> dict[str, Any]:
         cfg, writer = self.cfg, self.writer
