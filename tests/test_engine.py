@@ -141,8 +141,9 @@ def test_sync_after_an_update_is_exact_and_checked(qwen) -> None:
 
 
 def test_engine_run_refuses_head_dim_16() -> None:
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig),
-                                              OmegaConf.from_dotlist(["rollout.engine=vllm"])))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["rollout.engine=vllm"]))
+    )
     with pytest.raises(ValueError, match=r"head_dim >= 32, this model has head_dim 16; set model.head_dim=32"):
         validate(cfg)
     cfg.model.head_dim = 32
@@ -152,9 +153,22 @@ def test_engine_run_refuses_head_dim_16() -> None:
 # --- a whole run with the engine ---------------------------------------------------------------------
 
 OVERRIDES = [
-    "steps=4", "eval_every=2", "eval_size=8", "checkpoint_every=2", "snapshot_every=0", "progress=false",
-    "task.n_train=64", "task.n_eval=8", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.partial_credit=0.5",
-    "optim.updates_per_rollout=2", "optim.lr=3e-3", "cold_start.mode=none", "model.head_dim=32", "rollout.engine=vllm",
+    "steps=4",
+    "eval_every=2",
+    "eval_size=8",
+    "checkpoint_every=2",
+    "snapshot_every=0",
+    "progress=false",
+    "task.n_train=64",
+    "task.n_eval=8",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "task.partial_credit=0.5",
+    "optim.updates_per_rollout=2",
+    "optim.lr=3e-3",
+    "cold_start.mode=none",
+    "model.head_dim=32",
+    "rollout.engine=vllm",
     "replay.mode=r3",
 ]
 
@@ -198,6 +212,8 @@ def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) 
     resumed = _metrics(tmp_path / "resumed")
     probes = resumed[resumed["key"] == "rollout/engine_sync_max_diff"]
     assert probes["step"].tolist() == [1, 2, 3, 4] and probes["value"].max() < 1e-4  # the resumed process checks too
-    same = [frame[frame["key"] != "rollout/engine_sync_max_diff"].reset_index(drop=True).drop(columns="run")
-            for frame in (resumed, reference)]
+    same = [
+        frame[frame["key"] != "rollout/engine_sync_max_diff"].reset_index(drop=True).drop(columns="run")
+        for frame in (resumed, reference)
+    ]
     pd.testing.assert_frame_equal(*same)
