@@ -75,6 +75,16 @@ def test_engine_routes_equal_trainer_routes_mixtral(mixtral) -> None:
     check_routes_and_logp(*mixtral)
 
 
+def test_rollout_logp_is_at_the_sampling_temperature(qwen) -> None:
+    engine, model, tokenizer = qwen
+    rollout = engine.generate(tokenizer, PROMPTS, row_keys=keys(), group_size=G, max_new_tokens=8, temperature=0.7)
+    logp, _ = forward_logp(model, rollout, temperature=0.7)
+    mask = rollout.response_mask
+    assert (rollout.rollout_logp - logp).abs()[mask].max().item() < 1e-5
+    plain, _ = forward_logp(model, rollout)
+    assert (rollout.rollout_logp - plain).abs()[mask].max().item() > 1e-2  # temperature 1 would not match
+
+
 def test_rollout_layout_matches_generate(qwen) -> None:
     engine, _, tokenizer = qwen
     rollout = rollout_of(engine, tokenizer)
