@@ -109,12 +109,22 @@ def test_rollout_layout_matches_generate(qwen) -> None:
 
 
 def test_prefix_cache_hits_give_the_same_routes(qwen) -> None:
+    """Prompts longer than one KV block (32 tokens): the second call reads the first block from the
+    prefix cache, and its routes (kept per cached token) equal those the first call computed."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     engine, _, tokenizer = qwen
+    prompts = ["0123456789" * 4 + "=", "ABCDEFGHIJ" * 4 + "="]
+    row_keys = [(0, 5, i) for i in range(2 * G)]
     engine.llm.reset_prefix_cache()
-    cold = rollout_of(engine, tokenizer, step=3)  # G rows per prompt: rows 2..G already reuse row 1's blocks
-    warm = rollout_of(engine, tokenizer, step=3)  # every prompt block now comes from the cache
+    cold = engine.generate(tokenizer, prompts, row_keys=row_keys, group_size=G)
+    warm = engine.generate(tokenizer, prompts, row_keys=row_keys, group_size=G)
+    ids = tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
+    probe = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert probe[0].num_cached_tokens >= 32  # the cache is really hit
     assert torch.equal(cold.sequences, warm.sequences)
-    assert torch.equal(cold.routes.mask, warm.routes.mask)
+    assert torch.equal(cold.routes.mask, warm.routes.mask) and cold.routes.mask.sum() > 2 * G * 32
     assert torch.equal(cold.routes.indices[cold.routes.mask], warm.routes.indices[warm.routes.mask])
     assert torch.equal(cold.rollout_logp, warm.rollout_logp)
 
