@@ -141,6 +141,7 @@ def _start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, 
         vocab_size=len(tokenizer), num_layers=model_cfg.num_layers, num_experts=model_cfg.num_experts,
         top_k=model_cfg.top_k, hidden_size=model_cfg.hidden_size, **overrides,
         **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
+        **({"head_dim": model_cfg.head_dim} if model_cfg.head_dim else {}),
     )
     info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name == "dataset" else {}
     return model, tokenizer, info

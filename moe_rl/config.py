@@ -20,6 +20,7 @@ from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 REPLAY_MODES = ("none", "r2", "r3")
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ModelConfig:
     top_k: int = 2
     hidden_size: int = 64
     moe_intermediate_size: int | None = None  # width of each expert; None: the family's tiny default
+    head_dim: int | None = None  # attention head width; None: the family's tiny default (16; vLLM's CPU kernel needs >= 32)
     experts_implementation: str | None = None  # None: fastest correct on the device
     checkpoint: str | None = None  # a save_pretrained directory or a hub id instead of a built model
     dtype: str = "float32"  # weights of the training policy, e.g. bfloat16 for a pretrained checkpoint
@@ -78,6 +80,8 @@ class RolloutConfig:
     temperature: float = 1.0
     dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
+    engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
+    engine_sync_every: int = 1  # vllm: load the trainer's weights into the engine every K steps (K > 1: stale, off-policy)
 
 
 @dataclass
@@ -198,7 +202,8 @@ def run_dir(cfg: TrainConfig) -> str:
 # Keys added after runs were shipped: left out of the identity while at their default, so the
 # shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
 _ADDED_DEFAULTS = {
-    "model": {"dtype": "float32"},
+    "model": {"dtype": "float32", "head_dim": None},
+    "rollout": {"engine": "hf", "engine_sync_every": 1},
     "task": {"path": None, "prompt_field": "prompt", "answer_field": "answer", "system_prompt": None,
              "split": "train", "chat_template": "auto", "reward": "exact"},
     "cold_start": {"mode": "auto", "patience": None},
@@ -277,6 +282,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    if cfg.rollout.engine_sync_every < 1:
+        raise ValueError(f"rollout.engine_sync_every={cfg.rollout.engine_sync_every} must be >= 1")
+    if cfg.rollout.engine == "vllm":
+        from moe_rl.engine import check_engine_config
+
+        check_engine_config(cfg)
     _one_of("collapse.definition", cfg.collapse.definition, COLLAPSE_DEFINITIONS)
     _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
     if cfg.model.experts_implementation is not None:
@@ -323,6 +335,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
         raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
+    if cfg.model.head_dim is not None and cfg.model.head_dim < 1:
+        raise ValueError(f"model.head_dim={cfg.model.head_dim} must be >= 1")
     if cfg.model.moe_intermediate_size is not None and cfg.model.moe_intermediate_size < 1:
         raise ValueError(f"model.moe_intermediate_size={cfg.model.moe_intermediate_size} must be >= 1")
     if cfg.model.top_k >= cfg.model.num_experts:

@@ -85,3 +85,20 @@ def margin_finalize(parts: Partial) -> dict[str, float]:
     if not values.numel():
         return {}
     return {ROUTE_MARGIN_MEAN: values.mean().item(), ROUTE_MARGIN_P10: values.quantile(0.1).item()}
+
+
+@torch.no_grad()
+def rollout_gap_stats(*, rollout_logp: Tensor, train_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """Engine/trainer gap over response tokens, with g = |rollout_logp - train_logp| per token:
+        rollout/logp_gap               mean g
+        rollout/token_mult_prob_error  mean exp(g): 1 when the rollout policy is the trained one
+        rollout/logp_gap_over_ln2      fraction of tokens with g > ln 2 (probabilities off by more than 2x)
+    `train_logp` is the old-policy pass (the pi_old of the ratio). 0, 1 and 0 when no token is valid."""
+    gap = (rollout_logp.double() - train_logp.double()).abs()
+    valid = mask.bool()
+    n = max(int(valid.sum()), 1)
+    return {
+        "rollout/logp_gap": float((gap * valid).sum()) / n,
+        "rollout/token_mult_prob_error": float((gap.exp() * valid).sum() + (n - int(valid.sum()))) / n,
+        "rollout/logp_gap_over_ln2": float(((gap > math.log(2)) & valid).sum()) / n,
+    }

@@ -15,7 +15,8 @@ from configs and synthetic tasks with exact rewards; no KL term unless `algo.bet
 load-balancing loss (transformers' `output_router_logits` stays off), so nothing but the policy
 gradient moves the router; advantages use the population std of each group; AdamW with
 betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
-model sampling with a KV cache (in `rollout.dtype`), not vLLM/SGLang.
+model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`, where an in-process
+vLLM engine samples and routes the rollouts (moe_rl.engine) and gets the trainer's weights in place.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -114,6 +116,10 @@ class Trainer:
         self.dist.check(cfg.rollout.prompts_per_step, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
         refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
         cfg.progress = cfg.progress and self.dist.is_writer
+        if cfg.rollout.engine == "vllm":
+            from moe_rl.engine import require_vllm
+
+            require_vllm()  # before the cold start's work
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -122,8 +128,14 @@ class Trainer:
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
+        self.engine = self.engine_synced = None  # rollout.engine=vllm: the engine, the step of its last sync
+        self.engine_checks = 0
+        if cfg.rollout.engine == "vllm":
+            from moe_rl.engine import VllmEngine
+
+            self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
         self.rollout_policy = (
-            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype
+            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
@@ -157,12 +169,15 @@ class Trainer:
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
             self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
         examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all in a world of size 1)
-        rollout = generate(
-            self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
-            max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
-            seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
-            rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
-        )
+        if self.engine is not None:
+            rollout = self.engine_rollout(step, [e["prompt"] for e in examples])
+        else:
+            rollout = generate(
+                self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
+                max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
+                seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
+                rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
+            )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         scores = self.task.score(rollout.completions, group)
         rewards = torch.tensor(scores.rewards)
@@ -176,6 +191,31 @@ class Trainer:
             log.warning(message)
             note_meta(self.writer.dir / "meta.json", "warnings", message)
         return rollout, rewards, group
+
+    def engine_rollout(self, step: int, prompts: list[str]) -> Rollout:
+        """Sample with the engine after loading the trainer's weights into it (every
+        `rollout.engine_sync_every` steps, and on the first step of this process); the first two syncs
+        of a process are checked on the rollout they produced (moe_rl.engine.check_sync)."""
+        from moe_rl.engine import check_sync
+
+        cfg = self.cfg
+        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
+        t = time.perf_counter()
+        if synced:
+            self.engine.sync(self.policy)
+            self.engine_synced = step
+        sync_s = time.perf_counter() - t
+        rows = len(prompts) * cfg.rollout.group_size
+        rollout = self.engine.generate(
+            self.tokenizer, prompts, row_keys=[(cfg.seed, step, i) for i in range(rows)],
+            group_size=cfg.rollout.group_size, max_new_tokens=cfg.task.max_new_tokens,
+            temperature=cfg.rollout.temperature, record_routes=cfg.rollout.record_routes,
+        )
+        self.engine_metrics = {"rollout/engine_staleness": float(step - self.engine_synced), "time/engine_sync_s": sync_s}
+        if synced and self.engine_checks < 2:
+            self.engine_metrics["rollout/engine_sync_max_diff"] = check_sync(self.engine, self.policy, rollout)
+            self.engine_checks += 1
+        return rollout
 
     def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
         """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
@@ -275,8 +315,10 @@ class Trainer:
         t3 = time.perf_counter()
         metrics = aggregate(updates)
         mask = rollout.response_mask
+        gap = (rollout.rollout_logp - old_logp).abs()  # the rollout policy's (engine's) gap to the trainer, per token
         parts = Partial(
-            sums={"gap": ((rollout.rollout_logp - old_logp).abs() * mask).sum(), "tokens": mask.sum(),
+            sums={"gap": (gap * mask).sum(), "tokens": mask.sum(), "mult": (gap.double().exp() * mask).sum(),
+                  "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
                   "length": mask.sum(-1).float().sum(), "rows": torch.tensor(len(rollout)),
                   "errors": torch.tensor(self.reward_metrics["reward/errors"], dtype=torch.float64)},
             maxima={"time/rollout_s": torch.tensor(t1 - t0, dtype=torch.float64),
@@ -296,9 +338,14 @@ class Trainer:
             "reward/mean": all_rewards.mean().item(), "reward/std": all_rewards.std(unbiased=False).item(),
             **margin_finalize(parts.sub("margins")),
             "rollout/logp_gap": sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
+            "rollout/token_mult_prob_error": (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
+            / sums["tokens"].clamp(min=1).item(),
+            "rollout/logp_gap_over_ln2": sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
             "rollout/response_len": (sums["length"] / sums["rows"]).item(),
             **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
         })
+        if self.engine is not None:
+            metrics.update(self.engine_metrics)
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
             if rollout.routes is not None:
@@ -356,7 +403,11 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""
         with run_log(self.writer.dir):
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                if self.engine is not None:
+                    self.engine.close()
 
     def _run(self) -> dict[str, Any]:
         cfg, writer = self.cfg, self.writer

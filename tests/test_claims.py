@@ -30,7 +30,7 @@ def _world(root: Path, kind: str) -> Path:
         make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
                        seeds=tuple(range(6)), steps=STEPS, log_shift=False,
                        flip=lambda a, lr, N, L, s: 0.002 * L * (1 + 0.05 * s))
-        make_fake_grid(root, experiment="phase_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
+        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
                        steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
                        n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0)
     elif kind == "not reproduced":
@@ -43,7 +43,7 @@ def _world(root: Path, kind: str) -> Path:
         make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
                        seeds=tuple(range(6)), steps=STEPS, log_shift=False,
                        flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s))
-        make_fake_grid(root, experiment="phase_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
+        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
                        steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
                        n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0)
     elif kind == "inconclusive":
@@ -54,7 +54,7 @@ def _world(root: Path, kind: str) -> Path:
         make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
                        seeds=(0, 1, 2), steps=STEPS, log_shift=False,
                        flip=lambda a, lr, N, L, s: 0.02 + (0.015 * (-1) ** s if L == 8 else 0.0))
-        make_fake_grid(root, experiment="phase_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
+        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
                        seeds=(0, 1, 2), steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
                        n_collapse=lambda a, lr, N, L: 1 if a == "grpo+r2" else 0,
                        final_acc=lambda a, lr, N, L, s: 0.45 + (0.1 * (-1) ** s if a == "grpo+r3" else 0.0))
@@ -295,3 +295,26 @@ def test_report_all_writes_every_page(tmp_path: Path) -> None:
     assert "grpo+none" in (root / "collapse_definitions.md").read_text()
     claims = (root / "CLAIMS.md").read_text()
     assert "no data" in claims  # no drift_scaling / phase_mismatch folders here
+
+
+def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and_the_gap(tmp_path) -> None:
+    """engine_mismatch (R3 better) decides; phase_mismatch (R2 better) is a note; the measured gap is a note."""
+    runs = make_fake_grid(tmp_path, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
+                          steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
+                          n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0)
+    make_fake_grid(tmp_path, experiment="phase_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
+                   steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
+                   n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0)
+    for i, run in enumerate(runs):  # logp gap 0.01 and 0.03 in alternate runs: mean 0.02
+        frame = pd.read_parquet(run / "metrics.parquet")
+        gap = frame[frame["key"] == frame["key"].iloc[0]].copy()
+        gap["key"], gap["value"] = "rollout/logp_gap", 0.01 if i % 2 == 0 else 0.03
+        pd.concat([frame, gap]).to_parquet(run / "metrics.parquet", index=False)
+    claim = C.claim_r3_vs_r2(tmp_path)
+    assert (claim.verdict, claim.experiment) == (C.REPRODUCED, "engine_mismatch")
+    assert "collapsed r2 6 of 8 vs r3 0 of 8" in claim.statistic
+    emulated = next(n for n in claim.notes if n.startswith("emulated gap"))
+    assert "not reproduced" in emulated and "collapsed r2 0 of 8 vs r3 6 of 8" in emulated
+    gap = next(n for n in claim.notes if n.startswith("measured engine"))
+    assert "logp_gap 0.02." in gap  # the only key logged here
+    assert "94% of tokens" in gap

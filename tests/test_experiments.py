@@ -22,7 +22,7 @@ CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12,
                "drift_scaling": 42, "phase": 144, "phase_mismatch": 16, "phase_edge": 48, "drift_scaling_depth": 15,
-               "phase_band": 72, "drift_forecast": 26}
+               "phase_band": 72, "drift_forecast": 26, "engine_mismatch": 48}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
 

@@ -238,3 +238,18 @@ def test_collapse_config_hash_unchanged_by_new_defaults():
                                      "entropy_window"}
     cfg.collapse.definition = "relative"
     assert config_hash(cfg) != before
+
+
+def test_rollout_gap_stats_by_hand() -> None:
+    from moe_rl.metrics import rollout_gap_stats
+
+    # gaps on the 3 masked-in tokens: 0.1, 1.0 (> ln 2), 0.0; the masked-out token (gap 5) never counts
+    rollout = torch.tensor([[-1.0, -2.0, -0.5, -9.0]])
+    train = torch.tensor([[-1.1, -1.0, -0.5, -4.0]])
+    mask = torch.tensor([[True, True, True, False]])
+    out = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=mask)
+    assert out["rollout/logp_gap"] == pytest.approx(1.1 / 3, abs=1e-7)
+    assert out["rollout/token_mult_prob_error"] == pytest.approx((math.exp(0.1) + math.e + 1.0) / 3, abs=1e-7)
+    assert out["rollout/logp_gap_over_ln2"] == pytest.approx(1 / 3)
+    empty = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=torch.zeros_like(mask))
+    assert empty == {"rollout/logp_gap": 0.0, "rollout/token_mult_prob_error": 1.0, "rollout/logp_gap_over_ln2": 0.0}
