@@ -22,6 +22,9 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 # meanings of keys whose line in moe_rl/config.py carries no comment
 MEANINGS = {
+    "analysis": "the analysis an experiment file declares before its runs (claims, primary outcome, cells, "
+    "test; an extension names the experiment it extends and its look); read by `moe_rl.report --claims`, "
+    "not by the loop",
     "experiment": "the run's name: runs go to `results_dir/experiment/`; `experiment=NAME` needs no file, "
     "`+experiment=NAME` with `experiments/conf/experiment/NAME.yaml` also loads its deltas",
     "seed": "seed of the RL run: prompt order, sampling, mini-batch shuffles (not the cold start's)",

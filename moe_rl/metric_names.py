@@ -109,6 +109,7 @@ TIME_ROLLOUT_S = "time/rollout_s"
 TIME_OLD_LOGP_S = "time/old_logp_s"
 TIME_UPDATE_S = "time/update_s"
 TIME_EVAL_S = "time/eval_s"
+ROUTE_MOVE_RMS = "route/old_vs_new/move/rms"
 
 # Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
 # the old policy's weights, so its flips and ratio spread are ~0 and dilute the step mean by (N-1)/N.
@@ -120,6 +121,7 @@ OFFPOLICY_KEYS = (
     RATIO_TOKEN_VAR,
     RATIO_SEQ_VAR,
     KL_K3,
+    ROUTE_MOVE_RMS,
 )
 
 
@@ -216,9 +218,40 @@ METRICS: tuple[Metric, ...] = (
     Metric(TIME_OLD_LOGP_S, "wall seconds of the old-policy pass"),
     Metric(TIME_UPDATE_S, "wall seconds of the step's N updates"),
     Metric(TIME_EVAL_S, "wall seconds of an evaluation"),
+    Metric(
+        ROUTE_MOVE_RMS,
+        "router-logit movement at the top-k boundary per update: with `e_k`, `e_{k+1}` the old pass's k-th and "
+        "(k+1)-th experts and `g = log p_old(e_k) - log p_old(e_{k+1})` their logit gap, the RMS over valid "
+        "(token, layer) of how much the update changed that gap (also per layer: `route/old_vs_new/move/layer_{i}`)",
+    ),
+    Metric(route_key(OLD_VS_NEW, "move/layer_{i}"), "the same movement at MoE layer i alone"),
+    Metric(
+        "route/flip_vs_margin/move/n/bin_{b}",
+        "valid (t, l) pairs whose `x = g / move/layer_{l}` lies in bin b of `MOVE_EDGES` "
+        "(0, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 10, inf), summed over updates 2..N of a step",
+    ),
+    Metric("route/flip_vs_margin/move/flips/bin_{b}", "those of them whose top-k set flipped (`moe_rl.forecast`)"),
+    Metric(
+        "rollout/token_mult_prob_error",
+        "mean over completion tokens of `exp(|rollout logp - old logp|)`: 1 when the rollout policy is the trained one",
+    ),
+    Metric(
+        "rollout/logp_gap_over_ln2",
+        "fraction of completion tokens with `|rollout logp - old logp| > ln 2` (probabilities off by more than 2x)",
+    ),
+    Metric("rollout/engine_staleness", "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
+    Metric(
+        "rollout/engine_sync_max_diff",
+        "`rollout.engine=vllm`: largest |engine logp - trainer logp| on the step's rollout, checked after the first syncs",
+    ),
+    Metric("time/engine_sync_s", "`rollout.engine=vllm`: wall seconds of the step's in-place weight sync"),
+    Metric(
+        "eval/pass@{k}",
+        "unbiased pass@k on the held-out split from `pass_at_k.n` samples per problem (only when `pass_at_k.k` is set)",
+    ),
 )
 
-_WILDCARDS = {"{pair}": "(?:" + "|".join(PAIRS) + ")", "{i}": r"\d+", "{p}": r"\d+", "{b}": r"\d+"}
+_WILDCARDS = {"{pair}": "(?:" + "|".join(PAIRS) + ")", "{i}": r"\d+", "{p}": r"\d+", "{b}": r"\d+", "{k}": r"\d+"}
 
 
 def _pattern(metric: Metric) -> str:

@@ -40,6 +40,7 @@ from moe_rl.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
 from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
+from moe_rl.metric_names import OFFPOLICY_KEYS
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
@@ -77,11 +78,8 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-# Also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
+# OFFPOLICY_KEYS are also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
-OFFPOLICY_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac",
-                  "route/old_vs_new/token_flip_rate", "route/old_vs_new/shift/mean", "ratio/token_var",
-                  "ratio/seq_var", "kl/k3", "route/old_vs_new/move/rms")
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = "route/flip_vs_margin/"
 
