@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {impl: build_model(args.family, experts_implementation=impl).to(device) for impl in EXPERTS_IMPLEMENTATIONS}
+    models = {
+        impl: build_model(args.family, experts_implementation=impl).to(device) for impl in EXPERTS_IMPLEMENTATIONS
+    }
     x = torch.randint(3, 64, (args.batch, args.seq), device=device)
     with torch.no_grad():
         reference = models["eager"](x).logits
@@ -54,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         with torch.no_grad():
             err = (model(x).logits - reference).abs().max().item()
         f, s = statistics.median(fwd[impl][1:]), statistics.median(step[impl][1:])
-        print(f"{impl:11s} max|diff|={err:.1e}  forward {f / base_f:5.2f}x  fwd+bwd {s / base_s:5.2f}x  "
-              f"({f * 1e3:.1f} / {s * 1e3:.1f} ms)")
+        print(
+            f"{impl:11s} max|diff|={err:.1e}  forward {f / base_f:5.2f}x  fwd+bwd {s / base_s:5.2f}x  "
+            f"({f * 1e3:.1f} / {s * 1e3:.1f} ms)"
+        )
 
 
 if __name__ == "__main__":

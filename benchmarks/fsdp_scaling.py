@@ -44,8 +44,15 @@ def worker(args: argparse.Namespace) -> None:
     from moe_rl.models import build_model
 
     d = Dist(args.strategy, 600, args.device)
-    model = build_model("qwen3_moe", hidden_size=args.hidden, num_layers=args.layers, num_experts=args.experts, top_k=2,
-                        moe_intermediate_size=args.hidden, intermediate_size=2 * args.hidden)
+    model = build_model(
+        "qwen3_moe",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_experts=args.experts,
+        top_k=2,
+        moe_intermediate_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     model.to(args.device).train()
     train_model = d.wrap(model)
@@ -72,8 +79,14 @@ def worker(args: argparse.Namespace) -> None:
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row = {"rank": d.rank, "world": d.world_size, "params": n_params, "state_mib": state / 2**20,
-           "peak_mib": peak, "step_s": statistics.median(times)}
+    row = {
+        "rank": d.rank,
+        "world": d.world_size,
+        "params": n_params,
+        "state_mib": state / 2**20,
+        "peak_mib": peak,
+        "step_s": statistics.median(times),
+    }
     Path(args.out, f"rank{d.rank}.json").write_text(json.dumps(row))
 
 
@@ -97,24 +110,54 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for n in args.nproc:
         with tempfile.TemporaryDirectory() as out:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-                   "--worker", "--out", out, "--device", args.device, "--strategy", args.strategy,
-                   "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--hidden", str(args.hidden), "--layers", str(args.layers),
-                   "--experts", str(args.experts)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={n}",
+                __file__,
+                "--worker",
+                "--out",
+                out,
+                "--device",
+                args.device,
+                "--strategy",
+                args.strategy,
+                "--batch",
+                str(args.batch),
+                "--seq",
+                str(args.seq),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--hidden",
+                str(args.hidden),
+                "--layers",
+                str(args.layers),
+                "--experts",
+                str(args.experts),
+            ]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             env.setdefault("OMP_NUM_THREADS", "1")
             subprocess.run(cmd, check=True, env=env, cwd=ROOT)
             results[n] = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     base = results[args.nproc[0]][0]
-    print(f"\n{base['params'] / 1e6:.1f}M parameters, {args.strategy}, {args.device}, global batch {args.batch}x{args.seq}")
-    print(f"{'procs':>5} {'rank':>4} {'state MiB':>10} {'peak MiB':>9} {'step s':>7} {'state ratio':>11} "
-          f"{'peak ratio':>10} {'time ratio':>10}")
+    print(
+        f"\n{base['params'] / 1e6:.1f}M parameters, {args.strategy}, {args.device}, global batch {args.batch}x{args.seq}"
+    )
+    print(
+        f"{'procs':>5} {'rank':>4} {'state MiB':>10} {'peak MiB':>9} {'step s':>7} {'state ratio':>11} "
+        f"{'peak ratio':>10} {'time ratio':>10}"
+    )
     for n, rows in results.items():
         for r in rows:
-            print(f"{n:>5} {r['rank']:>4} {r['state_mib']:>10.1f} {r['peak_mib']:>9.1f} {r['step_s']:>7.3f} "
-                  f"{r['state_mib'] / base['state_mib']:>11.3f} {r['peak_mib'] / base['peak_mib']:>10.3f} "
-                  f"{r['step_s'] / base['step_s']:>10.3f}")
+            print(
+                f"{n:>5} {r['rank']:>4} {r['state_mib']:>10.1f} {r['peak_mib']:>9.1f} {r['step_s']:>7.3f} "
+                f"{r['state_mib'] / base['state_mib']:>11.3f} {r['peak_mib'] / base['peak_mib']:>10.3f} "
+                f"{r['step_s'] / base['step_s']:>10.3f}"
+            )
 
 
 if __name__ == "__main__":

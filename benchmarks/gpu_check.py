@@ -63,7 +63,9 @@ def exactness(model: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
     return {
         "self_replay_bitwise": bool(torch.equal(plain, recorded) and torch.equal(plain, replayed)),
         "self_replay_max_abs_diff": (plain - replayed).abs().max().item(),
-        "forced_routes_applied": bool(torch.equal(used.routes.indices.cpu(), routes.indices)),  # recorded on the model device
+        "forced_routes_applied": bool(
+            torch.equal(used.routes.indices.cpu(), routes.indices)
+        ),  # recorded on the model device
         "router_grad_rows_nonzero": min(rows),
     }
 
@@ -95,8 +97,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("gpu_check needs a CUDA device (torch.cuda.is_available() is False)")
 
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "python": platform.python_version(), "batch": args.batch, "seq": args.seq, "repeats": args.repeats,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "batch": args.batch,
+        "seq": args.seq,
+        "repeats": args.repeats,
         "backends": {},
     }
     try:

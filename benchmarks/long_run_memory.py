@@ -43,13 +43,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--out", default="/tmp/moe_rl_memory")
-    parser.add_argument("--cold-start-steps", type=int, default=None,
-                        help="cap the cold start and accept any accuracy (default: the config's cold start)")
+    parser.add_argument(
+        "--cold-start-steps",
+        type=int,
+        default=None,
+        help="cap the cold start and accept any accuracy (default: the config's cold start)",
+    )
     parser.add_argument("--eval-every", type=int, default=250)
     args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     shutil.rmtree(args.out, ignore_errors=True)
-    cfg = TrainConfig(out_dir=args.out, steps=args.steps, eval_every=args.eval_every, eval_size=16, snapshot_every=50,
-                      checkpoint_every=50, progress=False)
+    cfg = TrainConfig(
+        out_dir=args.out,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        eval_size=16,
+        snapshot_every=50,
+        checkpoint_every=50,
+        progress=False,
+    )
     if args.cold_start_steps is not None:
         cfg.cold_start.band = [0.0, 1.0]
         cfg.cold_start.max_steps = cfg.cold_start.eval_every = args.cold_start_steps

@@ -24,7 +24,6 @@ import torch
 from moe_rl.models import build_model
 from moe_rl.routing import RouteRecorder, RouteReplay
 
-
 PRESETS = {
     "default": {},
     "fine": {"num_experts": 64, "top_k": 8, "num_hidden_layers": 4, "moe_intermediate_size": 16},
@@ -124,24 +123,33 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     timer = _cpu_time if args.clock == "cpu" else _time
-    print(f"clock: {args.clock} time; plain and hooked passes alternate (ABBA), so load from other jobs hits both "
-          "alike; ratios are medians of paired runs with bootstrap 95% intervals")
+    print(
+        f"clock: {args.clock} time; plain and hooked passes alternate (ABBA), so load from other jobs hits both "
+        "alike; ratios are medians of paired runs with bootstrap 95% intervals"
+    )
     for preset in args.models.split(","):
         model = build_model(args.family, **PRESETS[preset])
-        x = torch.randint(3, model.config.vocab_size, (args.batch, args.seq),
-                          generator=torch.Generator().manual_seed(0))
+        x = torch.randint(
+            3, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)
+        )
         r = overhead(model, x, args.repeats, timer)
         L, k = r["num_moe_layers"], r["top_k"]
         (rec_lo, rec_hi), (rep_lo, rep_hi) = r["recorder_interval"], r["replay_interval"]
-        print(f"\n{preset}: model={args.family} experts_impl={model.config._experts_implementation} "
-              f"batch={args.batch}x{args.seq} MoE layers={L} experts={r['num_experts']} k={k} "
-              f"threads={torch.get_num_threads()} repeats={args.repeats}")
+        print(
+            f"\n{preset}: model={args.family} experts_impl={model.config._experts_implementation} "
+            f"batch={args.batch}x{args.seq} MoE layers={L} experts={r['num_experts']} k={k} "
+            f"threads={torch.get_num_threads()} repeats={args.repeats}"
+        )
         print(f"plain forward            median {r['forward_ms']:8.1f} ms")
         print(f"plain forward+backward   median {r['forward_backward_ms']:8.1f} ms")
-        print(f"recorder / plain forward              {r['recorder_overhead']:.3f}x  [{rec_lo:.3f}, {rec_hi:.3f}]"
-              "  (target <= 1.03x)")
-        print(f"replay fwd+bwd / plain fwd+bwd        {r['replay_overhead']:.3f}x  [{rep_lo:.3f}, {rep_hi:.3f}]"
-              "  (target <= 1.05x)")
+        print(
+            f"recorder / plain forward              {r['recorder_overhead']:.3f}x  [{rec_lo:.3f}, {rec_hi:.3f}]"
+            "  (target <= 1.03x)"
+        )
+        print(
+            f"replay fwd+bwd / plain fwd+bwd        {r['replay_overhead']:.3f}x  [{rep_lo:.3f}, {rep_hi:.3f}]"
+            "  (target <= 1.05x)"
+        )
         print(f"route bytes per token per MoE layer   {r['route_bytes_per_token_layer']}  (target <= k = {k})")
 
 

@@ -53,10 +53,14 @@ MODELS = {
     "default": {},
     "fine": {"num_experts": 64, "top_k": 8, "num_layers": 4, "moe_intermediate_size": 16},
 }
-PHASES = ("generate", "rollout other", "old pass", "forward", "backward", "optimizer", "route bookkeeping",
-          "metrics")
-FLOORED = {"generate": "generate", "old pass": "old pass", "forward": "forward", "backward": "backward",
-           "optimizer": "optimizer"}
+PHASES = ("generate", "rollout other", "old pass", "forward", "backward", "optimizer", "route bookkeeping", "metrics")
+FLOORED = {
+    "generate": "generate",
+    "old pass": "old pass",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+}
 # What `moe_rl.train` calls, booked by where it comes from: every function it imports from
 # `moe_rl.routing` is route bookkeeping, every one from the metric modules is metrics. The loop's own
 # helpers (and imports from elsewhere) are named here; a name missing from `moe_rl.train` is an error
@@ -160,26 +164,41 @@ def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
         total = now() - start
     s = clock.seconds
     out = {
-        "generate": s["generate"], "rollout other": s["rollout"] - s["generate"],
+        "generate": s["generate"],
+        "rollout other": s["rollout"] - s["generate"],
         "old pass": s["old pass"] - s["old pass route bookkeeping"],
-        "backward": s["backward"], "optimizer": s["optimizer"], "route bookkeeping": s["route bookkeeping"],
+        "backward": s["backward"],
+        "optimizer": s["optimizer"],
+        "route bookkeeping": s["route bookkeeping"],
         "total": total,
     }
-    out["forward"] = (s["update"] - s["update backward"] - s["update optimizer"] - s["update route bookkeeping"]
-                      - s["update metrics"])
+    out["forward"] = (
+        s["update"] - s["update backward"] - s["update optimizer"] - s["update route bookkeeping"] - s["update metrics"]
+    )
     out["metrics"] = total - sum(out[p] for p in PHASES if p != "metrics")  # the metric functions and the rest
     return out
 
 
 @torch.no_grad()
-def bare_sampling(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  max_new_tokens: int, temperature: float) -> torch.Tensor:
+def bare_sampling(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+) -> torch.Tensor:
     """The floor of `generate`: prefill, then one KV-cache decode call per token, sampling from the
     last logits; no recording, no stopping checks, no stored logits."""
     cache = transformers.DynamicCache(config=model.config)
     positions = position_ids(attention_mask)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     next_pos = positions[:, -1:] + 1
     tokens = [input_ids]
     for i in range(max_new_tokens):
@@ -189,19 +208,27 @@ def bare_sampling(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
         if i + 1 == max_new_tokens:
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(token)], dim=1)
-        out = model(input_ids=token, attention_mask=attention_mask, position_ids=next_pos, cache=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=token,
+            attention_mask=attention_mask,
+            position_ids=next_pos,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         next_pos = next_pos + 1
     return torch.cat(tokens, dim=1)
 
 
-def floor_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: Trainer, rollout, step: int,
-               new_tokens: int) -> dict[str, float]:
+def floor_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: Trainer, rollout, step: int, new_tokens: int
+) -> dict[str, float]:
     """The bare work of one step on `model`: sampling as many tokens as the harness's rollout had,
     one no-grad forward over the batch, N plain forward/backward/AdamW updates."""
     cfg = trainer.cfg
-    enc = trainer.tokenizer([e["prompt"] for e in trainer.prompts_for(step)], return_tensors="pt", padding=True,
-                            add_special_tokens=False)
+    enc = trainer.tokenizer(
+        [e["prompt"] for e in trainer.prompts_for(step)], return_tensors="pt", padding=True, add_special_tokens=False
+    )
     ids = enc["input_ids"].repeat_interleave(cfg.rollout.group_size, 0)
     mask = enc["attention_mask"].repeat_interleave(cfg.rollout.group_size, 0)
     out: dict[str, float] = defaultdict(float)
@@ -218,7 +245,9 @@ def floor_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer
     for rows in torch.arange(len(rollout)).chunk(cfg.optim.updates_per_rollout):
         t0 = now()
         logits = model(input_ids=inputs[rows], attention_mask=attn[rows], position_ids=position_ids(attn[rows])).logits
-        loss = -(token_logp(logits, targets[rows]) * rollout.response_mask[rows]).sum() / rollout.response_mask[rows].sum()
+        loss = (
+            -(token_logp(logits, targets[rows]) * rollout.response_mask[rows]).sum() / rollout.response_mask[rows].sum()
+        )
         t1 = now()
         loss.backward()
         t2 = now()
@@ -233,8 +262,9 @@ def floor_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer
 
 
 def config(model: str, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
-    cfg = TrainConfig(out_dir=str(out_dir / model), steps=10**6, progress=False, snapshot_every=0, eval_size=16,
-                      threads=args.threads)
+    cfg = TrainConfig(
+        out_dir=str(out_dir / model), steps=10**6, progress=False, snapshot_every=0, eval_size=16, threads=args.threads
+    )
     cfg.replay.mode = args.replay
     cfg.task.max_new_tokens = args.max_new_tokens
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = args.prompts, args.group
@@ -265,9 +295,11 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
             harness_rows.append(h)
             floor_rows.append(f)
     L, E, k = trainer.cfg.model.num_layers, trainer.cfg.model.num_experts, trainer.cfg.model.top_k
-    print(f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
-          f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
-          f"{torch.get_num_threads()} threads; medians of {len(harness_rows)} interleaved steps ==")
+    print(
+        f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
+        f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
+        f"{torch.get_num_threads()} threads; medians of {len(harness_rows)} interleaved steps =="
+    )
     total = statistics.median(r["total"] for r in harness_rows)
     print(f"{'phase':<20}{'harness ms':>12}{'share':>8}{'floor ms':>10}{'harness/floor':>15}")
     for phase in PHASES:
@@ -296,8 +328,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--cold-start-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", default="cpu", choices=tuple(CLOCKS),
-                        help="cpu: this process's CPU time (robust to other jobs on the machine); wall: elapsed")
+    parser.add_argument(
+        "--clock",
+        default="cpu",
+        choices=tuple(CLOCKS),
+        help="cpu: this process's CPU time (robust to other jobs on the machine); wall: elapsed",
+    )
     args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     global now
     now = CLOCKS[args.clock]
@@ -306,8 +342,10 @@ def main(argv: list[str] | None = None) -> None:
     transformers.utils.logging.set_verbosity_error()
     # The timing wrapper around optimizer.step looks to the scheduler like an override; it is not one.
     warnings.filterwarnings("ignore", message="Seems like `optimizer.step\\(\\)` has been overridden")
-    print(f"Clock: {args.clock} time. Harness and floor steps alternate (ABBA), so machine load (e.g. sweeps at "
-          "higher priority) hits both alike: quote the ratios; absolute times vary with the load.")
+    print(
+        f"Clock: {args.clock} time. Harness and floor steps alternate (ABBA), so machine load (e.g. sweeps at "
+        "higher priority) hits both alike: quote the ratios; absolute times vary with the load."
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             profile(model, args, Path(tmp))

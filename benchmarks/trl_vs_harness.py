@@ -33,15 +33,14 @@ from pathlib import Path
 
 import torch
 import transformers
+import trl
 from datasets import Dataset
 from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
 
-import trl
 from moe_rl.config import TrainConfig
 from moe_rl.integrations.trl import MoeGRPOTrainer, algo_args, task_reward
 from moe_rl.train import Trainer
-from trl import GRPOConfig, GRPOTrainer
-
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 clock = CLOCKS["wall"]
@@ -126,14 +125,22 @@ class Interleave(TrainerCallback):
         finally:
             for name in ("rollout", "old_pass", "update"):
                 harness.__dict__.pop(name, None)
-        self.harness_rows.append({"total": total, "rollout": phases["rollout"], "old_logp": phases["old_pass"],
-                                  "update": phases["update"]})
+        self.harness_rows.append(
+            {"total": total, "rollout": phases["rollout"], "old_logp": phases["old_pass"], "update": phases["update"]}
+        )
         self.mark = clock()
 
 
 def harness_config(args: argparse.Namespace, replay: str, out_dir: Path) -> TrainConfig:
-    cfg = TrainConfig(out_dir=str(out_dir), steps=args.repeats + args.warmup, progress=False, snapshot_every=0,
-                      eval_size=16, threads=args.threads, device="cuda" if torch.cuda.is_available() else "cpu")
+    cfg = TrainConfig(
+        out_dir=str(out_dir),
+        steps=args.repeats + args.warmup,
+        progress=False,
+        snapshot_every=0,
+        eval_size=16,
+        threads=args.threads,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     cfg.algo.name, cfg.replay.mode = "grpo", replay
     cfg.task.name, cfg.task.max_new_tokens = "reversal", args.max_new_tokens
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = args.prompts, args.group
@@ -150,26 +157,47 @@ def run_arm(args: argparse.Namespace, replay: str, root: Path) -> tuple[list[dic
     rows = [example for s in range(1, steps + 1) for example in harness.prompts_for(s)]
     batch = args.prompts * args.group
     config = GRPOConfig(
-        output_dir=str(root / f"trl_{replay}"), per_device_train_batch_size=batch // args.updates,
-        steps_per_generation=args.updates, num_iterations=1, gradient_accumulation_steps=1,
-        num_generations=args.group, max_completion_length=args.max_new_tokens, max_steps=steps * args.updates,
-        learning_rate=args.lr, lr_scheduler_type="constant", adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
-        shuffle_dataset=False, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
-        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, log_level="error", seed=0,
+        output_dir=str(root / f"trl_{replay}"),
+        per_device_train_batch_size=batch // args.updates,
+        steps_per_generation=args.updates,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_completion_length=args.max_new_tokens,
+        max_steps=steps * args.updates,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        shuffle_dataset=False,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        log_level="error",
+        seed=0,
         **algo_args("grpo"),
     )
     base = GRPOTrainer if replay == "none" else MoeGRPOTrainer
     extra = {} if replay == "none" else {"routing_replay": replay}
     trainer = timed(base)(
-        model=copy.deepcopy(harness.policy).train(), args=config, processing_class=harness.tokenizer,
-        train_dataset=Dataset.from_list(rows), reward_funcs=task_reward("reversal"), **extra,
+        model=copy.deepcopy(harness.policy).train(),
+        args=config,
+        processing_class=harness.tokenizer,
+        train_dataset=Dataset.from_list(rows),
+        reward_funcs=task_reward("reversal"),
+        **extra,
     )
     trainer.phases = defaultdict(float)
     callback = Interleave(args.updates, harness)
     callback.trainer = trainer
     trainer.add_callback(callback)
     trainer.train()
-    return callback.trl_rows[args.warmup:], callback.harness_rows[args.warmup:]
+    return callback.trl_rows[args.warmup :], callback.harness_rows[args.warmup :]
 
 
 def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: argparse.Namespace) -> None:
@@ -180,16 +208,21 @@ def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: ar
     t_loop = [r["total"] - r["training_step"] for r in trl_rows]
     ratios = [t["total"] / h["total"] for t, h in zip(trl_rows, harness_rows)]
     trl_name = "GRPOTrainer" if replay == "none" else f"MoeGRPOTrainer({replay})"
-    print(f"\n== replay {replay}: harness Trainer.step vs TRL {trl_name}, median seconds per RL step "
-          f"over {len(ratios)} interleaved steps ==")
+    print(
+        f"\n== replay {replay}: harness Trainer.step vs TRL {trl_name}, median seconds per RL step "
+        f"over {len(ratios)} interleaved steps =="
+    )
     lines = [
         ("rollout: generate + decode + rewards", med(harness_rows, "rollout"), statistics.median(t_rollout)),
         ("  of which model.generate", float("nan"), med(trl_rows, "generate")),
         ("old-logp pass", med(harness_rows, "old_logp"), med(trl_rows, "old_logp")),
         (f"{args.updates} updates: forward + backward", float("nan"), statistics.median(t_fwd_bwd)),
         (f"{args.updates} updates: optimizer + loop + logging", float("nan"), statistics.median(t_loop)),
-        (f"{args.updates} updates, all", med(harness_rows, "update"),
-         statistics.median(f + o for f, o in zip(t_fwd_bwd, t_loop))),
+        (
+            f"{args.updates} updates, all",
+            med(harness_rows, "update"),
+            statistics.median(f + o for f, o in zip(t_fwd_bwd, t_loop)),
+        ),
         ("other (metrics, bookkeeping)", statistics.median(h_other), 0.0),
         ("total", med(harness_rows, "total"), med(trl_rows, "total")),
     ]
@@ -198,8 +231,10 @@ def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: ar
         ratio = t / h if h and h == h and t == t else float("nan")
         fmt = lambda x: f"{x:10.3f}" if x == x else f"{'-':>10}"  # noqa: E731
         print(f"{name:<42}{fmt(h)}{fmt(t)}{ratio:13.2f}" if ratio == ratio else f"{name:<42}{fmt(h)}{fmt(t)}{'':>13}")
-    print(f"time-per-step ratio TRL/harness (median of {len(ratios)} paired steps): {statistics.median(ratios):.2f}"
-          f"  [min {min(ratios):.2f}, max {max(ratios):.2f}]")
+    print(
+        f"time-per-step ratio TRL/harness (median of {len(ratios)} paired steps): {statistics.median(ratios):.2f}"
+        f"  [min {min(ratios):.2f}, max {max(ratios):.2f}]"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,8 +249,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cold-start-steps", type=int, default=200)
     parser.add_argument("--arms", default="none,r2", help="comma-separated replay modes")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
-                        help="wall: elapsed time; cpu: this process's CPU time (use with --threads 1 on a loaded machine)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=tuple(CLOCKS),
+        help="wall: elapsed time; cpu: this process's CPU time (use with --threads 1 on a loaded machine)",
+    )
     args = parser.parse_args(argv)  # argv: the smoke tests run main in-process at tiny sizes
     global clock
     clock = CLOCKS[args.clock]
@@ -223,10 +262,12 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
-    print(f"qwen3_moe tiny (2 MoE layers, 8 experts, top-2), reversal task: {args.prompts} prompts x {args.group} "
-          f"completions, <= {args.max_new_tokens} new tokens, {args.updates} updates per rollout; {device}, "
-          f"{torch.get_num_threads()} torch threads, {args.clock} clock; torch {torch.__version__}, transformers "
-          f"{transformers.__version__}, trl {trl.__version__}")
+    print(
+        f"qwen3_moe tiny (2 MoE layers, 8 experts, top-2), reversal task: {args.prompts} prompts x {args.group} "
+        f"completions, <= {args.max_new_tokens} new tokens, {args.updates} updates per rollout; {device}, "
+        f"{torch.get_num_threads()} torch threads, {args.clock} clock; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, trl {trl.__version__}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for replay in args.arms.split(","):
             trl_rows, harness_rows = run_arm(args, replay, Path(tmp))

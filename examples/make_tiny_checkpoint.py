@@ -31,12 +31,15 @@ def make_checkpoint(data: Path, out: Path, vocab_size: int = 400) -> Path:
     backend.decoder = decoders.ByteLevel()
     backend.train_from_iterator(
         [r["question"] + " " + r["answer"] for r in rows],
-        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<|system|>", "<|user|>",
-                                                                   "<|assistant|>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
     )
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                        padding_side="left")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     model = build_model("qwen3_moe", vocab_size=len(tokenizer), max_position_embeddings=512)
     for config in (model.config, model.generation_config):

@@ -22,8 +22,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from moe_rl.experiment import interrupted_line, named_experiment_args, run_from_hydra
 from moe_rl.config import TrainConfig
+from moe_rl.experiment import interrupted_line, named_experiment_args, run_from_hydra
 from moe_rl.tasks.rewards import TaskInputError
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)

@@ -38,8 +38,9 @@ def checkpoint_fingerprint(path: str) -> str:
     root = Path(path).expanduser()
     if not root.is_dir():
         return f"hub:{path}"
-    stats = sorted((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
-                   for f in root.rglob("*") if f.is_file())
+    stats = sorted(
+        (str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns) for f in root.rglob("*") if f.is_file()
+    )
     return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
 
 
@@ -55,8 +56,7 @@ def load_tokenizer(path: str | Path, info: dict | None = None) -> PreTrainedToke
     root = Path(path).expanduser()
     if root.is_dir() and not any((root / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         return make_tokenizer()
-    tokenizer = AutoTokenizer.from_pretrained(str(root) if root.is_dir() else str(path),
-                                              local_files_only=root.is_dir())
+    tokenizer = AutoTokenizer.from_pretrained(str(root) if root.is_dir() else str(path), local_files_only=root.is_dir())
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -71,11 +71,13 @@ def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, 
 
     from moe_rl.config import identity_spec
 
-    spec = identity_spec({
-        "model": {k: v for k, v in asdict(model).items() if k != "experts_implementation"},
-        "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
-        "cold_start": {k: v for k, v in asdict(cold).items() if k != "cache_dir"},
-    })
+    spec = identity_spec(
+        {
+            "model": {k: v for k, v in asdict(model).items() if k != "experts_implementation"},
+            "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
+            "cold_start": {k: v for k, v in asdict(cold).items() if k != "cache_dir"},
+        }
+    )
     spec["vocab"] = make_tokenizer().get_vocab()
     spec["versions"] = [torch.__version__, transformers.__version__]
     if data_hash is not None:
@@ -88,15 +90,26 @@ def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, 
 
 
 def evaluate(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[dict], task: RLTask,
-    *, max_new_tokens: int, batch_size: int = 256,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[dict],
+    task: RLTask,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 256,
 ) -> float:
     """Greedy accuracy (fraction of completions with reward 1.0) on `examples`."""
     rewards: list[float] = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
-        out = generate(model, tokenizer, [e["prompt"] for e in chunk], greedy=True,
-                       max_new_tokens=max_new_tokens, record_routes=False)
+        out = generate(
+            model,
+            tokenizer,
+            [e["prompt"] for e in chunk],
+            greedy=True,
+            max_new_tokens=max_new_tokens,
+            record_routes=False,
+        )
         rewards += task.score(out.completions, chunk).rewards
     return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
 
@@ -121,8 +134,9 @@ def _sft_batch(tokenizer: PreTrainedTokenizerBase, examples: list[dict]) -> dict
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def _start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, texts: list[str]
-           ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
+def _start(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, texts: list[str]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """The model and tokenizer the warm-up starts from: the checkpoint's own, or a built tiny model
     with a character tokenizer (over the data's own characters for a dataset task)."""
     dtype = getattr(torch, model_cfg.dtype)
@@ -137,9 +151,16 @@ def _start(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, 
     else:
         tokenizer = make_tokenizer()
     model = build_model(
-        model_cfg.family, seed=cold.seed, experts_implementation=model_cfg.experts_implementation, dtype=dtype,
-        vocab_size=len(tokenizer), num_layers=model_cfg.num_layers, num_experts=model_cfg.num_experts,
-        top_k=model_cfg.top_k, hidden_size=model_cfg.hidden_size, **overrides,
+        model_cfg.family,
+        seed=cold.seed,
+        experts_implementation=model_cfg.experts_implementation,
+        dtype=dtype,
+        vocab_size=len(tokenizer),
+        num_layers=model_cfg.num_layers,
+        num_experts=model_cfg.num_experts,
+        top_k=model_cfg.top_k,
+        hidden_size=model_cfg.hidden_size,
+        **overrides,
         **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
         **({"head_dim": model_cfg.head_dim} if model_cfg.head_dim else {}),
     )
@@ -173,8 +194,19 @@ def _train_cold_start(
     low, high = cold.band
     if cold.mode == "none":
         model.eval()
-        return model, tokenizer, {"steps": 0, "accuracy": None, "band": [low, high], "in_band": None,
-                                  "history": [], "mode": "none", **tok_info}
+        return (
+            model,
+            tokenizer,
+            {
+                "steps": 0,
+                "accuracy": None,
+                "band": [low, high],
+                "in_band": None,
+                "history": [],
+                "mode": "none",
+                **tok_info,
+            },
+        )
     patience = cold_start_patience(cold, task_cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
     rng = random.Random(cold.seed)
@@ -195,19 +227,38 @@ def _train_cold_start(
             model.train()
             history.append({"step": step, "loss": loss.item(), "accuracy": accuracy})
             elapsed = time.perf_counter() - start
-            log.info("cold start step %d/%d loss %.3f held-out accuracy %.3f (band %s) %.2f steps/s ETA at most %s",
-                     step, cold.max_steps, loss.item(), accuracy, list(cold.band), step / elapsed,
-                     format_duration(eta_seconds(step, cold.max_steps, elapsed)))
+            log.info(
+                "cold start step %d/%d loss %.3f held-out accuracy %.3f (band %s) %.2f steps/s ETA at most %s",
+                step,
+                cold.max_steps,
+                loss.item(),
+                accuracy,
+                list(cold.band),
+                step / elapsed,
+                format_duration(eta_seconds(step, cold.max_steps, elapsed)),
+            )
             stop = cold_start_stop([h["accuracy"] for h in history], low, patience)
             if stop:
                 break
     model.eval()
-    info = {"steps": step, "accuracy": accuracy, "band": [low, high], "in_band": low <= accuracy <= high,
-            "stopped": stop or "max_steps", "history": history, **tok_info}
+    info = {
+        "steps": step,
+        "accuracy": accuracy,
+        "band": [low, high],
+        "in_band": low <= accuracy <= high,
+        "stopped": stop or "max_steps",
+        "history": history,
+        **tok_info,
+    }
     if not info["in_band"]:
-        log.warning("cold start ended at held-out accuracy %.3f outside the band %s after %d steps (%s): RL may "
-                    "have no signal; see cold_start.band, cold_start.max_steps, task.n_train", accuracy,
-                    list(cold.band), step, info["stopped"])
+        log.warning(
+            "cold start ended at held-out accuracy %.3f outside the band %s after %d steps (%s): RL may "
+            "have no signal; see cold_start.band, cold_start.max_steps, task.n_train",
+            accuracy,
+            list(cold.band),
+            step,
+            info["stopped"],
+        )
     return model, tokenizer, info
 
 
@@ -250,9 +301,14 @@ def get_cold_start(
     dtype = getattr(torch, model_cfg.dtype)
     if model_cfg.checkpoint and cold.mode in ("auto", "none"):
         model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
-        return model, load_tokenizer(model_cfg.checkpoint), {
-            "path": model_cfg.checkpoint, "key": f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}",
-        }
+        return (
+            model,
+            load_tokenizer(model_cfg.checkpoint),
+            {
+                "path": model_cfg.checkpoint,
+                "key": f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}",
+            },
+        )
     root = Path(cold.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     data_hash = data_hash_of(task_cfg)

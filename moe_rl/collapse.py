@@ -78,8 +78,12 @@ def detect_collapse(
     """
     if definition not in DEFINITIONS:
         raise ValueError(f"definition={definition!r} is not valid; valid: {sorted(DEFINITIONS)}")
-    for name, w in (("reward_window", reward_window), ("entropy_window", entropy_window),
-                    ("baseline_window", baseline_window), ("accuracy_patience", accuracy_patience)):
+    for name, w in (
+        ("reward_window", reward_window),
+        ("entropy_window", entropy_window),
+        ("baseline_window", baseline_window),
+        ("accuracy_patience", accuracy_patience),
+    ):
         if w < 1:
             raise ValueError(f"windows must be >= 1, got {name}={w}")
     use = DEFINITIONS[definition]
@@ -111,8 +115,10 @@ def detect_collapse(
         start = math.fsum(v for _, v in reward[:baseline_window]) / baseline_window
         for j, ((step, _), roll) in enumerate(zip(reward, rolling)):
             if roll is not None and j >= baseline_window - 1 and roll < reward_drop_frac * start:
-                detail = (f"rolling reward {roll:.4g} < {reward_drop_frac} * start {start:.4g} "
-                          f"(window {reward_window}; start = first {baseline_window} records)")
+                detail = (
+                    f"rolling reward {roll:.4g} < {reward_drop_frac} * start {start:.4g} "
+                    f"(window {reward_window}; start = first {baseline_window} records)"
+                )
                 first["reward_below_start"] = CollapseEvent(step, "reward_below_start", detail)
                 break
 
@@ -123,8 +129,10 @@ def detect_collapse(
         for step, value in accuracy[1:]:
             run = run + 1 if value < accuracy_drop_frac * start else 0
             if run >= accuracy_patience:
-                detail = (f"accuracy {value:.4g} < {accuracy_drop_frac} * step-{start_step} accuracy {start:.4g} "
-                          f"at {accuracy_patience} consecutive evaluations")
+                detail = (
+                    f"accuracy {value:.4g} < {accuracy_drop_frac} * step-{start_step} accuracy {start:.4g} "
+                    f"at {accuracy_patience} consecutive evaluations"
+                )
                 first["accuracy_below_start"] = CollapseEvent(step, "accuracy_below_start", detail)
                 break
 

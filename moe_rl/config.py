@@ -31,7 +31,9 @@ class ModelConfig:
     top_k: int = 2
     hidden_size: int = 64
     moe_intermediate_size: int | None = None  # width of each expert; None: the family's tiny default
-    head_dim: int | None = None  # attention head width; None: the family's tiny default (16; vLLM's CPU kernel needs >= 32)
+    head_dim: int | None = (
+        None  # attention head width; None: the family's tiny default (16; vLLM's CPU kernel needs >= 32)
+    )
     experts_implementation: str | None = None  # None: fastest correct on the device
     checkpoint: str | None = None  # a save_pretrained directory or a hub id instead of a built model
     dtype: str = "float32"  # weights of the training policy, e.g. bfloat16 for a pretrained checkpoint
@@ -81,7 +83,9 @@ class RolloutConfig:
     dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
     engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
-    engine_sync_every: int = 1  # vllm: load the trainer's weights into the engine every K steps (K > 1: stale, off-policy)
+    engine_sync_every: int = (
+        1  # vllm: load the trainer's weights into the engine every K steps (K > 1: stale, off-policy)
+    )
 
 
 @dataclass
@@ -103,7 +107,9 @@ class ColdStartConfig:
     seed: int = 0
     cache_dir: str = ".cache/cold_start"
     mode: str = "auto"  # auto: SFT a built model, none for a checkpoint; sft; none
-    patience: int | None = None  # stop after this many evaluations without a new best (0: never; None: 10 for task=dataset, else 0)
+    patience: int | None = (
+        None  # stop after this many evaluations without a new best (0: never; None: 10 for task=dataset, else 0)
+    )
 
 
 @dataclass
@@ -133,7 +139,9 @@ class DistConfig:
 class SignalConfig:
     """When a run that ran all its steps is labelled useless instead of `completed` (moe_rl.verdict)."""
 
-    no_signal_steps: int = 20  # this many consecutive steps (all, if fewer) with every group zero-variance: no_signal; 0: never
+    no_signal_steps: int = (
+        20  # this many consecutive steps (all, if fewer) with every group zero-variance: no_signal; 0: never
+    )
     max_reward_error_frac: float = 0.5  # the reward raised on more than this share of all completions: reward_failed
 
 
@@ -190,8 +198,21 @@ class TrainConfig:
 
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
-_NOT_IDENTITY = ("out_dir", "results_dir", "experiment", "dry_run", "progress", "threads", "checkpoint_every",
-                 "keep_checkpoint", "logger", "log_every", "dist", "analysis", "signal")
+_NOT_IDENTITY = (
+    "out_dir",
+    "results_dir",
+    "experiment",
+    "dry_run",
+    "progress",
+    "threads",
+    "checkpoint_every",
+    "keep_checkpoint",
+    "logger",
+    "log_every",
+    "dist",
+    "analysis",
+    "signal",
+)
 
 
 def run_dir(cfg: TrainConfig) -> str:
@@ -204,8 +225,15 @@ def run_dir(cfg: TrainConfig) -> str:
 _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
     "rollout": {"engine": "hf", "engine_sync_every": 1},
-    "task": {"path": None, "prompt_field": "prompt", "answer_field": "answer", "system_prompt": None,
-             "split": "train", "chat_template": "auto", "reward": "exact"},
+    "task": {
+        "path": None,
+        "prompt_field": "prompt",
+        "answer_field": "answer",
+        "system_prompt": None,
+        "split": "train",
+        "chat_template": "auto",
+        "reward": "exact",
+    },
     "cold_start": {"mode": "auto", "patience": None},
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
@@ -267,7 +295,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.model.family in BACKENDS and not cfg.device.startswith("cuda"):
         raise ValueError(f"model.family={cfg.model.family!r} runs on CUDA only; set device=cuda")
     if cfg.model.family in BACKENDS and cfg.rollout.dtype == "float16":
-        raise ValueError("model.family='megablocks' computes experts in bfloat16; rollout.dtype=float16 is not supported")
+        raise ValueError(
+            "model.family='megablocks' computes experts in bfloat16; rollout.dtype=float16 is not supported"
+        )
     if cfg.model.checkpoint:
         _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
     _one_of("task.name", cfg.task.name, [*TASKS, "dataset"])
@@ -277,7 +307,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.task.n_train is None and cfg.task.name != "dataset":
         raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={cfg.task.name}")
     if not 0 <= cfg.task.partial_credit < 1:
-        raise ValueError(f"task.partial_credit={cfg.task.partial_credit} must lie in [0, 1): 1.0 marks a correct answer")
+        raise ValueError(
+            f"task.partial_credit={cfg.task.partial_credit} must lie in [0, 1): 1.0 marks a correct answer"
+        )
     if cfg.task.name == "dataset" and not cfg.task.path:
         raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
     _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
@@ -314,19 +346,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.replay.mode == "r3" and not cfg.rollout.record_routes:
         raise ValueError("replay.mode='r3' replays rollout routes, but rollout.record_routes=false records none")
     for key, value, low in [
-        ("optim.warmup_updates", cfg.optim.warmup_updates, 0), ("checkpoint_every", cfg.checkpoint_every, 0),
-        ("snapshot_every", cfg.snapshot_every, 0), ("eval_every", cfg.eval_every, 1), ("eval_size", cfg.eval_size, 1),
-        ("position_bucket", cfg.position_bucket, 1), ("log_every", cfg.log_every, 0), ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
-        ("task.max_new_tokens", cfg.task.max_new_tokens, 1), ("task.n_train", 1 if cfg.task.n_train is None else cfg.task.n_train, 1),
-        ("task.n_eval", cfg.task.n_eval, 1), ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
-        ("cold_start.batch_size", cfg.cold_start.batch_size, 1), ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
+        ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
+        ("checkpoint_every", cfg.checkpoint_every, 0),
+        ("snapshot_every", cfg.snapshot_every, 0),
+        ("eval_every", cfg.eval_every, 1),
+        ("eval_size", cfg.eval_size, 1),
+        ("position_bucket", cfg.position_bucket, 1),
+        ("log_every", cfg.log_every, 0),
+        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
+        ("task.max_new_tokens", cfg.task.max_new_tokens, 1),
+        ("task.n_train", 1 if cfg.task.n_train is None else cfg.task.n_train, 1),
+        ("task.n_eval", cfg.task.n_eval, 1),
+        ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
+        ("cold_start.batch_size", cfg.cold_start.batch_size, 1),
+        ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
         ("cold_start.patience", cfg.cold_start.patience or 0, 0),
     ]:
         if value < low:
             raise ValueError(f"{key}={value} must be >= {low}")
     if cfg.signal.no_signal_steps < 0 or not 0 <= cfg.signal.max_reward_error_frac <= 1:
-        raise ValueError(f"signal.no_signal_steps={cfg.signal.no_signal_steps} must be >= 0 and "
-                         f"signal.max_reward_error_frac={cfg.signal.max_reward_error_frac} in [0, 1]")
+        raise ValueError(
+            f"signal.no_signal_steps={cfg.signal.no_signal_steps} must be >= 0 and "
+            f"signal.max_reward_error_frac={cfg.signal.max_reward_error_frac} in [0, 1]"
+        )
     if cfg.pass_at_k.k and (min(cfg.pass_at_k.k) < 1 or max(cfg.pass_at_k.k) > cfg.pass_at_k.n):
         raise ValueError(f"pass_at_k.k={list(cfg.pass_at_k.k)} must lie in [1, pass_at_k.n={cfg.pass_at_k.n}]")
     if cfg.pass_at_k.temperature <= 0:

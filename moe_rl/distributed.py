@@ -45,7 +45,13 @@ from torch import Tensor, nn
 from moe_rl.atomic import write_atomic
 from moe_rl.partial import Partial, pool
 from moe_rl.runio import (
-    POINTER, SINGLE_CHECKPOINT, RunWriter, check_identity, check_run_dir, load_checkpoint, save_checkpoint,
+    POINTER,
+    SINGLE_CHECKPOINT,
+    RunWriter,
+    check_identity,
+    check_run_dir,
+    load_checkpoint,
+    save_checkpoint,
 )
 from moe_rl.sampler import GlobalRows
 
@@ -233,8 +239,9 @@ class Dist:
             return parts
         mine = parts.empty() if self.dummy else parts
         everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, Partial(*({k: v.cpu() for k, v in d.items()}
-                                                   for d in (mine.sums, mine.maxima, mine.rows))))
+        dist.all_gather_object(
+            everyone, Partial(*({k: v.cpu() for k, v in d.items()} for d in (mine.sums, mine.maxima, mine.rows)))
+        )
         return pool(everyone)
 
     def _all_reduce(self, x: Tensor, op: Any) -> Tensor:
@@ -249,8 +256,15 @@ class Dist:
         cls = RunWriter if self.is_writer else SilentWriter
         return cls(out_dir, keys, config_hash=config_hash)
 
-    def save(self, run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             ref: nn.Module | None, extra: dict[str, Any]) -> None:
+    def save(
+        self,
+        run_dir: Path,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ref: nn.Module | None,
+        extra: dict[str, Any],
+    ) -> None:
         """The checkpoint of `step`: model, optimizer, ref and the trainer's `extra` (plain data).
 
         A world of size 1 writes one file, `checkpoint.pt` (then drops a sharded checkpoint it resumed
@@ -259,10 +273,15 @@ class Dist:
         leaves a complete checkpoint.
         """
         if not self.active:
-            save_checkpoint(run_dir / SINGLE_CHECKPOINT, {
-                **extra, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "ref": ref.state_dict() if ref is not None else None,
-            })
+            save_checkpoint(
+                run_dir / SINGLE_CHECKPOINT,
+                {
+                    **extra,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "ref": ref.state_dict() if ref is not None else None,
+                },
+            )
             _remove_sharded(run_dir)
             return
         import torch.distributed.checkpoint as dcp
@@ -271,14 +290,28 @@ class Dist:
         dcp.save(_sharded_state(model, optimizer, ref), checkpoint_id=run_dir / name)
         if self.is_writer:
             write_atomic(run_dir / name / "trainer.pt", lambda f: torch.save(extra, f))
-            doc = {"step": step, "path": name, "world_size": self.world_size, "strategy": self.strategy,
-                   "config_hash": extra.get("config_hash"), "cold_start_key": extra.get("cold_start_key")}
+            doc = {
+                "step": step,
+                "path": name,
+                "world_size": self.world_size,
+                "strategy": self.strategy,
+                "config_hash": extra.get("config_hash"),
+                "cold_start_key": extra.get("cold_start_key"),
+            }
             write_atomic(run_dir / POINTER, json.dumps(doc, indent=1))
             _remove_sharded(run_dir, keep=name)
         self.barrier()
 
-    def load(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ref: nn.Module | None, *,
-             config_hash: str, cold_start_key: str | None) -> dict[str, Any] | None:
+    def load(
+        self,
+        run_dir: Path,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ref: nn.Module | None,
+        *,
+        config_hash: str,
+        cold_start_key: str | None,
+    ) -> dict[str, Any] | None:
         """Load the run's checkpoint into model, optimizer and ref; return the trainer state saved with it,
         or None when there is none. A sharded checkpoint resumes on any world size (DCP reshards, also to
         one process); a `checkpoint.pt` only in a world of size 1. A folder of another run (or a
@@ -386,8 +419,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 # What a collective raises when another rank's process is gone (gloo over TCP, NCCL's watchdog)
-PEER_LOST_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout",
-                      "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+PEER_LOST_MESSAGES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",
+)
 
 
 def peer_lost(err: BaseException) -> bool:

@@ -63,8 +63,9 @@ def named_experiment_args(argv: list[str], conf_dir: str | Path) -> list[str]:
         key, sep, name = arg.partition("=")
         if sep and key in ("experiment", "+experiment") and name and "," not in name:
             if not (Path(conf_dir) / "experiment" / f"{name}.yaml").is_file():
-                ConfigStore.instance().store(group="experiment", name=name, node={"experiment": name},
-                                             package="_global_")
+                ConfigStore.instance().store(
+                    group="experiment", name=name, node={"experiment": name}, package="_global_"
+                )
             arg = f"+experiment={name}"
         out.append(arg)
     return out
@@ -76,8 +77,10 @@ def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:
     saved = done // checkpoint_every * checkpoint_every if checkpoint_every else 0
     if saved:
         return f"interrupted after step {done}: rerun the same command to resume from step {saved} ({out_dir})"
-    return (f"interrupted after step {done}, before its first checkpoint (checkpoint_every={checkpoint_every}): "
-            f"rerunning the same command starts the run over ({out_dir})")
+    return (
+        f"interrupted after step {done}, before its first checkpoint (checkpoint_every={checkpoint_every}): "
+        f"rerunning the same command starts the run over ({out_dir})"
+    )
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -102,8 +105,9 @@ def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
     if status not in FINISHED or not (Path(out_dir) / "metrics.parquet").is_file():
         return None
     if doc.get("config_hash") != config_hash(cfg):
-        raise RunDirectoryError(f"{out_dir} holds a finished run of another config; choose another directory or "
-                                "delete it")
+        raise RunDirectoryError(
+            f"{out_dir} holds a finished run of another config; choose another directory or delete it"
+        )
     return status
 
 
@@ -121,8 +125,11 @@ def write_hydra_record(out_dir: str | Path, cfg: DictConfig, hydra_cfg: Any) -> 
     record of the run that owns the folder as it was."""
     folder = Path(out_dir) / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
-    records = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
-               "overrides.yaml": hydra_cfg.overrides.task}
+    records = {
+        "config.yaml": cfg,
+        "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
+        "overrides.yaml": hydra_cfg.overrides.task,
+    }
     for name, record in records.items():
         write_atomic(folder / name, OmegaConf.to_yaml(record, resolve=False))
 

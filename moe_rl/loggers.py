@@ -65,9 +65,7 @@ def check_loggers(names: list[str]) -> None:
             raise ValueError(f"logger entry {name!r} is not valid; valid: {sorted(BACKENDS)}")
         need = BACKENDS[name]
         if need is not None and importlib.util.find_spec(need[0]) is None:
-            raise ImportError(
-                f"logger={name} needs the {need[0]!r} package: pip install 'moe_rl[{need[1]}]'"
-            )
+            raise ImportError(f"logger={name} needs the {need[0]!r} package: pip install 'moe_rl[{need[1]}]'")
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -98,8 +96,9 @@ class TensorBoardBackend:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step hides what a killed process logged after the checkpoint the run resumes from
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=info["resumed_after"] + 1
-                                    if info["resumed_after"] else 0)
+        self.writer = SummaryWriter(
+            str(run_dir / "tensorboard"), purge_step=info["resumed_after"] + 1 if info["resumed_after"] else 0
+        )
         if not info["resumed_after"]:
             self.writer.add_text("config", "```\n" + json.dumps(info["config"], indent=1, default=str) + "\n```")
 
@@ -118,9 +117,16 @@ class WandbBackend:
         import wandb
 
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "moe_rl"), name=info["name"], group=info["experiment"],
-            job_type=info["arm"], tags=[info["experiment"], info["arm"]], id=info["id"], resume="allow",
-            dir=str(run_dir), config=info["config"], reinit="create_new",
+            project=os.environ.get("WANDB_PROJECT", "moe_rl"),
+            name=info["name"],
+            group=info["experiment"],
+            job_type=info["arm"],
+            tags=[info["experiment"], info["arm"]],
+            id=info["id"],
+            resume="allow",
+            dir=str(run_dir),
+            config=info["config"],
+            reinit="create_new",
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -148,19 +154,24 @@ class MlflowBackend:
                 local = uri.startswith("sqlite:///")
                 store = Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
                 experiment_id = self.client.create_experiment(
-                    info["experiment"], artifact_location=store.resolve().as_uri() if local else None)
+                    info["experiment"], artifact_location=store.resolve().as_uri() if local else None
+                )
         run_id = info["ids"].get("mlflow") if info["resumed_after"] else None
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
         else:
-            tags = {"arm": info["arm"], "experiment": info["experiment"], "run_dir": str(run_dir),
-                    "mlflow.runName": info["name"]}
+            tags = {
+                "arm": info["arm"],
+                "experiment": info["experiment"],
+                "run_dir": str(run_dir),
+                "mlflow.runName": info["name"],
+            }
             run_id = self.client.create_run(experiment_id, run_name=info["name"], tags=tags).info.run_id
             from mlflow.entities import Param
 
             params = [Param(k, str(v)[:6000]) for k, v in _flat(info["config"]).items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(run_id, params=params[i: i + 100])
+                self.client.log_batch(run_id, params=params[i : i + 100])
             self.client.log_text(run_id, json.dumps(info["config"], indent=1, default=str), "config.json")
         self.run_id = run_id
         info["ids"]["mlflow"] = run_id
@@ -182,8 +193,13 @@ class TrackioBackend:
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=info["experiment"], name=info["name"], group=info["arm"],
-                                config=_flat(info["config"]), resume="allow")
+        self.run = trackio.init(
+            project=info["experiment"],
+            name=info["name"],
+            group=info["arm"],
+            config=_flat(info["config"]),
+            resume="allow",
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -192,12 +208,21 @@ class TrackioBackend:
         self.run.finish()
 
 
-FACTORIES = {"tensorboard": TensorBoardBackend, "wandb": WandbBackend, "mlflow": MlflowBackend,
-             "trackio": TrackioBackend}
+FACTORIES = {
+    "tensorboard": TensorBoardBackend,
+    "wandb": WandbBackend,
+    "mlflow": MlflowBackend,
+    "trackio": TrackioBackend,
+}
 
 
 def open_loggers(
-    names: list[str], run_dir: str | Path, *, keys: dict[str, Any], config: dict[str, Any], results_dir: str,
+    names: list[str],
+    run_dir: str | Path,
+    *,
+    keys: dict[str, Any],
+    config: dict[str, Any],
+    results_dir: str,
     resumed_after: int,
 ) -> list[Backend]:
     """Start the chosen backends for one run (each logs `config` once; parquet needs nothing here).
@@ -217,9 +242,16 @@ def open_loggers(
     if "wandb" not in ids:
         prefix = re.sub(r"[^A-Za-z0-9_-]", "-", str(keys.get("experiment", "run")))[:24]  # W&B id characters
         ids["wandb"] = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    info = {"name": str(keys.get("run", run_dir.name)), "experiment": str(keys.get("experiment", "default")),
-            "arm": f"{keys.get('algo')}+{keys.get('replay')}", "config": config, "results_dir": results_dir,
-            "resumed_after": resumed_after, "ids": ids, "id": ids["wandb"]}
+    info = {
+        "name": str(keys.get("run", run_dir.name)),
+        "experiment": str(keys.get("experiment", "default")),
+        "arm": f"{keys.get('algo')}+{keys.get('replay')}",
+        "config": config,
+        "results_dir": results_dir,
+        "resumed_after": resumed_after,
+        "ids": ids,
+        "id": ids["wandb"],
+    }
     backends: list[Backend] = []
     try:
         for name in chosen:

@@ -20,11 +20,17 @@ import torch
 from torch import Tensor
 
 from moe_rl.collapse import DEFINITIONS, TRIGGERS, CollapseEvent, detect_collapse  # noqa: F401 (re-exported)
-from moe_rl.partial import Partial
 from moe_rl.metric_names import (
-    KL_K3, RATIO_ESS, RATIO_EXTREME_FRAC, RATIO_SEQ_VAR, RATIO_TOKEN_MAX, RATIO_TOKEN_VAR, ROUTE_MARGIN_MEAN,
+    KL_K3,
+    RATIO_ESS,
+    RATIO_EXTREME_FRAC,
+    RATIO_SEQ_VAR,
+    RATIO_TOKEN_MAX,
+    RATIO_TOKEN_VAR,
+    ROUTE_MARGIN_MEAN,
     ROUTE_MARGIN_P10,
 )
+from moe_rl.partial import Partial
 
 RATIO_KEYS = (RATIO_TOKEN_VAR, RATIO_TOKEN_MAX, RATIO_SEQ_VAR, RATIO_ESS, RATIO_EXTREME_FRAC, KL_K3)
 

@@ -8,8 +8,8 @@ other's bars on one terminal); with `progress=false` it logs one line every `log
 from __future__ import annotations
 
 import logging
-import os
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -55,16 +55,21 @@ def progress_fields(metrics: dict[str, float], accuracy: float | None) -> dict[s
 
 def progress_line(step: int, total: int, fields: dict[str, str], rate: float, eta: float) -> str:
     """`step 20/300 reward=0.41 flip=0.031 acc=0.38 1.52 steps/s ETA 3m04s`."""
-    parts = [f"step {step}/{total}", *(f"{k}={v}" for k, v in fields.items()), f"{rate:.2f} steps/s",
-             f"ETA {format_duration(eta)}"]
+    parts = [
+        f"step {step}/{total}",
+        *(f"{k}={v}" for k, v in fields.items()),
+        f"{rate:.2f} steps/s",
+        f"ETA {format_duration(eta)}",
+    ]
     return " ".join(parts)
 
 
 class Progress:
     """Per-step progress of one run: a bar (`bar=True`) or a log line every `every` steps."""
 
-    def __init__(self, *, total: int, initial: int, desc: str, bar: bool, every: int,
-                 accuracy: float | None = None) -> None:
+    def __init__(
+        self, *, total: int, initial: int, desc: str, bar: bool, every: int, accuracy: float | None = None
+    ) -> None:
         self.total, self.initial, self.every = total, initial, every
         self.accuracy = accuracy
         self.start = time.perf_counter()
@@ -81,8 +86,9 @@ class Progress:
         if self.every and (step % self.every == 0 or step == self.total):
             done, elapsed = step - self.initial, time.perf_counter() - self.start
             rate = done / elapsed if elapsed > 0 else 0.0
-            log.info(progress_line(step, self.total, fields, rate, eta_seconds(done, self.total - self.initial,
-                                                                               elapsed)))
+            log.info(
+                progress_line(step, self.total, fields, rate, eta_seconds(done, self.total - self.initial, elapsed))
+            )
 
     def close(self) -> None:
         if self.bar is not None:

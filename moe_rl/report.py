@@ -31,8 +31,8 @@ import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
-from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
+from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.atomic import write_atomic
@@ -55,8 +55,18 @@ def _drift_report(runs_dir: Path, out: Path) -> list[Path]:
     old = out / "summary.md"
     found = WALL_LINE.search(old.read_text()) if old.is_file() else None
     drift_report.main([str(runs_dir), "--out", str(out), *(["--wall", found.group(1)] if found else [])])
-    return [out / n for n in ("summary.md", "fit.json", "points.csv", "drift_table.csv", "flip_vs_margin.csv",
-                              "drift_scaling.png", "flip_vs_margin.png")]
+    return [
+        out / n
+        for n in (
+            "summary.md",
+            "fit.json",
+            "points.csv",
+            "drift_table.csv",
+            "flip_vs_margin.csv",
+            "drift_scaling.png",
+            "flip_vs_margin.png",
+        )
+    ]
 
 
 def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
@@ -70,13 +80,15 @@ def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
 
 
 # result folders with a report of their own: name -> writer(runs_dir, out)
-DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {"drift_scaling": _drift_report,
-                                                                    "drift_forecast": _forecast_report}
+DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
+    "drift_scaling": _drift_report,
+    "drift_forecast": _forecast_report,
+}
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {
     "auto": "Route flips and ratio variances of runs with N > 1 are their off-policy values (updates 2..N, "
-            "`<key>/offpolicy`; update 1 runs on the old weights and flips nothing); runs with N = 1 show "
-            "every update.",
+    "`<key>/offpolicy`; update 1 runs on the old weights and flips nothing); runs with N = 1 show "
+    "every update.",
     "all": "Route flips and ratio variances average every update, update 1 (on the old weights, no flips) included.",
     "offpolicy": "Route flips and ratio variances are off-policy values (updates 2..N); — where a run logged none.",
 }
@@ -105,9 +117,11 @@ def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:
 def _grouping_line(by: list[str], added: list[str], pooled: list[str]) -> str:
     line = f"Grouped by {', '.join(by)}"
     if added:
-        line += (f"; {', '.join(added)} also {'varies' if len(added) == 1 else 'vary'} across runs and "
-                 f"{'was' if len(added) == 1 else 'were'} added to the grouping (pass "
-                 f"`--pool {' '.join(added)}` to average over them)")
+        line += (
+            f"; {', '.join(added)} also {'varies' if len(added) == 1 else 'vary'} across runs and "
+            f"{'was' if len(added) == 1 else 'were'} added to the grouping (pass "
+            f"`--pool {' '.join(added)}` to average over them)"
+        )
     line += f". Pooled within a group: {', '.join(pooled)}."
     return line
 
@@ -128,21 +142,30 @@ def _tests_section(tests: pd.DataFrame, groups: list[str], compare: str) -> list
     return [
         f"## Tests against {compare} = {ref}",
         "",
-        (f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
-        f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
-        f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
-        "(same cold start and prompts), mean difference with a 95% bootstrap (BCa) interval, p from a sign-flip "
-        "permutation test, P(better) = share of seeds where the arm beats the reference. Holm-adjusted p in "
-        "parentheses, over each column's tests. Reward AUC: area under the mean-reward curve divided by the steps "
-        "(a mean reward)."),
+        (
+            f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
+            f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
+            f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
+            "(same cold start and prompts), mean difference with a 95% bootstrap (BCa) interval, p from a sign-flip "
+            "permutation test, P(better) = share of seeds where the arm beats the reference. Holm-adjusted p in "
+            "parentheses, over each column's tests. Reward AUC: area under the mean-reward curve divided by the steps "
+            "(a mean reward)."
+        ),
         "",
         analysis.format_arm_tests_markdown(
-            tests, groups=groups, collapse_cols={"collapsed_in_loop": "collapsed (in loop)",
-                                                 f"collapsed_{MAIN_DEFINITION}": f"collapsed ({MAIN_DEFINITION})"}),
+            tests,
+            groups=groups,
+            collapse_cols={
+                "collapsed_in_loop": "collapsed (in loop)",
+                f"collapsed_{MAIN_DEFINITION}": f"collapsed ({MAIN_DEFINITION})",
+            },
+        ),
     ]
 
 
-def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str) -> tuple[list[str], dict, pd.DataFrame]:
+def _phase_section(
+    outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str
+) -> tuple[list[str], dict, pd.DataFrame]:
     """Markdown lines, figures {name: Figure} and the phase table (main definition) of the phase map."""
     lines = ["## Phase map", ""]
     figs: dict[str, object] = {}
@@ -151,31 +174,50 @@ def _phase_section(outcomes: pd.DataFrame, axes: tuple[str, ...], reference: str
     for definition in (MAIN_DEFINITION, ALTERNATIVE_DEFINITION):
         table = analysis.phase_table(outcomes, axes=axes, definition=definition)
         has_ref = reference in set(outcomes["arm"])
-        tests = analysis.phase_tests(outcomes, axes=axes, reference=reference, definition=definition) if has_ref else None
+        tests = (
+            analysis.phase_tests(outcomes, axes=axes, reference=reference, definition=definition) if has_ref else None
+        )
         tables.append(table.assign(definition=definition))
         label = "main" if definition == MAIN_DEFINITION else "alternative"
-        lines += [f"### Collapse definition `{definition}` ({label})", "", DEFINITION_TEXT[definition] + ".", "",
-                  analysis.format_phase_markdown(table, tests, axes=axes)]
+        lines += [
+            f"### Collapse definition `{definition}` ({label})",
+            "",
+            DEFINITION_TEXT[definition] + ".",
+            "",
+            analysis.format_phase_markdown(table, tests, axes=axes),
+        ]
         suffix = "" if definition == MAIN_DEFINITION else f"_{definition}"
         figs[f"phase_map{suffix}.png"] = analysis.plot_phase_map(
-            table, axes=axes, title=f"P(collapse) per cell, {definition} definition (k/n runs)")
+            table, axes=axes, title=f"P(collapse) per cell, {definition} definition (k/n runs)"
+        )
         if definition == MAIN_DEFINITION and outcomes[f"collapsed_{definition}"].any():
             figs["survival.png"] = analysis.plot_survival(outcomes, definition=definition, axes=axes)
         if tests is not None and len(tests):
             figs[f"phase_difference{suffix}.png"] = analysis.plot_phase_difference(tests, axes=axes)
             sig[definition] = set(tests.loc[tests["significant"], [*axes, "arm"]].itertuples(index=False, name=None))
     lines[2:2] = [
-        (f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
-        "first collapse over the runs that collapsed, final accuracy and reward AUC with 95% bootstrap intervals "
-        f"over seeds. p: Boschloo's exact test of {reference} against the arm in the same cell, Holm-adjusted over "
-        "every testable cell and arm (a cell where all runs of both arms ended alike is untestable and left out); "
-        "* = significant at 0.05 after Holm."), ""]
+        (
+            f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
+            "first collapse over the runs that collapsed, final accuracy and reward AUC with 95% bootstrap intervals "
+            f"over seeds. p: Boschloo's exact test of {reference} against the arm in the same cell, Holm-adjusted over "
+            "every testable cell and arm (a cell where all runs of both arms ended alike is untestable and left out); "
+            "* = significant at 0.05 after Holm."
+        ),
+        "",
+    ]
     if len(sig) == 2:
         a, b = sig[MAIN_DEFINITION], sig[ALTERNATIVE_DEFINITION]
-        lines += ["### Does anything depend on the definition?", "",
-                  "Significance: the same cells are significant under both definitions." if a == b else
-                  f"Significance: significant only under `{MAIN_DEFINITION}`: {sorted(a - b) or 'none'}; only under "
-                  f"`{ALTERNATIVE_DEFINITION}`: {sorted(b - a) or 'none'}.", "", _moved_counts(tables, axes), ""]
+        lines += [
+            "### Does anything depend on the definition?",
+            "",
+            "Significance: the same cells are significant under both definitions."
+            if a == b
+            else f"Significance: significant only under `{MAIN_DEFINITION}`: {sorted(a - b) or 'none'}; only under "
+            f"`{ALTERNATIVE_DEFINITION}`: {sorted(b - a) or 'none'}.",
+            "",
+            _moved_counts(tables, axes),
+            "",
+        ]
     return lines, figs, pd.concat(tables, ignore_index=True)
 
 
@@ -187,10 +229,14 @@ def _moved_counts(tables: list[pd.DataFrame], axes: list[str], share: float = 0.
     moved = both[(both["p_collapse"] - both["p_collapse_alt"]).abs() >= share]
     if moved.empty:
         return f"Counts: no cell and arm moves by {share:.0%} of its runs or more between the definitions."
-    cells = "; ".join(f"{cell_label(key, [r[c] for c in key])}: {r['k']}/{r['n']} vs {r['k_alt']}/{r['n_alt']}"
-                      for _, r in moved.iterrows())
-    return (f"Counts: {len(moved)} cell(s) and arm(s) move by {share:.0%} of their runs or more "
-            f"(`{MAIN_DEFINITION}` vs `{ALTERNATIVE_DEFINITION}`): {cells}.")
+    cells = "; ".join(
+        f"{cell_label(key, [r[c] for c in key])}: {r['k']}/{r['n']} vs {r['k_alt']}/{r['n_alt']}"
+        for _, r in moved.iterrows()
+    )
+    return (
+        f"Counts: {len(moved)} cell(s) and arm(s) move by {share:.0%} of their runs or more "
+        f"(`{MAIN_DEFINITION}` vs `{ALTERNATIVE_DEFINITION}`): {cells}."
+    )
 
 
 def _sweep_axis(df: pd.DataFrame, groups: list[str], compare: str) -> str | None:
@@ -203,8 +249,16 @@ def _sweep_axis(df: pd.DataFrame, groups: list[str], compare: str) -> str | None
 
 
 def build_markdown(
-    root: Path, df: pd.DataFrame, summary: pd.DataFrame, events: pd.DataFrame, by: list[str], figures: list[str],
-    *, grouping_line: str = "", variant: str = "all", extra: list[str] | None = None,
+    root: Path,
+    df: pd.DataFrame,
+    summary: pd.DataFrame,
+    events: pd.DataFrame,
+    by: list[str],
+    figures: list[str],
+    *,
+    grouping_line: str = "",
+    variant: str = "all",
+    extra: list[str] | None = None,
 ) -> str:
     """The text of summary.md."""
     experiments = sorted(df["experiment"].astype(str).unique()) if "experiment" in df else []
@@ -230,9 +284,16 @@ def build_markdown(
     return "\n".join(parts)
 
 
-def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str] | None = None,
-                 variant: str = "auto", reference: str | None = None,
-                 phase_axes: tuple[str, ...] = PHASE_AXES) -> list[Path]:
+def write_report(
+    results_dir: Path,
+    out: Path,
+    *,
+    by: list[str],
+    pool: list[str] | None = None,
+    variant: str = "auto",
+    reference: str | None = None,
+    phase_axes: tuple[str, ...] = PHASE_AXES,
+) -> list[Path]:
     """Write summary.md, summary.csv, tests.csv, figures (and the phase map when the runs vary in
     `phase_axes`) for the runs under `results_dir` into `out`; return the paths written."""
     df = with_config(analysis.load_results(results_dir), pool or [])  # runs of other configs stay apart
@@ -245,9 +306,14 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
         print(f"warning: {line[2:]}", file=sys.stderr)
     outcomes = analysis.run_outcomes(df)
     compare = by[0]
-    tests = analysis.arm_tests(outcomes, groups=groups, compare=compare, reference=reference,
-                               collapse_cols=("collapsed_in_loop", f"collapsed_{MAIN_DEFINITION}"),
-                               pair_on=pooled)
+    tests = analysis.arm_tests(
+        outcomes,
+        groups=groups,
+        compare=compare,
+        reference=reference,
+        collapse_cols=("collapsed_in_loop", f"collapsed_{MAIN_DEFINITION}"),
+        pair_on=pooled,
+    )
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     figs: dict[str, object] = {}
@@ -260,8 +326,12 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
     if axis is not None:
         values = summary_per_run(df, outcomes, variant)
         figs[f"summary_vs_{axis}.png"] = analysis.plot_metric_vs_axis(
-            values, {"flip_rate": "flip rate", "token_var": "token ratio variance", "final_accuracy": "final accuracy"},
-            axis, by=compare, logx=axis == "lr")
+            values,
+            {"flip_rate": "flip rate", "token_var": "token ratio variance", "final_accuracy": "final accuracy"},
+            axis,
+            by=compare,
+            logx=axis == "lr",
+        )
     if any(k.startswith("route/old_vs_new/shift/mean") for k in df["key"].unique()):
         from moe_rl.analysis.shift import plot_shift_dynamics
 
@@ -281,10 +351,13 @@ def write_report(results_dir: Path, out: Path, *, by: list[str], pool: list[str]
     write_atomic(out / "tests.csv", lambda f: f.write(tests.to_csv(index=False).encode()))
     grouping_line = _grouping_line(by, added, pooled)
     if checks:
-        grouping_line += ("\n\n**Check before reading the table**: some groups hold runs that should not be "
-                          "pooled:\n" + "\n".join(checks))
-    text = build_markdown(results_dir, df, summary, events, groups, list(figs),
-                          grouping_line=grouping_line, variant=variant, extra=extra)
+        grouping_line += (
+            "\n\n**Check before reading the table**: some groups hold runs that should not be "
+            "pooled:\n" + "\n".join(checks)
+        )
+    text = build_markdown(
+        results_dir, df, summary, events, groups, list(figs), grouping_line=grouping_line, variant=variant, extra=extra
+    )
     write_atomic(out / "summary.md", lambda f: f.write(text.encode()))
     return [out / "summary.md", out / "summary.csv", out / "tests.csv", *written]
 
@@ -306,8 +379,9 @@ def write_claims(root: Path, out: Path | None = None) -> Path:
     return path
 
 
-def write_collapse_definitions(root: Path, out: Path | None = None,
-                               folders: tuple[str, ...] = SHIPPED_COLLAPSE_FOLDERS) -> Path | None:
+def write_collapse_definitions(
+    root: Path, out: Path | None = None, folders: tuple[str, ...] = SHIPPED_COLLAPSE_FOLDERS
+) -> Path | None:
     """RESULTS_ROOT/collapse_definitions.md: which runs each collapse definition flags, and why."""
     frames = {}
     for name in folders:
@@ -326,20 +400,32 @@ def write_collapse_definitions(root: Path, out: Path | None = None,
 def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     parser = argparse.ArgumentParser(prog="python -m moe_rl.report", description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, nargs="?", default=None,
-                        help="folder searched recursively for runs (with --claims/--all: the results root, "
-                             "default `results`)")
+    parser.add_argument(
+        "results_dir",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="folder searched recursively for runs (with --claims/--all: the results root, default `results`)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
     parser.add_argument("--by", nargs="+", default=["arm"], help="run keys to compare and group by (default: arm)")
     parser.add_argument("--pool", nargs="+", default=[], help="run keys to average over instead of grouping by")
-    parser.add_argument("--variant", choices=analysis.tables.VARIANTS, default="auto",
-                        help="route-flip / ratio-variance variant: auto (off-policy where N > 1), all, offpolicy")
+    parser.add_argument(
+        "--variant",
+        choices=analysis.tables.VARIANTS,
+        default="auto",
+        help="route-flip / ratio-variance variant: auto (off-policy where N > 1), all, offpolicy",
+    )
     parser.add_argument("--ref", default=None, help="reference value of the first --by key (default grpo+r2)")
     parser.add_argument("--claims", action="store_true", help="write RESULTS_ROOT/CLAIMS.md")
-    parser.add_argument("--collapse-definitions", action="store_true",
-                        help="write RESULTS_ROOT/collapse_definitions.md from the stress and compare runs")
-    parser.add_argument("--all", action="store_true",
-                        help="report every RESULTS_ROOT/*/runs into its folder, then both pages")
+    parser.add_argument(
+        "--collapse-definitions",
+        action="store_true",
+        help="write RESULTS_ROOT/collapse_definitions.md from the stress and compare runs",
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="report every RESULTS_ROOT/*/runs into its folder, then both pages"
+    )
     args = parser.parse_args(argv)
     by = [c for item in args.by for c in item.split(",") if c]
     pool = [c for item in args.pool for c in item.split(",") if c]
@@ -355,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                     if out.name in DEDICATED_REPORTS:
                         written += DEDICATED_REPORTS[out.name](runs_dir, out)
                     else:
-                        written += write_report(runs_dir, out, by=by, pool=pool, variant=args.variant,
-                                                reference=args.ref)
+                        written += write_report(
+                            runs_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref
+                        )
                 except (FileNotFoundError, KeyError) as err:
                     print(f"skipped {runs_dir}: {err}", file=sys.stderr)
         if args.all or args.collapse_definitions:
@@ -371,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_dir is None:
         parser.error("RESULTS_DIR is required (or pass --claims / --collapse-definitions / --all)")
     try:
-        written = write_report(args.results_dir, args.out or args.results_dir, by=by, pool=pool,
-                               variant=args.variant, reference=args.ref)
+        written = write_report(
+            args.results_dir, args.out or args.results_dir, by=by, pool=pool, variant=args.variant, reference=args.ref
+        )
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -383,4 +471,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

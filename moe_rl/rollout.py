@@ -100,8 +100,18 @@ def generate(
         if seed is not None:
             torch.manual_seed(seed)
         with recorder if recorder is not None else nullcontext():
-            out = sample(model, input_ids, attention_mask, sampler=sampler, max_new_tokens=max_new_tokens,
-                         temperature=temperature, greedy=greedy, eos_token_id=eos, pad_token_id=pad, rows=rows)
+            out = sample(
+                model,
+                input_ids,
+                attention_mask,
+                sampler=sampler,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                greedy=greedy,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                rows=rows,
+            )
     sequences = out.sequences  # (B, S)
     new_tokens = sequences[:, prompt_len:]  # (B, n)
     # Completion tokens: up to and including the first EOS.
@@ -129,13 +139,31 @@ SAMPLERS = ("loop", "generate")
 
 
 def sample(
-    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, *, sampler: str, max_new_tokens: int,
-    temperature: float, greedy: bool, eos_token_id: int, pad_token_id: int, rows: GlobalRows | None = None,
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    sampler: str,
+    max_new_tokens: int,
+    temperature: float,
+    greedy: bool,
+    eos_token_id: int,
+    pad_token_id: int,
+    rows: GlobalRows | None = None,
 ) -> Sampled:
     """`sequences` and per-step float32 `logits` of `sampler` (one of SAMPLERS) on left-padded prompts."""
     if sampler == "loop":
-        return sample_loop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                           greedy=greedy, eos_token_id=eos_token_id, pad_token_id=pad_token_id, rows=rows)
+        return sample_loop(
+            model,
+            input_ids,
+            attention_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            greedy=greedy,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            rows=rows,
+        )
     if sampler != "generate":
         raise ValueError(f"unknown sampler {sampler!r}; valid: {list(SAMPLERS)}")
     if rows is not None:

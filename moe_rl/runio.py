@@ -19,8 +19,8 @@ Every file is written to a temporary name and renamed, so a reader never sees a 
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import platform
 import subprocess
 import traceback
@@ -43,9 +43,9 @@ STATUSES = {
     "completed": "all steps ran and no collapse trigger fired",
     "collapsed": "all steps ran; a collapse trigger (reward drop, entropy collapse) fired on the way",
     "no_signal": "all steps ran, but a stretch of them had every prompt group zero-variance: nothing was learned "
-                 "(`reason` says where and the likely cause)",
+    "(`reason` says where and the likely cause)",
     "reward_failed": "all steps ran, but the reward function raised on more than its allowed share of completions "
-                     "(`reason`)",
+    "(`reason`)",
     "diverged": "a non-finite loss, gradient or log-prob: the run stopped at that step",
     "failed": "an exception other than divergence stopped the run: `error` in status.json, traceback in train.log",
     "invalid": "the config was rejected by validation before any work (`error` says why)",
@@ -75,13 +75,16 @@ def check_run_dir(run_dir: str | Path, *, config_hash: str, cold_start_key: str 
     run_dir = Path(run_dir)
     owner = read_status(run_dir).get("config_hash")
     if owner and owner != config_hash:
-        raise RunDirectoryError(f"{run_dir} holds a run of another config (status.json); use another output "
-                                "directory or delete this one")
+        raise RunDirectoryError(
+            f"{run_dir} holds a run of another config (status.json); use another output directory or delete this one"
+        )
     single, pointer = run_dir / SINGLE_CHECKPOINT, run_dir / POINTER
     if world_size > 1 and single.exists():
-        raise RunDirectoryError(f"{run_dir} holds a single-process checkpoint ({SINGLE_CHECKPOINT}); resume it "
-                                "with plain python (or torchrun --nproc_per_node=1), or use another output "
-                                "directory for this launch")
+        raise RunDirectoryError(
+            f"{run_dir} holds a single-process checkpoint ({SINGLE_CHECKPOINT}); resume it "
+            "with plain python (or torchrun --nproc_per_node=1), or use another output "
+            "directory for this launch"
+        )
     try:
         if single.exists():
             path, doc = single, torch.load(single, map_location="cpu", weights_only=True, mmap=True)
@@ -97,8 +100,9 @@ def check_run_dir(run_dir: str | Path, *, config_hash: str, cold_start_key: str 
 def check_identity(doc: dict[str, Any], path: Path, *, config_hash: str, cold_start_key: str | None) -> None:
     """RunDirectoryError unless the checkpoint record `doc` (read from `path`) is of this config and cold start."""
     if doc.get("config_hash") != config_hash:
-        raise RunDirectoryError(f"{path} belongs to a run with another config; use another output directory "
-                                "or delete this one")
+        raise RunDirectoryError(
+            f"{path} belongs to a run with another config; use another output directory or delete this one"
+        )
     if doc.get("cold_start_key") != cold_start_key:
         raise RunDirectoryError(f"{path} was trained from another cold start; delete the run to rerun")
 
@@ -113,13 +117,25 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
 
 
 def write_status(
-    run_dir: str | Path, status: str, *, steps_done: int = 0, events: list[dict[str, Any]] | None = None,
-    wall_s: float = 0.0, config_hash: str = "", error: BaseException | None = None, reason: str | None = None,
+    run_dir: str | Path,
+    status: str,
+    *,
+    steps_done: int = 0,
+    events: list[dict[str, Any]] | None = None,
+    wall_s: float = 0.0,
+    config_hash: str = "",
+    error: BaseException | None = None,
+    reason: str | None = None,
 ) -> None:
     """Write status.json; a failure records the exception (type, message) and appends its traceback
     to train.log, so that a folder always says why it stopped."""
-    doc: dict[str, Any] = {"status": status, "steps_done": steps_done, "collapse_events": events or [],
-                           "wall_s": wall_s, "config_hash": config_hash}
+    doc: dict[str, Any] = {
+        "status": status,
+        "steps_done": steps_done,
+        "collapse_events": events or [],
+        "wall_s": wall_s,
+        "config_hash": config_hash,
+    }
     if reason is not None:
         doc["reason"] = reason
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -150,8 +166,14 @@ def status_on_failure(run_dir: str | Path, config_hash: str) -> Iterator[None]:
     except Exception as err:
         if not ours:
             raise
-        write_status(run_dir, "failed", steps_done=prior.get("steps_done", 0), events=prior.get("collapse_events"),
-                     config_hash=config_hash, error=err)
+        write_status(
+            run_dir,
+            "failed",
+            steps_done=prior.get("steps_done", 0),
+            events=prior.get("collapse_events"),
+            config_hash=config_hash,
+            error=err,
+        )
         raise
 
 
@@ -177,9 +199,16 @@ class RunWriter:
         import transformers
 
         meta = {
-            "git_sha": _git_sha(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                                "python": platform.python_version()},
-            "device": _device_name(), "seed": self.keys["seed"], "run_keys": self.keys, **extra,
+            "git_sha": _git_sha(),
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+            },
+            "device": _device_name(),
+            "seed": self.keys["seed"],
+            "run_keys": self.keys,
+            **extra,
         }
         write_atomic(self.dir / "meta.json", json.dumps(meta, indent=1, default=str))
 
@@ -189,8 +218,13 @@ class RunWriter:
             try:
                 backend.log(step, metrics)
             except Exception as err:  # noqa: BLE001 - a live view must not stop a run: parquet has every value
-                log.warning("logging backend %s failed at step %d (%s: %s); it is dropped for this run",
-                            type(backend).__name__, step, type(err).__name__, err)
+                log.warning(
+                    "logging backend %s failed at step %d (%s: %s); it is dropped for this run",
+                    type(backend).__name__,
+                    step,
+                    type(err).__name__,
+                    err,
+                )
                 self.backends.remove(backend)
 
     def close_backends(self, status: str) -> None:
@@ -198,8 +232,9 @@ class RunWriter:
             try:
                 backend.close(status)
             except Exception as err:  # noqa: BLE001 - same: closing a live view must not fail the run
-                log.warning("closing logging backend %s failed (%s: %s)", type(backend).__name__,
-                            type(err).__name__, err)
+                log.warning(
+                    "closing logging backend %s failed (%s: %s)", type(backend).__name__, type(err).__name__, err
+                )
         self.backends = []
 
     def _frame(self, rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -208,8 +243,9 @@ class RunWriter:
             frame.insert(0, column, value)
         return frame
 
-    def flush(self, status: str, steps_done: int, wall_s: float, error: BaseException | None = None,
-              reason: str | None = None) -> None:
+    def flush(
+        self, status: str, steps_done: int, wall_s: float, error: BaseException | None = None, reason: str | None = None
+    ) -> None:
         """Write buffered rows as a new part, rebuild metrics.parquet from the parts, write status."""
         if self.rows:
             self.parts.mkdir(exist_ok=True)
@@ -221,8 +257,16 @@ class RunWriter:
         except CorruptFileError:
             if error is None:
                 raise  # on failure the status below still says why (the corrupt part, most likely)
-        write_status(self.dir, status, steps_done=steps_done, events=self.events, wall_s=wall_s,
-                     config_hash=self.config_hash, error=error, reason=reason)
+        write_status(
+            self.dir,
+            status,
+            steps_done=steps_done,
+            events=self.events,
+            wall_s=wall_s,
+            config_hash=self.config_hash,
+            error=error,
+            reason=reason,
+        )
 
     def _consolidate(self) -> None:
         """Stream the parts, one at a time, into metrics.parquet (memory stays one part)."""
@@ -291,9 +335,17 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
 
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.random.get_rng_state(), "python": random.getstate(),
-             "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)}}
+    state = {
+        "torch": torch.random.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -308,8 +360,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                         numpy["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy["kind"],
+            numpy["keys"].numpy().astype(np.uint32),
+            numpy["pos"],
+            numpy["has_gauss"],
+            numpy["cached_gaussian"],
+        )
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -86,8 +86,15 @@ def sample_loop(
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     key = _cache_kwarg(model)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P): skips left pads
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1, return_dict=True, **{key: cache})
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        return_dict=True,
+        **{key: cache},
+    )
     next_position = positions[:, -1:] + 1  # (B, 1)
     unfinished = torch.ones(B, dtype=torch.long, device=input_ids.device)
     pad = torch.tensor(pad_token_id, device=input_ids.device)
@@ -111,7 +118,14 @@ def sample_loop(
             if i + 1 == max_new_tokens or not (running if rows is None else rows.any_running(running)):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((B, 1))], dim=-1)
-            out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
-                        use_cache=True, logits_to_keep=1, return_dict=True, **{key: cache})
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                use_cache=True,
+                logits_to_keep=1,
+                return_dict=True,
+                **{key: cache},
+            )
             next_position = next_position + 1
     return Sampled(torch.cat(tokens, dim=1), tuple(logits))

@@ -39,19 +39,33 @@ from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
-from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
 from moe_rl.metric_names import OFFPOLICY_KEYS
+from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
-    compare_finalize, compare_parts, flip_margin_finalize, flip_margin_parts, movement_finalize, movement_parts, position_finalize, position_parts,
-    router_shift_gaps, shift_summary,
+    compare_finalize,
+    compare_parts,
+    flip_margin_finalize,
+    flip_margin_parts,
+    movement_finalize,
+    movement_parts,
+    position_finalize,
+    position_parts,
+    router_shift_gaps,
+    shift_summary,
 )
 from moe_rl.runinfo import note_meta
 from moe_rl.runio import (
-    FINISHED, RunDirectoryError, check_run_dir, read_status, rng_state, set_rng_state, status_on_failure,
+    FINISHED,
+    RunDirectoryError,
+    check_run_dir,
+    read_status,
+    rng_state,
+    set_rng_state,
+    status_on_failure,
 )
 from moe_rl.tasks.rewards import zero_variance_frac
 from moe_rl.tasks.setup import setup_task
@@ -59,8 +73,15 @@ from moe_rl.verdict import Verdict, run_verdict
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEYS = ("loss", "optim/grad_norm", "reward/mean", "policy/entropy", "task/accuracy",
-                "reward/zero_var_group_frac", "reward/errors")
+HISTORY_KEYS = (
+    "loss",
+    "optim/grad_norm",
+    "reward/mean",
+    "policy/entropy",
+    "task/accuracy",
+    "reward/zero_var_group_frac",
+    "reward/errors",
+)
 
 
 def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
@@ -70,11 +91,21 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     """
     layers = find_moe_layers(model)
     return {
-        "run": Path(cfg.out_dir).name, "experiment": cfg.experiment, "arm": cfg.arm, "algo": cfg.algo.name,
-        "replay": cfg.replay.mode, "family": cfg.model.family, "task": cfg.task.name, "seed": cfg.seed,
-        "N": cfg.optim.updates_per_rollout, "lr": cfg.optim.lr, "rollout_dtype": cfg.rollout.dtype,
-        "num_layers": model.config.num_hidden_layers, "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts, "top_k": layers[0].top_k,
+        "run": Path(cfg.out_dir).name,
+        "experiment": cfg.experiment,
+        "arm": cfg.arm,
+        "algo": cfg.algo.name,
+        "replay": cfg.replay.mode,
+        "family": cfg.model.family,
+        "task": cfg.task.name,
+        "seed": cfg.seed,
+        "N": cfg.optim.updates_per_rollout,
+        "lr": cfg.optim.lr,
+        "rollout_dtype": cfg.rollout.dtype,
+        "num_layers": model.config.num_hidden_layers,
+        "num_moe_layers": len(layers),
+        "num_experts": layers[0].num_experts,
+        "top_k": layers[0].top_k,
     }
 
 
@@ -133,7 +164,8 @@ class Trainer:
 
             self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
         self.rollout_policy = (
-            self.policy if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
+            self.policy
+            if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
@@ -152,7 +184,9 @@ class Trainer:
         self.warned_no_signal = False
         self.writer = self.dist.writer(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        self.order = torch.randperm(len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        self.order = torch.randperm(
+            len(self.train_examples), generator=torch.Generator().manual_seed(cfg.seed)
+        ).tolist()
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -171,9 +205,14 @@ class Trainer:
             rollout = self.engine_rollout(step, [e["prompt"] for e in examples])
         else:
             rollout = generate(
-                self.rollout_policy, self.tokenizer, [e["prompt"] for e in examples], group_size=cfg.rollout.group_size,
-                max_new_tokens=cfg.task.max_new_tokens, temperature=cfg.rollout.temperature,
-                seed=cfg.seed * 1_000_003 + step, record_routes=cfg.rollout.record_routes,
+                self.rollout_policy,
+                self.tokenizer,
+                [e["prompt"] for e in examples],
+                group_size=cfg.rollout.group_size,
+                max_new_tokens=cfg.task.max_new_tokens,
+                temperature=cfg.rollout.temperature,
+                seed=cfg.seed * 1_000_003 + step,
+                record_routes=cfg.rollout.record_routes,
                 rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
             )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
@@ -183,9 +222,11 @@ class Trainer:
         self.reward_metrics = {"reward/zero_var_group_frac": zero_var, "reward/errors": float(scores.errors)}
         if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
-            message = (f"step {step}: every prompt group has zero reward variance (reward/mean "
-                       f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
-                       "policy (cold_start=sft warms a checkpoint up on the task's answers)")
+            message = (
+                f"step {step}: every prompt group has zero reward variance (reward/mean "
+                f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
+                "policy (cold_start=sft warms a checkpoint up on the task's answers)"
+            )
             log.warning(message)
             note_meta(self.writer.dir / "meta.json", "warnings", message)
         return rollout, rewards, group
@@ -205,11 +246,18 @@ class Trainer:
         sync_s = time.perf_counter() - t
         rows = len(prompts) * cfg.rollout.group_size
         rollout = self.engine.generate(
-            self.tokenizer, prompts, row_keys=[(cfg.seed, step, i) for i in range(rows)],
-            group_size=cfg.rollout.group_size, max_new_tokens=cfg.task.max_new_tokens,
-            temperature=cfg.rollout.temperature, record_routes=cfg.rollout.record_routes,
+            self.tokenizer,
+            prompts,
+            row_keys=[(cfg.seed, step, i) for i in range(rows)],
+            group_size=cfg.rollout.group_size,
+            max_new_tokens=cfg.task.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            record_routes=cfg.rollout.record_routes,
         )
-        self.engine_metrics = {"rollout/engine_staleness": float(step - self.engine_synced), "time/engine_sync_s": sync_s}
+        self.engine_metrics = {
+            "rollout/engine_staleness": float(step - self.engine_synced),
+            "time/engine_sync_s": sync_s,
+        }
         if synced and self.engine_checks < 2:
             self.engine_metrics["rollout/engine_sync_max_diff"] = check_sync(self.engine, self.policy, rollout)
             self.engine_checks += 1
@@ -223,8 +271,15 @@ class Trainer:
         return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins, routed.scores
 
     def update(
-        self, rollout: Rollout, rows: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-        old_routes: Routes, replay_routes: Routes | None, old_margins: torch.Tensor, old_scores: torch.Tensor,
+        self,
+        rollout: Rollout,
+        rows: torch.Tensor,
+        old_logp: torch.Tensor,
+        adv: torch.Tensor,
+        old_routes: Routes,
+        replay_routes: Routes | None,
+        old_margins: torch.Tensor,
+        old_scores: torch.Tensor,
     ) -> dict[str, float]:
         cfg = self.cfg
         mask = rollout.response_mask[rows]
@@ -238,8 +293,15 @@ class Trainer:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
         loss, loss_metrics = self.loss_fn(
-            logp=logp, old_logp=old_logp[rows], adv=adv[rows], mask=mask, eps_low=self.eps_low,
-            eps_high=self.eps_high, ref_logp=ref_logp, beta=cfg.algo.beta, agg=cfg.algo.agg,
+            logp=logp,
+            old_logp=old_logp[rows],
+            adv=adv[rows],
+            mask=mask,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            ref_logp=ref_logp,
+            beta=cfg.algo.beta,
+            agg=cfg.algo.agg,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights["loss"]).backward()  # loss itself in a world of size 1
@@ -251,8 +313,9 @@ class Trainer:
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        scalars = torch.stack([loss.detach().double(), grad_norm.double(), entropy.double(),
-                               mask.sum().double()]).tolist()  # one transfer
+        scalars = torch.stack(
+            [loss.detach().double(), grad_norm.double(), entropy.double(), mask.sum().double()]
+        ).tolist()  # one transfer
         means = {**loss_metrics, "loss": scalars[0], "policy/entropy": scalars[2]}
         weights = {**loss_metrics.weights, "policy/entropy": scalars[3]}
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
@@ -263,8 +326,12 @@ class Trainer:
         parts = Partial().add("mean", mean_parts(means, weights))
         parts.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
         parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
-        parts.add("position", position_parts(native, old, mask, rollout.prompt_len - 1, cfg.position_bucket,
-                                             buckets=buckets, overlap=overlap))
+        parts.add(
+            "position",
+            position_parts(
+                native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
+            ),
+        )
         parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
         parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
         parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
@@ -275,16 +342,26 @@ class Trainer:
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
         metrics.update(ratio_finalize(parts.sub("ratio")))
-        metrics.update({"loss": pooled["loss"], "optim/grad_norm": scalars[1], "policy/entropy": pooled["policy/entropy"]})
+        metrics.update(
+            {"loss": pooled["loss"], "optim/grad_norm": scalars[1], "policy/entropy": pooled["policy/entropy"]}
+        )
         metrics.update({f"route/old_vs_new/{k}": v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
-        metrics.update({f"route/old_vs_new/{k}": v
-                        for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()})
+        metrics.update(
+            {
+                f"route/old_vs_new/{k}": v
+                for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()
+            }
+        )
         metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
         metrics.update({f"route/{k}": v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
         metrics.update({f"route/{k}": v for k, v in movement_finalize(parts.sub("move")).items()})
         if replay is not None:
-            metrics.update({f"route/native_vs_replayed/{k}": v
-                            for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()})
+            metrics.update(
+                {
+                    f"route/native_vs_replayed/{k}": v
+                    for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()
+                }
+            )
             metrics["route/used_vs_cached/flip_rate"] = compare_finalize(parts.sub("used_vs_cached"))["flip_rate"]
         return metrics
 
@@ -315,13 +392,20 @@ class Trainer:
         mask = rollout.response_mask
         gap = (rollout.rollout_logp - old_logp).abs()  # the rollout policy's (engine's) gap to the trainer, per token
         parts = Partial(
-            sums={"gap": (gap * mask).sum(), "tokens": mask.sum(), "mult": (gap.double().exp() * mask).sum(),
-                  "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
-                  "length": mask.sum(-1).float().sum(), "rows": torch.tensor(len(rollout)),
-                  "errors": torch.tensor(self.reward_metrics["reward/errors"], dtype=torch.float64)},
-            maxima={"time/rollout_s": torch.tensor(t1 - t0, dtype=torch.float64),
-                    "time/old_logp_s": torch.tensor(t2 - t1, dtype=torch.float64),
-                    "time/update_s": torch.tensor(t3 - t2, dtype=torch.float64)},
+            sums={
+                "gap": (gap * mask).sum(),
+                "tokens": mask.sum(),
+                "mult": (gap.double().exp() * mask).sum(),
+                "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
+                "length": mask.sum(-1).float().sum(),
+                "rows": torch.tensor(len(rollout)),
+                "errors": torch.tensor(self.reward_metrics["reward/errors"], dtype=torch.float64),
+            },
+            maxima={
+                "time/rollout_s": torch.tensor(t1 - t0, dtype=torch.float64),
+                "time/old_logp_s": torch.tensor(t2 - t1, dtype=torch.float64),
+                "time/update_s": torch.tensor(t3 - t2, dtype=torch.float64),
+            },
             rows={"rewards": rewards},
         ).add("margins", margin_parts(margins, old_routes.mask))
         if rollout.routes is not None:
@@ -329,26 +413,32 @@ class Trainer:
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
         sums, all_rewards = parts.sums, parts.rows["rewards"]
         if rollout.routes is not None:
-            metrics.update({f"route/rollout_vs_old/{k}": v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()})
-        metrics.update({
-            "reward/zero_var_group_frac": zero_variance_frac(all_rewards, cfg.rollout.group_size),
-            "reward/errors": sums["errors"].item(),
-            "reward/mean": all_rewards.mean().item(), "reward/std": all_rewards.std(unbiased=False).item(),
-            **margin_finalize(parts.sub("margins")),
-            "rollout/logp_gap": sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
-            "rollout/token_mult_prob_error": (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
-            / sums["tokens"].clamp(min=1).item(),
-            "rollout/logp_gap_over_ln2": sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
-            "rollout/response_len": (sums["length"] / sums["rows"]).item(),
-            **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
-        })
+            metrics.update(
+                {f"route/rollout_vs_old/{k}": v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
+            )
+        metrics.update(
+            {
+                "reward/zero_var_group_frac": zero_variance_frac(all_rewards, cfg.rollout.group_size),
+                "reward/errors": sums["errors"].item(),
+                "reward/mean": all_rewards.mean().item(),
+                "reward/std": all_rewards.std(unbiased=False).item(),
+                **margin_finalize(parts.sub("margins")),
+                "rollout/logp_gap": sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
+                "rollout/token_mult_prob_error": (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
+                / sums["tokens"].clamp(min=1).item(),
+                "rollout/logp_gap_over_ln2": sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
+                "rollout/response_len": (sums["length"] / sums["rows"]).item(),
+                **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
+            }
+        )
         if self.engine is not None:
             metrics.update(self.engine_metrics)
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
             if rollout.routes is not None:
-                rollout.routes.save(self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors",
-                                    token_ids=rollout.inputs)
+                rollout.routes.save(
+                    self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors", token_ids=rollout.inputs
+                )
         return metrics
 
     def verdict(self) -> Verdict | None:
@@ -358,35 +448,69 @@ class Trainer:
         steps = sorted(zero_var)
         cfg = self.cfg
         return run_verdict(
-            steps, [zero_var[s] for s in steps], [errors.get(s, 0.0) for s in steps], [means[s] for s in steps],
+            steps,
+            [zero_var[s] for s in steps],
+            [errors.get(s, 0.0) for s in steps],
+            [means[s] for s in steps],
             completions_per_step=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-            no_signal_steps=cfg.signal.no_signal_steps, max_reward_error_frac=cfg.signal.max_reward_error_frac,
+            no_signal_steps=cfg.signal.no_signal_steps,
+            max_reward_error_frac=cfg.signal.max_reward_error_frac,
             cold_start=self.cold_info,
         )
 
     def evaluate(self) -> dict[str, float]:
         t = time.perf_counter()
-        accuracy = evaluate(self.policy, self.tokenizer, self.eval_examples, self.task,
-                            max_new_tokens=self.cfg.task.max_new_tokens)
+        accuracy = evaluate(
+            self.policy, self.tokenizer, self.eval_examples, self.task, max_new_tokens=self.cfg.task.max_new_tokens
+        )
         passes = self.cfg.pass_at_k
-        sampled = pass_at_k_eval(self.policy, self.tokenizer, self.eval_examples, self.task, ks=list(passes.k),
-                                 n=passes.n, temperature=passes.temperature, max_new_tokens=self.cfg.task.max_new_tokens,
-                                 seed=self.cfg.seed) if passes.k else {}
+        sampled = (
+            pass_at_k_eval(
+                self.policy,
+                self.tokenizer,
+                self.eval_examples,
+                self.task,
+                ks=list(passes.k),
+                n=passes.n,
+                temperature=passes.temperature,
+                max_new_tokens=self.cfg.task.max_new_tokens,
+                seed=self.cfg.seed,
+            )
+            if passes.k
+            else {}
+        )
         return {"task/accuracy": accuracy, **sampled, "time/eval_s": time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
         """This world's checkpoint of `step` (`Dist.save`: one file, or one shard per rank)."""
-        self.dist.save(self.writer.dir, step, self.policy, self.optimizer, self.ref, {
-            "step": step, "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "events": self.writer.events,
-            "cold_start_key": self.cold_info.get("key"), "config_hash": self.writer.config_hash,
-        })
+        self.dist.save(
+            self.writer.dir,
+            step,
+            self.policy,
+            self.optimizer,
+            self.ref,
+            {
+                "step": step,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(),
+                "events": self.writer.events,
+                "cold_start_key": self.cold_info.get("key"),
+                "config_hash": self.writer.config_hash,
+            },
+        )
 
     def resume(self) -> int:
         """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
-        state = self.dist.load(self.writer.dir, self.policy, self.optimizer, self.ref,
-                               config_hash=self.writer.config_hash, cold_start_key=self.cold_info.get("key"))
+        state = self.dist.load(
+            self.writer.dir,
+            self.policy,
+            self.optimizer,
+            self.ref,
+            config_hash=self.writer.config_hash,
+            cold_start_key=self.cold_info.get("key"),
+        )
         if state is None:
             self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
             return 0
@@ -419,8 +543,14 @@ class Trainer:
             writer.write_config(cfg.to_dict())
             writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, **self.dist.meta())
             if self.dist.is_writer:  # live backends on rank 0 only, like the run folder
-                writer.backends = open_loggers(cfg.logger, writer.dir, keys=writer.keys, config=cfg.to_dict(),
-                                               results_dir=cfg.results_dir, resumed_after=done)
+                writer.backends = open_loggers(
+                    cfg.logger,
+                    writer.dir,
+                    keys=writer.keys,
+                    config=cfg.to_dict(),
+                    results_dir=cfg.results_dir,
+                    resumed_after=done,
+                )
             accuracy = None
             if done == 0:
                 first = self.evaluate()
@@ -428,8 +558,14 @@ class Trainer:
                 accuracy = first["task/accuracy"]
                 self.history["task/accuracy"].append((0, accuracy))  # the accuracy collapse trigger's baseline
             seen_triggers = {e["trigger"] for e in writer.events}
-            progress = Progress(total=cfg.steps, initial=done, desc=f"{writer.keys['run']} {cfg.arm}",
-                                bar=cfg.progress, every=cfg.log_every, accuracy=accuracy)
+            progress = Progress(
+                total=cfg.steps,
+                initial=done,
+                desc=f"{writer.keys['run']} {cfg.arm}",
+                bar=cfg.progress,
+                every=cfg.log_every,
+                accuracy=accuracy,
+            )
             for step in range(done + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -486,8 +622,12 @@ class Trainer:
 
 def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
     """RunDirectoryError when `cfg`'s run directory belongs to another run or another world (reads only)."""
-    check_run_dir(run_dir(cfg), config_hash=config_hash(cfg), world_size=world_size,
-                  cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start))
+    check_run_dir(
+        run_dir(cfg),
+        config_hash=config_hash(cfg),
+        world_size=world_size,
+        cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start),
+    )
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:

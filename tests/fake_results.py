@@ -24,8 +24,16 @@ CLIP_BASE = {"grpo": (0.01, 0.015), "gspo": (0.08, 0.12)}
 SKILL = {"grpo+r2": 1.0, "grpo+r3": 1.0, "gspo+none": 0.95, "gspo+r2": 0.95, "grpo+none": 0.85}
 
 
-def _run_metrics(rng: np.random.Generator, arm: str, *, steps: int, num_layers: int, num_buckets: int,
-                 eval_every: int, collapse_step: int | None) -> list[tuple[int, str, float]]:
+def _run_metrics(
+    rng: np.random.Generator,
+    arm: str,
+    *,
+    steps: int,
+    num_layers: int,
+    num_buckets: int,
+    eval_every: int,
+    collapse_step: int | None,
+) -> list[tuple[int, str, float]]:
     """(step, key, value) rows of one run; the run stops at its collapse step."""
     algo, replay = arm.split("+")
     flip_base = FLIP_BASE.get(replay, 0.08) * (0.8 if algo == "gspo" else 1.0)
@@ -47,11 +55,22 @@ def _run_metrics(rng: np.random.Generator, arm: str, *, steps: int, num_layers: 
         for pair in PAIRS:
             if pair == "native_vs_replayed" and replay == "none":
                 continue
-            base = {"old_vs_new": flip_base, "rollout_vs_old": 0.3 * flip_base,
-                    "native_vs_replayed": FLIP_BASE["none"]}[pair]
+            base = {
+                "old_vs_new": flip_base,
+                "rollout_vs_old": 0.3 * flip_base,
+                "native_vs_replayed": FLIP_BASE["none"],
+            }[pair]
             depth = 0.7 + 0.6 * np.arange(num_layers) / max(num_layers - 1, 1)
-            layer = np.clip(base * run_factor * (1 + 0.5 * progress) * depth
-                            * rng.lognormal(0.0, 0.1, num_layers) * (3.0 if near_collapse else 1.0), 0, 1)
+            layer = np.clip(
+                base
+                * run_factor
+                * (1 + 0.5 * progress)
+                * depth
+                * rng.lognormal(0.0, 0.1, num_layers)
+                * (3.0 if near_collapse else 1.0),
+                0,
+                1,
+            )
             flip = layer.mean()
             put(f"route/{pair}/flip_rate", flip)
             put(f"route/{pair}/expert_flip_frac", flip * rng.uniform(0.5, 0.6))
@@ -70,8 +89,8 @@ def _run_metrics(rng: np.random.Generator, arm: str, *, steps: int, num_layers: 
         put("ratio/seq_var", token_var * rng.uniform(0.05, 0.15))
         put("ratio/ess", 1 / (1 + token_var))
         put("ratio/extreme_frac", min(1.0, token_var * rng.uniform(0.5, 1.5)))
-        put("ratio/clipfrac_low", min(1.0, clip_low * rng.lognormal(0, 0.3) * blowup ** 0.5))
-        put("ratio/clipfrac_high", min(1.0, clip_high * rng.lognormal(0, 0.3) * blowup ** 0.5))
+        put("ratio/clipfrac_low", min(1.0, clip_low * rng.lognormal(0, 0.3) * blowup**0.5))
+        put("ratio/clipfrac_high", min(1.0, clip_high * rng.lognormal(0, 0.3) * blowup**0.5))
         put("kl/k3", token_var / 2 * rng.uniform(0.8, 1.2))
 
         reward = 0.25 + 0.55 * skill * (1 - np.exp(-3 * progress)) + rng.normal(0, 0.02)
@@ -118,17 +137,43 @@ def make_fake_results(
             collapses = collapse is not None and arm == collapse[0] and s < collapse[1]
             collapse_step = int(rng.integers(steps // 2, steps - 1)) if collapses else None
             run_keys = {
-                "run": f"{experiment}-{arm}-s{seed}", "experiment": experiment, "arm": arm, "algo": algo,
-                "replay": replay, "family": "qwen3_moe", "task": "reversal", "seed": seed, "N": 4,
-                "lr": 1e-5, "rollout_dtype": "bfloat16", "num_layers": num_layers, "num_experts": 8,
+                "run": f"{experiment}-{arm}-s{seed}",
+                "experiment": experiment,
+                "arm": arm,
+                "algo": algo,
+                "replay": replay,
+                "family": "qwen3_moe",
+                "task": "reversal",
+                "seed": seed,
+                "N": 4,
+                "lr": 1e-5,
+                "rollout_dtype": "bfloat16",
+                "num_layers": num_layers,
+                "num_experts": 8,
             }
-            rows = _run_metrics(rng, arm, steps=steps, num_layers=num_layers, num_buckets=num_buckets,
-                                eval_every=eval_every, collapse_step=collapse_step)
+            rows = _run_metrics(
+                rng,
+                arm,
+                steps=steps,
+                num_layers=num_layers,
+                num_buckets=num_buckets,
+                eval_every=eval_every,
+                collapse_step=collapse_step,
+            )
             metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
             for col, value in reversed(run_keys.items()):
                 metrics.insert(0, col, value)
-            metrics = metrics.astype({"seed": "int64", "N": "int64", "num_layers": "int64", "num_experts": "int64",
-                                      "lr": "float64", "step": "int64", "value": "float64"})
+            metrics = metrics.astype(
+                {
+                    "seed": "int64",
+                    "N": "int64",
+                    "num_layers": "int64",
+                    "num_experts": "int64",
+                    "lr": "float64",
+                    "step": "int64",
+                    "value": "float64",
+                }
+            )
 
             run_dir = root / experiment / arm / f"seed_{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +192,13 @@ def make_fake_results(
             events = []
             if collapse_step is not None:
                 reward = metrics[(metrics["key"] == "reward/mean")].set_index("step")["value"]
-                events.append({"step": collapse_step, "trigger": "reward_drop",
-                               "detail": f"rolling reward {reward.iloc[-1]:.3f} < 0.5 x best {reward.max():.3f}"})
+                events.append(
+                    {
+                        "step": collapse_step,
+                        "trigger": "reward_drop",
+                        "detail": f"rolling reward {reward.iloc[-1]:.3f} < 0.5 x best {reward.max():.3f}",
+                    }
+                )
             status = {
                 "status": "collapsed" if events else "completed",
                 "steps_done": (collapse_step + 1) if events else steps,
@@ -167,17 +217,24 @@ if __name__ == "__main__":
         print(path)
 
 
-def _write_run(run_dir: Path, run_keys: dict, rows: list[tuple[int, str, float]], events: list[dict],
-               steps: int) -> None:
+def _write_run(
+    run_dir: Path, run_keys: dict, rows: list[tuple[int, str, float]], events: list[dict], steps: int
+) -> None:
     metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
     for col, value in reversed(run_keys.items()):
         metrics.insert(0, col, value)
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics.to_parquet(run_dir / "metrics.parquet", index=False)
     (run_dir / "meta.json").write_text(json.dumps({"seed": run_keys["seed"], "run_keys": run_keys}))
-    (run_dir / "status.json").write_text(json.dumps({
-        "status": "collapsed" if events else "completed", "steps_done": steps, "collapse_events": events,
-    }))
+    (run_dir / "status.json").write_text(
+        json.dumps(
+            {
+                "status": "collapsed" if events else "completed",
+                "steps_done": steps,
+                "collapse_events": events,
+            }
+        )
+    )
 
 
 def make_fake_grid(
@@ -232,9 +289,14 @@ def make_fake_grid(
             for step in range(1, steps + 1):
                 down = c is not None and step >= c
                 reward = (0.03 if down else 0.3) + rng.normal(0, 0.01)
-                rows += [(step, "reward/mean", reward), (step, "loss", rng.normal(0, 0.05)),
-                         (step, "optim/grad_norm", rng.lognormal(0, 0.2)), (step, "policy/entropy", 1.0),
-                         (step, "ratio/clipfrac_low", clip[step + 10] / 2), (step, "ratio/clipfrac_high", clip[step + 10] / 2)]
+                rows += [
+                    (step, "reward/mean", reward),
+                    (step, "loss", rng.normal(0, 0.05)),
+                    (step, "optim/grad_norm", rng.lognormal(0, 0.2)),
+                    (step, "policy/entropy", 1.0),
+                    (step, "ratio/clipfrac_low", clip[step + 10] / 2),
+                    (step, "ratio/clipfrac_high", clip[step + 10] / 2),
+                ]
                 if log_shift:
                     rows.append((step, "route/old_vs_new/shift/mean", shift[step + 10]))
                 if N > 1:
@@ -247,30 +309,54 @@ def make_fake_grid(
                     rows.append((step, f"route/old_vs_new/flip_rate/layer_{layer}", f * depth * (N - 1) / N))
                 if step % eval_every == 0 or step == steps:
                     acc = 0.05 if down else 0.4 + (acc_end - 0.4) * step / steps
-                    rows.append((step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, acc_noise))))
+                    rows.append(
+                        (step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, acc_noise)))
+                    )
             history: dict[str, list] = {}
             for step, key, value in rows:
                 history.setdefault(key, []).append((step, value))
             events = [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in detect_collapse(history)]
             run = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}"
-            run_keys = {"run": run, "experiment": experiment, "arm": arm, "algo": algo, "replay": replay,
-                        "family": "qwen3_moe", "task": "reversal", "seed": seed, "N": N, "lr": lr,
-                        "rollout_dtype": rollout_dtype, "num_layers": L, "num_moe_layers": L, "num_experts": 8}
+            run_keys = {
+                "run": run,
+                "experiment": experiment,
+                "arm": arm,
+                "algo": algo,
+                "replay": replay,
+                "family": "qwen3_moe",
+                "task": "reversal",
+                "seed": seed,
+                "N": N,
+                "lr": lr,
+                "rollout_dtype": rollout_dtype,
+                "num_layers": L,
+                "num_moe_layers": L,
+                "num_experts": 8,
+            }
             run_dir = root / experiment / "runs" / run
             _write_run(run_dir, run_keys, rows, events, steps)
             dirs.append(run_dir)
     return dirs
 
 
-def write_fake_fit(root: str | PathLike, *, predicted: float = 0.1, ci: tuple[float, float] = (0.06, 0.15),
-                   r2_holdout: float = 0.9) -> Path:
+def write_fake_fit(
+    root: str | PathLike, *, predicted: float = 0.1, ci: tuple[float, float] = (0.06, 0.15), r2_holdout: float = 0.9
+) -> Path:
     """results/drift_scaling/fit.json in the schema the drift-scaling fit writes."""
     path = Path(root) / "drift_scaling" / "fit.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    metrics = {key: {"measured_max": 0.02, "predicted": predicted, "ci": list(ci), "r2_holdout": r2_holdout}
-               for key in ("route/old_vs_new/expert_flip_frac/offpolicy", "route/old_vs_new/flip_rate/offpolicy",
-                           "route/old_vs_new/token_flip_rate/offpolicy")}
-    doc = {"target": {"num_experts": 128, "top_k": 8, "num_moe_layers": 48, "lr": 1e-6}, "metrics": metrics,
-           "assumptions": "log-linear in log E, k, depth and log lr (fake)"}
+    metrics = {
+        key: {"measured_max": 0.02, "predicted": predicted, "ci": list(ci), "r2_holdout": r2_holdout}
+        for key in (
+            "route/old_vs_new/expert_flip_frac/offpolicy",
+            "route/old_vs_new/flip_rate/offpolicy",
+            "route/old_vs_new/token_flip_rate/offpolicy",
+        )
+    }
+    doc = {
+        "target": {"num_experts": 128, "top_k": 8, "num_moe_layers": 48, "lr": 1e-6},
+        "metrics": metrics,
+        "assumptions": "log-linear in log E, k, depth and log lr (fake)",
+    }
     path.write_text(json.dumps(doc, indent=2))
     return path

@@ -204,6 +204,7 @@ def test_kl_gradient_by_hand():
 
 # ---------------------------------------------------------------- GSPO by hand
 
+
 # Sequence ratio s_i = exp(mean of valid deltas); custom eps 0.2 / 0.27, clip range [0.8, 1.27].
 # seq 0, A = +1, deltas [ln 4, 0]        -> s = exp(ln 2) = 2  > 1.27, A > 0: min(2, 1.27)     -> -1.27 clipped high
 # seq 1, A = -1, deltas [ln 1/4, 0]      -> s = 1/2 < 0.8,     A < 0: min(-0.5, -0.8)  -> 0.8   clipped low

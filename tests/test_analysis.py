@@ -37,8 +37,26 @@ def test_load_results_rows_and_columns(results: Path, df: pd.DataFrame) -> None:
     files = sorted(results.rglob("metrics.parquet"))
     assert len(files) == len(ARMS) * len(SEEDS)
     assert len(df) == sum(len(pd.read_parquet(f)) for f in files)
-    for col in ["run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr", "step", "key",
-                "value", "status", "n_collapse_events", "first_collapse_step", "run_dir", "num_layers"]:
+    for col in [
+        "run",
+        "experiment",
+        "arm",
+        "algo",
+        "replay",
+        "family",
+        "task",
+        "seed",
+        "N",
+        "lr",
+        "step",
+        "key",
+        "value",
+        "status",
+        "n_collapse_events",
+        "first_collapse_step",
+        "run_dir",
+        "num_layers",
+    ]:
         assert col in df.columns, col
     assert df["run"].nunique() == 9
     assert "num_experts" in analysis.run_key_columns(df) and "status" not in analysis.run_key_columns(df)
@@ -94,8 +112,11 @@ def test_summarize_matches_pandas(df: pd.DataFrame) -> None:
     summary = analysis.summarize(df).set_index("arm")
     assert list(summary.index) == sorted(ARMS)
     assert summary["n_seeds"].tolist() == [3, 3, 3]
-    for name, key in [("flip_rate", "route/old_vs_new/flip_rate"), ("token_var", "ratio/token_var"),
-                      ("clipfrac_high", "ratio/clipfrac_high")]:
+    for name, key in [
+        ("flip_rate", "route/old_vs_new/flip_rate"),
+        ("token_var", "ratio/token_var"),
+        ("clipfrac_high", "ratio/clipfrac_high"),
+    ]:
         mean, ci = _by_hand(df, "grpo+r2", key)
         assert summary.loc["grpo+r2", f"{name}_mean"] == pytest.approx(mean, rel=1e-12)
         assert summary.loc["grpo+r2", f"{name}_ci95"] == pytest.approx(ci, rel=1e-3)
@@ -158,8 +179,20 @@ def test_format_summary_markdown(df: pd.DataFrame) -> None:
     text = analysis.format_summary_markdown(analysis.summarize(partial))
     lines = text.strip().splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == ["arm", "seeds", "flip rate (%)", "expert flip (%)", "token ratio var", "seq ratio var",
-                      "clip low (%)", "clip high (%)", "final acc (%)", "acc gain (pp)", "collapsed", "first collapse"]
+    assert header == [
+        "arm",
+        "seeds",
+        "flip rate (%)",
+        "expert flip (%)",
+        "token ratio var",
+        "seq ratio var",
+        "clip low (%)",
+        "clip high (%)",
+        "final acc (%)",
+        "acc gain (pp)",
+        "collapsed",
+        "first collapse",
+    ]
     assert len(lines) == 2 + 3
     rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
     assert rows["gspo+none"][header.index("clip low (%)")] == "—"
@@ -207,11 +240,22 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "moe_rl.report", str(results), "--out", str(out), "--by", "arm"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    expected = ["summary.md", "summary.csv", "tests.csv", "flip_rate.png", "layer_heatmap.png",
-                "flip_by_position.png", "ratio_variance.png", "reward_accuracy.png"]
+    expected = [
+        "summary.md",
+        "summary.csv",
+        "tests.csv",
+        "flip_rate.png",
+        "layer_heatmap.png",
+        "flip_by_position.png",
+        "ratio_variance.png",
+        "reward_accuracy.png",
+    ]
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)  # no temporary files left behind
     assert {Path(line).name for line in proc.stdout.split()} == set(expected)
     for name in expected:
@@ -224,14 +268,20 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
     csv = pd.read_csv(out / "summary.csv")
     assert csv["arm"].tolist() == sorted(ARMS) and "flip_rate_ci95" in csv.columns
 
-    empty = subprocess.run([sys.executable, "-m", "moe_rl.report", str(tmp_path / "none")],
-                           capture_output=True, text=True, cwd=REPO, timeout=60)
+    empty = subprocess.run(
+        [sys.executable, "-m", "moe_rl.report", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert empty.returncode == 1 and "does not exist" in empty.stderr
 
 
-@pytest.mark.parametrize(("name", "n_figures", "with_phase"),
-                         [("routing_drift", 6, False), ("compare_algorithms", 4, True),
-                          ("compare_algorithms", 2, False)])
+@pytest.mark.parametrize(
+    ("name", "n_figures", "with_phase"),
+    [("routing_drift", 6, False), ("compare_algorithms", 4, True), ("compare_algorithms", 2, False)],
+)
 def test_notebook_executes(
     name: str, n_figures: int, with_phase: bool, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,24 +290,36 @@ def test_notebook_executes(
     # a "python3" kernel spec that runs this interpreter, ahead of any user-level spec
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (test)", "language": "python",
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (test)",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MOE_RL_RESULTS", str(results))
     monkeypatch.setenv("MOE_RL_DRIFT", str(tmp_path / "no_drift_results"))
     root = tmp_path / "results_root"  # a phase sweep, or nothing: the notebook must run either way
     root.mkdir()
     if with_phase:
-        make_fake_grid(root, Ns=(1, 4), lrs=(1e-3,), seeds=(0, 1, 2), steps=25,
-                       n_collapse=lambda a, lr, N, L: 2 if a == "grpo+none" and N > 1 else 0)
+        make_fake_grid(
+            root,
+            Ns=(1, 4),
+            lrs=(1e-3,),
+            seeds=(0, 1, 2),
+            steps=25,
+            n_collapse=lambda a, lr, N, L: 2 if a == "grpo+none" and N > 1 else 0,
+        )
     monkeypatch.setenv("MOE_RL_RESULTS_ROOT", str(root))
     path = REPO / "notebooks" / f"{name}.ipynb"
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "stored with outputs"
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=60,
-                                     resources={"metadata": {"path": str(path.parent)}})
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=60, resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -265,6 +327,7 @@ def test_notebook_executes(
 
 
 # --- report defects (issue: run ids, pooled groups, off-policy variants, figure sizes) -----------------
+
 
 def test_duplicate_run_ids_in_two_folders_are_both_kept(tmp_path: Path) -> None:
     for sub in ("a", "b"):  # two sweeps whose folders end alike: the same run id in both
@@ -305,8 +368,9 @@ def test_variant_auto_uses_offpolicy_values_where_n_above_one() -> None:
         for step in (1, 2):
             rows.append({"run": run, "N": n, "step": step, "key": "route/old_vs_new/flip_rate", "value": 0.03})
             if n > 1:
-                rows.append({"run": run, "N": n, "step": step, "key": "route/old_vs_new/flip_rate/offpolicy",
-                             "value": 0.04})
+                rows.append(
+                    {"run": run, "N": n, "step": step, "key": "route/old_vs_new/flip_rate/offpolicy", "value": 0.04}
+                )
     df = pd.DataFrame(rows)
     key = "route/old_vs_new/flip_rate"
     assert analysis.variant_per_run(df, key, "auto").to_dict() == {"a": 0.04, "b": 0.03}
@@ -314,7 +378,8 @@ def test_variant_auto_uses_offpolicy_values_where_n_above_one() -> None:
     off = analysis.variant_per_run(df, key, "offpolicy")
     assert off["a"] == 0.04 and math.isnan(off["b"])
     assert analysis.summarize(df.assign(arm="x", seed=0), by="run", variant="auto").set_index("run")[
-        "flip_rate_mean"].to_dict() == {"a": 0.04, "b": 0.03}
+        "flip_rate_mean"
+    ].to_dict() == {"a": 0.04, "b": 0.03}
     with pytest.raises(ValueError, match="variant"):
         analysis.variant_per_run(df, key, "nope")
 
@@ -325,8 +390,9 @@ def test_flip_by_position_ticks_are_the_buckets(df: pd.DataFrame) -> None:
 
 
 def test_many_groups_are_faceted_and_sized(tmp_path: Path) -> None:
-    make_fake_results(tmp_path, arms=("grpo+r2", "grpo+none", "gspo+none", "gspo+r2"), seeds=(0, 1, 2, 3),
-                      steps=6, collapse=None)
+    make_fake_results(
+        tmp_path, arms=("grpo+r2", "grpo+none", "gspo+none", "gspo+r2"), seeds=(0, 1, 2, 3), steps=6, collapse=None
+    )
     df = analysis.load_results(tmp_path)
     by = ["arm", "seed"]  # 16 groups
     fig = analysis.plot_layer_heatmap(df, by=by)

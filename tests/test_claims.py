@@ -25,39 +25,110 @@ def _world(root: Path, kind: str) -> Path:
     if kind == "reproduced":
         write_fake_fit(root, predicted=0.1, ci=(0.06, 0.15), r2_holdout=0.9)
         phase = {"grpo+none": 6, "grpo+r2": 0, "gspo+none": 0}
-        make_fake_grid(root, Ns=(1, 4), lrs=(1e-3,), steps=STEPS, shift_lag=2,
-                       n_collapse=lambda a, lr, N, L: phase[a] if N > 1 else 0)
-        make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
-                       seeds=tuple(range(6)), steps=STEPS, log_shift=False,
-                       flip=lambda a, lr, N, L, s: 0.002 * L * (1 + 0.05 * s))
-        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
-                       steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
-                       n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0)
+        make_fake_grid(
+            root,
+            Ns=(1, 4),
+            lrs=(1e-3,),
+            steps=STEPS,
+            shift_lag=2,
+            n_collapse=lambda a, lr, N, L: phase[a] if N > 1 else 0,
+        )
+        make_fake_grid(
+            root,
+            experiment="drift_scaling",
+            arms=("grpo+none",),
+            lrs=(1e-4,),
+            Ns=(4,),
+            layers=(2, 8),
+            seeds=tuple(range(6)),
+            steps=STEPS,
+            log_shift=False,
+            flip=lambda a, lr, N, L, s: 0.002 * L * (1 + 0.05 * s),
+        )
+        make_fake_grid(
+            root,
+            experiment="engine_mismatch",
+            arms=("grpo+r2", "grpo+r3"),
+            lrs=(1e-4,),
+            Ns=(8,),
+            steps=STEPS,
+            rollout_dtype="bfloat16",
+            log_shift=False,
+            n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0,
+        )
     elif kind == "not reproduced":
         write_fake_fit(root, predicted=0.005, ci=(0.002, 0.01), r2_holdout=0.9)
         # N=2: GRPO+R2 collapses, GRPO without replay does not; N=4: GSPO collapses where GRPO+R2 does not
-        phase = {(2, "grpo+none"): 0, (2, "grpo+r2"): 8, (2, "gspo+none"): 0,
-                 (4, "grpo+none"): 1, (4, "grpo+r2"): 0, (4, "gspo+none"): 8}
-        make_fake_grid(root, Ns=(2, 4), lrs=(1e-3,), steps=STEPS, shift_lag=-2,
-                       n_collapse=lambda a, lr, N, L: phase[N, a])
-        make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
-                       seeds=tuple(range(6)), steps=STEPS, log_shift=False,
-                       flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s))
-        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
-                       steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
-                       n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0)
+        phase = {
+            (2, "grpo+none"): 0,
+            (2, "grpo+r2"): 8,
+            (2, "gspo+none"): 0,
+            (4, "grpo+none"): 1,
+            (4, "grpo+r2"): 0,
+            (4, "gspo+none"): 8,
+        }
+        make_fake_grid(
+            root, Ns=(2, 4), lrs=(1e-3,), steps=STEPS, shift_lag=-2, n_collapse=lambda a, lr, N, L: phase[N, a]
+        )
+        make_fake_grid(
+            root,
+            experiment="drift_scaling",
+            arms=("grpo+none",),
+            lrs=(1e-4,),
+            Ns=(4,),
+            layers=(2, 8),
+            seeds=tuple(range(6)),
+            steps=STEPS,
+            log_shift=False,
+            flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s),
+        )
+        make_fake_grid(
+            root,
+            experiment="engine_mismatch",
+            arms=("grpo+r2", "grpo+r3"),
+            lrs=(1e-4,),
+            Ns=(8,),
+            steps=STEPS,
+            rollout_dtype="bfloat16",
+            log_shift=False,
+            n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0,
+        )
     elif kind == "inconclusive":
         write_fake_fit(root, predicted=0.03, ci=(0.001, 0.5), r2_holdout=0.9)
         phase = {"grpo+none": 2, "grpo+r2": 1, "gspo+none": 1}
-        make_fake_grid(root, Ns=(4,), lrs=(1e-3,), steps=STEPS, shift_lag=None,  # shift unrelated to clipping
-                       n_collapse=lambda a, lr, N, L: phase[a])
-        make_fake_grid(root, experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8),
-                       seeds=(0, 1, 2), steps=STEPS, log_shift=False,
-                       flip=lambda a, lr, N, L, s: 0.02 + (0.015 * (-1) ** s if L == 8 else 0.0))
-        make_fake_grid(root, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
-                       seeds=(0, 1, 2), steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
-                       n_collapse=lambda a, lr, N, L: 1 if a == "grpo+r2" else 0,
-                       final_acc=lambda a, lr, N, L, s: 0.45 + (0.1 * (-1) ** s if a == "grpo+r3" else 0.0))
+        make_fake_grid(
+            root,
+            Ns=(4,),
+            lrs=(1e-3,),
+            steps=STEPS,
+            shift_lag=None,  # shift unrelated to clipping
+            n_collapse=lambda a, lr, N, L: phase[a],
+        )
+        make_fake_grid(
+            root,
+            experiment="drift_scaling",
+            arms=("grpo+none",),
+            lrs=(1e-4,),
+            Ns=(4,),
+            layers=(2, 8),
+            seeds=(0, 1, 2),
+            steps=STEPS,
+            log_shift=False,
+            flip=lambda a, lr, N, L, s: 0.02 + (0.015 * (-1) ** s if L == 8 else 0.0),
+        )
+        make_fake_grid(
+            root,
+            experiment="engine_mismatch",
+            arms=("grpo+r2", "grpo+r3"),
+            lrs=(1e-4,),
+            Ns=(8,),
+            seeds=(0, 1, 2),
+            steps=STEPS,
+            rollout_dtype="bfloat16",
+            log_shift=False,
+            n_collapse=lambda a, lr, N, L: 1 if a == "grpo+r2" else 0,
+            final_acc=lambda a, lr, N, L, s: 0.45 + (0.1 * (-1) ** s if a == "grpo+r3" else 0.0),
+        )
     return root
 
 
@@ -94,8 +165,16 @@ def _pairs_frame(n_cells: int, seeds: int, *, acc_gain: float, collapse_w: dict[
     for cell in range(n_cells):
         for seed in range(seeds):
             for arm, gain in (("grpo+none", 0.0), ("grpo+r2", acc_gain)):
-                row = {"arm": arm, "lr": 1e-3 * (cell + 1), "N": 8, "seed": seed, "start_accuracy": 0.4,
-                       "late_accuracy": 0.2 + 0.01 * seed + gain, "reward_auc": 0.1 + 0.01 * seed, "last_step": 200}
+                row = {
+                    "arm": arm,
+                    "lr": 1e-3 * (cell + 1),
+                    "N": 8,
+                    "seed": seed,
+                    "start_accuracy": 0.4,
+                    "late_accuracy": 0.2 + 0.01 * seed + gain,
+                    "reward_auc": 0.1 + 0.01 * seed,
+                    "last_step": 200,
+                }
                 for d, k in collapse_w.items():
                     hit = arm == "grpo+none" and pair < k
                     row[f"collapsed_{d}"], row[f"collapse_step_{d}"] = hit, 10.0 if hit else np.nan
@@ -122,8 +201,9 @@ def test_compare_arms_by_hand() -> None:
     # three looks: every p times 3
     assert C.compare_arms(out, "grpo+none", "grpo+r2", ["lr", "N"], looks=3).p == pytest.approx(3 * holm.min())
     # no difference at all: the intervals sit inside the margins
-    same = C.compare_arms(_pairs_frame(2, 6, acc_gain=0.0, collapse_w={"relative": 0}), "grpo+none", "grpo+r2",
-                          ["lr", "N"])
+    same = C.compare_arms(
+        _pairs_frame(2, 6, acc_gain=0.0, collapse_w={"relative": 0}), "grpo+none", "grpo+r2", ["lr", "N"]
+    )
     assert same.verdict == "not reproduced" and "no difference" in same.reason
 
 
@@ -132,10 +212,17 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     collapses first in all 12 pairs (reproduced), under another nobody collapses (not reproduced)."""
     grid = {"relative": 12, "absolute": 0, "relative:d0.5:p2": 12, "absolute:d0.5": 0}
     out = _pairs_frame(2, 6, acc_gain=0.0, collapse_w=grid)
-    ext = C.Declared("phase", "phase.yaml", {"primary": ["late_accuracy"]},
-                     [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}])
+    ext = C.Declared(
+        "phase",
+        "phase.yaml",
+        {"primary": ["late_accuracy"]},
+        [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}],
+    )
     c = C.claim_offpolicy_grpo(Path("unused"), outcomes=out, declared=ext)
-    assert c.verdict == "fragile" and c.robustness == {"relative:d0.5:p2": "reproduced", "absolute:d0.5": "not reproduced"}
+    assert c.verdict == "fragile" and c.robustness == {
+        "relative:d0.5:p2": "reproduced",
+        "absolute:d0.5": "not reproduced",
+    }
     assert "reproduced 50%, not reproduced 50%" in c.notes[0]
     looks = next(n for n in c.notes if n.startswith("declared in phase.yaml"))
     assert "more_seeds (look 2, 12 runs)" in looks and "counts 2 looks" in looks and "(12 declared runs" in looks
@@ -147,11 +234,15 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
 
 
 def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
-    (tmp_path / "base.yaml").write_text("experiment: base\nanalysis:\n  claims: [2]\n  primary: [late_accuracy]\n"
-                                        "hydra:\n  sweeper:\n    params:\n      seed: 0,1\n")
-    (tmp_path / "more.yaml").write_text("defaults:\n  - base\nanalysis:\n  extends: base\n  look: 2\nhydra:\n"
-                                        "  sweeper:\n    params:\n      seed: 2,3\n      optim.lr: 0.0003\n"
-                                        "      arm: grpo_r2\n")
+    (tmp_path / "base.yaml").write_text(
+        "experiment: base\nanalysis:\n  claims: [2]\n  primary: [late_accuracy]\n"
+        "hydra:\n  sweeper:\n    params:\n      seed: 0,1\n"
+    )
+    (tmp_path / "more.yaml").write_text(
+        "defaults:\n  - base\nanalysis:\n  extends: base\n  look: 2\nhydra:\n"
+        "  sweeper:\n    params:\n      seed: 2,3\n      optim.lr: 0.0003\n"
+        "      arm: grpo_r2\n"
+    )
     d = C.declared_analyses(tmp_path)["base"]
     assert d.analysis["primary"] == ["late_accuracy"]
     assert d.extensions == [{"name": "more", "look": 2, "runs": {"seed": [2.0, 3.0], "lr": [3e-4], "arm": ["grpo+r2"]}}]
@@ -166,7 +257,9 @@ def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
     edge = next(e for e in phase.extensions if e["name"] == "phase_edge")["runs"]
     assert edge == {"seed": [float(s) for s in range(8, 24)], "lr": [3e-4], "N": [8.0]}
     depth = C.declared_analyses()["drift_scaling"].extensions
-    assert [(e["name"], e["look"], e["runs"]) for e in depth] == [("drift_scaling_depth", 2, {"seed": [3.0, 4.0, 5.0, 6.0, 7.0]})]
+    assert [(e["name"], e["look"], e["runs"]) for e in depth] == [
+        ("drift_scaling_depth", 2, {"seed": [3.0, 4.0, 5.0, 6.0, 7.0]})
+    ]
 
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
@@ -179,8 +272,12 @@ def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
 
 
 def test_fit_rules_at_their_edges(tmp_path: Path) -> None:
-    cases = [((0.01, 0.05), 0.9, "reproduced"), ((0.21, 0.5), 0.9, "not reproduced"),
-             ((0.06, 0.15), 0.4, "inconclusive"), ((0.01, 0.11), 0.9, "inconclusive")]  # 11x wide
+    cases = [
+        ((0.01, 0.05), 0.9, "reproduced"),
+        ((0.21, 0.5), 0.9, "not reproduced"),
+        ((0.06, 0.15), 0.4, "inconclusive"),
+        ((0.01, 0.11), 0.9, "inconclusive"),
+    ]  # 11x wide
     for ci, r2, verdict in cases:
         write_fake_fit(tmp_path, ci=ci, r2_holdout=r2)
         assert C.claim_expert_drift(tmp_path).verdict == verdict, (ci, r2)
@@ -212,8 +309,14 @@ def test_reward_auc_by_hand() -> None:
 
 def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     root = _world(tmp_path / "results", "reproduced")
-    proc = subprocess.run([sys.executable, "-m", "moe_rl.report", "--claims", str(root)], check=False,
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "moe_rl.report", "--claims", str(root)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     text = (root / "CLAIMS.md").read_text()
     assert text.count("**reproduced**") >= 6 and "| # | claim |" in text and "rule:" in text
@@ -222,11 +325,18 @@ def test_claims_markdown_and_cli(tmp_path: Path) -> None:
 
 # --- collapse definitions and the phase map -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("grid")
-    make_fake_grid(root, Ns=(1, 4), lrs=(1e-4, 1e-3), steps=STEPS, seeds=tuple(range(8)),
-                   n_collapse=lambda a, lr, N, L: {"grpo+none": 7, "grpo+r2": 1, "gspo+none": 0}[a] if N > 1 else 0)
+    make_fake_grid(
+        root,
+        Ns=(1, 4),
+        lrs=(1e-4, 1e-3),
+        steps=STEPS,
+        seeds=tuple(range(8)),
+        n_collapse=lambda a, lr, N, L: {"grpo+none": 7, "grpo+r2": 1, "gspo+none": 0}[a] if N > 1 else 0,
+    )
     return analysis.load_results(root / "phase" / "runs")
 
 
@@ -282,12 +392,27 @@ def test_report_all_writes_every_page(tmp_path: Path) -> None:
     from moe_rl.report import main
 
     root = tmp_path / "results"
-    make_fake_grid(root, Ns=(1, 4), lrs=(1e-4, 1e-3), seeds=(0, 1, 2), steps=25,
-                   n_collapse=lambda a, lr, N, L: 3 if a == "grpo+none" and N > 1 and lr > 5e-4 else 0)
+    make_fake_grid(
+        root,
+        Ns=(1, 4),
+        lrs=(1e-4, 1e-3),
+        seeds=(0, 1, 2),
+        steps=25,
+        n_collapse=lambda a, lr, N, L: 3 if a == "grpo+none" and N > 1 and lr > 5e-4 else 0,
+    )
     make_fake_results(root / "stress", experiment="runs", seeds=(0, 1), steps=12)
     assert main(["--all", str(root)]) == 0
-    for name in ("phase/summary.md", "phase/phase_map.png", "phase/phase_difference.png", "phase/phase_map.csv",
-                 "phase/phase_map_absolute.png", "phase/survival.png", "stress/summary.md", "collapse_definitions.md", "CLAIMS.md"):
+    for name in (
+        "phase/summary.md",
+        "phase/phase_map.png",
+        "phase/phase_difference.png",
+        "phase/phase_map.csv",
+        "phase/phase_map_absolute.png",
+        "phase/survival.png",
+        "stress/summary.md",
+        "collapse_definitions.md",
+        "CLAIMS.md",
+    ):
         assert (root / name).is_file(), name
     text = (root / "phase" / "summary.md").read_text()
     assert "## Phase map" in text and "Does anything depend on the definition?" in text
@@ -299,12 +424,28 @@ def test_report_all_writes_every_page(tmp_path: Path) -> None:
 
 def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and_the_gap(tmp_path) -> None:
     """engine_mismatch (R3 better) decides; phase_mismatch (R2 better) is a note; the measured gap is a note."""
-    runs = make_fake_grid(tmp_path, experiment="engine_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
-                          steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
-                          n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0)
-    make_fake_grid(tmp_path, experiment="phase_mismatch", arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,),
-                   steps=STEPS, rollout_dtype="bfloat16", log_shift=False,
-                   n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0)
+    runs = make_fake_grid(
+        tmp_path,
+        experiment="engine_mismatch",
+        arms=("grpo+r2", "grpo+r3"),
+        lrs=(1e-4,),
+        Ns=(8,),
+        steps=STEPS,
+        rollout_dtype="bfloat16",
+        log_shift=False,
+        n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0,
+    )
+    make_fake_grid(
+        tmp_path,
+        experiment="phase_mismatch",
+        arms=("grpo+r2", "grpo+r3"),
+        lrs=(1e-4,),
+        Ns=(8,),
+        steps=STEPS,
+        rollout_dtype="bfloat16",
+        log_shift=False,
+        n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0,
+    )
     for i, run in enumerate(runs):  # logp gap 0.01 and 0.03 in alternate runs: mean 0.02
         frame = pd.read_parquet(run / "metrics.parquet")
         gap = frame[frame["key"] == frame["key"].iloc[0]].copy()

@@ -18,8 +18,16 @@ from moe_rl.cold_start import cold_start_key, data_hash_of, get_cold_start
 from moe_rl.config import TrainConfig, validate
 from moe_rl.models import build_model, load_model
 from moe_rl.tasks.dataset import read_rows, render_prompt, split_examples
+from moe_rl.tasks.rewards import (
+    Scorer,
+    TaskInputError,
+    exact_reward,
+    last_number,
+    numeric_reward,
+    resolve_reward,
+    zero_variance_frac,
+)
 from moe_rl.tasks.setup import setup_task
-from moe_rl.tasks.rewards import Scorer, TaskInputError, exact_reward, last_number, numeric_reward, resolve_reward, zero_variance_frac
 from moe_rl.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +57,15 @@ def checkpoint(tmp_path_factory, data) -> Path:
     backend.decoder = decoders.ByteLevel()
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     texts = [r["question"] + " " + r["answer"] for r in rows] * 3
-    backend.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                        padding_side="left")
+    backend.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     model = build_model("qwen3_moe", vocab_size=len(tokenizer), seed=0)
     model.config.pad_token_id, model.config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -64,13 +77,34 @@ def checkpoint(tmp_path_factory, data) -> Path:
 
 
 def cfg_for(tmp_path: Path, data: Path, checkpoint: Path | None, **changes) -> TrainConfig:
-    dotlist = [
-        "task.name=dataset", f"task.path={data}", "task.prompt_field=question", "task.answer_field=answer",
-        "task.n_train=24", "task.n_eval=8", "task.max_new_tokens=6", "steps=2", "eval_every=2", "eval_size=4",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "optim.updates_per_rollout=2", "snapshot_every=0",
-        "checkpoint_every=0", "progress=false", "threads=1", f"cold_start.cache_dir={tmp_path / 'cache'}",
-        "cold_start.max_steps=2", "cold_start.eval_every=1", "cold_start.batch_size=4", "cold_start.band=[0.0,1.0]",
-    ] + ([f"model.checkpoint={checkpoint}"] if checkpoint else []) + [f"{k}={v}" for k, v in changes.items()]
+    dotlist = (
+        [
+            "task.name=dataset",
+            f"task.path={data}",
+            "task.prompt_field=question",
+            "task.answer_field=answer",
+            "task.n_train=24",
+            "task.n_eval=8",
+            "task.max_new_tokens=6",
+            "steps=2",
+            "eval_every=2",
+            "eval_size=4",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "optim.updates_per_rollout=2",
+            "snapshot_every=0",
+            "checkpoint_every=0",
+            "progress=false",
+            "threads=1",
+            f"cold_start.cache_dir={tmp_path / 'cache'}",
+            "cold_start.max_steps=2",
+            "cold_start.eval_every=1",
+            "cold_start.batch_size=4",
+            "cold_start.band=[0.0,1.0]",
+        ]
+        + ([f"model.checkpoint={checkpoint}"] if checkpoint else [])
+        + [f"{k}={v}" for k, v in changes.items()]
+    )
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
     cfg.out_dir = str(tmp_path / "run")
     return cfg
@@ -104,8 +138,11 @@ def test_custom_reward_and_bad_specs(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_reward("my_rewards:length_bonus")("abcde", {}) == 0.5
-    with pytest.raises(ValueError, match="no module named 'no_such_module'; the module must be on PYTHONPATH or "
-                                         "importable from the working directory"):
+    with pytest.raises(
+        ValueError,
+        match="no module named 'no_such_module'; the module must be on PYTHONPATH or "
+        "importable from the working directory",
+    ):
         resolve_reward("no_such_module:f")
     with pytest.raises(ValueError, match="has no callable 'NOT_CALLABLE'"):
         resolve_reward("my_rewards:NOT_CALLABLE")
@@ -135,8 +172,12 @@ def test_split_is_deterministic_held_out_and_independent_of_n_train(data):
     train2, evals2 = split_examples(rows, n_train=40, n_eval=8, **kw)
     assert evals == evals2 and train2[:20] == train  # eval fixed; a smaller n_train is a prefix
     assert not {e["question"] for e in evals} & {e["question"] for e in train2}
-    assert split_examples(rows, n_train=20, n_eval=8, path=str(data), prompt_field="question",
-                          answer_field="answer", seed=4)[1] != evals
+    assert (
+        split_examples(
+            rows, n_train=20, n_eval=8, path=str(data), prompt_field="question", answer_field="answer", seed=4
+        )[1]
+        != evals
+    )
     assert len(digest) == 64 and read_rows(str(data))[1] == digest
 
 
@@ -145,8 +186,11 @@ def test_other_formats_read_alike(tmp_path, data, fmt):
     rows, _ = read_rows(str(data))
     frame = pd.DataFrame(rows)
     path = tmp_path / f"p.{fmt}"
-    {"parquet": frame.to_parquet, "csv": lambda p: frame.to_csv(p, index=False),
-     "json": lambda p: frame.to_json(p, orient="records")}[fmt](path)
+    {
+        "parquet": frame.to_parquet,
+        "csv": lambda p: frame.to_csv(p, index=False),
+        "json": lambda p: frame.to_json(p, orient="records"),
+    }[fmt](path)
     assert read_rows(str(path))[0] == rows
 
 
@@ -155,10 +199,14 @@ def test_data_errors_name_file_and_field(tmp_path, data):
     missing = r"task.prompt_field='prompt' is not a field of .*problems.jsonl.*\['answer', 'question'\]"
     with pytest.raises(ValueError, match=missing):
         split_examples(rows, path=str(data), prompt_field="prompt", answer_field="answer", n_train=4, n_eval=2, seed=0)
-    with pytest.raises(ValueError, match=r"has 60 rows; holding out task.n_eval=8 leaves 52 to train on, and "
-                                         r"task.n_train=58 needs 58"):
-        split_examples(rows, path=str(data), prompt_field="question", answer_field="answer", n_train=58, n_eval=8,
-                       seed=0)
+    with pytest.raises(
+        ValueError,
+        match=r"has 60 rows; holding out task.n_eval=8 leaves 52 to train on, and "
+        r"task.n_train=58 needs 58",
+    ):
+        split_examples(
+            rows, path=str(data), prompt_field="question", answer_field="answer", n_train=58, n_eval=8, seed=0
+        )
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match="bad.parquet'?: cannot read it as parquet"):
@@ -194,8 +242,10 @@ def test_reward_module_from_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     with pytest.raises(TaskInputError) as err:
         resolve_reward("cwd_reward_mod:score")
-    assert str(err.value) == (f"reward='cwd_reward_mod:score': no module named 'cwd_reward_mod'; the module must be on "
-                              f"PYTHONPATH or importable from the working directory ({elsewhere})")
+    assert str(err.value) == (
+        f"reward='cwd_reward_mod:score': no module named 'cwd_reward_mod'; the module must be on "
+        f"PYTHONPATH or importable from the working directory ({elsewhere})"
+    )
     assert str(elsewhere) not in sys.path  # the failed attempt leaves sys.path as it was
     monkeypatch.chdir(tmp_path)
     assert resolve_reward("cwd_reward_mod:score")("x", {}) == 0.5
@@ -203,8 +253,9 @@ def test_reward_module_from_the_working_directory(tmp_path, monkeypatch):
 
 def test_all_rows_not_held_out_train(data):
     rows, _ = read_rows(str(data))
-    train, evals = split_examples(rows, path=str(data), prompt_field="question", answer_field="answer", n_train=None,
-                                  n_eval=8, seed=0)
+    train, evals = split_examples(
+        rows, path=str(data), prompt_field="question", answer_field="answer", n_train=None, n_eval=8, seed=0
+    )
     assert (len(train), len(evals)) == (52, 8)
     assert not {e["question"] for e in evals} & {e["question"] for e in train}
 
@@ -221,8 +272,10 @@ def test_prompt_rendering(checkpoint):
     from moe_rl.cold_start import load_tokenizer
 
     tok = load_tokenizer(checkpoint)
-    assert render_prompt("2+2?", tok, system_prompt="Be brief.", chat_template="auto") == \
-        "<|system|>Be brief.\n<|user|>2+2?\n<|assistant|>"
+    assert (
+        render_prompt("2+2?", tok, system_prompt="Be brief.", chat_template="auto")
+        == "<|system|>Be brief.\n<|user|>2+2?\n<|assistant|>"
+    )
     assert render_prompt("2+2?", tok, system_prompt="Be brief.", chat_template="false") == "Be brief.\n\n2+2?"
     from moe_rl.tasks import make_tokenizer
 
@@ -282,7 +335,8 @@ def test_dataset_run_with_checkpoint(tmp_path, data, checkpoint, monkeypatch, re
         (tmp_path / "user_reward.py").write_text(
             "def starts_with_digit(completion, example):\n"
             "    if completion[:1] == '!':\n        raise ValueError('bad')\n"
-            "    return float(completion[:1].isdigit())\n")
+            "    return float(completion[:1].isdigit())\n"
+        )
         monkeypatch.syspath_prepend(str(tmp_path))
         reward = "user_reward:starts_with_digit"
     cfg = cfg_for(tmp_path, data, checkpoint, **{"task.reward": reward, "task.system_prompt": "Solve it."})
@@ -314,8 +368,12 @@ def test_no_signal_is_warned_once_in_log_and_meta(tmp_path, data, checkpoint, mo
 
 
 def test_checkpoint_cold_start_sft_and_bfloat16(tmp_path, data, checkpoint):
-    cfg = cfg_for(tmp_path, data, checkpoint, **{"cold_start.mode": "sft", "task.reward": "numeric",
-                                                  "model.dtype": "bfloat16", "rollout.dtype": "bfloat16"})
+    cfg = cfg_for(
+        tmp_path,
+        data,
+        checkpoint,
+        **{"cold_start.mode": "sft", "task.reward": "numeric", "model.dtype": "bfloat16", "rollout.dtype": "bfloat16"},
+    )
     model, tok, info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
     assert info["steps"] >= 1 and info["tokenizer"] == "checkpoint" and Path(info["path"]).parent == tmp_path / "cache"
     assert next(model.parameters()).dtype == torch.bfloat16
@@ -331,9 +389,9 @@ def load_model_tokenizer(path):
 
 
 def test_any_family_checkpoint_loads_or_is_refused(tmp_path):
+    from moe_rl.models.survey import _build
     from moe_rl.models.zoo import moe_families
     from moe_rl.routing import UnsupportedRouterError
-    from moe_rl.models.survey import _build
 
     by_type = {f.model_type: f for f in moe_families()}
     _build(by_type["hunyuan_v1_moe"]).save_pretrained(tmp_path / "hunyuan")
@@ -348,14 +406,37 @@ def test_task_kwargs_need_no_plus(tmp_path):
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "experiments/train.py", "task=dataset", "task.path=examples/word_problems.jsonl",
-         "task.prompt_field=question", "task.reward=numeric", "cold_start=none", "dry_run=true",
-         f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "experiments/train.py",
+            "task=dataset",
+            "task.path=examples/word_problems.jsonl",
+            "task.prompt_field=question",
+            "task.reward=numeric",
+            "cold_start=none",
+            "dry_run=true",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     out = subprocess.run(
-        [sys.executable, "experiments/train.py", "task=sorting", "task.kwargs.max_len=8", "cold_start=sft",
-         "dry_run=true", f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "experiments/train.py",
+            "task=sorting",
+            "task.kwargs.max_len=8",
+            "cold_start=sft",
+            "dry_run=true",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -28,7 +28,11 @@ from moe_rl.partial import Partial, mean_finalize, mean_parts, pool
 from moe_rl.rollout import generate
 from moe_rl.routing import Routes, compare_routes
 from moe_rl.routing.compare import (
-    compare_finalize, compare_parts, flip_by_position, position_finalize, position_parts,
+    compare_finalize,
+    compare_parts,
+    flip_by_position,
+    position_finalize,
+    position_parts,
 )
 from moe_rl.sampler import GlobalRows
 from moe_rl.tasks import make_tokenizer
@@ -66,16 +70,26 @@ def test_losses_report_their_denominators() -> None:
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)  # 5 tokens, 2 non-empty seqs
     logp, old_logp, adv = -torch.rand(3, 3, generator=g), -torch.rand(3, 3, generator=g), torch.randn(3, generator=g)
     args = {"logp": logp, "old_logp": old_logp, "adv": adv, "mask": mask, "ref_logp": logp - 0.1, "beta": 0.1}
-    cases = [(grpo_loss, "seq-mean-token-mean", 2, 5, 2), (grpo_loss, "token-mean", 5, 5, 5),
-             (gspo_loss, "seq-mean-token-mean", 2, 2, 2), (gspo_token_loss, "token-mean", 2, 5, 5)]
+    cases = [
+        (grpo_loss, "seq-mean-token-mean", 2, 5, 2),
+        (grpo_loss, "token-mean", 5, 5, 5),
+        (gspo_loss, "seq-mean-token-mean", 2, 2, 2),
+        (gspo_token_loss, "token-mean", 2, 5, 5),
+    ]
     for loss_fn, agg, policy, clip, kl in cases:
         _, metrics = loss_fn(**args, agg=agg)
-        assert metrics.weights == {"loss": policy, "loss/policy": policy, "ratio/clipfrac_low": clip,
-                                   "ratio/clipfrac_high": clip, "kl/ref_k3": kl}, (loss_fn.__name__, agg)
+        assert metrics.weights == {
+            "loss": policy,
+            "loss/policy": policy,
+            "ratio/clipfrac_low": clip,
+            "ratio/clipfrac_high": clip,
+            "kl/ref_k3": kl,
+        }, (loss_fn.__name__, agg)
 
 
-@pytest.mark.parametrize("loss_fn, agg", [(grpo_loss, "seq-mean-token-mean"), (grpo_loss, "token-mean"),
-                                          (gspo_loss, "seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    "loss_fn, agg", [(grpo_loss, "seq-mean-token-mean"), (grpo_loss, "token-mean"), (gspo_loss, "seq-mean-token-mean")]
+)
 def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(loss_fn, agg) -> None:
     g = torch.Generator().manual_seed(0)
     B, T, W = 6, 5, 3
@@ -122,8 +136,14 @@ def test_pooled_metrics_are_the_one_process_metrics_of_the_union() -> None:
     response[:, 2:] = True
     reference = flip_by_position(a, b, response, start=2, bucket=3)
     assert len(reference) == 2
-    got = _pooled(lambda x, y, m: position_parts(x, y, m, 2, 3, buckets=2), lambda p: position_finalize(p, 3),
-                  splits, a, b, response)
+    got = _pooled(
+        lambda x, y, m: position_parts(x, y, m, 2, 3, buckets=2),
+        lambda p: position_finalize(p, 3),
+        splits,
+        a,
+        b,
+        response,
+    )
     assert got.keys() == reference.keys()
     for key in reference:
         assert got[key] == pytest.approx(reference[key], rel=1e-6)
@@ -135,7 +155,9 @@ def test_one_part_pools_to_itself_bitwise() -> None:
     """A world of size 1 finalizes its own parts: the values the metric functions return, to the bit."""
     values, weights = {"loss": 0.1 + 0.2, "loss/policy": -1 / 3}, {"loss": 3.0, "loss/policy": 0.0}
     assert mean_finalize(pool([mean_parts(values, weights)])) == values
-    two = pool([mean_parts({"m": 1.0}, {"m": 1.0}), mean_parts({"m": 4.0}, {"m": 2.0}), mean_parts({"m": 9.0}, {"m": 0.0})])
+    two = pool(
+        [mean_parts({"m": 1.0}, {"m": 1.0}), mean_parts({"m": 4.0}, {"m": 2.0}), mean_parts({"m": 9.0}, {"m": 0.0})]
+    )
     assert mean_finalize(two) == {"m": 3.0}  # (1 * 1 + 4 * 2) / 3; a rank without rows does not count
     with pytest.raises(RuntimeError, match="pool different metric sets"):
         pool([Partial(sums={"n": torch.tensor(1)}), Partial(sums={"m": torch.tensor(1)})])
@@ -146,17 +168,35 @@ def test_a_slice_of_the_batch_samples_what_the_whole_batch_gives_it() -> None:
     prompts = ["12345=", "987=", "55="]
     full = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, seed=5)
     running = iter([True] * 6)  # the other "rank" keeps the batch running until max_new_tokens
-    tail = generate(model, tokenizer, prompts[1:], group_size=2, max_new_tokens=6, seed=5,
-                    rows=GlobalRows(first=2, total=6, any_running=lambda flag: next(running)))
+    tail = generate(
+        model,
+        tokenizer,
+        prompts[1:],
+        group_size=2,
+        max_new_tokens=6,
+        seed=5,
+        rows=GlobalRows(first=2, total=6, any_running=lambda flag: next(running)),
+    )
     assert full.completions[2:] == tail.completions  # the same rows on a "rank" holding prompts 1..2 only
     assert len(set(full.completions)) > 2  # and they are samples, not one greedy answer
-    whole = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=6, seed=5,
-                     rows=GlobalRows(first=0, total=6, any_running=lambda flag: flag))
+    whole = generate(
+        model,
+        tokenizer,
+        prompts,
+        group_size=2,
+        max_new_tokens=6,
+        seed=5,
+        rows=GlobalRows(first=0, total=6, any_running=lambda flag: flag),
+    )
     assert torch.equal(whole.sequences, full.sequences)  # a world of size 1 is the plain sampler
     # Log-probs of a row agree too, up to the batch's left pads and float rounding.
     offset, width = full.prompt_len - tail.prompt_len, full.sequences.shape[1] - full.prompt_len
-    torch.testing.assert_close(tail.rollout_logp[:, tail.prompt_len - 1 : tail.prompt_len - 1 + width],
-                               full.rollout_logp[2:, full.prompt_len - 1 :], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        tail.rollout_logp[:, tail.prompt_len - 1 : tail.prompt_len - 1 + width],
+        full.rollout_logp[2:, full.prompt_len - 1 :],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert offset >= 0
 
 
@@ -180,8 +220,9 @@ def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
 def test_a_dead_peer_is_an_interruption_not_a_failure() -> None:
     from moe_rl.distributed import peer_lost
 
-    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41512: "
-                        "Connection reset by peer")
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41512: Connection reset by peer"
+    )
     assert peer_lost(gloo) and peer_lost(torch.distributed.DistNetworkError("Connection closed by peer"))
     assert not peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not peer_lost(ValueError("Connection reset by peer"))  # not what a collective raises
@@ -206,15 +247,35 @@ def test_without_torchrun_the_world_has_size_1(monkeypatch) -> None:
 # --- torchrun on CPU (gloo) ---------------------------------------------------------------------------
 
 OVERRIDES = [
-    "eval_every=3", "eval_size=16", "checkpoint_every=2", "snapshot_every=0", "progress=false",
-    "task.n_train=400", "task.n_eval=32", "rollout.prompts_per_step=4", "rollout.group_size=4",
-    "optim.updates_per_rollout=2", "optim.lr=1e-3", "cold_start.band=[0.15,1.0]", "cold_start.max_steps=200",
+    "eval_every=3",
+    "eval_size=16",
+    "checkpoint_every=2",
+    "snapshot_every=0",
+    "progress=false",
+    "task.n_train=400",
+    "task.n_eval=32",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "optim.updates_per_rollout=2",
+    "optim.lr=1e-3",
+    "cold_start.band=[0.15,1.0]",
+    "cold_start.max_steps=200",
 ]
 
 
 def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True, check: bool = True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "experiments/train.py", *OVERRIDES, *extra, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "experiments/train.py",
+        *OVERRIDES,
+        *extra,
+        f"cold_start.cache_dir={cache}",
+        f"hydra.run.dir={run}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -242,8 +303,14 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 def _python(run: Path, cache: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     """The same launch as `_torchrun`, with plain python."""
-    cmd = [sys.executable, "experiments/train.py", *OVERRIDES, *extra, f"cold_start.cache_dir={cache}",
-           f"hydra.run.dir={run}"]
+    cmd = [
+        sys.executable,
+        "experiments/train.py",
+        *OVERRIDES,
+        *extra,
+        f"cold_start.cache_dir={cache}",
+        f"hydra.run.dir={run}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert not check or out.returncode == 0, out.stderr[-4000:]
@@ -254,8 +321,11 @@ def _digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under `folder` (hidden ones and .hydra/ included), by relative path."""
     import hashlib
 
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -332,17 +402,19 @@ def test_two_ranks_log_what_one_rank_logs(runs) -> None:
     both = both[~both["key"].str.startswith("route/flip_vs_margin/")]
     # The same rollouts (per-row sampling streams) and the same routes: rewards, accuracy and every
     # route flip rate are ratios of the same integer counts, hence equal to the last bit.
-    exact = both["key"].str.match(r"(reward/|task/accuracy|route/\w+/(flip_rate|expert_flip_frac|token_flip_rate)"
-                                  r"|rollout/response_len)")
+    exact = both["key"].str.match(
+        r"(reward/|task/accuracy|route/\w+/(flip_rate|expert_flip_frac|token_flip_rate)"
+        r"|rollout/response_len)"
+    )
     assert exact.sum() > 50
     pd.testing.assert_series_equal(both.loc[exact, "value_1"], both.loc[exact, "value_2"], check_names=False)
     # Continuous values differ by summation order only: FSDP's reduce-scatter sums the ranks' gradients in
     # another order than one backward over all rows (~1e-7 relative per update), and Adam's first steps
     # divide by sqrt(v), amplifying that to ~1e-5 after a few updates at lr 1e-3 (measured: < 2e-5).
     close = both[~exact]
-    assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), (
-        close.assign(d=(close["value_1"] - close["value_2"]).abs()).nlargest(5, "d")
-    )
+    assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), close.assign(
+        d=(close["value_1"] - close["value_2"]).abs()
+    ).nlargest(5, "d")
     loss = both[both["key"] == "loss"]
     assert ((loss["value_1"] - loss["value_2"]).abs() < 1e-5).all()
     # Parameters after K = 4 steps (8 AdamW updates at lr 1e-3). Adam divides by sqrt(v), so a coordinate
@@ -416,9 +488,22 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
 @pytest.mark.slow
 def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(ROOT / "tests" / "dist_worker.py")], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "tests" / "dist_worker.py"),
+        ],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count("ok") == 2
 
@@ -427,9 +512,19 @@ def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() 
 def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(runs, tmp_path) -> None:
     """The Slurm recipe of the README with submitit's local executor: each task of a job is one rank."""
     _, cache = runs
-    cmd = [sys.executable, "experiments/train.py", "-m", *OVERRIDES, "steps=2", "replay=r2,r3",
-           f"cold_start.cache_dir={cache}", f"results_dir={tmp_path}", "hydra/launcher=submitit_local",
-           "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10"]
+    cmd = [
+        sys.executable,
+        "experiments/train.py",
+        "-m",
+        *OVERRIDES,
+        "steps=2",
+        "replay=r2,r3",
+        f"cold_start.cache_dir={cache}",
+        f"results_dir={tmp_path}",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.timeout_min=10",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
     out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

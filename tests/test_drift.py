@@ -16,18 +16,43 @@ TRUE = {"intercept": -1.0, "log_E": 0.5, "log_k": -0.3, "log_L": 0.4, "log_lr": 
 
 
 def _law(E, k, L, lr):
-    return np.exp(TRUE["intercept"] + TRUE["log_E"] * np.log(E) + TRUE["log_k"] * np.log(k)
-                  + TRUE["log_L"] * np.log(L) + TRUE["log_lr"] * np.log(lr))
+    return np.exp(
+        TRUE["intercept"]
+        + TRUE["log_E"] * np.log(E)
+        + TRUE["log_k"] * np.log(k)
+        + TRUE["log_L"] * np.log(L)
+        + TRUE["log_lr"] * np.log(lr)
+    )
 
 
 def _table(noise: float = 0.0, seeds=(0, 1, 2)) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     rows = []
     for (E, k, L, lr), s in itertools.product(
-        [(16, 8, 4, 1e-4), (64, 8, 4, 1e-4), (128, 8, 4, 1e-4), (64, 2, 4, 1e-4), (64, 4, 4, 1e-4),
-         (64, 8, 2, 1e-4), (64, 8, 8, 1e-4), (64, 8, 4, 3e-5), (64, 8, 4, 3e-4)], seeds):
-        rows.append({"run": f"{E}-{k}-{L}-{lr}-{s}", "seed": s, "num_experts": E, "top_k": k, "num_moe_layers": L,
-                     "lr": lr, KEY: _law(E, k, L, lr) * np.exp(noise * rng.standard_normal())})
+        [
+            (16, 8, 4, 1e-4),
+            (64, 8, 4, 1e-4),
+            (128, 8, 4, 1e-4),
+            (64, 2, 4, 1e-4),
+            (64, 4, 4, 1e-4),
+            (64, 8, 2, 1e-4),
+            (64, 8, 8, 1e-4),
+            (64, 8, 4, 3e-5),
+            (64, 8, 4, 3e-4),
+        ],
+        seeds,
+    ):
+        rows.append(
+            {
+                "run": f"{E}-{k}-{L}-{lr}-{s}",
+                "seed": s,
+                "num_experts": E,
+                "top_k": k,
+                "num_moe_layers": L,
+                "lr": lr,
+                KEY: _law(E, k, L, lr) * np.exp(noise * rng.standard_normal()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -60,8 +85,19 @@ def test_fit_refuses_too_few_runs_and_unidentified_factors() -> None:
 
 
 def test_holdout_check_on_a_point_off_the_axes() -> None:
-    held = pd.DataFrame([{"run": "h", "seed": 0, "num_experts": 8, "top_k": 2, "num_moe_layers": 2, "lr": 1e-4,
-                          KEY: 2 * _law(8, 2, 2, 1e-4)}])  # measured twice the law's value
+    held = pd.DataFrame(
+        [
+            {
+                "run": "h",
+                "seed": 0,
+                "num_experts": 8,
+                "top_k": 2,
+                "num_moe_layers": 2,
+                "lr": 1e-4,
+                KEY: 2 * _law(8, 2, 2, 1e-4),
+            }
+        ]
+    )  # measured twice the law's value
     check = holdout_check(_table(), held, KEY)
     assert check["points"]["ratio"].iloc[0] == pytest.approx(0.5)
     assert check["rmse_log"] == pytest.approx(np.log(2))
@@ -77,10 +113,17 @@ def test_drift_per_run_skips_early_steps() -> None:
 
 def test_flip_vs_margin_pools_counts_and_wilson_matches_scipy() -> None:
     rows = []
-    for run, step, b, n, f in [("a", 1, 0, 10, 4), ("a", 2, 0, 10, 2), ("b", 1, 0, 20, 6), ("a", 1, 1, 50, 1),
-                               ("b", 1, 1, 0, 0)]:
-        rows += [{"run": run, "step": step, "key": f"route/flip_vs_margin/n/bin_{b}", "value": float(n)},
-                 {"run": run, "step": step, "key": f"route/flip_vs_margin/flips/bin_{b}", "value": float(f)}]
+    for run, step, b, n, f in [
+        ("a", 1, 0, 10, 4),
+        ("a", 2, 0, 10, 2),
+        ("b", 1, 0, 20, 6),
+        ("a", 1, 1, 50, 1),
+        ("b", 1, 1, 0, 0),
+    ]:
+        rows += [
+            {"run": run, "step": step, "key": f"route/flip_vs_margin/n/bin_{b}", "value": float(n)},
+            {"run": run, "step": step, "key": f"route/flip_vs_margin/flips/bin_{b}", "value": float(f)},
+        ]
     rows.append({"run": "a", "step": 1, "key": "route/flip_vs_margin/move/n/bin_0", "value": 99.0})  # another curve
     curve = flip_vs_margin(pd.DataFrame(rows), edges=(0.0, 1e-3, 1.0))
     assert curve["n"].tolist() == [40, 50] and curve["flips"].tolist() == [12, 1]
@@ -100,13 +143,28 @@ def _fake_drift_folder(root, points, seeds=(0, 1, 2)) -> None:
 
     for (E, k, L, lr), s in itertools.product(points, seeds):
         run = f"E{E}_k{k}_L{L}_lr{lr}_s{s}"
-        keys = {"run": run, "experiment": "drift_scaling", "arm": "grpo+none", "seed": s, "N": 4, "lr": lr,
-                "num_moe_layers": L, "num_experts": E, "top_k": k}
+        keys = {
+            "run": run,
+            "experiment": "drift_scaling",
+            "arm": "grpo+none",
+            "seed": s,
+            "N": 4,
+            "lr": lr,
+            "num_moe_layers": L,
+            "num_experts": E,
+            "top_k": k,
+        }
         value = _law(E, k, L, lr)
-        rows = [{**keys, "step": step, "key": key, "value": value * scale}
-                for step in (5, 11, 12) for key, scale in zip(DRIFT_KEYS, (1.0, 4.0, 9.0))]
-        rows += [{**keys, "step": 12, "key": f"route/flip_vs_margin/{kind}/bin_{b}", "value": v}
-                 for b, (n, f) in enumerate([(100, 30), (100, 5)]) for kind, v in (("n", n), ("flips", f))]
+        rows = [
+            {**keys, "step": step, "key": key, "value": value * scale}
+            for step in (5, 11, 12)
+            for key, scale in zip(DRIFT_KEYS, (1.0, 4.0, 9.0))
+        ]
+        rows += [
+            {**keys, "step": 12, "key": f"route/flip_vs_margin/{kind}/bin_{b}", "value": v}
+            for b, (n, f) in enumerate([(100, 30), (100, 5)])
+            for kind, v in (("n", n), ("flips", f))
+        ]
         (root / run).mkdir(parents=True)
         pd.DataFrame(rows).to_parquet(root / run / "metrics.parquet")
         (root / run / "status.json").write_text(json.dumps({"status": "completed", "collapse_events": []}))
@@ -117,8 +175,17 @@ def test_drift_report_end_to_end(tmp_path) -> None:
 
     from moe_rl import drift_report
 
-    axes = [(64, 8, 4, 1e-4), (16, 8, 4, 1e-4), (128, 8, 4, 1e-4), (64, 2, 4, 1e-4), (64, 1, 4, 1e-4),
-            (64, 8, 2, 1e-4), (64, 8, 8, 1e-4), (64, 8, 4, 3e-5), (64, 8, 4, 3e-4)]
+    axes = [
+        (64, 8, 4, 1e-4),
+        (16, 8, 4, 1e-4),
+        (128, 8, 4, 1e-4),
+        (64, 2, 4, 1e-4),
+        (64, 1, 4, 1e-4),
+        (64, 8, 2, 1e-4),
+        (64, 8, 8, 1e-4),
+        (64, 8, 4, 3e-5),
+        (64, 8, 4, 3e-4),
+    ]
     _fake_drift_folder(tmp_path / "runs", axes + [(8, 2, 2, 1e-4), (16, 4, 2, 3e-4)])
     # extra seeds on the depth axis (for the depth claim) stay out of the fit: its design stays balanced
     _fake_drift_folder(tmp_path / "runs", [(64, 8, 2, 1e-4), (64, 8, 8, 1e-4)], seeds=(3, 4))

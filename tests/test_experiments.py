@@ -20,9 +20,23 @@ from moe_rl.experiment import to_train_config
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-SWEEP_SIZES = {"compare": 12, "offpolicy": 48, "mismatch": 9, "families": 72, "depth": 36, "smoke": 4, "stress": 12,
-               "drift_scaling": 42, "phase": 144, "phase_mismatch": 16, "phase_edge": 48, "drift_scaling_depth": 15,
-               "phase_band": 72, "drift_forecast": 26, "engine_mismatch": 48}
+SWEEP_SIZES = {
+    "compare": 12,
+    "offpolicy": 48,
+    "mismatch": 9,
+    "families": 72,
+    "depth": 36,
+    "smoke": 4,
+    "stress": 12,
+    "drift_scaling": 42,
+    "phase": 144,
+    "phase_mismatch": 16,
+    "phase_edge": 48,
+    "drift_scaling_depth": 15,
+    "phase_band": 72,
+    "drift_forecast": 26,
+    "engine_mismatch": 48,
+}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
 
@@ -67,8 +81,18 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
                 cfg.seed = seed[0]
             cfg = validate(cfg)
             assert cfg.experiment == ADDS_TO.get(experiment, experiment)
-            seen.add((cfg.arm, cfg.seed, cfg.model.family, cfg.optim.updates_per_rollout, cfg.model.num_layers,
-                      cfg.model.num_experts, cfg.model.top_k, cfg.optim.lr))
+            seen.add(
+                (
+                    cfg.arm,
+                    cfg.seed,
+                    cfg.model.family,
+                    cfg.optim.updates_per_rollout,
+                    cfg.model.num_layers,
+                    cfg.model.num_experts,
+                    cfg.model.top_k,
+                    cfg.optim.lr,
+                )
+            )
     assert len(seen) == len(combos)  # every combination is a distinct run
 
 
@@ -102,7 +126,10 @@ def test_experiment_deltas() -> None:
 def test_invalid_override_is_rejected_before_work(tmp_path) -> None:
     out = subprocess.run(
         [sys.executable, "experiments/train.py", "algo=gspo", "optim.lr=-1", f"results_dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode != 0
     assert "optim.lr=-1.0 must be > 0" in out.stderr
@@ -111,8 +138,14 @@ def test_invalid_override_is_rejected_before_work(tmp_path) -> None:
 
 def _multirun(args: list[str], tmp_path: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-    out = subprocess.run([sys.executable, "experiments/train.py", "-m", *args, f"results_dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "-m", *args, f"results_dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -153,9 +186,12 @@ def test_short_name_never_nests_and_keeps_values_apart() -> None:
 
 def test_sweep_over_values_with_slashes_gives_one_folder_per_run(tmp_path) -> None:
     # A string key with '/' in its values (task.system_prompt is only read by dataset tasks).
-    out = _multirun(["+experiment=smoke", "algo=grpo", "replay=none", "task.system_prompt=x/a/ckpt,y/b/ckpt",
-                     "dry_run=true"], tmp_path)
-    dirs = sorted(line.split(": ", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines()
-                  if "dry run " in line)
+    out = _multirun(
+        ["+experiment=smoke", "algo=grpo", "replay=none", "task.system_prompt=x/a/ckpt,y/b/ckpt", "dry_run=true"],
+        tmp_path,
+    )
+    dirs = sorted(
+        line.split(": ", 1)[1].strip() for line in (out.stdout + out.stderr).splitlines() if "dry run " in line
+    )
     assert len(dirs) == 2 and len(set(Path(d).name for d in dirs)) == 2
     assert all(Path(d).parent == tmp_path / "smoke" for d in dirs), dirs

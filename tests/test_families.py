@@ -31,8 +31,16 @@ def results():
 
 def test_discovery_finds_families_without_a_hand_kept_list():
     found = {f.model_type: f for f in moe_families()}
-    for known in ("qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss", "granitemoe", "hunyuan_v1_moe",
-                  "lfm2_moe"):
+    for known in (
+        "qwen3_moe",
+        "mixtral",
+        "olmoe",
+        "deepseek_v3",
+        "gpt_oss",
+        "granitemoe",
+        "hunyuan_v1_moe",
+        "lfm2_moe",
+    ):
         assert known in found
     assert "llama" not in found and "qwen3" not in found  # dense families are not MoE
     assert len(found) >= 20
@@ -118,7 +126,11 @@ def test_replay_on_a_refused_model_raises_the_refusal_not_an_internal_error():
     layers = find_moe_layers(model)
     from moe_rl.routing import Routes
 
-    routes = Routes.from_topk(torch.zeros(1, 4, len(layers), 2, dtype=torch.long) + torch.tensor([0, 1]), None,
-                              [layer.decoder_layer for layer in layers], layers[0].num_experts)
+    routes = Routes.from_topk(
+        torch.zeros(1, 4, len(layers), 2, dtype=torch.long) + torch.tensor([0, 1]),
+        None,
+        [layer.decoder_layer for layer in layers],
+        layers[0].num_experts,
+    )
     with pytest.raises(UnsupportedRouterError, match="PhimoeTopKRouter.*no gate-weight rule"):
         RouteReplay(model, routes)

@@ -22,9 +22,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # One tiny run, as Hydra overrides and as a config, shared by the tests below.
 OVERRIDES = [
-    "steps=10", "eval_every=3", "eval_size=16", "checkpoint_every=2", "snapshot_every=0", "progress=false",
-    "task.n_train=400", "task.n_eval=32", "rollout.prompts_per_step=8", "rollout.group_size=4",
-    "optim.updates_per_rollout=2", "optim.lr=3e-3", "cold_start.band=[0.15,1.0]", "cold_start.max_steps=200",
+    "steps=10",
+    "eval_every=3",
+    "eval_size=16",
+    "checkpoint_every=2",
+    "snapshot_every=0",
+    "progress=false",
+    "task.n_train=400",
+    "task.n_eval=32",
+    "rollout.prompts_per_step=8",
+    "rollout.group_size=4",
+    "optim.updates_per_rollout=2",
+    "optim.lr=3e-3",
+    "cold_start.band=[0.15,1.0]",
+    "cold_start.max_steps=200",
 ]
 
 
@@ -70,8 +81,7 @@ def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache
     reference = tmp_path / "reference"
     train(tiny(reference, cache))
     run = tmp_path / "killed"
-    cmd = [sys.executable, "experiments/train.py", *OVERRIDES, f"cold_start.cache_dir={cache}",
-           f"hydra.run.dir={run}"]
+    cmd = [sys.executable, "experiments/train.py", *OVERRIDES, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while _steps_done(run) < 4:  # status.json says step 4 is flushed (it is written after the metrics part)
@@ -111,9 +121,20 @@ def test_corrupt_metrics_part_is_reported_by_name(tmp_path, cache) -> None:
 
 def test_nan_in_one_run_of_a_multirun_is_data_not_a_crash(tmp_path, cache) -> None:
     out = subprocess.run(
-        [sys.executable, "experiments/train.py", "-m", *OVERRIDES, "steps=5", f"cold_start.cache_dir={cache}",
-         "fault_nan_step=3,null", f"results_dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "experiments/train.py",
+            "-m",
+            *OVERRIDES,
+            "steps=5",
+            f"cold_start.cache_dir={cache}",
+            "fault_nan_step=3,null",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     runs = [p.parent for p in (tmp_path / "default").rglob("status.json")]
@@ -186,8 +207,13 @@ def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
 
 def test_relative_collapse_definition_in_the_loop(tmp_path, cache) -> None:
     # thresholds that must fire: accuracy below 2x its step-0 value at one evaluation (step 1)
-    cfg = tiny(tmp_path / "rel", cache, steps=2, eval_every=1, **{
-        "collapse.definition": "relative", "collapse.accuracy_drop_frac": 2.0, "collapse.accuracy_patience": 1})
+    cfg = tiny(
+        tmp_path / "rel",
+        cache,
+        steps=2,
+        eval_every=1,
+        **{"collapse.definition": "relative", "collapse.accuracy_drop_frac": 2.0, "collapse.accuracy_patience": 1},
+    )
     result = train(validate(cfg))
     status = json.loads((tmp_path / "rel" / "status.json").read_text())
     assert result["status"] == status["status"] == "collapsed"

@@ -289,8 +289,9 @@ def _write_forecast(root: Path, ratio_range: tuple[float, float], factor: float)
 
 
 def test_claim_one_from_the_forecast(tmp_path: Path) -> None:
-    from moe_rl.analysis import claims as C
     from fake_results import write_fake_fit
+
+    from moe_rl.analysis import claims as C
 
     write_fake_fit(tmp_path, ci=(0.21, 0.5))  # the power law alone says "not reproduced"
     assert C.claim_expert_drift(tmp_path).verdict == "not reproduced"

@@ -26,8 +26,15 @@ def _needs_cuda() -> None:
 
 @pytest.mark.parametrize(("algo", "replay", "rollout_dtype"), [("grpo", "r2", None), ("gspo", "r3", "bfloat16")])
 def test_short_run_on_cuda_completes_with_finite_metrics(tmp_path, algo: str, replay: str, rollout_dtype) -> None:
-    cfg = TrainConfig(out_dir=str(tmp_path / "run"), steps=2, eval_every=2, eval_size=16, snapshot_every=0,
-                      progress=False, device="cuda")
+    cfg = TrainConfig(
+        out_dir=str(tmp_path / "run"),
+        steps=2,
+        eval_every=2,
+        eval_size=16,
+        snapshot_every=0,
+        progress=False,
+        device="cuda",
+    )
     cfg.algo.name, cfg.replay.mode = algo, replay
     cfg.task.n_train, cfg.task.n_eval = 200, 16
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = 4, 4

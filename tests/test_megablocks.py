@@ -230,8 +230,13 @@ def test_generate_routes_match_teacher_forced() -> None:
     attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad(), RouteRecorder(model) as rec:
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5,
-            do_sample=False, pad_token_id=0, eos_token_id=None,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=5,
+            min_new_tokens=5,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
         )
     full_mask = torch.cat([attention_mask, torch.ones(3, out.shape[1] - P, dtype=torch.long)], 1)
     with torch.no_grad(), RouteRecorder(model) as tf:
@@ -261,8 +266,10 @@ def test_load_balancing_statistics_under_replay() -> None:
     _LOAD_BALANCING_LOSS.clear()
     replay = RouteReplay(model, routes)
     router_scores = []
-    handles = [layer.router.register_forward_hook(lambda m, a, o: router_scores.append(o[0]))
-               for layer in find_moe_layers(model)]
+    handles = [
+        layer.router.register_forward_hook(lambda m, a, o: router_scores.append(o[0]))
+        for layer in find_moe_layers(model)
+    ]
     with replay:
         model(x)
         for h in handles:
@@ -360,8 +367,11 @@ def test_hub_kernel_bypass_is_refused(monkeypatch) -> None:
     blocks[1].forward = MethodType(hub_forward, blocks[1])
     model._use_kernels = True
     for attach in (lambda: RouteRecorder(model), lambda: RouteReplay(model, routes)):
-        with pytest.raises(RuntimeError, match=r"MoE block model.layers.1.mlp \(GptOssMLP\) runs the hub kernel "
-                           r"'MegaBlocksMoeMLP' .* never calls its router model.layers.1.mlp.router"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"MoE block model.layers.1.mlp \(GptOssMLP\) runs the hub kernel "
+            r"'MegaBlocksMoeMLP' .* never calls its router model.layers.1.mlp.router",
+        ):
             attach()
     assert not any(layer.router._forward_hooks for layer in find_moe_layers(model))
 

@@ -82,8 +82,12 @@ def test_ratio_stats_edge_cases():
     assert set(empty) == set(RATIO_KEYS) and all(math.isnan(v) for v in empty.values())
     on_policy = ratio_stats(logp=z, old_logp=z, mask=torch.ones(2, 3, dtype=torch.bool))
     assert on_policy == {
-        "ratio/token_var": 0.0, "ratio/token_max": 1.0, "ratio/seq_var": 0.0,
-        "ratio/ess": 1.0, "ratio/extreme_frac": 0.0, "kl/k3": 0.0,
+        "ratio/token_var": 0.0,
+        "ratio/token_max": 1.0,
+        "ratio/seq_var": 0.0,
+        "ratio/ess": 1.0,
+        "ratio/extreme_frac": 0.0,
+        "kl/k3": 0.0,
     }
     with pytest.raises(ValueError, match=r"mask shape \(2, 2\) != logp shape \(2, 3\)"):
         ratio_stats(logp=z, old_logp=z, mask=torch.ones(2, 2, dtype=torch.bool))
@@ -234,8 +238,13 @@ def test_collapse_config_hash_unchanged_by_new_defaults():
     spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY})
     # the keys of the relative definition stay out of a run's identity at their defaults, so the
     # shipped run folders (hashed before they existed) keep theirs
-    assert set(spec["collapse"]) == {"reward_window", "reward_drop_frac", "reward_floor", "entropy_floor",
-                                     "entropy_window"}
+    assert set(spec["collapse"]) == {
+        "reward_window",
+        "reward_drop_frac",
+        "reward_floor",
+        "entropy_floor",
+        "entropy_window",
+    }
     cfg.collapse.definition = "relative"
     assert config_hash(cfg) != before
 

@@ -34,9 +34,13 @@ def test_report_keeps_runs_of_other_configs_apart_and_flags_unpoolable_groups(tm
 
     df = analysis.load_results(tmp_path / "runs")
     labels = config_label(df)
-    assert labels.to_dict() == {"compare-grpo+r2-s0": "reward=null", "compare-grpo+r2-s1": "reward=null",
-                                "compare-grpo+r2-s2": "reward=numeric", "compare-grpo+r2-s3": "reward=numeric",
-                                "again-s0": "reward=null"}
+    assert labels.to_dict() == {
+        "compare-grpo+r2-s0": "reward=null",
+        "compare-grpo+r2-s1": "reward=null",
+        "compare-grpo+r2-s2": "reward=numeric",
+        "compare-grpo+r2-s3": "reward=numeric",
+        "again-s0": "reward=null",
+    }
     assert config_label(df, pool=["reward"]).nunique() == 1 and "config" not in with_config(df, ["reward"])
     groups, added, _ = analysis.grouping(with_config(df), "arm")
     assert groups == ["arm", "config"] and added == ["config"]

@@ -13,7 +13,14 @@ import torch.nn.functional as F
 
 from moe_rl.models import FAMILIES, build_model
 from moe_rl.routing import (
-    MARGIN_EDGES, RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, flip_margin_counts, router_margins,
+    MARGIN_EDGES,
+    RouteRecorder,
+    RouteReplay,
+    Routes,
+    compare_routes,
+    find_moe_layers,
+    flip_margin_counts,
+    router_margins,
     router_shift,
 )
 
@@ -112,7 +119,9 @@ def test_forced_expert_outside_topk_gets_true_weight(family: str) -> None:
     layers = find_moe_layers(model)
     replay = RouteReplay(model, forced)  # before the capture hooks: attaching probes the routers
     logits_seen = []
-    handles = [layer.router.register_forward_hook(lambda m, a, o: logits_seen.append(o[0].detach())) for layer in layers]
+    handles = [
+        layer.router.register_forward_hook(lambda m, a, o: logits_seen.append(o[0].detach())) for layer in layers
+    ]
     seen, ehandles = _capture_experts(model)
     try:
         with torch.no_grad(), replay:
@@ -136,8 +145,13 @@ def test_generate_routes_match_teacher_forced_on_left_padded_batch(family: str) 
     attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad(), RouteRecorder(model) as rec:
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, min_new_tokens=6,
-            do_sample=False, pad_token_id=0, eos_token_id=None,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
         )
     routes = rec.routes
     assert len(rec.records) == 1
@@ -158,6 +172,7 @@ def test_gradient_checkpointing_records_once_and_replays_exactly() -> None:
     model.train()
     x = _inputs(B=2, T=10)
     routes = _random_routes(model, 2, 10)
+
     def grads() -> dict[str, torch.Tensor]:
         out = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad()
@@ -299,8 +314,16 @@ def test_replay_without_forward_pass_raises(qwen) -> None:
 def test_model_without_moe_layer_raises() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dense = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    dense = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(ValueError, match="has no MoE layer"):
         RouteRecorder(dense)
 
@@ -372,7 +395,9 @@ def test_compare_routes_against_slow_loop() -> None:
     g = torch.Generator().manual_seed(3)
     B, T, L, E, k = 3, 7, 3, 6, 2
     a_idx = torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k]
-    b_idx = torch.where(torch.rand(B, T, L, 1, generator=g) < 0.6, a_idx, torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k])
+    b_idx = torch.where(
+        torch.rand(B, T, L, 1, generator=g) < 0.6, a_idx, torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k]
+    )
     ma, mb = torch.rand(B, T, generator=g) < 0.8, torch.rand(B, T, generator=g) < 0.8
     a = Routes.from_topk(a_idx, ma, range(L), E)
     b = Routes.from_topk(b_idx, mb, range(L), E)
@@ -465,7 +490,9 @@ def test_routes_from_vllm_and_sglang() -> None:
     s = Routes.from_sglang(encoded, num_layers=2, top_k=2, num_experts=8)
     assert torch.equal(s.indices, r.indices) and torch.equal(s.mask, r.mask)
     with pytest.raises(ValueError, match="not a multiple of num_layers"):
-        Routes.from_sglang(base64.b64encode(np.arange(3, dtype=np.int32).tobytes()).decode(), num_layers=2, top_k=2, num_experts=8)
+        Routes.from_sglang(
+            base64.b64encode(np.arange(3, dtype=np.int32).tobytes()).decode(), num_layers=2, top_k=2, num_experts=8
+        )
     with pytest.raises(ValueError, match="expert ids must lie"):
         Routes.from_vllm([seq0], num_experts=4)
 
@@ -537,8 +564,7 @@ def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> Non
 def test_router_shift_hand_computed() -> None:
     # B=1, T=2, L=2, k=1, E=4. Token 0: layer 0's old expert keeps p=0.5, layer 1's goes 0.4 -> 0.2.
     old = _routes([[[[0], [1]], [[2], [3]]]], E=4)
-    p_old = torch.tensor([[[[0.5, 0.2, 0.2, 0.1], [0.3, 0.4, 0.2, 0.1]],
-                           [[0.1, 0.1, 0.7, 0.1], [0.1, 0.1, 0.1, 0.7]]]])
+    p_old = torch.tensor([[[[0.5, 0.2, 0.2, 0.1], [0.3, 0.4, 0.2, 0.1]], [[0.1, 0.1, 0.7, 0.1], [0.1, 0.1, 0.1, 0.7]]]])
     p_new = p_old.clone()
     p_new[0, 0, 1] = torch.tensor([0.3, 0.2, 0.4, 0.1])  # layer 1, token 0: expert 1 at 0.2
     mask = torch.tensor([[True, True]])

@@ -19,14 +19,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_faults import tiny
 
 from moe_rl.analysis import load_results
 from moe_rl.config import validate
 from moe_rl.progress import eta_seconds, format_duration, progress_fields, progress_line
 from moe_rl.runio import CorruptFileError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from moe_rl.train import Trainer, train
-
-from test_faults import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = [b for b in ("tensorboard", "wandb", "mlflow") if importlib.util.find_spec(b) is not None]
@@ -39,18 +38,32 @@ def cache(tmp_path_factory):
 
 # --- logging backends -----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory, cache):
     """A 4-step run logged to every installed backend, interrupted inside step 4 (a SIGTERM-like
     SystemExit) after step 2's checkpoint, then resumed: step 3 reaches the backends twice."""
     tmp = tmp_path_factory.mktemp("watched")
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "moe_rl_test",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_PROJECT": "moe_rl_test",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db",
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     run = tmp / "runs" / "watched" / "algo=grpo,seed=0"
-    cfg = tiny(run, cache, steps=4, eval_every=2, checkpoint_every=2, log_every=2, experiment="watched",
-               logger=f"[parquet,{','.join(BACKENDS)}]", results_dir=str(tmp / "runs"))
+    cfg = tiny(
+        run,
+        cache,
+        steps=4,
+        eval_every=2,
+        checkpoint_every=2,
+        log_every=2,
+        experiment="watched",
+        logger=f"[parquet,{','.join(BACKENDS)}]",
+        results_dir=str(tmp / "runs"),
+    )
     real_step = Trainer.step
 
     def interrupted(self, step):
@@ -84,8 +97,9 @@ def _expected(frame: pd.DataFrame, key: str) -> list[tuple[int, float]]:
 KEYS = ("reward/mean", "task/accuracy", "route/old_vs_new/flip_rate")
 
 
-def _assert_series(got: list[tuple[int, float]], expected: list[tuple[int, float]], key: str,
-                   rel: float = 1e-12) -> None:
+def _assert_series(
+    got: list[tuple[int, float]], expected: list[tuple[int, float]], key: str, rel: float = 1e-12
+) -> None:
     assert [s for s, _ in got] == [s for s, _ in expected], key
     assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=rel), key
 
@@ -122,12 +136,12 @@ def _wandb_records(path: Path):
         if block - pos % block < 7:
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos: pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         pos += 7
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += block - pos % block
             continue
-        chunk, pos = chunk + data[pos: pos + length], pos + length
+        chunk, pos = chunk + data[pos : pos + length], pos + length
         if kind in (1, 4):  # FULL or LAST
             record = wandb_internal_pb2.Record()
             record.ParseFromString(chunk)
@@ -153,7 +167,8 @@ def test_wandb_offline_run_mirrors_the_parquet(watched) -> None:
                         history.setdefault(key, []).append((items["_step"], float(items[key])))
     assert {r.run_id for r in runs} == {watched["ids"]["wandb"]}
     assert {(r.project, r.run_group, r.job_type, r.display_name) for r in runs} == {
-        ("moe_rl_test", "watched", "grpo+none", "algo=grpo,seed=0")}
+        ("moe_rl_test", "watched", "grpo+none", "algo=grpo,seed=0")
+    }
     config = {u.key: json.loads(u.value_json) for u in runs[0].config.update}
     assert config["optim"]["lr"] == 3e-3 and config["steps"] == 4
     for key in KEYS:
@@ -171,7 +186,8 @@ def test_mlflow_local_store_mirrors_the_parquet(watched) -> None:
     assert client.get_experiment(run.info.experiment_id).name == "watched"
     # artifacts sit beside the local store, never in ./mlruns of the working directory
     assert (watched["tmp"] / "mlartifacts").is_dir() and run.info.artifact_uri.startswith(
-        (watched["tmp"] / "mlartifacts").resolve().as_uri())
+        (watched["tmp"] / "mlartifacts").resolve().as_uri()
+    )
     for key in KEYS:
         got = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         expected = _expected(watched["frame"], key)
@@ -205,6 +221,7 @@ def test_unknown_or_missing_logger_is_rejected_at_validation(tmp_path, cache, mo
 
 # --- progress ------------------------------------------------------------------------------------
 
+
 def test_progress_formatting() -> None:
     assert [format_duration(s) for s in (12, 184, 3725, math.inf)] == ["12s", "3m04s", "1h02m", "?"]
     assert eta_seconds(20, 300, 10.0) == 140.0 and eta_seconds(0, 300, 10.0) == math.inf
@@ -212,7 +229,8 @@ def test_progress_formatting() -> None:
     assert progress_fields(metrics, None) == {"reward": "0.41", "flip": "0.031"}  # never acc=nan
     assert progress_fields(metrics, float("nan")) == {"reward": "0.41", "flip": "0.031"}
     assert progress_line(20, 300, progress_fields(metrics, 0.375), 1.5, 184) == (
-        "step 20/300 reward=0.41 flip=0.031 acc=0.38 1.50 steps/s ETA 3m04s")
+        "step 20/300 reward=0.41 flip=0.031 acc=0.38 1.50 steps/s ETA 3m04s"
+    )
 
 
 def test_progress_lines_go_to_train_log(watched) -> None:
@@ -223,15 +241,21 @@ def test_progress_lines_go_to_train_log(watched) -> None:
 
 
 def test_multirun_reports_runs_done(tmp_path) -> None:
-    out = subprocess.run([sys.executable, "experiments/train.py", "-m", "+experiment=smoke", "dry_run=true",
-                          f"results_dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "-m", "+experiment=smoke", "dry_run=true", f"results_dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
     assert [f"{k} of 4 runs done" in text for k in range(1, 5)] == [True] * 4
 
 
 # --- status.json on every failure ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("where", ["cold_start", "step0_eval", "step"])
 def test_failure_anywhere_leaves_failed_status_with_reason(tmp_path, cache, monkeypatch, where: str) -> None:
@@ -260,8 +284,14 @@ def test_failure_anywhere_leaves_failed_status_with_reason(tmp_path, cache, monk
 
 def test_invalid_config_under_hydra_is_marked_invalid_in_out_dir(tmp_path) -> None:
     run = tmp_path / "my_run"
-    out = subprocess.run([sys.executable, "experiments/train.py", "optim.lr=-1", f"out_dir={run}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "optim.lr=-1", f"out_dir={run}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode != 0 and "optim.lr=-1.0 must be > 0" in out.stderr
     status = json.loads((run / "status.json").read_text())  # out_dir is honoured: Hydra's folder is it
     assert status["status"] == "invalid"
@@ -270,6 +300,7 @@ def test_invalid_config_under_hydra_is_marked_invalid_in_out_dir(tmp_path) -> No
 
 
 # --- checkpoints that cannot run code -----------------------------------------------------------------
+
 
 class Payload:
     """Unpickling this object runs a shell command that creates `marker`."""
@@ -311,6 +342,7 @@ def test_rng_state_round_trips_through_weights_only(tmp_path) -> None:
 
 
 # --- readable metrics --------------------------------------------------------------------------------
+
 
 def test_load_results_wide_has_one_row_per_run_and_step(watched) -> None:
     long = load_results(watched["run"].parent)

@@ -33,8 +33,14 @@ def _assert_same(loop, ref) -> None:
 
 @pytest.mark.parametrize(
     ("family", "overrides", "dtype"),
-    [("qwen3_moe", {}, torch.float32), ("qwen3_moe", FINE, torch.float32), ("qwen3_moe", FINE, torch.bfloat16),
-     ("mixtral", {}, torch.float32), ("gpt_oss", {}, torch.float32), ("deepseek_v3", {}, torch.float32)],
+    [
+        ("qwen3_moe", {}, torch.float32),
+        ("qwen3_moe", FINE, torch.float32),
+        ("qwen3_moe", FINE, torch.bfloat16),
+        ("mixtral", {}, torch.float32),
+        ("gpt_oss", {}, torch.float32),
+        ("deepseek_v3", {}, torch.float32),
+    ],
 )
 def test_loop_matches_generate_bitwise(family: str, overrides: dict, dtype: torch.dtype) -> None:
     model = build_model(family, **overrides).to(dtype)
@@ -65,7 +71,7 @@ def test_loop_matches_generate_when_rows_stop_early() -> None:
             loop, ref = _pair(model, tokenizer, group_size=4, max_new_tokens=12, seed=seed)
             _assert_same(loop, ref)
             lengths.add(loop.sequences.shape[1] - loop.prompt_len)
-            assert (loop.sequences[:, loop.prompt_len:] == tokenizer.pad_token_id).any()  # finished rows padded
+            assert (loop.sequences[:, loop.prompt_len :] == tokenizer.pad_token_id).any()  # finished rows padded
     finally:
         handle.remove()
     assert min(lengths) < 12  # some batch finished before max_new_tokens

@@ -142,8 +142,9 @@ def test_lagged_xcorr_matches_numpy() -> None:
 
 
 def test_event_aligned_mean_by_hand() -> None:
-    values = pd.DataFrame({"run": ["a"] * 6 + ["b"] * 6, "step": list(range(6)) * 2,
-                           "value": [0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]})
+    values = pd.DataFrame(
+        {"run": ["a"] * 6 + ["b"] * 6, "step": list(range(6)) * 2, "value": [0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]}
+    )
     events = pd.DataFrame({"run": ["a", "b"], "step": [3, 1]})
     out = stats.event_aligned_mean(values, events, before=2, after=1).set_index("offset")
     # offset -2: a at step 1 (1) only (b has no step -1); offset 0: a 3, b 11; offset +1: a 4, b 12
@@ -153,6 +154,7 @@ def test_event_aligned_mean_by_hand() -> None:
 
 
 # --- survival, paired counts, agreement, looks ------------------------------------------------------------
+
 
 def test_kaplan_meier_matches_scipy() -> None:
     rng = np.random.default_rng(3)
@@ -178,7 +180,8 @@ def test_logrank_one_stratum_matches_scipy() -> None:
     # "greater": arm a has more events than expected, i.e. collapses sooner (scipy's sign convention too)
     assert ours["observed"] > ours["expected"]
     assert stats.logrank_test(t, e, g, alternative="greater")["p_value"] == pytest.approx(
-        sps.logrank(a, b, alternative="greater").pvalue, rel=1e-10)
+        sps.logrank(a, b, alternative="greater").pvalue, rel=1e-10
+    )
 
 
 def test_logrank_stratified_on_pairs_by_hand() -> None:
@@ -194,8 +197,12 @@ def test_logrank_stratified_on_pairs_by_hand() -> None:
     assert np.isnan(stats.logrank_test([5.0, 5.0], [False, False], [True, False])["p_value"])
     # duplicating a stratum k times multiplies sum(O - E) by k and the variance by k: Z by sqrt(k)
     base = stats.logrank_test([1, 3, 4, 2, 5, 6], [1, 1, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0])
-    dup = stats.logrank_test(np.tile([1, 3, 4, 2, 5, 6], 4), np.tile([1, 1, 0, 1, 1, 0], 4),
-                         np.tile([1, 1, 1, 0, 0, 0], 4), strata=np.repeat(np.arange(4), 6))
+    dup = stats.logrank_test(
+        np.tile([1, 3, 4, 2, 5, 6], 4),
+        np.tile([1, 1, 0, 1, 1, 0], 4),
+        np.tile([1, 1, 1, 0, 0, 0], 4),
+        strata=np.repeat(np.arange(4), 6),
+    )
     assert dup["z"] == pytest.approx(2 * base["z"])
 
 
@@ -230,6 +237,7 @@ def test_looks_adjusted() -> None:
 
 # --- Granger-style lead ---------------------------------------------------------------------------------
 
+
 def test_granger_increment_matches_a_loop_of_least_squares() -> None:
     rng = np.random.default_rng(6)
     x = rng.normal(size=60)
@@ -242,8 +250,10 @@ def test_granger_increment_matches_a_loop_of_least_squares() -> None:
         rows_r.append(base)
         rows_f.append(base + [x[t - 1], x[t - 2]])
         target.append(y[t])
-    rss = [np.sum((np.asarray(target) - np.asarray(a) @ np.linalg.lstsq(np.asarray(a), target, rcond=None)[0]) ** 2)
-           for a in (rows_r, rows_f)]
+    rss = [
+        np.sum((np.asarray(target) - np.asarray(a) @ np.linalg.lstsq(np.asarray(a), target, rcond=None)[0]) ** 2)
+        for a in (rows_r, rows_f)
+    ]
     g = stats.granger_increment(x, y, lags)
     assert g["increment"] == pytest.approx(1 - rss[1] / rss[0], rel=1e-9)
     assert g["direction"] > 0

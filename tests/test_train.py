@@ -17,8 +17,14 @@ from moe_rl.train import Trainer, aggregate, train
 
 
 def tiny_config(tmp_path, cache, *, algo="grpo", replay="none", steps=3, name=None, **optim) -> TrainConfig:
-    cfg = TrainConfig(out_dir=str(tmp_path / (name or f"{algo}_{replay}")), steps=steps, eval_every=2, eval_size=16,
-                      snapshot_every=2, progress=False)
+    cfg = TrainConfig(
+        out_dir=str(tmp_path / (name or f"{algo}_{replay}")),
+        steps=steps,
+        eval_every=2,
+        eval_size=16,
+        snapshot_every=2,
+        progress=False,
+    )
     cfg.algo.name, cfg.replay.mode = algo, replay
     cfg.task.n_train, cfg.task.n_eval = 400, 32
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = 8, 4
@@ -67,27 +73,63 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     result = trainer.run()
     assert result["status"] in ("completed", "collapsed")
     frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
-    assert list(frame.columns) == ["run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr",
-                                   "rollout_dtype", "num_layers", "num_moe_layers", "num_experts", "top_k", "step", "key",
-                                   "value"]
+    assert list(frame.columns) == [
+        "run",
+        "experiment",
+        "arm",
+        "algo",
+        "replay",
+        "family",
+        "task",
+        "seed",
+        "N",
+        "lr",
+        "rollout_dtype",
+        "num_layers",
+        "num_moe_layers",
+        "num_experts",
+        "top_k",
+        "step",
+        "key",
+        "value",
+    ]
     assert set(frame["arm"]) == {f"{algo}+{replay}"} and sorted(frame["step"].unique()) == [0, 1, 2, 3, 4]
     assert sorted(k for k in frame["key"].unique() if not defines(k)) == []  # every logged key is in metric_names
     metrics = frame.pivot_table(index="step", columns="key", values="value")
-    for key in ("reward/mean", "ratio/token_var", "ratio/seq_var", "ratio/ess", "kl/k3", "policy/entropy",
-                "optim/grad_norm", "route/old_vs_new/flip_rate", "route/rollout_vs_old/flip_rate",
-                "route/old_vs_new/flip_rate/layer_1", "route/old_vs_new/flip_rate/pos_0", "route/margin_mean",
-                "time/rollout_s", "time/update_s", "ratio/clipfrac_low", "ratio/clipfrac_high",
-                "route/old_vs_new/shift/mean", "route/old_vs_new/shift/p10", "route/old_vs_new/shift/layer_1",
-                "route/old_vs_new/shift/mean/offpolicy"):
+    for key in (
+        "reward/mean",
+        "ratio/token_var",
+        "ratio/seq_var",
+        "ratio/ess",
+        "kl/k3",
+        "policy/entropy",
+        "optim/grad_norm",
+        "route/old_vs_new/flip_rate",
+        "route/rollout_vs_old/flip_rate",
+        "route/old_vs_new/flip_rate/layer_1",
+        "route/old_vs_new/flip_rate/pos_0",
+        "route/margin_mean",
+        "time/rollout_s",
+        "time/update_s",
+        "ratio/clipfrac_low",
+        "ratio/clipfrac_high",
+        "route/old_vs_new/shift/mean",
+        "route/old_vs_new/shift/p10",
+        "route/old_vs_new/shift/layer_1",
+        "route/old_vs_new/shift/mean/offpolicy",
+    ):
         assert metrics.loc[1:, key].map(math.isfinite).all(), key
     # Router-shift ratio in (0, 1]; the flip-vs-margin counts of updates 2..N match their flip rate.
-    assert ((metrics.loc[1:, "route/old_vs_new/shift/mean"] > 0) & (metrics.loc[1:, "route/old_vs_new/shift/mean"] <= 1)).all()
+    assert (
+        (metrics.loc[1:, "route/old_vs_new/shift/mean"] > 0) & (metrics.loc[1:, "route/old_vs_new/shift/mean"] <= 1)
+    ).all()
     n = metrics.loc[1:, [c for c in metrics if c.startswith("route/flip_vs_margin/n/")]].sum(axis=1)
     flips = metrics.loc[1:, [c for c in metrics if c.startswith("route/flip_vs_margin/flips/")]].sum(axis=1)
     assert (flips <= n).all() and (n > 0).all()
     # Pooled counts vs the mean of per-update rates: equal up to the mini-batches' differing token counts.
     assert (flips / n).to_numpy() == pytest.approx(
-        metrics.loc[1:, "route/old_vs_new/flip_rate/offpolicy"].to_numpy(), rel=0.05)
+        metrics.loc[1:, "route/old_vs_new/flip_rate/offpolicy"].to_numpy(), rel=0.05
+    )
     assert metrics["task/accuracy"].dropna().index.tolist() == [0, 2, 4]
     changed = sum(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
     assert changed > 0
@@ -129,28 +171,46 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
 
 
 def test_aggregate_is_over_the_whole_step() -> None:
-    agg = aggregate([{"loss": 1.0, "ratio/token_max": 1.5, "kl/k3": 0.0},
-                     {"loss": 3.0, "ratio/token_max": 1.2, "kl/k3": 0.2},
-                     {"loss": 2.0, "ratio/token_max": 1.1, "kl/k3": 0.4}])
+    agg = aggregate(
+        [
+            {"loss": 1.0, "ratio/token_max": 1.5, "kl/k3": 0.0},
+            {"loss": 3.0, "ratio/token_max": 1.2, "kl/k3": 0.2},
+            {"loss": 2.0, "ratio/token_max": 1.1, "kl/k3": 0.4},
+        ]
+    )
     assert agg == pytest.approx({"loss": 2.0, "ratio/token_max": 1.5, "kl/k3": 0.2, "kl/k3/offpolicy": 0.3})
     # Flip-vs-margin counts are summed over the off-policy updates 2..N, never averaged.
-    counts = aggregate([{"route/flip_vs_margin/n/bin_0": 5.0}, {"route/flip_vs_margin/n/bin_0": 7.0},
-                        {"route/flip_vs_margin/n/bin_0": 4.0}])
+    counts = aggregate(
+        [
+            {"route/flip_vs_margin/n/bin_0": 5.0},
+            {"route/flip_vs_margin/n/bin_0": 7.0},
+            {"route/flip_vs_margin/n/bin_0": 4.0},
+        ]
+    )
     assert counts == {"route/flip_vs_margin/n/bin_0": 11.0}
 
 
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda c: setattr(c.algo, "name", "ppo"), r"algo.name='ppo' is not valid; valid: \['grpo', 'gspo', 'gspo_token'\]"),
+        (
+            lambda c: setattr(c.algo, "name", "ppo"),
+            r"algo.name='ppo' is not valid; valid: \['grpo', 'gspo', 'gspo_token'\]",
+        ),
         (lambda c: setattr(c.replay, "mode", "r4"), r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r3'\]"),
         (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
         (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
-        (lambda c: (setattr(c.algo, "eps_low", 0.3), setattr(c.algo, "eps_high", 0.1)), r"eps_high=0.1 < algo.eps_low=0.3"),
+        (
+            lambda c: (setattr(c.algo, "eps_low", 0.3), setattr(c.algo, "eps_high", 0.1)),
+            r"eps_high=0.1 < algo.eps_low=0.3",
+        ),
         (lambda c: setattr(c.rollout, "group_size", 1), r"rollout.group_size=1 must be >= 2"),
         (lambda c: setattr(c.optim, "updates_per_rollout", 3), r"updates_per_rollout=3 must divide the rollout batch"),
         (lambda c: setattr(c.optim, "lr", -1e-4), r"optim.lr=-0.0001 must be > 0"),
-        (lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.algo, "eps_low", 0.2)), r"eps_high=0.0004 < algo.eps_low=0.2"),
+        (
+            lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.algo, "eps_low", 0.2)),
+            r"eps_high=0.0004 < algo.eps_low=0.2",
+        ),
         (lambda c: setattr(c, "eval_every", 0), r"eval_every=0 must be >= 1"),
         (lambda c: setattr(c, "position_bucket", 0), r"position_bucket=0 must be >= 1"),
     ],

@@ -34,21 +34,37 @@ def digit_fraction(completions: list[str], **_) -> list[float]:
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
 
 
-def make_trainer(tmp_path, replay: str, *, cls=MoeGRPOTrainer, algo: str = "grpo", steps: int = 3,
-                 **overrides) -> MoeGRPOTrainer:
+def make_trainer(
+    tmp_path, replay: str, *, cls=MoeGRPOTrainer, algo: str = "grpo", steps: int = 3, **overrides
+) -> MoeGRPOTrainer:
     tokenizer = make_tokenizer()
     model = build_model("qwen3_moe", vocab_size=len(tokenizer))
     data = load_task("reversal", n_train=8, n_eval=0, seed=0)["train"]
     args = dict(
-        output_dir=str(tmp_path / replay), per_device_train_batch_size=16, num_generations=4,
-        max_completion_length=6, max_steps=steps, num_iterations=2, learning_rate=3e-2, use_cpu=True,
-        report_to="none", logging_steps=1, bf16=False, save_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path / replay),
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=steps,
+        num_iterations=2,
+        learning_rate=3e-2,
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
     )
     args.update(algo_args(algo))
     args.update(overrides)
     return cls(
-        model=model, args=GRPOConfig(**args), processing_class=tokenizer, train_dataset=data,
-        reward_funcs=[task_reward("reversal", partial_credit=0.5), digit_fraction], routing_replay=replay,
+        model=model,
+        args=GRPOConfig(**args),
+        processing_class=tokenizer,
+        train_dataset=data,
+        reward_funcs=[task_reward("reversal", partial_credit=0.5), digit_fraction],
+        routing_replay=replay,
     )
 
 
@@ -69,10 +85,24 @@ class RecordingTrainer(MoeGRPOTrainer):
         return loss
 
 
-ROUTE_KEYS = ("route/old_vs_new/flip_rate", "route/old_vs_new/expert_flip_frac", "route/old_vs_new/token_flip_rate",
-              "route/old_vs_new/flip_rate/layer_1", "route/rollout_vs_old/flip_rate", "route/margin_mean")
-RATIO_KEYS = ("ratio/token_var", "ratio/token_max", "ratio/seq_var", "ratio/ess", "ratio/extreme_frac", "kl/k3",
-              "ratio/clipfrac_low", "ratio/clipfrac_high")
+ROUTE_KEYS = (
+    "route/old_vs_new/flip_rate",
+    "route/old_vs_new/expert_flip_frac",
+    "route/old_vs_new/token_flip_rate",
+    "route/old_vs_new/flip_rate/layer_1",
+    "route/rollout_vs_old/flip_rate",
+    "route/margin_mean",
+)
+RATIO_KEYS = (
+    "ratio/token_var",
+    "ratio/token_max",
+    "ratio/seq_var",
+    "ratio/ess",
+    "ratio/extreme_frac",
+    "kl/k3",
+    "ratio/clipfrac_low",
+    "ratio/clipfrac_high",
+)
 REPLAY_KEYS = ("route/native_vs_replayed/flip_rate", "route/used_vs_cached/flip_rate")
 
 
@@ -120,8 +150,9 @@ class ForeignRoutesTrainer(MoeGRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         routes = routes_of(self, output, OLD_ROUTES, OLD_ROUTES_MASK)
-        shifted = Routes.from_topk((routes.indices.long() + 1) % routes.num_experts, routes.mask, routes.layer_map,
-                                   routes.num_experts)
+        shifted = Routes.from_topk(
+            (routes.indices.long() + 1) % routes.num_experts, routes.mask, routes.layer_map, routes.num_experts
+        )
         output[OLD_ROUTES] = shifted.indices
         return output
 
@@ -169,8 +200,16 @@ def test_gspo_r3_minibatches_keep_routes_on_their_rows(tmp_path) -> None:
     # steps_per_generation=2: TRL shuffles the generation batch and splits it into two updates. In the
     # first update theta == theta_old, so the router's own routes equal the cached ones row by row only
     # if the routes travelled with their rows.
-    trainer = make_trainer(tmp_path, "r3", algo="gspo", steps=2, num_iterations=1, steps_per_generation=2,
-                           per_device_train_batch_size=8, gradient_checkpointing=False)
+    trainer = make_trainer(
+        tmp_path,
+        "r3",
+        algo="gspo",
+        steps=2,
+        num_iterations=1,
+        steps_per_generation=2,
+        per_device_train_batch_size=8,
+        gradient_checkpointing=False,
+    )
     trainer.train()
     first, second = [row for row in trainer.state.log_history if "loss" in row]
     assert first["route/native_vs_replayed/flip_rate"] == 0.0 and first["route/old_vs_new/flip_rate"] == 0.0
@@ -216,8 +255,14 @@ def test_clip_fractions_by_hand() -> None:
 
 def test_task_reward_reads_the_dataset_columns() -> None:
     reward = task_reward("reversal", partial_credit=0.5)
-    out = reward(completions=["1703", "1704", "17x"], prompts=["R3071="] * 3, answer=["1703"] * 3,
-                 digits=["3071"] * 3, trainer_state=object(), log_metric=print)
+    out = reward(
+        completions=["1703", "1704", "17x"],
+        prompts=["R3071="] * 3,
+        answer=["1703"] * 3,
+        digits=["3071"] * 3,
+        trainer_state=object(),
+        log_metric=print,
+    )
     assert out == [1.0, 0.5, 0.0] and reward.__name__ == "reversal_reward"
 
 

@@ -25,7 +25,7 @@ tokens or non-empty sequences), so that means over several batches of rows pool 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -46,8 +46,17 @@ class LossMetrics(dict[str, float]):
 
 
 def _check_inputs(
-    *, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, ref_logp: Tensor | None, beta: float,
-    eps_low: float, eps_high: float, agg: str, token_adv: bool,
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None,
+    beta: float,
+    eps_low: float,
+    eps_high: float,
+    agg: str,
+    token_adv: bool,
 ) -> Tensor:
     """Validate shapes and options; return `mask` as bool."""
     if logp.dim() != 2:
@@ -119,7 +128,7 @@ def _to_floats(metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask
     if "kl/ref_k3" in metrics:
         counts["kl/ref_k3"] = _agg_count(mask, agg)
     values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
-    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics):])))
+    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])))
 
 
 def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
@@ -152,8 +161,16 @@ def grpo_loss(
     mean_i (1/|y_i|) sum_t; "token-mean" is sum_{i,t} / sum_i |y_i| (DAPO-style).
     """
     mask = _check_inputs(
-        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
-        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=True,
+        logp=logp,
+        old_logp=old_logp,
+        adv=adv,
+        mask=mask,
+        ref_logp=ref_logp,
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        agg=agg,
+        token_adv=True,
     )
     adv = _token_adv(adv, logp)  # (B, T)
     ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
@@ -191,8 +208,16 @@ def gspo_loss(
     Clip fractions count sequences. `adv` must be (B,).
     """
     mask = _check_inputs(
-        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
-        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=False,
+        logp=logp,
+        old_logp=old_logp,
+        adv=adv,
+        mask=mask,
+        ref_logp=ref_logp,
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        agg=agg,
+        token_adv=False,
     )
     adv = adv.detach().to(logp.dtype)
     seq_log_ratio, valid = _seq_log_ratio(logp, old_logp, mask)
@@ -227,8 +252,16 @@ def gspo_token_loss(
     `adv` may be (B,) or (B, T).
     """
     mask = _check_inputs(
-        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp, beta=beta,
-        eps_low=eps_low, eps_high=eps_high, agg=agg, token_adv=True,
+        logp=logp,
+        old_logp=old_logp,
+        adv=adv,
+        mask=mask,
+        ref_logp=ref_logp,
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        agg=agg,
+        token_adv=True,
     )
     adv = _token_adv(adv, logp)  # (B, T)
     seq_log_ratio, _ = _seq_log_ratio(logp, old_logp, mask)

@@ -125,11 +125,16 @@ def claim_expert_drift(root: Path) -> Claim:
     forecast = _forecast_evidence(root)
     if forecast is None:
         return _claim_expert_drift_power_law(root)
-    c = Claim(1, "~10% of activated experts change per gradient update (Qwen3-30B-A3B)", "GSPO, arXiv 2507.18071",
-              "from the drift forecast P(flip) = F(logit gap / movement per update): untestable at this scale when "
-              f"the forecast holds on held-out design points (predicted / measured within {FORECAST_TOLERANCE}x) and "
-              "the answer hinges on Qwen3-30B-A3B's margins and movement per update, which we cannot measure; "
-              "inconclusive when the forecast does not hold", experiment="drift_forecast")
+    c = Claim(
+        1,
+        "~10% of activated experts change per gradient update (Qwen3-30B-A3B)",
+        "GSPO, arXiv 2507.18071",
+        "from the drift forecast P(flip) = F(logit gap / movement per update): untestable at this scale when "
+        f"the forecast holds on held-out design points (predicted / measured within {FORECAST_TOLERANCE}x) and "
+        "the answer hinges on Qwen3-30B-A3B's margins and movement per update, which we cannot measure; "
+        "inconclusive when the forecast does not hold",
+        experiment="drift_forecast",
+    )
     if isinstance(forecast, str):
         c.reason = forecast
         return c
@@ -138,29 +143,46 @@ def claim_expert_drift(root: Path) -> Claim:
     within = lo >= 1 / FORECAST_TOLERANCE and hi <= FORECAST_TOLERANCE
     c.cells = ", ".join(_probe_label(p) for p in probes) + " (cold starts; movement from real updates)"
     c.statistic = "; ".join(_probe_statistic(p, fit) for p in probes)
-    c.test = (f"forecast on {fit['held_out_points']} held-out points: predicted / measured {lo:.2f}-{hi:.2f} "
-              f"({fit['held_out_within_1.3x']} within {FORECAST_TOLERANCE}x)")
+    c.test = (
+        f"forecast on {fit['held_out_points']} held-out points: predicted / measured {lo:.2f}-{hi:.2f} "
+        f"({fit['held_out_within_1.3x']} within {FORECAST_TOLERANCE}x)"
+    )
     ep, ceiling = fit["experts_per_flip"], fit["curve_ceiling"]
-    c.notes.append(f"the curve's ceiling: P(flip) = {_pct(ceiling)} at the smallest gap / movement; activated experts "
-                   f"changed per changed router: {ep['mean']:.2f} on average, {ep['max']:.2f} at most in our runs. At "
-                   f"top-8, 10% of activated experts means {0.1 * 8 / ep['mean']:.2f} of every router's 8 experts "
-                   "changing per update")
+    c.notes.append(
+        f"the curve's ceiling: P(flip) = {_pct(ceiling)} at the smallest gap / movement; activated experts "
+        f"changed per changed router: {ep['mean']:.2f} on average, {ep['max']:.2f} at most in our runs. At "
+        f"top-8, 10% of activated experts means {0.1 * 8 / ep['mean']:.2f} of every router's 8 experts "
+        "changing per update"
+    )
     residual = fit.get("residual_all", {})
     if "coef" in residual:
-        c.notes.append("residual dependence of predicted / measured on geometry and lr (exponents, 95%): " + ", ".join(
-            f"{f[4:]} {residual['coef'][f]:+.2f} [{residual['coef_ci'][f][0]:+.2f}, {residual['coef_ci'][f][1]:+.2f}]"
-            for f in ("log_E", "log_k", "log_L", "log_lr")))
+        c.notes.append(
+            "residual dependence of predicted / measured on geometry and lr (exponents, 95%): "
+            + ", ".join(
+                f"{f[4:]} {residual['coef'][f]:+.2f} [{residual['coef_ci'][f][0]:+.2f}, {residual['coef_ci'][f][1]:+.2f}]"
+                for f in ("log_E", "log_k", "log_L", "log_lr")
+            )
+        )
     power = _claim_expert_drift_power_law(root)
     if power.statistic:
-        c.notes.append(f"the power law of drift_scaling at lr 1e-4 gives {power.statistic} (verdict by its own rule: "
-                       f"{power.verdict}); the lr it keeps is a choice, not a measurement")
+        c.notes.append(
+            f"the power law of drift_scaling at lr 1e-4 gives {power.statistic} (verdict by its own rule: "
+            f"{power.verdict}); the lr it keeps is a choice, not a measurement"
+        )
     if not within:
-        c.verdict, c.reason = INCONCLUSIVE, (f"the forecast does not transfer: held-out predicted / measured {lo:.2f}-"
-                                             f"{hi:.2f}, outside {FORECAST_TOLERANCE}x")
+        c.verdict, c.reason = (
+            INCONCLUSIVE,
+            (
+                f"the forecast does not transfer: held-out predicted / measured {lo:.2f}-"
+                f"{hi:.2f}, outside {FORECAST_TOLERANCE}x"
+            ),
+        )
     else:
         c.verdict = UNTESTABLE
-        c.reason = ("reaching ~10% hinges on Qwen3-30B-A3B's router margins and movement per update at its own lr, "
-                    "which cannot be measured on our models")
+        c.reason = (
+            "reaching ~10% hinges on Qwen3-30B-A3B's router margins and movement per update at its own lr, "
+            "which cannot be measured on our models"
+        )
     return c
 
 
@@ -174,7 +196,9 @@ def _forecast_evidence(root: Path) -> tuple[dict, list[dict]] | str | None:
         probes = [json.loads(p.read_text()) for p in sorted((folder / "forecasts").glob("*.json"))]
     except (OSError, ValueError) as err:
         return f"drift_forecast unreadable: {type(err).__name__}: {err}"
-    missing = [k for k in ("held_out_ratio_range", "held_out_points", "experts_per_flip", "curve_ceiling") if k not in fit]
+    missing = [
+        k for k in ("held_out_ratio_range", "held_out_points", "experts_per_flip", "curve_ceiling") if k not in fit
+    ]
     if missing:
         return f"drift_forecast/fit.json lacks {missing}"
     if not probes:
@@ -190,24 +214,33 @@ def _probe_label(doc: dict) -> str:
 def _probe_statistic(doc: dict, fit: dict) -> str:
     """Measured vs forecast drift at the probe, and the movement (and our lr) that reaches 10%."""
     g, factor = doc["geometry"], doc["movement_factor_for_paper_level"]
-    text = (f"{_probe_label(doc)}: activated experts changed {_pct(doc['measured_in_probe'][FORECAST_EXPERT_KEY])} "
-            f"measured, {_pct(doc['predicted'][FORECAST_EXPERT_KEY])} forecast, at movement {doc['sigma_rms']:.3g} "
-            "logits per update; 10% needs ")
+    text = (
+        f"{_probe_label(doc)}: activated experts changed {_pct(doc['measured_in_probe'][FORECAST_EXPERT_KEY])} "
+        f"measured, {_pct(doc['predicted'][FORECAST_EXPERT_KEY])} forecast, at movement {doc['sigma_rms']:.3g} "
+        "logits per update; 10% needs "
+    )
     if not math.isfinite(factor):
         return text + "more than any movement gives within the measured curve (beyond its ceiling)"
     text += f"{factor:.3g}x that movement ({doc['sigma_rms'] * factor:.3g} logits)"
     sv = fit.get("sigma_vs_lr_centre")
     if sv and sv["b"] > 0:  # our movement grows as lr^b: the lr that gives `factor` times the movement
-        text += (f", i.e. lr ~{g['lr'] * factor ** (1 / sv['b']):.2g} for our models (movement ∝ lr^{sv['b']:.2f}, "
-                 f"measured over lr {min(sv['lr']):g}-{max(sv['lr']):g})")
+        text += (
+            f", i.e. lr ~{g['lr'] * factor ** (1 / sv['b']):.2g} for our models (movement ∝ lr^{sv['b']:.2f}, "
+            f"measured over lr {min(sv['lr']):g}-{max(sv['lr']):g})"
+        )
     return text
 
 
 def _claim_expert_drift_power_law(root: Path) -> Claim:
-    c = Claim(1, "~10% of activated experts change per gradient update (Qwen3-30B-A3B)", "GSPO, arXiv 2507.18071",
-              f"reproduced if the extrapolated 95% interval of expert_flip_frac overlaps {list(PAPER_BAND)}; "
-              "not reproduced if it lies entirely outside; inconclusive if the interval spans more than 10x "
-              "(or reaches 0) or the fit's held-out R² < 0.5", experiment="drift_scaling (fit.json)")
+    c = Claim(
+        1,
+        "~10% of activated experts change per gradient update (Qwen3-30B-A3B)",
+        "GSPO, arXiv 2507.18071",
+        f"reproduced if the extrapolated 95% interval of expert_flip_frac overlaps {list(PAPER_BAND)}; "
+        "not reproduced if it lies entirely outside; inconclusive if the interval spans more than 10x "
+        "(or reaches 0) or the fit's held-out R² < 0.5",
+        experiment="drift_scaling (fit.json)",
+    )
     path = root / "drift_scaling" / "fit.json"
     if not path.is_file():
         return c
@@ -230,24 +263,36 @@ def _claim_expert_drift_power_law(root: Path) -> Claim:
     # and the power law in L alone is shown only to say where it stops making sense
     o, t = doc["metrics"].get("route/old_vs_new/token_flip_rate/offpolicy"), doc.get("token_flip_from_layer_rate")
     if t:
-        raw = f"; the power law in L alone gives {_pct(o['predicted'])}, which no share can reach" if (
-            o and o["predicted"] > 1) else ""
-        c.notes.append(f"token_flip_rate: {_pct(t['predicted'])} [{_pct(t['ci'][0])}, {_pct(t['ci'][1])}] from the "
-                       f"per-layer rate, assuming layers flip independently{raw} {r3}")
+        raw = (
+            f"; the power law in L alone gives {_pct(o['predicted'])}, which no share can reach"
+            if (o and o["predicted"] > 1)
+            else ""
+        )
+        c.notes.append(
+            f"token_flip_rate: {_pct(t['predicted'])} [{_pct(t['ci'][0])}, {_pct(t['ci'][1])}] from the "
+            f"per-layer rate, assuming layers flip independently{raw} {r3}"
+        )
     elif o:
         c.notes.append(f"token_flip_rate: {_pct(o['predicted'])} [{_pct(o['ci'][0])}, {_pct(o['ci'][1])}] {r3}")
     if doc.get("assumptions"):
         c.notes.append(f"assumes: {doc['assumptions']}")
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0 or hi / lo > 10 or not r2 >= 0.5:
-        c.verdict, c.reason = INCONCLUSIVE, f"interval too wide ({hi / lo if lo > 0 else math.inf:.3g}x) or R² {r2:.2f} < 0.5"
+        c.verdict, c.reason = (
+            INCONCLUSIVE,
+            f"interval too wide ({hi / lo if lo > 0 else math.inf:.3g}x) or R² {r2:.2f} < 0.5",
+        )
     elif hi >= PAPER_BAND[0] and lo <= PAPER_BAND[1]:
         c.verdict, c.reason = REPRODUCED, f"interval overlaps {list(PAPER_BAND)}"
     else:
-        c.verdict, c.reason = NOT_REPRODUCED, f"interval entirely {'below' if hi < PAPER_BAND[0] else 'above'} {list(PAPER_BAND)}"
+        c.verdict, c.reason = (
+            NOT_REPRODUCED,
+            f"interval entirely {'below' if hi < PAPER_BAND[0] else 'above'} {list(PAPER_BAND)}",
+        )
     return c
 
 
 # --- collapse comparisons over the phase map -------------------------------------------------------
+
 
 def _strata(outcomes: pd.DataFrame, a: str, b: str, definition: str, cells: list[str]) -> list[tuple]:
     """[(cell values, k_a, n_a, k_b, n_b, collapsed_a array, collapsed_b array)] for cells holding both arms."""
@@ -287,10 +332,21 @@ def _compare_collapse(outcomes: pd.DataFrame, a: str, b: str, definition: str, c
     per_cell = [collapse_test(*t, alternative="greater") if 0 < t[0] + t[2] < t[1] + t[3] else math.nan for t in tables]
     ka, na = sum(t[0] for t in tables), sum(t[1] for t in tables)
     kb, nb = sum(t[2] for t in tables), sum(t[3] for t in tables)
-    return {"strata": strata, "p_more": more["p_value"], "p_less": less["p_value"], "odds_ratio": more["odds_ratio"],
-            "diff": diff, "n_informative": len(informative), "per_cell_p": per_cell,
-            "per_cell_holm": holm(per_cell), "ka": ka, "na": na, "kb": kb, "nb": nb,
-            "any": ka + kb > 0}
+    return {
+        "strata": strata,
+        "p_more": more["p_value"],
+        "p_less": less["p_value"],
+        "odds_ratio": more["odds_ratio"],
+        "diff": diff,
+        "n_informative": len(informative),
+        "per_cell_p": per_cell,
+        "per_cell_holm": holm(per_cell),
+        "ka": ka,
+        "na": na,
+        "kb": kb,
+        "nb": nb,
+        "any": ka + kb > 0,
+    }
 
 
 def _direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], margin: float) -> tuple[str, str]:
@@ -301,8 +357,10 @@ def _direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], mar
     lo, hi = ci
     if np.isfinite(lo) and np.isfinite(hi) and -margin < lo and hi < margin:
         return NOT_REPRODUCED, f"effect interval [{lo:.3g}, {hi:.3g}] inside ±{margin:g}"
-    return INCONCLUSIVE, (f"neither direction significant (p = {_p(p_pred)}, reverse {_p(p_opp)}) and the effect "
-                          f"interval [{lo:.3g}, {hi:.3g}] is not inside ±{margin:g}")
+    return INCONCLUSIVE, (
+        f"neither direction significant (p = {_p(p_pred)}, reverse {_p(p_opp)}) and the effect "
+        f"interval [{lo:.3g}, {hi:.3g}] is not inside ±{margin:g}"
+    )
 
 
 def _phase_outcomes(root: Path, experiment: str, grid: bool = False) -> pd.DataFrame | None:
@@ -348,7 +406,9 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
     import yaml
 
     folder = EXPERIMENT_FILES if folder is None else Path(folder)
-    docs = {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+    docs = (
+        {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+    )
     out: dict[str, Declared] = {}
     for name, doc in docs.items():
         block = doc.get("analysis")
@@ -371,12 +431,15 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
 def extension_of(outcomes: pd.DataFrame, declared: Declared | None) -> pd.Series:
     """Per run (index of `outcomes`), the extension that added it, "" for the declared runs."""
     out = pd.Series("", index=outcomes.index, dtype=object)
-    for ext in (declared.extensions if declared else []):
+    for ext in declared.extensions if declared else []:
         hit = pd.Series(True, index=outcomes.index)
         for key, values in ext["runs"].items():
             col = outcomes[key]
-            hit &= (col.isin(values) if key == "arm" else
-                    np.isclose(col.to_numpy(float)[:, None], np.asarray(values, float)[None, :]).any(1))
+            hit &= (
+                col.isin(values)
+                if key == "arm"
+                else np.isclose(col.to_numpy(float)[:, None], np.asarray(values, float)[None, :]).any(1)
+            )
         out[hit & (out == "")] = ext["name"]
     return out
 
@@ -420,12 +483,21 @@ def survival_compare(pairs: pd.DataFrame, definition: str) -> dict[str, float]:
     more, less = logrank_test(*args, alternative="greater"), logrank_test(*args, alternative="less")
     km = {arm: kaplan_meier(t, c) for arm, t, c in (("w", tw, cw), ("b", tb, cb))}
     disc_w, disc_b = int((cw & ~cb).sum()), int((~cw & cb).sum())
-    return {"n": n, "kw": int(cw.sum()), "kb": int(cb.sum()), "p_more": more["p_value"], "p_less": less["p_value"],
-            "observed": more["observed"], "expected": more["expected"],
-            "km_w": float(km["w"]["survival"].iloc[-1]) if len(km["w"]) else 1.0,
-            "km_b": float(km["b"]["survival"].iloc[-1]) if len(km["b"]) else 1.0,
-            "disc_w": disc_w, "disc_b": disc_b, "mcnemar_more": mcnemar_exact(disc_w, disc_b, alternative="greater"),
-            "mcnemar_less": mcnemar_exact(disc_w, disc_b, alternative="less")}
+    return {
+        "n": n,
+        "kw": int(cw.sum()),
+        "kb": int(cb.sum()),
+        "p_more": more["p_value"],
+        "p_less": less["p_value"],
+        "observed": more["observed"],
+        "expected": more["expected"],
+        "km_w": float(km["w"]["survival"].iloc[-1]) if len(km["w"]) else 1.0,
+        "km_b": float(km["b"]["survival"].iloc[-1]) if len(km["b"]) else 1.0,
+        "disc_w": disc_w,
+        "disc_b": disc_b,
+        "mcnemar_more": mcnemar_exact(disc_w, disc_b, alternative="greater"),
+        "mcnemar_less": mcnemar_exact(disc_w, disc_b, alternative="less"),
+    }
 
 
 def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1) -> tuple[str, str, float]:
@@ -435,8 +507,10 @@ def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1
     names = [*CONTINUOUS.values(), "time to collapse"]
     pred = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_value"] for k in CONTINUOUS), surv["p_more"]])]
     opp = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_reverse"] for k in CONTINUOUS), surv["p_less"]])]
-    best_pred, best_opp = int(np.nanargmin(pred)) if np.isfinite(pred).any() else 0, \
-        int(np.nanargmin(opp)) if np.isfinite(opp).any() else 0
+    best_pred, best_opp = (
+        int(np.nanargmin(pred)) if np.isfinite(pred).any() else 0,
+        int(np.nanargmin(opp)) if np.isfinite(opp).any() else 0,
+    )
     p_pred, p_opp = pred[best_pred], opp[best_opp]
     corrected = f"Holm{f', x {looks} looks' if looks > 1 else ''}"
     if p_pred < ALPHA and not p_opp < ALPHA:
@@ -444,12 +518,28 @@ def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1
     if p_opp < ALPHA:
         return NOT_REPRODUCED, f"{names[best_opp]} favours the other arm ({corrected} p = {_p(p_opp)})", p_pred
     acc, auc = cont["late_accuracy"], cont["reward_auc"]
-    if (-ACCURACY_MARGIN < acc["lo"] and acc["hi"] < ACCURACY_MARGIN and -REWARD_MARGIN < auc["lo"]
-            and auc["hi"] < REWARD_MARGIN):
-        return NOT_REPRODUCED, (f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{ACCURACY_MARGIN}, "
-                                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{REWARD_MARGIN}"), p_pred
-    return INCONCLUSIVE, (f"no outcome significant either way ({corrected} p = {_p(p_pred)}, reverse {_p(p_opp)}) and "
-                          "the measured differences are not inside their margins"), p_pred
+    if (
+        -ACCURACY_MARGIN < acc["lo"]
+        and acc["hi"] < ACCURACY_MARGIN
+        and -REWARD_MARGIN < auc["lo"]
+        and auc["hi"] < REWARD_MARGIN
+    ):
+        return (
+            NOT_REPRODUCED,
+            (
+                f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{ACCURACY_MARGIN}, "
+                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{REWARD_MARGIN}"
+            ),
+            p_pred,
+        )
+    return (
+        INCONCLUSIVE,
+        (
+            f"no outcome significant either way ({corrected} p = {_p(p_pred)}, reverse {_p(p_opp)}) and "
+            "the measured differences are not inside their margins"
+        ),
+        p_pred,
+    )
 
 
 def count_verdict(surv: dict[str, float]) -> str:
@@ -492,8 +582,10 @@ def kappa_by_cell(outcomes: pd.DataFrame, cells: list[str]) -> str:
         a, b = g[f"collapsed_{MAIN_DEFINITION}"].to_numpy(bool), g[f"collapsed_{ALTERNATIVE_DEFINITION}"].to_numpy(bool)
         if a.any() or b.any():
             k = cohen_kappa(a, b)
-            parts.append(f"{cell_label(cells, values if isinstance(values, tuple) else (values,))}: "
-                         f"{int((a == b).sum())} of {len(a)} runs alike, kappa {'—' if np.isnan(k) else f'{k:+.2f}'}")
+            parts.append(
+                f"{cell_label(cells, values if isinstance(values, tuple) else (values,))}: "
+                f"{int((a == b).sum())} of {len(a)} runs alike, kappa {'—' if np.isnan(k) else f'{k:+.2f}'}"
+            )
     return "; ".join(parts) or "no cell where either definition fires"
 
 
@@ -528,20 +620,24 @@ def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], 
 
 def _comparison_text(cmp: Comparison) -> str:
     acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
-    return (f"{cmp.better} - {cmp.worse}: final accuracy {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
-            f"{100 * acc['hi']:+.1f}], reward AUC {auc['mean_diff']:+.3f} [{auc['lo']:+.3f}, {auc['hi']:+.3f}] "
-            f"({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} {s['km_w']:.2f} vs {cmp.better} "
-            f"{s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} {s['kb']} of {s['n']}")
+    return (
+        f"{cmp.better} - {cmp.worse}: final accuracy {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
+        f"{100 * acc['hi']:+.1f}], reward AUC {auc['mean_diff']:+.3f} [{auc['lo']:+.3f}, {auc['hi']:+.3f}] "
+        f"({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} {s['km_w']:.2f} vs {cmp.better} "
+        f"{s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} {s['kb']} of {s['n']}"
+    )
 
 
 def _counts_note(cmp: Comparison) -> str:
     s = cmp.surv
     ww, wb = wilson_interval(s["kw"], s["n"]), wilson_interval(s["kb"], s["n"])
-    return (f"secondary, collapse counts ({MAIN_DEFINITION}): {cmp.worse} {s['kw']} of {s['n']} [{ww[0]:.2f}, "
-            f"{ww[1]:.2f}] vs {cmp.better} {s['kb']} of {s['n']} [{wb[0]:.2f}, {wb[1]:.2f}]; discordant pairs: {s['disc_w']} where only {cmp.worse} collapsed, {s['disc_b']} "
-            f"where only {cmp.better} did; exact McNemar one-sided p = {_p(s['mcnemar_more'])} (reverse "
-            f"{_p(s['mcnemar_less'])}); time to collapse, log-rank stratified on pairs p = {_p(s['p_more'])} "
-            f"(reverse {_p(s['p_less'])})")
+    return (
+        f"secondary, collapse counts ({MAIN_DEFINITION}): {cmp.worse} {s['kw']} of {s['n']} [{ww[0]:.2f}, "
+        f"{ww[1]:.2f}] vs {cmp.better} {s['kb']} of {s['n']} [{wb[0]:.2f}, {wb[1]:.2f}]; discordant pairs: {s['disc_w']} where only {cmp.worse} collapsed, {s['disc_b']} "
+        f"where only {cmp.better} did; exact McNemar one-sided p = {_p(s['mcnemar_more'])} (reverse "
+        f"{_p(s['mcnemar_less'])}); time to collapse, log-rank stratified on pairs p = {_p(s['p_more'])} "
+        f"(reverse {_p(s['p_less'])})"
+    )
 
 
 def _robust(c: Claim, verdicts: dict[str, str], counts: dict[str, str]) -> None:
@@ -549,48 +645,68 @@ def _robust(c: Claim, verdicts: dict[str, str], counts: dict[str, str]) -> None:
     c.robustness = verdicts
     kinds = sorted(set(verdicts.values()))
     size = len(verdicts)
-    c.notes.insert(0, f"robustness over {size} collapse definitions (both definitions, drop fractions "
-                      f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}): "
-                      f"{_shares(list(verdicts.values()))}; the collapse counts alone (exact McNemar) would give "
-                      f"{_shares(list(counts.values()))}")
+    c.notes.insert(
+        0,
+        f"robustness over {size} collapse definitions (both definitions, drop fractions "
+        f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}): "
+        f"{_shares(list(verdicts.values()))}; the collapse counts alone (exact McNemar) would give "
+        f"{_shares(list(counts.values()))}",
+    )
     if len(kinds) > 1:
         c.reason = f"{c.verdict} under the main definition, but the grid gives {' to '.join(kinds)}; main: {c.reason}"
         c.verdict = FRAGILE
 
 
-def _looks_note(c: Claim, declared: Declared | None, ext: pd.Series, without: str,
-                primary_computed: list[str] = PRIMARY, unit: str = "runs") -> int:
+def _looks_note(
+    c: Claim,
+    declared: Declared | None,
+    ext: pd.Series,
+    without: str,
+    primary_computed: list[str] = PRIMARY,
+    unit: str = "runs",
+) -> int:
     """The declared analysis and the extensions present; returns the number of looks."""
     if declared is None:
         c.notes.append("no declared analysis found for this experiment: one look assumed")
         return 1
     primary, claimed = list(declared.analysis.get("primary", [])), declared.analysis.get("claims", [])
     if primary != primary_computed:
-        c.notes.append(f"**{declared.file} declares the primary outcomes {primary}; this report computes "
-                       f"{primary_computed}**")
+        c.notes.append(
+            f"**{declared.file} declares the primary outcomes {primary}; this report computes {primary_computed}**"
+        )
     if claimed and c.id not in claimed:
         c.notes.append(f"**claim {c.id} is not among the claims {declared.file} declares ({claimed})**")
     present = [e for e in declared.extensions if (ext == e["name"]).any()]
     looks = max([1, *(e["look"] for e in present)])
     added = ", ".join(f"{e['name']} (look {e['look']}, {int((ext == e['name']).sum())} {unit})" for e in present)
-    c.notes.append(f"declared in {declared.file}: primary {', '.join(declared.analysis.get('primary', []))}"
-                   + (f"; extensions added after looking at results: {added}; the verdict counts {looks} looks "
-                      f"(p x {looks}); without the extensions ({int((ext == '').sum())} declared {unit}, one look): "
-                      f"{without}" if present else "; no extension"))
+    c.notes.append(
+        f"declared in {declared.file}: primary {', '.join(declared.analysis.get('primary', []))}"
+        + (
+            f"; extensions added after looking at results: {added}; the verdict counts {looks} looks "
+            f"(p x {looks}); without the extensions ({int((ext == '').sum())} declared {unit}, one look): "
+            f"{without}"
+            if present
+            else "; no extension"
+        )
+    )
     return looks
 
 
 def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
-    c = Claim(2, "Off-policy (N >= 2), GRPO without replay is less stable than GRPO with R2",
-              "GSPO 2507.18071; R3 2510.11370",
-              "grpo+r2 vs grpo+none, paired by seed in the off-policy (lr, N) cells where the two arms' mean final "
-              "accuracy ends below the cold start's. Primary outcomes: final accuracy (mean of the last 3 evaluations) "
-              "and reward AUC (sign-flip test, bootstrap interval) and time to collapse (log-rank stratified on the "
-              "pairs), Holm over the three and Bonferroni over the looks at the data. reproduced if one favours R2 at "
-              "p < 0.05 and none favours no replay; not reproduced if one favours no replay, or the accuracy and reward "
-              f"AUC intervals lie inside ±{ACCURACY_MARGIN}; inconclusive otherwise. **fragile** when another "
-              "definition of collapse in the declared grid gives another verdict. Collapse counts: secondary, exact "
-              "McNemar on the pairs", experiment="phase")
+    c = Claim(
+        2,
+        "Off-policy (N >= 2), GRPO without replay is less stable than GRPO with R2",
+        "GSPO 2507.18071; R3 2510.11370",
+        "grpo+r2 vs grpo+none, paired by seed in the off-policy (lr, N) cells where the two arms' mean final "
+        "accuracy ends below the cold start's. Primary outcomes: final accuracy (mean of the last 3 evaluations) "
+        "and reward AUC (sign-flip test, bootstrap interval) and time to collapse (log-rank stratified on the "
+        "pairs), Holm over the three and Bonferroni over the looks at the data. reproduced if one favours R2 at "
+        "p < 0.05 and none favours no replay; not reproduced if one favours no replay, or the accuracy and reward "
+        f"AUC intervals lie inside ±{ACCURACY_MARGIN}; inconclusive otherwise. **fragile** when another "
+        "definition of collapse in the declared grid gives another verdict. Collapse counts: secondary, exact "
+        "McNemar on the pairs",
+        experiment="phase",
+    )
     outcomes = _phase_outcomes(root, "phase", grid=True) if outcomes is None else outcomes
     if outcomes is None:
         return c
@@ -615,30 +731,41 @@ def _collapse_claim(c: Claim, outcomes: pd.DataFrame, worse: str, better: str, d
     looks = _looks_note(c, declared, ext, without)
     cmp = run(off, looks)
     if cmp is None:
-        c.verdict, c.reason = INCONCLUSIVE, "no off-policy cell where the runs degrade: the grid never reached instability"
+        c.verdict, c.reason = (
+            INCONCLUSIVE,
+            "no off-policy cell where the runs degrade: the grid never reached instability",
+        )
         return c
     sel = degrading_cells(off, [worse, better], cells)
     c.cells = f"{sel[cells].drop_duplicates().shape[0]} degrading cell(s): {_cell_list(sel, cells)}"
     c.statistic = _comparison_text(cmp)
     c.test = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm" + (
-        f", x {looks} looks" if looks > 1 else "")
+        f", x {looks} looks" if looks > 1 else ""
+    )
     c.p_value, c.verdict, c.reason = cmp.p, cmp.verdict, cmp.reason
     c.notes.append(_counts_note(cmp))
-    c.notes.append(f"agreement of the {MAIN_DEFINITION} and {ALTERNATIVE_DEFINITION} definitions: "
-                   + kappa_by_cell(_offpolicy(outcomes), cells))
+    c.notes.append(
+        f"agreement of the {MAIN_DEFINITION} and {ALTERNATIVE_DEFINITION} definitions: "
+        + kappa_by_cell(_offpolicy(outcomes), cells)
+    )
     _robust(c, {d: v for d, (v, _) in cmp.grid.items()}, {d: k for d, (_, k) in cmp.grid.items()})
     c.plain = _plain_collapse(c, cmp, looks, (base.verdict if base else without) if looks > 1 else "")
     return c
 
 
 def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
-    c = Claim(3, "GSPO is stable without routing replay", "GSPO, arXiv 2507.18071",
-              "in the off-policy cells where grpo+none's mean final accuracy ends below the cold start's, paired by "
-              "seed: gspo+none vs grpo+none and grpo+r2 vs gspo+none, each on the three primary outcomes of claim 2 "
-              "(Holm within a comparison, Bonferroni over looks). reproduced if gspo+none beats grpo+none and grpo+r2 "
-              "does not beat gspo+none; not reproduced if grpo+r2 beats gspo+none, or gspo+none vs grpo+none is not "
-              "reproduced (grpo+none better, or both differences inside their margins); inconclusive otherwise. "
-              "**fragile** when the grid of collapse definitions disagrees", experiment="phase")
+    c = Claim(
+        3,
+        "GSPO is stable without routing replay",
+        "GSPO, arXiv 2507.18071",
+        "in the off-policy cells where grpo+none's mean final accuracy ends below the cold start's, paired by "
+        "seed: gspo+none vs grpo+none and grpo+r2 vs gspo+none, each on the three primary outcomes of claim 2 "
+        "(Holm within a comparison, Bonferroni over looks). reproduced if gspo+none beats grpo+none and grpo+r2 "
+        "does not beat gspo+none; not reproduced if grpo+r2 beats gspo+none, or gspo+none vs grpo+none is not "
+        "reproduced (grpo+none better, or both differences inside their margins); inconclusive otherwise. "
+        "**fragile** when the grid of collapse definitions disagrees",
+        experiment="phase",
+    )
     outcomes = _phase_outcomes(root, "phase", grid=True) if outcomes is None else outcomes
     if outcomes is None:
         return c
@@ -666,8 +793,10 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared
                 return NOT_REPRODUCED
             return REPRODUCED if v_none == REPRODUCED else INCONCLUSIVE
 
-        grid = {d: (rule(vs_none.grid[d][0], vs_r2.grid[d][0]), rule(vs_none.grid[d][1], vs_r2.grid[d][1]))
-                for d in vs_none.grid}
+        grid = {
+            d: (rule(vs_none.grid[d][0], vs_r2.grid[d][0]), rule(vs_none.grid[d][1], vs_r2.grid[d][1]))
+            for d in vs_none.grid
+        }
         return sel, vs_none, vs_r2, rule(vs_none.verdict, vs_r2.verdict), grid
 
     base = decide(off[ext == ""], 1) if (ext != "").any() else None
@@ -682,7 +811,9 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared
     c.statistic = f"{_comparison_text(vs_none)}. {_comparison_text(vs_r2)}"
     c.test = "as claim 2, per comparison" + (f", x {looks} looks" if looks > 1 else "")
     c.p_value, c.verdict = vs_none.p, verdict
-    c.reason = f"vs grpo+none: {vs_none.verdict} ({vs_none.reason}); grpo+r2 vs gspo+none: {vs_r2.verdict} ({vs_r2.reason})"
+    c.reason = (
+        f"vs grpo+none: {vs_none.verdict} ({vs_none.reason}); grpo+r2 vs gspo+none: {vs_r2.verdict} ({vs_r2.reason})"
+    )
     c.notes += [_counts_note(vs_none), _counts_note(vs_r2)]
     _robust(c, {d: v for d, (v, _) in grid.items()}, {d: k for d, (_, k) in grid.items()})
     c.plain = _plain_collapse(c, vs_none, looks, without if looks > 1 else "", second=vs_r2)
@@ -690,11 +821,13 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared
 
 
 def _would_change(verdict: str) -> str:
-    return {REPRODUCED: "a replication with new seeds in which the effect vanishes",
-            NOT_REPRODUCED: "a replication that finds the claimed effect at p < 0.05 (for a measured size, an interval "
-                            "that reaches the claimed value), with every look at the data counted",
-            FRAGILE: "a collapse definition agreed before the runs, or measured outcomes that decide without the label",
-            INCONCLUSIVE: "more runs, until an interval excludes 0 or fits inside its margin"}.get(verdict, "more data")
+    return {
+        REPRODUCED: "a replication with new seeds in which the effect vanishes",
+        NOT_REPRODUCED: "a replication that finds the claimed effect at p < 0.05 (for a measured size, an interval "
+        "that reaches the claimed value), with every look at the data counted",
+        FRAGILE: "a collapse definition agreed before the runs, or measured outcomes that decide without the label",
+        INCONCLUSIVE: "more runs, until an interval excludes 0 or fits inside its margin",
+    }.get(verdict, "more data")
 
 
 def _points(d: float) -> str:
@@ -703,25 +836,32 @@ def _points(d: float) -> str:
 
 def _plain_collapse(c: Claim, cmp: Comparison, looks: int, without: str, second: Comparison | None = None) -> str:
     acc, s = cmp.cont["late_accuracy"], cmp.surv
-    text = (f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
-            f"phase map where runs lose accuracy. {cmp.better} ended {_points(acc['mean_diff'])} {cmp.worse} "
-            f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
-            f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition.")
+    text = (
+        f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
+        f"phase map where runs lose accuracy. {cmp.better} ended {_points(acc['mean_diff'])} {cmp.worse} "
+        f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
+        f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition."
+    )
     if second is not None:
         a2 = second.cont["late_accuracy"]
         auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
-        text += (f" Against {second.better}, {second.worse} ended {_points(-a2['mean_diff'])} it "
-                 f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
-                 f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}.")
+        text += (
+            f" Against {second.better}, {second.worse} ended {_points(-a2['mean_diff'])} it "
+            f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
+            f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}."
+        )
     shares = _shares(list(c.robustness.values()))
     text += f" Verdict: **{c.verdict}**; across {len(c.robustness)} reasonable collapse definitions: {shares}."
     if looks > 1:
-        text += (f" Runs were added after {looks - 1} look(s) at the results; counting the looks is part of the "
-                 f"verdict, and without the added runs it reads {without}.")
+        text += (
+            f" Runs were added after {looks - 1} look(s) at the results; counting the looks is part of the "
+            f"verdict, and without the added runs it reads {without}."
+        )
     return text + f" What would change it: {_would_change(c.verdict)}."
 
 
 # --- claim 4: drift grows with depth ----------------------------------------------------------------
+
 
 def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
@@ -729,12 +869,16 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
 
 def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
     key = "route/old_vs_new/flip_rate/offpolicy"
-    c = Claim(4, "Routing drift grows with depth", "R3, arXiv 2510.11370",
-              "off-policy flip rate of the deepest vs the shallowest model (num_moe_layers, e.g. 8 vs 2), runs paired "
-              "on every other run key (seed included); paired bootstrap 95% interval of the mean difference and a "
-              "one-sided sign-flip test. reproduced if p < 0.05; not reproduced if the reverse p < 0.05 or the interval "
-              f"lies within ±{DRIFT_MARGIN:.0%} of the shallow model's drift; inconclusive otherwise",
-              experiment="drift_scaling")
+    c = Claim(
+        4,
+        "Routing drift grows with depth",
+        "R3, arXiv 2510.11370",
+        "off-policy flip rate of the deepest vs the shallowest model (num_moe_layers, e.g. 8 vs 2), runs paired "
+        "on every other run key (seed included); paired bootstrap 95% interval of the mean difference and a "
+        "one-sided sign-flip test. reproduced if p < 0.05; not reproduced if the reverse p < 0.05 or the interval "
+        f"lies within ±{DRIFT_MARGIN:.0%} of the shallow model's drift; inconclusive otherwise",
+        experiment="drift_scaling",
+    )
     df = _load(root, "drift_scaling", None)
     if df is None:
         return c
@@ -772,41 +916,65 @@ def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
         first = pairs[ext == ""]
         b = paired_compare(first[deep], first[shallow], alternative="greater", n_resamples=N_BOOT)
         b_rev = paired_compare(first[deep], first[shallow], alternative="less", n_resamples=N_BOOT)
-        v0 = _direction_verdict(b["p_value"], b_rev["p_value"], (b["lo"] / level, b["hi"] / level)
-                                if level > 0 and len(first) >= 2 else (math.nan, math.nan), DRIFT_MARGIN)
+        v0 = _direction_verdict(
+            b["p_value"],
+            b_rev["p_value"],
+            (b["lo"] / level, b["hi"] / level) if level > 0 and len(first) >= 2 else (math.nan, math.nan),
+            DRIFT_MARGIN,
+        )
         without = f"{v0[0]} ({v0[1]}; {len(first)} pairs)"
     else:
         without = ""
     looks = _looks_note(c, declared, ext, without, [key], unit="pairs")
     r["p_value"], r_rev["p_value"] = looks_adjusted(r["p_value"], looks), looks_adjusted(r_rev["p_value"], looks)
     c.cells = f"num_moe_layers {deep} vs {shallow}, {len(pairs)} pairs"
-    c.statistic = (f"flip rate {_pct(pairs[deep].mean())} vs {_pct(level)}: difference {100 * r['mean_diff']:+.2f} pp "
-                   f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}")
+    c.statistic = (
+        f"flip rate {_pct(pairs[deep].mean())} vs {_pct(level)}: difference {100 * r['mean_diff']:+.2f} pp "
+        f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}"
+    )
     c.test, c.p_value = "paired sign-flip, one-sided" + (f", x {looks} looks" if looks > 1 else ""), r["p_value"]
-    c.verdict, c.reason = _direction_verdict(r["p_value"], r_rev["p_value"], (r["lo"] / level, r["hi"] / level)
-                                             if level > 0 else (math.nan, math.nan), DRIFT_MARGIN)
-    c.plain = (f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
-               f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
-               f"{_pct(pairs[deep].mean())} of decisions per layer and the shallower {_pct(level)} (difference "
-               f"{100 * r['mean_diff']:+.2f} points, 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}). Verdict: "
-               f"**{c.verdict}** for drift per layer" + (f", counting the look after which {int((ext != '').sum())} of the "
-               f"{len(pairs)} pairs were added (without them: {without.split(' (')[0]})" if looks > 1 else "")
-               + f". What would change it: {_would_change(c.verdict)}.")
+    c.verdict, c.reason = _direction_verdict(
+        r["p_value"],
+        r_rev["p_value"],
+        (r["lo"] / level, r["hi"] / level) if level > 0 else (math.nan, math.nan),
+        DRIFT_MARGIN,
+    )
+    c.plain = (
+        f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
+        f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
+        f"{_pct(pairs[deep].mean())} of decisions per layer and the shallower {_pct(level)} (difference "
+        f"{100 * r['mean_diff']:+.2f} points, 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}). Verdict: "
+        f"**{c.verdict}** for drift per layer"
+        + (
+            f", counting the look after which {int((ext != '').sum())} of the "
+            f"{len(pairs)} pairs were added (without them: {without.split(' (')[0]})"
+            if looks > 1
+            else ""
+        )
+        + f". What would change it: {_would_change(c.verdict)}."
+    )
     if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
-        c.reason += (f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
-                     f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it")
+        c.reason += (
+            f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
+            f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it"
+        )
     # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
     tp = paired("tokens")
     if tp is not None and len(tp) >= 2:
         t = paired_compare(tp[deep], tp[shallow], alternative="greater", n_resamples=N_BOOT)
-        c.notes.append(f"support: tokens with a changed layer {_pct(tp[deep].mean())} ({deep} layers) vs "
-                       f"{_pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
-                       f"[{100 * t['lo']:+.1f}, {100 * t['hi']:+.1f}], {t['n']} pairs, one-sided p = {_p(t['p_value'])}")
-        c.plain += (f" Per token it is another story: {_pct(tp[deep].mean())} of tokens change at least one layer in the "
-                    f"deeper models vs {_pct(tp[shallow].mean())} (more layers, more chances).")
+        c.notes.append(
+            f"support: tokens with a changed layer {_pct(tp[deep].mean())} ({deep} layers) vs "
+            f"{_pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
+            f"[{100 * t['lo']:+.1f}, {100 * t['hi']:+.1f}], {t['n']} pairs, one-sided p = {_p(t['p_value'])}"
+        )
+        c.plain += (
+            f" Per token it is another story: {_pct(tp[deep].mean())} of tokens change at least one layer in the "
+            f"deeper models vs {_pct(tp[shallow].mean())} (more layers, more chances)."
+        )
     # support: within the deepest runs, deeper half of the layers vs the shallower half
-    layer_keys = {k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique()
-                  if k.startswith("route/old_vs_new/flip_rate/layer_")}
+    layer_keys = {
+        k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique() if k.startswith("route/old_vs_new/flip_rate/layer_")
+    }
     deep_runs = info.index[info["num_moe_layers"] == deep]
     if layer_keys and len(deep_runs) >= 2:
         sub = df[df["run"].isin(deep_runs) & df["key"].isin(layer_keys)]
@@ -814,17 +982,24 @@ def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
         half = per.shape[1] // 2
         if half:
             s = paired_compare(per.iloc[:, -half:].mean(1), per.iloc[:, :half].mean(1), n_resamples=N_BOOT)
-            c.notes.append(f"support: in the {deep}-layer runs the deeper {half} layers flip {100 * s['mean_diff']:+.2f} pp "
-                           f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
-                           f"flip rate, {s['n']} runs, p = {_p(s['p_value'])})")
+            c.notes.append(
+                f"support: in the {deep}-layer runs the deeper {half} layers flip {100 * s['mean_diff']:+.2f} pp "
+                f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
+                f"flip rate, {s['n']} runs, p = {_p(s['p_value'])})"
+            )
     return c
 
 
 # --- claim 5: with a gap and large N, R3 beats R2 --------------------------------------------------
 
 R3_PAPER_GAP = "~10% of routers and 94% of tokens route differently between inference and training (Qwen3-30B-A3B)"
-ENGINE_GAP_KEYS = ("rollout/logp_gap", "rollout/token_mult_prob_error", "rollout/logp_gap_over_ln2",
-                   "route/rollout_vs_old/flip_rate", "route/rollout_vs_old/token_flip_rate")
+ENGINE_GAP_KEYS = (
+    "rollout/logp_gap",
+    "rollout/token_mult_prob_error",
+    "rollout/logp_gap_over_ln2",
+    "route/rollout_vs_old/flip_rate",
+    "route/rollout_vs_old/token_flip_rate",
+)
 
 
 def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
@@ -851,9 +1026,11 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
     _, clo, chi = coll["diff"]
     out = {
         "cells": _cells_text(coll["strata"], cells),
-        "statistic": (f"collapsed r2 {coll['ka']} of {coll['na']} vs r3 {coll['kb']} of {coll['nb']}; final accuracy "
-                      f"r3 - r2 = {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] "
-                      f"({acc['n']} pairs, P(r3 > r2) = {acc['prob_improvement']:.2f})"),
+        "statistic": (
+            f"collapsed r2 {coll['ka']} of {coll['na']} vs r3 {coll['kb']} of {coll['nb']}; final accuracy "
+            f"r3 - r2 = {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] "
+            f"({acc['n']} pairs, P(r3 > r2) = {acc['prob_improvement']:.2f})"
+        ),
         "test": f"exact CMH p = {_p(coll['p_more'])}, sign-flip p = {_p(acc['p_value'])} (one-sided, Holm below)",
         "p_value": float(np.nanmin(favour_r3)) if np.isfinite(favour_r3).any() else math.nan,
     }
@@ -861,8 +1038,12 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
         out["verdict"], out["reason"] = REPRODUCED, f"R3 better at Holm p = {_p(out['p_value'])}"
     elif np.nanmin(favour_r2, initial=np.inf) < ALPHA:
         out["verdict"], out["reason"] = NOT_REPRODUCED, f"R2 better at Holm p = {_p(np.nanmin(favour_r2))}"
-    elif (-COLLAPSE_MARGIN < clo and chi < COLLAPSE_MARGIN and -ACCURACY_MARGIN < acc["lo"]
-          and acc["hi"] < ACCURACY_MARGIN):
+    elif (
+        -COLLAPSE_MARGIN < clo
+        and chi < COLLAPSE_MARGIN
+        and -ACCURACY_MARGIN < acc["lo"]
+        and acc["hi"] < ACCURACY_MARGIN
+    ):
         out["verdict"], out["reason"] = NOT_REPRODUCED, "both differences within their margins"
     else:
         out["verdict"], out["reason"] = INCONCLUSIVE, "no significant difference and intervals wider than the margins"
@@ -876,27 +1057,36 @@ def _engine_gap(root: Path) -> str:
         return ""
     means = df.groupby(["run", "key"])["value"].mean().groupby("key").mean()
     parts = [f"{k.split('/', 1)[1]} {means[k]:.3g}" for k in ENGINE_GAP_KEYS if k in means]
-    return ("measured engine (vLLM, bfloat16) vs trainer (float32) gap, mean over steps and runs: " + "; ".join(parts)
-            + f". The R3 paper reports {R3_PAPER_GAP}: a different scale (a 30B model, long sequences), shown "
-            "side by side, not compared")
+    return (
+        "measured engine (vLLM, bfloat16) vs trainer (float32) gap, mean over steps and runs: "
+        + "; ".join(parts)
+        + f". The R3 paper reports {R3_PAPER_GAP}: a different scale (a 30B model, long sequences), shown "
+        "side by side, not compared"
+    )
 
 
 def claim_r3_vs_r2(root: Path) -> Claim:
-    c = Claim(5, "With a train/inference gap and large N, R3 beats R2", "arXiv 2512.01374",
-              "runs with rollouts from a real inference engine (vLLM in bfloat16, float32 training) and the largest N "
-              "(N >= 4 where present): grpo+r3 vs grpo+r2 on collapse "
-              "(exact CMH over cells, one-sided) and final accuracy (paired by seed and cell: bootstrap interval, "
-              "sign-flip test), Holm over the two. reproduced if either favours R3 at Holm p < 0.05 and neither favours "
-              "R2; not reproduced if either favours R2 at Holm p < 0.05, or both intervals lie within their margins "
-              f"(collapse ±{COLLAPSE_MARGIN}, accuracy ±{ACCURACY_MARGIN}); inconclusive otherwise. The same test on "
-              "`phase_mismatch` (the gap emulated by casting the rollout model to bfloat16) is reported as a note",
-              experiment="engine_mismatch")
+    c = Claim(
+        5,
+        "With a train/inference gap and large N, R3 beats R2",
+        "arXiv 2512.01374",
+        "runs with rollouts from a real inference engine (vLLM in bfloat16, float32 training) and the largest N "
+        "(N >= 4 where present): grpo+r3 vs grpo+r2 on collapse "
+        "(exact CMH over cells, one-sided) and final accuracy (paired by seed and cell: bootstrap interval, "
+        "sign-flip test), Holm over the two. reproduced if either favours R3 at Holm p < 0.05 and neither favours "
+        "R2; not reproduced if either favours R2 at Holm p < 0.05, or both intervals lie within their margins "
+        f"(collapse ±{COLLAPSE_MARGIN}, accuracy ±{ACCURACY_MARGIN}); inconclusive otherwise. The same test on "
+        "`phase_mismatch` (the gap emulated by casting the rollout model to bfloat16) is reported as a note",
+        experiment="engine_mismatch",
+    )
     engine = _phase_outcomes(root, "engine_mismatch")
     emulated = _phase_outcomes(root, "phase_mismatch")
     result = _r3_vs_r2(engine) if engine is not None else None
     if emulated is not None and (e := _r3_vs_r2(emulated)) is not None:
-        c.notes.append(f"emulated gap (`phase_mismatch`, bfloat16 cast of the rollout model): {e['verdict']} "
-                       f"({e['reason']}); {e['statistic']}; {e['test']}")
+        c.notes.append(
+            f"emulated gap (`phase_mismatch`, bfloat16 cast of the rollout model): {e['verdict']} "
+            f"({e['reason']}); {e['statistic']}; {e['test']}"
+        )
     c.notes.append(_engine_gap(root))
     if result is None:
         c.reason = "no data" if engine is None else "no grpo+r2 and grpo+r3 runs with a low-precision engine rollout"
@@ -908,8 +1098,10 @@ def claim_r3_vs_r2(root: Path) -> Claim:
 
 # --- claim 6: router shift leads clip bursts and collapse ------------------------------------------
 
-def pooled_xcorr(df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, max_lag: int = MAX_LAG,
-                 diff: bool = True) -> pd.DataFrame:
+
+def pooled_xcorr(
+    df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, max_lag: int = MAX_LAG, diff: bool = True
+) -> pd.DataFrame:
     """Per run `lagged_xcorr(x, sum of y_keys)` over steps (first differences when `diff`, so slow
     trends do not masquerade as a lead); one row per (run, lag) with r and n (router_shift.png)."""
     rows = []
@@ -947,18 +1139,23 @@ def _pooled_r_by_lag(series: list[tuple], max_lag: int = MAX_LAG) -> pd.Series:
 
 
 def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phase_mismatch", "drift_scaling")) -> Claim:
-    c = Claim(6, "Router shift leads clip bursts and collapse", "RSPO, arXiv 2510.23027",
-              f"per run, a Granger-style regression of the clip fraction (low + high) at t on its own {GRANGER_LAGS} "
-              f"previous values, a linear trend and the {GRANGER_LAGS} previous values of the router shift 1 - "
-              f"`{SHIFT_KEY}` (its off-policy mean where logged): the share of the remaining variance the shift's past "
-              "explains, averaged over runs, against surrogates that rotate each run's shift series in time by a random "
-              f"offset ({N_SURROGATES} per run; a same-step correlation cannot pass or fail this test). reproduced if "
-              "the surrogate p < 0.05 with more shift followed by more clipping; not reproduced if the clip fraction "
-              "leads the shift by the same test (p < 0.05) while the shift does not lead it, or the excess over chance "
-              f"has a 95% bootstrap interval over runs below {LEAD_MARGIN:.0%} of the variance while the smallest detectable "
-              "excess is below that too; inconclusive otherwise "
-              "or with fewer than 3 runs. The smallest lead the test detects (80% power) is reported; the shift before "
-              "collapse events is support", experiment="runs that log the shift metric")
+    c = Claim(
+        6,
+        "Router shift leads clip bursts and collapse",
+        "RSPO, arXiv 2510.23027",
+        f"per run, a Granger-style regression of the clip fraction (low + high) at t on its own {GRANGER_LAGS} "
+        f"previous values, a linear trend and the {GRANGER_LAGS} previous values of the router shift 1 - "
+        f"`{SHIFT_KEY}` (its off-policy mean where logged): the share of the remaining variance the shift's past "
+        "explains, averaged over runs, against surrogates that rotate each run's shift series in time by a random "
+        f"offset ({N_SURROGATES} per run; a same-step correlation cannot pass or fail this test). reproduced if "
+        "the surrogate p < 0.05 with more shift followed by more clipping; not reproduced if the clip fraction "
+        "leads the shift by the same test (p < 0.05) while the shift does not lead it, or the excess over chance "
+        f"has a 95% bootstrap interval over runs below {LEAD_MARGIN:.0%} of the variance while the smallest detectable "
+        "excess is below that too; inconclusive otherwise "
+        "or with fewer than 3 runs. The smallest lead the test detects (80% power) is reported; the shift before "
+        "collapse events is support",
+        experiment="runs that log the shift metric",
+    )
     frames = []
     for exp in experiments:
         df = _load(root, exp, [*SHIFT_KEYS, *CLIP_KEYS, *HISTORY_KEYS])
@@ -977,49 +1174,88 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
     fwd = granger_surrogate_test([(x, y) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
     rev = granger_surrogate_test([(y, x) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
     c.cells = f"{fwd['n_runs']} runs, {GRANGER_LAGS} lags, {N_SURROGATES} circular-shift surrogates per run"
-    c.statistic = (f"the shift's past explains {_pct(fwd['excess'])} [{_pct(fwd['lo'])}, {_pct(fwd['hi'])}] of the clip "
-                   f"fraction's next-step variance beyond its own past (above the surrogates' {_pct(fwd['chance'])}); "
-                   f"surrogate p = {_p(fwd['p_value'])}; smallest detectable {_pct(fwd['detectable'])}; direction "
-                   f"{fwd['direction']:+.2f} (summed standardized coefficients, mean over runs)")
+    c.statistic = (
+        f"the shift's past explains {_pct(fwd['excess'])} [{_pct(fwd['lo'])}, {_pct(fwd['hi'])}] of the clip "
+        f"fraction's next-step variance beyond its own past (above the surrogates' {_pct(fwd['chance'])}); "
+        f"surrogate p = {_p(fwd['p_value'])}; smallest detectable {_pct(fwd['detectable'])}; direction "
+        f"{fwd['direction']:+.2f} (summed standardized coefficients, mean over runs)"
+    )
     c.test, c.p_value = "Granger-style increment vs circular-shift surrogates", fwd["p_value"]
     reverse_leads = rev["p_value"] < ALPHA and rev["excess"] > fwd["excess"]
     if fwd["p_value"] < ALPHA and fwd["direction"] > 0 and not reverse_leads:
-        c.verdict, c.reason = REPRODUCED, f"the shift's past predicts more clipping (surrogate p = {_p(fwd['p_value'])})"
+        c.verdict, c.reason = (
+            REPRODUCED,
+            f"the shift's past predicts more clipping (surrogate p = {_p(fwd['p_value'])})",
+        )
     elif reverse_leads:
-        c.verdict, c.reason = NOT_REPRODUCED, (f"the clip fraction leads the shift more than the shift leads it "
-                                               f"({_pct(rev['excess'])} vs {_pct(fwd['excess'])} of the variance, "
-                                               f"surrogate p = {_p(rev['p_value'])} vs {_p(fwd['p_value'])})")
+        c.verdict, c.reason = (
+            NOT_REPRODUCED,
+            (
+                f"the clip fraction leads the shift more than the shift leads it "
+                f"({_pct(rev['excess'])} vs {_pct(fwd['excess'])} of the variance, "
+                f"surrogate p = {_p(rev['p_value'])} vs {_p(fwd['p_value'])})"
+            ),
+        )
     elif fwd["p_value"] < ALPHA and fwd["direction"] <= 0:
         c.verdict, c.reason = NOT_REPRODUCED, "the shift's past does not predict more clipping (no positive direction)"
     elif fwd["hi"] < LEAD_MARGIN and fwd["detectable"] < LEAD_MARGIN:
-        c.verdict, c.reason = NOT_REPRODUCED, (f"no lead: the excess over chance is below {_pct(fwd['hi'])} of the "
-                                               f"variance (p = {_p(fwd['p_value'])})")
+        c.verdict, c.reason = (
+            NOT_REPRODUCED,
+            (f"no lead: the excess over chance is below {_pct(fwd['hi'])} of the variance (p = {_p(fwd['p_value'])})"),
+        )
     else:
-        c.verdict, c.reason = INCONCLUSIVE, (f"no significant lead (p = {_p(fwd['p_value'])}), and a lead of "
-                                             f"{LEAD_MARGIN:.0%} is not ruled out (interval up to {_pct(fwd['hi'])}, "
-                                             f"smallest detectable {_pct(fwd['detectable'])})")
-    c.notes.append(f"reverse (clip fraction's past predicting the shift): {_pct(rev['excess'])} [{_pct(rev['lo'])}, "
-                   f"{_pct(rev['hi'])}] above chance, surrogate p = {_p(rev['p_value'])}, direction {rev['direction']:+.2f}")
-    c.notes.append(f"the smallest detectable lead, {_pct(fwd['detectable'])} of the next-step variance, is a partial "
-                   f"correlation of about {math.sqrt(max(fwd['detectable'], 0)):.2f} between the shift's past and the "
-                   f"clip fraction (80% power at alpha {ALPHA}, {fwd['n_runs']} runs)")
+        c.verdict, c.reason = (
+            INCONCLUSIVE,
+            (
+                f"no significant lead (p = {_p(fwd['p_value'])}), and a lead of "
+                f"{LEAD_MARGIN:.0%} is not ruled out (interval up to {_pct(fwd['hi'])}, "
+                f"smallest detectable {_pct(fwd['detectable'])})"
+            ),
+        )
+    c.notes.append(
+        f"reverse (clip fraction's past predicting the shift): {_pct(rev['excess'])} [{_pct(rev['lo'])}, "
+        f"{_pct(rev['hi'])}] above chance, surrogate p = {_p(rev['p_value'])}, direction {rev['direction']:+.2f}"
+    )
+    c.notes.append(
+        f"the smallest detectable lead, {_pct(fwd['detectable'])} of the next-step variance, is a partial "
+        f"correlation of about {math.sqrt(max(fwd['detectable'], 0)):.2f} between the shift's past and the "
+        f"clip fraction (80% power at alpha {ALPHA}, {fwd['n_runs']} runs)"
+    )
     r_by_lag = _pooled_r_by_lag(series)
-    c.notes.append("descriptive, first differences: mean r by lag " + ", ".join(
-        f"{int(k):+d}: {v:.2f}" for k, v in r_by_lag.items()) + " (the lag-0 peak is the same update, which the "
-        "regression above does not count as a lead)")
+    c.notes.append(
+        "descriptive, first differences: mean r by lag "
+        + ", ".join(f"{int(k):+d}: {v:.2f}" for k, v in r_by_lag.items())
+        + " (the lag-0 peak is the same update, which the "
+        "regression above does not count as a lead)"
+    )
     c.notes.append(shift_before_collapse(df))
-    sign = lambda d: ("more of one followed by more of the other" if d > 0.05 else
-                      "more of one followed by less of the other" if d < -0.05 else "no consistent sign")
-    c.plain = (f"We asked whether a large move of the router (the shift of probability away from the experts a token "
-               f"used) comes before a rise in clipping, in {fwd['n_runs']} runs. Beyond what the clip fraction's own past "
-               f"predicts, the shift's past explains {_pct(fwd['excess'])} of its next value (95% interval "
-               f"{_pct(fwd['lo'])} to {_pct(fwd['hi'])}; the smallest lead this test detects is "
-               f"{_pct(fwd['detectable'])}), with {sign(fwd['direction'])}; the other way round, the clip fraction's "
-               f"past explains {_pct(rev['excess'])} of the shift's next value, with {sign(rev['direction'])}. The two "
-               f"move together within one update, which this test does not count as a lead. Verdict: "
-               f"**{c.verdict}**. What would change it: "
-               + ("a lead of the shift above the detectable size, with a positive sign, in runs with another model or "
-                  "learning rate" if c.verdict == NOT_REPRODUCED else _would_change(c.verdict)) + ".")
+
+    def sign(d):
+        return (
+            "more of one followed by more of the other"
+            if d > 0.05
+            else "more of one followed by less of the other"
+            if d < -0.05
+            else "no consistent sign"
+        )
+
+    c.plain = (
+        f"We asked whether a large move of the router (the shift of probability away from the experts a token "
+        f"used) comes before a rise in clipping, in {fwd['n_runs']} runs. Beyond what the clip fraction's own past "
+        f"predicts, the shift's past explains {_pct(fwd['excess'])} of its next value (95% interval "
+        f"{_pct(fwd['lo'])} to {_pct(fwd['hi'])}; the smallest lead this test detects is "
+        f"{_pct(fwd['detectable'])}), with {sign(fwd['direction'])}; the other way round, the clip fraction's "
+        f"past explains {_pct(rev['excess'])} of the shift's next value, with {sign(rev['direction'])}. The two "
+        f"move together within one update, which this test does not count as a lead. Verdict: "
+        f"**{c.verdict}**. What would change it: "
+        + (
+            "a lead of the shift above the detectable size, with a positive sign, in runs with another model or "
+            "learning rate"
+            if c.verdict == NOT_REPRODUCED
+            else _would_change(c.verdict)
+        )
+        + "."
+    )
     return c
 
 
@@ -1040,9 +1276,11 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
     if d.empty:
         return "collapse events too early to compare the shift before them with a baseline"
     mean, lo, hi = bootstrap_mean_ci(d.to_numpy(), n_resamples=N_BOOT)
-    return (f"router shift (1 - gamma) in the {before} steps before {len(d)} collapse event(s) minus the {baseline} "
-            "steps before those: "
-            f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]")
+    return (
+        f"router shift (1 - gamma) in the {before} steps before {len(d)} collapse event(s) minus the {baseline} "
+        "steps before those: "
+        f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+    )
 
 
 def _main_kwargs() -> dict:
@@ -1054,7 +1292,12 @@ def _main_kwargs() -> dict:
 # --- all claims ------------------------------------------------------------------------------------
 
 CLAIMS: tuple[Callable[[Path], Claim], ...] = (
-    claim_expert_drift, claim_offpolicy_grpo, claim_gspo_stable, claim_depth, claim_r3_vs_r2, claim_shift_leads,
+    claim_expert_drift,
+    claim_offpolicy_grpo,
+    claim_gspo_stable,
+    claim_depth,
+    claim_r3_vs_r2,
+    claim_shift_leads,
 )
 
 
@@ -1075,14 +1318,23 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
             else:
                 out.append(fn(root, declared.get("drift_scaling")) if fn is claim_depth else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
-            out.append(Claim(len(out) + 1, fn.__name__, "", "", verdict=INCONCLUSIVE,
-                             reason=f"analysis failed: {type(err).__name__}: {err}"))
+            out.append(
+                Claim(
+                    len(out) + 1,
+                    fn.__name__,
+                    "",
+                    "",
+                    verdict=INCONCLUSIVE,
+                    reason=f"analysis failed: {type(err).__name__}: {err}",
+                )
+            )
     return out
 
 
 SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling")
-PAPER_SCALE = ("Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code "
-               "(GSPO, R3)")
+PAPER_SCALE = (
+    "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
+)
 
 
 def _span(values: pd.Series, fmt: str = "g") -> str:
@@ -1103,10 +1355,19 @@ def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPE
         for path in sorted(folder.glob("*/config.yaml")) if folder.is_dir() else []:
             doc = yaml.load(path.read_text(), Loader=loader) or {}
             model, task = doc.get("model") or {}, doc.get("task") or {}
-            rows.append({"experiment": exp, "family": model.get("family"), "hidden": model.get("hidden_size"),
-                         "layers": model.get("num_layers"), "experts": model.get("num_experts"),
-                         "top_k": model.get("top_k"), "task": task.get("name"), "steps": doc.get("steps"),
-                         "device": doc.get("device")})
+            rows.append(
+                {
+                    "experiment": exp,
+                    "family": model.get("family"),
+                    "hidden": model.get("hidden_size"),
+                    "layers": model.get("num_layers"),
+                    "experts": model.get("num_experts"),
+                    "top_k": model.get("top_k"),
+                    "task": task.get("name"),
+                    "steps": doc.get("steps"),
+                    "device": doc.get("device"),
+                }
+            )
     if not rows:
         return ""
     f = pd.DataFrame(rows)
@@ -1114,20 +1375,24 @@ def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPE
     families = ", ".join(sorted(f["family"].dropna().astype(str).unique()))
     tasks = ", ".join(f"`{t}`" for t in sorted(f["task"].dropna().astype(str).unique()))
     devices = ", ".join(sorted(f["device"].dropna().astype(str).unique()))
-    return (f"**Scale.** Every verdict below comes from tiny models on a synthetic task, not from the papers' models: "
-            f"{families} with hidden size {_span(f['hidden'])}, {_span(f['layers'])} layers, {_span(f['experts'])} "
-            f"experts and top-{_span(f['top_k'])} routing, trained with RL for {_span(f['steps'])} steps per run on "
-            f"{tasks} (a synthetic task with an exact reward) from a supervised cold start, on {devices} "
-            f"({len(f)} runs: {counts}). The papers' numbers come from models such as {PAPER_SCALE}. A verdict says "
-            "what happens at this scale; it does not refute a result measured at the papers' scale.")
+    return (
+        f"**Scale.** Every verdict below comes from tiny models on a synthetic task, not from the papers' models: "
+        f"{families} with hidden size {_span(f['hidden'])}, {_span(f['layers'])} layers, {_span(f['experts'])} "
+        f"experts and top-{_span(f['top_k'])} routing, trained with RL for {_span(f['steps'])} steps per run on "
+        f"{tasks} (a synthetic task with an exact reward) from a supervised cold start, on {devices} "
+        f"({len(f)} runs: {counts}). The papers' numbers come from models such as {PAPER_SCALE}. A verdict says "
+        "what happens at this scale; it does not refute a result measured at the papers' scale."
+    )
 
 
 def _plain_fallback(c: Claim) -> str:
     """A paragraph from a claim's fields, for claims that do not write their own."""
     where = f"{c.experiment}" + (f" ({c.cells})" if c.cells else "") if c.experiment else "no data"
     found = f" Found: {c.statistic}." if c.statistic else ""
-    return (f"Tested on {where}.{found} Verdict: **{c.verdict}** ({c.reason}). What would change it: "
-            f"{_would_change(c.verdict)}.")
+    return (
+        f"Tested on {where}.{found} Verdict: **{c.verdict}** ({c.reason}). What would change it: "
+        f"{_would_change(c.verdict)}."
+    )
 
 
 def format_claims_markdown(claims: list[Claim], root: str | Path = "results") -> str:
@@ -1142,26 +1407,33 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
         "",
         "## Table",
         "",
-        (f"Generated by `python -m moe_rl.report --claims` from the result folders under `{root}`; "
-        "nothing here is typed by hand. Verdict pattern: **reproduced** when the predicted direction is significant "
-        f"(alpha {ALPHA}, Holm where a claim runs several tests, Bonferroni over looks where runs were added after "
-        "a look); **not reproduced** when the opposite direction is "
-        "significant or the effect's interval lies within a margin too small to matter (collapse probability "
-        f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
-        f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
-        "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
-        f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
-        f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "
-        f"results/collapse_definitions.md). Primary outcomes are measurements (final accuracy, reward AUC, time to "
-        f"collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Counts read \"k of n\"."),
+        (
+            f"Generated by `python -m moe_rl.report --claims` from the result folders under `{root}`; "
+            "nothing here is typed by hand. Verdict pattern: **reproduced** when the predicted direction is significant "
+            f"(alpha {ALPHA}, Holm where a claim runs several tests, Bonferroni over looks where runs were added after "
+            "a look); **not reproduced** when the opposite direction is "
+            "significant or the effect's interval lies within a margin too small to matter (collapse probability "
+            f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
+            f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
+            "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
+            f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
+            f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "
+            f"results/collapse_definitions.md). Primary outcomes are measurements (final accuracy, reward AUC, time to "
+            f'collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Counts read "k of n".'
+        ),
         "",
         "| # | claim | experiment and cells | statistic [95% interval] | test | p | verdict | why |",
         "|---:|:---|:---|:---|:---|---:|:---|:---|",
     ]
-    esc = lambda s: str(s).replace("|", "\\|")
+
+    def esc(s):
+        return str(s).replace("|", "\\|")
+
     for c in claims:
-        lines.append(f"| {c.id} | {esc(c.claim)} ({esc(c.source)}) | {esc(c.experiment)}: {esc(c.cells) or '—'} | "
-                     f"{esc(c.statistic) or '—'} | {esc(c.test) or '—'} | {_p(c.p_value)} | **{c.verdict}** | {esc(c.reason)} |")
+        lines.append(
+            f"| {c.id} | {esc(c.claim)} ({esc(c.source)}) | {esc(c.experiment)}: {esc(c.cells) or '—'} | "
+            f"{esc(c.statistic) or '—'} | {esc(c.test) or '—'} | {_p(c.p_value)} | **{c.verdict}** | {esc(c.reason)} |"
+        )
     lines += ["", "## Rules and reasons", ""]
     for c in claims:
         lines += [f"### {c.id}. {c.claim}", "", f"- rule: {c.rule}", f"- verdict: **{c.verdict}** ({c.reason})"]

@@ -25,9 +25,16 @@ def default_reference(values: Sequence[str]) -> str:
     return "grpo+r2" if "grpo+r2" in values else values[0]
 
 
-def arm_tests(outcomes: pd.DataFrame, *, groups: Sequence[str], compare: str = "arm", reference: str | None = None,
-              collapse_cols: Sequence[str] = ("collapsed_in_loop",), pair_on: Sequence[str] = ("seed",),
-              seed: int = 0) -> pd.DataFrame:
+def arm_tests(
+    outcomes: pd.DataFrame,
+    *,
+    groups: Sequence[str],
+    compare: str = "arm",
+    reference: str | None = None,
+    collapse_cols: Sequence[str] = ("collapsed_in_loop",),
+    pair_on: Sequence[str] = ("seed",),
+    seed: int = 0,
+) -> pd.DataFrame:
     """One row per group (`groups`, which include `compare`): collapse k, n, Wilson interval and p vs the
     reference group of the same stratum for each of `collapse_cols`; for CONTINUOUS outcomes the
     paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`). `*_holm` columns
@@ -48,19 +55,35 @@ def arm_tests(outcomes: pd.DataFrame, *, groups: Sequence[str], compare: str = "
             row[f"{col}_k"], row[f"{col}_n"] = k, len(g)
             row[f"{col}_lo"], row[f"{col}_hi"] = wilson_interval(k, len(g))
             k0, n0 = int(ref[col].sum()), len(ref)
-            row[f"{col}_p"] = (collapse_test(k, len(g), k0, n0) if not row["is_reference"] and n0 and
-                               0 < k + k0 < len(g) + n0 else math.nan)
+            row[f"{col}_p"] = (
+                collapse_test(k, len(g), k0, n0)
+                if not row["is_reference"] and n0 and 0 < k + k0 < len(g) + n0
+                else math.nan
+            )
         for name in CONTINUOUS:
-            res = {"mean_diff": math.nan, "lo": math.nan, "hi": math.nan, "p_value": math.nan,
-                   "prob_improvement": math.nan, "n": 0}
+            res = {
+                "mean_diff": math.nan,
+                "lo": math.nan,
+                "hi": math.nan,
+                "p_value": math.nan,
+                "prob_improvement": math.nan,
+                "n": 0,
+            }
             if not row["is_reference"] and len(ref) and name in g:
                 on = [c for c in pair_on if c in g]
                 joined = g[[*on, name]].merge(ref[[*on, name]], on=on, suffixes=("", "_ref"))
                 if len(joined) and not joined.duplicated(on).any():
                     res = paired_compare(joined[name], joined[f"{name}_ref"], seed=seed)
-            row.update({f"{name}_diff": res["mean_diff"], f"{name}_lo": res["lo"], f"{name}_hi": res["hi"],
-                        f"{name}_p": res["p_value"], f"{name}_poi": res["prob_improvement"],
-                        f"{name}_pairs": res["n"]})
+            row.update(
+                {
+                    f"{name}_diff": res["mean_diff"],
+                    f"{name}_lo": res["lo"],
+                    f"{name}_hi": res["hi"],
+                    f"{name}_p": res["p_value"],
+                    f"{name}_poi": res["prob_improvement"],
+                    f"{name}_pairs": res["n"],
+                }
+            )
         rows.append(row)
     table = pd.DataFrame(rows)
     for col in [c for c in table.columns if c.endswith("_p")]:
@@ -78,8 +101,9 @@ def _signed(x: float, s: str = ".1f", k: float = 100) -> str:
     return "—" if not np.isfinite(x) else f"{k * x:+{s}}"
 
 
-def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
-                              collapse_cols: dict[str, str] | None = None) -> str:
+def format_arm_tests_markdown(
+    table: pd.DataFrame, *, groups: Sequence[str], collapse_cols: dict[str, str] | None = None
+) -> str:
     """Markdown of `arm_tests`; `collapse_cols` maps a collapse column to its header name."""
     collapse_cols = collapse_cols or {"collapsed_in_loop": "collapsed (in loop)"}
     head = [*groups]
@@ -97,10 +121,12 @@ def format_arm_tests_markdown(table: pd.DataFrame, *, groups: Sequence[str],
         else:
             a, auc = "final_accuracy", "reward_auc"
             fmt = _signed
-            cells += [f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
-                      _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
-                      "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",
-                      f"{fmt(r[f'{auc}_diff'], '.3f', 1)} [{fmt(r[f'{auc}_lo'], '.3f', 1)}, {fmt(r[f'{auc}_hi'], '.3f', 1)}]",
-                      _p(r[f"{auc}_p"], r[f"{auc}_p_holm"])]
+            cells += [
+                f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
+                _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
+                "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",
+                f"{fmt(r[f'{auc}_diff'], '.3f', 1)} [{fmt(r[f'{auc}_lo'], '.3f', 1)}, {fmt(r[f'{auc}_hi'], '.3f', 1)}]",
+                _p(r[f"{auc}_p"], r[f"{auc}_p_holm"]),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -11,10 +11,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.bins import MARGIN_EDGES
 from moe_rl.metric_names import (
-    FLIP_VS_MARGIN_PREFIX, ROUTE_EXPERT_FLIP_FRAC, ROUTE_FLIP_RATE, ROUTE_TOKEN_FLIP_RATE, offpolicy_key,
+    FLIP_VS_MARGIN_PREFIX,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_FLIP_RATE,
+    ROUTE_TOKEN_FLIP_RATE,
+    offpolicy_key,
 )
 
 if TYPE_CHECKING:
@@ -41,10 +46,15 @@ def drift_per_run(df: pd.DataFrame, keys: Sequence[str] = DRIFT_KEYS, *, start_s
 
 def design_matrix(table: pd.DataFrame) -> np.ndarray:
     """(n, 5) intercept and log features of `table`'s geometry columns."""
-    return np.column_stack([
-        np.ones(len(table)), np.log(table["num_experts"]), np.log(table["top_k"]),
-        np.log(table["num_moe_layers"]), np.log(table["lr"]),
-    ]).astype(float)
+    return np.column_stack(
+        [
+            np.ones(len(table)),
+            np.log(table["num_experts"]),
+            np.log(table["top_k"]),
+            np.log(table["num_moe_layers"]),
+            np.log(table["lr"]),
+        ]
+    ).astype(float)
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -85,15 +95,21 @@ def fit_drift(
     boot_coef = np.array(boot_coef)
     names = ["intercept", *FEATURES]
     out = {
-        "key": key, "n_runs": int(len(data)), "r2": float(r2),
+        "key": key,
+        "n_runs": int(len(data)),
+        "r2": float(r2),
         "coef": {n: float(c) for n, c in zip(names, coef)},
-        "coef_ci": {n: [float(lo), float(hi)] for n, lo, hi in
-                    zip(names, np.percentile(boot_coef, 2.5, 0), np.percentile(boot_coef, 97.5, 0))},
+        "coef_ci": {
+            n: [float(lo), float(hi)]
+            for n, lo, hi in zip(names, np.percentile(boot_coef, 2.5, 0), np.percentile(boot_coef, 97.5, 0))
+        },
     }
     if Xt is not None:
         pred, boot_pred = np.exp(Xt @ coef), np.exp(np.array(boot_pred))
         out["predicted"] = pred.tolist()
-        out["predicted_ci"] = np.stack([np.percentile(boot_pred, 2.5, 0), np.percentile(boot_pred, 97.5, 0)], 1).tolist()
+        out["predicted_ci"] = np.stack(
+            [np.percentile(boot_pred, 2.5, 0), np.percentile(boot_pred, 97.5, 0)], 1
+        ).tolist()
     return out
 
 
@@ -105,11 +121,17 @@ def holdout_check(train: pd.DataFrame, held: pd.DataFrame, key: str) -> dict:
     pred = design_matrix(held) @ coef
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
-    points = held.assign(predicted=np.exp(pred)).groupby([*GEOMETRY], as_index=False).agg(
-        measured=(key, "mean"), predicted=("predicted", "first"))
+    points = (
+        held.assign(predicted=np.exp(pred))
+        .groupby([*GEOMETRY], as_index=False)
+        .agg(measured=(key, "mean"), predicted=("predicted", "first"))
+    )
     points["ratio"] = points["predicted"] / points["measured"]
-    return {"r2_holdout": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
-            "rmse_log": float(np.sqrt(ss_res / len(y))), "points": points}
+    return {
+        "r2_holdout": 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan"),
+        "rmse_log": float(np.sqrt(ss_res / len(y))),
+        "points": points,
+    }
 
 
 def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[float] = MARGIN_EDGES) -> pd.DataFrame:
@@ -139,8 +161,11 @@ def flip_vs_margin(df: pd.DataFrame, *, by: Sequence[str] = (), edges: Sequence[
 # --- figures (returned, never saved) ------------------------------------------------------------
 
 AXES = (("num_experts", "experts E"), ("top_k", "top-k"), ("num_moe_layers", "MoE layers L"), ("lr", "learning rate"))
-SHORT = {DRIFT_KEYS[0]: "activated experts changed", DRIFT_KEYS[1]: "top-k sets changed",
-         DRIFT_KEYS[2]: "tokens with a changed layer"}
+SHORT = {
+    DRIFT_KEYS[0]: "activated experts changed",
+    DRIFT_KEYS[1]: "top-k sets changed",
+    DRIFT_KEYS[2]: "tokens with a changed layer",
+}
 
 
 def on_axis(table: pd.DataFrame, factor: str, centre: dict) -> pd.DataFrame:
@@ -152,8 +177,9 @@ def on_axis(table: pd.DataFrame, factor: str, centre: dict) -> pd.DataFrame:
     return table[keep]
 
 
-def plot_drift_scaling(table: pd.DataFrame, centre: dict, fits: dict | None = None,
-                       keys: Sequence[str] = DRIFT_KEYS) -> Figure:
+def plot_drift_scaling(
+    table: pd.DataFrame, centre: dict, fits: dict | None = None, keys: Sequence[str] = DRIFT_KEYS
+) -> Figure:
     """Drift against each factor with the others at the centre: one row per drift key, one column
     per factor; dots are runs, black markers seed means, the line the fitted power law."""
     from matplotlib.figure import Figure
@@ -202,8 +228,14 @@ def plot_flip_vs_margin(curve: pd.DataFrame, *, by: str | None = None) -> Figure
         lo = sub["margin_lo"].clip(lower=3e-5)
         hi = sub["margin_hi"].where(np.isfinite(sub["margin_hi"]), 1.0)
         x = np.sqrt(lo * hi)  # geometric bin centre
-        ax.errorbar(x * (1.06 ** i), sub["p"], yerr=[sub["p"] - sub["p_lo"], sub["p_hi"] - sub["p"]], marker="o",
-                    capsize=3, label="all runs" if name is None else f"{by}={name}")
+        ax.errorbar(
+            x * (1.06**i),
+            sub["p"],
+            yerr=[sub["p"] - sub["p_lo"], sub["p_hi"] - sub["p"]],
+            marker="o",
+            capsize=3,
+            label="all runs" if name is None else f"{by}={name}",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("old router margin: p(k-th) - p((k+1)-th expert)")

@@ -103,8 +103,10 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wid
             dirs_of.setdefault(r, set()).add(run_dir)
     clash = {r for r, d in dirs_of.items() if len(d) > 1}
     if clash:
-        warnings.warn(f"run id(s) {sorted(clash)} found in several folders; naming those runs by their folder "
-                      f"relative to {root}", stacklevel=2)
+        warnings.warn(
+            f"run id(s) {sorted(clash)} found in several folders; naming those runs by their folder relative to {root}",
+            stacklevel=2,
+        )
     frames: list[pd.DataFrame] = []
     for run_dir, frame in loaded:
         if clash:

@@ -63,21 +63,38 @@ def _cells(outcomes: pd.DataFrame, axes: Sequence[str]) -> list[str]:
     return list(axes)
 
 
-def phase_table(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: str = "arm",
-                definition: str = MAIN_DEFINITION, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+def phase_table(
+    outcomes: pd.DataFrame,
+    *,
+    axes: Sequence[str] = AXES,
+    arm_col: str = "arm",
+    definition: str = MAIN_DEFINITION,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Per cell of `axes` and arm: n, collapsed k, collapse probability with a Wilson interval, mean
     step of first collapse over the collapsed runs, final accuracy and reward AUC with bootstrap intervals."""
     axes = _cells(outcomes, axes)
     col = f"collapsed_{definition}"
     if col not in outcomes:
-        raise KeyError(f"no collapse definition {definition!r}; have {[c[10:] for c in outcomes if c.startswith('collapsed_')]}")
+        raise KeyError(
+            f"no collapse definition {definition!r}; have {[c[10:] for c in outcomes if c.startswith('collapsed_')]}"
+        )
     rows = []
     for values, g in outcomes.groupby([*axes, arm_col], sort=True):
         k, n = int(g[col].sum()), len(g)
         lo, hi = wilson_interval(k, n, confidence)
         row = dict(zip([*axes, arm_col], values))
-        row.update({"n": n, "k": k, "p_collapse": k / n, "p_lo": lo, "p_hi": hi,
-                    "mean_collapse_step": float(g.loc[g[col], f"collapse_step_{definition}"].mean())})
+        row.update(
+            {
+                "n": n,
+                "k": k,
+                "p_collapse": k / n,
+                "p_lo": lo,
+                "p_hi": hi,
+                "mean_collapse_step": float(g.loc[g[col], f"collapse_step_{definition}"].mean()),
+            }
+        )
         for name in ("final_accuracy", "reward_auc"):
             mean, mlo, mhi = bootstrap_mean_ci(g[name], confidence=confidence, seed=seed)
             row.update({name: mean, f"{name}_lo": mlo, f"{name}_hi": mhi})
@@ -85,9 +102,16 @@ def phase_table(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: 
     return pd.DataFrame(rows)
 
 
-def phase_tests(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: str = "arm",
-                reference: str = REFERENCE_ARM, definition: str = MAIN_DEFINITION, method: str = "boschloo",
-                alpha: float = 0.05) -> pd.DataFrame:
+def phase_tests(
+    outcomes: pd.DataFrame,
+    *,
+    axes: Sequence[str] = AXES,
+    arm_col: str = "arm",
+    reference: str = REFERENCE_ARM,
+    definition: str = MAIN_DEFINITION,
+    method: str = "boschloo",
+    alpha: float = 0.05,
+) -> pd.DataFrame:
     """Per cell and arm other than `reference`: reference minus arm collapse probability, a two-sided
     exact test (`collapse_test`), and Holm-adjusted p over every testable (cell, arm) of the map.
 
@@ -107,9 +131,18 @@ def phase_tests(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: 
             # a cell where every run of both arms ended alike cannot reach significance: left out of
             # the Holm family (Tarone), shown as untestable
             testable = 0 < k0 + k1 < n0 + n1
-            rows.append({**dict(zip(axes, values if isinstance(values, tuple) else (values,))), "arm": arm,
-                         "k_ref": k0, "n_ref": n0, "k": k1, "n": n1, "diff": k0 / n0 - k1 / n1,
-                         "p_value": collapse_test(k0, n0, k1, n1, method=method) if testable else math.nan})
+            rows.append(
+                {
+                    **dict(zip(axes, values if isinstance(values, tuple) else (values,))),
+                    "arm": arm,
+                    "k_ref": k0,
+                    "n_ref": n0,
+                    "k": k1,
+                    "n": n1,
+                    "diff": k0 / n0 - k1 / n1,
+                    "p_value": collapse_test(k0, n0, k1, n1, method=method) if testable else math.nan,
+                }
+            )
     tests = pd.DataFrame(rows, columns=[*axes, "arm", "k_ref", "n_ref", "k", "n", "diff", "p_value"])
     tests["p_holm"] = holm(tests["p_value"].to_numpy()) if len(tests) else []
     tests["significant"] = tests["p_holm"] < alpha
@@ -118,20 +151,31 @@ def phase_tests(outcomes: pd.DataFrame, *, axes: Sequence[str] = AXES, arm_col: 
 
 
 def cell_label(keys: Sequence[str], values: Sequence) -> str:
-    """"lr=0.0003, N=8": a cell's keys and values, numbers in %g."""
-    return ", ".join(f"{k}={v:g}" if isinstance(v, (int, float, np.number)) else f"{k}={v}" for k, v in zip(keys, values))
+    """ "lr=0.0003, N=8": a cell's keys and values, numbers in %g."""
+    return ", ".join(
+        f"{k}={v:g}" if isinstance(v, (int, float, np.number)) else f"{k}={v}" for k, v in zip(keys, values)
+    )
 
 
 def _num(x: float, spec: str = ".2f") -> str:
     return "—" if x is None or not np.isfinite(x) else f"{x:{spec}}"
 
 
-def format_phase_markdown(table: pd.DataFrame, tests: pd.DataFrame | None = None, *,
-                          axes: Sequence[str] = AXES, arm_col: str = "arm") -> str:
+def format_phase_markdown(
+    table: pd.DataFrame, tests: pd.DataFrame | None = None, *, axes: Sequence[str] = AXES, arm_col: str = "arm"
+) -> str:
     """Markdown of `phase_table` (and the matching `phase_tests`, if given) for a results page."""
     axes = list(axes)
-    head = [*axes, arm_col, "seeds", "collapsed", "P(collapse) [95% Wilson]", "mean first-collapse step",
-            "final acc [95% boot]", "reward AUC [95% boot]"]
+    head = [
+        *axes,
+        arm_col,
+        "seeds",
+        "collapsed",
+        "P(collapse) [95% Wilson]",
+        "mean first-collapse step",
+        "final acc [95% boot]",
+        "reward AUC [95% boot]",
+    ]
     have_tests = tests is not None and len(tests)
     if have_tests:
         head += [f"vs {tests.attrs.get('reference', REFERENCE_ARM)}: p (Holm)"]
@@ -139,21 +183,37 @@ def format_phase_markdown(table: pd.DataFrame, tests: pd.DataFrame | None = None
     lines = ["| " + " | ".join(head) + " |", "|" + ":---|" * (len(axes) + 1) + "---:|" * (len(head) - len(axes) - 1)]
     for _, r in table.iterrows():
         cells = [f"{r[a]:g}" if isinstance(r[a], (float, np.floating)) else str(r[a]) for a in axes]
-        cells += [str(r[arm_col]), str(int(r["n"])), f"{int(r['k'])} of {int(r['n'])}",
-                  f"{r['p_collapse']:.2f} [{r['p_lo']:.2f}, {r['p_hi']:.2f}]", _num(r["mean_collapse_step"], ".0f"),
-                  f"{_num(r['final_accuracy'])} [{_num(r['final_accuracy_lo'])}, {_num(r['final_accuracy_hi'])}]",
-                  f"{_num(r['reward_auc'], '.3f')} [{_num(r['reward_auc_lo'], '.3f')}, {_num(r['reward_auc_hi'], '.3f')}]"]
+        cells += [
+            str(r[arm_col]),
+            str(int(r["n"])),
+            f"{int(r['k'])} of {int(r['n'])}",
+            f"{r['p_collapse']:.2f} [{r['p_lo']:.2f}, {r['p_hi']:.2f}]",
+            _num(r["mean_collapse_step"], ".0f"),
+            f"{_num(r['final_accuracy'])} [{_num(r['final_accuracy_lo'])}, {_num(r['final_accuracy_hi'])}]",
+            f"{_num(r['reward_auc'], '.3f')} [{_num(r['reward_auc_lo'], '.3f')}, {_num(r['reward_auc_hi'], '.3f')}]",
+        ]
         if have_tests:
             key = (*[r[a] for a in axes], r[arm_col])
             if key in tmap.index:
                 t = tmap.loc[key]
-                cells.append("untestable" if np.isnan(t["p_value"]) else
-                             f"{t['p_value']:.3g} ({t['p_holm']:.3g}){' *' if t['significant'] else ''}")
+                cells.append(
+                    "untestable"
+                    if np.isnan(t["p_value"])
+                    else f"{t['p_value']:.3g} ({t['p_holm']:.3g}){' *' if t['significant'] else ''}"
+                )
             else:
                 cells.append("ref" if r[arm_col] == tests.attrs.get("reference") else "—")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["AXES", "COLLAPSE_DEFINITIONS", "REFERENCE_ARM", "format_phase_markdown", "phase_table", "phase_tests",
-           "reward_auc", "run_outcomes"]
+__all__ = [
+    "AXES",
+    "COLLAPSE_DEFINITIONS",
+    "REFERENCE_ARM",
+    "format_phase_markdown",
+    "phase_table",
+    "phase_tests",
+    "reward_auc",
+    "run_outcomes",
+]

@@ -131,14 +131,16 @@ def plot_metric(df: pd.DataFrame, key: str, *, by: By = "arm", logy: bool = Fals
         _draw_curves(ax, _curves(df, key, labels), colors)
         if logy:
             ax.set_yscale("log")
-        ax.set(xlabel="step", ylabel=key, title=_titled(title or f"{key} ({BAND_NOTE})" if len(facets) == 1 else key, facet))
+        ax.set(
+            xlabel="step",
+            ylabel=key,
+            title=_titled(title or f"{key} ({BAND_NOTE})" if len(facets) == 1 else key, facet),
+        )
         _legend(ax, _by_list(by)[:1] if facet else by)
     return fig
 
 
-def plot_flip_rate(
-    df: pd.DataFrame, pair: str = "old_vs_new", *, metric: str = "flip_rate", by: By = "arm"
-) -> Figure:
+def plot_flip_rate(df: pd.DataFrame, pair: str = "old_vs_new", *, metric: str = "flip_rate", by: By = "arm") -> Figure:
     """Route flip rate vs step for one comparison pair (docs/design.md §3), one line per group."""
     key = route_key(pair, metric)
     _need(df, [key])
@@ -148,9 +150,16 @@ def plot_flip_rate(
     for ax, (facet, labels) in zip(axes[0], facets):
         _draw_curves(ax, _curves(df, key, labels), colors)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=_titled(
-            f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')}\n({BAND_NOTE})" if len(facets) == 1 else "",
-            facet))
+        ax.set(
+            xlabel="step",
+            ylabel=metric.replace("_", " "),
+            title=_titled(
+                f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')}\n({BAND_NOTE})"
+                if len(facets) == 1
+                else "",
+                facet,
+            ),
+        )
         _legend(ax, _by_list(by)[:1] if facet else by)
     if len(facets) > 1:
         fig.suptitle(f"Routing {metric.replace('_', ' ')}, {pair.replace('_', ' ')} ({BAND_NOTE})")
@@ -199,9 +208,7 @@ def plot_layer_heatmap(
     mean = per_run.groupby(["group", "layer", "step"]).mean()
     steps = np.sort(sub["step"].unique())
     layers = np.arange(max(layer_of.values()) + 1)
-    grids = {
-        g: mean.loc[g].unstack("step").reindex(index=layers, columns=steps).to_numpy(dtype=float) for g in groups
-    }
+    grids = {g: mean.loc[g].unstack("step").reindex(index=layers, columns=steps).to_numpy(dtype=float) for g in groups}
     vmax = max(float(np.nanmax(m)) if np.isfinite(m).any() else 0.0 for m in grids.values()) or 1.0
 
     # panels wrap into a grid of at most 4 columns; panel height grows slowly with depth and is capped,
@@ -212,7 +219,7 @@ def plot_layer_heatmap(
     fig = Figure(figsize=(min(12.0, 1.2 + 3.3 * cols), min(9.0, 0.8 + rows * panel_h)), layout="constrained")
     grid = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
     axes = list(grid.flat[: len(groups)])
-    for extra in grid.flat[len(groups):]:
+    for extra in grid.flat[len(groups) :]:
         extra.set_axis_off()
     x, y = _edges(steps), _edges(layers)
     mesh = None
@@ -252,9 +259,16 @@ def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By 
             ax.plot(s["pos"], s["mean"], color=colors[group], marker="o", label=group)
         ax.set_xticks(starts)  # one tick per bucket, labelled by its first position
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set(xlabel=f"response position (first token of a {width}-token bucket)", ylabel="flip rate",
-               title=_titled(f"Routing flip rate by response position, {pair.replace('_', ' ')}\n"
-                             f"(mean over steps; {BAND_NOTE})" if len(facets) == 1 else "", facet))
+        ax.set(
+            xlabel=f"response position (first token of a {width}-token bucket)",
+            ylabel="flip rate",
+            title=_titled(
+                f"Routing flip rate by response position, {pair.replace('_', ' ')}\n(mean over steps; {BAND_NOTE})"
+                if len(facets) == 1
+                else "",
+                facet,
+            ),
+        )
         _legend(ax, _by_list(by)[:1] if facet else by)
     return fig
 
@@ -280,8 +294,11 @@ def plot_ratio_variance(df: pd.DataFrame, *, by: By = "arm") -> Figure:
                 _draw_curves(ax, curves, colors)
                 if (curves["max"] > 0).any():  # N = 1: the ratio is exactly 1, the variance 0
                     ax.set_yscale("log")
-            ax.set(xlabel="step", ylabel=f"{name} (before clipping)" if col == 0 or len(facets) == 1 else "",
-                   title=_titled(name, facet))
+            ax.set(
+                xlabel="step",
+                ylabel=f"{name} (before clipping)" if col == 0 or len(facets) == 1 else "",
+                title=_titled(name, facet),
+            )
             _legend(ax, _by_list(by)[:1] if facet else by)
     fig.suptitle(f"Importance-ratio variance ({BAND_NOTE})")
     return fig
@@ -313,14 +330,16 @@ def plot_reward_accuracy(df: pd.DataFrame, events: pd.DataFrame | None = None, *
         points = _collapse_points(df, events)
         points = points[points["run"].isin(labels.index)]
         for row, (key, name) in enumerate(keys.items()):
-            _reward_panel(axes[row, col], df, key, _titled(name, facet), labels, colors, points,
-                          _by_list(by)[:1] if facet else by)
+            _reward_panel(
+                axes[row, col], df, key, _titled(name, facet), labels, colors, points, _by_list(by)[:1] if facet else by
+            )
     fig.suptitle(f"Reward and accuracy ({BAND_NOTE}; x = collapse event)")
     return fig
 
 
-def _reward_panel(ax: Axes, df: pd.DataFrame, key: str, name: str, labels: pd.Series, colors: dict,
-                  points: pd.DataFrame, by: By) -> None:
+def _reward_panel(
+    ax: Axes, df: pd.DataFrame, key: str, name: str, labels: pd.Series, colors: dict, points: pd.DataFrame, by: By
+) -> None:
     """One panel of plot_reward_accuracy: curves per group and x at each run's collapse step."""
     curves = _curves(df, key, labels)
     if curves.empty:
@@ -356,8 +375,9 @@ def _cell_axes(ax: Axes, xs: list, ys: list, axes: Sequence[str]) -> None:
     ax.set(xlabel=axes[0], ylabel=axes[1])
 
 
-def plot_phase_map(table: pd.DataFrame, *, axes: Sequence[str] = ("lr", "N"), arm_col: str = "arm",
-                   title: str = "") -> Figure:
+def plot_phase_map(
+    table: pd.DataFrame, *, axes: Sequence[str] = ("lr", "N"), arm_col: str = "arm", title: str = ""
+) -> Figure:
     """Collapse probability per (lr, N) cell, one heatmap per arm, each cell annotated "k/n" (`phase_table`)."""
     if table.empty:
         raise ValueError("empty phase table")
@@ -372,8 +392,15 @@ def plot_phase_map(table: pd.DataFrame, *, axes: Sequence[str] = ("lr", "N"), ar
         mesh = ax.imshow(np.ma.masked_invalid(values), origin="lower", vmin=0, vmax=1, cmap="magma_r", aspect="auto")
         for (i, j), v in np.ndenumerate(values):
             if np.isfinite(v):
-                ax.text(j, i, f"{int(k[i, j])}/{int(n[i, j])}", ha="center", va="center",
-                        color="white" if v > 0.55 else "black", fontsize="small")
+                ax.text(
+                    j,
+                    i,
+                    f"{int(k[i, j])}/{int(n[i, j])}",
+                    ha="center",
+                    va="center",
+                    color="white" if v > 0.55 else "black",
+                    fontsize="small",
+                )
         _cell_axes(ax, xs, ys, axes)
         ax.set_title(arm)
     fig.colorbar(mesh, ax=list(grid.flat), label="P(collapse)")
@@ -399,8 +426,15 @@ def plot_phase_difference(tests: pd.DataFrame, *, axes: Sequence[str] = ("lr", "
         for (i, j), v in np.ndenumerate(diff):
             if np.isfinite(v):
                 mark = " *" if sig[i, j] == 1 else (" ·" if np.isnan(p[i, j]) else "")
-                ax.text(j, i, f"{v:+.2f}{mark}", ha="center", va="center", fontsize="small",
-                        color="white" if abs(v) > 0.6 else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{v:+.2f}{mark}",
+                    ha="center",
+                    va="center",
+                    fontsize="small",
+                    color="white" if abs(v) > 0.6 else "black",
+                )
         _cell_axes(ax, xs, ys, axes)
         ax.set_title(f"{ref} − {arm}")
     fig.colorbar(mesh, ax=list(grid.flat), label="difference in P(collapse)")
@@ -409,8 +443,9 @@ def plot_phase_difference(tests: pd.DataFrame, *, axes: Sequence[str] = ("lr", "
     return fig
 
 
-def plot_metric_vs_axis(values: pd.DataFrame, metrics: dict[str, str], axis: str, *, by: str = "arm",
-                        logx: bool = False) -> Figure:
+def plot_metric_vs_axis(
+    values: pd.DataFrame, metrics: dict[str, str], axis: str, *, by: str = "arm", logx: bool = False
+) -> Figure:
     """Per-run summary metrics against a sweep axis: mean over seeds with a 95% bootstrap interval,
     one line per `by` value, one panel per metric. `values`: one row per run with `axis`, `by` and
     the metric columns; `metrics` maps a column to its axis label."""
@@ -425,8 +460,15 @@ def plot_metric_vs_axis(values: pd.DataFrame, metrics: dict[str, str], axis: str
             if not pts:
                 continue
             x, m, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
-            ax.errorbar(x, m, yerr=[np.nan_to_num(m - lo), np.nan_to_num(hi - m)], marker="o", capsize=3,
-                        color=colors[g], label=g)
+            ax.errorbar(
+                x,
+                m,
+                yerr=[np.nan_to_num(m - lo), np.nan_to_num(hi - m)],
+                marker="o",
+                capsize=3,
+                color=colors[g],
+                label=g,
+            )
         if logx:
             ax.set_xscale("log")
         ax.set(xlabel=axis, ylabel=label, title=label)
@@ -435,8 +477,9 @@ def plot_metric_vs_axis(values: pd.DataFrame, metrics: dict[str, str], axis: str
     return fig
 
 
-def plot_survival(outcomes: pd.DataFrame, *, definition: str, axes: Sequence[str] = ("lr", "N"),
-                  arm_col: str = "arm", title: str = "") -> Figure:
+def plot_survival(
+    outcomes: pd.DataFrame, *, definition: str, axes: Sequence[str] = ("lr", "N"), arm_col: str = "arm", title: str = ""
+) -> Figure:
     """Kaplan-Meier curves of time to collapse (censored at a run's last step), one panel per cell in which
     some run collapsed under `definition`, one curve per arm (`run_outcomes` columns)."""
     from moe_rl.analysis.stats import kaplan_meier
@@ -461,7 +504,7 @@ def plot_survival(outcomes: pd.DataFrame, *, definition: str, axes: Sequence[str
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize="x-small")
-    for ax in list(grid.flat)[len(cells):]:
+    for ax in list(grid.flat)[len(cells) :]:
         ax.set_visible(False)
     grid.flat[0].set_ylabel("runs not yet collapsed (Kaplan-Meier)")
     fig.suptitle(title or f"Time to collapse per cell, {definition} definition")

@@ -51,15 +51,22 @@ def plot_shift_dynamics(df: pd.DataFrame, *, max_lag: int = 5, before: int = 30,
     table = per_run.pivot_table(index="run", columns="lag", values="r").dropna(how="all") if len(per_run) else None
     if table is not None and len(table):
         lags = table.columns.to_numpy()
-        left.fill_between(lags, table.quantile(0.025), table.quantile(0.975), color="tab:blue", alpha=0.2,
-                          label="2.5-97.5% of runs")
+        left.fill_between(
+            lags, table.quantile(0.025), table.quantile(0.975), color="tab:blue", alpha=0.2, label="2.5-97.5% of runs"
+        )
         left.plot(lags, table.mean(), "o-", color="tab:blue", label=f"mean over {len(table)} runs")
         left.axvline(0, color="0.5", lw=0.8)
         left.axhline(0, color="0.5", lw=0.8)
         left.legend(fontsize=8)
     else:  # say why the panel is empty
-        left.text(0.5, 0.5, f"no run with >= {2 * max_lag + 5} steps where router shift\nand clip fraction both "
-                  "vary step to step", ha="center", va="center", transform=left.transAxes)
+        left.text(
+            0.5,
+            0.5,
+            f"no run with >= {2 * max_lag + 5} steps where router shift\nand clip fraction both vary step to step",
+            ha="center",
+            va="center",
+            transform=left.transAxes,
+        )
     left.set_xlabel("lag (steps; > 0: router shift leads the clip fraction)")
     left.set_ylabel("Pearson r of first differences")
     left.set_title("Router shift vs clip fraction, step to step")
@@ -84,6 +91,8 @@ def shift_summary(df: pd.DataFrame, *, max_lag: int = 5) -> dict:
     """Pooled r at each lag (mean over runs) and the number of runs, for a LOG entry or a table."""
     per_run = pooled_xcorr(shift_series(df), SHIFT_AMOUNT, (CLIP,), max_lag=max_lag)
     mean_r = per_run.groupby("lag")["r"].mean() if len(per_run) else pd.Series(dtype=float)
-    return {"n_runs": int(per_run["run"].nunique()) if len(per_run) else 0,
-            "mean_r": {int(k): float(v) for k, v in mean_r.items()},
-            "peak_lag": int(mean_r.idxmax()) if len(mean_r) and np.isfinite(mean_r).any() else None}
+    return {
+        "n_runs": int(per_run["run"].nunique()) if len(per_run) else 0,
+        "mean_r": {int(k): float(v) for k, v in mean_r.items()},
+        "peak_lag": int(mean_r.idxmax()) if len(mean_r) and np.isfinite(mean_r).any() else None,
+    }

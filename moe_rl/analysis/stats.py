@@ -55,8 +55,9 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return lo, hi
 
 
-def collapse_test(k1: int, n1: int, k2: int, n2: int, *, alternative: str = "two-sided",
-                  method: str = "boschloo") -> float:
+def collapse_test(
+    k1: int, n1: int, k2: int, n2: int, *, alternative: str = "two-sided", method: str = "boschloo"
+) -> float:
     """p-value for "arm 1 collapses at another rate than arm 2" from k1 of n1 vs k2 of n2.
 
     `alternative="greater"`: arm 1 collapses more often. `method`: "boschloo" (default, see the
@@ -105,8 +106,12 @@ def cmh_exact(tables: Sequence[tuple[int, int, int, int]], *, alternative: str =
         a, b, c, d = k1, n1 - k1, k2, n2 - k2
         num += a * d / total
         den += b * c / total
-    out = {"observed": observed, "expected": expected, "strata": float(used),
-           "odds_ratio": (num / den) if den > 0 else (math.inf if num > 0 else math.nan)}
+    out = {
+        "observed": observed,
+        "expected": expected,
+        "strata": float(used),
+        "odds_ratio": (num / den) if den > 0 else (math.inf if num > 0 else math.nan),
+    }
     if not used:
         return {**out, "p_value": math.nan}
     x = round(observed) - support_lo
@@ -141,8 +146,9 @@ def _finite(x: Sequence[float] | np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def _bootstrap_ci(data: tuple[np.ndarray, ...], statistic, *, paired: bool, confidence: float, n_resamples: int,
-                  seed: int) -> tuple[float, float]:
+def _bootstrap_ci(
+    data: tuple[np.ndarray, ...], statistic, *, paired: bool, confidence: float, n_resamples: int, seed: int
+) -> tuple[float, float]:
     """scipy's BCa interval; percentile where BCa is undefined (e.g. a constant sample)."""
     if len(data[0]) < 2:
         return math.nan, math.nan
@@ -152,22 +158,37 @@ def _bootstrap_ci(data: tuple[np.ndarray, ...], statistic, *, paired: bool, conf
     for method in ("BCa", "percentile"):
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # scipy warns where BCa is undefined; the fallback handles it
-            res = stats.bootstrap(data, statistic, paired=paired, vectorized=True, confidence_level=confidence,
-                                  n_resamples=n_resamples, method=method, rng=np.random.default_rng(seed))
+            res = stats.bootstrap(
+                data,
+                statistic,
+                paired=paired,
+                vectorized=True,
+                confidence_level=confidence,
+                n_resamples=n_resamples,
+                method=method,
+                rng=np.random.default_rng(seed),
+            )
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if np.isfinite(lo) and np.isfinite(hi):
             return lo, hi
     return math.nan, math.nan
 
 
-def bootstrap_mean_ci(x: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 9999,
-                      seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_mean_ci(
+    x: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean, low, high): bootstrap (BCa) interval of the mean of the finite values; NaN bounds for n < 2."""
     a = _finite(x)
     if not len(a):
         return math.nan, math.nan, math.nan
-    lo, hi = _bootstrap_ci((a,), lambda v, axis=-1: np.mean(v, axis=axis), paired=False, confidence=confidence,
-                           n_resamples=n_resamples, seed=seed)
+    lo, hi = _bootstrap_ci(
+        (a,),
+        lambda v, axis=-1: np.mean(v, axis=axis),
+        paired=False,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
     return float(a.mean()), lo, hi
 
 
@@ -185,14 +206,27 @@ def sign_flip_pvalue(d: Sequence[float] | np.ndarray, *, alternative: str = "two
         return 1.0
     if len(a) == 1:  # two sign patterns
         return {"two-sided": 1.0, "greater": 0.5 if a[0] > 0 else 1.0, "less": 0.5 if a[0] < 0 else 1.0}[alternative]
-    res = stats.permutation_test((a,), lambda v, axis=-1: np.mean(v, axis=axis), permutation_type="samples",
-                                 vectorized=True, alternative=alternative, n_resamples=2**14,
-                                 rng=np.random.default_rng(0))
+    res = stats.permutation_test(
+        (a,),
+        lambda v, axis=-1: np.mean(v, axis=axis),
+        permutation_type="samples",
+        vectorized=True,
+        alternative=alternative,
+        n_resamples=2**14,
+        rng=np.random.default_rng(0),
+    )
     return float(res.pvalue)
 
 
-def paired_compare(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, *, confidence: float = 0.95,
-                   n_resamples: int = 9999, seed: int = 0, alternative: str = "two-sided") -> dict[str, float]:
+def paired_compare(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    alternative: str = "two-sided",
+) -> dict[str, float]:
     """Arm a vs arm b, element i of each from the same seed (same cold start and prompts).
 
     Returns n (complete pairs), mean_diff = mean(a - b) with a bootstrap (BCa) interval [lo, hi]
@@ -207,10 +241,22 @@ def paired_compare(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndar
     d = x[keep] - y[keep]
     n = len(d)
     if not n:
-        return {"n": 0, "mean_diff": math.nan, "lo": math.nan, "hi": math.nan, "p_value": math.nan,
-                "prob_improvement": math.nan}
-    lo, hi = _bootstrap_ci((d,), lambda v, axis=-1: np.mean(v, axis=axis), paired=False, confidence=confidence,
-                           n_resamples=n_resamples, seed=seed)
+        return {
+            "n": 0,
+            "mean_diff": math.nan,
+            "lo": math.nan,
+            "hi": math.nan,
+            "p_value": math.nan,
+            "prob_improvement": math.nan,
+        }
+    lo, hi = _bootstrap_ci(
+        (d,),
+        lambda v, axis=-1: np.mean(v, axis=axis),
+        paired=False,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
     return {
         "n": n,
         "mean_diff": float(d.mean()),
@@ -221,8 +267,9 @@ def paired_compare(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndar
     }
 
 
-def pair_by(frame: pd.DataFrame, *, arm_col: str, a: str, b: str, value: str,
-            on: Sequence[str] = ("seed",)) -> pd.DataFrame:
+def pair_by(
+    frame: pd.DataFrame, *, arm_col: str, a: str, b: str, value: str, on: Sequence[str] = ("seed",)
+) -> pd.DataFrame:
     """Rows of arms `a` and `b` joined on the pairing keys `on`: columns [*on, "a", "b"].
 
     Keys present in only one arm are dropped (an unpaired run says nothing about the difference).
@@ -292,6 +339,7 @@ def event_aligned_mean(values: pd.DataFrame, events: pd.DataFrame, *, before: in
 
 # --- survival, paired counts, agreement --------------------------------------------------------------
 
+
 def kaplan_meier(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.ndarray) -> pd.DataFrame:
     """Kaplan-Meier survival S(t) = prod over event times s <= t of (1 - d_s / n_s).
 
@@ -310,9 +358,14 @@ def kaplan_meier(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.
     return pd.DataFrame(rows, columns=["time", "at_risk", "events", "survival"])
 
 
-def logrank_test(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.ndarray,
-                 group: Sequence[bool] | np.ndarray, strata: Sequence | np.ndarray | None = None, *,
-                 alternative: str = "two-sided") -> dict[str, float]:
+def logrank_test(
+    time: Sequence[float] | np.ndarray,
+    event: Sequence[bool] | np.ndarray,
+    group: Sequence[bool] | np.ndarray,
+    strata: Sequence | np.ndarray | None = None,
+    *,
+    alternative: str = "two-sided",
+) -> dict[str, float]:
     """(Stratified) log-rank test of equal hazards between group True (arm a) and group False (arm b).
 
     Within each stratum, at every event time u: observed events of a, O_u, expected
@@ -326,8 +379,9 @@ def logrank_test(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.
     t, e, g = np.asarray(time, dtype=float), np.asarray(event, dtype=bool), np.asarray(group, dtype=bool)
     s = np.zeros(len(t), dtype=int) if strata is None else pd.factorize(pd.Series(list(strata)))[0]
     if not (t.shape == e.shape == g.shape == s.shape) or t.ndim != 1:
-        raise ValueError(f"time, event, group and strata must be 1-d of one length, got {t.shape}, {e.shape}, "
-                         f"{g.shape}, {s.shape}")
+        raise ValueError(
+            f"time, event, group and strata must be 1-d of one length, got {t.shape}, {e.shape}, {g.shape}, {s.shape}"
+        )
     obs = exp = var = 0.0
     for k in np.unique(s):
         tk, ek, gk = t[s == k], e[s == k], g[s == k]
@@ -389,6 +443,7 @@ def looks_adjusted(p: float, looks: int) -> float:
 
 # --- Granger-style lead against circular-shift surrogates ----------------------------------------------
 
+
 def _lag_index(T: int, lags: int, offsets: np.ndarray) -> np.ndarray:
     """(len(offsets), T - lags, lags) indices into a series of length T: entry [m, i, j - 1] is the index of
     x[t - j] at target t = i + lags after rotating x by offsets[m] (x_rot[t] = x[(t - offset) mod T])."""
@@ -445,9 +500,17 @@ def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.n
     return {"increment": float(inc[0]), "direction": float(coef[0].sum() * sx / sy) if sx > 0 and sy > 0 else math.nan}
 
 
-def granger_surrogate_test(series: Sequence[tuple[np.ndarray, np.ndarray]], *, lags: int, n_surrogates: int = 199,
-                           min_offset: int | None = None, seed: int = 0, n_boot: int = 4999,
-                           power: float = 0.8, alpha: float = 0.05) -> dict[str, float]:
+def granger_surrogate_test(
+    series: Sequence[tuple[np.ndarray, np.ndarray]],
+    *,
+    lags: int,
+    n_surrogates: int = 199,
+    min_offset: int | None = None,
+    seed: int = 0,
+    n_boot: int = 4999,
+    power: float = 0.8,
+    alpha: float = 0.05,
+) -> dict[str, float]:
     """Does x lead y across runs? Mean over runs of `granger_increment(x, y)` against surrogates in
     which each run's x is rotated in time by its own random offset (a circular shift keeps each
     series' autocorrelation and trend but breaks its alignment with y).
@@ -486,7 +549,14 @@ def granger_surrogate_test(series: Sequence[tuple[np.ndarray, np.ndarray]], *, l
     idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
     boot = per_run_excess[idx].mean(1)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
-    return {"n_runs": len(obs_a), "statistic": stat, "chance": chance, "excess": stat - chance,
-            "lo": float(np.quantile(boot, 0.025)), "hi": float(np.quantile(boot, 0.975)),
-            "p_value": float((1 + (pooled_null >= stat).sum()) / (1 + n_surrogates)),
-            "direction": float(np.nanmean(direction)), "detectable": float(z * pooled_null.std(ddof=1))}
+    return {
+        "n_runs": len(obs_a),
+        "statistic": stat,
+        "chance": chance,
+        "excess": stat - chance,
+        "lo": float(np.quantile(boot, 0.025)),
+        "hi": float(np.quantile(boot, 0.975)),
+        "p_value": float((1 + (pooled_null >= stat).sum()) / (1 + n_surrogates)),
+        "direction": float(np.nanmean(direction)),
+        "detectable": float(z * pooled_null.std(ddof=1)),
+    }

@@ -11,8 +11,14 @@ import pandas as pd
 
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, run_key_columns, runs
 from moe_rl.metric_names import (
-    OFFPOLICY_SUFFIX, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW, RATIO_SEQ_VAR, RATIO_TOKEN_VAR, ROUTE_EXPERT_FLIP_FRAC,
-    ROUTE_FLIP_RATE, TASK_ACCURACY,
+    OFFPOLICY_SUFFIX,
+    RATIO_CLIPFRAC_HIGH,
+    RATIO_CLIPFRAC_LOW,
+    RATIO_SEQ_VAR,
+    RATIO_TOKEN_VAR,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_FLIP_RATE,
+    TASK_ACCURACY,
 )
 
 # t_{0.975, dof} for dof = 1..30 (two-sided 95%); checked against a numeric CDF in the tests
@@ -74,7 +80,9 @@ def per_run_mean(df: pd.DataFrame, key: str, *, last_frac: float = 1.0) -> pd.Se
     return sub.groupby("run")["value"].mean()
 
 
-def grouping(df: pd.DataFrame, by: Sequence[str] | str, pool: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+def grouping(
+    df: pd.DataFrame, by: Sequence[str] | str, pool: Sequence[str] = ()
+) -> tuple[list[str], list[str], list[str]]:
     """(group columns, keys added to `by`, keys pooled) for a table that must not average unlike runs.
 
     Every run key that still varies inside a group of `by` is added, in column order, unless it is
@@ -127,8 +135,14 @@ def _accuracy_per_run(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return g.last(), g.first()
 
 
-def summarize(df: pd.DataFrame, *, by: Sequence[str] | str = ("arm",), last_frac: float = 1.0,
-              variant: str = "all", pool: Sequence[str] = ()) -> pd.DataFrame:
+def summarize(
+    df: pd.DataFrame,
+    *,
+    by: Sequence[str] | str = ("arm",),
+    last_frac: float = 1.0,
+    variant: str = "all",
+    pool: Sequence[str] = (),
+) -> pd.DataFrame:
     """One row per `by` combination, aggregated across seeds (one value per run, then mean ± 95% CI).
 
     Per-run values: mean over steps (the last `last_frac` of them) of each SUMMARY_METRICS key (or

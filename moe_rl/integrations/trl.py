@@ -69,7 +69,12 @@ from accelerate.utils import is_peft_model  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from moe_rl.metric_names import (  # noqa: E402
-    NATIVE_VS_REPLAYED, OLD_VS_NEW, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW, ROLLOUT_VS_OLD, ROUTE_USED_VS_CACHED_FLIP_RATE,
+    NATIVE_VS_REPLAYED,
+    OLD_VS_NEW,
+    RATIO_CLIPFRAC_HIGH,
+    RATIO_CLIPFRAC_LOW,
+    ROLLOUT_VS_OLD,
+    ROUTE_USED_VS_CACHED_FLIP_RATE,
 )
 from moe_rl.metrics import margin_stats, ratio_stats  # noqa: E402
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
@@ -81,10 +86,22 @@ REPLAY_MODES = ("none", "r2", "r3")
 # clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
 # no load-balancing loss (TRL adds the architecture's `router_aux_loss_coef` by default).
 ALGO_ARGS: dict[str, dict[str, Any]] = {
-    "grpo": dict(loss_type="grpo", importance_sampling_level="token", epsilon=0.2, epsilon_high=0.27, beta=0.0,
-                 router_aux_loss_coef=0.0),
-    "gspo": dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0.0,
-                 router_aux_loss_coef=0.0),
+    "grpo": dict(
+        loss_type="grpo",
+        importance_sampling_level="token",
+        epsilon=0.2,
+        epsilon_high=0.27,
+        beta=0.0,
+        router_aux_loss_coef=0.0,
+    ),
+    "gspo": dict(
+        loss_type="grpo",
+        importance_sampling_level="sequence",
+        epsilon=3e-4,
+        epsilon_high=4e-4,
+        beta=0.0,
+        router_aux_loss_coef=0.0,
+    ),
 }
 
 # The trainer's own batch keys; they travel through TRL's shuffle and split like its other per-row tensors.
@@ -154,8 +171,9 @@ def cat_routes(parts: list[Routes]) -> Routes:
     first = parts[0]
     if len(parts) == 1:
         return first
-    return Routes(torch.cat([p.indices for p in parts]), torch.cat([p.mask for p in parts]), first.layer_map,
-                  first.num_experts)
+    return Routes(
+        torch.cat([p.indices for p in parts]), torch.cat([p.mask for p in parts]), first.layer_map, first.num_experts
+    )
 
 
 def clip_fractions(
@@ -306,7 +324,9 @@ class MoeGRPOTrainer(GRPOTrainer):
         generation = old_pass.generation
         if generation is None and self._generation_routes is not None:
             generation = generation_routes_to_forward(
-                self._generation_routes, attention_mask, prompt_len=output["prompt_ids"].shape[1],
+                self._generation_routes,
+                attention_mask,
+                prompt_len=output["prompt_ids"].shape[1],
                 generation_prompt_len=self._generation_prompt_len,
             )
         if self.routing_replay == "r3" and generation is None:
@@ -362,10 +382,17 @@ class MoeGRPOTrainer(GRPOTrainer):
         old_logp = inputs.get("old_per_token_logps")
         old_logp = logp if old_logp is None else old_logp  # TRL's own choice when it skips the old pass
         metrics = ratio_stats(logp=logp, old_logp=old_logp, mask=mask)
-        metrics.update(clip_fractions(
-            logp=logp, old_logp=old_logp, adv=inputs["advantages"], mask=mask, eps_low=self.epsilon_low,
-            eps_high=self.epsilon_high, level=self.importance_sampling_level,
-        ))
+        metrics.update(
+            clip_fractions(
+                logp=logp,
+                old_logp=old_logp,
+                adv=inputs["advantages"],
+                mask=mask,
+                eps_low=self.epsilon_low,
+                eps_high=self.epsilon_high,
+                level=self.importance_sampling_level,
+            )
+        )
         if old is not None:
             metrics.update(route_metrics(OLD_VS_NEW, update.native, old))
         if update.replay is not None:
@@ -373,13 +400,28 @@ class MoeGRPOTrainer(GRPOTrainer):
             metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_routes(update.used, update.replay)["flip_rate"]
         return metrics
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
         policy_pass = self._pass
         if policy_pass is None or policy_pass.ran or self._policy(model) is not self._policy():
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **kwargs,
             )
         extra = sorted(k for k, v in kwargs.items() if v is not None)
         if extra:
@@ -389,14 +431,17 @@ class MoeGRPOTrainer(GRPOTrainer):
         valid = forward_route_mask(attention_mask)
         if policy_pass.replay_generation:
             policy_pass.generation = generation_routes_to_forward(
-                self._generation_routes, attention_mask, prompt_len=input_ids.shape[1] - logits_to_keep,
+                self._generation_routes,
+                attention_mask,
+                prompt_len=input_ids.shape[1] - logits_to_keep,
                 generation_prompt_len=self._generation_prompt_len,
             )
             policy_pass.replay = policy_pass.generation
         replay = policy_pass.replay
         if replay is not None and replay.shape[:2] != tuple(input_ids.shape):
-            raise ValueError(f"routes {tuple(replay.shape[:2])} do not match the forward's input_ids "
-                             f"{tuple(input_ids.shape)}")
+            raise ValueError(
+                f"routes {tuple(replay.shape[:2])} do not match the forward's input_ids {tuple(input_ids.shape)}"
+            )
         B = input_ids.shape[0]
         step = batch_size or B
         keep_for_backward = torch.is_grad_enabled() and self._backward_hooks is not None
@@ -411,8 +456,12 @@ class MoeGRPOTrainer(GRPOTrainer):
                     RoutedPass(policy, replay[rows] if replay is not None else None, margins=policy_pass.margins)
                 )
                 logp, entropy, aux = super()._get_per_token_logps_and_entropies(
-                    model, input_ids[rows], attention_mask[rows], logits_to_keep,
-                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
+                    model,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
                 )
                 rows_valid = valid[rows]
                 used.append(routed.used.with_mask(rows_valid))

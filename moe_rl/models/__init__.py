@@ -48,15 +48,27 @@ _BASE: dict[str, Any] = dict(
 
 def _qwen3_moe() -> PretrainedConfig:
     return Qwen3MoeConfig(
-        **_BASE, head_dim=16, intermediate_size=128, moe_intermediate_size=64,
-        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        **_BASE,
+        head_dim=16,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
     )
 
 
 def _qwen2_moe() -> PretrainedConfig:
     return Qwen2MoeConfig(
-        **_BASE, intermediate_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
+        **_BASE,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
     )
 
 
@@ -73,17 +85,33 @@ def _deepseek_v3() -> PretrainedConfig:
     # decoder layer is dense so the MoE-layer -> decoder-layer map is not the identity.
     return DeepseekV3Config(
         **{**_BASE, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: no grouped KV heads
-        intermediate_size=128, moe_intermediate_size=64,
-        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=2,
-        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-        kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
     )
 
 
 def _gpt_oss() -> PretrainedConfig:
     return GptOssConfig(
-        **_BASE, head_dim=16, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
-        sliding_window=64, layer_types=["sliding_attention", "full_attention"],
+        **_BASE,
+        head_dim=16,
+        intermediate_size=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"],
     )
 
 
@@ -102,7 +130,11 @@ _ALIASES = {
     "top_k": {"*": "num_experts_per_tok"},
     "num_layers": {"*": "num_hidden_layers"},
     # Per-expert width: families whose experts use the dense `intermediate_size` key.
-    "moe_intermediate_size": {"mixtral": "intermediate_size", "gpt_oss": "intermediate_size", "olmoe": "intermediate_size"},
+    "moe_intermediate_size": {
+        "mixtral": "intermediate_size",
+        "gpt_oss": "intermediate_size",
+        "olmoe": "intermediate_size",
+    },
 }
 
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
@@ -190,8 +222,9 @@ def load_model(
                 f"model {str(path)!r} cannot be downloaded (and is not in the local cache); download it first "
                 "or unset HF_HUB_OFFLINE"
             ) from err
-        raise ValueError(f"model.checkpoint={str(path)!r}: neither a local checkpoint nor a loadable hub model: "
-                         f"{err}") from err
+        raise ValueError(
+            f"model.checkpoint={str(path)!r}: neither a local checkpoint nor a loadable hub model: {err}"
+        ) from err
     if getattr(config, "moe_rl_backend", None) == "megablocks":
         from moe_rl.models.megablocks import load_megablocks_model
 

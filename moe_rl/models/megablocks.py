@@ -102,12 +102,23 @@ def dmoe_arguments(
     num_experts = getattr(config, "num_experts", None) or config.num_local_experts
     ffn = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
     return dict(
-        hidden_size=config.hidden_size, ffn_hidden_size=ffn, num_layers=num_moe_layers,
-        bias=False, return_bias=False, activation_fn=F.silu, mlp_type="glu", mlp_impl=mlp_impl,
-        moe_num_experts=num_experts, moe_top_k=config.num_experts_per_tok,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=ffn,
+        num_layers=num_moe_layers,
+        bias=False,
+        return_bias=False,
+        activation_fn=F.silu,
+        mlp_type="glu",
+        mlp_impl=mlp_impl,
+        moe_num_experts=num_experts,
+        moe_top_k=config.num_experts_per_tok,
         moe_normalize_expert_weights=1 if renormalise else None,
-        moe_jitter_eps=None, moe_loss_weight=0.0, moe_zloss_weight=0.0,
-        fp16=moe_dtype == torch.float16, bf16=moe_dtype == torch.bfloat16, device=torch.device(device),
+        moe_jitter_eps=None,
+        moe_loss_weight=0.0,
+        moe_zloss_weight=0.0,
+        fp16=moe_dtype == torch.float16,
+        bf16=moe_dtype == torch.bfloat16,
+        device=torch.device(device),
     )
 
 

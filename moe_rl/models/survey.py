@@ -100,8 +100,11 @@ def check_model(model: nn.Module, *, seed: int = 0) -> tuple[str, str, float]:
         for layer in layers:
             experts = _experts_of(model, layer.name)
             if experts is not None:
-                handles.append(experts.register_forward_pre_hook(
-                    lambda m, args, kwargs: seen.append(_index_arg(args, kwargs)), with_kwargs=True))
+                handles.append(
+                    experts.register_forward_pre_hook(
+                        lambda m, args, kwargs: seen.append(_index_arg(args, kwargs)), with_kwargs=True
+                    )
+                )
         try:
             with RoutedPass(model, forced) as routed:
                 changed = _logits(model, ids, mask)

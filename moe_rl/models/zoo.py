@@ -23,24 +23,62 @@ TINY_EXPERTS, TINY_TOP_K, TINY_VOCAB, TINY_LAYERS = 8, 2, 128, 2
 
 # Keys that size a model, shrunk wherever a config has them (values of the tiny model).
 _SHRINK: dict[str, int] = {
-    "vocab_size": TINY_VOCAB, "hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32, "expert_intermediate_size": 32, "ffn_hidden_size": 64,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
-    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "qk_head_dim": 16, "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
-    "sliding_window": 64, "attention_chunk_size": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "mamba_n_heads": 4, "mamba_d_head": 16,
-    "mamba_head_dim": 16, "mamba_d_state": 16, "ssm_state_size": 16, "n_groups": 1, "mamba_n_groups": 1,
-    "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8, "mamba_chunk_size": 16, "chunk_size": 16,
-    "index_n_heads": 2, "zero_expert_num": 2, "index_head_dim": 16, "index_topk": 16, "global_attn_every_n_layers": 1,
+    "vocab_size": TINY_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32,
+    "ffn_hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "qk_head_dim": 16,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "moe_num_shared_experts": 1,
+    "sliding_window": 64,
+    "attention_chunk_size": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_head_dim": 16,
+    "mamba_d_state": 16,
+    "ssm_state_size": 16,
+    "n_groups": 1,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 8,
+    "mamba_chunk_size": 16,
+    "chunk_size": 16,
+    "index_n_heads": 2,
+    "zero_expert_num": 2,
+    "index_head_dim": 16,
+    "index_topk": 16,
+    "global_attn_every_n_layers": 1,
 }
 _SPECIAL_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 # Default configs that transformers leaves unbuildable (a required per-layer list or feature size
 # defaults to None): the values the tiny model needs, per model type.
 _DEFAULT_FIXES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv"]},  # modeling indexes layer_types
-    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16,
-                       "indexer_budget": 16, "indexer_compress_ratio": 4},
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 16,
+        "indexer_compress_ratio": 4,
+    },
 }
 
 
@@ -61,8 +99,10 @@ def _text_config(config: PretrainedConfig) -> PretrainedConfig:
 def _counts_experts(config: PretrainedConfig) -> bool:
     """An expert-count key set to a number (or a per-layer list). Dense families lack the keys or
     leave them None; an MoE family may default to a single expert (HunYuan-MoE) and still routes."""
-    return any(isinstance(getattr(config, key, None), (int, list)) and not isinstance(getattr(config, key), bool)
-               for key in EXPERT_COUNT_KEYS)
+    return any(
+        isinstance(getattr(config, key, None), (int, list)) and not isinstance(getattr(config, key), bool)
+        for key in EXPERT_COUNT_KEYS
+    )
 
 
 def moe_families() -> list[MoeFamily]:
@@ -102,8 +142,9 @@ def _has_dense_layers(values: dict[str, Any]) -> bool:
     )
 
 
-def tiny_config(model_type: str, *, num_layers: int = TINY_LAYERS, num_experts: int = TINY_EXPERTS,
-                top_k: int = TINY_TOP_K) -> PretrainedConfig:
+def tiny_config(
+    model_type: str, *, num_layers: int = TINY_LAYERS, num_experts: int = TINY_EXPERTS, top_k: int = TINY_TOP_K
+) -> PretrainedConfig:
     """`model_type`'s default (text) config shrunk to a tiny model: `num_experts` experts, top-`top_k`.
 
     Per-layer lists are cut to the new depth keeping each kind of layer; a family whose first
@@ -141,8 +182,14 @@ def tiny_config(model_type: str, *, num_layers: int = TINY_LAYERS, num_experts: 
         if values.get(key):
             updates[key] = 2
             updates[groups] = min(values.get(groups) or 1, 2)
-    for key in ("decoder_sparse_step", "moe_layer_freq", "moe_every_n_layers", "expert_layer_period",
-                "attn_layer_period", "full_attention_interval"):
+    for key in (
+        "decoder_sparse_step",
+        "moe_layer_freq",
+        "moe_every_n_layers",
+        "expert_layer_period",
+        "attn_layer_period",
+        "full_attention_interval",
+    ):
         if isinstance(values.get(key), int) and values[key] > 2:
             updates[key] = 2
     for key in ("expert_layer_offset", "attn_layer_offset"):

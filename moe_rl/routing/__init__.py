@@ -12,7 +12,12 @@ Nothing here imports `moe_rl.models`: models depend on routing, not the reverse.
 """
 
 from moe_rl.routing.compare import (
-    MARGIN_EDGES, compare_routes, flip_margin_counts, route_metrics, route_overlap, router_shift,
+    MARGIN_EDGES,
+    compare_routes,
+    flip_margin_counts,
+    route_metrics,
+    route_overlap,
+    router_shift,
 )
 from moe_rl.routing.hooks import RoutedPass, RouteRecorder, RouteReplay, router_margins
 from moe_rl.routing.layers import MoeLayer, UnsupportedRouterError, find_moe_layers

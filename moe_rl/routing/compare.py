@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from moe_rl.bins import MARGIN_EDGES, MOVE_EDGES
-from moe_rl.partial import Partial
 from moe_rl.metric_names import route_key
+from moe_rl.partial import Partial
 from moe_rl.routing.routes import Routes
 
 
@@ -48,10 +48,14 @@ def compare_parts(a: Routes, b: Routes, *, overlap: Tensor | None = None) -> Par
     valid = a.mask & b.mask.to(a.mask.device)  # (B, T)
     flipped = (overlap < k).float()
     w = valid.unsqueeze(-1).float()  # (B, T, 1)
-    return Partial(sums={
-        "n": valid.sum(), "flips": (flipped * w).sum(dim=(0, 1)), "expert_flips": ((1.0 - overlap / k) * w).sum(dim=(0, 1)),
-        "token_flips": (flipped.amax(dim=-1) * valid).sum(),
-    })
+    return Partial(
+        sums={
+            "n": valid.sum(),
+            "flips": (flipped * w).sum(dim=(0, 1)),
+            "expert_flips": ((1.0 - overlap / k) * w).sum(dim=(0, 1)),
+            "token_flips": (flipped.amax(dim=-1) * valid).sum(),
+        }
+    )
 
 
 def compare_finalize(parts: Partial) -> dict[str, float]:
@@ -63,8 +67,9 @@ def compare_finalize(parts: Partial) -> dict[str, float]:
     per_layer_expert = sums["expert_flips"] / n if n else nan
     token_flip = sums["token_flips"] / n if n else torch.tensor(float("nan"))
     # One transfer for all values (float32 -> float exactly, as .item() of each would give).
-    values = torch.cat([torch.stack([per_layer_flip.mean(), per_layer_expert.mean(), token_flip]),
-                        per_layer_flip, per_layer_expert]).tolist()
+    values = torch.cat(
+        [torch.stack([per_layer_flip.mean(), per_layer_expert.mean(), token_flip]), per_layer_flip, per_layer_expert]
+    ).tolist()
     out = {"flip_rate": values[0], "expert_flip_frac": values[1], "token_flip_rate": values[2]}
     for i in range(L):
         out[f"flip_rate/layer_{i}"] = values[3 + i]
@@ -73,7 +78,13 @@ def compare_finalize(parts: Partial) -> dict[str, float]:
 
 
 def flip_by_position(
-    a: Routes, b: Routes, response_mask: Tensor, start: int, bucket: int, *, buckets: int | None = None,
+    a: Routes,
+    b: Routes,
+    response_mask: Tensor,
+    start: int,
+    bucket: int,
+    *,
+    buckets: int | None = None,
     overlap: Tensor | None = None,
 ) -> dict[str, float]:
     """`flip_rate/pos_{p}`: the flip rate over valid response positions, bucketed by `bucket`.
@@ -82,12 +93,19 @@ def flip_by_position(
     value is the fraction of its layers that flipped. `overlap` is `route_overlap(a, b)` when the
     caller has it already; `buckets` defaults to as many as the batch's width holds.
     """
-    return position_finalize(position_parts(a, b, response_mask, start, bucket, buckets=buckets, overlap=overlap),
-                             bucket)
+    return position_finalize(
+        position_parts(a, b, response_mask, start, bucket, buckets=buckets, overlap=overlap), bucket
+    )
 
 
 def position_parts(
-    a: Routes, b: Routes, response_mask: Tensor, start: int, bucket: int, *, buckets: int | None = None,
+    a: Routes,
+    b: Routes,
+    response_mask: Tensor,
+    start: int,
+    bucket: int,
+    *,
+    buckets: int | None = None,
     overlap: Tensor | None = None,
 ) -> Partial:
     """Per position bucket (buckets,): the float32 sum of the fraction of flipped layers and the count
@@ -100,8 +118,12 @@ def position_parts(
     cols = [slice(start + j * bucket, start + (j + 1) * bucket) for j in range(buckets)]
     flips = [(flipped[:, c] * valid[:, c]).sum() for c in cols]
     counts = [valid[:, c].sum() for c in cols]
-    return Partial(sums={"flips": torch.stack(flips) if cols else torch.zeros(0),
-                         "n": torch.stack(counts) if cols else torch.zeros(0, dtype=torch.int64)})
+    return Partial(
+        sums={
+            "flips": torch.stack(flips) if cols else torch.zeros(0),
+            "n": torch.stack(counts) if cols else torch.zeros(0, dtype=torch.int64),
+        }
+    )
 
 
 def position_finalize(parts: Partial, bucket: int) -> dict[str, float]:
@@ -140,8 +162,9 @@ def router_shift_gaps(old_scores: Tensor, new_scores: Tensor, old: Routes, mask:
     """(n, L) float64: (1/k) sum_{e in S_old(t,l)} |log p_new(e) - log p_old(e)| for the n valid tokens, in
     row-major order (what `router_shift` summarises; rows of several batches concatenate)."""
     if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
-        raise ValueError(f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match "
-                         f"routes {old.shape}")
+        raise ValueError(
+            f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match routes {old.shape}"
+        )
     valid = mask.to(torch.bool) & old.mask  # (B, T)
     idx = old.indices.to(torch.int64)[valid]  # (n, L, k)
     tiny = torch.finfo(torch.float64).tiny
@@ -154,8 +177,11 @@ def shift_summary(per_layer: Tensor) -> dict[str, float]:
     """`shift/mean`, `shift/p10` and `shift/layer_{i}` of `router_shift` from its (n, L) gaps."""
     L = per_layer.shape[1]
     if not per_layer.shape[0]:
-        return {"shift/mean": float("nan"), "shift/p10": float("nan"),
-                **{f"shift/layer_{i}": float("nan") for i in range(L)}}
+        return {
+            "shift/mean": float("nan"),
+            "shift/p10": float("nan"),
+            **{f"shift/layer_{i}": float("nan") for i in range(L)},
+        }
     gamma = torch.exp(-per_layer.mean(-1))  # (n,)
     values = torch.cat([torch.stack([gamma.mean(), gamma.quantile(0.1)]), torch.exp(-per_layer).mean(0)]).tolist()
     out = {"shift/mean": values[0], "shift/p10": values[1]}
@@ -164,7 +190,11 @@ def shift_summary(per_layer: Tensor) -> dict[str, float]:
 
 
 def flip_margin_counts(
-    old: Routes, new: Routes, margins: Tensor, edges: tuple[float, ...] = MARGIN_EDGES, *,
+    old: Routes,
+    new: Routes,
+    margins: Tensor,
+    edges: tuple[float, ...] = MARGIN_EDGES,
+    *,
     overlap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(n, flips) per margin bin, both int64 of shape (len(edges) - 1,), over (t, l) valid in both.
@@ -178,16 +208,16 @@ def flip_margin_counts(
     valid = (old.mask & new.mask.to(old.mask.device)).unsqueeze(-1).expand_as(flipped)  # (B, T, L)
     m = margins.to(flipped.device).float()[valid]
     f = flipped[valid]
-    bins = torch.bucketize(m, torch.tensor(edges[1:-1], dtype=m.dtype, device=m.device), right=True)  # (n,) in [0, len-2]
+    bins = torch.bucketize(
+        m, torch.tensor(edges[1:-1], dtype=m.dtype, device=m.device), right=True
+    )  # (n,) in [0, len-2]
     n_bins = len(edges) - 1
     n = torch.bincount(bins, minlength=n_bins)
     flips = torch.bincount(bins, weights=f.double(), minlength=n_bins).round().long()
     return n, flips
 
 
-def flip_margin_parts(
-    old: Routes, new: Routes, margins: Tensor, *, overlap: Tensor | None = None
-) -> Partial:
+def flip_margin_parts(old: Routes, new: Routes, margins: Tensor, *, overlap: Tensor | None = None) -> Partial:
     """`flip_margin_counts` as sums: (t, l) seen (`n`) and flipped per old-margin bin."""
     n, flips = flip_margin_counts(old, new, margins, overlap=overlap)
     return Partial(sums={"n": n, "flips": flips})
@@ -195,8 +225,11 @@ def flip_margin_parts(
 
 def flip_margin_finalize(parts: Partial) -> dict[str, float]:
     """`flip_vs_margin/{n,flips}/bin_{b}` from pooled `flip_margin_parts`."""
-    return {f"flip_vs_margin/{kind}/bin_{b}": float(v)
-            for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())}
+    return {
+        f"flip_vs_margin/{kind}/bin_{b}": float(v)
+        for kind in ("n", "flips")
+        for b, v in enumerate(parts.sums[kind].tolist())
+    }
 
 
 def boundary_gaps(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -208,12 +241,17 @@ def boundary_gaps(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if not 0 < k < scores.shape[-1]:
         raise ValueError(f"top_k {k} needs 0 < k < experts ({scores.shape[-1]}) to have a boundary")
     top = scores.double().topk(k + 1, dim=-1)
-    logp = top.values[..., k - 1:].clamp(min=torch.finfo(torch.float64).tiny).log()  # (..., 2)
-    return logp[..., 0] - logp[..., 1], top.indices[..., k - 1:]
+    logp = top.values[..., k - 1 :].clamp(min=torch.finfo(torch.float64).tiny).log()  # (..., 2)
+    return logp[..., 0] - logp[..., 1], top.indices[..., k - 1 :]
 
 
 def boundary_movement(
-    old_scores: Tensor, new_scores: Tensor, old: Routes, new: Routes, *, overlap: Tensor | None = None,
+    old_scores: Tensor,
+    new_scores: Tensor,
+    old: Routes,
+    new: Routes,
+    *,
+    overlap: Tensor | None = None,
     edges: tuple[float, ...] = MOVE_EDGES,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """How far an update moved the router logits at the old top-k boundary, and flips per gap/movement.
@@ -228,8 +266,9 @@ def boundary_movement(
     """
     _check_comparable(old, new)
     if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
-        raise ValueError(f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match "
-                         f"routes {old.shape}")
+        raise ValueError(
+            f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match routes {old.shape}"
+        )
     valid = old.mask & new.mask.to(old.mask.device)  # (B, T)
     gap, experts = boundary_gaps(old_scores[valid], old.top_k)  # (n, L), (n, L, 2)
     p_new = new_scores[valid].double().gather(-1, experts).clamp(min=torch.finfo(torch.float64).tiny)
@@ -265,6 +304,11 @@ def movement_finalize(parts: Partial) -> dict[str, float]:
     per_layer = (sq / count).sqrt().tolist() if count else [math.nan] * sq.numel()
     out = {"old_vs_new/move/rms": math.sqrt(float(sq.mean()) / count) if count else math.nan}
     out.update({f"old_vs_new/move/layer_{i}": v for i, v in enumerate(per_layer)})
-    out.update({f"flip_vs_margin/move/{kind}/bin_{b}": float(v)
-                for kind in ("n", "flips") for b, v in enumerate(parts.sums[kind].tolist())})
+    out.update(
+        {
+            f"flip_vs_margin/move/{kind}/bin_{b}": float(v)
+            for kind in ("n", "flips")
+            for b, v in enumerate(parts.sums[kind].tolist())
+        }
+    )
     return out

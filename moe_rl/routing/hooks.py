@@ -22,7 +22,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from moe_rl.routing.layers import (
-    MoeLayer, find_moe_layers, refuse_hub_kernels, router_output, rows_to_batch_major, rows_to_seq_major,
+    MoeLayer,
+    find_moe_layers,
+    refuse_hub_kernels,
+    router_output,
+    rows_to_batch_major,
+    rows_to_seq_major,
 )
 from moe_rl.routing.routes import Routes, index_dtype, sort_topk
 from moe_rl.routing.rules import check_rule_on_output, resolve_rule, selection_scores
@@ -42,7 +47,6 @@ def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
 def _is_continuation(kwargs: dict) -> bool:
     cache = kwargs.get("past_key_values", kwargs.get("cache"))  # renamed to `cache` in later v5 releases
     return cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0
-
 
 
 def _batch_major(layer: MoeLayer, rows: Tensor, B: int, T: int) -> Tensor:

@@ -82,9 +82,7 @@ class Routes:
             self.indices = sort_topk(self.indices)
 
     @classmethod
-    def from_topk(
-        cls, topk: Tensor, mask: Tensor | None, layer_map: Sequence[int], num_experts: int
-    ) -> Routes:
+    def from_topk(cls, topk: Tensor, mask: Tensor | None, layer_map: Sequence[int], num_experts: int) -> Routes:
         """Build from raw top-k ids (any int dtype, any slot order), checking the id range."""
         _check_range(topk, num_experts)
         if mask is None:
@@ -116,8 +114,9 @@ class Routes:
 
     def with_mask(self, mask: Tensor) -> Routes:
         """Routes whose mask is also False where `mask` is (e.g. positions after EOS)."""
-        return Routes._checked(self.indices, self.mask & mask.to(self.mask.device).bool(), self.layer_map,
-                               self.num_experts)
+        return Routes._checked(
+            self.indices, self.mask & mask.to(self.mask.device).bool(), self.layer_map, self.num_experts
+        )
 
     def bytes_per_token_layer(self) -> int:
         return self.indices.shape[-1] * self.indices.element_size()
@@ -132,11 +131,17 @@ class Routes:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"format": "moe_rl.routes/1", "layer_map": json.dumps(self.layer_map), "num_experts": str(self.num_experts)}
+        meta = {
+            "format": "moe_rl.routes/1",
+            "layer_map": json.dumps(self.layer_map),
+            "num_experts": str(self.num_experts),
+        }
         tensors = {"indices": self.indices.contiguous().cpu(), "mask": self.mask.contiguous().cpu()}
         if token_ids is not None:
             if tuple(token_ids.shape) != tuple(self.mask.shape):
-                raise ValueError(f"token_ids of shape {tuple(token_ids.shape)} for routes of (B, T) {tuple(self.mask.shape)}")
+                raise ValueError(
+                    f"token_ids of shape {tuple(token_ids.shape)} for routes of (B, T) {tuple(self.mask.shape)}"
+                )
             tensors["token_ids"] = token_ids.contiguous().cpu()
         write_atomic(path, safetensors_bytes(tensors, metadata=meta))
 
@@ -192,8 +197,9 @@ class Routes:
         column. `length` pads to a fixed number of columns (default: the fewest that fit).
         """
         completions = _per_request(routed_experts, "routed_experts")
-        prompts = (None if prompt_routed_experts is None
-                   else _per_request(prompt_routed_experts, "prompt_routed_experts"))
+        prompts = (
+            None if prompt_routed_experts is None else _per_request(prompt_routed_experts, "prompt_routed_experts")
+        )
         if prompts is not None and len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompt_routed_experts for {len(completions)} routed_experts")
         shapes = {tuple(r.shape[1:]) for r in completions + (prompts or [])}
@@ -203,8 +209,10 @@ class Routes:
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side={padding_side!r}; valid: ['left', 'right']")
         prompt_lens = [p.shape[0] for p in prompts] if prompts is not None else [0] * len(completions)
-        rows = [torch.cat([p, c]) if prompts is not None else c
-                for p, c in zip(prompts or [None] * len(completions), completions)]
+        rows = [
+            torch.cat([p, c]) if prompts is not None else c
+            for p, c in zip(prompts or [None] * len(completions), completions)
+        ]
         if padding_side == "left" and prompts is not None:
             start = max(prompt_lens)
             offsets = [start - n for n in prompt_lens]
@@ -255,8 +263,9 @@ class Routes:
                     f"request {i}: {flat.size} ids is not a multiple of num_layers*top_k={num_layers * top_k}"
                 )
             arrays.append(flat.reshape(-1, num_layers, top_k).copy())
-        return cls.from_vllm(arrays, num_experts=num_experts, layer_map=layer_map, length=length,
-                             padding_side=padding_side)
+        return cls.from_vllm(
+            arrays, num_experts=num_experts, layer_map=layer_map, length=length, padding_side=padding_side
+        )
 
 
 def _per_request(value: Sequence[np.ndarray | Tensor] | np.ndarray | Tensor, name: str) -> list[Tensor]:
@@ -286,8 +295,10 @@ def _refuse_degenerate(topk: Tensor, mask: Tensor) -> None:
         repeated = (ordered[..., 1:] == ordered[..., :-1]).any(dim=-1)  # (n, L)
         if bool(repeated.any()):
             b, t = mask.nonzero()[repeated.any(dim=-1).nonzero()[0, 0]].tolist()
-            raise ValueError(f"routed experts repeat an expert within one top-k (request {b}, position {t}): "
-                             "not routes a top-k router produced")
+            raise ValueError(
+                f"routed experts repeat an expert within one top-k (request {b}, position {t}): "
+                "not routes a top-k router produced"
+            )
 
 
 def load_snapshot(path: str | Path) -> tuple[Routes, Tensor | None]:

@@ -98,8 +98,13 @@ def gather_rule(score: str, norm: str, eps: float, scale: bool) -> Rule:
             weights = weights * scaling_factor(router)
         return weights
 
-    parts = [score, "topk", {"flag": "norm_if_flag", "always": "norm", "never": ""}[norm],
-             f"eps{eps:g}" if eps and norm != "never" else "", "scaled" if scale else ""]
+    parts = [
+        score,
+        "topk",
+        {"flag": "norm_if_flag", "always": "norm", "never": ""}[norm],
+        f"eps{eps:g}" if eps and norm != "never" else "",
+        "scaled" if scale else "",
+    ]
     rule.__name__ = "_".join(p for p in parts if p)
     return rule
 
@@ -120,12 +125,17 @@ FAMILY_RULES: dict[str, Rule] = {
 # Bitwise matches are preferred over ones within rounding (`pick_rule`), so the
 # order only decides between rules that agree exactly.
 GENERIC_RULES: tuple[Rule, ...] = (
-    softmax_topk, softmax_topk_unnormalised, softmax_selected, sigmoid_scaled,
-    *(gather_rule(score, norm, eps, scale)
-      for score in ("softmax", "sigmoid", "score_fn")
-      for norm in ("always", "never")
-      for eps in ((0.0, 1e-20, 1e-6) if norm != "never" else (0.0,))
-      for scale in (False, True)),
+    softmax_topk,
+    softmax_topk_unnormalised,
+    softmax_selected,
+    sigmoid_scaled,
+    *(
+        gather_rule(score, norm, eps, scale)
+        for score in ("softmax", "sigmoid", "score_fn")
+        for norm in ("always", "never")
+        for eps in ((0.0, 1e-20, 1e-6) if norm != "never" else (0.0,))
+        for scale in (False, True)
+    ),
 )
 
 
@@ -143,8 +153,9 @@ def selection_scores(router: nn.Module, logits: Tensor) -> Tensor:
 _CHECKED_RULES: weakref.WeakKeyDictionary[nn.Module, Rule] = weakref.WeakKeyDictionary()
 
 
-def pick_rule(router: nn.Module, logits: Tensor, weights: Tensor, indices: Tensor,
-              candidates: tuple[Rule, ...]) -> Rule | None:
+def pick_rule(
+    router: nn.Module, logits: Tensor, weights: Tensor, indices: Tensor, candidates: tuple[Rule, ...]
+) -> Rule | None:
     """The first candidate that reproduces `weights` at `indices` bitwise, else the first that does
     so to float tolerance (rtol 1e-4), else None.
 
@@ -174,8 +185,10 @@ def _candidates(router: nn.Module) -> tuple[Rule, ...]:
 
 def _no_rule(layer_name: str, router: nn.Module, candidates: tuple[Rule, ...]) -> UnsupportedRouterError:
     return UnsupportedRouterError(
-        type(router).__name__, f"no gate-weight rule reproduces its weights at its own indices (tried "
-        f"{[rule.__name__ for rule in candidates]}); replay would train a different function", layer_name,
+        type(router).__name__,
+        f"no gate-weight rule reproduces its weights at its own indices (tried "
+        f"{[rule.__name__ for rule in candidates]}); replay would train a different function",
+        layer_name,
     )
 
 

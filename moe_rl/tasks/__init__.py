@@ -3,7 +3,14 @@
 from moe_rl.tasks.data import load_task, score_completions
 from moe_rl.tasks.expr import parse_expression
 from moe_rl.tasks.synthetic import (
-    TASKS, AdditionTask, CountdownTask, ReversalTask, SortingTask, Task, explicit_task_kwargs, get_task,
+    TASKS,
+    AdditionTask,
+    CountdownTask,
+    ReversalTask,
+    SortingTask,
+    Task,
+    explicit_task_kwargs,
+    get_task,
 )
 from moe_rl.tasks.tokenizer import ALPHABET, BOS_ID, EOS_ID, PAD_ID, UNK_ID, VOCAB, make_tokenizer
 

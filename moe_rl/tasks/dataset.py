@@ -66,8 +66,10 @@ def read_rows(path: str, *, split: str = "train") -> tuple[list[dict[str, Any]],
     try:
         data = datasets.load_dataset(path, split=split)
     except Exception as err:
-        raise TaskInputError(f"task.path={path!r}: no local file, and loading split {split!r} of the hub dataset "
-                         f"failed: {type(err).__name__}: {err}") from err
+        raise TaskInputError(
+            f"task.path={path!r}: no local file, and loading split {split!r} of the hub dataset "
+            f"failed: {type(err).__name__}: {err}"
+        ) from err
     return data.to_list(), f"hub:{path}:{split}:{data._fingerprint}"
 
 
@@ -81,9 +83,13 @@ def check_jsonl(raw: bytes, path: str) -> None:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise TaskInputError(f"task.path={path!r} line {number}: invalid JSON: {err.msg} (column {err.colno})") from None
+            raise TaskInputError(
+                f"task.path={path!r} line {number}: invalid JSON: {err.msg} (column {err.colno})"
+            ) from None
         if not isinstance(row, dict):
-            raise TaskInputError(f"task.path={path!r} line {number}: a row must be a JSON object, got {type(row).__name__}")
+            raise TaskInputError(
+                f"task.path={path!r} line {number}: a row must be a JSON object, got {type(row).__name__}"
+            )
         rows += 1
     if not rows:
         raise TaskInputError(f"task.path={path!r} is empty")
@@ -97,8 +103,14 @@ def data_hash(path: str, split: str = "train") -> str:
 
 
 def split_examples(
-    rows: list[dict[str, Any]], *, path: str, prompt_field: str, answer_field: str, n_train: int | None,
-    n_eval: int, seed: int,
+    rows: list[dict[str, Any]],
+    *,
+    path: str,
+    prompt_field: str,
+    answer_field: str,
+    n_train: int | None,
+    n_eval: int,
+    seed: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) examples with `question` (the raw prompt) and `answer` plus every original field.
 
@@ -125,8 +137,10 @@ def split_examples(
         row = rows[i]
         prompt, answer = row.get(prompt_field), row.get(answer_field)
         if not isinstance(prompt, str) or answer is None:
-            raise TaskInputError(f"{path!r} row {i}: {prompt_field!r} must be text and {answer_field!r} present, got "
-                             f"{type(prompt).__name__} and {type(answer).__name__}")
+            raise TaskInputError(
+                f"{path!r} row {i}: {prompt_field!r} must be text and {answer_field!r} present, got "
+                f"{type(prompt).__name__} and {type(answer).__name__}"
+            )
         examples.append({**row, "question": prompt, "prompt": prompt, "answer": str(answer)})
     return examples[n_eval:], examples[:n_eval]
 
@@ -148,7 +162,13 @@ def render_prompt(question: str, tokenizer: Any, *, system_prompt: str | None, c
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def render_examples(examples: list[dict[str, Any]], tokenizer: Any, *, system_prompt: str | None,
-                    chat_template: str) -> list[dict[str, Any]]:
-    return [{**e, "prompt": render_prompt(e["question"], tokenizer, system_prompt=system_prompt,
-                                          chat_template=chat_template)} for e in examples]
+def render_examples(
+    examples: list[dict[str, Any]], tokenizer: Any, *, system_prompt: str | None, chat_template: str
+) -> list[dict[str, Any]]:
+    return [
+        {
+            **e,
+            "prompt": render_prompt(e["question"], tokenizer, system_prompt=system_prompt, chat_template=chat_template),
+        }
+        for e in examples
+    ]

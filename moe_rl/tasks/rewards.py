@@ -29,6 +29,7 @@ RewardFn = Callable[[str, dict], float]
 class TaskInputError(ValueError):
     """The user's data file or reward cannot be used; the message says why in one line."""
 
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 
@@ -92,12 +93,15 @@ def _import_reward_module(spec: str, module_name: str) -> Any:
             if added:
                 sys.path.remove(cwd)
             if missing:
-                raise TaskInputError(f"reward={spec!r}: no module named {err.name!r}; the module must be on PYTHONPATH "
-                                     f"or importable from the working directory ({cwd})") from err
+                raise TaskInputError(
+                    f"reward={spec!r}: no module named {err.name!r}; the module must be on PYTHONPATH "
+                    f"or importable from the working directory ({cwd})"
+                ) from err
             raise TaskInputError(f"reward={spec!r}: importing module {module_name!r} failed: {err}") from err
         except Exception as err:
-            raise TaskInputError(f"reward={spec!r}: importing module {module_name!r} raised "
-                                 f"{type(err).__name__}: {err}") from err
+            raise TaskInputError(
+                f"reward={spec!r}: importing module {module_name!r} raised {type(err).__name__}: {err}"
+            ) from err
 
 
 def resolve_reward(spec: str) -> RewardFn:
@@ -142,8 +146,9 @@ class Scorer:
             self.errors += 1
             if not self._warned:
                 self._warned = True
-                log.warning("reward %s raised %s: %s (scored 0; counted in reward/errors)", self.name,
-                            type(err).__name__, err)
+                log.warning(
+                    "reward %s raised %s: %s (scored 0; counted in reward/errors)", self.name, type(err).__name__, err
+                )
             return 0.0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             raise TypeError(f"reward {self.name} returned {value!r} ({type(value).__name__}), not a finite number")

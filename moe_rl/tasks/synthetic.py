@@ -196,9 +196,7 @@ def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[str, int
     return f"{left_text}{op}{right_text}", value, prec
 
 
-TASKS: dict[str, Task] = {
-    task.name: task for task in (ReversalTask(), SortingTask(), AdditionTask(), CountdownTask())
-}
+TASKS: dict[str, Task] = {task.name: task for task in (ReversalTask(), SortingTask(), AdditionTask(), CountdownTask())}
 
 
 def get_task(name: str) -> Task:
