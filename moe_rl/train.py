@@ -157,7 +157,8 @@ class Trainer:
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
-        self.engine = self.engine_synced = None  # rollout.engine=vllm: the engine, the step of its last sync
+        self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.engine.Engine)
+        self.engine_synced: int | None = None  # the step of the engine's last weight sync
         self.engine_checks = 0
         if cfg.rollout.engine == "vllm":
             from moe_rl.engine import VllmEngine
@@ -238,9 +239,9 @@ class Trainer:
         from moe_rl.engine import check_sync
 
         cfg = self.cfg
-        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
         t = time.perf_counter()
-        if synced:
+        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
+        if self.engine_synced is None or synced:
             self.engine.sync(self.policy)
             self.engine_synced = step
         sync_s = time.perf_counter() - t

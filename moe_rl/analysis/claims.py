@@ -1035,9 +1035,9 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
         "p_value": float(np.nanmin(favour_r3)) if np.isfinite(favour_r3).any() else math.nan,
     }
     if np.nanmin(favour_r3, initial=np.inf) < ALPHA and not np.nanmin(favour_r2, initial=np.inf) < ALPHA:
-        out["verdict"], out["reason"] = REPRODUCED, f"R3 better at Holm p = {_p(out['p_value'])}"
+        out["verdict"], out["reason"] = REPRODUCED, f"R3 better at Holm p = {_p(float(np.nanmin(favour_r3)))}"
     elif np.nanmin(favour_r2, initial=np.inf) < ALPHA:
-        out["verdict"], out["reason"] = NOT_REPRODUCED, f"R2 better at Holm p = {_p(np.nanmin(favour_r2))}"
+        out["verdict"], out["reason"] = NOT_REPRODUCED, f"R2 better at Holm p = {_p(float(np.nanmin(favour_r2)))}"
     elif (
         -COLLAPSE_MARGIN < clo
         and chi < COLLAPSE_MARGIN

@@ -99,6 +99,7 @@ def setup_task(task_cfg: TaskConfig, seed: int) -> RLTask:
             chat=(task_cfg.system_prompt, str(task_cfg.chat_template)),
         )
     task = get_task(task_cfg.name)
+    assert task_cfg.n_train is not None, "task.n_train=null is for task=dataset (moe_rl.config.validate)"
     data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=seed, **task_cfg.kwargs)
     reward = functools.partial(task.reward, partial_credit=task_cfg.partial_credit)
     return RLTask(task.name, data["train"].to_list(), data["eval"].to_list(), reward, task.name)
