@@ -89,7 +89,7 @@ def bench(name: str, overrides: dict, args: argparse.Namespace) -> float:
     return ratio
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -100,12 +100,15 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--pairs", type=int, default=6)
-    args = parser.parse_args()
+    parser.add_argument("--geometry", choices=[*GEOMETRIES, "all"], default="all", help="CPU geometries to run")
+    args = parser.parse_args(argv)
     print(
         f"batch {args.prompts} x {args.group_size} rows, prompt {args.prompt_len}, up to {args.new_tokens} new "
         f"tokens, {args.dtype} on {args.device}"
     )
     geometries = {"gpu_1b": GPU_MODEL} if args.gpu_model else GEOMETRIES
+    if not args.gpu_model and args.geometry != "all":
+        geometries = {args.geometry: GEOMETRIES[args.geometry]}
     for name, overrides in geometries.items():
         bench(name, overrides, args)
 

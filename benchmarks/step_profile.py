@@ -66,8 +66,8 @@ FLOORED = {
 # helpers (and imports from elsewhere) are named here; a name missing from `moe_rl.train` is an error
 # (a refactor renamed it), not a phase that silently stops being timed.
 ROUTE_MODULES = ("moe_rl.routing",)
-METRIC_MODULES = ("moe_rl.metrics", "moe_rl.algos.advantages")
-NAMED_ROUTE_FNS = ("flip_by_position", "flip_margin_metrics")
+METRIC_MODULES = ("moe_rl.metrics", "moe_rl.partial", "moe_rl.algos.advantages")
+NAMED_ROUTE_FNS: tuple[str, ...] = ()  # every route function the loop calls comes from moe_rl.routing
 NAMED_METRIC_FNS = ("aggregate", "token_entropy")
 
 

@@ -37,12 +37,9 @@ def numbers_after(label: str, text: str) -> list[float]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Run in a scratch folder (cold-start caches are relative paths) and keep torch's thread count."""
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in a scratch folder (cold-start caches are relative paths); conftest keeps torch's thread count."""
     monkeypatch.chdir(tmp_path)
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_every_benchmark_has_a_smoke_test() -> None:
@@ -117,6 +114,19 @@ def test_fsdp_scaling(capsys: pytest.CaptureFixture[str]) -> None:
     rank, state, peak, step_s, state_ratio, peak_ratio, time_ratio = numbers_after("    1", out)  # procs = 1
     assert (rank, state_ratio, peak_ratio, time_ratio) == (0, 1.0, 1.0, 1.0)
     assert state > 0 and peak > state and step_s > 0
+
+
+def test_engine_throughput(capsys: pytest.CaptureFixture[str]) -> None:
+    """One engine (the default geometry) against `generate`, one ABBA pair of 2 x 2 rows; needs the vllm extra."""
+    pytest.importorskip("vllm")
+    load("engine_throughput").main(
+        "--geometry default --prompts 2 --group-size 2 --prompt-len 4 --new-tokens 2 --pairs 1".split()
+    )
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("default"))
+    generate_tps, engine_tps = (float(x) for x in re.findall(r"([\d.]+) tok/s", line))
+    ratio = re.search(r"engine/generate ([\d.]+)x", line)
+    assert generate_tps > 0 and engine_tps > 0 and ratio is not None and float(ratio.group(1)) > 0
 
 
 def test_gpu_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

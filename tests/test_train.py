@@ -54,12 +54,15 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
         rows = torch.arange(len(rollout))[:16]
         results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores)
     # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide, so every
-    # replay mode computes bitwise the same loss and ratios (all exactly 1).
+    # replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
+    # log-probs: the old pass sees the whole batch and the update a mini-batch, and CPU kernels may sum
+    # a row differently at another batch size or thread count.
     for replay in ("r2", "r3"):
         for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max", "optim/grad_norm"):
             assert results[replay][key] == results["none"][key], (replay, key)
         assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
-    assert results["none"]["ratio/token_max"] == 1.0 and results["none"]["ratio/token_var"] == 0.0
+    assert results["none"]["ratio/token_max"] == pytest.approx(1.0, abs=1e-6)
+    assert results["none"]["ratio/token_var"] < 1e-12
     assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
     assert results["none"]["route/old_vs_new/shift/mean"] == 1.0  # the router has not moved
 
