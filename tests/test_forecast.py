@@ -26,8 +26,7 @@ from moe_rl.analysis.forecast import (
 )
 from moe_rl.bins import MOVE_EDGES
 from moe_rl.routing import Routes
-from moe_rl.routing.compare import boundary_gaps, boundary_movement
-from moe_rl.train import movement_metrics
+from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,9 +86,11 @@ def test_boundary_movement_matches_a_loop() -> None:
     assert n.tolist() == want_n and flips.tolist() == want_flips
     assert sum(want_flips) > 0  # the perturbation is large enough to flip something
 
-    metrics = movement_metrics(old_scores, new_scores, old, new)
-    assert metrics["route/old_vs_new/move/rms"] == pytest.approx(sigma.item())
-    assert [metrics[f"route/flip_vs_margin/move/n/bin_{b}"] for b in range(len(want_n))] == want_n
+    metrics = movement_finalize(movement_parts(old_scores, new_scores, old, new))  # the loop's path, one process
+    assert metrics["old_vs_new/move/rms"] == pytest.approx(sigma.item())
+    assert [metrics[f"old_vs_new/move/layer_{i}"] for i in range(L)] == pytest.approx(want_layer, rel=1e-9)
+    assert [metrics[f"flip_vs_margin/move/n/bin_{b}"] for b in range(len(want_n))] == want_n
+    assert [metrics[f"flip_vs_margin/move/flips/bin_{b}"] for b in range(len(want_n))] == want_flips
 
 
 def test_no_movement_puts_every_pair_at_infinite_x() -> None:
