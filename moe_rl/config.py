@@ -31,9 +31,7 @@ class ModelConfig:
     top_k: int = 2
     hidden_size: int = 64
     moe_intermediate_size: int | None = None  # width of each expert; None: the family's tiny default
-    head_dim: int | None = (
-        None  # attention head width; None: the family's tiny default (16; vLLM's CPU kernel needs >= 32)
-    )
+    head_dim: int | None = None  # attention head width; None: the family default (16; vLLM on CPU needs >= 32)
     experts_implementation: str | None = None  # None: fastest correct on the device
     checkpoint: str | None = None  # a save_pretrained directory or a hub id instead of a built model
     dtype: str = "float32"  # weights of the training policy, e.g. bfloat16 for a pretrained checkpoint
@@ -83,9 +81,7 @@ class RolloutConfig:
     dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
     engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
-    engine_sync_every: int = (
-        1  # vllm: load the trainer's weights into the engine every K steps (K > 1: stale, off-policy)
-    )
+    engine_sync_every: int = 1  # vllm: sync the trainer's weights every K steps (K > 1: stale, off-policy)
 
 
 @dataclass
@@ -107,9 +103,7 @@ class ColdStartConfig:
     seed: int = 0
     cache_dir: str = ".cache/cold_start"
     mode: str = "auto"  # auto: SFT a built model, none for a checkpoint; sft; none
-    patience: int | None = (
-        None  # stop after this many evaluations without a new best (0: never; None: 10 for task=dataset, else 0)
-    )
+    patience: int | None = None  # stop after this many evals with no new best (0: never; None: 10 for dataset, else 0)
 
 
 @dataclass
@@ -139,9 +133,7 @@ class DistConfig:
 class SignalConfig:
     """When a run that ran all its steps is labelled useless instead of `completed` (moe_rl.verdict)."""
 
-    no_signal_steps: int = (
-        20  # this many consecutive steps (all, if fewer) with every group zero-variance: no_signal; 0: never
-    )
+    no_signal_steps: int = 20  # this many straight steps (all, if fewer) of zero-variance groups: no_signal; 0: never
     max_reward_error_frac: float = 0.5  # the reward raised on more than this share of all completions: reward_failed
 
 
