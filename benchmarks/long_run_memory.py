@@ -35,7 +35,8 @@ class MeasuredTrainer(Trainer):
     def step(self, step: int) -> dict[str, float]:
         metrics = super().step(step)
         if step in (10, 100, 1000) or step == self.cfg.steps:
-            self.marks[step] = (peak_rss_mib(), rss_mib())
+            now = rss_mib()  # the kernel updates ru_maxrss lazily: it can trail the current RSS by a page or so
+            self.marks[step] = (max(peak_rss_mib(), now), now)
         return metrics
 
 

@@ -103,6 +103,21 @@ def row_seed(key: Sequence[int]) -> int:
     return int(np.random.SeedSequence(list(key)).generate_state(1)[0] >> 1)
 
 
+# Variables vLLM's CPU platform exports into os.environ for worker processes it would spawn: a process
+# holding an in-process engine that then launches jobs (Hydra's submitit launcher, torchrun) must not
+# hand them on (LOCAL_WORLD_SIZE=1 makes submitit refuse to set up ranks; LD_PRELOAD forces libgomp).
+LAUNCH_ENV = (
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+)
+
+
 class VllmEngine:
     """One in-process vLLM engine serving a transformers MoE policy; `sync` loads new weights in place.
 
@@ -134,6 +149,7 @@ class VllmEngine:
         self.dir = Path(tempfile.mkdtemp(prefix="moe_rl_engine_"))
         model.save_pretrained(self.dir)
         set_threads = torch.set_num_threads  # the CPU worker disables it process-wide after binding threads
+        launch_env = {key: os.environ.get(key) for key in LAUNCH_ENV}
         try:
             with torch.random.fork_rng(devices=[]):  # the engine seeds the global RNGs; the trainer's stay
                 self.llm = LLM(
@@ -151,6 +167,11 @@ class VllmEngine:
                 )
         finally:
             torch.set_num_threads = set_threads
+            for key, value in launch_env.items():  # what vLLM exported for its own workers, taken back
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         self.syncs = 0
 
     @property

@@ -116,13 +116,14 @@ def test_fsdp_scaling(capsys: pytest.CaptureFixture[str]) -> None:
     assert state > 0 and peak > state and step_s > 0
 
 
-def test_engine_throughput(capsys: pytest.CaptureFixture[str]) -> None:
-    """One engine (the default geometry) against `generate`, one ABBA pair of 2 x 2 rows; needs the vllm extra."""
+def test_engine_throughput(capfd: pytest.CaptureFixture[str]) -> None:
+    """One engine (the default geometry) against `generate`, one ABBA pair of 2 x 2 rows; needs the vllm extra.
+    (vLLM writes to sys.stdout's file descriptor, so output is captured at the descriptor level.)"""
     pytest.importorskip("vllm")
     load("engine_throughput").main(
         "--geometry default --prompts 2 --group-size 2 --prompt-len 4 --new-tokens 2 --pairs 1".split()
     )
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("default"))
     generate_tps, engine_tps = (float(x) for x in re.findall(r"([\d.]+) tok/s", line))
     ratio = re.search(r"engine/generate ([\d.]+)x", line)

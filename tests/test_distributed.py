@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -355,7 +356,6 @@ def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None
     """Config mismatch, foreign checkpoint, other cold start, a single-process checkpoint under N > 1: each
     refused with RunDirectoryError, under python and under torchrun, and the folder (.hydra/ included) is as
     it was."""
-    import shutil
 
     root, cache = runs
     extra = ("steps=6", "replay=r3", "keep_checkpoint=true")
@@ -412,6 +412,13 @@ def test_two_ranks_log_what_one_rank_logs(runs) -> None:
     # another order than one backward over all rows (~1e-7 relative per update), and Adam's first steps
     # divide by sqrt(v), amplifying that to ~1e-5 after a few updates at lr 1e-3 (measured: < 2e-5).
     close = both[~exact]
+    # Boundary movement measures the logit gap between the old pass's k-th and (k+1)-th experts; where the
+    # (k+1)-th place is a near-tie, slightly different parameters pick another expert and that token's
+    # movement jumps (measured: 0.6% on one layer's RMS at step 4). Same quantity, looser bound.
+    move = close["key"].str.contains("/move/")
+    d_move = (close.loc[move, "value_1"] - close.loc[move, "value_2"]).abs()
+    assert move.sum() > 10 and (d_move <= 0.02 * close.loc[move, "value_1"].abs()).all()
+    close = close[~move]
     assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), close.assign(
         d=(close["value_1"] - close["value_2"]).abs()
     ).nlargest(5, "d")
@@ -473,16 +480,17 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     assert len(used) == 4 and (used["value"] == 0).all()
     # The kept checkpoint (step 2, DDP on 2 ranks) resumes in a world of size 1: DCP reshards.
     (run / "status.json").unlink()  # else the finished run is skipped
+    copy = tmp_path / "plain"
+    shutil.copytree(run, copy)  # for the plain run below (a world of size 1 keeps its final weights too)
     out = _torchrun(1, run, cache, *extra, "dist.strategy=fsdp")
     assert "resuming" in out.stdout + out.stderr and "resharding" in out.stdout + out.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 4
     again = _metrics(run)
     rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
     pd.testing.assert_frame_equal(again[rewards], first[rewards])
-    (run / "status.json").unlink()
-    plain = _python(run, cache, *extra)  # a plain run is that world of size 1 and resumes the same way
+    plain = _python(copy, cache, *extra)  # a plain run is that world of size 1 and resumes the same way
     assert "resuming" in plain.stdout + plain.stderr and "resharding" in plain.stdout + plain.stderr
-    pd.testing.assert_frame_equal(_metrics(run)[rewards], first[rewards])
+    pd.testing.assert_frame_equal(_metrics(copy)[rewards], first[rewards])
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ Needs the `vllm` extra (CPU build); skipped without it. One engine per family fo
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 import torch
@@ -14,6 +16,7 @@ from moe_rl.config import TrainConfig, validate
 from moe_rl.routing import RoutedPass, route_overlap
 
 vllm = pytest.importorskip("vllm")
+BEFORE_ENGINE = set(os.environ)
 
 from moe_rl.engine import VllmEngine, check_sync, trainer_logp  # noqa: E402
 from moe_rl.models import build_model  # noqa: E402
@@ -65,6 +68,14 @@ def check_routes_and_logp(engine, model, tokenizer) -> None:
     mask = rollout.response_mask
     assert (rollout.rollout_logp - logp).abs()[mask].max().item() < 1e-5
     assert (rollout.rollout_logp[~mask] == 0).all()
+
+
+def test_engine_leaves_no_launcher_variables_behind(qwen) -> None:
+    """vLLM exports LOCAL_WORLD_SIZE, LD_PRELOAD, ... for its workers; later torchrun/submitit launches from
+    this process would inherit them (submitit then refuses: "LOCAL_WORLD_SIZE is already set")."""
+    from moe_rl.engine import LAUNCH_ENV
+
+    assert not {key for key in LAUNCH_ENV if key in os.environ} - BEFORE_ENGINE
 
 
 def test_engine_routes_equal_trainer_routes_qwen3_moe(qwen) -> None:
@@ -209,7 +220,10 @@ def _metrics(run) -> pd.DataFrame:
 def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) -> None:
     from moe_rl.train import Trainer, train
 
-    assert train(tiny(tmp_path / "reference"))["status"] == "completed"
+    # An untrained policy (cold_start.mode=none) rarely earns a reward: `no_signal` is the honest label.
+    # Resume is still tested in full: the engine's rollouts must come back the same after a restart.
+    finished = ("completed", "no_signal")
+    assert train(tiny(tmp_path / "reference"))["status"] in finished
     reference = _metrics(tmp_path / "reference")
     gap = reference[reference["key"] == "rollout/engine_sync_max_diff"]["value"]
     assert len(gap) == 2 and gap.max() < 1e-4  # checked after the first two syncs
@@ -228,7 +242,7 @@ def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) 
     with pytest.raises(KeyboardInterrupt):
         Trainer(tiny(tmp_path / "resumed")).run()
     monkeypatch.setattr(Trainer, "step", step)
-    assert train(tiny(tmp_path / "resumed"))["status"] == "completed"
+    assert train(tiny(tmp_path / "resumed"))["status"] in finished
     resumed = _metrics(tmp_path / "resumed")
     probes = resumed[resumed["key"] == "rollout/engine_sync_max_diff"]
     assert probes["step"].tolist() == [1, 2, 3, 4] and probes["value"].max() < 1e-4  # the resumed process checks too
