@@ -31,7 +31,7 @@ import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
-from moe_rl.analysis.collapse import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
+from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label

@@ -107,6 +107,18 @@ def check_identity(doc: dict[str, Any], path: Path, *, config_hash: str, cold_st
         raise RunDirectoryError(f"{path} was trained from another cold start; delete the run to rerun")
 
 
+def note_meta(path: str | Path, key: str, message: Any) -> None:
+    """Append `message` to the list `key` of the JSON file at `path` (created if missing), atomically:
+    notes added to a finished meta.json (e.g. a warning raised mid-run)."""
+    path = Path(path)
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        meta = {}
+    meta.setdefault(key, []).append(message)
+    write_atomic(path, json.dumps(meta, indent=1, default=str))
+
+
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     """status.json as a dict ({} when absent or unreadable)."""
     try:

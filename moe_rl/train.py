@@ -57,11 +57,11 @@ from moe_rl.routing.compare import (
     router_shift_gaps,
     shift_summary,
 )
-from moe_rl.runinfo import note_meta
 from moe_rl.runio import (
     FINISHED,
     RunDirectoryError,
     check_run_dir,
+    note_meta,
     read_status,
     rng_state,
     set_rng_state,

@@ -13,7 +13,7 @@ from fake_results import make_fake_grid, write_fake_fit
 
 from moe_rl import analysis
 from moe_rl.analysis import claims as C
-from moe_rl.analysis.collapse import collapse_definitions_markdown, collapse_events
+from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 
 REPO = Path(__file__).resolve().parents[1]

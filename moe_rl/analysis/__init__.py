@@ -3,7 +3,7 @@ phase maps, claims, figures (returned, never saved)."""
 
 from moe_rl.analysis import stats
 from moe_rl.analysis.claims import Claim, evaluate_claims, format_claims_markdown
-from moe_rl.analysis.collapse import (
+from moe_rl.analysis.collapse_definitions import (
     COLLAPSE_DEFINITIONS,
     MAIN_DEFINITION,
     collapse_definitions_markdown,

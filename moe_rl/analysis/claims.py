@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.collapse import (
+from moe_rl.analysis.collapse_definitions import (
     ALTERNATIVE_DEFINITION,
     COLLAPSE_DEFINITIONS,
     GRID_DROP_FRACS,
@@ -1262,7 +1262,7 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
 def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int = 30) -> str:
     """Support text: mean router shift (1 - gamma) in the `before` steps up to each collapse (main
     definition) minus its mean in the `baseline` steps before those, with a bootstrap interval over events."""
-    from moe_rl.analysis.collapse import collapse_events
+    from moe_rl.analysis.collapse_definitions import collapse_events
 
     ev = collapse_events(df[df["key"].isin(HISTORY_KEYS)], {MAIN_DEFINITION: _main_kwargs()})
     ev = ev[ev["collapsed"]]
@@ -1284,7 +1284,7 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
 
 
 def _main_kwargs() -> dict:
-    from moe_rl.analysis.collapse import COLLAPSE_DEFINITIONS
+    from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS
 
     return COLLAPSE_DEFINITIONS[MAIN_DEFINITION]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.collapse import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
+from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
 from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY

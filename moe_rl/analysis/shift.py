@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl.analysis.claims import CLIP_KEYS, SHIFT_AMOUNT, SHIFT_KEYS, _main_kwargs, pooled_xcorr
-from moe_rl.analysis.collapse import HISTORY_KEYS, MAIN_DEFINITION, collapse_events
+from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, collapse_events
 from moe_rl.analysis.stats import event_aligned_mean
 
 CLIP = "clip fraction (low + high)"

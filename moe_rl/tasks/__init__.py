@@ -1,7 +1,7 @@
 """Synthetic RL tasks with exact rewards, seeded datasets and a character-level tokenizer (docs/design.md §4)."""
 
-from moe_rl.tasks.data import load_task, score_completions
 from moe_rl.tasks.expr import parse_expression
+from moe_rl.tasks.splits import load_task, score_completions
 from moe_rl.tasks.synthetic import (
     TASKS,
     AdditionTask,

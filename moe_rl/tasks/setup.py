@@ -12,9 +12,9 @@ import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from moe_rl.tasks.data import load_task
 from moe_rl.tasks.dataset import read_rows, render_examples, split_examples
 from moe_rl.tasks.rewards import RewardFn, Scorer, resolve_reward
+from moe_rl.tasks.splits import load_task
 from moe_rl.tasks.synthetic import get_task
 
 if TYPE_CHECKING:
