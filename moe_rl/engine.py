@@ -48,7 +48,10 @@ BLOCK_SIZE = 32  # the CPU backend's KV-cache block sizes are multiples of 32
 # float32 engine vs float32 trainer: the same math through other kernels. Measured max 4.8e-7 on a built
 # model and 1.07e-5 on a cold-started one (sharper logits) over 1,152 tokens; a failed sync is 0.1-15 nats.
 SYNC_TOLERANCE = {"float32": 1e-4}
-LOOSE_SYNC_TOLERANCE = 1.0  # other dtypes: a real gap is ~1e-2 nats, a failed sync ~10 nats
+# Other dtypes (a bfloat16 engine against the float32 trainer): the real gap has a long tail (mean 0.0054
+# nats per token over the engine_mismatch runs, but one token 1.07 nats off right after a fresh build), so
+# the check bounds the mean over response tokens, not the max: a failed sync is 0.1-15 nats on every token.
+LOOSE_SYNC_MEAN_TOLERANCE = 0.05
 
 
 def vllm_available() -> bool:
@@ -303,16 +306,25 @@ def trainer_logp(model: PreTrainedModel, rollout: Rollout) -> Tensor:
 
 
 def check_sync(engine: VllmEngine, model: PreTrainedModel, rollout: Rollout) -> float:
-    """Max |engine - trainer| teacher-forced log-prob over the rollout's response tokens; raises when it
-    exceeds the dtype's tolerance (SYNC_TOLERANCE; LOOSE_SYNC_TOLERANCE for reduced precision)."""
-    gap = ((engine.logp(rollout) - trainer_logp(model, rollout)).abs() * rollout.response_mask).flatten()
+    """Max |engine - trainer| teacher-forced log-prob over the rollout's response tokens. Raises when the
+    max exceeds SYNC_TOLERANCE (float32, where the two compute the same math) or, in reduced precision,
+    when the mean exceeds LOOSE_SYNC_MEAN_TOLERANCE (the real gap's tail reaches 1 nat; a failed sync
+    is off on every token)."""
+    mask = rollout.response_mask
+    gap = ((engine.logp(rollout) - trainer_logp(model, rollout)).abs() * mask).flatten()
     worst = int(gap.argmax())
     largest = float(gap[worst])
-    tolerance = SYNC_TOLERANCE.get(engine.dtype, LOOSE_SYNC_TOLERANCE)
-    if largest > tolerance:
-        row, col = divmod(worst, rollout.response_mask.shape[1])
+    row, col = divmod(worst, mask.shape[1])
+    if engine.dtype in SYNC_TOLERANCE and largest > SYNC_TOLERANCE[engine.dtype]:
         raise RuntimeError(
             f"engine weight sync is inexact: engine and trainer log-probs differ by {largest:.3g} nats "
-            f"(row {row}, position {col}) > {tolerance:g} allowed in {engine.dtype}"
+            f"(row {row}, position {col}) > {SYNC_TOLERANCE[engine.dtype]:g} allowed in {engine.dtype}"
+        )
+    mean = float(gap.sum() / mask.sum().clamp(min=1))
+    if engine.dtype not in SYNC_TOLERANCE and mean > LOOSE_SYNC_MEAN_TOLERANCE:
+        raise RuntimeError(
+            f"engine weight sync failed: engine and trainer log-probs differ by {mean:.3g} nats per token on "
+            f"average (max {largest:.3g} at row {row}, position {col}) > {LOOSE_SYNC_MEAN_TOLERANCE:g} allowed "
+            f"in {engine.dtype}"
         )
     return largest

@@ -542,3 +542,12 @@ def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(
         doc = json.loads(meta.read_text())
         assert doc["world_size"] == 2 and doc["strategy"] == "fsdp", doc
         assert json.loads((meta.parent / "status.json").read_text())["status"] in ("completed", "collapsed")
+    # The same sweep again (Hydra's basic launcher this time): both runs are finished, so both are skipped
+    # and nothing in their folders is rewritten.
+    stamps = [(meta.parent / "metrics.parquet").stat().st_mtime_ns for meta in metas]
+    again = subprocess.run(
+        [c for c in cmd if not c.startswith("hydra")], check=False, cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.stdout + again.stderr).count("skipping") == 2
+    assert [(meta.parent / "metrics.parquet").stat().st_mtime_ns for meta in metas] == stamps

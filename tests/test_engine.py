@@ -171,6 +171,30 @@ def test_sync_after_an_update_is_exact_and_checked(qwen) -> None:
     assert torch.equal(rollout_of(engine, tokenizer).sequences, before.sequences)
 
 
+def test_reduced_precision_check_bounds_the_mean_gap_not_its_tail(qwen) -> None:
+    """bfloat16 vs float32: one token 1.07 nats off is the real gap's tail (seen in engine_mismatch), not a
+    failed sync; 0.2 nats on every token is one. The check returns the max either way."""
+    engine, model, tokenizer = qwen
+    rollout = rollout_of(engine, tokenizer)
+    exact = trainer_logp(model, rollout)
+
+    class Shifted:  # an engine whose log-probs are the trainer's plus `delta`
+        dtype = "bfloat16"
+
+        def __init__(self, delta: torch.Tensor) -> None:
+            self.delta = delta
+
+        def logp(self, r):
+            return exact + self.delta
+
+    tail = torch.zeros_like(exact)
+    row, col = rollout.response_mask.nonzero()[0].tolist()
+    tail[row, col] = 1.07
+    assert check_sync(Shifted(tail), model, rollout) == pytest.approx(1.07)
+    with pytest.raises(RuntimeError, match=r"engine weight sync failed: .* 0.2 nats per token on average"):
+        check_sync(Shifted(torch.full_like(exact, 0.2)), model, rollout)
+
+
 def test_engine_run_refuses_head_dim_16() -> None:
     cfg = OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["rollout.engine=vllm"]))

@@ -1,4 +1,4 @@
-"""Every experiment config composes and validates; sweeps dry-run; a real multirun via submitit."""
+"""Every experiment config composes and validates; sweeps dry-run (submitit multiruns: test_distributed)."""
 
 from __future__ import annotations
 
@@ -158,19 +158,6 @@ def test_multirun_dry_run(experiment: str, tmp_path) -> None:
     out = _multirun([f"+experiment={experiment}", "dry_run=true"], tmp_path)
     assert out.stderr.count("dry run ") + out.stdout.count("dry run ") == SWEEP_SIZES[experiment]
     assert not list(tmp_path.rglob("metrics.parquet"))
-
-
-@pytest.mark.slow
-def test_submitit_local_multirun_then_rerun_skips_finished_runs(tmp_path) -> None:
-    cache = tmp_path / "cache"
-    args = ["+experiment=smoke", "algo=grpo", "replay=r2,none", "steps=2", f"cold_start.cache_dir={cache}"]
-    _multirun([*args, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"], tmp_path)
-    runs = sorted(p.parent for p in (tmp_path / "smoke").rglob("metrics.parquet"))
-    assert [r.name for r in runs] == ["algo=grpo,replay=none,seed=0,steps=2", "algo=grpo,replay=r2,seed=0,steps=2"]
-    stamps = [(r / "metrics.parquet").stat().st_mtime_ns for r in runs]
-    out = _multirun(args, tmp_path)
-    assert out.stderr.count("skipping") + out.stdout.count("skipping") == 2
-    assert [(r / "metrics.parquet").stat().st_mtime_ns for r in runs] == stamps
 
 
 def test_short_name_never_nests_and_keeps_values_apart() -> None:

@@ -213,8 +213,11 @@ def load_model(
     if local.exists() and not (local / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a save_pretrained checkpoint (no config.json)")
     source = str(local) if local.exists() else str(path)
+    # HF_HUB_OFFLINE read now, not only when huggingface_hub was imported: set later (a notebook, a test),
+    # it still means the cache alone, not a network attempt that times out
+    cache_only = local.exists() or bool(os.environ.get("HF_HUB_OFFLINE"))
     try:
-        config = AutoConfig.from_pretrained(source, local_files_only=local.exists())
+        config = AutoConfig.from_pretrained(source, local_files_only=cache_only)
     except OSError as err:
         if os.environ.get("HF_HUB_OFFLINE"):
             raise ValueError(
@@ -233,12 +236,12 @@ def load_model(
     if config.model_type == "gpt_oss":  # attention sinks have no SDPA path
         kwargs["attn_implementation"] = "eager"
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local.exists(), dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=cache_only, dtype=dtype, **kwargs)
     except (ValueError, TypeError) as err:
         if "experts_implementation" not in str(err):
             raise
         kwargs.pop("experts_implementation")  # a family without a switchable experts kernel
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local.exists(), dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=cache_only, dtype=dtype, **kwargs)
     for layer in find_moe_layers(model):  # refuse now, with the reason, rather than mid-run
         resolve_rule(layer)
     return model.eval()
