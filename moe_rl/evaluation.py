@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_rl.metric_names import pass_at_key
 from moe_rl.rollout import generate
 from moe_rl.tasks.setup import RLTask
 
@@ -65,4 +66,4 @@ def pass_at_k_eval(
         rows = [e for e in chunk for _ in range(n)]
         rewards = task.score(out.completions, rows).rewards
         correct += [sum(r == 1.0 for r in rewards[j * n : (j + 1) * n]) for j in range(len(chunk))]
-    return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}
+    return {pass_at_key(k): float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}

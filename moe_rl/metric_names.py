@@ -42,9 +42,12 @@ EXPERT_FLIP_FRAC = "expert_flip_frac"
 TOKEN_FLIP_RATE = "token_flip_rate"
 
 
+ROUTE_PREFIX = "route/"
+
+
 def route_key(pair: str, name: str) -> str:
     """`route/{pair}/{name}`, e.g. `route_key(OLD_VS_NEW, FLIP_RATE)`."""
-    return f"route/{pair}/{name}"
+    return f"{ROUTE_PREFIX}{pair}/{name}"
 
 
 def layer_key(key: str, i: int | str) -> str:
@@ -70,6 +73,7 @@ ROUTE_MARGIN_P10 = "route/margin_p10"
 ROUTE_SHIFT_MEAN = route_key(OLD_VS_NEW, "shift/mean")
 ROUTE_SHIFT_P10 = route_key(OLD_VS_NEW, "shift/p10")
 FLIP_VS_MARGIN_PREFIX = "route/flip_vs_margin/"
+FLIP_VS_MOVE_PREFIX = FLIP_VS_MARGIN_PREFIX + "move/"
 
 
 def position_key(p: int | str) -> str:
@@ -80,6 +84,11 @@ def position_key(p: int | str) -> str:
 def margin_bin_key(count: str, b: int | str) -> str:
     """`route/flip_vs_margin/{count}/bin_{b}`, `count` one of "n" (pairs seen) and "flips"."""
     return f"{FLIP_VS_MARGIN_PREFIX}{count}/bin_{b}"
+
+
+def move_bin_key(count: str, b: int | str) -> str:
+    """`route/flip_vs_margin/move/{count}/bin_{b}`, `count` one of "n" (pairs seen) and "flips"."""
+    return f"{FLIP_VS_MOVE_PREFIX}{count}/bin_{b}"
 
 
 # --- importance ratios and KL ----------------------------------------------------------------------
@@ -104,12 +113,24 @@ OPTIM_GRAD_NORM = "optim/grad_norm"
 LOSS = "loss"
 LOSS_POLICY = "loss/policy"
 ROLLOUT_LOGP_GAP = "rollout/logp_gap"
+ROLLOUT_TOKEN_MULT_PROB_ERROR = "rollout/token_mult_prob_error"
+ROLLOUT_LOGP_GAP_OVER_LN2 = "rollout/logp_gap_over_ln2"
 ROLLOUT_RESPONSE_LEN = "rollout/response_len"
+ROLLOUT_ENGINE_STALENESS = "rollout/engine_staleness"
+ROLLOUT_ENGINE_SYNC_MAX_DIFF = "rollout/engine_sync_max_diff"
+TIME_PREFIX = "time/"
 TIME_ROLLOUT_S = "time/rollout_s"
 TIME_OLD_LOGP_S = "time/old_logp_s"
 TIME_UPDATE_S = "time/update_s"
 TIME_EVAL_S = "time/eval_s"
+TIME_ENGINE_SYNC_S = "time/engine_sync_s"
 ROUTE_MOVE_RMS = "route/old_vs_new/move/rms"
+
+
+def pass_at_key(k: int | str) -> str:
+    """`eval/pass@{k}`: unbiased pass@k on the held-out split."""
+    return f"eval/pass@{k}"
+
 
 # Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
 # the old policy's weights, so its flips and ratio spread are ~0 and dilute the step mean by (N-1)/N.
@@ -226,27 +247,27 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(route_key(OLD_VS_NEW, "move/layer_{i}"), "the same movement at MoE layer i alone"),
     Metric(
-        "route/flip_vs_margin/move/n/bin_{b}",
+        move_bin_key("n", "{b}"),
         "valid (t, l) pairs whose `x = g / move/layer_{l}` lies in bin b of `MOVE_EDGES` "
         "(0, 0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 10, inf), summed over updates 2..N of a step",
     ),
-    Metric("route/flip_vs_margin/move/flips/bin_{b}", "those of them whose top-k set flipped (`moe_rl.forecast`)"),
+    Metric(move_bin_key("flips", "{b}"), "those of them whose top-k set flipped (`moe_rl.forecast`)"),
     Metric(
-        "rollout/token_mult_prob_error",
+        ROLLOUT_TOKEN_MULT_PROB_ERROR,
         "mean over completion tokens of `exp(|rollout logp - old logp|)`: 1 when the rollout policy is the trained one",
     ),
     Metric(
-        "rollout/logp_gap_over_ln2",
+        ROLLOUT_LOGP_GAP_OVER_LN2,
         "fraction of completion tokens with `|rollout logp - old logp| > ln 2` (probabilities off by more than 2x)",
     ),
-    Metric("rollout/engine_staleness", "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
+    Metric(ROLLOUT_ENGINE_STALENESS, "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
     Metric(
-        "rollout/engine_sync_max_diff",
+        ROLLOUT_ENGINE_SYNC_MAX_DIFF,
         "`rollout.engine=vllm`: largest |engine logp - trainer logp| on the step's rollout, checked after the first syncs",
     ),
-    Metric("time/engine_sync_s", "`rollout.engine=vllm`: wall seconds of the step's in-place weight sync"),
+    Metric(TIME_ENGINE_SYNC_S, "`rollout.engine=vllm`: wall seconds of the step's in-place weight sync"),
     Metric(
-        "eval/pass@{k}",
+        pass_at_key("{k}"),
         "unbiased pass@k on the held-out split from `pass_at_k.n` samples per problem (only when `pass_at_k.k` is set)",
     ),
 )

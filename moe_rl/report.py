@@ -36,6 +36,7 @@ from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.atomic import write_atomic
+from moe_rl.metric_names import ROUTE_SHIFT_MEAN
 
 FIGURES: dict[str, Callable[..., object]] = {
     "flip_rate.png": lambda df, by, events: analysis.plot_flip_rate(df, by=by),
@@ -332,7 +333,7 @@ def write_report(
             by=compare,
             logx=axis == "lr",
         )
-    if any(k.startswith("route/old_vs_new/shift/mean") for k in df["key"].unique()):
+    if any(k.startswith(ROUTE_SHIFT_MEAN) for k in df["key"].unique()):
         from moe_rl.analysis.shift import plot_shift_dynamics
 
         figs["router_shift.png"] = plot_shift_dynamics(df)  # RSPO: does router shift lead clip bursts?

@@ -39,7 +39,38 @@ from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
-from moe_rl.metric_names import OFFPOLICY_KEYS
+from moe_rl.metric_names import (
+    FLIP_RATE,
+    FLIP_VS_MARGIN_PREFIX,
+    LOSS,
+    NATIVE_VS_REPLAYED,
+    OFFPOLICY_KEYS,
+    OLD_VS_NEW,
+    OPTIM_GRAD_NORM,
+    POLICY_ENTROPY,
+    REWARD_ERRORS,
+    REWARD_MEAN,
+    REWARD_STD,
+    REWARD_ZERO_VAR_GROUP_FRAC,
+    ROLLOUT_ENGINE_STALENESS,
+    ROLLOUT_ENGINE_SYNC_MAX_DIFF,
+    ROLLOUT_LOGP_GAP,
+    ROLLOUT_LOGP_GAP_OVER_LN2,
+    ROLLOUT_RESPONSE_LEN,
+    ROLLOUT_TOKEN_MULT_PROB_ERROR,
+    ROLLOUT_VS_OLD,
+    ROUTE_PREFIX,
+    ROUTE_USED_VS_CACHED_FLIP_RATE,
+    TASK_ACCURACY,
+    TIME_ENGINE_SYNC_S,
+    TIME_EVAL_S,
+    TIME_OLD_LOGP_S,
+    TIME_PREFIX,
+    TIME_ROLLOUT_S,
+    TIME_UPDATE_S,
+    offpolicy_key,
+    route_key,
+)
 from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
@@ -74,13 +105,13 @@ from moe_rl.verdict import Verdict, run_verdict
 log = logging.getLogger(__name__)
 
 HISTORY_KEYS = (
-    "loss",
-    "optim/grad_norm",
-    "reward/mean",
-    "policy/entropy",
-    "task/accuracy",
-    "reward/zero_var_group_frac",
-    "reward/errors",
+    LOSS,
+    OPTIM_GRAD_NORM,
+    REWARD_MEAN,
+    POLICY_ENTROPY,
+    TASK_ACCURACY,
+    REWARD_ZERO_VAR_GROUP_FRAC,
+    REWARD_ERRORS,
 )
 
 
@@ -112,7 +143,7 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
 # OFFPOLICY_KEYS are also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
-COUNT_PREFIX = "route/flip_vs_margin/"
+COUNT_PREFIX = FLIP_VS_MARGIN_PREFIX
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
@@ -132,7 +163,7 @@ def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
         for key in OFFPOLICY_KEYS:
             late = [m[key] for m in updates[1:] if key in m]
             if late:
-                out[f"{key}/offpolicy"] = sum(late) / len(late)
+                out[offpolicy_key(key)] = sum(late) / len(late)
     return out
 
 
@@ -220,7 +251,7 @@ class Trainer:
         scores = self.task.score(rollout.completions, group)
         rewards = torch.tensor(scores.rewards)
         zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
-        self.reward_metrics = {"reward/zero_var_group_frac": zero_var, "reward/errors": float(scores.errors)}
+        self.reward_metrics = {REWARD_ZERO_VAR_GROUP_FRAC: zero_var, REWARD_ERRORS: float(scores.errors)}
         if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
             message = (
@@ -256,11 +287,11 @@ class Trainer:
             record_routes=cfg.rollout.record_routes,
         )
         self.engine_metrics = {
-            "rollout/engine_staleness": float(step - self.engine_synced),
-            "time/engine_sync_s": sync_s,
+            ROLLOUT_ENGINE_STALENESS: float(step - self.engine_synced),
+            TIME_ENGINE_SYNC_S: sync_s,
         }
         if synced and self.engine_checks < 2:
-            self.engine_metrics["rollout/engine_sync_max_diff"] = check_sync(self.engine, self.policy, rollout)
+            self.engine_metrics[ROLLOUT_ENGINE_SYNC_MAX_DIFF] = check_sync(self.engine, self.policy, rollout)
             self.engine_checks += 1
         return rollout
 
@@ -305,7 +336,7 @@ class Trainer:
             agg=cfg.algo.agg,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        self.dist.scale_loss(loss, loss_metrics.weights["loss"]).backward()  # loss itself in a world of size 1
+        self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -317,8 +348,8 @@ class Trainer:
         scalars = torch.stack(
             [loss.detach().double(), grad_norm.double(), entropy.double(), mask.sum().double()]
         ).tolist()  # one transfer
-        means = {**loss_metrics, "loss": scalars[0], "policy/entropy": scalars[2]}
-        weights = {**loss_metrics.weights, "policy/entropy": scalars[3]}
+        means = {**loss_metrics, LOSS: scalars[0], POLICY_ENTROPY: scalars[2]}
+        weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
         old = old_routes[rows]
@@ -343,27 +374,25 @@ class Trainer:
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
         metrics.update(ratio_finalize(parts.sub("ratio")))
-        metrics.update(
-            {"loss": pooled["loss"], "optim/grad_norm": scalars[1], "policy/entropy": pooled["policy/entropy"]}
-        )
-        metrics.update({f"route/old_vs_new/{k}": v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
+        metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
+        metrics.update({route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
         metrics.update(
             {
-                f"route/old_vs_new/{k}": v
+                route_key(OLD_VS_NEW, k): v
                 for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()
             }
         )
-        metrics.update({f"route/old_vs_new/{k}": v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
-        metrics.update({f"route/{k}": v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
-        metrics.update({f"route/{k}": v for k, v in movement_finalize(parts.sub("move")).items()})
+        metrics.update({route_key(OLD_VS_NEW, k): v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
+        metrics.update({ROUTE_PREFIX + k: v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
+        metrics.update({ROUTE_PREFIX + k: v for k, v in movement_finalize(parts.sub("move")).items()})
         if replay is not None:
             metrics.update(
                 {
-                    f"route/native_vs_replayed/{k}": v
+                    route_key(NATIVE_VS_REPLAYED, k): v
                     for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()
                 }
             )
-            metrics["route/used_vs_cached/flip_rate"] = compare_finalize(parts.sub("used_vs_cached"))["flip_rate"]
+            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
@@ -400,12 +429,12 @@ class Trainer:
                 "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
                 "length": mask.sum(-1).float().sum(),
                 "rows": torch.tensor(len(rollout)),
-                "errors": torch.tensor(self.reward_metrics["reward/errors"], dtype=torch.float64),
+                "errors": torch.tensor(self.reward_metrics[REWARD_ERRORS], dtype=torch.float64),
             },
             maxima={
-                "time/rollout_s": torch.tensor(t1 - t0, dtype=torch.float64),
-                "time/old_logp_s": torch.tensor(t2 - t1, dtype=torch.float64),
-                "time/update_s": torch.tensor(t3 - t2, dtype=torch.float64),
+                TIME_ROLLOUT_S: torch.tensor(t1 - t0, dtype=torch.float64),
+                TIME_OLD_LOGP_S: torch.tensor(t2 - t1, dtype=torch.float64),
+                TIME_UPDATE_S: torch.tensor(t3 - t2, dtype=torch.float64),
             },
             rows={"rewards": rewards},
         ).add("margins", margin_parts(margins, old_routes.mask))
@@ -415,21 +444,21 @@ class Trainer:
         sums, all_rewards = parts.sums, parts.rows["rewards"]
         if rollout.routes is not None:
             metrics.update(
-                {f"route/rollout_vs_old/{k}": v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
+                {route_key(ROLLOUT_VS_OLD, k): v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
             )
         metrics.update(
             {
-                "reward/zero_var_group_frac": zero_variance_frac(all_rewards, cfg.rollout.group_size),
-                "reward/errors": sums["errors"].item(),
-                "reward/mean": all_rewards.mean().item(),
-                "reward/std": all_rewards.std(unbiased=False).item(),
+                REWARD_ZERO_VAR_GROUP_FRAC: zero_variance_frac(all_rewards, cfg.rollout.group_size),
+                REWARD_ERRORS: sums["errors"].item(),
+                REWARD_MEAN: all_rewards.mean().item(),
+                REWARD_STD: all_rewards.std(unbiased=False).item(),
                 **margin_finalize(parts.sub("margins")),
-                "rollout/logp_gap": sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
-                "rollout/token_mult_prob_error": (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
+                ROLLOUT_LOGP_GAP: sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
+                ROLLOUT_TOKEN_MULT_PROB_ERROR: (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
                 / sums["tokens"].clamp(min=1).item(),
-                "rollout/logp_gap_over_ln2": sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
-                "rollout/response_len": (sums["length"] / sums["rows"]).item(),
-                **{k: v.item() for k, v in parts.maxima.items() if k.startswith("time/")},
+                ROLLOUT_LOGP_GAP_OVER_LN2: sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
+                ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
+                **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
         if self.engine is not None:
@@ -444,8 +473,8 @@ class Trainer:
 
     def verdict(self) -> Verdict | None:
         """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.verdict)."""
-        zero_var = dict(self.history["reward/zero_var_group_frac"])
-        errors, means = dict(self.history["reward/errors"]), dict(self.history["reward/mean"])
+        zero_var = dict(self.history[REWARD_ZERO_VAR_GROUP_FRAC])
+        errors, means = dict(self.history[REWARD_ERRORS]), dict(self.history[REWARD_MEAN])
         steps = sorted(zero_var)
         cfg = self.cfg
         return run_verdict(
@@ -480,7 +509,7 @@ class Trainer:
             if passes.k
             else {}
         )
-        return {"task/accuracy": accuracy, **sampled, "time/eval_s": time.perf_counter() - t}
+        return {TASK_ACCURACY: accuracy, **sampled, TIME_EVAL_S: time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -556,8 +585,8 @@ class Trainer:
             if done == 0:
                 first = self.evaluate()
                 writer.log(0, first)
-                accuracy = first["task/accuracy"]
-                self.history["task/accuracy"].append((0, accuracy))  # the accuracy collapse trigger's baseline
+                accuracy = first[TASK_ACCURACY]
+                self.history[TASK_ACCURACY].append((0, accuracy))  # the accuracy collapse trigger's baseline
             seen_triggers = {e["trigger"] for e in writer.events}
             progress = Progress(
                 total=cfg.steps,

@@ -47,6 +47,23 @@ from moe_rl.analysis.stats import (
     paired_compare,
     wilson_interval,
 )
+from moe_rl.metric_names import (
+    FLIP_RATE,
+    RATIO_CLIPFRAC_HIGH,
+    RATIO_CLIPFRAC_LOW,
+    ROLLOUT_LOGP_GAP,
+    ROLLOUT_LOGP_GAP_OVER_LN2,
+    ROLLOUT_TOKEN_MULT_PROB_ERROR,
+    ROLLOUT_VS_OLD,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_FLIP_RATE,
+    ROUTE_SHIFT_MEAN,
+    ROUTE_TOKEN_FLIP_RATE,
+    TOKEN_FLIP_RATE,
+    layer_key,
+    offpolicy_key,
+    route_key,
+)
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 ALPHA = 0.05
@@ -54,10 +71,10 @@ COLLAPSE_MARGIN = 0.10  # collapse probability difference too small to matter
 ACCURACY_MARGIN = 0.05
 DRIFT_MARGIN = 0.10  # relative to the shallow model's drift
 PAPER_BAND = (0.05, 0.20)  # "~10% of activated experts change per update" (GSPO paper)
-SHIFT_KEY = "route/old_vs_new/shift/mean"  # gamma in (0, 1]: 1 = the router did not move (moe_rl.routing.router_shift)
-SHIFT_KEYS = (SHIFT_KEY + "/offpolicy", SHIFT_KEY)  # the off-policy mean (updates 2..N) where logged
+SHIFT_KEY = ROUTE_SHIFT_MEAN  # gamma in (0, 1]: 1 = the router did not move (moe_rl.routing.router_shift)
+SHIFT_KEYS = (offpolicy_key(SHIFT_KEY), SHIFT_KEY)  # the off-policy mean (updates 2..N) where logged
 SHIFT_AMOUNT = "router shift 1 - gamma"
-CLIP_KEYS = ("ratio/clipfrac_low", "ratio/clipfrac_high")
+CLIP_KEYS = (RATIO_CLIPFRAC_LOW, RATIO_CLIPFRAC_HIGH)
 MAX_LAG = 5
 GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
 N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)
@@ -114,7 +131,7 @@ def _p(p: float) -> str:
 
 UNTESTABLE = "untestable at this scale"
 FORECAST_TOLERANCE = 1.3  # predicted / measured on held-out design points that the forecast must meet
-FORECAST_EXPERT_KEY = "route/old_vs_new/expert_flip_frac/offpolicy"
+FORECAST_EXPERT_KEY = offpolicy_key(ROUTE_EXPERT_FLIP_FRAC)
 
 
 def claim_expert_drift(root: Path) -> Claim:
@@ -246,7 +263,7 @@ def _claim_expert_drift_power_law(root: Path) -> Claim:
         return c
     try:
         doc = json.loads(path.read_text())
-        m = doc["metrics"]["route/old_vs_new/expert_flip_frac/offpolicy"]
+        m = doc["metrics"][offpolicy_key(ROUTE_EXPERT_FLIP_FRAC)]
         pred, (lo, hi), r2 = float(m["predicted"]), (float(v) for v in m["ci"]), float(m["r2_holdout"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         c.reason = f"fit.json unreadable: {type(err).__name__}: {err}"
@@ -256,12 +273,12 @@ def _claim_expert_drift_power_law(root: Path) -> Claim:
     c.statistic = f"expert_flip_frac/offpolicy = {_pct(pred)} [{_pct(lo)}, {_pct(hi)}] (measured max {_pct(m.get('measured_max', math.nan))})"
     c.test = f"log-linear fit, held-out R² = {r2:.2f}"
     r3 = "(R3 paper, arXiv 2510.11370: ~10% of routers, ~94% of tokens)"
-    o = doc["metrics"].get("route/old_vs_new/flip_rate/offpolicy")
+    o = doc["metrics"].get(offpolicy_key(ROUTE_FLIP_RATE))
     if o:
         c.notes.append(f"flip_rate: {_pct(o['predicted'])} [{_pct(o['ci'][0])}, {_pct(o['ci'][1])}] {r3}")
     # a share of tokens cannot pass 100%: the per-layer rate under independent layers is the estimate,
     # and the power law in L alone is shown only to say where it stops making sense
-    o, t = doc["metrics"].get("route/old_vs_new/token_flip_rate/offpolicy"), doc.get("token_flip_from_layer_rate")
+    o, t = doc["metrics"].get(offpolicy_key(ROUTE_TOKEN_FLIP_RATE)), doc.get("token_flip_from_layer_rate")
     if t:
         raw = (
             f"; the power law in L alone gives {_pct(o['predicted'])}, which no share can reach"
@@ -868,7 +885,7 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
 
 
 def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
-    key = "route/old_vs_new/flip_rate/offpolicy"
+    key = offpolicy_key(ROUTE_FLIP_RATE)
     c = Claim(
         4,
         "Routing drift grows with depth",
@@ -890,7 +907,7 @@ def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
     info = df.drop_duplicates("run").set_index("run")
     frame = info[info["num_moe_layers"].isin([deep, shallow])].copy()
     frame["drift"] = _run_means(df, key)
-    frame["tokens"] = _run_means(df, "route/old_vs_new/token_flip_rate/offpolicy")  # NaN where not logged
+    frame["tokens"] = _run_means(df, offpolicy_key(ROUTE_TOKEN_FLIP_RATE))  # NaN where not logged
     on = [k for k in run_key_columns(df) if k not in ("run", "num_moe_layers", "num_layers")]
     frame = frame.reset_index()[[*on, "num_moe_layers", "drift", "tokens"]]
 
@@ -972,9 +989,8 @@ def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
             f"deeper models vs {_pct(tp[shallow].mean())} (more layers, more chances)."
         )
     # support: within the deepest runs, deeper half of the layers vs the shallower half
-    layer_keys = {
-        k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique() if k.startswith("route/old_vs_new/flip_rate/layer_")
-    }
+    layer_prefix = layer_key(ROUTE_FLIP_RATE, "")  # route/old_vs_new/flip_rate/layer_
+    layer_keys = {k: int(k.rsplit("_", 1)[1]) for k in df["key"].unique() if k.startswith(layer_prefix)}
     deep_runs = info.index[info["num_moe_layers"] == deep]
     if layer_keys and len(deep_runs) >= 2:
         sub = df[df["run"].isin(deep_runs) & df["key"].isin(layer_keys)]
@@ -994,11 +1010,11 @@ def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
 
 R3_PAPER_GAP = "~10% of routers and 94% of tokens route differently between inference and training (Qwen3-30B-A3B)"
 ENGINE_GAP_KEYS = (
-    "rollout/logp_gap",
-    "rollout/token_mult_prob_error",
-    "rollout/logp_gap_over_ln2",
-    "route/rollout_vs_old/flip_rate",
-    "route/rollout_vs_old/token_flip_rate",
+    ROLLOUT_LOGP_GAP,
+    ROLLOUT_TOKEN_MULT_PROB_ERROR,
+    ROLLOUT_LOGP_GAP_OVER_LN2,
+    route_key(ROLLOUT_VS_OLD, FLIP_RATE),
+    route_key(ROLLOUT_VS_OLD, TOKEN_FLIP_RATE),
 )
 
 

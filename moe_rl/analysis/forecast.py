@@ -14,6 +14,7 @@ Pure functions over the long-format frame of `load_results` and over arrays.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,12 +23,23 @@ import pandas as pd
 from moe_rl.analysis.drift import GEOMETRY, fit_drift
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.bins import MOVE_EDGES
+from moe_rl.metric_names import (
+    EXPERT_FLIP_FRAC,
+    FLIP_RATE,
+    FLIP_VS_MOVE_PREFIX,
+    ROUTE_EXPERT_FLIP_FRAC,
+    ROUTE_FLIP_RATE,
+    ROUTE_MOVE_RMS,
+    ROUTE_TOKEN_FLIP_RATE,
+    TOKEN_FLIP_RATE,
+    offpolicy_key,
+)
 
-MOVE_COUNT = r"^route/flip_vs_margin/move/(?P<kind>n|flips)/bin_(?P<bin>\d+)$"
-SIGMA_KEY = "route/old_vs_new/move/rms/offpolicy"
-FLIP_KEY = "route/old_vs_new/flip_rate/offpolicy"
-EXPERT_KEY = "route/old_vs_new/expert_flip_frac/offpolicy"
-TOKEN_KEY = "route/old_vs_new/token_flip_rate/offpolicy"
+MOVE_COUNT = rf"^{re.escape(FLIP_VS_MOVE_PREFIX)}(?P<kind>n|flips)/bin_(?P<bin>\d+)$"
+SIGMA_KEY = offpolicy_key(ROUTE_MOVE_RMS)
+FLIP_KEY = offpolicy_key(ROUTE_FLIP_RATE)
+EXPERT_KEY = offpolicy_key(ROUTE_EXPERT_FLIP_FRAC)
+TOKEN_KEY = offpolicy_key(ROUTE_TOKEN_FLIP_RATE)
 
 
 def move_counts(df: pd.DataFrame, *, start_step: int = 11) -> pd.DataFrame:
@@ -195,7 +207,7 @@ def simulate_flips(
         flipped = overlap < k
         out += [flipped.mean(), (1.0 - overlap / k).mean(), flipped.any(-1).mean()]
     out /= draws
-    return dict(zip(("flip_rate", "expert_flip_frac", "token_flip_rate"), out.tolist()))
+    return dict(zip((FLIP_RATE, EXPERT_FLIP_FRAC, TOKEN_FLIP_RATE), out.tolist()))
 
 
 def _topk_mask(x: np.ndarray, k: int) -> np.ndarray:
@@ -212,7 +224,7 @@ def scale_for_level(
     k: int,
     level: float,
     *,
-    key: str = "expert_flip_frac",
+    key: str = EXPERT_FLIP_FRAC,
     draws: int = 2,
     seed: int = 0,
 ) -> float:

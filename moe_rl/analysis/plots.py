@@ -18,7 +18,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from moe_rl.analysis.load import runs
-from moe_rl.metric_names import FLIP_RATE, RATIO_SEQ_VAR, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY, route_key
+from moe_rl.metric_names import (
+    FLIP_RATE,
+    OLD_VS_NEW,
+    RATIO_SEQ_VAR,
+    RATIO_TOKEN_VAR,
+    REWARD_MEAN,
+    TASK_ACCURACY,
+    route_key,
+)
 
 By = str | Sequence[str]
 BAND_NOTE = "mean over seeds, band = min–max"
@@ -140,7 +148,7 @@ def plot_metric(df: pd.DataFrame, key: str, *, by: By = "arm", logy: bool = Fals
     return fig
 
 
-def plot_flip_rate(df: pd.DataFrame, pair: str = "old_vs_new", *, metric: str = "flip_rate", by: By = "arm") -> Figure:
+def plot_flip_rate(df: pd.DataFrame, pair: str = OLD_VS_NEW, *, metric: str = FLIP_RATE, by: By = "arm") -> Figure:
     """Route flip rate vs step for one comparison pair (docs/design.md §3), one line per group."""
     key = route_key(pair, metric)
     _need(df, [key])
@@ -183,7 +191,7 @@ def _edges(centers: np.ndarray) -> np.ndarray:
 
 
 def plot_layer_heatmap(
-    df: pd.DataFrame, arm: str | Sequence[str] | None = None, *, pair: str = "old_vs_new", by: By = "arm"
+    df: pd.DataFrame, arm: str | Sequence[str] | None = None, *, pair: str = OLD_VS_NEW, by: By = "arm"
 ) -> Figure:
     """Per-layer flip rate as a (MoE layer x step) heatmap averaged over seeds, one panel per group.
 
@@ -236,7 +244,7 @@ def plot_layer_heatmap(
     return fig
 
 
-def plot_flip_by_position(df: pd.DataFrame, pair: str = "old_vs_new", *, by: By = "arm") -> Figure:
+def plot_flip_by_position(df: pd.DataFrame, pair: str = OLD_VS_NEW, *, by: By = "arm") -> Figure:
     """Flip rate by response-position bucket (run mean over steps, then mean/min–max over seeds)."""
     pos_of = _indexed_keys(df, route_key(pair, FLIP_RATE), "pos")
     if not pos_of:
