@@ -27,6 +27,9 @@ from moe_rl.metric_names import (
     RATIO_SEQ_VAR,
     RATIO_TOKEN_MAX,
     RATIO_TOKEN_VAR,
+    ROLLOUT_LOGP_GAP,
+    ROLLOUT_LOGP_GAP_OVER_LN2,
+    ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROUTE_MARGIN_MEAN,
     ROUTE_MARGIN_P10,
 )
@@ -104,7 +107,7 @@ def rollout_gap_stats(*, rollout_logp: Tensor, train_logp: Tensor, mask: Tensor)
     valid = mask.bool()
     n = max(int(valid.sum()), 1)
     return {
-        "rollout/logp_gap": float((gap * valid).sum()) / n,
-        "rollout/token_mult_prob_error": float((gap.exp() * valid).sum() + (n - int(valid.sum()))) / n,
-        "rollout/logp_gap_over_ln2": float(((gap > math.log(2)) & valid).sum()) / n,
+        ROLLOUT_LOGP_GAP: float((gap * valid).sum()) / n,
+        ROLLOUT_TOKEN_MULT_PROB_ERROR: float((gap.exp() * valid).sum() + (n - int(valid.sum()))) / n,
+        ROLLOUT_LOGP_GAP_OVER_LN2: float(((gap > math.log(2)) & valid).sum()) / n,
     }

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from moe_rl.metric_names import KL_REF_K3, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
+from moe_rl.metric_names import KL_REF_K3, LOSS, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
 
 AGG_MODES = ("seq-mean-token-mean", "token-mean")
 
@@ -124,9 +124,9 @@ def _add_kl(
 def _to_floats(metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str) -> LossMetrics:
     """The metrics as floats (one transfer) with their denominators: `policy` for the loss, `clip` for the
     clip fractions, the KL term's by `agg`."""
-    counts = {"loss": policy, "loss/policy": policy, "ratio/clipfrac_low": clip, "ratio/clipfrac_high": clip}
-    if "kl/ref_k3" in metrics:
-        counts["kl/ref_k3"] = _agg_count(mask, agg)
+    counts = {LOSS: policy, LOSS_POLICY: policy, RATIO_CLIPFRAC_LOW: clip, RATIO_CLIPFRAC_HIGH: clip}
+    if KL_REF_K3 in metrics:
+        counts[KL_REF_K3] = _agg_count(mask, agg)
     values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
     return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])))
 

@@ -1347,7 +1347,7 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
     return out
 
 
-SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling")
+SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling", "drift_forecast", "engine_mismatch")
 PAPER_SCALE = (
     "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
 )
@@ -1382,6 +1382,8 @@ def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPE
                     "task": task.get("name"),
                     "steps": doc.get("steps"),
                     "device": doc.get("device"),
+                    "engine": (doc.get("rollout") or {}).get("engine", "hf"),
+                    "rollout_dtype": (doc.get("rollout") or {}).get("dtype"),
                 }
             )
     if not rows:
@@ -1391,12 +1393,20 @@ def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPE
     families = ", ".join(sorted(f["family"].dropna().astype(str).unique()))
     tasks = ", ".join(f"`{t}`" for t in sorted(f["task"].dropna().astype(str).unique()))
     devices = ", ".join(sorted(f["device"].dropna().astype(str).unique()))
+    engine = f[f["engine"] == "vllm"]
+    engine_text = (
+        f"; the rollouts of {', '.join(sorted(engine['experiment'].unique()))} come from an in-process vLLM engine "
+        f"(CPU build) in {', '.join(sorted(engine['rollout_dtype'].dropna().astype(str).unique()))}, the others from "
+        "the harness's own sampling (`moe_rl.rollout`)"
+        if len(engine)
+        else ""
+    )
     return (
         f"**Scale.** Every verdict below comes from tiny models on a synthetic task, not from the papers' models: "
         f"{families} with hidden size {_span(f['hidden'])}, {_span(f['layers'])} layers, {_span(f['experts'])} "
         f"experts and top-{_span(f['top_k'])} routing, trained with RL for {_span(f['steps'])} steps per run on "
         f"{tasks} (a synthetic task with an exact reward) from a supervised cold start, on {devices} "
-        f"({len(f)} runs: {counts}). The papers' numbers come from models such as {PAPER_SCALE}. A verdict says "
+        f"({len(f)} runs: {counts}){engine_text}. The papers' numbers come from models such as {PAPER_SCALE}. A verdict says "
         "what happens at this scale; it does not refute a result measured at the papers' scale."
     )
 
