@@ -142,6 +142,7 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer shares this process's threads
+        launch_env = {key: os.environ.get(key) for key in LAUNCH_ENV}  # importing LLM already sets some
         from vllm import LLM
 
         layers = find_moe_layers(model)
@@ -152,7 +153,6 @@ class VllmEngine:
         self.dir = Path(tempfile.mkdtemp(prefix="moe_rl_engine_"))
         model.save_pretrained(self.dir)
         set_threads = torch.set_num_threads  # the CPU worker disables it process-wide after binding threads
-        launch_env = {key: os.environ.get(key) for key in LAUNCH_ENV}
         try:
             with torch.random.fork_rng(devices=[]):  # the engine seeds the global RNGs; the trainer's stay
                 self.llm = LLM(

@@ -624,7 +624,7 @@ class Trainer:
                 status = verdict.status
                 log.warning("run %s: %s", status, verdict.reason)
                 note_meta(writer.dir / "meta.json", "warnings", f"{status}: {verdict.reason}")
-            if cfg.keep_checkpoint and not self.dist.active:  # the final weights, for `python -m moe_rl.export`
+            if cfg.keep_checkpoint:  # the final weights (every world: Dist.save), for `python -m moe_rl.export`
                 self.save(step)
             writer.flush(status, step, time.perf_counter() - start, reason=verdict.reason if verdict else None)
         except RunDirectoryError:  # another run's folder: left as it is

@@ -88,7 +88,12 @@ def test_long_run_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     peak, now = numbers_after("step     2: peak RSS", out)
     assert peak >= now > 0
-    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] in ("completed", "collapsed")
+    # a one-step cold start earns no reward, so the run says `no_signal`
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] in (
+        "completed",
+        "collapsed",
+        "no_signal",
+    )
 
 
 def test_trl_vs_harness(capsys: pytest.CaptureFixture[str]) -> None:
