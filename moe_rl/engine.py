@@ -117,8 +117,7 @@ LAUNCH_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-)
+)  # (LD_LIBRARY_PATH is extended by OpenCV when vLLM first imports it, mid-generate; a path, left alone)
 
 
 class VllmEngine:
