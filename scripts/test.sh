@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export EXTRAS="${EXTRAS-vllm}"
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+# Two pytest workers (pytest-xdist): most tests wait on subprocesses and imports, so two share 2 cores
+# well; TEST_WORKERS=0 runs in one process.
+exec .venv/bin/python -m pytest -q -n "${TEST_WORKERS:-2}" "$@"

@@ -236,16 +236,14 @@ def test_plots_return_figures(df: pd.DataFrame, results: Path) -> None:
         analysis.plot_flip_rate(df, pair="nope")
 
 
-def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
+def test_report_cli_writes_all_files(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m moe_rl.report RESULTS --out OUT --by arm`, run in-process (the module entry point itself
+    is run as a subprocess by test_claims)."""
+    from moe_rl.report import main
+
     out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "moe_rl.report", str(results), "--out", str(out), "--by", "arm"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    assert main([str(results), "--out", str(out), "--by", "arm"]) == 0
+    stdout = capsys.readouterr().out
     expected = [
         "summary.md",
         "summary.csv",
@@ -257,7 +255,7 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path) -> None:
         "reward_accuracy.png",
     ]
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)  # no temporary files left behind
-    assert {Path(line).name for line in proc.stdout.split()} == set(expected)
+    assert {Path(line).name for line in stdout.split()} == set(expected)
     for name in expected:
         assert (out / name).stat().st_size > 0
     assert (out / "flip_rate.png").read_bytes()[:4] == b"\x89PNG"
