@@ -190,7 +190,7 @@ class TrainConfig:
 
 
 # Keys that do not change what a run computes: excluded from its identity (`config_hash`).
-_NOT_IDENTITY = (
+NOT_IDENTITY = (
     "out_dir",
     "results_dir",
     "experiment",
@@ -250,7 +250,7 @@ def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
 
 def config_hash(cfg: TrainConfig) -> str:
     """Identity of what a run computes: resuming or skipping a run directory requires it to match."""
-    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY})
+    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in NOT_IDENTITY})
     spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

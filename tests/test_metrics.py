@@ -231,11 +231,11 @@ def test_relative_keeps_nonfinite_and_entropy_triggers():
 
 
 def test_collapse_config_hash_unchanged_by_new_defaults():
-    from moe_rl.config import _NOT_IDENTITY, TrainConfig, config_hash, identity_spec
+    from moe_rl.config import NOT_IDENTITY, TrainConfig, config_hash, identity_spec
 
     cfg = TrainConfig()
     before = config_hash(cfg)
-    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in _NOT_IDENTITY})
+    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in NOT_IDENTITY})
     # the keys of the relative definition stay out of a run's identity at their defaults, so the
     # shipped run folders (hashed before they existed) keep theirs
     assert set(spec["collapse"]) == {

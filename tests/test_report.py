@@ -27,6 +27,10 @@ def test_report_keeps_runs_of_other_configs_apart_and_flags_unpoolable_groups(tm
     dirs = make_fake_results(tmp_path / "runs", arms=("grpo+r2",), seeds=(0, 1, 2, 3), steps=6, collapse=None)
     for run_dir in dirs[2:]:  # seeds 2 and 3 scored with another reward: not the same experiment
         (run_dir / "config.yaml").write_text((run_dir / "config.yaml").read_text() + "reward: numeric\n")
+    # seed 1 added later as a declared extension: the same run config, so it pools (moe_rl.config.NOT_IDENTITY)
+    (dirs[1] / "config.yaml").write_text(
+        (dirs[1] / "config.yaml").read_text() + "analysis:\n  extends: compare\n  look: 2\n"
+    )
     copy = tmp_path / "runs" / "again" / "seed_0"  # seed 0 of the first config, run twice
     shutil.copytree(dirs[0], copy)
     frame = pd.read_parquet(copy / "metrics.parquet")

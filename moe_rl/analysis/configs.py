@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.load import run_key_columns, runs
-from moe_rl.config import identity_spec
+from moe_rl.config import NOT_IDENTITY, identity_spec
 
 # config keys a run key column already shows (moe_rl.train.run_keys)
 SHOWN_BY_RUN_KEYS = {
@@ -34,24 +34,8 @@ SHOWN_BY_RUN_KEYS = {
     "model.num_experts": "num_experts",
     "model.top_k": "top_k",
 }
-# config keys that do not change what a run computes (moe_rl.config._NOT_IDENTITY), and the seed
-NOT_COMPARED = (
-    "out_dir",
-    "results_dir",
-    "experiment",
-    "dry_run",
-    "progress",
-    "threads",
-    "checkpoint_every",
-    "keep_checkpoint",
-    "logger",
-    "log_every",
-    "dist",
-    "signal",
-    "seed",
-    "cold_start.cache_dir",
-    "device",
-)
+# config keys that do not change what a run computes (excluded from its identity), and the seed
+NOT_COMPARED = (*NOT_IDENTITY, "seed", "cold_start.cache_dir", "device")
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
