@@ -272,9 +272,10 @@ class Trainer:
         cfg = self.cfg
         t = time.perf_counter()
         synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
-        if self.engine_synced is None or synced:
+        if synced:
             self.engine.sync(self.policy)
             self.engine_synced = step
+        assert self.engine_synced is not None  # synced on the first step of every process
         sync_s = time.perf_counter() - t
         rows = len(prompts) * cfg.rollout.group_size
         rollout = self.engine.generate(
