@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def main(cfg: DictConfig) -> str:
 
 
 if __name__ == "__main__":
+    os.environ["MOE_RL_COMMAND"] = shlex.join(sys.argv)  # meta.json's command, in every sweep worker
     sys.argv = named_experiment_args(sys.argv, Path(__file__).parent / "conf")  # experiment=NAME needs no file
     if int(os.environ.get("RANK", "0")) > 0:  # torchrun's other ranks: rank 0 alone writes the run directory
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]

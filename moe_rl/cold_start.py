@@ -63,10 +63,17 @@ def load_tokenizer(path: str | Path, info: dict | None = None) -> PreTrainedToke
     return tokenizer
 
 
-def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, data_hash: str | None = None) -> str:
+def cold_start_key(
+    model: ModelConfig,
+    task: TaskConfig,
+    cold: ColdStartConfig,
+    data_hash: str | None = None,
+    *,
+    numerics: str = "native",
+) -> str:
     """Hash of everything that determines the cold-start weights (not the RL seed or arm): model,
     task and cold-start config, the data's content hash, the starting checkpoint's files, the
-    tokenizer vocabulary and the library versions."""
+    tokenizer vocabulary, the library versions and pinned numerics (a pinned run trains its own)."""
     import transformers
 
     from moe_rl.config import identity_spec
@@ -82,6 +89,8 @@ def cold_start_key(model: ModelConfig, task: TaskConfig, cold: ColdStartConfig, 
     spec["versions"] = [torch.__version__, transformers.__version__]
     if data_hash is not None:
         spec["data"] = data_hash
+    if numerics != "native":
+        spec["numerics"] = numerics
     if cold_start_patience(cold, task):  # the stopping rule shapes the weights (absent where it never stops)
         spec["cold_start"]["patience"] = cold_start_patience(cold, task)
     if model.checkpoint:
@@ -262,11 +271,13 @@ def _train_cold_start(
     return model, tokenizer, info
 
 
-def expected_key(model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig) -> str:
+def expected_key(
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, *, numerics: str = "native"
+) -> str:
     """The `key` that `get_cold_start` will record for this config, computed without loading anything."""
     if model_cfg.checkpoint and cold.mode in ("auto", "none"):
         return f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}"
-    return cold_start_key(model_cfg, task_cfg, cold, data_hash_of(task_cfg))
+    return cold_start_key(model_cfg, task_cfg, cold, data_hash_of(task_cfg), numerics=numerics)
 
 
 def cold_start_patience(cold: ColdStartConfig, task_cfg: TaskConfig) -> int:
@@ -294,7 +305,7 @@ def cold_start_stop(accuracies: list[float], low: float, patience: int) -> str |
 
 
 def get_cold_start(
-    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, *, numerics: str = "native"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """The starting policy and its tokenizer: a checkpoint as it is (`cold_start.mode` auto or none),
     else the cached warm-up (trained once, under a file lock shared by parallel runs)."""
@@ -312,7 +323,7 @@ def get_cold_start(
     root = Path(cold.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     data_hash = data_hash_of(task_cfg)
-    key = cold_start_key(model_cfg, task_cfg, cold, data_hash)
+    key = cold_start_key(model_cfg, task_cfg, cold, data_hash, numerics=numerics)
     path = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

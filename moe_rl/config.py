@@ -14,12 +14,13 @@ from typing import Any
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.runio import NUMERICS
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
 REPLAY_MODES = ("none", "r2", "r3")
 COLD_START_MODES = ("auto", "sft", "none")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence tests bound by rounding
 ENGINES = ("hf", "vllm")
 
 
@@ -165,6 +166,7 @@ class TrainConfig:
     fault_nan_step: int | None = None  # testing hook: corrupt a router weight with NaN at this step
     device: str = "cpu"
     threads: int | None = None
+    numerics: str = "native"  # avx2: the kernel paths every AVX2 x86 CPU takes alike (bitwise reruns across CPUs)
     progress: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -230,6 +232,7 @@ _ADDED_DEFAULTS = {
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
 }
+_ADDED_TOP = {"numerics": "native"}  # top-level keys added later, left out while at their default
 _ADDED_SECTIONS = ("pass_at_k",)  # sections added later: left out entirely while every key is at its default
 
 
@@ -237,7 +240,11 @@ def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """`cfg_dict` without keys at the defaults in `_ADDED_DEFAULTS` and task kwargs at their defaults."""
     from moe_rl.tasks import explicit_task_kwargs
 
-    spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg_dict.items()}
+    spec = {
+        k: (dict(v) if isinstance(v, dict) else v)
+        for k, v in cfg_dict.items()
+        if k not in _ADDED_TOP or v != _ADDED_TOP[k]
+    }
     for section, defaults in _ADDED_DEFAULTS.items():
         if isinstance(spec.get(section), dict):
             spec[section] = {k: v for k, v in spec[section].items() if k not in defaults or v != defaults[k]}
@@ -294,6 +301,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
     _one_of("task.name", cfg.task.name, [*TASKS, "dataset"])
     _one_of("model.dtype", cfg.model.dtype, DTYPES)
+    _one_of("numerics", cfg.numerics, NUMERICS)
+    if cfg.numerics != "native" and cfg.device != "cpu":
+        raise ValueError(f"numerics={cfg.numerics!r} pins CPU kernels; on device={cfg.device!r} use numerics=native")
+    if "float64" in (cfg.model.dtype, cfg.rollout.dtype) and (
+        cfg.model.family in BACKENDS or cfg.rollout.engine != "hf"
+    ):
+        raise ValueError(
+            "float64 runs on the transformers model with rollout.engine=hf only (vLLM and MegaBlocks have no float64 kernels)"
+        )
     _one_of("cold_start.mode", cfg.cold_start.mode, COLD_START_MODES)
     _one_of("task.chat_template", str(cfg.task.chat_template).lower(), CHAT_TEMPLATE_MODES)
     if cfg.task.n_train is None and cfg.task.name != "dataset":

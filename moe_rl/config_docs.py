@@ -33,6 +33,9 @@ MEANINGS = {
     "eval_size": "held-out examples evaluated (at most `task.n_eval`)",
     "device": "`cpu`, `cuda` or `cuda:K`",
     "threads": "torch CPU threads (None: torch's default)",
+    "numerics": "native: the CPU's own kernels (fastest; the last bits differ between instruction sets); avx2: "
+    "the kernels every AVX2 x86 CPU runs alike (ATen, MKL CNR, oneDNN pinned), so reruns are bitwise equal "
+    "across such CPUs",
     "progress": "a progress bar for an interactive single run; false: log lines every `log_every` steps",
     "model.family": "MoE family of the built model (qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, gpt_oss; "
     "megablocks on CUDA), or of `model.checkpoint`",

@@ -35,6 +35,7 @@ from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, DEFINIT
 from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
+from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
 from moe_rl.atomic import write_atomic
 from moe_rl.metric_names import ROUTE_SHIFT_MEAN
 
@@ -268,6 +269,8 @@ def build_markdown(
         "",
         _runs_line(df, by, root),
         "",
+        provenance_line(load_provenance(root)),
+        "",
         *([grouping_line, ""] if grouping_line else []),
         "Per-run means over all steps (old-vs-new route flips, ratio statistics before clipping), then "
         "mean ± 95% Student-t half-width across seeds. " + VARIANT_TEXT[variant] + " Final accuracy is each run's "
@@ -376,8 +379,28 @@ def write_claims(root: Path, out: Path | None = None) -> Path:
     path = (out or root) / "CLAIMS.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = analysis.format_claims_markdown(analysis.evaluate_claims(root), root)
+    text = text.rstrip("\n") + "\n\n" + "\n".join(_provenance_section(root)) + "\n"
     write_atomic(path, lambda f: f.write(text.encode()))
     return path
+
+
+def _provenance_section(root: Path) -> list[str]:
+    """The commits each result folder's runs came from (their meta.json), for CLAIMS.md."""
+    lines = [
+        "## Provenance",
+        "",
+        "The commits each folder's runs were made by (meta.json; runs that recorded none name the commit that "
+        "shipped them). Reruns on another CPU agree bitwise only for runs with `numerics=avx2`; see the README "
+        "(Reproducing a result).",
+        "",
+        "| folder | runs | commits |",
+        "|---|---|---|",
+    ]
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        frame = load_provenance(folder)
+        if len(frame):
+            lines.append(f"| {folder.name} | {len(frame)} | {', '.join(f'`{c}`' for c in commits(frame)) or '—'} |")
+    return lines
 
 
 def write_collapse_definitions(

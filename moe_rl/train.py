@@ -93,6 +93,7 @@ from moe_rl.runio import (
     RunDirectoryError,
     check_run_dir,
     note_meta,
+    pin_numerics,
     read_status,
     rng_state,
     set_rng_state,
@@ -172,6 +173,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg = dataclasses.replace(validate(cfg), out_dir=run_dir(cfg))
+        pin_numerics(cfg.numerics)  # before torch computes anything
         self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # a world of size 1 without torchrun
         self.dist.check(cfg.rollout.prompts_per_step, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
         refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
@@ -184,7 +186,9 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.task = setup_task(cfg.task, cfg.cold_start.seed)  # data and reward checked before the cold start
-        self.policy, self.tokenizer, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+        self.policy, self.tokenizer, self.cold_info = get_cold_start(
+            cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
+        )
         self.policy.to(cfg.device)
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
@@ -572,7 +576,9 @@ class Trainer:
         try:
             step = last = done = self.resume()  # refuses a directory of another config before writing into it
             writer.write_config(cfg.to_dict())
-            writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, **self.dist.meta())
+            writer.write_meta(
+                cold_start=self.cold_info, resumed_after_step=done, numerics=cfg.numerics, **self.dist.meta()
+            )
             if self.dist.is_writer:  # live backends on rank 0 only, like the run folder
                 writer.backends = open_loggers(
                     cfg.logger,
@@ -657,7 +663,7 @@ def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
         run_dir(cfg),
         config_hash=config_hash(cfg),
         world_size=world_size,
-        cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start),
+        cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics),
     )
 
 

@@ -142,14 +142,15 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
 BACKENDS = ("megablocks",)
 
 
-def default_experts_implementation() -> str:
+def default_experts_implementation(dtype: torch.dtype = torch.float32) -> str:
     """Fastest correct experts kernel, measured by `benchmarks/experts_impl.py`.
 
     On CPU `grouped_mm` matches `eager` bitwise and is 0.9x its time, while `batched_mm`, which
     materialises one weight matrix per (token, slot), is 12-27x slower. On CUDA `grouped_mm` is
     the fused kernel (transformers itself switches to `batched_mm` inside `generate` there).
+    `grouped_mm` has no float64 kernel: float64 models (equivalence tests) take `eager`.
     """
-    return "grouped_mm"
+    return "eager" if dtype == torch.float64 else "grouped_mm"
 
 
 def family_config(family: str = "qwen3_moe", **overrides: Any) -> PretrainedConfig:
@@ -187,7 +188,7 @@ def build_model(
 
         return build_megablocks_model(seed=seed, dtype=dtype, **config_overrides)
     config = family_config(family, **config_overrides)
-    impl = experts_implementation or default_experts_implementation()
+    impl = experts_implementation or default_experts_implementation(dtype)
     if impl not in EXPERTS_IMPLEMENTATIONS:
         raise ValueError(f"unknown experts_implementation {impl!r}; valid: {list(EXPERTS_IMPLEMENTATIONS)}")
     config._experts_implementation = impl
@@ -232,7 +233,7 @@ def load_model(
         from moe_rl.models.megablocks import load_megablocks_model
 
         return load_megablocks_model(source, dtype=dtype)
-    kwargs: dict[str, Any] = {"experts_implementation": experts_implementation or default_experts_implementation()}
+    kwargs: dict[str, Any] = {"experts_implementation": experts_implementation or default_experts_implementation(dtype)}
     if config.model_type == "gpt_oss":  # attention sinks have no SDPA path
         kwargs["attn_implementation"] = "eager"
     try:

@@ -1,0 +1,82 @@
+"""Where a folder of runs came from: the commits, CPUs, kernel sets and versions their meta.json record.
+
+A run's last bits depend on the CPU kernels torch dispatches to (chosen by instruction set) unless it ran
+with `numerics=avx2`, so a report names them beside the commits; see the README (Reproducing a result).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = ["run", "git_sha", "git_dirty", "shipped_in", "cpu", "capability", "numerics", "torch", "transformers"]
+
+
+def load_provenance(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run folder under `results_dir` (a folder holding meta.json) with what made it; runs
+    written before a field was recorded have None there."""
+    rows = []
+    root = Path(results_dir)
+    for meta_path in sorted(root.rglob("meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        cpu = meta.get("cpu") or {}
+        env = cpu.get("env") or {}
+        versions = meta.get("versions") or {}
+        sha = meta.get("git_sha")
+        rows.append(
+            {
+                "run": meta_path.parent.relative_to(root).as_posix(),
+                "git_sha": None if sha in (None, "unknown") else sha,
+                "git_dirty": meta.get("git_dirty"),
+                "shipped_in": meta.get("shipped_in"),
+                "cpu": cpu.get("model"),
+                "capability": cpu.get("capability"),
+                "numerics": meta.get("numerics")
+                or ("avx2" if env.get("ATEN_CPU_CAPABILITY") == "avx2" and "MKL_CBWR" in env else "native"),
+                "torch": versions.get("torch"),
+                "transformers": versions.get("transformers"),
+            }
+        )
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _counted(values: pd.Series, short: int | None = None) -> str:
+    counts = Counter(str(v)[:short] if short else str(v) for v in values.dropna())
+    return ", ".join(f"`{v}` ({n})" if short else f"{v} ({n})" for v, n in sorted(counts.items()))
+
+
+def provenance_line(frame: pd.DataFrame) -> str:
+    """One sentence for a report: commits (runs each), dirty trees, CPUs and kernel sets, versions."""
+    if frame.empty:
+        return "Provenance: no run records a meta.json."
+    parts = []
+    known = frame["git_sha"].notna()
+    if known.any():
+        parts.append(f"commits {_counted(frame.loc[known, 'git_sha'], 7)}")
+        dirty = int(frame["git_dirty"].eq(True).sum())
+        if dirty:
+            parts.append(f"{dirty} of them from a tree with uncommitted changes")
+    if (~known).any():
+        shipped = _counted(frame.loc[~known, "shipped_in"], 7)
+        parts.append(
+            f"{int((~known).sum())} run(s) recorded no commit"
+            + (f" (shipped in {shipped}: made by that code or earlier)" if shipped else "")
+        )
+    if frame["cpu"].notna().any():
+        parts.append(f"CPUs {_counted(frame['cpu'])}")
+    if frame["capability"].notna().any():
+        parts.append(f"torch kernels {_counted(frame['capability'])}, numerics {_counted(frame['numerics'])}")
+    parts.append(f"torch {_counted(frame['torch'])}, transformers {_counted(frame['transformers'])}")
+    return "Provenance (meta.json): " + "; ".join(parts) + "."
+
+
+def commits(frame: pd.DataFrame) -> list[str]:
+    """The distinct commits (short) behind the runs, recorded or shipped-in."""
+    shas = pd.concat([frame["git_sha"], frame["shipped_in"]]).dropna().astype(str).str[:7]
+    return sorted(set(shas))

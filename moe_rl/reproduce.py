@@ -1,0 +1,202 @@
+"""Rerun a sample of a shipped experiment's runs and say whether they reproduce.
+
+    python -m moe_rl.reproduce RESULTS_DIR [--runs K] [--out DIR] [--jobs J]
+
+Picks K finished runs across the folder's cells and arms (one per group in turn, lowest seed first),
+reruns each with its recorded `config.yaml` in a fresh process (its own cold start, in a cache of its
+own), and prints per run and outcome: shipped, rerun, their difference and the seed-level spread of
+that outcome among the shipped runs of the same group.
+
+What to expect (README, Reproducing a result): a run with `numerics=avx2` reruns bitwise on any x86 CPU
+with AVX2 and the same library versions; a `native` run reruns bitwise only on a CPU of the same kernel
+set, and elsewhere diverges from the last bit on, so that its rerun is, at worst, another draw from the
+distribution the seeds sample. The test is that worst case: each |shipped - rerun| must lie within
+z * sqrt(2) * sd_seed, z the two-sided normal quantile at 0.05 Bonferroni-corrected over all comparisons
+(the difference of two independent draws has variance 2 sd^2). The last line says which holds; the
+exit status is 0 when the reruns are bitwise equal or within seed variation, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from statistics import NormalDist
+
+import pandas as pd
+
+OUTCOMES = ("start_accuracy", "final_accuracy", "reward_auc", "token_var", "flip_rate")
+GROUP_EXCLUDE = ("run", "seed")
+
+
+def finished_runs(results_dir: Path) -> pd.DataFrame:
+    """Outcomes of every finished run under `results_dir` (run, run_dir, run keys, OUTCOMES)."""
+    from moe_rl import analysis
+    from moe_rl.analysis.load import INCOMPLETE_STATUSES, run_key_columns
+
+    df = analysis.load_results(results_dir)
+    outcomes = analysis.run_outcomes(df).set_index("run")
+    for name in ("token_var", "flip_rate"):
+        outcomes[name] = analysis.variant_per_run(df, analysis.SUMMARY_METRICS[name], "auto")
+    outcomes = outcomes.reset_index()
+    outcomes = outcomes[~outcomes["status"].isin(INCOMPLETE_STATUSES)].reset_index(drop=True)
+    outcomes.attrs["groups"] = group_columns(outcomes, run_key_columns(df))
+    return outcomes
+
+
+def group_columns(outcomes: pd.DataFrame, keys: list[str]) -> list[str]:
+    """The run keys among `keys` that vary across runs, except the seed: one group = one cell and arm."""
+    keys = [c for c in keys if c not in GROUP_EXCLUDE and c in outcomes]
+    return [c for c in keys if outcomes[c].astype(str).nunique() > 1]
+
+
+def choose(outcomes: pd.DataFrame, k: int, groups: list[str]) -> pd.DataFrame:
+    """K runs spread over the groups: each group's lowest seed first, then the next seeds in turn."""
+    ranked = outcomes.sort_values([*groups, "seed"] if groups else ["seed"]).copy()
+    ranked["turn"] = ranked.groupby(groups).cumcount() if groups else range(len(ranked))
+    return ranked.sort_values(["turn", *groups]).head(k).drop(columns="turn").reset_index(drop=True)
+
+
+def rerun(config_path: str, out_dir: str, cache_dir: str) -> str:
+    """One run from a recorded config.yaml into `out_dir` (runs in a fresh process: numerics pin there)."""
+    from omegaconf import OmegaConf
+
+    from moe_rl.config import TrainConfig
+    from moe_rl.train import train
+
+    recorded = OmegaConf.to_container(OmegaConf.load(config_path))
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{config_path} is not a run config (a mapping)")
+    recorded = {k: v for k, v in recorded.items() if k not in ("out_dir", "results_dir")}
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), recorded))
+    assert isinstance(cfg, TrainConfig)
+    cfg = dataclasses.replace(
+        cfg,
+        out_dir=out_dir,
+        progress=False,
+        cold_start=dataclasses.replace(cfg.cold_start, cache_dir=cache_dir),
+    )
+    return str(train(cfg)["status"])
+
+
+def _rerun_process(config_path: str, out_dir: str, cache_dir: str) -> str:
+    """`rerun` in a fresh interpreter (numerics=avx2 pins there); its status, or why it failed."""
+    code = "import sys; from moe_rl.reproduce import rerun; print(rerun(*sys.argv[1:]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, config_path, out_dir, cache_dir], capture_output=True, text=True, check=False
+    )
+    if out.returncode:
+        return f"failed ({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})"
+    return out.stdout.strip().splitlines()[-1]
+
+
+def compare(shipped: pd.DataFrame, reruns: pd.DataFrame, spread: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Long table: run, outcome, shipped, rerun, diff, sd_seed, bound, within."""
+    rows = []
+    for run in reruns.index:
+        for name in OUTCOMES:
+            a, b = shipped.loc[run, name], reruns.loc[run, name]
+            if pd.isna(a) and pd.isna(b):
+                continue
+            rows.append({"run": run, "outcome": name, "shipped": a, "rerun": b, "sd_seed": spread.loc[run, name]})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    z = NormalDist().inv_cdf(1 - alpha / (2 * len(table)))
+    table["diff"] = table["rerun"] - table["shipped"]
+    table["bitwise"] = table["rerun"] == table["shipped"]
+    table["bound"] = z * 2**0.5 * table["sd_seed"]
+    table["within"] = table["bitwise"] | (table["diff"].abs() <= table["bound"])
+    table.attrs["z"] = z
+    return table
+
+
+def seed_spread(outcomes: pd.DataFrame, chosen: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
+    """Per chosen run, the standard deviation of each outcome across the shipped seeds of its group."""
+    rows = {}
+    for _, row in chosen.iterrows():
+        same = outcomes
+        for c in groups:
+            same = same[same[c].astype(str) == str(row[c])]
+        rows[row["run"]] = {name: same[name].std(ddof=1) if len(same) > 1 else float("nan") for name in OUTCOMES}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def verdict_line(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "NOTHING TO COMPARE: no outcome was logged by both the shipped runs and the reruns"
+    if table["bitwise"].all():
+        return f"REPRODUCED BITWISE: all {len(table)} outcomes equal to the last bit"
+    untestable = table["sd_seed"].isna() & ~table["bitwise"]
+    outside = table[~table["within"] & ~untestable]
+    head = (
+        f"{len(table)} outcomes of {table['run'].nunique()} runs; bitwise equal {int(table['bitwise'].sum())}; "
+        f"test |diff| <= {table.attrs.get('z', float('nan')):.2f} * sqrt(2) * sd_seed"
+    )
+    if len(outside):
+        listed = ", ".join(f"{r.run}:{r.outcome}" for r in outside.itertuples())
+        return f"NOT WITHIN SEED VARIATION ({head}): {listed}"
+    if untestable.any():
+        return (
+            f"WITHIN SEED VARIATION where testable ({head}); {int(untestable.sum())} without a seed spread (one seed)"
+        )
+    return f"WITHIN SEED VARIATION ({head})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moe_rl.reproduce", description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", type=Path, help="a shipped results folder (searched for runs)")
+    parser.add_argument("--runs", type=int, default=3, help="runs to rerun, spread over cells and arms (default 3)")
+    parser.add_argument("--out", type=Path, default=None, help="where reruns go (default runs/reproduce/<folder>)")
+    parser.add_argument("--cache", type=Path, default=Path(".cache/reproduce"), help="cold-start cache of the reruns")
+    parser.add_argument("--jobs", type=int, default=1, help="reruns in parallel (one process each)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    try:
+        outcomes = finished_runs(args.results_dir)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if outcomes.empty:
+        print(f"error: no finished run under {args.results_dir}", file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / "reproduce" / args.results_dir.resolve().name
+    groups = outcomes.attrs["groups"]
+    chosen = choose(outcomes, args.runs, groups)
+    jobs: dict[str, tuple[str, str, str]] = {}
+    for run, run_dir in zip(chosen["run"], chosen["run_dir"]):
+        config = Path(run_dir) / "config.yaml"
+        if not config.is_file():
+            print(f"error: {run_dir} has no config.yaml to rerun", file=sys.stderr)
+            return 2
+        jobs[run] = (str(config), str(out / run), str(args.cache.absolute()))
+    print(f"rerunning {len(jobs)} of {len(outcomes)} runs of {args.results_dir} into {out}:", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each rerun in a process of its own
+        futures = {pool.submit(_rerun_process, *job): run for run, job in jobs.items()}
+        for future in concurrent.futures.as_completed(futures):
+            print(f"  {futures[future]}: {future.result()}", flush=True)
+    try:
+        reruns = finished_runs(out).set_index("run")
+    except FileNotFoundError:
+        reruns = pd.DataFrame(columns=["run", *OUTCOMES]).set_index("run")
+    missing = sorted(set(jobs) - set(reruns.index))
+    if missing:
+        print(f"NOT REPRODUCED: {len(missing)} rerun(s) did not finish: {', '.join(missing)} (see their status.json)")
+        return 1
+    shipped = outcomes.set_index("run")
+    table = compare(shipped, reruns, seed_spread(outcomes, chosen, groups))
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.6g}".format):
+        print(table.drop(columns=["bitwise"]).to_string(index=False) if len(table) else "(no outcomes)")
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "reproduce.csv", index=False)
+    line = verdict_line(table)
+    print(line)
+    return 0 if line.startswith(("REPRODUCED", "WITHIN")) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

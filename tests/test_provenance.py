@@ -1,0 +1,208 @@
+"""Runs say where they came from (meta.json), pinned numerics rerun bitwise, and `moe_rl.reproduce` checks it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
+from moe_rl.reproduce import choose, compare, group_columns, verdict_line
+from moe_rl.runio import PINNED_ENV, pin_numerics, relative_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "steps=2",
+    "eval_every=2",
+    "eval_size=16",
+    "checkpoint_every=0",
+    "snapshot_every=0",
+    "progress=false",
+    "task.n_train=400",
+    "task.n_eval=32",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "optim.updates_per_rollout=2",
+    "optim.lr=1e-3",
+    "cold_start.band=[0.15,1.0]",
+    "cold_start.max_steps=100",
+    "threads=1",
+]
+HAS_AVX2 = "avx2" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+
+
+def _train(run: Path, cache: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    cmd = [
+        sys.executable,
+        "experiments/train.py",
+        *TINY,
+        *extra,
+        f"cold_start.cache_dir={cache}",
+        f"hydra.run.dir={run}",
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **(env or {})}
+    for key in PINNED_ENV["avx2"]:  # the host's own choice, unless the test sets one
+        if key not in (env or {}):
+            full_env.pop(key, None)
+    out = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _values(run: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "metrics.parquet")
+    frame = frame[~frame["key"].str.startswith("time/")]
+    return frame.sort_values(["step", "key"]).reset_index(drop=True)[["step", "key", "value"]]
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    """One numerics=avx2 run on this CPU's own settings, one with the host told to use other kernels."""
+    if not HAS_AVX2:
+        pytest.skip("numerics=avx2 needs an x86 CPU with AVX2")
+    root, cache = tmp_path_factory.mktemp("pinned"), tmp_path_factory.mktemp("pinned_cache")
+    _train(root / "shipped" / "native_host", cache, "numerics=avx2")
+    # a host whose MKL takes its AVX2 path and whose ATen is told to use no vector kernels at all
+    _train(
+        root / "other_host",
+        cache,
+        "numerics=avx2",
+        env={"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "default"},
+    )
+    return root
+
+
+def test_meta_json_records_commit_command_cpu_threads_and_versions(pinned) -> None:
+    run = pinned / "shipped" / "native_host"
+    meta = json.loads((run / "meta.json").read_text())
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert meta["git_sha"] == sha and len(sha) == 40 and isinstance(meta["git_dirty"], bool)
+    assert "experiments/train.py" in meta["command"] and "numerics=avx2" in meta["command"]
+    assert "numerics=avx2" in meta["overrides"] and meta["numerics"] == "avx2"
+    assert set(meta["versions"]) >= {"moe_rl", "torch", "transformers", "numpy", "python"}
+    assert meta["versions"]["torch"] == torch.__version__ and "vllm" not in meta["versions"]  # no engine: not recorded
+    cpu = meta["cpu"]
+    assert cpu["capability"] == "AVX2" and cpu["torch_threads"] == 1 and cpu["model"]
+    assert cpu["env"]["ATEN_CPU_CAPABILITY"] == "avx2" and cpu["env"]["MKL_CBWR"] == "AVX2"
+    other = json.loads((pinned / "other_host" / "meta.json").read_text())
+    assert other["cpu"]["env"]["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # the host's setting is recorded too
+
+
+def test_config_yaml_holds_paths_relative_to_the_run_folder(pinned, tmp_path) -> None:
+    run = pinned / "shipped" / "native_host"
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["out_dir"] == "."
+    cache = (run / cfg["cold_start"]["cache_dir"]).resolve()
+    assert not Path(cfg["cold_start"]["cache_dir"]).is_absolute() and any(cache.iterdir())  # the cache it used
+    got = relative_paths(
+        {"out_dir": str(tmp_path / "a" / "b"), "results_dir": str(tmp_path / "a"), "cold_start": {}},
+        tmp_path / "a" / "b",
+    )
+    assert got == {"out_dir": ".", "results_dir": "..", "cold_start": {}}
+
+
+def test_pinned_numerics_are_bitwise_equal_whatever_the_host_kernels(pinned) -> None:
+    a, b = _values(pinned / "shipped" / "native_host"), _values(pinned / "other_host")
+    assert len(a) > 100 and a["key"].eq("reward/mean").sum() == 2
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_pinning_after_torch_computed_on_other_kernels_is_refused() -> None:
+    saved = dict(os.environ)
+    try:
+        if torch.backends.cpu.get_cpu_capability() == "AVX2":  # this process already runs the pinned kernels
+            pin_numerics("avx2")
+        else:
+            with pytest.raises(RuntimeError, match="fresh process"):
+                pin_numerics("avx2")
+        pin_numerics("native")  # a no-op
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.mark.slow
+def test_reproduce_reruns_a_pinned_run_bitwise(pinned, tmp_path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "moe_rl.reproduce",
+        str(pinned / "shipped"),
+        "--runs",
+        "1",
+        "--out",
+        str(tmp_path / "re"),
+    ]
+    out = subprocess.run(
+        cmd + ["--cache", str(tmp_path / "cache")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("REPRODUCED BITWISE"), out.stdout[-2000:]
+    table = pd.read_csv(tmp_path / "re" / "reproduce.csv")
+    assert set(table["outcome"]) >= {"start_accuracy", "final_accuracy", "reward_auc"} and table["bitwise"].all()
+
+
+def _outcomes() -> pd.DataFrame:
+    rows = [
+        {"run": f"{arm}_{lr}_{seed}", "arm": arm, "lr": lr, "seed": seed, "final_accuracy": acc}
+        for arm, lr, seed, acc in [
+            ("a", 1, 0, 0.50),
+            ("a", 1, 1, 0.60),
+            ("a", 1, 2, 0.70),
+            ("b", 1, 0, 0.40),
+            ("b", 1, 1, 0.40),
+            ("a", 2, 1, 0.30),
+            ("a", 2, 0, 0.20),
+        ]
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_runs_are_chosen_across_groups_lowest_seed_first() -> None:
+    outcomes = _outcomes()
+    groups = group_columns(outcomes, ["run", "arm", "lr", "seed"])
+    assert groups == ["arm", "lr"]
+    chosen = choose(outcomes, 4, groups)
+    assert chosen["run"].tolist() == ["a_1_0", "a_2_0", "b_1_0", "a_1_1"]
+
+
+def test_a_rerun_is_within_seed_variation_by_the_stated_bound() -> None:
+    shipped = pd.DataFrame({"final_accuracy": [0.5, 0.4]}, index=["r1", "r2"])
+    spread = pd.DataFrame({"final_accuracy": [0.1, 0.05]}, index=["r1", "r2"])
+    for name in ("start_accuracy", "reward_auc", "token_var", "flip_rate"):
+        shipped[name] = spread[name] = float("nan")
+    close = shipped.assign(final_accuracy=[0.5, 0.5])  # r1 bitwise, r2 off by 0.1
+    table = compare(shipped, close, spread)
+    z = table.attrs["z"]
+    assert z == pytest.approx(2.2414, abs=1e-4)  # 0.05 two-sided over 2 comparisons: Phi^-1(1 - 0.0125)
+    assert table["bound"].tolist() == pytest.approx([z * 2**0.5 * 0.1, z * 2**0.5 * 0.05])
+    assert table["within"].tolist() == [True, True]  # 0.1 <= 2.24 * 1.41 * 0.05 = 0.158
+    assert verdict_line(table).startswith("WITHIN SEED VARIATION")
+    far = compare(shipped, shipped.assign(final_accuracy=[0.5, 0.6]), spread)  # 0.2 > 0.158
+    assert far["within"].tolist() == [True, False] and verdict_line(far).startswith("NOT WITHIN SEED VARIATION")
+    same = compare(shipped, shipped.copy(), spread)
+    assert verdict_line(same).startswith("REPRODUCED BITWISE")
+
+
+def test_report_names_the_commits_and_kernels_of_its_runs(tmp_path) -> None:
+    for name, sha, cap in [("r1", "a" * 40, "AVX512"), ("r2", "a" * 40, "AVX2"), ("r3", "unknown", None)]:
+        (tmp_path / name).mkdir()
+        meta = {"git_sha": sha, "git_dirty": name == "r2", "versions": {"torch": "2.13.0", "transformers": "5"}}
+        if cap:
+            meta["cpu"] = {"model": "X", "capability": cap, "env": {}}
+        else:
+            meta["shipped_in"] = "b" * 40
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    frame = load_provenance(tmp_path)
+    line = provenance_line(frame)
+    assert "commits `aaaaaaa` (2)" in line and "1 of them from a tree with uncommitted changes" in line
+    assert "1 run(s) recorded no commit (shipped in `bbbbbbb` (1)" in line
+    assert "torch kernels AVX2 (1), AVX512 (1)" in line
+    assert commits(frame) == ["aaaaaaa", "bbbbbbb"]
