@@ -64,6 +64,15 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert route_ms > 0  # the routing calls of the loop were found and timed
 
 
+def test_numerics_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    load("numerics_cost").main(
+        "--models default --repeats 2 --steps 1 --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --cold-start-steps 1".split()
+    )
+    out = capsys.readouterr().out
+    native, pinned, ratio, lo, hi, pairs = numbers_after("default: native", out)[:6]
+    assert native > 0 and pinned > 0 and 0 < lo <= ratio <= hi and pairs == 2
+
+
 def test_routing_overhead(capsys: pytest.CaptureFixture[str]) -> None:
     load("routing_overhead").main("--models default --batch 2 --seq 4 --repeats 3 --threads 1".split())
     out = capsys.readouterr().out
