@@ -115,14 +115,16 @@ def compare(shipped: pd.DataFrame, reruns: pd.DataFrame, spread: pd.DataFrame, a
 
 
 def seed_spread(outcomes: pd.DataFrame, chosen: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
-    """Per chosen run, the standard deviation of each outcome across the shipped seeds of its group."""
+    """Per chosen run, the standard deviation of each outcome across the shipped seeds of its group;
+    NaN (no test) for a group of one seed and for an outcome every seed shares (the cold-start accuracy:
+    one cold start serves all seeds, so the seeds say nothing about how it varies)."""
     rows = {}
     for _, row in chosen.iterrows():
         same = outcomes
         for c in groups:
             same = same[same[c].astype(str) == str(row[c])]
         rows[row["run"]] = {name: same[name].std(ddof=1) if len(same) > 1 else float("nan") for name in OUTCOMES}
-    return pd.DataFrame.from_dict(rows, orient="index")
+    return pd.DataFrame.from_dict(rows, orient="index").replace(0.0, float("nan"))
 
 
 def verdict_line(table: pd.DataFrame) -> str:
@@ -140,8 +142,10 @@ def verdict_line(table: pd.DataFrame) -> str:
         listed = ", ".join(f"{r.run}:{r.outcome}" for r in outside.itertuples())
         return f"NOT WITHIN SEED VARIATION ({head}): {listed}"
     if untestable.any():
+        listed = ", ".join(f"{r.outcome} {r.shipped:.4g} vs {r.rerun:.4g}" for r in table[untestable].itertuples())
         return (
-            f"WITHIN SEED VARIATION where testable ({head}); {int(untestable.sum())} without a seed spread (one seed)"
+            f"WITHIN SEED VARIATION where testable ({head}); not testable, no seed spread (one seed, or shared by "
+            f"every seed like the cold start): {listed}"
         )
     return f"WITHIN SEED VARIATION ({head})"
 

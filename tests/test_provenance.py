@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
-from moe_rl.reproduce import choose, compare, group_columns, verdict_line
+from moe_rl.reproduce import choose, compare, group_columns, seed_spread, verdict_line
 from moe_rl.runio import PINNED_ENV, pin_numerics, relative_paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +189,18 @@ def test_a_rerun_is_within_seed_variation_by_the_stated_bound() -> None:
     assert far["within"].tolist() == [True, False] and verdict_line(far).startswith("NOT WITHIN SEED VARIATION")
     same = compare(shipped, shipped.copy(), spread)
     assert verdict_line(same).startswith("REPRODUCED BITWISE")
+    moved = shipped.assign(final_accuracy=[0.45, 0.5])  # r1 moved where no seed spread is known, r2 within
+    shared = verdict_line(compare(shipped, moved, spread.assign(final_accuracy=[float("nan"), 0.05])))
+    assert shared.startswith("WITHIN SEED VARIATION where testable") and "final_accuracy 0.5 vs 0.45" in shared
+
+
+def test_an_outcome_every_seed_shares_has_no_seed_spread() -> None:
+    outcomes = _outcomes().assign(start_accuracy=0.375)
+    outcomes["reward_auc"] = outcomes["token_var"] = outcomes["flip_rate"] = 0.1 * outcomes["seed"]
+    groups = ["arm", "lr"]
+    spread = seed_spread(outcomes, choose(outcomes, 1, groups), groups)
+    row = spread.loc["a_1_0"]
+    assert pd.isna(row["start_accuracy"]) and row["final_accuracy"] == pytest.approx(0.1) and row["reward_auc"] > 0
 
 
 def test_report_names_the_commits_and_kernels_of_its_runs(tmp_path) -> None:
