@@ -10,9 +10,11 @@ that outcome among the shipped runs of the same group.
 What to expect (README, Reproducing a result): a run with `numerics=avx2` reruns bitwise on any x86 CPU
 with AVX2 and the same library versions; a `native` run reruns bitwise only on a CPU of the same kernel
 set, and elsewhere diverges from the last bit on, so that its rerun is, at worst, another draw from the
-distribution the seeds sample. The test is that worst case: each |shipped - rerun| must lie within
-z * sqrt(2) * sd_seed, z the two-sided normal quantile at 0.05 Bonferroni-corrected over all comparisons
-(the difference of two independent draws has variance 2 sd^2). The last line says which holds; the
+distribution the seeds sample. The test is that worst case: the difference of two independent draws
+has variance 2 sigma^2, and sigma is estimated by the sd of the n shipped seeds of the run's group, so
+(shipped - rerun) / (sqrt(2) sd_seed) follows Student's t with n - 1 degrees of freedom; each |shipped -
+rerun| must lie within t * sqrt(2) * sd_seed, t the two-sided quantile at 0.05 Bonferroni-corrected over
+all comparisons (a prediction interval for one new draw). The last line says which holds; the
 exit status is 0 when the reruns are bitwise equal or within seed variation, 1 otherwise.
 """
 
@@ -24,7 +26,6 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
-from statistics import NormalDist
 
 import pandas as pd
 
@@ -93,38 +94,54 @@ def _rerun_process(config_path: str, out_dir: str, cache_dir: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def compare(shipped: pd.DataFrame, reruns: pd.DataFrame, spread: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """Long table: run, outcome, shipped, rerun, diff, sd_seed, bound, within."""
+def compare(
+    shipped: pd.DataFrame, reruns: pd.DataFrame, spread: pd.DataFrame, seeds: pd.DataFrame, alpha: float = 0.05
+) -> pd.DataFrame:
+    """Long table: run, outcome, shipped, rerun, diff, sd_seed (over `seeds` shipped seeds), t, bound, within."""
+    from scipy.stats import t as student_t
+
     rows = []
     for run in reruns.index:
         for name in OUTCOMES:
             a, b = shipped.loc[run, name], reruns.loc[run, name]
             if pd.isna(a) and pd.isna(b):
                 continue
-            rows.append({"run": run, "outcome": name, "shipped": a, "rerun": b, "sd_seed": spread.loc[run, name]})
+            rows.append(
+                {
+                    "run": run,
+                    "outcome": name,
+                    "shipped": a,
+                    "rerun": b,
+                    "sd_seed": spread.loc[run, name],
+                    "n_seeds": int(seeds.loc[run, name]),
+                }
+            )
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    z = NormalDist().inv_cdf(1 - alpha / (2 * len(table)))
+    level = 1 - alpha / (2 * len(table))
     table["diff"] = table["rerun"] - table["shipped"]
     table["bitwise"] = table["rerun"] == table["shipped"]
-    table["bound"] = z * 2**0.5 * table["sd_seed"]
+    table["t"] = [student_t.ppf(level, n - 1) if n > 1 else float("nan") for n in table["n_seeds"]]
+    table["bound"] = table["t"] * 2**0.5 * table["sd_seed"]
     table["within"] = table["bitwise"] | (table["diff"].abs() <= table["bound"])
-    table.attrs["z"] = z
+    table.attrs["level"] = level
     return table
 
 
-def seed_spread(outcomes: pd.DataFrame, chosen: pd.DataFrame, groups: list[str]) -> pd.DataFrame:
-    """Per chosen run, the standard deviation of each outcome across the shipped seeds of its group;
-    NaN (no test) for a group of one seed and for an outcome every seed shares (the cold-start accuracy:
-    one cold start serves all seeds, so the seeds say nothing about how it varies)."""
-    rows = {}
+def seed_spread(outcomes: pd.DataFrame, chosen: pd.DataFrame, groups: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per chosen run, the standard deviation of each outcome across the shipped seeds of its group and
+    the number of those seeds; sd NaN (no test) for a group of one seed and for an outcome every seed
+    shares (the cold-start accuracy: one cold start serves all seeds, so they say nothing of its spread)."""
+    rows, counts = {}, {}
     for _, row in chosen.iterrows():
         same = outcomes
         for c in groups:
             same = same[same[c].astype(str) == str(row[c])]
         rows[row["run"]] = {name: same[name].std(ddof=1) if len(same) > 1 else float("nan") for name in OUTCOMES}
-    return pd.DataFrame.from_dict(rows, orient="index").replace(0.0, float("nan"))
+        counts[row["run"]] = {name: int(same[name].notna().sum()) for name in OUTCOMES}
+    sd = pd.DataFrame.from_dict(rows, orient="index").replace(0.0, float("nan"))
+    return sd, pd.DataFrame.from_dict(counts, orient="index")
 
 
 def verdict_line(table: pd.DataFrame) -> str:
@@ -136,7 +153,7 @@ def verdict_line(table: pd.DataFrame) -> str:
     outside = table[~table["within"] & ~untestable]
     head = (
         f"{len(table)} outcomes of {table['run'].nunique()} runs; bitwise equal {int(table['bitwise'].sum())}; "
-        f"test |diff| <= {table.attrs.get('z', float('nan')):.2f} * sqrt(2) * sd_seed"
+        f"test |diff| <= t(n_seeds - 1, {table.attrs.get('level', float('nan')):.4f}) * sqrt(2) * sd_seed"
     )
     if len(outside):
         listed = ", ".join(f"{r.run}:{r.outcome}" for r in outside.itertuples())
@@ -192,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"NOT REPRODUCED: {len(missing)} rerun(s) did not finish: {', '.join(missing)} (see their status.json)")
         return 1
     shipped = outcomes.set_index("run")
-    table = compare(shipped, reruns, seed_spread(outcomes, chosen, groups))
+    table = compare(shipped, reruns, *seed_spread(outcomes, chosen, groups))
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.6g}".format):
         print(table.drop(columns=["bitwise"]).to_string(index=False) if len(table) else "(no outcomes)")
     out.mkdir(parents=True, exist_ok=True)

@@ -176,21 +176,23 @@ def test_runs_are_chosen_across_groups_lowest_seed_first() -> None:
 def test_a_rerun_is_within_seed_variation_by_the_stated_bound() -> None:
     shipped = pd.DataFrame({"final_accuracy": [0.5, 0.4]}, index=["r1", "r2"])
     spread = pd.DataFrame({"final_accuracy": [0.1, 0.05]}, index=["r1", "r2"])
+    seeds = pd.DataFrame({"final_accuracy": [3, 8]}, index=["r1", "r2"])
     for name in ("start_accuracy", "reward_auc", "token_var", "flip_rate"):
         shipped[name] = spread[name] = float("nan")
-    close = shipped.assign(final_accuracy=[0.5, 0.5])  # r1 bitwise, r2 off by 0.1
-    table = compare(shipped, close, spread)
-    z = table.attrs["z"]
-    assert z == pytest.approx(2.2414, abs=1e-4)  # 0.05 two-sided over 2 comparisons: Phi^-1(1 - 0.0125)
-    assert table["bound"].tolist() == pytest.approx([z * 2**0.5 * 0.1, z * 2**0.5 * 0.05])
-    assert table["within"].tolist() == [True, True]  # 0.1 <= 2.24 * 1.41 * 0.05 = 0.158
+        seeds[name] = 3
+    close = shipped.assign(final_accuracy=[0.5, 0.6])  # r1 bitwise, r2 off by 0.2
+    table = compare(shipped, close, spread, seeds)
+    # 0.05 two-sided over 2 comparisons: Student's t at 1 - 0.0125 with 2 and 7 degrees of freedom
+    assert table["t"].tolist() == pytest.approx([6.2053, 2.8412], abs=1e-4)
+    assert table["bound"].tolist() == pytest.approx([6.2053 * 2**0.5 * 0.1, 2.8412 * 2**0.5 * 0.05], abs=1e-4)
+    assert table["within"].tolist() == [True, True]  # 0.2 <= 2.84 * 1.41 * 0.05 = 0.201
     assert verdict_line(table).startswith("WITHIN SEED VARIATION")
-    far = compare(shipped, shipped.assign(final_accuracy=[0.5, 0.6]), spread)  # 0.2 > 0.158
+    far = compare(shipped, shipped.assign(final_accuracy=[0.5, 0.61]), spread, seeds)  # 0.21 > 0.201
     assert far["within"].tolist() == [True, False] and verdict_line(far).startswith("NOT WITHIN SEED VARIATION")
-    same = compare(shipped, shipped.copy(), spread)
+    same = compare(shipped, shipped.copy(), spread, seeds)
     assert verdict_line(same).startswith("REPRODUCED BITWISE")
     moved = shipped.assign(final_accuracy=[0.45, 0.5])  # r1 moved where no seed spread is known, r2 within
-    shared = verdict_line(compare(shipped, moved, spread.assign(final_accuracy=[float("nan"), 0.05])))
+    shared = verdict_line(compare(shipped, moved, spread.assign(final_accuracy=[float("nan"), 0.05]), seeds))
     assert shared.startswith("WITHIN SEED VARIATION where testable") and "final_accuracy 0.5 vs 0.45" in shared
 
 
@@ -198,8 +200,9 @@ def test_an_outcome_every_seed_shares_has_no_seed_spread() -> None:
     outcomes = _outcomes().assign(start_accuracy=0.375)
     outcomes["reward_auc"] = outcomes["token_var"] = outcomes["flip_rate"] = 0.1 * outcomes["seed"]
     groups = ["arm", "lr"]
-    spread = seed_spread(outcomes, choose(outcomes, 1, groups), groups)
+    spread, seeds = seed_spread(outcomes, choose(outcomes, 1, groups), groups)
     row = spread.loc["a_1_0"]
+    assert seeds.loc["a_1_0", "final_accuracy"] == 3
     assert pd.isna(row["start_accuracy"]) and row["final_accuracy"] == pytest.approx(0.1) and row["reward_auc"] > 0
 
 
