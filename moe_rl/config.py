@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
+from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
@@ -58,14 +58,23 @@ class TaskConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"
-    eps_low: float | None = None  # None: the paper default of the algorithm
+    eps_low: float | None = None  # None: the paper default of the algorithm (losses that clip)
     eps_high: float | None = None
     agg: str = "seq-mean-token-mean"
     beta: float = 0.0  # k3 KL to the cold-start policy
+    tau_pos: float | None = None  # sapo: gate temperature for A > 0; None: the paper's 1.0
+    tau_neg: float | None = None  # sapo: gate temperature for A <= 0; None: the paper's 1.05
 
     def eps(self) -> tuple[float, float]:
         low, high = DEFAULT_EPS[self.name]
         return (low if self.eps_low is None else self.eps_low, high if self.eps_high is None else self.eps_high)
+
+    def loss_kwargs(self) -> dict[str, float]:
+        """The loss's own hyperparameters (`LOSS_DEFAULTS`), with the ones set here."""
+        return {
+            k: default if getattr(self, k) is None else getattr(self, k)
+            for k, default in LOSS_DEFAULTS[self.name].items()
+        }
 
 
 @dataclass
@@ -217,6 +226,7 @@ def run_dir(cfg: TrainConfig) -> str:
 _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
     "rollout": {"engine": "hf", "engine_sync_every": 1},
+    "algo": {"tau_pos": None, "tau_neg": None},
     "task": {
         "path": None,
         "prompt_field": "prompt",
@@ -274,6 +284,23 @@ def _check_checkpoint(path: str, family: str) -> None:
         )
 
 
+def _check_loss_params(algo: AlgoConfig) -> None:
+    """The loss's own hyperparameters in range; one set for another loss is refused, not ignored."""
+    own = LOSS_DEFAULTS[algo.name]
+    for key in ("eps_low", "eps_high", "tau_pos", "tau_neg"):
+        if key not in own and getattr(algo, key) is not None:
+            raise ValueError(f"algo.{key} is not a parameter of algo.name={algo.name!r}; its parameters: {sorted(own)}")
+    if algo.name in DEFAULT_EPS:
+        eps_low, eps_high = algo.eps()
+        if not 0 <= eps_low <= 1:
+            raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
+        if eps_high < eps_low and algo.name != "cispo":  # cispo: no lower bound (eps_low 1) is the default
+            raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+    for key, value in algo.loss_kwargs().items():
+        if key.startswith("tau") and value <= 0:
+            raise ValueError(f"algo.{key}={value} must be > 0")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key (ImportError for a logger whose package is
     missing); return `cfg` unchanged otherwise."""
@@ -317,11 +344,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
     if cfg.model.experts_implementation is not None:
         _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
-    eps_low, eps_high = cfg.algo.eps()
-    if not 0 <= eps_low < 1:
-        raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1)")
-    if eps_high < eps_low:
-        raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+    _check_loss_params(cfg.algo)
     if cfg.rollout.group_size < 2:
         raise ValueError(f"rollout.group_size={cfg.rollout.group_size} must be >= 2 (group-normalised advantages)")
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size

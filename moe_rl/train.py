@@ -209,7 +209,7 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.loss_fn = get_loss(cfg.algo.name)
-        self.eps_low, self.eps_high = cfg.algo.eps()
+        self.loss_kwargs = cfg.algo.loss_kwargs()  # eps_low/eps_high, or SAPO's tau_pos/tau_neg
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
         self.reward_metrics: dict[str, float] = {}
@@ -330,8 +330,7 @@ class Trainer:
             old_logp=old_logp[rows],
             adv=adv[rows],
             mask=mask,
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
+            **self.loss_kwargs,
             ref_logp=ref_logp,
             beta=cfg.algo.beta,
             agg=cfg.algo.agg,

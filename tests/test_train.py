@@ -198,8 +198,18 @@ def test_aggregate_is_over_the_whole_step() -> None:
     [
         (
             lambda c: setattr(c.algo, "name", "ppo"),
-            r"algo.name='ppo' is not valid; valid: \['grpo', 'gspo', 'gspo_token'\]",
+            r"algo.name='ppo' is not valid; valid: \['cispo', 'grpo', 'gspo', 'gspo_token', 'sapo'\]",
         ),
+        (
+            lambda c: setattr(c.algo, "tau_pos", 1.0),
+            r"algo.tau_pos is not a parameter of algo.name='grpo'; its parameters: \['eps_high', 'eps_low'\]",
+        ),
+        (
+            lambda c: (setattr(c.algo, "name", "sapo"), setattr(c.algo, "eps_low", 0.2)),
+            r"algo.eps_low is not a parameter of algo.name='sapo'; its parameters: \['tau_neg', 'tau_pos'\]",
+        ),
+        (lambda c: (setattr(c.algo, "name", "sapo"), setattr(c.algo, "tau_neg", 0.0)), r"algo.tau_neg=0.0 must be > 0"),
+        (lambda c: setattr(c.algo, "eps_low", 1.5), r"algo.eps_low=1.5 must lie in \[0, 1\]"),
         (lambda c: setattr(c.replay, "mode", "r4"), r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r3'\]"),
         (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
         (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
