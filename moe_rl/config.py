@@ -14,10 +14,10 @@ from typing import Any
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
-REPLAY_MODES = ("none", "r2", "r3")
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "vllm")
@@ -80,6 +80,7 @@ class AlgoConfig:
 @dataclass
 class ReplayConfig:
     mode: str = "none"
+    threshold: float = 0.5  # *_threshold modes: keep a replayed expert scoring >= this x the weakest live top-k
 
 
 @dataclass
@@ -227,6 +228,7 @@ _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
     "rollout": {"engine": "hf", "engine_sync_every": 1},
     "algo": {"tau_pos": None, "tau_neg": None},
+    "replay": {"threshold": 0.5},
     "task": {
         "path": None,
         "prompt_field": "prompt",
@@ -358,8 +360,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.rollout.temperature <= 0:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
-    if cfg.replay.mode == "r3" and not cfg.rollout.record_routes:
-        raise ValueError("replay.mode='r3' replays rollout routes, but rollout.record_routes=false records none")
+    if REPLAY_MODES[cfg.replay.mode].source == ROLLOUT and not cfg.rollout.record_routes:
+        raise ValueError(
+            f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
+        )
+    if cfg.replay.threshold < 0:
+        raise ValueError(f"replay.threshold={cfg.replay.threshold} must be >= 0")
     for key, value, low in [
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
         ("checkpoint_every", cfg.checkpoint_every, 0),

@@ -28,7 +28,7 @@ import math
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import transformers
@@ -60,6 +60,7 @@ from moe_rl.metric_names import (
     ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROLLOUT_VS_OLD,
     ROUTE_PREFIX,
+    ROUTE_REPLAY_FALLBACK_FRAC,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     TASK_ACCURACY,
     TIME_ENGINE_SYNC_S,
@@ -88,6 +89,7 @@ from moe_rl.routing.compare import (
     router_shift_gaps,
     shift_summary,
 )
+from moe_rl.routing.modes import replay_mode
 from moe_rl.runio import (
     FINISHED,
     RunDirectoryError,
@@ -167,6 +169,16 @@ def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+class OldPass(NamedTuple):
+    """What the old-policy pass gives the updates."""
+
+    logp: torch.Tensor  # (B, T) old_logp
+    routes: Routes  # the old policy's native routes
+    margins: torch.Tensor  # (B, T, L) k-th vs (k+1)-th router probability gaps
+    scores: torch.Tensor  # (B, T, L, E) router selection probabilities
+    weights: torch.Tensor | None  # (B, T, L, k) float32 combine weights (replay modes that force them), else None
+
+
 class Trainer:
     """State of one run; `train(cfg)` is the entry point."""
 
@@ -209,6 +221,8 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.loss_fn = get_loss(cfg.algo.name)
+        self.replay_mode = replay_mode(cfg.replay.mode)
+        self.replay_threshold = cfg.replay.threshold if self.replay_mode.threshold else None
         self.loss_kwargs = cfg.algo.loss_kwargs()  # eps_low/eps_high, or SAPO's tau_pos/tau_neg
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
@@ -296,12 +310,20 @@ class Trainer:
             self.engine_checks += 1
         return rollout
 
-    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
-        """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
-        replay = rollout.routes if self.cfg.replay.mode == "r3" else None
-        with torch.no_grad(), RoutedPass(self.policy, replay, margins=True, scores=True) as routed:
+    def old_pass(self, rollout: Rollout) -> OldPass:
+        """old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
+        the combine weights the experts received when the replay mode forces them (`trr`)."""
+        mode = self.replay_mode
+        replay = rollout.routes if mode.old_pass_replays else None
+        with (
+            torch.no_grad(),
+            RoutedPass(
+                self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
+            ) as routed,
+        ):
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-        return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins, routed.scores
+        native = routed.native.with_mask(rollout.token_mask)
+        return OldPass(old_logp, native, routed.margins, routed.scores, routed.weights if mode.weights else None)
 
     def update(
         self,
@@ -313,11 +335,15 @@ class Trainer:
         replay_routes: Routes | None,
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
+        replay_weights: torch.Tensor | None = None,
     ) -> dict[str, float]:
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
-        with RoutedPass(self.policy, replay, scores=True) as routed:
+        forced_weights = replay_weights[rows] if replay_weights is not None and replay is not None else None
+        with RoutedPass(
+            self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights
+        ) as routed:
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
         native = routed.native.with_mask(valid)
@@ -370,6 +396,9 @@ class Trainer:
         if replay is not None:
             parts.add("native_vs_replayed", compare_parts(native, replay))
             parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+        if self.replay_threshold is not None:
+            refilled, slots = routed.fallback.double()
+            parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
@@ -393,6 +422,9 @@ class Trainer:
                 }
             )
             metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
+        if self.replay_threshold is not None:
+            fallback = parts.sub("fallback").sums
+            metrics[ROUTE_REPLAY_FALLBACK_FRAC] = (fallback["refilled"] / fallback["slots"].clamp(min=1)).item()
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
@@ -404,16 +436,17 @@ class Trainer:
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards live on the CPU
         t1 = time.perf_counter()
-        old_logp, old_routes, margins, old_scores = self.old_pass(rollout)
+        old = self.old_pass(rollout)
+        old_logp, old_routes, margins, old_scores = old.logp, old.routes, old.margins, old.scores
         t2 = time.perf_counter()
-        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[cfg.replay.mode]
+        replay_routes = self.replay_mode.pick(old=old_routes, rollout=rollout.routes)
         B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
         updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
-            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
+            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores, old.weights)
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()

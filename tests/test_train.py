@@ -13,6 +13,7 @@ from moe_rl.config import TrainConfig, validate
 from moe_rl.metric_names import defines
 from moe_rl.rollout import forward_logp
 from moe_rl.routing import Routes, compare_routes
+from moe_rl.routing.modes import REPLAY_MODES
 from moe_rl.train import Trainer, aggregate, train
 
 
@@ -43,24 +44,34 @@ def cache(tmp_path_factory):
 
 def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cache) -> None:
     results = {}
-    for replay in ("none", "r2", "r3"):
+    for replay in REPLAY_MODES:
         trainer = Trainer(tiny_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
+        old_logp, old_routes, margins, scores, weights = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
 
         adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
-        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
+        replay_routes = REPLAY_MODES[replay].pick(old=old_routes, rollout=rollout.routes)
         rows = torch.arange(len(rollout))[:16]
-        results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores)
-    # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide, so every
-    # replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
+        results[replay] = trainer.update(
+            rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores, weights
+        )
+    # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide (and so do the
+    # recorded and live combine weights of trr, and no replayed expert falls under the threshold), so
+    # every replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
     # log-probs: the old pass sees the whole batch and the update a mini-batch, and CPU kernels may sum
     # a row differently at another batch size or thread count.
-    for replay in ("r2", "r3"):
+    for replay in set(REPLAY_MODES) - {"none", "trr"}:
         for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max", "optim/grad_norm"):
             assert results[replay][key] == results["none"][key], (replay, key)
         assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
+    # trr: the same loss and ratios bitwise; the router gets no gradient, so the norm is the rest's
+    for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max"):
+        assert results["trr"][key] == results["none"][key], key
+    assert 0 < results["trr"]["optim/grad_norm"] < results["none"]["optim/grad_norm"]
+    for replay in ("r2_threshold", "r3_threshold"):
+        assert results[replay]["route/replay_fallback_frac"] == 0.0
+    assert "route/replay_fallback_frac" not in results["r2"]
     assert results["none"]["ratio/token_max"] == pytest.approx(1.0, abs=1e-6)
     assert results["none"]["ratio/token_var"] < 1e-12
     assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
@@ -155,7 +166,7 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
     """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
     trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", lr=3e-2))
     rollout, rewards, _ = trainer.rollout(step=1)
-    old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
+    old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
     adv = torch.randn(len(rollout))  # any non-zero signal moves the router
     rows = torch.arange(len(rollout))
     for _ in range(2):
@@ -210,7 +221,11 @@ def test_aggregate_is_over_the_whole_step() -> None:
         ),
         (lambda c: (setattr(c.algo, "name", "sapo"), setattr(c.algo, "tau_neg", 0.0)), r"algo.tau_neg=0.0 must be > 0"),
         (lambda c: setattr(c.algo, "eps_low", 1.5), r"algo.eps_low=1.5 must lie in \[0, 1\]"),
-        (lambda c: setattr(c.replay, "mode", "r4"), r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r3'\]"),
+        (
+            lambda c: setattr(c.replay, "mode", "r4"),
+            r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r2_threshold', 'r3', 'r3_threshold', 'trr'\]",
+        ),
+        (lambda c: setattr(c.replay, "threshold", -0.1), r"replay.threshold=-0.1 must be >= 0"),
         (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
         (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
         (
