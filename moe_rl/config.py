@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES
+from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
+from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
@@ -64,6 +65,8 @@ class AlgoConfig:
     beta: float = 0.0  # k3 KL to the cold-start policy
     tau_pos: float | None = None  # sapo: gate temperature for A > 0; None: the paper's 1.0
     tau_neg: float | None = None  # sapo: gate temperature for A <= 0; None: the paper's 1.05
+    router_shift: bool = False  # RSPO (arXiv 2510.23027): token ratio times sg[max(gamma_t, floor)] (token losses)
+    router_shift_floor: float = 0.5  # lower bound of the router-shift factor (RSPO's floor)
 
     def eps(self) -> tuple[float, float]:
         low, high = DEFAULT_EPS[self.name]
@@ -92,6 +95,11 @@ class RolloutConfig:
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
     engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
     engine_sync_every: int = 1  # vllm: sync the trainer's weights every K steps (K > 1: stale, off-policy)
+    is_correction: str = "none"  # engine-gap weight on the policy term: none | tis | mis | icepop
+    is_level: str = "token"  # token | sequence: the behaviour/trainer ratio per token or per sequence (product)
+    is_cap: float = 2.0  # tis / mis: truncate at / drop above this ratio
+    is_low: float = 0.5  # icepop: tokens whose ratio lies outside [is_low, is_high] are masked
+    is_high: float = 5.0  # icepop: upper end of the band
 
 
 @dataclass
@@ -226,8 +234,16 @@ def run_dir(cfg: TrainConfig) -> str:
 # shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
 _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
-    "rollout": {"engine": "hf", "engine_sync_every": 1},
-    "algo": {"tau_pos": None, "tau_neg": None},
+    "rollout": {
+        "engine": "hf",
+        "engine_sync_every": 1,
+        "is_correction": "none",
+        "is_level": "token",
+        "is_cap": 2.0,
+        "is_low": 0.5,
+        "is_high": 5.0,
+    },
+    "algo": {"tau_pos": None, "tau_neg": None, "router_shift": False, "router_shift_floor": 0.5},
     "replay": {"threshold": 0.5},
     "task": {
         "path": None,
@@ -363,6 +379,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if REPLAY_MODES[cfg.replay.mode].source == ROLLOUT and not cfg.rollout.record_routes:
         raise ValueError(
             f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
+        )
+    if cfg.algo.router_shift and cfg.algo.name not in TOKEN_RATIO_LOSSES:
+        raise ValueError(
+            f"algo.router_shift rescales token ratios; algo.name={cfg.algo.name!r} has none. "
+            f"Use one of {list(TOKEN_RATIO_LOSSES)}"
+        )
+    if not 0 < cfg.algo.router_shift_floor <= 1:
+        raise ValueError(f"algo.router_shift_floor={cfg.algo.router_shift_floor} must lie in (0, 1]")
+    _one_of("rollout.is_correction", cfg.rollout.is_correction, ["none", *CORRECTIONS])
+    _one_of("rollout.is_level", cfg.rollout.is_level, LEVELS)
+    if cfg.rollout.is_correction != "none" and cfg.algo.name == "gspo" and cfg.rollout.is_level == "token":
+        raise ValueError(
+            "algo.name='gspo' is a sequence loss: a token-level rollout.is_correction needs is_level=sequence"
+        )
+    if not (cfg.rollout.is_cap > 0 and 0 <= cfg.rollout.is_low <= 1 <= cfg.rollout.is_high):
+        raise ValueError(
+            f"need rollout.is_cap > 0 and is_low <= 1 <= is_high, got is_cap={cfg.rollout.is_cap}, "
+            f"is_low={cfg.rollout.is_low}, is_high={cfg.rollout.is_high}"
         )
     if cfg.replay.threshold < 0:
         raise ValueError(f"replay.threshold={cfg.replay.threshold} must be >= 0")

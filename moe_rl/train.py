@@ -34,6 +34,7 @@ import torch
 import transformers
 
 from moe_rl.algos import get_loss, group_advantages
+from moe_rl.algos.corrections import engine_weight
 from moe_rl.cold_start import evaluate, expected_key, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.distributed import Dist, peer_lost, world_size_from_env
@@ -48,12 +49,17 @@ from moe_rl.metric_names import (
     OLD_VS_NEW,
     OPTIM_GRAD_NORM,
     POLICY_ENTROPY,
+    RATIO_ROUTER_SHIFT_FLOOR_FRAC,
+    RATIO_ROUTER_SHIFT_SCALE,
     REWARD_ERRORS,
     REWARD_MEAN,
     REWARD_STD,
     REWARD_ZERO_VAR_GROUP_FRAC,
     ROLLOUT_ENGINE_STALENESS,
     ROLLOUT_ENGINE_SYNC_MAX_DIFF,
+    ROLLOUT_IS_MASKED_FRAC,
+    ROLLOUT_IS_TRUNCATED_FRAC,
+    ROLLOUT_IS_WEIGHT_MEAN,
     ROLLOUT_LOGP_GAP,
     ROLLOUT_LOGP_GAP_OVER_LN2,
     ROLLOUT_RESPONSE_LEN,
@@ -87,6 +93,7 @@ from moe_rl.routing.compare import (
     position_finalize,
     position_parts,
     router_shift_gaps,
+    router_shift_ratio,
     shift_summary,
 )
 from moe_rl.routing.modes import replay_mode
@@ -336,7 +343,9 @@ class Trainer:
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
         replay_weights: torch.Tensor | None = None,
+        is_weight: torch.Tensor | None = None,
     ) -> dict[str, float]:
+        """One update on mini-batch `rows`; `is_weight` (B, T) is the engine-gap weight of the whole batch."""
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
@@ -351,6 +360,11 @@ class Trainer:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
+        old = old_routes[rows]
+        shift_scale = None
+        if cfg.algo.router_shift:  # RSPO: sg[max(gamma_t, floor)] from the scores this pass already has
+            gamma = router_shift_ratio(old_scores[rows], routed.scores, old, mask)
+            shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
         loss, loss_metrics = self.loss_fn(
             logp=logp,
             old_logp=old_logp[rows],
@@ -360,6 +374,8 @@ class Trainer:
             ref_logp=ref_logp,
             beta=cfg.algo.beta,
             agg=cfg.algo.agg,
+            weight=is_weight[rows] if is_weight is not None else None,
+            ratio_scale=shift_scale,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
@@ -376,9 +392,16 @@ class Trainer:
         ).tolist()  # one transfer
         means = {**loss_metrics, LOSS: scalars[0], POLICY_ENTROPY: scalars[2]}
         weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
+        if shift_scale is not None:
+            valid_scale = shift_scale[mask.bool()].double()
+            n = max(valid_scale.numel(), 1)
+            floored = (valid_scale <= cfg.algo.router_shift_floor).sum().item() / n
+            means.update(
+                {RATIO_ROUTER_SHIFT_SCALE: valid_scale.sum().item() / n, RATIO_ROUTER_SHIFT_FLOOR_FRAC: floored}
+            )
+            weights.update({RATIO_ROUTER_SHIFT_SCALE: scalars[3], RATIO_ROUTER_SHIFT_FLOOR_FRAC: scalars[3]})
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
-        old = old_routes[rows]
         overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
         buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
         parts = Partial().add("mean", mean_parts(means, weights))
@@ -402,6 +425,8 @@ class Trainer:
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
+        if shift_scale is not None:
+            metrics.update({k: pooled[k] for k in (RATIO_ROUTER_SHIFT_SCALE, RATIO_ROUTER_SHIFT_FLOOR_FRAC)})
         metrics.update(ratio_finalize(parts.sub("ratio")))
         metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
         metrics.update({route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
@@ -440,13 +465,36 @@ class Trainer:
         old_logp, old_routes, margins, old_scores = old.logp, old.routes, old.margins, old.scores
         t2 = time.perf_counter()
         replay_routes = self.replay_mode.pick(old=old_routes, rollout=rollout.routes)
+        correction = None
+        if cfg.rollout.is_correction != "none":  # the behaviour (rollout) / trainer gap, constant over the updates
+            correction = engine_weight(
+                old_logp=old_logp,
+                rollout_logp=rollout.rollout_logp,
+                mask=rollout.response_mask,
+                correction=cfg.rollout.is_correction,
+                level=cfg.rollout.is_level,
+                cap=cfg.rollout.is_cap,
+                low=cfg.rollout.is_low,
+                high=cfg.rollout.is_high,
+            )
         B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
         updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
-            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores, old.weights)
+            self.update(
+                rollout,
+                rows,
+                old_logp,
+                adv,
+                old_routes,
+                replay_routes,
+                margins,
+                old_scores,
+                old.weights,
+                correction.weight if correction is not None else None,
+            )
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()
@@ -471,6 +519,17 @@ class Trainer:
             },
             rows={"rewards": rewards},
         ).add("margins", margin_parts(margins, old_routes.mask))
+        if correction is not None:
+            parts.add(
+                "is",
+                Partial(
+                    sums={
+                        "weight": (correction.weight.double() * mask).sum(),
+                        "truncated": correction.truncated.sum(),
+                        "masked": correction.masked.sum(),
+                    }
+                ),
+            )
         if rollout.routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
@@ -494,6 +553,11 @@ class Trainer:
                 **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
+        if correction is not None:
+            tokens = sums["tokens"].clamp(min=1).item()
+            metrics[ROLLOUT_IS_WEIGHT_MEAN] = sums["is/weight"].item() / tokens
+            metrics[ROLLOUT_IS_TRUNCATED_FRAC] = sums["is/truncated"].item() / tokens
+            metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
         if self.engine is not None:
             metrics.update(self.engine_metrics)
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows

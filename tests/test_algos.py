@@ -22,6 +22,7 @@ from moe_rl.algos import (
     gspo_token_loss,
     sapo_loss,
 )
+from moe_rl.algos.corrections import engine_weight
 
 LN = math.log
 DT = torch.float64
@@ -513,3 +514,58 @@ def test_cispo_weight_is_stop_gradient():
     (grad,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(-0.5, rel=1e-15)
     assert grad.item() == pytest.approx(-0.5, rel=1e-15)
+
+
+# ---------------------------------------------------------------- engine-gap corrections by hand
+
+
+# behaviour/trainer ratios rho = exp(old_logp - rollout_logp): seq 0 [3, 0.25, 1], seq 1 [0.4, 6, masked]
+def _engine_example():
+    rollout_logp = _t([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]])
+    old_logp = rollout_logp + _t([[LN(3.0), LN(0.25), 0.0], [LN(0.4), LN(6.0), float("nan")]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return old_logp, rollout_logp, mask
+
+
+@pytest.mark.parametrize(
+    ("correction", "level", "weight", "truncated", "masked"),
+    [
+        # tis, cap 2: min(rho, 2); the 3 and the 6 are truncated
+        ("tis", "token", [[2, 0.25, 1], [0.4, 2, 0]], [[1, 0, 0], [0, 1, 0]], [[0, 0, 0], [0, 0, 0]]),
+        # mis, cap 2: rho, or 0 above the cap
+        ("mis", "token", [[0, 0.25, 1], [0.4, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[1, 0, 0], [0, 1, 0]]),
+        # icepop, band [0.5, 5]: rho inside, 0 outside (0.25, 0.4 and 6 are outside)
+        ("icepop", "token", [[3, 0, 1], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 1, 0], [1, 1, 0]]),
+        # sequence level: rho_0 = 3 * 0.25 * 1 = 0.75, rho_1 = 0.4 * 6 = 2.4 for every token of the sequence
+        ("tis", "sequence", [[0.75] * 3, [2, 2, 0]], [[0, 0, 0], [1, 1, 0]], [[0, 0, 0], [0, 0, 0]]),
+        ("mis", "sequence", [[0.75] * 3, [0, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [1, 1, 0]]),
+        ("icepop", "sequence", [[0.75] * 3, [2.4, 2.4, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]]),
+    ],
+)
+def test_engine_weight_by_hand(correction, level, weight, truncated, masked):
+    old_logp, rollout_logp, mask = _engine_example()
+    out = engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction=correction, level=level)
+    torch.testing.assert_close(out.weight, _t(weight), rtol=1e-14, atol=0)  # exp(log) round trip: a few ulp
+    assert out.truncated.tolist() == [[bool(x) for x in row] for row in truncated]
+    assert out.masked.tolist() == [[bool(x) for x in row] for row in masked]
+
+
+def test_engine_weight_on_the_loss_by_hand():
+    # tis weights [2, 0.25, 1] and [0.4, 2] on GRPO's terms [-1.27, -0.5, -1] and [3, 1.6] of _grpo_example:
+    # token-mean (-2.54 - 0.125 - 1 + 1.2 + 3.2) / 5 = 0.735 / 5; gradient -A r w / 5 on unclipped tokens:
+    # seq 0 [0, -0.5 * 0.25 / 5, -1 / 5], seq 1 [2 * 1.5 * 0.4 / 5, 0]
+    logp, old_logp, adv, mask = _grpo_example()
+    e_old, e_rollout, _ = _engine_example()
+    w = engine_weight(old_logp=e_old, rollout_logp=e_rollout, mask=mask, correction="tis").weight
+    loss, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", weight=w)
+    assert loss.item() == pytest.approx(0.735 / 5, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[0.0, -0.025, -0.2], [0.24, 0.0, 0.0]]), rtol=1e-13, atol=1e-16)
+
+
+def test_engine_weight_errors():
+    old_logp, rollout_logp, mask = _engine_example()
+    with pytest.raises(ValueError, match="unknown correction 'is'; valid: tis, mis, icepop"):
+        engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="is")
+    with pytest.raises(ValueError, match="unknown level 'batch'; valid: token, sequence"):
+        engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="tis", level="batch")

@@ -24,6 +24,7 @@ from moe_rl.routing import (
     router_margins,
     router_shift,
 )
+from moe_rl.routing.compare import router_shift_ratio
 from moe_rl.routing.hooks import filter_replayed
 
 FAMILY_NAMES = sorted(FAMILIES)
@@ -716,3 +717,19 @@ def test_total_router_recall_rejects_a_threshold_and_mismatched_weights(qwen) ->
         RouteReplay(qwen, rec.routes, threshold=0.5, weights=rec.weights)
     with pytest.raises(ValueError, match=r"weights shape \(2, 8, 2, 1\) != routes shape"):
         RouteReplay(qwen, rec.routes, weights=rec.weights[..., :1])
+
+
+def test_router_shift_ratio_on_a_planted_shift() -> None:
+    # one layer, k = 2, old top-2 {0, 1} with p_old = [0.4, 0.3, 0.2, 0.1]; token 0's router moves to
+    # [0.2, 0.6, 0.1, 0.1]: |ln(0.2/0.4)| = |ln(0.6/0.3)| = ln 2, mean ln 2, gamma = 1/2. Token 1 keeps
+    # its probabilities (gamma = 1); token 2 is masked (gamma 1 whatever its scores)
+    old_scores = torch.tensor([0.4, 0.3, 0.2, 0.1]).expand(1, 3, 1, 4)
+    new_scores = torch.stack(
+        [torch.tensor([0.2, 0.6, 0.1, 0.1]), torch.tensor([0.4, 0.3, 0.2, 0.1]), torch.tensor([0.9, 0.0, 0.05, 0.05])]
+    ).view(1, 3, 1, 4)
+    old = Routes.from_topk(torch.tensor([[[[0, 1]], [[0, 1]], [[0, 1]]]]), None, [0], 4)
+    mask = torch.tensor([[True, True, False]])
+    gamma = router_shift_ratio(old_scores, new_scores, old, mask)
+    torch.testing.assert_close(gamma, torch.tensor([[0.5, 1.0, 1.0]], dtype=torch.float64), rtol=1e-15, atol=0)
+    # the same gamma the router-shift metric summarises
+    assert router_shift(old_scores, new_scores, old, mask)["shift/mean"] == pytest.approx(0.75, rel=1e-14)

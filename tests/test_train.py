@@ -226,6 +226,20 @@ def test_aggregate_is_over_the_whole_step() -> None:
             r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r2_threshold', 'r3', 'r3_threshold', 'trr'\]",
         ),
         (lambda c: setattr(c.replay, "threshold", -0.1), r"replay.threshold=-0.1 must be >= 0"),
+        (
+            lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.algo, "router_shift", True)),
+            r"algo.router_shift rescales token ratios; algo.name='gspo' has none",
+        ),
+        (lambda c: setattr(c.algo, "router_shift_floor", 0.0), r"algo.router_shift_floor=0.0 must lie in \(0, 1\]"),
+        (
+            lambda c: setattr(c.rollout, "is_correction", "is"),
+            r"rollout.is_correction='is' is not valid; valid: \['icepop', 'mis', 'none', 'tis'\]",
+        ),
+        (
+            lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.rollout, "is_correction", "tis")),
+            r"a token-level rollout.is_correction needs is_level=sequence",
+        ),
+        (lambda c: setattr(c.rollout, "is_low", 1.5), r"need rollout.is_cap > 0 and is_low <= 1 <= is_high"),
         (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
         (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
         (
@@ -264,3 +278,41 @@ def test_train_function_writes_run_directory(tmp_path, cache) -> None:
     meta = json.loads((run / "meta.json").read_text())
     assert meta["seed"] == 0 and meta["run_keys"]["arm"] == "grpo+none" and "torch" in meta["versions"]
     assert "algo:" in (run / "config.yaml").read_text()
+
+
+def test_router_shift_and_engine_correction_on_policy(tmp_path, cache) -> None:
+    # At theta == theta_old the router has not moved (gamma = 1 on every token), so RSPO's factor is 1
+    # and the first update's loss is plain GRPO's, bitwise. The fp32 sampler's log-probs equal the old
+    # pass's up to rounding (|delta| < 1e-4 here), so the tis weight is 1 within that and truncates nothing.
+    def first_update(name: str, change) -> tuple[Trainer, dict[str, float]]:
+        cfg = tiny_config(tmp_path, cache, name=name)
+        change(cfg)
+        trainer = Trainer(cfg)
+        rollout, rewards, _ = trainer.rollout(step=1)
+        old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+        from moe_rl.algos import group_advantages
+        from moe_rl.algos.corrections import engine_weight
+
+        adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
+        weight = None
+        if cfg.rollout.is_correction != "none":
+            weight = engine_weight(
+                old_logp=old_logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, correction="tis"
+            ).weight
+            assert (weight[rollout.response_mask.bool()] - 1).abs().max() < 1e-4
+        rows = torch.arange(len(rollout))[:16]
+        return trainer, trainer.update(rollout, rows, old_logp, adv, old_routes, None, margins, scores, None, weight)
+
+    _, plain = first_update("plain", lambda c: None)
+    _, rspo = first_update("rspo", lambda c: setattr(c.algo, "router_shift", True))
+    assert rspo["loss"] == plain["loss"] and rspo["optim/grad_norm"] == plain["optim/grad_norm"]
+    assert (
+        rspo["ratio/router_shift_scale"] == pytest.approx(1.0, abs=1e-6) and rspo["ratio/router_shift_floor_frac"] == 0
+    )
+    assert "ratio/router_shift_scale" not in plain
+    trainer, tis = first_update("tis", lambda c: setattr(c.rollout, "is_correction", "tis"))
+    assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-4, abs=1e-6)
+    metrics = trainer.step(2)  # the step logs the correction's effect
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["rollout/is_truncated_frac"] == 0.0 and metrics["rollout/is_masked_frac"] == 0.0
+    assert all(defines(k) for k in metrics)

@@ -11,9 +11,9 @@ Shared arguments (B sequences, T response positions):
     mask      (B, T)  bool, valid response tokens (ragged lengths)
     ref_logp  (B, T)  optional log pi_ref, for `beta * KL(pi_theta || pi_ref)` with the k3 estimator
     weight    (B, T)  optional constant per-token weight on the policy term (engine-gap corrections:
-                      truncated or masked importance weights, `moe_rl.algos.corrections`)
+                      truncated or masked importance weights, `moe_rl.algos.corrections.engine_weight`)
     ratio_scale (B, T) optional constant factor on the token ratio before it is clipped or gated
-                      (RSPO's router-shift ratio, `moe_rl.algos.corrections.router_shift_scale`);
+                      (RSPO's floored router-shift ratio, `moe_rl.routing.compare.router_shift_ratio`);
                       token losses only
 Each loss's own hyperparameters (eps_low/eps_high, or SAPO's tau_pos/tau_neg) follow; their paper
 defaults are the keyword defaults and `LOSS_DEFAULTS`.
