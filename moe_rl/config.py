@@ -201,7 +201,13 @@ class TrainConfig:
 
     @property
     def arm(self) -> str:
-        return f"{self.algo.name}+{self.replay.mode}"
+        """`algo+replay`, then `+rspo` and the engine-gap correction when they are on."""
+        parts = [self.algo.name, self.replay.mode]
+        if self.algo.router_shift:
+            parts.append("rspo")
+        if self.rollout.is_correction != "none":
+            parts.append(self.rollout.is_correction)
+        return "+".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
