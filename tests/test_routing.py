@@ -559,6 +559,10 @@ def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> Non
     used = routed.used.indices
     assert torch.equal(used[0, :4], native.indices[0, :4])  # live router where the engine had no route
     assert torch.equal(used[0, 4:], forced.indices[0, 4:])
+    with RoutedPass(model, routes, threshold=0.0) as routed:  # thresholded: the masked ids are never read
+        model(x)
+    assert torch.equal(routed.used.indices, used)
+    assert routed.fallback.tolist() == [0, 6 * routes.shape[2] * routes.top_k]  # slots of the 6 routed positions
 
 
 # --- router shift and flip-vs-margin (hand-built inputs) ----------------------------------------

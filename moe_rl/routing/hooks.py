@@ -424,7 +424,9 @@ class RouteReplay(_ModelHooks):
             sorted_forced = forced
             if self.threshold is not None:
                 scores = selection_scores(router, logits.detach())
-                forced, refilled = filter_replayed(forced, native.long(), scores, self.threshold)
+                live = native.long()
+                forced = torch.where(keep_native, live, forced)  # masked rows may hold any id: never gather them
+                forced, refilled = filter_replayed(forced, live, scores, self.threshold)
                 forced = sort_topk(forced)  # take_native_order compares sorted rows
                 if self.in_pass and not self._applied[i]:
                     valid = ~keep_native
