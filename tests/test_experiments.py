@@ -137,6 +137,14 @@ ARMS = {
 }
 
 
+def test_every_loss_and_replay_mode_has_its_config_group_file() -> None:
+    from moe_rl.algos import LOSSES
+    from moe_rl.routing.modes import REPLAY_MODES
+
+    assert {p.stem for p in (CONF / "algo").glob("*.yaml")} == set(LOSSES)
+    assert {p.stem for p in (CONF / "replay").glob("*.yaml")} == set(REPLAY_MODES)
+
+
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_every_method_arm_composes_and_validates(arm: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
