@@ -213,9 +213,14 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(RATIO_ESS, "normalised effective sample size `(sum r)^2 / (N sum r^2)`, in (0, 1]"),
     Metric(RATIO_EXTREME_FRAC, "fraction of valid tokens with `|delta| > ln 2`"),
-    Metric(RATIO_CLIPFRAC_LOW, "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low`"),
     Metric(
-        RATIO_CLIPFRAC_HIGH, "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high`"
+        RATIO_CLIPFRAC_LOW,
+        "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low` (CISPO: tokens "
+        "whose weight is truncated there, whatever the advantage; SAPO has no clip: 0)",
+    ),
+    Metric(
+        RATIO_CLIPFRAC_HIGH,
+        "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high` (CISPO, SAPO: as above)",
     ),
     Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
     Metric(

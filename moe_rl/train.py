@@ -7,7 +7,10 @@ Per step (docs/design.md §1, §3):
    policy's routes (R2). Under R3 this pass already replays the rollout routes;
 3. N updates on a shuffled split of the batch into N mini-batches; updates 2..N are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (R2: old pass,
-   R3: rollout) while recording what the router would have chosen natively.
+   R3: rollout; thresholded or with the combine weights as `moe_rl.routing.modes` says) while
+   recording what the router would have chosen natively. The loss may scale each token ratio by
+   RSPO's router-shift factor (`algo.router_shift`) and weight each token by the engine-gap
+   correction (`rollout.is_correction`), both constants computed from what the passes recorded.
 Metrics of each update are aggregated over the whole step (mean; `ratio/token_max` is a max).
 
 How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
