@@ -11,14 +11,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
+from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
+from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
 from moe_rl.runio import NUMERICS
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
-REPLAY_MODES = ("none", "r2", "r3")
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence tests bound by rounding
 ENGINES = ("hf", "vllm")
@@ -59,19 +60,31 @@ class TaskConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"
-    eps_low: float | None = None  # None: the paper default of the algorithm
+    eps_low: float | None = None  # None: the paper default of the algorithm (losses that clip)
     eps_high: float | None = None
     agg: str = "seq-mean-token-mean"
     beta: float = 0.0  # k3 KL to the cold-start policy
+    tau_pos: float | None = None  # sapo: gate temperature for A > 0; None: the paper's 1.0
+    tau_neg: float | None = None  # sapo: gate temperature for A <= 0; None: the paper's 1.05
+    router_shift: bool = False  # RSPO (arXiv 2510.23027): token ratio times sg[max(gamma_t, floor)] (token losses)
+    router_shift_floor: float = 0.5  # lower bound of the router-shift factor (RSPO's floor)
 
     def eps(self) -> tuple[float, float]:
         low, high = DEFAULT_EPS[self.name]
         return (low if self.eps_low is None else self.eps_low, high if self.eps_high is None else self.eps_high)
 
+    def loss_kwargs(self) -> dict[str, float]:
+        """The loss's own hyperparameters (`LOSS_DEFAULTS`), with the ones set here."""
+        return {
+            k: default if getattr(self, k) is None else getattr(self, k)
+            for k, default in LOSS_DEFAULTS[self.name].items()
+        }
+
 
 @dataclass
 class ReplayConfig:
     mode: str = "none"
+    threshold: float = 0.5  # *_threshold modes: keep a replayed expert scoring >= this x the weakest live top-k
 
 
 @dataclass
@@ -83,6 +96,11 @@ class RolloutConfig:
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
     engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
     engine_sync_every: int = 1  # vllm: sync the trainer's weights every K steps (K > 1: stale, off-policy)
+    is_correction: str = "none"  # engine-gap weight on the policy term: none | tis | mis | icepop
+    is_level: str = "token"  # token | sequence: the behaviour/trainer ratio per token or per sequence (product)
+    is_cap: float = 2.0  # tis / mis: truncate at / drop above this ratio
+    is_low: float = 0.5  # icepop: tokens whose ratio lies outside [is_low, is_high] are masked
+    is_high: float = 5.0  # icepop: upper end of the band
 
 
 @dataclass
@@ -185,7 +203,13 @@ class TrainConfig:
 
     @property
     def arm(self) -> str:
-        return f"{self.algo.name}+{self.replay.mode}"
+        """`algo+replay`, then `+rspo` and the engine-gap correction when they are on."""
+        parts = [self.algo.name, self.replay.mode]
+        if self.algo.router_shift:
+            parts.append("rspo")
+        if self.rollout.is_correction != "none":
+            parts.append(self.rollout.is_correction)
+        return "+".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,7 +242,17 @@ def run_dir(cfg: TrainConfig) -> str:
 # shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
 _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
-    "rollout": {"engine": "hf", "engine_sync_every": 1},
+    "rollout": {
+        "engine": "hf",
+        "engine_sync_every": 1,
+        "is_correction": "none",
+        "is_level": "token",
+        "is_cap": 2.0,
+        "is_low": 0.5,
+        "is_high": 5.0,
+    },
+    "algo": {"tau_pos": None, "tau_neg": None, "router_shift": False, "router_shift_floor": 0.5},
+    "replay": {"threshold": 0.5},
     "task": {
         "path": None,
         "prompt_field": "prompt",
@@ -281,6 +315,23 @@ def _check_checkpoint(path: str, family: str) -> None:
         )
 
 
+def _check_loss_params(algo: AlgoConfig) -> None:
+    """The loss's own hyperparameters in range; one set for another loss is refused, not ignored."""
+    own = LOSS_DEFAULTS[algo.name]
+    for key in ("eps_low", "eps_high", "tau_pos", "tau_neg"):
+        if key not in own and getattr(algo, key) is not None:
+            raise ValueError(f"algo.{key} is not a parameter of algo.name={algo.name!r}; its parameters: {sorted(own)}")
+    if algo.name in DEFAULT_EPS:
+        eps_low, eps_high = algo.eps()
+        if not 0 <= eps_low <= 1:
+            raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
+        if eps_high < eps_low and algo.name != "cispo":  # cispo: no lower bound (eps_low 1) is the default
+            raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+    for key, value in algo.loss_kwargs().items():
+        if key.startswith("tau") and value <= 0:
+            raise ValueError(f"algo.{key}={value} must be > 0")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key (ImportError for a logger whose package is
     missing); return `cfg` unchanged otherwise."""
@@ -333,11 +384,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
     if cfg.model.experts_implementation is not None:
         _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
-    eps_low, eps_high = cfg.algo.eps()
-    if not 0 <= eps_low < 1:
-        raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1)")
-    if eps_high < eps_low:
-        raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+    _check_loss_params(cfg.algo)
     if cfg.rollout.group_size < 2:
         raise ValueError(f"rollout.group_size={cfg.rollout.group_size} must be >= 2 (group-normalised advantages)")
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
@@ -351,8 +398,30 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.rollout.temperature <= 0:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
-    if cfg.replay.mode == "r3" and not cfg.rollout.record_routes:
-        raise ValueError("replay.mode='r3' replays rollout routes, but rollout.record_routes=false records none")
+    if REPLAY_MODES[cfg.replay.mode].source == ROLLOUT and not cfg.rollout.record_routes:
+        raise ValueError(
+            f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
+        )
+    if cfg.algo.router_shift and cfg.algo.name not in TOKEN_RATIO_LOSSES:
+        raise ValueError(
+            f"algo.router_shift rescales token ratios; algo.name={cfg.algo.name!r} has none. "
+            f"Use one of {list(TOKEN_RATIO_LOSSES)}"
+        )
+    if not 0 < cfg.algo.router_shift_floor <= 1:
+        raise ValueError(f"algo.router_shift_floor={cfg.algo.router_shift_floor} must lie in (0, 1]")
+    _one_of("rollout.is_correction", cfg.rollout.is_correction, ["none", *CORRECTIONS])
+    _one_of("rollout.is_level", cfg.rollout.is_level, LEVELS)
+    if cfg.rollout.is_correction != "none" and cfg.algo.name == "gspo" and cfg.rollout.is_level == "token":
+        raise ValueError(
+            "algo.name='gspo' is a sequence loss: a token-level rollout.is_correction needs is_level=sequence"
+        )
+    if not (cfg.rollout.is_cap > 0 and 0 <= cfg.rollout.is_low <= 1 <= cfg.rollout.is_high):
+        raise ValueError(
+            f"need rollout.is_cap > 0 and is_low <= 1 <= is_high, got is_cap={cfg.rollout.is_cap}, "
+            f"is_low={cfg.rollout.is_low}, is_high={cfg.rollout.is_high}"
+        )
+    if cfg.replay.threshold < 0:
+        raise ValueError(f"replay.threshold={cfg.replay.threshold} must be >= 0")
     for key, value, low in [
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
         ("checkpoint_every", cfg.checkpoint_every, 0),

@@ -51,10 +51,12 @@ MEANINGS = {
     "task.prompt_field": "column of the data file holding the prompt",
     "task.answer_field": "column holding the reference answer",
     "task.system_prompt": "system message (chat template) or text before the prompt",
-    "algo.name": "grpo | gspo | gspo_token",
+    "algo.name": "grpo | gspo | gspo_token | sapo | cispo",
     "algo.eps_high": "upper clip range (None: the paper default of the algorithm)",
     "algo.agg": "loss aggregation over tokens and sequences",
-    "replay.mode": "Routing Replay: none | r2 (old-policy routes) | r3 (rollout routes)",
+    "replay.mode": "Routing Replay: none | r2 (old-policy routes) | r3 (rollout routes) | r2_threshold | "
+    "r3_threshold (replayed experts the live router still scores highly) | trr (old-policy ids and combine "
+    "weights; moe_rl.routing.modes)",
     "rollout.prompts_per_step": "prompts per RL step",
     "rollout.group_size": "completions sampled per prompt (G of the group-normalised advantage)",
     "rollout.temperature": "sampling temperature of rollouts (and of the log-probs)",

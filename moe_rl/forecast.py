@@ -272,7 +272,8 @@ def probe(cfg, steps: int) -> dict[str, Any]:
         raise ValueError("the movement is measured on off-policy updates: set optim.updates_per_rollout >= 2")
     trainer = Trainer(cfg)
     rollout, _, _ = trainer.rollout(1)
-    _, old_routes, _, old_scores = trainer.old_pass(rollout)
+    old = trainer.old_pass(rollout)
+    old_routes, old_scores = old.routes, old.scores
     scores = old_scores[old_routes.mask]  # (n, L, E) router probabilities of the valid tokens
     gaps, _ = boundary_gaps(scores, old_routes.top_k)  # (n, L)
     history = [trainer.step(s) for s in range(1, steps + 1)]

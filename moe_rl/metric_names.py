@@ -125,6 +125,12 @@ TIME_UPDATE_S = "time/update_s"
 TIME_EVAL_S = "time/eval_s"
 TIME_ENGINE_SYNC_S = "time/engine_sync_s"
 ROUTE_MOVE_RMS = "route/old_vs_new/move/rms"
+ROUTE_REPLAY_FALLBACK_FRAC = "route/replay_fallback_frac"
+RATIO_ROUTER_SHIFT_SCALE = "ratio/router_shift_scale"
+RATIO_ROUTER_SHIFT_FLOOR_FRAC = "ratio/router_shift_floor_frac"
+ROLLOUT_IS_WEIGHT_MEAN = "rollout/is_weight_mean"
+ROLLOUT_IS_TRUNCATED_FRAC = "rollout/is_truncated_frac"
+ROLLOUT_IS_MASKED_FRAC = "rollout/is_masked_frac"
 
 
 def pass_at_key(k: int | str) -> str:
@@ -207,9 +213,14 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(RATIO_ESS, "normalised effective sample size `(sum r)^2 / (N sum r^2)`, in (0, 1]"),
     Metric(RATIO_EXTREME_FRAC, "fraction of valid tokens with `|delta| > ln 2`"),
-    Metric(RATIO_CLIPFRAC_LOW, "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low`"),
     Metric(
-        RATIO_CLIPFRAC_HIGH, "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high`"
+        RATIO_CLIPFRAC_LOW,
+        "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low` (CISPO: tokens "
+        "whose weight is truncated there, whatever the advantage; SAPO has no clip: 0)",
+    ),
+    Metric(
+        RATIO_CLIPFRAC_HIGH,
+        "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high` (CISPO, SAPO: as above)",
     ),
     Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
     Metric(
@@ -266,6 +277,31 @@ METRICS: tuple[Metric, ...] = (
         "`rollout.engine=vllm`: largest |engine logp - trainer logp| on the step's rollout, checked after the first syncs",
     ),
     Metric(TIME_ENGINE_SYNC_S, "`rollout.engine=vllm`: wall seconds of the step's in-place weight sync"),
+    Metric(
+        ROUTE_REPLAY_FALLBACK_FRAC,
+        "`replay.mode=r2_threshold|r3_threshold`: share of the replayed expert slots (valid t, every layer "
+        "and slot) whose live router score fell below `replay.threshold` times the weakest live top-k "
+        "score, so a live top-k expert took the slot",
+    ),
+    Metric(
+        RATIO_ROUTER_SHIFT_SCALE,
+        "`algo.router_shift=true` (RSPO): mean over valid response tokens of the constant factor "
+        "`max(gamma_t, algo.router_shift_floor)` the token ratio was scaled by",
+    ),
+    Metric(RATIO_ROUTER_SHIFT_FLOOR_FRAC, "`algo.router_shift=true`: fraction of those tokens held at the floor"),
+    Metric(
+        ROLLOUT_IS_WEIGHT_MEAN,
+        "`rollout.is_correction` set: mean over valid completion tokens of the engine-gap weight applied to "
+        "each token's policy term (the behaviour/trainer ratio `exp(old logp - rollout logp)`, corrected)",
+    ),
+    Metric(
+        ROLLOUT_IS_TRUNCATED_FRAC,
+        "`rollout.is_correction=tis`: fraction of valid completion tokens whose weight was truncated at the cap",
+    ),
+    Metric(
+        ROLLOUT_IS_MASKED_FRAC,
+        "`rollout.is_correction=mis|icepop`: fraction of valid completion tokens whose weight was set to 0",
+    ),
     Metric(
         pass_at_key("{k}"),
         "unbiased pass@k on the held-out split from `pass_at_k.n` samples per problem (only when `pass_at_k.k` is set)",

@@ -7,7 +7,10 @@ Per step (docs/design.md §1, §3):
    policy's routes (R2). Under R3 this pass already replays the rollout routes;
 3. N updates on a shuffled split of the batch into N mini-batches; updates 2..N are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (R2: old pass,
-   R3: rollout) while recording what the router would have chosen natively.
+   R3: rollout; thresholded or with the combine weights as `moe_rl.routing.modes` says) while
+   recording what the router would have chosen natively. The loss may scale each token ratio by
+   RSPO's router-shift factor (`algo.router_shift`) and weight each token by the engine-gap
+   correction (`rollout.is_correction`), both constants computed from what the passes recorded.
 Metrics of each update are aggregated over the whole step (mean; `ratio/token_max` is a max).
 
 How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
@@ -28,12 +31,13 @@ import math
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import transformers
 
 from moe_rl.algos import get_loss, group_advantages
+from moe_rl.algos.corrections import engine_weight
 from moe_rl.cold_start import evaluate, expected_key, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.distributed import Dist, peer_lost, world_size_from_env
@@ -48,18 +52,24 @@ from moe_rl.metric_names import (
     OLD_VS_NEW,
     OPTIM_GRAD_NORM,
     POLICY_ENTROPY,
+    RATIO_ROUTER_SHIFT_FLOOR_FRAC,
+    RATIO_ROUTER_SHIFT_SCALE,
     REWARD_ERRORS,
     REWARD_MEAN,
     REWARD_STD,
     REWARD_ZERO_VAR_GROUP_FRAC,
     ROLLOUT_ENGINE_STALENESS,
     ROLLOUT_ENGINE_SYNC_MAX_DIFF,
+    ROLLOUT_IS_MASKED_FRAC,
+    ROLLOUT_IS_TRUNCATED_FRAC,
+    ROLLOUT_IS_WEIGHT_MEAN,
     ROLLOUT_LOGP_GAP,
     ROLLOUT_LOGP_GAP_OVER_LN2,
     ROLLOUT_RESPONSE_LEN,
     ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROLLOUT_VS_OLD,
     ROUTE_PREFIX,
+    ROUTE_REPLAY_FALLBACK_FRAC,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     TASK_ACCURACY,
     TIME_ENGINE_SYNC_S,
@@ -86,8 +96,10 @@ from moe_rl.routing.compare import (
     position_finalize,
     position_parts,
     router_shift_gaps,
+    router_shift_ratio,
     shift_summary,
 )
+from moe_rl.routing.modes import replay_mode
 from moe_rl.runio import (
     FINISHED,
     RunDirectoryError,
@@ -168,6 +180,16 @@ def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+class OldPass(NamedTuple):
+    """What the old-policy pass gives the updates."""
+
+    logp: torch.Tensor  # (B, T) old_logp
+    routes: Routes  # the old policy's native routes
+    margins: torch.Tensor  # (B, T, L) k-th vs (k+1)-th router probability gaps
+    scores: torch.Tensor  # (B, T, L, E) router selection probabilities
+    weights: torch.Tensor | None  # (B, T, L, k) float32 combine weights (replay modes that force them), else None
+
+
 class Trainer:
     """State of one run; `train(cfg)` is the entry point."""
 
@@ -213,7 +235,9 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.loss_fn = get_loss(cfg.algo.name)
-        self.eps_low, self.eps_high = cfg.algo.eps()
+        self.replay_mode = replay_mode(cfg.replay.mode)
+        self.replay_threshold = cfg.replay.threshold if self.replay_mode.threshold else None
+        self.loss_kwargs = cfg.algo.loss_kwargs()  # eps_low/eps_high, or SAPO's tau_pos/tau_neg
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
         self.reward_metrics: dict[str, float] = {}
@@ -300,12 +324,20 @@ class Trainer:
             self.engine_checks += 1
         return rollout
 
-    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
-        """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
-        replay = rollout.routes if self.cfg.replay.mode == "r3" else None
-        with torch.no_grad(), RoutedPass(self.policy, replay, margins=True, scores=True) as routed:
+    def old_pass(self, rollout: Rollout) -> OldPass:
+        """old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
+        the combine weights the experts received when the replay mode forces them (`trr`)."""
+        mode = self.replay_mode
+        replay = rollout.routes if mode.old_pass_replays else None
+        with (
+            torch.no_grad(),
+            RoutedPass(
+                self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
+            ) as routed,
+        ):
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-        return old_logp, routed.native.with_mask(rollout.token_mask), routed.margins, routed.scores
+        native = routed.native.with_mask(rollout.token_mask)
+        return OldPass(old_logp, native, routed.margins, routed.scores, routed.weights if mode.weights else None)
 
     def update(
         self,
@@ -317,11 +349,17 @@ class Trainer:
         replay_routes: Routes | None,
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
+        replay_weights: torch.Tensor | None = None,
+        is_weight: torch.Tensor | None = None,
     ) -> dict[str, float]:
+        """One update on mini-batch `rows`; `is_weight` (B, T) is the engine-gap weight of the whole batch."""
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
-        with RoutedPass(self.policy, replay, scores=True) as routed:
+        forced_weights = replay_weights[rows] if replay_weights is not None and replay is not None else None
+        with RoutedPass(
+            self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights
+        ) as routed:
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
         native = routed.native.with_mask(valid)
@@ -329,16 +367,22 @@ class Trainer:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
+        old = old_routes[rows]
+        shift_scale = None
+        if cfg.algo.router_shift:  # RSPO: sg[max(gamma_t, floor)] from the scores this pass already has
+            gamma = router_shift_ratio(old_scores[rows], routed.scores, old, mask)
+            shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
         loss, loss_metrics = self.loss_fn(
             logp=logp,
             old_logp=old_logp[rows],
             adv=adv[rows],
             mask=mask,
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
+            **self.loss_kwargs,
             ref_logp=ref_logp,
             beta=cfg.algo.beta,
             agg=cfg.algo.agg,
+            weight=is_weight[rows] if is_weight is not None else None,
+            ratio_scale=shift_scale,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
@@ -355,9 +399,16 @@ class Trainer:
         ).tolist()  # one transfer
         means = {**loss_metrics, LOSS: scalars[0], POLICY_ENTROPY: scalars[2]}
         weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
+        if shift_scale is not None:
+            valid_scale = shift_scale[mask.bool()].double()
+            n = max(valid_scale.numel(), 1)
+            floored = (valid_scale <= cfg.algo.router_shift_floor).sum().item() / n
+            means.update(
+                {RATIO_ROUTER_SHIFT_SCALE: valid_scale.sum().item() / n, RATIO_ROUTER_SHIFT_FLOOR_FRAC: floored}
+            )
+            weights.update({RATIO_ROUTER_SHIFT_SCALE: scalars[3], RATIO_ROUTER_SHIFT_FLOOR_FRAC: scalars[3]})
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
-        old = old_routes[rows]
         overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
         buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
         parts = Partial().add("mean", mean_parts(means, weights))
@@ -375,9 +426,14 @@ class Trainer:
         if replay is not None:
             parts.add("native_vs_replayed", compare_parts(native, replay))
             parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+        if self.replay_threshold is not None:
+            refilled, slots = routed.fallback.double()
+            parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
+        if shift_scale is not None:
+            metrics.update({k: pooled[k] for k in (RATIO_ROUTER_SHIFT_SCALE, RATIO_ROUTER_SHIFT_FLOOR_FRAC)})
         metrics.update(ratio_finalize(parts.sub("ratio")))
         metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
         metrics.update({route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
@@ -398,6 +454,9 @@ class Trainer:
                 }
             )
             metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
+        if self.replay_threshold is not None:
+            fallback = parts.sub("fallback").sums
+            metrics[ROUTE_REPLAY_FALLBACK_FRAC] = (fallback["refilled"] / fallback["slots"].clamp(min=1)).item()
         return metrics
 
     def step(self, step: int) -> dict[str, float]:
@@ -409,16 +468,40 @@ class Trainer:
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards live on the CPU
         t1 = time.perf_counter()
-        old_logp, old_routes, margins, old_scores = self.old_pass(rollout)
+        old = self.old_pass(rollout)
+        old_logp, old_routes, margins, old_scores = old.logp, old.routes, old.margins, old.scores
         t2 = time.perf_counter()
-        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[cfg.replay.mode]
+        replay_routes = self.replay_mode.pick(old=old_routes, rollout=rollout.routes)
+        correction = None
+        if cfg.rollout.is_correction != "none":  # the behaviour (rollout) / trainer gap, constant over the updates
+            correction = engine_weight(
+                old_logp=old_logp,
+                rollout_logp=rollout.rollout_logp,
+                mask=rollout.response_mask,
+                correction=cfg.rollout.is_correction,
+                level=cfg.rollout.is_level,
+                cap=cfg.rollout.is_cap,
+                low=cfg.rollout.is_low,
+                high=cfg.rollout.is_high,
+            )
         B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
         updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
-            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
+            self.update(
+                rollout,
+                rows,
+                old_logp,
+                adv,
+                old_routes,
+                replay_routes,
+                margins,
+                old_scores,
+                old.weights,
+                correction.weight if correction is not None else None,
+            )
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()
@@ -443,6 +526,17 @@ class Trainer:
             },
             rows={"rewards": rewards},
         ).add("margins", margin_parts(margins, old_routes.mask))
+        if correction is not None:
+            parts.add(
+                "is",
+                Partial(
+                    sums={
+                        "weight": (correction.weight.double() * mask).sum(),
+                        "truncated": correction.truncated.sum(),
+                        "masked": correction.masked.sum(),
+                    }
+                ),
+            )
         if rollout.routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
@@ -466,6 +560,11 @@ class Trainer:
                 **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
+        if correction is not None:
+            tokens = sums["tokens"].clamp(min=1).item()
+            metrics[ROLLOUT_IS_WEIGHT_MEAN] = sums["is/weight"].item() / tokens
+            metrics[ROLLOUT_IS_TRUNCATED_FRAC] = sums["is/truncated"].item() / tokens
+            metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
         if self.engine is not None:
             metrics.update(self.engine_metrics)
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows

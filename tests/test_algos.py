@@ -11,13 +11,18 @@ import torch
 from moe_rl.algos import (
     AGG_MODES,
     DEFAULT_EPS,
+    LOSS_DEFAULTS,
     LOSSES,
+    TOKEN_RATIO_LOSSES,
+    cispo_loss,
     get_loss,
     group_advantages,
     grpo_loss,
     gspo_loss,
     gspo_token_loss,
+    sapo_loss,
 )
+from moe_rl.algos.corrections import engine_weight
 
 LN = math.log
 DT = torch.float64
@@ -123,6 +128,48 @@ def test_grpo_empty_sequence_and_garbage_at_masked_positions():
         (grad,) = torch.autograd.grad(loss, logp)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
         assert grad[2].eq(0).all() and grad[1, 2] == 0
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_masked_positions_never_leak(name, agg):
+    # Every loss, with a weight and (token losses) a ratio scale: garbage (inf / NaN / huge) in logp,
+    # weight and ratio_scale at masked positions, plus an all-masked row, gives bitwise the value and
+    # gradient of the clean batch, and a zero gradient at every masked position.
+    logp, old_logp, adv, mask = _grpo_example()
+    weight = _t([[2.0, 0.5, 1.0], [0.5, 1.0, 1.0]])
+    scale = _t([[0.5, 1.0, 1.0], [1.0, 2.0, 1.0]]) if name in TOKEN_RATIO_LOSSES else None
+    if name == "gspo":
+        weight = _t([[2.0, 2.0, 2.0], [0.5, 0.5, 0.5]])  # a sequence-level weight
+    kw = dict(agg=agg, beta=0.1)
+    clean, _ = LOSSES[name](
+        logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=old_logp, weight=weight, ratio_scale=scale, **kw
+    )
+    (clean_grad,) = torch.autograd.grad(clean, logp)
+    bad = _t([[1000.0, float("inf"), float("nan")]])
+    dirty = torch.cat([logp.detach(), bad])
+    dirty[1, 2] = float("nan")
+    dirty.requires_grad_(True)
+    nan_row = _t([[float("nan")] * 3])
+    dirty_weight = torch.cat([weight, nan_row])
+    dirty_weight[1, 2] = float("inf")
+    dirty_scale = None
+    if scale is not None:
+        dirty_scale = torch.cat([scale, nan_row])
+        dirty_scale[1, 2] = float("nan")
+    loss, _ = LOSSES[name](
+        logp=dirty,
+        old_logp=torch.cat([old_logp, _t([[0.0, float("nan"), 0.0]])]),
+        adv=torch.cat([adv, _t([5.0])]),
+        mask=torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)]),
+        ref_logp=torch.cat([old_logp, bad]),
+        weight=dirty_weight,
+        ratio_scale=dirty_scale,
+        **kw,
+    )
+    (grad,) = torch.autograd.grad(loss, dirty)
+    assert loss.item() == clean.item()
+    assert torch.equal(grad[:2], clean_grad) and grad[2].eq(0).all() and grad[1, 2] == 0
 
 
 def test_all_empty_batch_gives_zero_loss():
@@ -278,13 +325,16 @@ def test_gspo_equals_gspo_token_on_random_inputs(agg):
 
 
 def test_registry_and_defaults():
-    assert set(LOSSES) == set(DEFAULT_EPS) == {"grpo", "gspo", "gspo_token"}
+    assert set(LOSSES) == set(LOSS_DEFAULTS) == {"grpo", "gspo", "gspo_token", "sapo", "cispo"}
+    assert set(DEFAULT_EPS) == {"grpo", "gspo", "gspo_token", "cispo"}
+    assert LOSS_DEFAULTS["sapo"] == {"tau_pos": 1.0, "tau_neg": 1.05}  # arXiv 2511.20347
+    assert DEFAULT_EPS["cispo"] == (1.0, 0.28)  # no lower bound on the weight
     for name, fn in LOSSES.items():
         assert get_loss(name) is fn
         params = inspect.signature(fn).parameters
-        assert (params["eps_low"].default, params["eps_high"].default) == DEFAULT_EPS[name]
+        assert {k: params[k].default for k in LOSS_DEFAULTS[name]} == LOSS_DEFAULTS[name]
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
-    with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: grpo, gspo, gspo_token"):
+    with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: cispo, grpo, gspo, gspo_token, sapo"):
         get_loss("ppo")
 
 
@@ -307,11 +357,215 @@ def test_input_errors(name):
         fn(**ok, beta=0.1)
     with pytest.raises(ValueError, match=r"ref_logp shape"):
         fn(**ok, ref_logp=torch.zeros(2, 2))
-    with pytest.raises(ValueError, match="eps_low"):
-        fn(**ok, eps_low=1.5)
+    params = LOSS_DEFAULTS[name]
+    if "eps_low" in params:
+        with pytest.raises(ValueError, match="eps_low"):
+            fn(**ok, eps_low=1.5)
+    else:
+        with pytest.raises(ValueError, match="tau_pos > 0"):
+            fn(**ok, tau_pos=0.0)
+    with pytest.raises(ValueError, match=r"weight shape \(2, 2\)"):
+        fn(**ok, weight=torch.zeros(2, 2))
 
 
 def test_gspo_rejects_token_advantage():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"adv shape \(2, 3\) must be \(2,\)"):
         gspo_loss(logp=x, old_logp=x, adv=torch.zeros(2, 3), mask=torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_gspo_refuses_ratio_scale():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="gspo is a sequence loss; ratio_scale"):
+        gspo_loss(logp=x, old_logp=x, adv=torch.zeros(2), mask=torch.ones(2, 3, dtype=torch.bool), ratio_scale=x)
+
+
+# ---------------------------------------------------------------- weight and ratio_scale (GRPO by hand)
+
+
+def test_grpo_token_weight_by_hand():
+    # the token terms of _grpo_example, [-1.27, -0.5, -1.0] and [3.0, 1.6], times the weights
+    # [2, 0, 1] and [0.5, 1]: [-2.54, 0, -1] and [1.5, 1.6]; token-mean (-3.54 + 3.1) / 5 = -0.088.
+    # gradient: -A r w / 5 on unclipped tokens: seq 0 [0 (clipped), 0 (w = 0), -0.2]; seq 1 [2 * 1.5 * 0.5 / 5, 0 (clipped)]
+    logp, old_logp, adv, mask = _grpo_example()
+    weight = _t([[2.0, 0.0, 1.0], [0.5, 1.0, 7.0]])
+    loss, m = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", weight=weight)
+    assert loss.item() == pytest.approx(-0.088, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[0.0, 0.0, -0.2], [0.3, 0.0, 0.0]]), rtol=0, atol=1e-15)
+    assert m["ratio/clipfrac_high"] == pytest.approx(1 / 5)  # clip fractions are of the ratio, not the weight
+
+
+def test_grpo_ratio_scale_by_hand():
+    # the ratios of _grpo_example, [1.5, 0.5, 1] and [1.5, 0.5], times [0.5, 1, 1] and [1, 2]:
+    # seq 0 (A = 1): 0.75 (below 0.8, but A > 0: min(0.75, 0.8) = 0.75, unclipped), 0.5, 1  -> -0.75, -0.5, -1
+    # seq 1 (A = -2): 1.5 (A < 0: unclipped) -> 3;  0.5 * 2 = 1 inside the range -> 2
+    # token-mean (-2.25 + 5) / 5 = 0.55; gradient -A r s / 5 everywhere (nothing clipped):
+    # seq 0 [-0.15, -0.1, -0.2], seq 1 [0.6, 0.4]
+    logp, old_logp, adv, mask = _grpo_example()
+    scale = _t([[0.5, 1.0, 1.0], [1.0, 2.0, 9.0]])
+    loss, m = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", ratio_scale=scale)
+    assert loss.item() == pytest.approx(0.55, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[-0.15, -0.1, -0.2], [0.6, 0.4, 0.0]]), rtol=1e-14, atol=1e-15)
+    assert m["ratio/clipfrac_high"] == 0.0 and m["ratio/clipfrac_low"] == 0.0
+
+
+# ---------------------------------------------------------------- SAPO by hand
+
+
+def _sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+# SAPO on _grpo_example, f(r) = sigma(tau (r - 1)) * 4 / tau, token term -f(r) A:
+# seq 0, A = +1, tau_pos = 1: r = 1.5, 0.5, 1 -> f = 4 sigma(0.5), 4 sigma(-0.5), 2; since
+#   sigma(x) + sigma(-x) = 1 the terms sum to -(4 + 2) = -6, mean -2
+# seq 1, A = -2, tau_neg = 1.05: r = 1.5, 0.5 -> f = (4 / 1.05) sigma(0.525), (4 / 1.05) sigma(-0.525),
+#   which sum to 4 / 1.05; terms +2 f sum to 8 / 1.05, mean 4 / 1.05
+SAPO_SEQ_MEAN = (-2 + 4 / 1.05) / 2
+SAPO_TOKEN_MEAN = (-6 + 8 / 1.05) / 5
+
+
+@pytest.mark.parametrize(("agg", "expected"), [("seq-mean-token-mean", SAPO_SEQ_MEAN), ("token-mean", SAPO_TOKEN_MEAN)])
+def test_sapo_by_hand(agg, expected):
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, m = sapo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["loss/policy"] == pytest.approx(expected, rel=1e-12)
+    assert m["ratio/clipfrac_low"] == 0.0 and m["ratio/clipfrac_high"] == 0.0  # no clipped branch
+
+
+def test_sapo_gradient_by_hand_token_mean():
+    # d(-f(r) A)/d logp = -A * 4 sigma (1 - sigma) * r, over 5 tokens; nothing is dropped
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, _ = sapo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    (grad,) = torch.autograd.grad(loss, logp)
+    g_pos = 4 * _sig(0.5) * _sig(-0.5)  # tau 1 at r = 1.5 and r = 0.5 (sigma(x) sigma(-x) is even in x)
+    g_neg = 4 * _sig(0.525) * _sig(-0.525)  # tau 1.05
+    expected = [[-g_pos * 1.5 / 5, -g_pos * 0.5 / 5, -1.0 / 5], [2 * g_neg * 1.5 / 5, 2 * g_neg * 0.5 / 5, 0.0]]
+    torch.testing.assert_close(grad, _t(expected), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("tau", [0.5, 1.0, 3.0])
+def test_sapo_on_policy_gradient_is_the_policy_gradient_for_any_tau(tau):
+    # the 4 / tau normalisation: at r = 1, f'(1) = 4 sigma(0) (1 - sigma(0)) = 1 whatever tau, so the
+    # gradient is GRPO's on-policy gradient; the value there is -mean(A) * 2 / tau
+    logp, _, adv, mask = _grpo_example()
+    kw = dict(logp=logp, old_logp=logp.detach(), adv=adv, mask=mask, agg="token-mean")
+    loss, _ = sapo_loss(**kw, tau_pos=tau, tau_neg=tau)
+    reference, _ = grpo_loss(**kw)
+    assert loss.item() == pytest.approx(-(3 * 1 + 2 * -2) / 5 * 2 / tau, rel=1e-12)
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (loss, reference))
+    torch.testing.assert_close(ga, gb, rtol=1e-15, atol=1e-16)
+
+
+def test_sapo_negative_advantages_decay_faster():
+    # the asymmetry: at the same |r - 1| the larger tau_neg shrinks the gradient weight 4 sigma (1 - sigma) more
+    logp = _t([[LN(2.0)], [LN(2.0)]]).requires_grad_(True)
+    loss, _ = sapo_loss(
+        logp=logp, old_logp=_t([[0.0], [0.0]]), adv=_t([1.0, -1.0]), mask=torch.ones(2, 1, dtype=torch.bool)
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    # seq mean over 2 rows: -A * 4 sigma(tau) sigma(-tau) * 2 / 2
+    torch.testing.assert_close(
+        grad, _t([[-4 * _sig(1.0) * _sig(-1.0)], [4 * _sig(1.05) * _sig(-1.05)]]), rtol=1e-13, atol=0
+    )
+    assert -grad[0, 0] > grad[1, 0] > 0
+
+
+# ---------------------------------------------------------------- CISPO by hand
+
+# CISPO on _grpo_example with the defaults (eps_low 1, eps_high 0.28: weights clipped to [0, 1.28]):
+# seq 0, A = +1: w = 1.28 (r = 1.5 truncated), 0.5, 1   -> terms -1.28, -0.5, -1
+# seq 1, A = -2: w = 1.28 (truncated), 0.5              -> terms 2.56, 1.0
+CISPO_TOKEN_MEAN = (-2.78 + 3.56) / 5
+CISPO_SEQ_MEAN = (-2.78 / 3 + 3.56 / 2) / 2
+
+
+@pytest.mark.parametrize(
+    ("agg", "expected"), [("seq-mean-token-mean", CISPO_SEQ_MEAN), ("token-mean", CISPO_TOKEN_MEAN)]
+)
+def test_cispo_by_hand(agg, expected):
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, m = cispo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["ratio/clipfrac_high"] == pytest.approx(2 / 5)  # both r = 1.5 tokens, whatever the sign of A
+    assert m["ratio/clipfrac_low"] == 0.0
+
+
+def test_cispo_gradient_keeps_every_token():
+    # d loss / d logp = -A sg[w] / 5 (token-mean): the truncated tokens keep a gradient (GRPO's is 0 there)
+    # seq 0: [-1.28, -0.5, -1] / 5; seq 1: [2 * 1.28, 2 * 0.5] / 5
+    logp, old_logp, adv, mask = _grpo_example()
+    loss, _ = cispo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[-0.256, -0.1, -0.2], [0.512, 0.2, 0.0]]), rtol=1e-13, atol=0)
+    grpo, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    (grpo_grad,) = torch.autograd.grad(grpo, logp)
+    assert grpo_grad[0, 0] == 0 and grpo_grad[1, 1] == 0 and grad[0, 0] != 0 and grad[1, 1] != 0
+
+
+def test_cispo_weight_is_stop_gradient():
+    # sg[w]: inside the range w = r, and the gradient of -sg[w] A pi / sg[pi] is -A r = -0.5 at r = 0.5;
+    # a weight that carried a gradient would give d(-r A pi / sg[pi]) / d logp = -2 A r = -1.0
+    logp = _t([[LN(0.5)]]).requires_grad_(True)
+    loss, _ = cispo_loss(logp=logp, old_logp=_t([[0.0]]), adv=_t([1.0]), mask=torch.ones(1, 1, dtype=torch.bool))
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == pytest.approx(-0.5, rel=1e-15)
+    assert grad.item() == pytest.approx(-0.5, rel=1e-15)
+
+
+# ---------------------------------------------------------------- engine-gap corrections by hand
+
+
+# behaviour/trainer ratios rho = exp(old_logp - rollout_logp): seq 0 [3, 0.25, 1], seq 1 [0.4, 6, masked]
+def _engine_example():
+    rollout_logp = _t([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]])
+    old_logp = rollout_logp + _t([[LN(3.0), LN(0.25), 0.0], [LN(0.4), LN(6.0), float("nan")]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return old_logp, rollout_logp, mask
+
+
+@pytest.mark.parametrize(
+    ("correction", "level", "weight", "truncated", "masked"),
+    [
+        # tis, cap 2: min(rho, 2); the 3 and the 6 are truncated
+        ("tis", "token", [[2, 0.25, 1], [0.4, 2, 0]], [[1, 0, 0], [0, 1, 0]], [[0, 0, 0], [0, 0, 0]]),
+        # mis, cap 2: rho, or 0 above the cap
+        ("mis", "token", [[0, 0.25, 1], [0.4, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[1, 0, 0], [0, 1, 0]]),
+        # icepop, band [0.5, 5]: rho inside, 0 outside (0.25, 0.4 and 6 are outside)
+        ("icepop", "token", [[3, 0, 1], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 1, 0], [1, 1, 0]]),
+        # sequence level: rho_0 = 3 * 0.25 * 1 = 0.75, rho_1 = 0.4 * 6 = 2.4 for every token of the sequence
+        ("tis", "sequence", [[0.75] * 3, [2, 2, 0]], [[0, 0, 0], [1, 1, 0]], [[0, 0, 0], [0, 0, 0]]),
+        ("mis", "sequence", [[0.75] * 3, [0, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [1, 1, 0]]),
+        ("icepop", "sequence", [[0.75] * 3, [2.4, 2.4, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]]),
+    ],
+)
+def test_engine_weight_by_hand(correction, level, weight, truncated, masked):
+    old_logp, rollout_logp, mask = _engine_example()
+    out = engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction=correction, level=level)
+    torch.testing.assert_close(out.weight, _t(weight), rtol=1e-14, atol=0)  # exp(log) round trip: a few ulp
+    assert out.truncated.tolist() == [[bool(x) for x in row] for row in truncated]
+    assert out.masked.tolist() == [[bool(x) for x in row] for row in masked]
+
+
+def test_engine_weight_on_the_loss_by_hand():
+    # tis weights [2, 0.25, 1] and [0.4, 2] on GRPO's terms [-1.27, -0.5, -1] and [3, 1.6] of _grpo_example:
+    # token-mean (-2.54 - 0.125 - 1 + 1.2 + 3.2) / 5 = 0.735 / 5; gradient -A r w / 5 on unclipped tokens:
+    # seq 0 [0, -0.5 * 0.25 / 5, -1 / 5], seq 1 [2 * 1.5 * 0.4 / 5, 0]
+    logp, old_logp, adv, mask = _grpo_example()
+    e_old, e_rollout, _ = _engine_example()
+    w = engine_weight(old_logp=e_old, rollout_logp=e_rollout, mask=mask, correction="tis").weight
+    loss, _ = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", weight=w)
+    assert loss.item() == pytest.approx(0.735 / 5, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, _t([[0.0, -0.025, -0.2], [0.24, 0.0, 0.0]]), rtol=1e-13, atol=1e-16)
+
+
+def test_engine_weight_errors():
+    old_logp, rollout_logp, mask = _engine_example()
+    with pytest.raises(ValueError, match="unknown correction 'is'; valid: tis, mis, icepop"):
+        engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="is")
+    with pytest.raises(ValueError, match="unknown level 'batch'; valid: token, sequence"):
+        engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="tis", level="batch")

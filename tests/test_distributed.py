@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
-from moe_rl.algos import grpo_loss, gspo_loss, gspo_token_loss
+from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.distributed import Dist, SilentWriter, group_block, local_rows
 from moe_rl.metrics import margin_finalize, margin_parts, margin_stats, ratio_finalize, ratio_parts, ratio_stats
 from moe_rl.models import build_model
@@ -76,6 +76,8 @@ def test_losses_report_their_denominators() -> None:
         (grpo_loss, "token-mean", 5, 5, 5),
         (gspo_loss, "seq-mean-token-mean", 2, 2, 2),
         (gspo_token_loss, "token-mean", 2, 5, 5),
+        (sapo_loss, "seq-mean-token-mean", 2, 5, 2),
+        (cispo_loss, "token-mean", 5, 5, 5),
     ]
     for loss_fn, agg, policy, clip, kl in cases:
         _, metrics = loss_fn(**args, agg=agg)
@@ -89,9 +91,17 @@ def test_losses_report_their_denominators() -> None:
 
 
 @pytest.mark.parametrize(
-    "loss_fn, agg", [(grpo_loss, "seq-mean-token-mean"), (grpo_loss, "token-mean"), (gspo_loss, "seq-mean-token-mean")]
+    "loss_fn, agg, extras",
+    [
+        (grpo_loss, "seq-mean-token-mean", ()),
+        (grpo_loss, "token-mean", ()),
+        (gspo_loss, "seq-mean-token-mean", ()),
+        (sapo_loss, "seq-mean-token-mean", ("weight", "ratio_scale")),
+        (cispo_loss, "token-mean", ("weight", "ratio_scale")),
+        (grpo_loss, "seq-mean-token-mean", ("weight", "ratio_scale")),
+    ],
 )
-def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(loss_fn, agg) -> None:
+def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(loss_fn, agg, extras) -> None:
     g = torch.Generator().manual_seed(0)
     B, T, W = 6, 5, 3
     logp = (-torch.rand(B, T, generator=g)).requires_grad_()
@@ -100,6 +110,7 @@ def test_loss_shares_make_the_mean_of_rank_gradients_the_one_process_gradient(lo
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[1] = False  # an empty sequence
     kwargs = {"old_logp": old_logp, "mask": mask, "adv": adv, "agg": agg}
+    kwargs.update({name: 0.5 + torch.rand(B, T, generator=g) for name in extras})  # engine weight, RSPO factor
     loss, metrics = loss_fn(logp=logp, **kwargs)
     (reference,) = torch.autograd.grad(loss, logp)
     total = metrics.weights["loss"]
@@ -553,3 +564,30 @@ def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(
     assert again.returncode == 0, again.stderr[-3000:]
     assert (again.stdout + again.stderr).count("skipping") == 2
     assert [(meta.parent / "metrics.parquet").stat().st_mtime_ns for meta in metas] == stamps
+
+
+@pytest.mark.slow
+def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path) -> None:
+    """SAPO with RSPO's factor, thresholded R2 and TIS in one config: 2 ranks log what 1 logs. Their
+    statistics are sums of the rows' counts (fallback slots, truncated tokens) or loss means with their
+    denominators, so they pool exactly; the bounds are those of `test_two_ranks_log_what_one_rank_logs`."""
+    cache = tmp_path / "cold_start"
+    extra = ("steps=3", "algo=sapo", "algo.router_shift=true", "replay=r2_threshold", "rollout.is_correction=tis")
+    for n in (1, 2):
+        _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
+    one, two = _metrics(tmp_path / "run_1"), _metrics(tmp_path / "run_2")
+    assert one[["step", "key"]].equals(two[["step", "key"]])
+    both = one.merge(two, on=["step", "key"], suffixes=("_1", "_2"))
+    new = both["key"].isin(
+        [
+            "route/replay_fallback_frac",
+            "ratio/router_shift_scale",
+            "rollout/is_weight_mean",
+            "rollout/is_truncated_frac",
+        ]
+    )
+    assert new.sum() == 4 * 3
+    loss = both[both["key"].isin(["loss", "loss/policy"])]
+    assert ((loss["value_1"] - loss["value_2"]).abs() < 1e-5).all()
+    close = both[new]
+    assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), close

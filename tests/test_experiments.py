@@ -123,6 +123,42 @@ def test_experiment_deltas() -> None:
     assert gspo.algo.eps() == (3e-4, 4e-4) and default.algo.eps() == (0.2, 0.27)
 
 
+# every method's arm: what it sets, and the arm name its runs carry
+ARMS = {
+    "sapo_none": ("sapo+none", lambda c: c.algo.loss_kwargs() == {"tau_pos": 1.0, "tau_neg": 1.05}),
+    "cispo_none": ("cispo+none", lambda c: c.algo.agg == "token-mean" and c.algo.eps() == (1.0, 0.28)),
+    "grpo_rspo": ("grpo+none+rspo", lambda c: c.algo.router_shift and c.algo.router_shift_floor == 0.5),
+    "grpo_r2_threshold": ("grpo+r2_threshold", lambda c: c.replay.threshold == 0.5),
+    "grpo_r3_threshold": ("grpo+r3_threshold", lambda c: c.rollout.record_routes),
+    "grpo_trr": ("grpo+trr", lambda c: c.replay.mode == "trr"),
+    "grpo_tis": ("grpo+none+tis", lambda c: c.rollout.is_cap == 2.0 and c.rollout.is_level == "token"),
+    "grpo_mis": ("grpo+none+mis", lambda c: c.rollout.is_cap == 2.0),
+    "grpo_icepop": ("grpo+none+icepop", lambda c: (c.rollout.is_low, c.rollout.is_high) == (0.5, 5.0)),
+}
+
+
+def test_every_loss_and_replay_mode_has_its_config_group_file() -> None:
+    from moe_rl.algos import LOSSES
+    from moe_rl.routing.modes import REPLAY_MODES
+
+    assert {p.stem for p in (CONF / "algo").glob("*.yaml")} == set(LOSSES)
+    assert {p.stem for p in (CONF / "replay").glob("*.yaml")} == set(REPLAY_MODES)
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_every_method_arm_composes_and_validates(arm: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = validate(to_train_config(compose("config", overrides=[f"+arm={arm}"])))
+        engine = validate(
+            to_train_config(
+                compose("config", overrides=[f"+arm={arm}", "model=qwen3_moe_engine", "rollout.engine=vllm"])
+            )
+        )
+    name, check = ARMS[arm]
+    assert cfg.arm == name == engine.arm and check(cfg)
+    assert {p.stem for p in (CONF / "arm").glob("*.yaml")} >= set(ARMS)
+
+
 def test_invalid_override_is_rejected_before_work(tmp_path) -> None:
     out = subprocess.run(
         [sys.executable, "experiments/train.py", "algo=gspo", "optim.lr=-1", f"results_dir={tmp_path}"],

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from moe_rl.models import FAMILIES, build_model
 from moe_rl.routing import (
     MARGIN_EDGES,
+    RoutedPass,
     RouteRecorder,
     RouteReplay,
     Routes,
@@ -23,6 +24,8 @@ from moe_rl.routing import (
     router_margins,
     router_shift,
 )
+from moe_rl.routing.compare import router_shift_ratio
+from moe_rl.routing.hooks import filter_replayed
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -556,6 +559,10 @@ def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> Non
     used = routed.used.indices
     assert torch.equal(used[0, :4], native.indices[0, :4])  # live router where the engine had no route
     assert torch.equal(used[0, 4:], forced.indices[0, 4:])
+    with RoutedPass(model, routes, threshold=0.0) as routed:  # thresholded: the masked ids are never read
+        model(x)
+    assert torch.equal(routed.used.indices, used)
+    assert routed.fallback.tolist() == [0, 6 * routes.shape[2] * routes.top_k]  # slots of the 6 routed positions
 
 
 # --- router shift and flip-vs-margin (hand-built inputs) ----------------------------------------
@@ -610,3 +617,123 @@ def test_recorder_scores_are_router_probabilities() -> None:
     top = scores.topk(2, dim=-1).indices.sort(-1).values
     assert torch.equal(top, rec.routes.indices.long())
     torch.testing.assert_close(rec.margins, router_margins(scores, 2))
+
+
+# ---------------------------------------------------------------- thresholded replay and Total Router Recall
+
+
+def test_filter_replayed_hand_built() -> None:
+    # live scores of one token, native top-2 {0, 1}: the weakest live top-k score is 0.30, so with
+    # ratio 0.5 a replayed expert stays where its score is >= 0.15
+    scores = torch.tensor([[0.40, 0.30, 0.15, 0.10, 0.05]]).expand(3, 5)
+    native = torch.tensor([[0, 1], [0, 1], [0, 1]])
+    forced = torch.tensor([[2, 3], [1, 4], [3, 4]])
+    ids, refilled = filter_replayed(forced, native, scores, 0.5)
+    # row 0: 2 (0.15) kept, 3 (0.10) refilled with the best live expert, 0
+    # row 1: 1 (0.30) kept, 4 (0.05) refilled with the best live expert not kept: 0
+    # row 2: neither kept: the live choice 0, 1
+    assert ids.tolist() == [[2, 0], [1, 0], [0, 1]]
+    assert refilled.tolist() == [[False, True], [False, True], [True, True]]
+    ids0, refilled0 = filter_replayed(forced, native, scores, 0.0)  # ratio 0: plain replay
+    assert torch.equal(ids0, forced) and not refilled0.any()
+
+
+def test_thresholded_replay_keeps_or_falls_back_by_the_live_scores() -> None:
+    model = build_model("qwen3_moe")
+    x = _inputs(B=2, T=8)
+    plain = model(x).logits
+    routes = _random_routes(model, 2, 8)
+    with RouteReplay(model, routes) as replay:
+        forced = model(x).logits
+    with RouteReplay(model, routes, threshold=0.0) as replay:
+        assert torch.equal(model(x).logits, forced)  # ratio 0 keeps every replayed expert
+    assert replay.fallback.tolist() == [0, 2 * 8 * routes.shape[2] * routes.top_k]
+    with RouteReplay(model, routes, threshold=1e9) as replay:
+        assert torch.equal(model(x).logits, plain)  # nothing passes: the live routes, bitwise
+    assert replay.fallback.tolist() == [2 * 8 * routes.shape[2] * routes.top_k] * 2
+    # in between, the experts receive exactly what filter_replayed keeps on the live scores
+    with RoutedPass(model, routes, threshold=0.9, scores=True) as routed:
+        model(x)
+    layers = find_moe_layers(model)
+    refilled_total = 0
+    for i in range(len(layers)):
+        native = routed.native.indices[:, :, i].reshape(16, -1).long()
+        by_score = routed.scores[:, :, i].reshape(16, -1).gather(-1, native).argsort(-1, descending=True)
+        ids, refilled = filter_replayed(
+            routes.indices[:, :, i].reshape(16, -1).long(),
+            native.gather(-1, by_score),
+            routed.scores[:, :, i].reshape(16, -1),
+            0.9,  # the tiny router's scores are near uniform: a ratio near 1 rejects some
+        )
+        assert torch.equal(routed.used.indices[:, :, i].reshape(16, -1).long(), ids.sort(-1).values)
+        refilled_total += int(refilled.sum())
+    assert routed.fallback.tolist() == [refilled_total, 2 * 8 * len(layers) * routes.top_k]
+    assert 0 < refilled_total < 2 * 8 * len(layers) * routes.top_k  # the case exercises both branches
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_total_router_recall_self_replay_is_bitwise_identical(family: str) -> None:
+    model = build_model(family)
+    x = _inputs()
+    plain = model(x).logits
+    with RouteRecorder(model, weights=True) as rec:
+        model(x)
+    assert rec.weights.dtype == torch.float32 and rec.weights.shape == rec.routes.shape
+    with RouteReplay(model, rec.routes, weights=rec.weights):
+        assert torch.equal(model(x).logits, plain)
+
+
+def test_total_router_recall_forces_the_recorded_weights_and_the_router_gets_no_gradient() -> None:
+    model = build_model("qwen3_moe")
+    x = _inputs(B=2, T=8)
+    with RouteRecorder(model, weights=True) as rec:
+        model(x)
+    layers = find_moe_layers(model)
+    with torch.no_grad():  # move the routers: their live weights now differ from the recorded ones
+        for layer in layers:
+            layer.router.weight.add_(torch.randn_like(layer.router.weight, generator=None) * 0.5)
+    replay = RouteReplay(model, rec.routes, weights=rec.weights)
+    seen, handles = _capture_experts(model)
+    try:
+        with replay:
+            loss = model(x).logits.float().pow(2).mean()
+    finally:
+        for h in handles:
+            h.remove()
+    for i, (idx, weights) in enumerate(seen):
+        order = idx.argsort(-1)
+        assert torch.equal(idx.gather(-1, order).view(2, 8, -1), rec.routes.indices[:, :, i].long())
+        assert torch.equal(weights.gather(-1, order).view(2, 8, -1), rec.weights[:, :, i])  # bitwise
+    loss.backward()
+    for layer in layers:
+        assert layer.router.weight.grad is not None and layer.router.weight.grad.eq(0).all(), layer.name
+        assert any(
+            p.grad is not None and p.grad.abs().sum() > 0
+            for p in model.get_submodule(layer.name.rsplit(".", 1)[0]).experts.parameters()
+        )
+
+
+def test_total_router_recall_rejects_a_threshold_and_mismatched_weights(qwen) -> None:
+    x = _inputs(B=2, T=8)
+    with RouteRecorder(qwen, weights=True) as rec:
+        qwen(x)
+    with pytest.raises(ValueError, match="thresholded replay changes the ids"):
+        RouteReplay(qwen, rec.routes, threshold=0.5, weights=rec.weights)
+    with pytest.raises(ValueError, match=r"weights shape \(2, 8, 2, 1\) != routes shape"):
+        RouteReplay(qwen, rec.routes, weights=rec.weights[..., :1])
+
+
+def test_router_shift_ratio_on_a_planted_shift() -> None:
+    # one layer, k = 2, old top-2 {0, 1} with p_old = [0.4, 0.3, 0.2, 0.1]; token 0's router moves to
+    # [0.2, 0.6, 0.1, 0.1]: |ln(0.2/0.4)| = |ln(0.6/0.3)| = ln 2, mean ln 2, gamma = 1/2. Token 1 keeps
+    # its probabilities (gamma = 1); token 2 is masked (gamma 1 whatever its scores)
+    old_scores = torch.tensor([0.4, 0.3, 0.2, 0.1]).expand(1, 3, 1, 4)
+    new_scores = torch.stack(
+        [torch.tensor([0.2, 0.6, 0.1, 0.1]), torch.tensor([0.4, 0.3, 0.2, 0.1]), torch.tensor([0.9, 0.0, 0.05, 0.05])]
+    ).view(1, 3, 1, 4)
+    old = Routes.from_topk(torch.tensor([[[[0, 1]], [[0, 1]], [[0, 1]]]]), None, [0], 4)
+    mask = torch.tensor([[True, True, False]])
+    gamma = router_shift_ratio(old_scores, new_scores, old, mask)
+    torch.testing.assert_close(gamma, torch.tensor([[0.5, 1.0, 1.0]], dtype=torch.float64), rtol=1e-15, atol=0)
+    # the same gamma the router-shift metric summarises
+    assert router_shift(old_scores, new_scores, old, mask)["shift/mean"] == pytest.approx(0.75, rel=1e-14)

@@ -13,6 +13,7 @@ from moe_rl.config import TrainConfig, validate
 from moe_rl.metric_names import defines
 from moe_rl.rollout import forward_logp
 from moe_rl.routing import Routes, compare_routes
+from moe_rl.routing.modes import REPLAY_MODES
 from moe_rl.train import Trainer, aggregate, train
 
 
@@ -43,24 +44,34 @@ def cache(tmp_path_factory):
 
 def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cache) -> None:
     results = {}
-    for replay in ("none", "r2", "r3"):
+    for replay in REPLAY_MODES:
         trainer = Trainer(tiny_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
+        old_logp, old_routes, margins, scores, weights = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
 
         adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
-        replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
+        replay_routes = REPLAY_MODES[replay].pick(old=old_routes, rollout=rollout.routes)
         rows = torch.arange(len(rollout))[:16]
-        results[replay] = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores)
-    # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide, so every
-    # replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
+        results[replay] = trainer.update(
+            rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores, weights
+        )
+    # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide (and so do the
+    # recorded and live combine weights of trr, and no replayed expert falls under the threshold), so
+    # every replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
     # log-probs: the old pass sees the whole batch and the update a mini-batch, and CPU kernels may sum
     # a row differently at another batch size or thread count.
-    for replay in ("r2", "r3"):
+    for replay in set(REPLAY_MODES) - {"none", "trr"}:
         for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max", "optim/grad_norm"):
             assert results[replay][key] == results["none"][key], (replay, key)
         assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
+    # trr: the same loss and ratios bitwise; the router gets no gradient, so the norm is the rest's
+    for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max"):
+        assert results["trr"][key] == results["none"][key], key
+    assert 0 < results["trr"]["optim/grad_norm"] < results["none"]["optim/grad_norm"]
+    for replay in ("r2_threshold", "r3_threshold"):
+        assert results[replay]["route/replay_fallback_frac"] == 0.0
+    assert "route/replay_fallback_frac" not in results["r2"]
     assert results["none"]["ratio/token_max"] == pytest.approx(1.0, abs=1e-6)
     assert results["none"]["ratio/token_var"] < 1e-12
     assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
@@ -68,7 +79,10 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, replay", [("grpo", "r2"), ("grpo", "none"), ("gspo", "none"), ("grpo", "r3")])
+@pytest.mark.parametrize(
+    "algo, replay",
+    [("grpo", "r2"), ("grpo", "none"), ("gspo", "none"), ("grpo", "r3"), ("sapo", "r3_threshold"), ("cispo", "trr")],
+)
 def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     cfg = tiny_config(tmp_path, cache, algo=algo, replay=replay, steps=4, N=4, lr=3e-3)
     trainer = Trainer(cfg)
@@ -139,8 +153,14 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     # N = 4 mini-batches with a large learning rate: later updates see a moved router.
     assert metrics["route/old_vs_new/flip_rate"].max() > 0
     if replay != "none":
-        # The routes the experts actually used in every update equal the cached ones.
-        assert (metrics["route/used_vs_cached/flip_rate"].loc[1:] == 0).all()
+        # The routes the experts actually used in every update equal the cached ones (thresholded: but
+        # where a replayed expert fell back to the live router, at most the fallback share of slots)
+        used = metrics["route/used_vs_cached/flip_rate"].loc[1:]
+        if "threshold" in replay:
+            assert metrics["route/replay_fallback_frac"].loc[1:].between(0, 1).all()
+            assert ((used == 0) | (metrics["route/replay_fallback_frac"].loc[1:] > 0)).all()
+        else:
+            assert (used == 0).all()
         assert metrics["route/native_vs_replayed/flip_rate"].max() > 0
     if replay == "r3":
         # Under R3 the old pass itself replays the rollout routes.
@@ -155,7 +175,7 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
     """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
     trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", lr=3e-2))
     rollout, rewards, _ = trainer.rollout(step=1)
-    old_logp, old_routes, margins, scores = trainer.old_pass(rollout)
+    old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
     adv = torch.randn(len(rollout))  # any non-zero signal moves the router
     rows = torch.arange(len(rollout))
     for _ in range(2):
@@ -198,9 +218,37 @@ def test_aggregate_is_over_the_whole_step() -> None:
     [
         (
             lambda c: setattr(c.algo, "name", "ppo"),
-            r"algo.name='ppo' is not valid; valid: \['grpo', 'gspo', 'gspo_token'\]",
+            r"algo.name='ppo' is not valid; valid: \['cispo', 'grpo', 'gspo', 'gspo_token', 'sapo'\]",
         ),
-        (lambda c: setattr(c.replay, "mode", "r4"), r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r3'\]"),
+        (
+            lambda c: setattr(c.algo, "tau_pos", 1.0),
+            r"algo.tau_pos is not a parameter of algo.name='grpo'; its parameters: \['eps_high', 'eps_low'\]",
+        ),
+        (
+            lambda c: (setattr(c.algo, "name", "sapo"), setattr(c.algo, "eps_low", 0.2)),
+            r"algo.eps_low is not a parameter of algo.name='sapo'; its parameters: \['tau_neg', 'tau_pos'\]",
+        ),
+        (lambda c: (setattr(c.algo, "name", "sapo"), setattr(c.algo, "tau_neg", 0.0)), r"algo.tau_neg=0.0 must be > 0"),
+        (lambda c: setattr(c.algo, "eps_low", 1.5), r"algo.eps_low=1.5 must lie in \[0, 1\]"),
+        (
+            lambda c: setattr(c.replay, "mode", "r4"),
+            r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r2_threshold', 'r3', 'r3_threshold', 'trr'\]",
+        ),
+        (lambda c: setattr(c.replay, "threshold", -0.1), r"replay.threshold=-0.1 must be >= 0"),
+        (
+            lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.algo, "router_shift", True)),
+            r"algo.router_shift rescales token ratios; algo.name='gspo' has none",
+        ),
+        (lambda c: setattr(c.algo, "router_shift_floor", 0.0), r"algo.router_shift_floor=0.0 must lie in \(0, 1\]"),
+        (
+            lambda c: setattr(c.rollout, "is_correction", "is"),
+            r"rollout.is_correction='is' is not valid; valid: \['icepop', 'mis', 'none', 'tis'\]",
+        ),
+        (
+            lambda c: (setattr(c.algo, "name", "gspo"), setattr(c.rollout, "is_correction", "tis")),
+            r"a token-level rollout.is_correction needs is_level=sequence",
+        ),
+        (lambda c: setattr(c.rollout, "is_low", 1.5), r"need rollout.is_cap > 0 and is_low <= 1 <= is_high"),
         (lambda c: setattr(c.model, "family", "llama"), r"model.family='llama' is not valid"),
         (lambda c: setattr(c.task, "name", "chess"), r"task.name='chess' is not valid"),
         (
@@ -239,3 +287,41 @@ def test_train_function_writes_run_directory(tmp_path, cache) -> None:
     meta = json.loads((run / "meta.json").read_text())
     assert meta["seed"] == 0 and meta["run_keys"]["arm"] == "grpo+none" and "torch" in meta["versions"]
     assert "algo:" in (run / "config.yaml").read_text()
+
+
+def test_router_shift_and_engine_correction_on_policy(tmp_path, cache) -> None:
+    # At theta == theta_old the router has not moved (gamma = 1 on every token), so RSPO's factor is 1
+    # and the first update's loss is plain GRPO's, bitwise. The fp32 sampler's log-probs equal the old
+    # pass's up to rounding (|delta| < 1e-4 here), so the tis weight is 1 within that and truncates nothing.
+    def first_update(name: str, change) -> tuple[Trainer, dict[str, float]]:
+        cfg = tiny_config(tmp_path, cache, name=name)
+        change(cfg)
+        trainer = Trainer(cfg)
+        rollout, rewards, _ = trainer.rollout(step=1)
+        old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+        from moe_rl.algos import group_advantages
+        from moe_rl.algos.corrections import engine_weight
+
+        adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
+        weight = None
+        if cfg.rollout.is_correction != "none":
+            weight = engine_weight(
+                old_logp=old_logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, correction="tis"
+            ).weight
+            assert (weight[rollout.response_mask.bool()] - 1).abs().max() < 1e-4
+        rows = torch.arange(len(rollout))[:16]
+        return trainer, trainer.update(rollout, rows, old_logp, adv, old_routes, None, margins, scores, None, weight)
+
+    _, plain = first_update("plain", lambda c: None)
+    _, rspo = first_update("rspo", lambda c: setattr(c.algo, "router_shift", True))
+    assert rspo["loss"] == plain["loss"] and rspo["optim/grad_norm"] == plain["optim/grad_norm"]
+    assert (
+        rspo["ratio/router_shift_scale"] == pytest.approx(1.0, abs=1e-6) and rspo["ratio/router_shift_floor_frac"] == 0
+    )
+    assert "ratio/router_shift_scale" not in plain
+    trainer, tis = first_update("tis", lambda c: setattr(c.rollout, "is_correction", "tis"))
+    assert tis["loss"] == pytest.approx(plain["loss"], rel=1e-4, abs=1e-6)
+    metrics = trainer.step(2)  # the step logs the correction's effect
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["rollout/is_truncated_frac"] == 0.0 and metrics["rollout/is_masked_frac"] == 0.0
+    assert all(defines(k) for k in metrics)

@@ -1,4 +1,5 @@
-"""Clipped policy-gradient losses: GRPO (arXiv 2402.03300), GSPO and GSPO-token (arXiv 2507.18071).
+"""Policy-gradient losses: GRPO (arXiv 2402.03300), GSPO and GSPO-token (arXiv 2507.18071), SAPO
+(arXiv 2511.20347) and CISPO (arXiv 2506.13585).
 
 Every loss is a pure function of tensors with one keyword signature and returns
 `(loss, metrics)`: `loss` is a scalar Tensor to call `.backward()` on, `metrics` a dict of floats.
@@ -9,7 +10,15 @@ Shared arguments (B sequences, T response positions):
     adv       (B,)    advantage per sequence (GRPO and GSPO-token also take a (B, T) advantage)
     mask      (B, T)  bool, valid response tokens (ragged lengths)
     ref_logp  (B, T)  optional log pi_ref, for `beta * KL(pi_theta || pi_ref)` with the k3 estimator
-Masked positions never enter a value or a gradient, whatever `logp` holds there (even inf/NaN).
+    weight    (B, T)  optional constant per-token weight on the policy term (engine-gap corrections:
+                      truncated or masked importance weights, `moe_rl.algos.corrections.engine_weight`)
+    ratio_scale (B, T) optional constant factor on the token ratio before it is clipped or gated
+                      (RSPO's floored router-shift ratio, `moe_rl.routing.compare.router_shift_ratio`);
+                      token losses only
+Each loss's own hyperparameters (eps_low/eps_high, or SAPO's tau_pos/tau_neg) follow; their paper
+defaults are the keyword defaults and `LOSS_DEFAULTS`.
+Masked positions never enter a value or a gradient, whatever `logp`, `weight` or `ratio_scale`
+hold there (even inf/NaN).
 A sequence with no valid token contributes nothing: sequence means run over the non-empty
 sequences only, so padding rows do not dilute the loss; an all-empty batch gives loss 0.
 
@@ -18,6 +27,8 @@ Metrics:
     ratio/clipfrac_low   fraction of valid tokens (GSPO: sequences) where the clipped branch is
                          active on the low side: ratio < 1 - eps_low and adv < 0
     ratio/clipfrac_high  same on the high side: ratio > 1 + eps_high and adv > 0
+                         (CISPO: tokens whose weight is truncated, whatever the advantage's sign;
+                         SAPO has no clipped branch, so both are 0)
     kl/ref_k3            k3 KL to the reference policy, aggregated like the loss (only with ref_logp)
 Each metric (and `loss`) is a mean; `metrics.weights` holds its denominator on these rows (valid
 tokens or non-empty sequences), so that means over several batches of rows pool exactly.
@@ -53,15 +64,23 @@ def _check_inputs(
     mask: Tensor,
     ref_logp: Tensor | None,
     beta: float,
-    eps_low: float,
-    eps_high: float,
     agg: str,
     token_adv: bool,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
 ) -> Tensor:
     """Validate shapes and options; return `mask` as bool."""
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
-    for name, x in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+    for name, x in (
+        ("old_logp", old_logp),
+        ("mask", mask),
+        ("ref_logp", ref_logp),
+        ("weight", weight),
+        ("ratio_scale", ratio_scale),
+    ):
         if x is not None and x.shape != logp.shape:
             raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
     allowed = [logp.shape[:1], logp.shape] if token_adv else [logp.shape[:1]]
@@ -72,9 +91,25 @@ def _check_inputs(
         raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
     if beta != 0.0 and ref_logp is None:
         raise ValueError(f"beta={beta} needs ref_logp")
-    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if eps_low is not None and eps_high is not None and not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
+        raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     return mask.to(torch.bool)
+
+
+def _token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor | None:
+    """The constant per-token weight, 0 at masked positions (None: no weight)."""
+    if weight is None:
+        return None
+    weight = weight.detach().to(like.dtype)
+    return torch.where(mask, weight, torch.zeros_like(weight))
+
+
+def _scaled(ratio: Tensor, ratio_scale: Tensor | None, mask: Tensor) -> Tensor:
+    """`ratio` times the constant `ratio_scale` (1 at masked positions), or `ratio` itself."""
+    if ratio_scale is None:
+        return ratio
+    scale = ratio_scale.detach().to(ratio.dtype)
+    return ratio * torch.where(mask, scale, torch.ones_like(scale))
 
 
 def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
@@ -153,12 +188,15 @@ def grpo_loss(
     agg: str = "seq-mean-token-mean",
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """GRPO (arXiv 2402.03300) with the token ratio clipped asymmetrically (GSPO paper's eps 0.2/0.27).
 
     loss = agg_{i,t} -min(r_{i,t} A_i, clip(r_{i,t}, 1-eps_low, 1+eps_high) A_i) + beta * agg k3,
-    r_{i,t} = pi_theta(y_{i,t}) / pi_old(y_{i,t}). agg "seq-mean-token-mean" is the paper's
-    mean_i (1/|y_i|) sum_t; "token-mean" is sum_{i,t} / sum_i |y_i| (DAPO-style).
+    r_{i,t} = pi_theta(y_{i,t}) / pi_old(y_{i,t}) (times `ratio_scale`), each term times `weight`.
+    agg "seq-mean-token-mean" is the paper's mean_i (1/|y_i|) sum_t; "token-mean" is
+    sum_{i,t} / sum_i |y_i| (DAPO-style).
     """
     mask = _check_inputs(
         logp=logp,
@@ -171,12 +209,17 @@ def grpo_loss(
         eps_high=eps_high,
         agg=agg,
         token_adv=True,
+        weight=weight,
+        ratio_scale=ratio_scale,
     )
     adv = _token_adv(adv, logp)  # (B, T)
     ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
+    ratio = _scaled(ratio, ratio_scale, mask)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(r A, clip(r) A)
+    w = _token_weight(weight, mask, pg_loss)
+    pg_loss = pg_loss if w is None else pg_loss * w
     loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
     return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
@@ -199,14 +242,20 @@ def gspo_loss(
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     agg: str = "seq-mean-token-mean",
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """GSPO (arXiv 2507.18071): one length-normalised ratio per sequence, clipped as a whole.
 
     s_i  = exp((1/|y_i|) sum_t log(pi_theta(y_{i,t}) / pi_old(y_{i,t})))
     loss = mean_i -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i) + beta * agg k3.
     The policy term is always a mean over sequences; `agg` only reduces the per-token KL term.
-    Clip fractions count sequences. `adv` must be (B,).
+    Clip fractions count sequences. `adv` must be (B,). A `weight` multiplies each sequence's term
+    by its mean over the sequence's valid tokens (exact for a sequence-level weight, which is constant
+    along the sequence); `ratio_scale` is refused: the router-shift reweighting is per token.
     """
+    if ratio_scale is not None:
+        raise ValueError("gspo is a sequence loss; ratio_scale (a per-token reweighting) needs a token loss")
     mask = _check_inputs(
         logp=logp,
         old_logp=old_logp,
@@ -218,6 +267,7 @@ def gspo_loss(
         eps_high=eps_high,
         agg=agg,
         token_adv=False,
+        weight=weight,
     )
     adv = adv.detach().to(logp.dtype)
     seq_log_ratio, valid = _seq_log_ratio(logp, old_logp, mask)
@@ -225,6 +275,9 @@ def gspo_loss(
     pg_loss1 = -adv * seq_ratio
     pg_loss2 = -adv * torch.clamp(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s A, clip(s) A), (B,)
+    w = _token_weight(weight, mask, pg_loss)
+    if w is not None:
+        pg_loss = pg_loss * (w.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1))  # mean weight of each sequence
     loss, metrics = _add_kl(_seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(seq_ratio, adv, valid, eps_low, eps_high))
     return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg)
@@ -241,6 +294,8 @@ def gspo_token_loss(
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     agg: str = "seq-mean-token-mean",
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """GSPO-token (arXiv 2507.18071): GSPO with a per-token advantage A_{i,t}.
 
@@ -249,7 +304,7 @@ def gspo_token_loss(
               + beta * agg k3.
     Equal to `gspo_loss` in value and gradient when A_{i,t} = A_i. The policy term is always
     seq-mean-token-mean; `agg` only reduces the KL term. Clip fractions count tokens.
-    `adv` may be (B,) or (B, T).
+    `adv` may be (B,) or (B, T). `ratio_scale` multiplies s_{i,t}, `weight` each token's term.
     """
     mask = _check_inputs(
         logp=logp,
@@ -262,15 +317,20 @@ def gspo_token_loss(
         eps_high=eps_high,
         agg=agg,
         token_adv=True,
+        weight=weight,
+        ratio_scale=ratio_scale,
     )
     adv = _token_adv(adv, logp)  # (B, T)
     seq_log_ratio, _ = _seq_log_ratio(logp, old_logp, mask)
     seq_ratio = torch.exp(seq_log_ratio).detach()  # sg[s_i], (B,)
     live_logp = torch.where(mask, logp, torch.zeros_like(logp))
     ratio = seq_ratio[:, None] * torch.exp(live_logp - live_logp.detach())  # s_{i,t}, (B, T)
+    ratio = _scaled(ratio, ratio_scale, mask)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s_t A_t, clip(s_t) A_t)
+    w = _token_weight(weight, mask, pg_loss)
+    pg_loss = pg_loss if w is None else pg_loss * w
     policy_loss = _aggregate(pg_loss, mask, "seq-mean-token-mean")
     loss, metrics = _add_kl(policy_loss, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
@@ -278,10 +338,136 @@ def gspo_token_loss(
     return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg)
 
 
-LOSSES: dict[str, LossFn] = {"grpo": grpo_loss, "gspo": gspo_loss, "gspo_token": gspo_token_loss}
+def sapo_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    agg: str = "seq-mean-token-mean",
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a sigmoid gate on the token ratio
+    instead of a hard clip, with a temperature per advantage sign.
 
-# (eps_low, eps_high) used in the GSPO paper's experiments; also each loss's keyword defaults.
-DEFAULT_EPS: dict[str, tuple[float, float]] = {"grpo": (0.2, 0.27), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
+    f_{i,t}(r) = sigma(tau_{i,t} (r - 1)) * 4 / tau_{i,t},  tau_{i,t} = tau_pos if A_{i,t} > 0 else tau_neg
+    loss       = agg_{i,t} -f_{i,t}(r_{i,t}) A_{i,t} + beta * agg k3,
+    so d loss / d logp = -A * 4 sigma (1 - sigma) * r: the 4/tau normalisation makes the gradient at
+    r = 1 the plain policy gradient (weight 1), and it decays smoothly as r leaves 1, faster for the
+    larger tau_neg. Paper defaults tau_pos 1.0, tau_neg 1.05 (the same in Trinity-RFT's SAPO, read to
+    confirm the gate and defaults; it back-propagates through sg[f] * logp instead, which has another
+    gradient, so this follows the paper's objective). Both clip fractions are 0: there is no clipped
+    branch.
+    """
+    mask = _check_inputs(
+        logp=logp,
+        old_logp=old_logp,
+        adv=adv,
+        mask=mask,
+        ref_logp=ref_logp,
+        beta=beta,
+        agg=agg,
+        token_adv=True,
+        weight=weight,
+        ratio_scale=ratio_scale,
+    )
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"need tau_pos > 0 and tau_neg > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    adv = _token_adv(adv, logp)  # (B, T)
+    ratio = _scaled(torch.exp(_masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask)  # (B, T)
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)  # f(r)
+    pg_loss = -gate * adv
+    w = _token_weight(weight, mask, pg_loss)
+    pg_loss = pg_loss if w is None else pg_loss * w
+    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    zero = torch.zeros((), dtype=torch.float64)
+    metrics.update({RATIO_CLIPFRAC_LOW: zero, RATIO_CLIPFRAC_HIGH: zero})
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
+
+
+def cispo_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float = 1.0,
+    eps_high: float = 0.28,
+    agg: str = "seq-mean-token-mean",
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    weight: Tensor | None = None,
+    ratio_scale: Tensor | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, never a token's gradient.
+
+    J = agg_{i,t} sg[clip(r_{i,t}, 1-eps_low, 1+eps_high)] A_{i,t} log pi_theta(y_{i,t})
+    Every valid token keeps its gradient -sg[w] A d logp, also where r is outside the range (GRPO's
+    min() zeroes it there). The loss is computed as -sg[w] A pi_theta / sg[pi_theta]: the paper's
+    gradient, with the value -w A (the truncated-IS surrogate) instead of one that depends on logp.
+    The paper sets no lower bound (eps_low large: here 1.0, a bound at 0) and tunes eps_high; 0.28 is
+    Trinity-RFT's default (read to confirm the formula). The paper aggregates by token-mean (the
+    config group sets it). Clip fractions count tokens whose weight is truncated below / above.
+    """
+    mask = _check_inputs(
+        logp=logp,
+        old_logp=old_logp,
+        adv=adv,
+        mask=mask,
+        ref_logp=ref_logp,
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        agg=agg,
+        token_adv=True,
+        weight=weight,
+        ratio_scale=ratio_scale,
+    )
+    adv = _token_adv(adv, logp)  # (B, T)
+    ratio = _scaled(torch.exp(_masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask).detach()  # (B, T)
+    is_weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # sg[clip(r)]
+    live_logp = torch.where(mask, logp, torch.zeros_like(logp))
+    pg_loss = -adv * is_weight * torch.exp(live_logp - live_logp.detach())  # value -w A, grad -w A d logp
+    w = _token_weight(weight, mask, pg_loss)
+    pg_loss = pg_loss if w is None else pg_loss * w
+    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    n = mask.sum().clamp(min=1)
+    metrics[RATIO_CLIPFRAC_LOW] = ((ratio < 1.0 - eps_low) & mask).sum().double() / n
+    metrics[RATIO_CLIPFRAC_HIGH] = ((ratio > 1.0 + eps_high) & mask).sum().double() / n
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
+
+
+LOSSES: dict[str, LossFn] = {
+    "grpo": grpo_loss,
+    "gspo": gspo_loss,
+    "gspo_token": gspo_token_loss,
+    "sapo": sapo_loss,
+    "cispo": cispo_loss,
+}
+
+# Each loss's own hyperparameters at the defaults of its paper (GRPO and GSPO: the GSPO paper's
+# experiments; SAPO: tau_pos, tau_neg; CISPO: no lower bound, eps_high 0.28); also the keyword defaults.
+LOSS_DEFAULTS: dict[str, dict[str, float]] = {
+    "grpo": {"eps_low": 0.2, "eps_high": 0.27},
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
+    "gspo_token": {"eps_low": 3e-4, "eps_high": 4e-4},
+    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
+    "cispo": {"eps_low": 1.0, "eps_high": 0.28},
+}
+# (eps_low, eps_high) of the losses that clip.
+DEFAULT_EPS: dict[str, tuple[float, float]] = {
+    name: (d["eps_low"], d["eps_high"]) for name, d in LOSS_DEFAULTS.items() if "eps_low" in d
+}
+# Losses whose policy term is a mean over sequences whatever `agg` (which then reduces only the KL term).
+SEQ_MEAN_POLICY_LOSSES = ("gspo", "gspo_token")
+# Losses whose ratio is per token: they take `ratio_scale` (the router-shift reweighting).
+TOKEN_RATIO_LOSSES = ("grpo", "gspo_token", "sapo", "cispo")
 
 
 def get_loss(name: str) -> LossFn:

@@ -78,9 +78,13 @@ from moe_rl.metric_names import (  # noqa: E402
 )
 from moe_rl.metrics import margin_stats, ratio_stats  # noqa: E402
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
+from moe_rl.routing.modes import OLD, ROLLOUT, replay_mode  # noqa: E402
+from moe_rl.routing.modes import REPLAY_MODES as ALL_REPLAY_MODES  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
-REPLAY_MODES = ("none", "r2", "r3")
+# The replay modes this integration runs: those that force ids alone, as given (the thresholded
+# modes and Total Router Recall run in the harness's own loop, `moe_rl.train`).
+REPLAY_MODES = tuple(name for name, mode in ALL_REPLAY_MODES.items() if not (mode.threshold or mode.weights))
 
 # TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO with the GSPO paper's asymmetric
 # clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
@@ -232,6 +236,7 @@ class MoeGRPOTrainer(GRPOTrainer):
         if routing_replay not in REPLAY_MODES:
             raise ValueError(f"routing_replay={routing_replay!r} is not valid; valid: {list(REPLAY_MODES)}")
         self.routing_replay = routing_replay
+        self.replay_mode = replay_mode(routing_replay)
         self.route_metrics = route_metrics
         self._pass: _PolicyPass | None = None
         self._backward_hooks: ExitStack | None = None
@@ -243,10 +248,10 @@ class MoeGRPOTrainer(GRPOTrainer):
 
     @property
     def hooks_active(self) -> bool:
-        return self.routing_replay != "none" or self.route_metrics
+        return self.replay_mode.source is not None or self.route_metrics
 
     def _check_supported(self) -> None:
-        if self.routing_replay == "r3":
+        if self.replay_mode.source == ROLLOUT:
             if self.use_vllm or self.use_transformers_continuous_batching:
                 raise NotImplementedError(
                     "routing_replay='r3' needs routes recorded during generation, which this integration takes "
@@ -257,7 +262,7 @@ class MoeGRPOTrainer(GRPOTrainer):
         if self.hooks_active and is_peft_model(self.model) and self.beta != 0.0 and self.ref_model is None:
             # TRL then computes reference log-probs with the policy module (adapter disabled).
             raise NotImplementedError("route hooks with a PEFT policy need beta=0 or an explicit ref_model")
-        if self.routing_replay == "r2" and not self._computes_old_logps():
+        if self.replay_mode.source == OLD and not self._computes_old_logps():
             warnings.warn(
                 "routing_replay='r2' without an old-policy pass (num_iterations=1 and steps_per_generation <= "
                 "gradient_accumulation_steps): every update is on-policy, so R2 replays nothing",
@@ -310,7 +315,7 @@ class MoeGRPOTrainer(GRPOTrainer):
         if not self.hooks_active:
             return super()._generate_and_score_completions(inputs)
         self._generation_routes = None
-        old_pass = _PolicyPass(replay_generation=self.routing_replay == "r3", margins=self.route_metrics)
+        old_pass = _PolicyPass(replay_generation=self.replay_mode.old_pass_replays, margins=self.route_metrics)
         self._pass = old_pass if self._computes_old_logps() else None
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -329,8 +334,8 @@ class MoeGRPOTrainer(GRPOTrainer):
                 prompt_len=output["prompt_ids"].shape[1],
                 generation_prompt_len=self._generation_prompt_len,
             )
-        if self.routing_replay == "r3" and generation is None:
-            raise RuntimeError("routing_replay='r3' but no routes were recorded during generation")
+        if self.replay_mode.source == ROLLOUT and generation is None:
+            raise RuntimeError(f"routing_replay={self.routing_replay!r} but no routes were recorded during generation")
         if generation is not None:
             output[ROLLOUT_ROUTES], output[ROLLOUT_ROUTES_MASK] = generation.indices, generation.mask
         if old_pass.ran:
@@ -361,9 +366,9 @@ class MoeGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         old = self._routes_from(inputs, OLD_ROUTES, OLD_ROUTES_MASK)
         generation = self._routes_from(inputs, ROLLOUT_ROUTES, ROLLOUT_ROUTES_MASK)
-        replay = {"none": None, "r2": old, "r3": generation}[self.routing_replay]
-        if self.routing_replay == "r3" and replay is None:
-            raise RuntimeError("routing_replay='r3' but the batch carries no generation routes")
+        replay = self.replay_mode.pick(old=old, rollout=generation)
+        if self.replay_mode.source == ROLLOUT and replay is None:
+            raise RuntimeError(f"routing_replay={self.routing_replay!r} but the batch carries no generation routes")
         update = _PolicyPass(replay=replay)
         self._pass = update
         try:

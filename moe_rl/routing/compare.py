@@ -173,6 +173,22 @@ def router_shift_gaps(old_scores: Tensor, new_scores: Tensor, old: Routes, mask:
     return (p_new.log() - p_old.log()).abs().mean(-1)  # (n, L)
 
 
+def router_shift_ratio(old_scores: Tensor, new_scores: Tensor, old: Routes, mask: Tensor) -> Tensor:
+    """(B, T) float64 router-shift ratio gamma_t of `router_shift` per position, 1 where `mask` or the
+    old routes are invalid (RSPO, arXiv 2510.23027, rescales the token ratio by max(gamma_t, floor))."""
+    if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
+        raise ValueError(
+            f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match routes {old.shape}"
+        )
+    valid = mask.to(torch.bool) & old.mask.to(mask.device)  # (B, T)
+    idx = old.indices.to(device=old_scores.device, dtype=torch.int64)  # (B, T, L, k)
+    tiny = torch.finfo(torch.float64).tiny
+    p_old = old_scores.detach().double().gather(-1, idx).clamp(min=tiny)  # (B, T, L, k)
+    p_new = new_scores.detach().double().gather(-1, idx).clamp(min=tiny)
+    gamma = torch.exp(-(p_new.log() - p_old.log()).abs().mean(-1).mean(-1))  # (B, T)
+    return torch.where(valid, gamma, torch.ones_like(gamma))
+
+
 def shift_summary(per_layer: Tensor) -> dict[str, float]:
     """`shift/mean`, `shift/p10` and `shift/layer_{i}` of `router_shift` from its (n, L) gaps."""
     L = per_layer.shape[1]

@@ -75,6 +75,32 @@ def take_native_order(forced: Tensor, native: Tensor, keep_native: Tensor) -> Te
     return torch.where(same | keep_native, native, forced)
 
 
+def filter_replayed(forced: Tensor, native: Tensor, scores: Tensor, ratio: float) -> tuple[Tensor, Tensor]:
+    """Thresholded replay: keep a forced expert only where the live router still scores it highly.
+
+    forced, native (N, k) expert ids (native in the router's slot order, best first); scores (N, E)
+    the live router's selection scores. A forced expert e is kept where
+    `scores[e] >= ratio * min_{j in native} scores[j]`; each rejected slot is refilled with the best
+    live top-k expert not already kept, in the router's order. Returns the ids (N, k), distinct per
+    row, and the (N, k) bool mask of the refilled slots.
+    """
+    weakest = scores.gather(-1, native).amin(dim=-1, keepdim=True)  # (N, 1)
+    keep = scores.gather(-1, forced) >= ratio * weakest  # (N, k)
+    kept_native = ((native[:, :, None] == forced[:, None, :]) & keep[:, None, :]).any(-1)  # (N, k)
+    # live experts not kept, first, in the router's order (a stable sort on the kept flag)
+    candidates = native.gather(-1, kept_native.to(torch.int8).argsort(dim=-1, stable=True))
+    rank = (~keep).long().cumsum(dim=-1) - 1  # j-th rejected slot takes the j-th candidate
+    refill = candidates.gather(-1, rank.clamp(min=0))
+    return torch.where(keep, forced, refill), ~keep
+
+
+def weights_in_order(ids: Tensor, sorted_ids: Tensor, sorted_weights: Tensor) -> Tensor:
+    """`sorted_weights` (N, k), aligned with `sorted_ids`, permuted to the slot order of `ids` (the same
+    set per row in another order)."""
+    slot = (ids[:, :, None] == sorted_ids[:, None, :]).to(torch.int8).argmax(dim=-1)  # (N, k)
+    return sorted_weights.gather(-1, slot)
+
+
 class _ModelHooks:
     """Registers hooks on enter and always removes them on exit, also when the body raises."""
 
@@ -126,6 +152,7 @@ class _Record:
     masks: list[Tensor] = field(default_factory=list)  # per pass: (B, T)
     margins: list[list[Tensor | None]] = field(default_factory=list)
     scores: list[list[Tensor | None]] = field(default_factory=list)
+    weights: list[list[Tensor | None]] = field(default_factory=list)
 
 
 class RouteRecorder(_ModelHooks):
@@ -139,14 +166,17 @@ class RouteRecorder(_ModelHooks):
     steps) extend the current one along time. `routes` is the latest record, `records` all.
     Pad positions (attention_mask == 0) are masked. With `margins=True`, `margins` holds the gap
     between the k-th and (k+1)-th router probability per (B, T, L); with `scores=True`, `scores`
-    holds the router's selection probabilities per (B, T, L, E) (for the router-shift metric).
+    holds the router's selection probabilities per (B, T, L, E) (for the router-shift metric); with
+    `weights=True`, `weights` holds the combine weights the experts received, (B, T, L, k) float32,
+    aligned with the ascending ids of `routes` (what `trr` replays).
     """
 
-    def __init__(self, model: nn.Module, *, margins: bool = False, scores: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, margins: bool = False, scores: bool = False, weights: bool = False) -> None:
         super().__init__(model)
         self._dtype = index_dtype(self.num_experts)
         self.record_margins = margins
         self.record_scores = scores
+        self.record_weights = weights
         self._records: list[_Record] = []
 
     def __enter__(self) -> RouteRecorder:
@@ -167,6 +197,7 @@ class RouteRecorder(_ModelHooks):
         record.passes.append([None] * len(self.layers))
         record.margins.append([None] * len(self.layers))
         record.scores.append([None] * len(self.layers))
+        record.weights.append([None] * len(self.layers))
 
     def _make_hook(self, i: int):
         def hook(router: nn.Module, args: tuple, output: tuple) -> None:
@@ -179,8 +210,11 @@ class RouteRecorder(_ModelHooks):
             B, T = record.masks[-1].shape
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
-            indices = router_output(layer.name, router, output)[2]
+            _, weights, indices = router_output(layer.name, router, output)
             current[i] = _batch_major(layer, indices.detach().to(self._dtype), B, T)  # compact at once
+            if self.record_weights:  # in the ascending id order of `routes`
+                ordered = weights.detach().gather(-1, indices.argsort(dim=-1)).float()
+                record.weights[-1][i] = _batch_major(layer, ordered, B, T)
             if self.record_margins or self.record_scores:
                 scores = selection_scores(router, output[0].detach())
                 if self.record_margins:
@@ -215,6 +249,15 @@ class RouteRecorder(_ModelHooks):
             raise RuntimeError("construct RouteRecorder(model, scores=True) to record router scores")
         record = self._records[-1]
         return _along_time(record.masks, record.scores)
+
+    @property
+    def weights(self) -> Tensor:
+        """(B, T, L, k) float32 combine weights of the latest record, aligned with `routes.indices`
+        (needs `weights=True`)."""
+        if not self.record_weights:
+            raise RuntimeError("construct RouteRecorder(model, weights=True) to record combine weights")
+        record = self._records[-1]
+        return _along_time(record.masks, record.weights)
 
     def _assemble(self, record: _Record) -> Routes:
         steps = []
@@ -263,17 +306,39 @@ class RouteReplay(_ModelHooks):
 
     Every forward pass in the context must be a teacher-forced pass of the routes' (B, T): a pass
     that misses an MoE layer raises RuntimeError, mismatched shapes raise ValueError.
+
+    `threshold=ratio` keeps a forced expert only where the live router's score on it is at least
+    `ratio` times its weakest live top-k score (`filter_replayed`); `fallback` then counts the
+    refilled slots and all slots over valid positions. `weights` (B, T, L, k), aligned with
+    `routes.indices`, forces the combine weights too (Total Router Recall): they reach the experts
+    bitwise (in the router's weight dtype), and the router's live weights enter only times 0, so its
+    gradient is exactly zero while every parameter stays in the graph (DDP needs that).
     """
 
-    def __init__(self, model: nn.Module, routes: Routes, *, record_native: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        routes: Routes,
+        *,
+        record_native: bool = False,
+        threshold: float | None = None,
+        weights: Tensor | None = None,
+    ) -> None:
         super().__init__(model)
         self.routes = routes
         self.record_native = record_native
+        if threshold is not None and weights is not None:
+            raise ValueError("thresholded replay changes the ids, so recorded weights cannot be replayed with it")
+        if weights is not None and tuple(weights.shape) != routes.shape:
+            raise ValueError(f"weights shape {tuple(weights.shape)} != routes shape {routes.shape}")
+        self.threshold = threshold
+        self.weights = weights
         self._validate(routes)
         self.rules = [resolve_rule(layer) for layer in self.layers]
         self._applied: list[bool] = []
         self._native: list[Tensor | None] = []
         self.passes = 0
+        self._fallback: list[Tensor] = []  # per pass and layer: (refilled slots, valid slots)
 
     def _validate(self, routes: Routes) -> None:
         B, T, L, k = routes.shape
@@ -304,9 +369,14 @@ class RouteReplay(_ModelHooks):
         forced = self.routes.indices.to(device=device, dtype=torch.int64)  # (B, T, L, k)
         self._forced = [forced[:, :, i].reshape(B * T, k) for i in range(L)]
         self._keep_native = ~self.routes.mask.to(device).reshape(B * T, 1)
+        self._weights: list[Tensor] = []
+        if self.weights is not None:
+            w = self.weights.to(device=device, dtype=torch.float32)
+            self._weights = [w[:, :, i].reshape(B * T, k) for i in range(L)]
         if any(layer.seq_major for layer in self.layers):  # the same rows in MegaBlocks' t * B + b order
             self._forced_seq = [rows_to_seq_major(f, B, T) for f in self._forced]
             self._keep_native_seq = rows_to_seq_major(self._keep_native, B, T)
+            self._weights_seq = [rows_to_seq_major(w, B, T) for w in self._weights]
         self._hook_layers(self._make_hook, prepend=True)  # before any recorder, which then sees forced routes
         return self
 
@@ -345,12 +415,27 @@ class RouteReplay(_ModelHooks):
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
                 forced, keep_native = self._forced_seq[i], self._keep_native_seq
+                recorded = self._weights_seq[i] if self._weights else None
             else:
                 forced, keep_native = self._forced[i], self._keep_native
+                recorded = self._weights[i] if self._weights else None
             if forced.shape[0] != logits.shape[0]:
                 raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
+            sorted_forced = forced
+            if self.threshold is not None:
+                scores = selection_scores(router, logits.detach())
+                live = native.long()
+                forced = torch.where(keep_native, live, forced)  # masked rows may hold any id: never gather them
+                forced, refilled = filter_replayed(forced, live, scores, self.threshold)
+                forced = sort_topk(forced)  # take_native_order compares sorted rows
+                if self.in_pass and not self._applied[i]:
+                    valid = ~keep_native
+                    self._fallback.append(torch.stack([(refilled & valid).sum(), valid.sum() * forced.shape[1]]))
             forced = take_native_order(forced, native, keep_native)
             new_weights = rule(router, logits, forced).to(weights.dtype)
+            if recorded is not None:  # Total Router Recall: the recorded weights, with a zero-gradient path
+                replayed = weights_in_order(forced, sorted_forced, recorded).to(weights.dtype) + 0.0 * new_weights
+                new_weights = torch.where(keep_native, new_weights, replayed)
             if self.in_pass:
                 self._applied[i] = True
                 if self.record_native and self._native[i] is None:
@@ -358,6 +443,14 @@ class RouteReplay(_ModelHooks):
             return logits, new_weights, forced.to(native.dtype)
 
         return hook
+
+    @property
+    def fallback(self) -> Tensor:
+        """Thresholded replay: int64 (refilled slots, valid slots) summed over this context's passes and
+        layers (zeros without a threshold)."""
+        if not self._fallback:
+            return torch.zeros(2, dtype=torch.int64)
+        return torch.stack(self._fallback).sum(dim=0).cpu()
 
     @property
     def native_routes(self) -> Routes:
@@ -374,16 +467,28 @@ class RouteReplay(_ModelHooks):
 class RoutedPass:
     """One recorded forward pass, replaying `routes` when given (None: the router's own routes).
 
-    `used` are the routes the experts received (the recorder runs after the replay hook), `native`
-    what the router itself would have chosen, `margins` its k-th vs (k+1)-th gaps and `scores` its
+    `used` are the routes the experts received (the recorder runs after the replay hook) and
+    `weights` their combine weights when asked for, `native` what the router itself would have chosen, `margins` its k-th vs (k+1)-th gaps and `scores` its
     selection probabilities when asked for (both are the live router's, whatever was replayed).
     """
 
     def __init__(
-        self, model: nn.Module, routes: Routes | None = None, *, margins: bool = False, scores: bool = False
+        self,
+        model: nn.Module,
+        routes: Routes | None = None,
+        *,
+        margins: bool = False,
+        scores: bool = False,
+        weights: bool = False,
+        threshold: float | None = None,
+        replay_weights: Tensor | None = None,
     ) -> None:
-        self.replay = RouteReplay(model, routes, record_native=True) if routes is not None else None
-        self.recorder = RouteRecorder(model, margins=margins, scores=scores)
+        self.replay = (
+            RouteReplay(model, routes, record_native=True, threshold=threshold, weights=replay_weights)
+            if routes is not None
+            else None
+        )
+        self.recorder = RouteRecorder(model, margins=margins, scores=scores, weights=weights)
         self._stack = ExitStack()
 
     def __enter__(self) -> RoutedPass:
@@ -410,3 +515,13 @@ class RoutedPass:
     @property
     def scores(self) -> Tensor:
         return self.recorder.scores
+
+    @property
+    def weights(self) -> Tensor:
+        """The combine weights the experts received, aligned with `used` (needs `weights=True`)."""
+        return self.recorder.weights
+
+    @property
+    def fallback(self) -> Tensor:
+        """(refilled slots, valid slots) of a thresholded replay (zeros otherwise)."""
+        return self.replay.fallback if self.replay is not None else torch.zeros(2, dtype=torch.int64)

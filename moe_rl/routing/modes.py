@@ -1,0 +1,64 @@
+"""Routing Replay modes: which routes a mode forces, in which passes, and how (docs/design.md §1).
+
+The one table the loop (`moe_rl.train`), the config check and the TRL integration read, instead of
+comparing mode names:
+- `none`: the router's own routes everywhere;
+- `r2`: the old-policy pass's routes, forced in every update (arXiv 2507.18071's Routing Replay);
+- `r3`: the rollout's routes, forced in the old-policy pass and in every update (arXiv 2510.11370);
+- `r2_threshold` / `r3_threshold`: the same, but a replayed expert is kept only where the live
+  router's score on it is at least `replay.threshold` times the weakest live top-k score; a rejected
+  slot is refilled from the live router's own top-k, in its order (prime-rl's router replay score
+  threshold, PrimeIntellect-ai/prime-rl PR 2703, read to confirm the rule);
+- `trr` (Total Router Recall, prime-rl PR 3523): the old-policy pass's ids *and* its combine
+  weights, in float32, forced in every update. The recorded weights are constants, so the router
+  gets no gradient through them (its only path to the loss here): under `trr` the router does not
+  learn from the policy gradient. The weights come from the old-policy pass because the engines
+  export ids only.
+Pure and torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+OLD = "old"  # the old-policy pass's routes
+ROLLOUT = "rollout"  # the rollout's (generation's) routes
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ReplayMode:
+    """What a replay mode forces: `source` (OLD, ROLLOUT or None: nothing), whether replayed experts
+    pass the live router's score threshold, and whether the recorded combine weights are forced too."""
+
+    source: str | None
+    threshold: bool = False
+    weights: bool = False
+
+    @property
+    def old_pass_replays(self) -> bool:
+        """The old-policy pass replays too (only the rollout's routes exist before it)."""
+        return self.source == ROLLOUT
+
+    def pick(self, *, old: R, rollout: R) -> R | None:
+        """The routes this mode forces in the updates, of the old pass's and the rollout's."""
+        return {OLD: old, ROLLOUT: rollout, None: None}[self.source]
+
+
+REPLAY_MODES: dict[str, ReplayMode] = {
+    "none": ReplayMode(None),
+    "r2": ReplayMode(OLD),
+    "r3": ReplayMode(ROLLOUT),
+    "r2_threshold": ReplayMode(OLD, threshold=True),
+    "r3_threshold": ReplayMode(ROLLOUT, threshold=True),
+    "trr": ReplayMode(OLD, weights=True),
+}
+
+
+def replay_mode(name: str) -> ReplayMode:
+    """The mode registered under `name`."""
+    if name not in REPLAY_MODES:
+        raise ValueError(f"unknown replay mode {name!r}; valid: {', '.join(REPLAY_MODES)}")
+    return REPLAY_MODES[name]
