@@ -125,6 +125,7 @@ def compare(
     table["t"] = [student_t.ppf(level, n - 1) if n > 1 else float("nan") for n in table["n_seeds"]]
     table["bound"] = table["t"] * 2**0.5 * table["sd_seed"]
     table["within"] = table["bitwise"] | (table["diff"].abs() <= table["bound"])
+    table["testable"] = table["bitwise"] | table["bound"].notna()  # else no seed spread to judge a change by
     table.attrs["level"] = level
     return table
 
@@ -149,7 +150,7 @@ def verdict_line(table: pd.DataFrame) -> str:
         return "NOTHING TO COMPARE: no outcome was logged by both the shipped runs and the reruns"
     if table["bitwise"].all():
         return f"REPRODUCED BITWISE: all {len(table)} outcomes equal to the last bit"
-    untestable = table["sd_seed"].isna() & ~table["bitwise"]
+    untestable = ~table["testable"]
     outside = table[~table["within"] & ~untestable]
     head = (
         f"{len(table)} outcomes of {table['run'].nunique()} runs; bitwise equal {int(table['bitwise'].sum())}; "
