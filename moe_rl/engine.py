@@ -25,6 +25,7 @@ refuses a geometry it cannot serve before any work starts.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import json
@@ -71,6 +72,15 @@ def engine_head_dim(model_cfg: Any) -> int:
         overrides["head_dim"] = model_cfg.head_dim
     config = family_config(model_cfg.family, **overrides)
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def eager_without_vector_isa() -> contextlib.AbstractContextManager:
+    """Run vLLM's compiled functions (its sampler) eagerly when ATen runs without vector kernels
+    (`ATEN_CPU_CAPABILITY=default`): torch's inductor still emits `at::vec` code there, which fails to
+    compile. Elsewhere (every native or pinned capability) nothing changes."""
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        return torch._dynamo.config.patch(disable=True)
+    return contextlib.nullcontext()
 
 
 def require_vllm() -> None:
@@ -153,7 +163,8 @@ class VllmEngine:
         model.save_pretrained(self.dir)
         set_threads = torch.set_num_threads  # the CPU worker disables it process-wide after binding threads
         try:
-            with torch.random.fork_rng(devices=[]):  # the engine seeds the global RNGs; the trainer's stay
+            # the engine seeds the global RNGs; the trainer's stay
+            with torch.random.fork_rng(devices=[]), eager_without_vector_isa():
                 self.llm = LLM(
                     model=str(self.dir),
                     skip_tokenizer_init=True,
@@ -241,7 +252,7 @@ class VllmEngine:
             )
             for key in row_keys
         ]
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), eager_without_vector_isa():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         completions = [list(out.outputs[0].token_ids) for out in outputs]
         n = max(len(c) for c in completions)
@@ -285,7 +296,7 @@ class VllmEngine:
         mask = rollout.attention_mask.bool()
         requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(rollout.sequences, mask)]
         params = SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), eager_without_vector_isa():
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         out = torch.zeros(rollout.sequences.shape[0], rollout.sequences.shape[1] - 1)
         for b, (o, m) in enumerate(zip(outputs, mask)):
