@@ -21,6 +21,7 @@ vLLM engine samples and routes the rollouts (moe_rl.engine) and gets the trainer
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -118,9 +119,10 @@ HISTORY_KEYS = (
 def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     """Columns that identify a run in every metrics row (analysis groups on them).
 
-    Depth and expert count are read off the model, which a local checkpoint may set.
+    Depth and expert count are read off the model, which a local checkpoint may set; a dense model
+    has 0 MoE layers, experts and k.
     """
-    layers = find_moe_layers(model)
+    layers = find_moe_layers(model, required=False)
     return {
         "run": Path(cfg.out_dir).name,
         "experiment": cfg.experiment,
@@ -135,8 +137,8 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
         "rollout_dtype": cfg.rollout.dtype,
         "num_layers": model.config.num_hidden_layers,
         "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts,
-        "top_k": layers[0].top_k,
+        "num_experts": layers[0].num_experts if layers else 0,
+        "top_k": layers[0].top_k if layers else 0,
     }
 
 
@@ -186,6 +188,13 @@ class Trainer:
         self.task = setup_task(cfg.task, cfg.cold_start.seed)  # data and reward checked before the cold start
         self.policy, self.tokenizer, self.cold_info = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
         self.policy.to(cfg.device)
+        # A dense model (no MoE layer) trains the same way with nothing to record or replay: its rows carry
+        # no route/ metrics. Replay is refused for it here too, for a checkpoint validate() could not see into.
+        self.routed = bool(find_moe_layers(self.policy, required=False))
+        if not self.routed and cfg.replay.mode != "none":
+            raise ValueError(
+                f"replay.mode={cfg.replay.mode!r} needs MoE layers; the model has none (use replay.mode=none)"
+            )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
         self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.engine.Engine)
@@ -244,7 +253,7 @@ class Trainer:
                 max_new_tokens=cfg.task.max_new_tokens,
                 temperature=cfg.rollout.temperature,
                 seed=cfg.seed * 1_000_003 + step,
-                record_routes=cfg.rollout.record_routes,
+                record_routes=cfg.rollout.record_routes and self.routed,
                 rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
             )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
@@ -296,8 +305,13 @@ class Trainer:
             self.engine_checks += 1
         return rollout
 
-    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes, torch.Tensor, torch.Tensor]:
-        """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens."""
+    def old_pass(self, rollout: Rollout) -> tuple[torch.Tensor, Routes | None, torch.Tensor, torch.Tensor]:
+        """(old_logp, old policy's native routes, margins, router scores) on the rollout tokens; a dense
+        model has no routes (None), margins or scores (empty)."""
+        if not self.routed:
+            with torch.no_grad():
+                old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
+            return old_logp, None, torch.empty(0), torch.empty(0)
         replay = rollout.routes if self.cfg.replay.mode == "r3" else None
         with torch.no_grad(), RoutedPass(self.policy, replay, margins=True, scores=True) as routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
@@ -309,7 +323,7 @@ class Trainer:
         rows: torch.Tensor,
         old_logp: torch.Tensor,
         adv: torch.Tensor,
-        old_routes: Routes,
+        old_routes: Routes | None,
         replay_routes: Routes | None,
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
@@ -317,10 +331,10 @@ class Trainer:
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
-        with RoutedPass(self.policy, replay, scores=True) as routed:
+        routed: RoutedPass | None = RoutedPass(self.policy, replay, scores=True) if old_routes is not None else None
+        with routed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
-        native = routed.native.with_mask(valid)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -353,40 +367,48 @@ class Trainer:
         weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
-        old = old_routes[rows]
-        overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
-        buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
         parts = Partial().add("mean", mean_parts(means, weights))
         parts.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
-        parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
-        parts.add(
-            "position",
-            position_parts(
-                native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
-            ),
-        )
-        parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
-        parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
-        parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
-        if replay is not None:
-            parts.add("native_vs_replayed", compare_parts(native, replay))
-            parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+        if routed is not None and old_routes is not None:
+            native = routed.native.with_mask(valid)
+            old = old_routes[rows]
+            overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
+            buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
+            parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
+            parts.add(
+                "position",
+                position_parts(
+                    native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
+                ),
+            )
+            parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
+            parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
+            parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
+            if replay is not None:
+                parts.add("native_vs_replayed", compare_parts(native, replay))
+                parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
         metrics.update(ratio_finalize(parts.sub("ratio")))
         metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
-        metrics.update({route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
+        if routed is not None:
+            metrics.update(self.route_metrics(parts, replayed=replay is not None))
+        return metrics
+
+    def route_metrics(self, parts: Partial, *, replayed: bool) -> dict[str, float]:
+        """An update's route/ metrics from its pooled partial statistics (MoE models only)."""
+        metrics = {route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()}
         metrics.update(
             {
                 route_key(OLD_VS_NEW, k): v
-                for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()
+                for k, v in position_finalize(parts.sub("position"), self.cfg.position_bucket).items()
             }
         )
         metrics.update({route_key(OLD_VS_NEW, k): v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
         metrics.update({ROUTE_PREFIX + k: v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
         metrics.update({ROUTE_PREFIX + k: v for k, v in movement_finalize(parts.sub("move")).items()})
-        if replay is not None:
+        if replayed:
             metrics.update(
                 {
                     route_key(NATIVE_VS_REPLAYED, k): v
@@ -438,8 +460,10 @@ class Trainer:
                 TIME_UPDATE_S: torch.tensor(t3 - t2, dtype=torch.float64),
             },
             rows={"rewards": rewards},
-        ).add("margins", margin_parts(margins, old_routes.mask))
-        if rollout.routes is not None:
+        )
+        if old_routes is not None:
+            parts.add("margins", margin_parts(margins, old_routes.mask))
+        if rollout.routes is not None and old_routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
         sums, all_rewards = parts.sums, parts.rows["rewards"]
@@ -453,7 +477,7 @@ class Trainer:
                 REWARD_ERRORS: sums["errors"].item(),
                 REWARD_MEAN: all_rewards.mean().item(),
                 REWARD_STD: all_rewards.std(unbiased=False).item(),
-                **margin_finalize(parts.sub("margins")),
+                **(margin_finalize(parts.sub("margins")) if old_routes is not None else {}),
                 ROLLOUT_LOGP_GAP: sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
                 ROLLOUT_TOKEN_MULT_PROB_ERROR: (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
                 / sums["tokens"].clamp(min=1).item(),
@@ -464,7 +488,7 @@ class Trainer:
         )
         if self.engine is not None:
             metrics.update(self.engine_metrics)
-        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
+        if old_routes is not None and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
             if rollout.routes is not None:
                 rollout.routes.save(
