@@ -1299,6 +1299,123 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
     )
 
 
+# --- claim 7: the instability at this scale is specific to MoE --------------------------------------
+
+UNTESTABLE_HERE = "untestable here"  # the runs hold no case the claim speaks of (none yet, or nothing degrades)
+DENSE_CONTROL = "dense_control"
+MOE_FAMILY, DENSE_FAMILY = "qwen3_moe", "qwen3_dense"  # the default model and its dense control (moe_rl.models)
+MOE_CELLS = ["lr", "N", "algo_arm"]  # a control pair shares the cell and the algorithm arm, and the seed
+
+
+def _by_family(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """`outcomes` with the model family as the compared `arm` and the algorithm arm moved to `algo_arm`,
+    so that `compare_arms` pairs the two models by (lr, N, algo_arm, seed)."""
+    return outcomes.rename(columns={"arm": "algo_arm"}).assign(arm=outcomes["family"].to_numpy())
+
+
+def moe_degrading(frame: pd.DataFrame) -> pd.DataFrame:
+    """Runs of both models in the (lr, N, algorithm arm) cells where the MoE model's mean final accuracy
+    ends below its mean cold-start accuracy (`degrading_cells` with the family as the arm)."""
+    keep = degrading_cells(frame, [MOE_FAMILY], MOE_CELLS)[MOE_CELLS].drop_duplicates()
+    return frame.merge(keep, on=MOE_CELLS)
+
+
+def own_start_drop(runs: pd.DataFrame) -> dict[str, float]:
+    """Final accuracy minus the run's own cold-start accuracy: mean with a bootstrap interval over runs and a
+    one-sided sign-flip p that it is below 0 (`p_value`); `below` counts the runs that end below their start."""
+    r = paired_compare(runs["late_accuracy"], runs["start_accuracy"], alternative="less", n_resamples=N_BOOT)
+    return {**r, "below": int((runs["late_accuracy"] < runs["start_accuracy"]).sum()), "runs": len(runs)}
+
+
+def _moe_specific_rule(versus: str, dense_drop_p: float) -> str:
+    """Specific to MoE if the dense model beats the MoE model (`versus`, the primary-outcome verdict) and does
+    not itself end below its cold start; not specific if it does, or if the MoE model is not worse."""
+    if (np.isfinite(dense_drop_p) and dense_drop_p < ALPHA) or versus == NOT_REPRODUCED:
+        return NOT_REPRODUCED
+    return REPRODUCED if versus == REPRODUCED else INCONCLUSIVE
+
+
+def _drop_text(name: str, d: dict[str, float]) -> str:
+    return (
+        f"{name} final - its cold start {100 * d['mean_diff']:+.1f} pp [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], "
+        f"{d['below']} of {d['runs']} runs below it (one-sided p = {_p(d['p_value'])})"
+    )
+
+
+def claim_moe_specific(root: Path, declared: Declared | None = None) -> Claim:
+    c = Claim(
+        7,
+        "At this scale the instability is specific to MoE",
+        "dense control of the phase map (this harness)",
+        f"{DENSE_FAMILY} (the dense control: same attention and active width, no routing) vs {MOE_FAMILY}, paired by "
+        "(lr, N, algorithm arm, seed), in the cells where the MoE model's mean final accuracy ends below its cold "
+        "start's. The three primary outcomes of claim 2 (final accuracy, reward AUC: sign-flip test and bootstrap "
+        "interval; time to collapse: log-rank stratified on the pairs; Holm over the three), and whether the dense "
+        "runs end below their own cold start (final minus start accuracy, one-sided sign-flip test). reproduced if "
+        "the dense model beats the MoE model at p < 0.05 with no outcome favouring MoE, and does not end below its "
+        "cold start at p < 0.05; not reproduced if the dense model ends below its cold start (the degradation needs "
+        "no routing) or the MoE model is not worse (an outcome favours it, or the accuracy and reward AUC intervals "
+        f"lie inside ±{ACCURACY_MARGIN}); inconclusive otherwise; {UNTESTABLE_HERE} without runs of both models or "
+        "without a cell where the MoE model degrades. **fragile** when the grid of collapse definitions disagrees",
+        experiment=DENSE_CONTROL,
+    )
+    outcomes = _phase_outcomes(root, DENSE_CONTROL, grid=True)
+    if outcomes is None:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"no runs of {DENSE_CONTROL}"
+        return c
+    missing = sorted({MOE_FAMILY, DENSE_FAMILY} - set(outcomes["family"]))
+    if missing:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"no runs of {missing} in {DENSE_CONTROL}"
+        return c
+    frame = _by_family(outcomes)
+    looks = _looks_note(c, declared, pd.Series("", index=frame.index), "")
+    sel = moe_degrading(frame)
+    pairs = _pairs(sel, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS)
+    if pairs.empty:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"{MOE_FAMILY} ends below its cold start in no cell with paired runs"
+        return c
+    cmp = compare_arms(sel, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS, looks=looks)
+    dense = own_start_drop(sel[sel["arm"] == DENSE_FAMILY])
+    moe = own_start_drop(sel[sel["arm"] == MOE_FAMILY])
+    c.cells = f"{sel[MOE_CELLS].drop_duplicates().shape[0]} cell(s) where {MOE_FAMILY} degrades: " + _cell_list(
+        sel, MOE_CELLS
+    )
+    c.statistic = f"{_comparison_text(cmp)}; {_drop_text(DENSE_FAMILY, dense)}; {_drop_text(MOE_FAMILY, moe)}"
+    c.test = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm; one-sided sign-flip (dense below its cold start)"
+    c.p_value = cmp.p
+    c.verdict = _moe_specific_rule(cmp.verdict, dense["p_value"])
+    c.reason = f"dense vs MoE: {cmp.verdict} ({cmp.reason}); the dense control ends below its cold start: " + (
+        f"yes (p = {_p(dense['p_value'])})"
+        if dense["p_value"] < ALPHA
+        else f"not significantly (p = {_p(dense['p_value'])})"
+    )
+    c.notes.append(_counts_note(cmp))
+    for values, g in sel.groupby(MOE_CELLS, sort=True):
+        parts = []
+        for family in (MOE_FAMILY, DENSE_FAMILY):
+            h = g[g["arm"] == family]
+            parts.append(
+                f"{family} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h['late_accuracy'].mean():.1f}% "
+                f"({int((h['late_accuracy'] < h['start_accuracy']).sum())} of {len(h)} below the start)"
+            )
+        c.notes.append(f"{cell_label(MOE_CELLS, values)}: " + "; ".join(parts))
+    grid = {
+        d: (_moe_specific_rule(v, dense["p_value"]), _moe_specific_rule(k, dense["p_value"]))
+        for d, (v, k) in cmp.grid.items()
+    }
+    _robust(c, {d: v for d, (v, _) in grid.items()}, {d: k for d, (_, k) in grid.items()})
+    c.plain = (
+        f"We trained the dense control ({DENSE_FAMILY}: the same attention and as many parameters per token, no "
+        f"routing) next to {MOE_FAMILY} from its own cold start, with the same seeds, in the cells where the MoE "
+        f"model loses accuracy. Over {cmp.cont['late_accuracy']['n']} seed-matched pairs the dense model ended "
+        f"{_points(cmp.cont['late_accuracy']['mean_diff'])} the MoE model; the dense runs ended "
+        f"{100 * dense['mean_diff']:+.1f} points from their own cold start ({dense['below']} of {dense['runs']} below "
+        f"it), the MoE runs {100 * moe['mean_diff']:+.1f}. Verdict: **{c.verdict}**. What would change it: "
+        f"{_would_change(c.verdict)}."
+    )
+    return c
+
+
 def _main_kwargs() -> dict:
     from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS
 
@@ -1314,7 +1431,9 @@ CLAIMS: tuple[Callable[[Path], Claim], ...] = (
     claim_depth,
     claim_r3_vs_r2,
     claim_shift_leads,
+    claim_moe_specific,
 )
+DECLARED_BY = {claim_depth: "drift_scaling", claim_moe_specific: DENSE_CONTROL}  # claim -> its experiment file
 
 
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
@@ -1332,7 +1451,7 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
             if fn in (claim_offpolicy_grpo, claim_gspo_stable):
                 out.append(fn(root, outcomes, declared.get("phase")))
             else:
-                out.append(fn(root, declared.get("drift_scaling")) if fn is claim_depth else fn(root))
+                out.append(fn(root, declared.get(DECLARED_BY[fn])) if fn in DECLARED_BY else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
             out.append(
                 Claim(
@@ -1441,6 +1560,8 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
             "significant or the effect's interval lies within a margin too small to matter (collapse probability "
             f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
             f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
+            f"**{UNTESTABLE_HERE}** where the runs hold no case the claim speaks of (claim 7 without runs of both "
+            "models, or without a cell where the MoE model degrades); "
             "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
             f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
             f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "
