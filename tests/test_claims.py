@@ -20,15 +20,17 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 
 
-def _dense_control(root: Path, moe_acc, dense_acc, *, arms=("grpo+none", "gspo+none"), seeds=tuple(range(8))) -> None:
-    """dense_control runs: the MoE model and its dense control in one degrading cell, paired by seed."""
+def _dense_control(
+    root: Path, moe_acc, dense_acc, *, arms=("grpo+none", "gspo+none"), seeds=tuple(range(8)), lrs=(3e-4,), Ns=(8,)
+) -> None:
+    """dense_control runs: the MoE model and its dense control in the same cells, paired by seed."""
     for family, acc in (("qwen3_moe", moe_acc), ("qwen3_dense", dense_acc)):
         make_fake_grid(
             root,
             experiment="dense_control",
             arms=arms,
-            lrs=(3e-4,),
-            Ns=(8,),
+            lrs=lrs,
+            Ns=Ns,
             seeds=seeds,
             steps=STEPS,
             log_shift=False,
@@ -319,6 +321,26 @@ def test_moe_specific_needs_a_dense_control_that_holds_its_cold_start(tmp_path: 
         "untestable here",
         "qwen3_moe ends below its cold start in no cell with paired runs",
     )
+
+
+def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_breaks_too(tmp_path: Path) -> None:
+    """The MoE model degrades in all four cells; the dense control holds at lr 3e-4 and degrades alike at lr 1e-3.
+    Pooled, the dense runs end below their cold start (not specific to MoE); each cell alone says where."""
+    _dense_control(
+        tmp_path,
+        lambda a, lr, N, L, s: 0.2,
+        lambda a, lr, N, L, s: 0.5 if lr < 5e-4 else 0.2,
+        lrs=(3e-4, 1e-3),
+        Ns=(2, 8),
+    )
+    c = C.claim_moe_specific(tmp_path)
+    assert c.verdict == "not reproduced" and c.cells.startswith("8 cell(s) where qwen3_moe degrades")
+    cells = [n for n in c.notes if n.startswith("cell ")]
+    assert [n.split(" alone:")[0] for n in cells] == [
+        f"cell lr={lr}, N={n}" for lr in ("0.0003", "0.001") for n in (2, 8)
+    ]
+    assert [n.rsplit(": ", 1)[1] for n in cells] == ["reproduced"] * 2 + ["not reproduced"] * 2
+    assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE final accuracy +25.0 pp" in cells[0]
 
 
 def test_fit_rules_at_their_edges(tmp_path: Path) -> None:

@@ -1342,6 +1342,28 @@ def _drop_text(name: str, d: dict[str, float]) -> str:
     )
 
 
+def per_cell_notes(sel: pd.DataFrame) -> list[str]:
+    """Descriptive, per (lr, N) cell over both algorithm arms: each model's mean start -> final accuracy and
+    runs below the start, and the claim's rule on that cell alone (no correction over cells)."""
+    notes = []
+    for values, g in sel.groupby(["lr", "N"], sort=True):
+        if _pairs(g, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS).empty:
+            continue
+        cmp, dense = compare_arms(g, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS), own_start_drop(g[g["arm"] == DENSE_FAMILY])
+        parts = [
+            f"{family} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h['late_accuracy'].mean():.1f}% "
+            f"({int((h['late_accuracy'] < h['start_accuracy']).sum())} of {len(h)} below the start)"
+            for family, h in ((f, g[g["arm"] == f]) for f in (MOE_FAMILY, DENSE_FAMILY))
+        ]
+        acc = cmp.cont["late_accuracy"]
+        notes.append(
+            f"cell {cell_label(['lr', 'N'], values)} alone: " + "; ".join(parts) + f"; dense - MoE final accuracy "
+            f"{100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] ({acc['n']} pairs); "
+            f"the rule on this cell alone: {_moe_specific_rule(cmp.verdict, dense['p_value'])}"
+        )
+    return notes
+
+
 def claim_moe_specific(root: Path, declared: Declared | None = None) -> Claim:
     c = Claim(
         7,
@@ -1390,15 +1412,7 @@ def claim_moe_specific(root: Path, declared: Declared | None = None) -> Claim:
         else f"not significantly (p = {_p(dense['p_value'])})"
     )
     c.notes.append(_counts_note(cmp))
-    for values, g in sel.groupby(MOE_CELLS, sort=True):
-        parts = []
-        for family in (MOE_FAMILY, DENSE_FAMILY):
-            h = g[g["arm"] == family]
-            parts.append(
-                f"{family} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h['late_accuracy'].mean():.1f}% "
-                f"({int((h['late_accuracy'] < h['start_accuracy']).sum())} of {len(h)} below the start)"
-            )
-        c.notes.append(f"{cell_label(MOE_CELLS, values)}: " + "; ".join(parts))
+    c.notes += per_cell_notes(sel)
     grid = {
         d: (_moe_specific_rule(v, dense["p_value"]), _moe_specific_rule(k, dense["p_value"]))
         for d, (v, k) in cmp.grid.items()
