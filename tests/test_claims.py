@@ -314,7 +314,7 @@ def test_moe_specific_needs_a_dense_control_that_holds_its_cold_start(tmp_path: 
     assert (
         "ends below its cold start: yes (p = 6.1e-05)" in c.reason
     )  # 16 of 16 runs below: 1 / 2^14, the resampled floor
-    assert "qwen3_dense final - its cold start -6.7 pp" in c.statistic
+    assert "qwen3_dense final - its cold start -6.7 pp" in c.statistic and "accuracy change +18.3 pp" in c.statistic
     _dense_control(tmp_path / "stable", lambda a, lr, N, L, s: 0.5, lambda a, lr, N, L, s: 0.5)
     c = C.claim_moe_specific(tmp_path / "stable")
     assert (c.verdict, c.reason) == (
@@ -340,7 +340,7 @@ def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_bre
         f"cell lr={lr}, N={n}" for lr in ("0.0003", "0.001") for n in (2, 8)
     ]
     assert [n.rsplit(": ", 1)[1] for n in cells] == ["reproduced"] * 2 + ["not reproduced"] * 2
-    assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE final accuracy +25.0 pp" in cells[0]
+    assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE accuracy change +25.0 pp" in cells[0]
 
 
 def test_fit_rules_at_their_edges(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ SWEEP_SIZES = {
     "drift_forecast": 26,
     "engine_mismatch": 48,
     "dense_control": 64,
-    "phase_mixtral": 48,
+    "phase_mixtral": 72,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
