@@ -343,6 +343,33 @@ def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_bre
     assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE accuracy change +25.0 pp" in cells[0]
 
 
+def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) -> None:
+    """phase (qwen3_moe): GRPO without replay collapses in 6 of 8 seeds, R2 and GSPO never; phase_mixtral
+    (mixtral): R2 collapses in 8 of 8, the others never. Claim 2's verdict stays phase's; the notes give
+    mixtral alone and the pool, whose pairs stay within a family (8 + 8, not 8 x 2 x 2 cross-family joins)."""
+    for experiment, family, k in (
+        ("phase", "qwen3_moe", {"grpo+none": 6}),
+        ("phase_mixtral", "mixtral", {"grpo+r2": 8}),
+    ):
+        make_fake_grid(
+            tmp_path,
+            experiment=experiment,
+            family=family,
+            Ns=(4,),
+            lrs=(1e-3,),
+            steps=STEPS,
+            log_shift=False,
+            n_collapse=lambda a, lr, N, L, k=k: k.get(a, 0),
+        )
+    claims = {c.id: c for c in C.evaluate_claims(tmp_path, experiment_files=tmp_path / "none")}
+    assert claims[2].verdict == "reproduced"
+    alone = next(n for n in claims[2].notes if n.startswith("mixtral alone (phase_mixtral): "))
+    pooled = next(n for n in claims[2].notes if n.startswith("qwen3_moe and mixtral pooled"))
+    assert alone.startswith("mixtral alone (phase_mixtral): **not reproduced**") and "(8 pairs)" in alone
+    assert "(16 pairs)" in pooled and "family=mixtral" not in claims[2].cells
+    assert any(n.startswith("mixtral alone (phase_mixtral): ") for n in claims[3].notes)
+
+
 def test_fit_rules_at_their_edges(tmp_path: Path) -> None:
     cases = [
         ((0.01, 0.05), 0.9, "reproduced"),

@@ -710,6 +710,13 @@ def _looks_note(
     return looks
 
 
+def _phase_cells(outcomes: pd.DataFrame) -> list[str]:
+    """The keys a phase-map cell is made of: lr and N, and the model family where runs of several are pooled
+    (pairs never cross families: each has its own cold start)."""
+    several = "family" in outcomes and outcomes["family"].nunique() > 1
+    return [x for x in ("lr", "N") if x in outcomes] + (["family"] if several else [])
+
+
 def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
     c = Claim(
         2,
@@ -732,7 +739,7 @@ def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, decla
 
 
 def _collapse_claim(c: Claim, outcomes: pd.DataFrame, worse: str, better: str, declared: Declared | None) -> Claim:
-    cells = [x for x in ("lr", "N") if x in outcomes]
+    cells = _phase_cells(outcomes)
     off = _offpolicy(outcomes)
     missing = [arm for arm in (worse, better) if arm not in set(off["arm"])]
     if missing:
@@ -792,7 +799,7 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared
     if not arms <= set(off["arm"]):
         c.reason = f"no off-policy runs of {sorted(arms - set(off['arm']))}"
         return c
-    cells = [x for x in ("lr", "N") if x in off]
+    cells = _phase_cells(off)
     ext = extension_of(off, declared)
 
     def unstable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -1478,6 +1485,30 @@ CLAIMS: tuple[Callable[[Path], Claim], ...] = (
 DECLARED_BY = {claim_depth: "drift_scaling", claim_moe_specific: DENSE_CONTROL}  # claim -> its experiment file
 
 
+FAMILY_PHASES = {"phase_mixtral": "mixtral"}  # phase maps of other families: claims 2 and 3 per family and pooled
+
+
+def family_notes(
+    root: Path, fn: Callable[..., Claim], phase: pd.DataFrame | None, declared: dict[str, Declared]
+) -> list[str]:
+    """Claim 2 or 3 (`fn`) on each other family's phase map alone, and pooled with `phase` (pairs within a
+    family), as notes beside the verdict `phase` gives."""
+    notes = []
+    for experiment, family in FAMILY_PHASES.items():
+        other = _phase_outcomes(root, experiment, grid=True)
+        if other is None:
+            continue
+        alone = fn(root, other, declared.get(experiment))
+        notes.append(f"{family} alone ({experiment}): **{alone.verdict}** ({alone.reason}); {alone.statistic or '—'}")
+        if phase is not None:
+            pooled = fn(root, pd.concat([phase, other], ignore_index=True), declared.get("phase"))
+            notes.append(
+                f"{', '.join(sorted(set(phase['family'])))} and {family} pooled (phase and {experiment}, pairs within "
+                f"a family): **{pooled.verdict}** ({pooled.reason}); {pooled.statistic or '—'}"
+            )
+    return notes
+
+
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
     """Every claim's verdict from the result folders under `root` (e.g. `results`), with the analyses
     declared in `experiment_files` (default experiments/conf/experiment)."""
@@ -1492,6 +1523,7 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
         try:
             if fn in (claim_offpolicy_grpo, claim_gspo_stable):
                 out.append(fn(root, outcomes, declared.get("phase")))
+                out[-1].notes += family_notes(root, fn, outcomes, declared)
             else:
                 out.append(fn(root, declared.get(DECLARED_BY[fn])) if fn in DECLARED_BY else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
