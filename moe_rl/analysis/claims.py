@@ -1540,7 +1540,15 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
     return out
 
 
-SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling", "drift_forecast", "engine_mismatch")
+SCALE_EXPERIMENTS = (
+    "phase",
+    "phase_mismatch",
+    "drift_scaling",
+    "drift_forecast",
+    "engine_mismatch",
+    DENSE_CONTROL,
+    *FAMILY_PHASES,
+)
 PAPER_SCALE = (
     "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
 )
