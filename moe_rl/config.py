@@ -14,7 +14,7 @@ from typing import Any
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
-from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
 from moe_rl.runio import NUMERICS
 from moe_rl.tasks import TASKS
@@ -341,7 +341,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _one_of("algo.name", cfg.algo.name, LOSSES)
     _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
     if not cfg.model.checkpoint:  # a checkpoint may be of any MoE family (its model_type is checked below)
-        _one_of("model.family", cfg.model.family, [*FAMILIES, *BACKENDS])
+        _one_of("model.family", cfg.model.family, [*FAMILIES, *DENSE_FAMILIES, *BACKENDS])
+    if cfg.model.family in DENSE_FAMILIES and cfg.replay.mode != "none":
+        raise ValueError(
+            f"replay.mode={cfg.replay.mode!r} replays expert routes, but model.family={cfg.model.family!r} is "
+            "dense (no MoE layer to route); use replay.mode=none"
+        )
+    if cfg.model.family in DENSE_FAMILIES and cfg.algo.router_shift:
+        raise ValueError(
+            f"algo.router_shift rescales ratios by the router's shift, but model.family={cfg.model.family!r} is "
+            "dense (no router); use algo.router_shift=false"
+        )
     if cfg.model.family in BACKENDS and not cfg.device.startswith("cuda"):
         raise ValueError(f"model.family={cfg.model.family!r} runs on CUDA only; set device=cuda")
     if cfg.model.family in BACKENDS and cfg.rollout.dtype == "float16":

@@ -38,7 +38,8 @@ MEANINGS = {
     "across such CPUs",
     "progress": "a progress bar for an interactive single run; false: log lines every `log_every` steps",
     "model.family": "MoE family of the built model (qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, gpt_oss; "
-    "megablocks on CUDA), or of `model.checkpoint`",
+    "megablocks on CUDA), or of `model.checkpoint`; qwen3_dense: the dense control of qwen3_moe (same attention, "
+    "one MLP of width top_k x expert width; replay.mode=none only, no route metrics)",
     "model.num_layers": "decoder layers of the built model",
     "model.num_experts": "experts per MoE layer",
     "model.top_k": "experts each token is routed to",

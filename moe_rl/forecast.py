@@ -274,6 +274,8 @@ def probe(cfg, steps: int) -> dict[str, Any]:
     rollout, _, _ = trainer.rollout(1)
     old = trainer.old_pass(rollout)
     old_routes, old_scores = old.routes, old.scores
+    if old_routes is None:
+        raise ValueError(f"model.family={cfg.model.family!r} has no MoE layer: no router to forecast")
     scores = old_scores[old_routes.mask]  # (n, L, E) router probabilities of the valid tokens
     gaps, _ = boundary_gaps(scores, old_routes.top_k)  # (n, L)
     history = [trainer.step(s) for s in range(1, steps + 1)]

@@ -24,6 +24,7 @@ vLLM engine samples and routes the rollouts (moe_rl.engine) and gets the trainer
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -131,9 +132,10 @@ HISTORY_KEYS = (
 def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
     """Columns that identify a run in every metrics row (analysis groups on them).
 
-    Depth and expert count are read off the model, which a local checkpoint may set.
+    Depth and expert count are read off the model, which a local checkpoint may set; a dense model
+    has 0 MoE layers, experts and k.
     """
-    layers = find_moe_layers(model)
+    layers = find_moe_layers(model, required=False)
     return {
         "run": Path(cfg.out_dir).name,
         "experiment": cfg.experiment,
@@ -148,8 +150,8 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
         "rollout_dtype": cfg.rollout.dtype,
         "num_layers": model.config.num_hidden_layers,
         "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts,
-        "top_k": layers[0].top_k,
+        "num_experts": layers[0].num_experts if layers else 0,
+        "top_k": layers[0].top_k if layers else 0,
     }
 
 
@@ -184,7 +186,7 @@ class OldPass(NamedTuple):
     """What the old-policy pass gives the updates."""
 
     logp: torch.Tensor  # (B, T) old_logp
-    routes: Routes  # the old policy's native routes
+    routes: Routes | None  # the old policy's native routes (None: a dense model)
     margins: torch.Tensor  # (B, T, L) k-th vs (k+1)-th router probability gaps
     scores: torch.Tensor  # (B, T, L, E) router selection probabilities
     weights: torch.Tensor | None  # (B, T, L, k) float32 combine weights (replay modes that force them), else None
@@ -212,6 +214,13 @@ class Trainer:
             cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
         )
         self.policy.to(cfg.device)
+        # A dense model (no MoE layer) trains the same way with nothing to record or replay: its rows carry
+        # no route/ metrics. Replay is refused for it here too, for a checkpoint validate() could not see into.
+        self.routed = bool(find_moe_layers(self.policy, required=False))
+        if not self.routed and cfg.replay.mode != "none":
+            raise ValueError(
+                f"replay.mode={cfg.replay.mode!r} needs MoE layers; the model has none (use replay.mode=none)"
+            )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
         self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.engine.Engine)
@@ -272,7 +281,7 @@ class Trainer:
                 max_new_tokens=cfg.task.max_new_tokens,
                 temperature=cfg.rollout.temperature,
                 seed=cfg.seed * 1_000_003 + step,
-                record_routes=cfg.rollout.record_routes,
+                record_routes=cfg.rollout.record_routes and self.routed,
                 rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
             )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
@@ -326,7 +335,12 @@ class Trainer:
 
     def old_pass(self, rollout: Rollout) -> OldPass:
         """old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
-        the combine weights the experts received when the replay mode forces them (`trr`)."""
+        the combine weights the experts received when the replay mode forces them (`trr`); a dense model
+        has no routes (None), margins or scores (empty)."""
+        if not self.routed:
+            with torch.no_grad():
+                old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
+            return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
         mode = self.replay_mode
         replay = rollout.routes if mode.old_pass_replays else None
         with (
@@ -345,7 +359,7 @@ class Trainer:
         rows: torch.Tensor,
         old_logp: torch.Tensor,
         adv: torch.Tensor,
-        old_routes: Routes,
+        old_routes: Routes | None,
         replay_routes: Routes | None,
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
@@ -357,20 +371,22 @@ class Trainer:
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
         forced_weights = replay_weights[rows] if replay_weights is not None and replay is not None else None
-        with RoutedPass(
-            self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights
-        ) as routed:
+        routed: RoutedPass | None = (
+            RoutedPass(self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights)
+            if old_routes is not None
+            else None
+        )
+        with routed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
-        native = routed.native.with_mask(valid)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
-        old = old_routes[rows]
         shift_scale = None
-        if cfg.algo.router_shift:  # RSPO: sg[max(gamma_t, floor)] from the scores this pass already has
-            gamma = router_shift_ratio(old_scores[rows], routed.scores, old, mask)
+        if cfg.algo.router_shift and routed is not None and old_routes is not None:  # RSPO (refused for dense)
+            # sg[max(gamma_t, floor)] from the scores this pass already has
+            gamma = router_shift_ratio(old_scores[rows], routed.scores, old_routes[rows], mask)
             shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
         loss, loss_metrics = self.loss_fn(
             logp=logp,
@@ -409,26 +425,29 @@ class Trainer:
             weights.update({RATIO_ROUTER_SHIFT_SCALE: scalars[3], RATIO_ROUTER_SHIFT_FLOOR_FRAC: scalars[3]})
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
-        overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
-        buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
         parts = Partial().add("mean", mean_parts(means, weights))
         parts.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
-        parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
-        parts.add(
-            "position",
-            position_parts(
-                native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
-            ),
-        )
-        parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
-        parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
-        parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
-        if replay is not None:
-            parts.add("native_vs_replayed", compare_parts(native, replay))
-            parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
-        if self.replay_threshold is not None:
-            refilled, slots = routed.fallback.double()
-            parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
+        if routed is not None and old_routes is not None:
+            native = routed.native.with_mask(valid)
+            old = old_routes[rows]
+            overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
+            buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
+            parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
+            parts.add(
+                "position",
+                position_parts(
+                    native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
+                ),
+            )
+            parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
+            parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
+            parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
+            if replay is not None:
+                parts.add("native_vs_replayed", compare_parts(native, replay))
+                parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+            if self.replay_threshold is not None:
+                refilled, slots = routed.fallback.double()
+                parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
@@ -436,17 +455,23 @@ class Trainer:
             metrics.update({k: pooled[k] for k in (RATIO_ROUTER_SHIFT_SCALE, RATIO_ROUTER_SHIFT_FLOOR_FRAC)})
         metrics.update(ratio_finalize(parts.sub("ratio")))
         metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
-        metrics.update({route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()})
+        if routed is not None:
+            metrics.update(self.route_metrics(parts, replayed=replay is not None))
+        return metrics
+
+    def route_metrics(self, parts: Partial, *, replayed: bool) -> dict[str, float]:
+        """An update's route/ metrics from its pooled partial statistics (MoE models only)."""
+        metrics = {route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()}
         metrics.update(
             {
                 route_key(OLD_VS_NEW, k): v
-                for k, v in position_finalize(parts.sub("position"), cfg.position_bucket).items()
+                for k, v in position_finalize(parts.sub("position"), self.cfg.position_bucket).items()
             }
         )
         metrics.update({route_key(OLD_VS_NEW, k): v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
         metrics.update({ROUTE_PREFIX + k: v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
         metrics.update({ROUTE_PREFIX + k: v for k, v in movement_finalize(parts.sub("move")).items()})
-        if replay is not None:
+        if replayed:
             metrics.update(
                 {
                     route_key(NATIVE_VS_REPLAYED, k): v
@@ -525,7 +550,9 @@ class Trainer:
                 TIME_UPDATE_S: torch.tensor(t3 - t2, dtype=torch.float64),
             },
             rows={"rewards": rewards},
-        ).add("margins", margin_parts(margins, old_routes.mask))
+        )
+        if old_routes is not None:
+            parts.add("margins", margin_parts(margins, old_routes.mask))
         if correction is not None:
             parts.add(
                 "is",
@@ -537,7 +564,7 @@ class Trainer:
                     }
                 ),
             )
-        if rollout.routes is not None:
+        if rollout.routes is not None and old_routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
         sums, all_rewards = parts.sums, parts.rows["rewards"]
@@ -551,7 +578,7 @@ class Trainer:
                 REWARD_ERRORS: sums["errors"].item(),
                 REWARD_MEAN: all_rewards.mean().item(),
                 REWARD_STD: all_rewards.std(unbiased=False).item(),
-                **margin_finalize(parts.sub("margins")),
+                **(margin_finalize(parts.sub("margins")) if old_routes is not None else {}),
                 ROLLOUT_LOGP_GAP: sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
                 ROLLOUT_TOKEN_MULT_PROB_ERROR: (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
                 / sums["tokens"].clamp(min=1).item(),
@@ -567,7 +594,7 @@ class Trainer:
             metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
         if self.engine is not None:
             metrics.update(self.engine_metrics)
-        if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows
+        if old_routes is not None and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:
             old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
             if rollout.routes is not None:
                 rollout.routes.save(

@@ -255,6 +255,7 @@ def make_fake_grid(
     log_shift: bool = True,
     acc_noise: float = 0.005,
     rollout_dtype: str = "float32",
+    family: str = "qwen3_moe",
     rng_seed: int = 0,
 ) -> list[Path]:
     """A sweep grid (arm x lr x N x MoE layers x seed) of small runs under root/experiment/runs/.
@@ -264,7 +265,8 @@ def make_fake_grid(
     flags; status.json holds the in-loop (absolute) events. `flip` sets the off-policy flip rate
     (per-layer values rise with depth around it), `final_acc` the last evaluation of a run that
     does not collapse. `shift_lag`: the router shift (1 - `route/old_vs_new/shift/mean`) leads the
-    clip fraction by that many steps (negative: lags it); None: unrelated.
+    clip fraction by that many steps (negative: lags it); None: unrelated. `family`: the runs' model family
+    (a second call with another family adds that model's runs to the same folder).
     """
     from moe_rl.collapse import detect_collapse
 
@@ -316,14 +318,14 @@ def make_fake_grid(
             for step, key, value in rows:
                 history.setdefault(key, []).append((step, value))
             events = [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in detect_collapse(history)]
-            run = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}"
+            run = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}" + ("" if family == "qwen3_moe" else f"-{family}")
             run_keys = {
                 "run": run,
                 "experiment": experiment,
                 "arm": arm,
                 "algo": algo,
                 "replay": replay,
-                "family": "qwen3_moe",
+                "family": family,
                 "task": "reversal",
                 "seed": seed,
                 "N": N,

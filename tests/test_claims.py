@@ -20,9 +20,30 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 
 
+def _dense_control(
+    root: Path, moe_acc, dense_acc, *, arms=("grpo+none", "gspo+none"), seeds=tuple(range(8)), lrs=(3e-4,), Ns=(8,)
+) -> None:
+    """dense_control runs: the MoE model and its dense control in the same cells, paired by seed."""
+    for family, acc in (("qwen3_moe", moe_acc), ("qwen3_dense", dense_acc)):
+        make_fake_grid(
+            root,
+            experiment="dense_control",
+            arms=arms,
+            lrs=lrs,
+            Ns=Ns,
+            seeds=seeds,
+            steps=STEPS,
+            log_shift=False,
+            family=family,
+            final_acc=acc,
+        )
+
+
 def _world(root: Path, kind: str) -> Path:
     """Result folders in which every claim should come out `kind`."""
     if kind == "reproduced":
+        # the MoE model ends below its cold start (0.4), the dense control above it
+        _dense_control(root, lambda a, lr, N, L, s: 0.2, lambda a, lr, N, L, s: 0.5)
         write_fake_fit(root, predicted=0.1, ci=(0.06, 0.15), r2_holdout=0.9)
         phase = {"grpo+none": 6, "grpo+r2": 0, "gspo+none": 0}
         make_fake_grid(
@@ -57,6 +78,8 @@ def _world(root: Path, kind: str) -> Path:
             n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0,
         )
     elif kind == "not reproduced":
+        # both models end below their cold start, alike: the degradation needs no routing
+        _dense_control(root, lambda a, lr, N, L, s: 0.2, lambda a, lr, N, L, s: 0.2)
         write_fake_fit(root, predicted=0.005, ci=(0.002, 0.01), r2_holdout=0.9)
         # N=2: GRPO+R2 collapses, GRPO without replay does not; N=4: GSPO collapses where GRPO+R2 does not
         phase = {
@@ -94,6 +117,14 @@ def _world(root: Path, kind: str) -> Path:
             n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0,
         )
     elif kind == "inconclusive":
+        # two pairs: the dense control ends 10 and 35 points above the MoE model, -10 and +15 from its start
+        _dense_control(
+            root,
+            lambda a, lr, N, L, s: 0.2,
+            lambda a, lr, N, L, s: 0.3 + 0.25 * (s % 2),
+            arms=("grpo+none",),
+            seeds=(0, 1),
+        )
         write_fake_fit(root, predicted=0.03, ci=(0.001, 0.5), r2_holdout=0.9)
         phase = {"grpo+none": 2, "grpo+r2": 1, "gspo+none": 1}
         make_fake_grid(
@@ -141,7 +172,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
     kind, claims = world
     got = {c.id: (c.verdict, c.reason) for c in claims}
-    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6]
+    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7]
     expected = {i: kind for i in got}
     assert {i: v for i, (v, _) in got.items()} == expected, got
     assert all("failed" not in r for _, r in got.values())
@@ -264,11 +295,79 @@ def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
     claims = C.evaluate_claims(tmp_path / "nothing")
-    assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 6
+    assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 6 + [
+        ("untestable here", "no runs of dense_control")
+    ]
     (tmp_path / "drift_scaling").mkdir()
     (tmp_path / "drift_scaling" / "fit.json").write_text("{not json")
     first = C.evaluate_claims(tmp_path)[0]
     assert first.verdict == "inconclusive" and "unreadable" in first.reason
+
+
+def test_moe_specific_needs_a_dense_control_that_holds_its_cold_start(tmp_path: Path) -> None:
+    """The dense control beating the MoE model is not enough: one that also ends below its own cold start
+    (here 40% -> 33%, against the MoE model's 40% -> 15%) says the degradation needs no routing. Where the
+    MoE model does not degrade there is nothing to explain."""
+    _dense_control(tmp_path / "less", lambda a, lr, N, L, s: 0.1, lambda a, lr, N, L, s: 0.32)
+    c = C.claim_moe_specific(tmp_path / "less")
+    assert c.verdict == "not reproduced" and c.reason.startswith("dense vs MoE: reproduced")
+    assert (
+        "ends below its cold start: yes (p = 6.1e-05)" in c.reason
+    )  # 16 of 16 runs below: 1 / 2^14, the resampled floor
+    assert "qwen3_dense final - its cold start -6.7 pp" in c.statistic and "accuracy change +18.3 pp" in c.statistic
+    _dense_control(tmp_path / "stable", lambda a, lr, N, L, s: 0.5, lambda a, lr, N, L, s: 0.5)
+    c = C.claim_moe_specific(tmp_path / "stable")
+    assert (c.verdict, c.reason) == (
+        "untestable here",
+        "qwen3_moe ends below its cold start in no cell with paired runs",
+    )
+
+
+def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_breaks_too(tmp_path: Path) -> None:
+    """The MoE model degrades in all four cells; the dense control holds at lr 3e-4 and degrades alike at lr 1e-3.
+    Pooled, the dense runs end below their cold start (not specific to MoE); each cell alone says where."""
+    _dense_control(
+        tmp_path,
+        lambda a, lr, N, L, s: 0.2,
+        lambda a, lr, N, L, s: 0.5 if lr < 5e-4 else 0.2,
+        lrs=(3e-4, 1e-3),
+        Ns=(2, 8),
+    )
+    c = C.claim_moe_specific(tmp_path)
+    assert c.verdict == "not reproduced" and c.cells.startswith("8 cell(s) where qwen3_moe degrades")
+    cells = [n for n in c.notes if n.startswith("cell ")]
+    assert [n.split(" alone:")[0] for n in cells] == [
+        f"cell lr={lr}, N={n}" for lr in ("0.0003", "0.001") for n in (2, 8)
+    ]
+    assert [n.rsplit(": ", 1)[1] for n in cells] == ["reproduced"] * 2 + ["not reproduced"] * 2
+    assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE accuracy change +25.0 pp" in cells[0]
+
+
+def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) -> None:
+    """phase (qwen3_moe): GRPO without replay collapses in 6 of 8 seeds, R2 and GSPO never; phase_mixtral
+    (mixtral): R2 collapses in 8 of 8, the others never. Claim 2's verdict stays phase's; the notes give
+    mixtral alone and the pool, whose pairs stay within a family (8 + 8, not 8 x 2 x 2 cross-family joins)."""
+    for experiment, family, k in (
+        ("phase", "qwen3_moe", {"grpo+none": 6}),
+        ("phase_mixtral", "mixtral", {"grpo+r2": 8}),
+    ):
+        make_fake_grid(
+            tmp_path,
+            experiment=experiment,
+            family=family,
+            Ns=(4,),
+            lrs=(1e-3,),
+            steps=STEPS,
+            log_shift=False,
+            n_collapse=lambda a, lr, N, L, k=k: k.get(a, 0),
+        )
+    claims = {c.id: c for c in C.evaluate_claims(tmp_path, experiment_files=tmp_path / "none")}
+    assert claims[2].verdict == "reproduced"
+    alone = next(n for n in claims[2].notes if n.startswith("mixtral alone (phase_mixtral): "))
+    pooled = next(n for n in claims[2].notes if n.startswith("qwen3_moe and mixtral pooled"))
+    assert alone.startswith("mixtral alone (phase_mixtral): **not reproduced**") and "(8 pairs)" in alone
+    assert "(16 pairs)" in pooled and "family=mixtral" not in claims[2].cells
+    assert any(n.startswith("mixtral alone (phase_mixtral): ") for n in claims[3].notes)
 
 
 def test_fit_rules_at_their_edges(tmp_path: Path) -> None:

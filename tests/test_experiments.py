@@ -36,6 +36,8 @@ SWEEP_SIZES = {
     "phase_band": 72,
     "drift_forecast": 26,
     "engine_mismatch": 48,
+    "dense_control": 64,
+    "phase_mixtral": 72,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
@@ -109,6 +111,31 @@ def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
             assert {**ours.to_dict(), "analysis": None} == {**theirs.to_dict(), "analysis": None}
             assert config_hash(ours) == config_hash(theirs)
             assert ours.analysis["extends"] == ADDS_TO[adder] and ours.analysis["look"] >= 2
+
+
+def test_dense_control_pairs_each_moe_run_with_a_dense_run_from_its_own_cold_start() -> None:
+    """Every (cell, arm, seed) of `dense_control` runs both models; each model has one cold start of its own,
+    and the cells are the phase map's runs' values (lr 3e-4 with N = 8, lr 1e-3 with N = 2)."""
+    from moe_rl.cold_start import expected_key
+
+    combos, _ = _sweep("dense_control")
+    families: dict[tuple, set[str]] = {}
+    keys: dict[str, set[str]] = {}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for combo in combos:
+            if "seed=0" not in combo and "seed=7" not in combo:
+                continue
+            cfg = validate(to_train_config(compose("config", overrides=["+experiment=dense_control", *combo])))
+            cell = (cfg.optim.lr, cfg.optim.updates_per_rollout, cfg.arm, cfg.seed)
+            families.setdefault(cell, set()).add(cfg.model.family)
+            keys.setdefault(cfg.model.family, set()).add(expected_key(cfg.model, cfg.task, cfg.cold_start))
+    assert {c[:3] for c in families} == {
+        (lr, n, arm) for lr, n in ((3e-4, 8), (1e-3, 2)) for arm in ("grpo+none", "gspo+none")
+    }
+    assert (
+        all(f == {"qwen3_moe", "qwen3_dense"} for f in families.values()) and len(families) == 8
+    )  # 4 cells x seeds 0, 7
+    assert [len(k) for k in keys.values()] == [1, 1] and keys["qwen3_moe"] != keys["qwen3_dense"]
 
 
 def test_experiment_deltas() -> None:

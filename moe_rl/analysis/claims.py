@@ -51,6 +51,7 @@ from moe_rl.metric_names import (
     FLIP_RATE,
     RATIO_CLIPFRAC_HIGH,
     RATIO_CLIPFRAC_LOW,
+    REWARD_MEAN,
     ROLLOUT_LOGP_GAP,
     ROLLOUT_LOGP_GAP_OVER_LN2,
     ROLLOUT_TOKEN_MULT_PROB_ERROR,
@@ -709,6 +710,13 @@ def _looks_note(
     return looks
 
 
+def _phase_cells(outcomes: pd.DataFrame) -> list[str]:
+    """The keys a phase-map cell is made of: lr and N, and the model family where runs of several are pooled
+    (pairs never cross families: each has its own cold start)."""
+    several = "family" in outcomes and outcomes["family"].nunique() > 1
+    return [x for x in ("lr", "N") if x in outcomes] + (["family"] if several else [])
+
+
 def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, declared: Declared | None = None) -> Claim:
     c = Claim(
         2,
@@ -731,7 +739,7 @@ def claim_offpolicy_grpo(root: Path, outcomes: pd.DataFrame | None = None, decla
 
 
 def _collapse_claim(c: Claim, outcomes: pd.DataFrame, worse: str, better: str, declared: Declared | None) -> Claim:
-    cells = [x for x in ("lr", "N") if x in outcomes]
+    cells = _phase_cells(outcomes)
     off = _offpolicy(outcomes)
     missing = [arm for arm in (worse, better) if arm not in set(off["arm"])]
     if missing:
@@ -791,7 +799,7 @@ def claim_gspo_stable(root: Path, outcomes: pd.DataFrame | None = None, declared
     if not arms <= set(off["arm"]):
         c.reason = f"no off-policy runs of {sorted(arms - set(off['arm']))}"
         return c
-    cells = [x for x in ("lr", "N") if x in off]
+    cells = _phase_cells(off)
     ext = extension_of(off, declared)
 
     def unstable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -1299,6 +1307,164 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
     )
 
 
+# --- claim 7: the instability at this scale is specific to MoE --------------------------------------
+
+UNTESTABLE_HERE = "untestable here"  # the runs hold no case the claim speaks of (none yet, or nothing degrades)
+DENSE_CONTROL = "dense_control"
+MOE_FAMILY, DENSE_FAMILY = "qwen3_moe", "qwen3_dense"  # the default model and its dense control (moe_rl.models)
+MOE_CELLS = ["lr", "N", "algo_arm"]  # a control pair shares the cell and the algorithm arm, and the seed
+START_STEPS = COLLAPSE_DEFINITIONS[MAIN_DEFINITION]["baseline_window"]  # a run's start reward: its first steps
+
+
+def _by_family(outcomes: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """`outcomes` with the model family as the compared `arm` and the algorithm arm moved to `algo_arm`, so
+    that `compare_arms` pairs the two models by (lr, N, algo_arm, seed); and the two continuous outcomes
+    measured from each run's own start, since each model starts from its own cold start: `late_accuracy`
+    minus `start_accuracy` (step 0), `reward_auc` minus the mean reward of the first START_STEPS steps."""
+    rewards = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]].sort_values("step")
+    start_reward = rewards.groupby("run")["value"].apply(lambda v: v.iloc[:START_STEPS].mean())
+    frame = outcomes.rename(columns={"arm": "algo_arm"}).assign(arm=outcomes["family"].to_numpy())
+    frame["final_accuracy_raw"], frame["reward_auc_raw"] = frame["late_accuracy"], frame["reward_auc"]
+    frame["late_accuracy"] = frame["late_accuracy"] - frame["start_accuracy"]
+    frame["reward_auc"] = frame["reward_auc"] - frame["run"].map(start_reward).to_numpy(float)
+    return frame
+
+
+def moe_degrading(frame: pd.DataFrame) -> pd.DataFrame:
+    """Runs of both models (a `_by_family` frame) in the (lr, N, algorithm arm) cells where the MoE model's
+    final accuracy ends below its cold start's on average."""
+    moe = frame[frame["arm"] == MOE_FAMILY]
+    keep = moe.groupby(MOE_CELLS).filter(lambda g: g["late_accuracy"].mean() < 0)[MOE_CELLS].drop_duplicates()
+    return frame.merge(keep, on=MOE_CELLS)
+
+
+def own_start_drop(runs: pd.DataFrame) -> dict[str, float]:
+    """Final accuracy minus the run's own cold-start accuracy (a `_by_family` frame's `late_accuracy`): mean
+    with a bootstrap interval over runs and a one-sided sign-flip p that it is below 0 (`p_value`); `below`
+    counts the runs that end below their start."""
+    change = runs["late_accuracy"].to_numpy(float)
+    r = paired_compare(change, np.zeros_like(change), alternative="less", n_resamples=N_BOOT)
+    return {**r, "below": int((change < 0).sum()), "runs": len(runs)}
+
+
+def _moe_specific_rule(versus: str, dense_drop_p: float) -> str:
+    """Specific to MoE if the dense model beats the MoE model (`versus`, the primary-outcome verdict) and does
+    not itself end below its cold start; not specific if it does, or if the MoE model is not worse."""
+    if (np.isfinite(dense_drop_p) and dense_drop_p < ALPHA) or versus == NOT_REPRODUCED:
+        return NOT_REPRODUCED
+    return REPRODUCED if versus == REPRODUCED else INCONCLUSIVE
+
+
+def _control_text(cmp: Comparison) -> str:
+    acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
+    return (
+        f"{cmp.better} - {cmp.worse}, each from its own start: accuracy change {100 * acc['mean_diff']:+.1f} pp "
+        f"[{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}], reward AUC above the start reward {auc['mean_diff']:+.3f} "
+        f"[{auc['lo']:+.3f}, {auc['hi']:+.3f}] ({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} "
+        f"{s['km_w']:.2f} vs {cmp.better} {s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} "
+        f"{s['kb']} of {s['n']}"
+    )
+
+
+def _drop_text(name: str, d: dict[str, float]) -> str:
+    return (
+        f"{name} final - its cold start {100 * d['mean_diff']:+.1f} pp [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], "
+        f"{d['below']} of {d['runs']} runs below it (one-sided p = {_p(d['p_value'])})"
+    )
+
+
+def per_cell_notes(sel: pd.DataFrame) -> list[str]:
+    """Descriptive, per (lr, N) cell over both algorithm arms: each model's mean start -> final accuracy and
+    runs below the start, and the claim's rule on that cell alone (no correction over cells)."""
+    notes = []
+    for values, g in sel.groupby(["lr", "N"], sort=True):
+        if _pairs(g, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS).empty:
+            continue
+        cmp, dense = compare_arms(g, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS), own_start_drop(g[g["arm"] == DENSE_FAMILY])
+        parts = [
+            f"{family} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h['final_accuracy_raw'].mean():.1f}% "
+            f"({int((h['late_accuracy'] < 0).sum())} of {len(h)} below the start)"
+            for family, h in ((f, g[g["arm"] == f]) for f in (MOE_FAMILY, DENSE_FAMILY))
+        ]
+        acc = cmp.cont["late_accuracy"]
+        notes.append(
+            f"cell {cell_label(['lr', 'N'], values)} alone: " + "; ".join(parts) + f"; dense - MoE accuracy change "
+            f"{100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] ({acc['n']} pairs); "
+            f"the rule on this cell alone: {_moe_specific_rule(cmp.verdict, dense['p_value'])}"
+        )
+    return notes
+
+
+def claim_moe_specific(root: Path, declared: Declared | None = None) -> Claim:
+    c = Claim(
+        7,
+        "At this scale the instability is specific to MoE",
+        "dense control of the phase map (this harness)",
+        f"{DENSE_FAMILY} (the dense control: same attention and active width, no routing) vs {MOE_FAMILY}, paired by "
+        "(lr, N, algorithm arm, seed), in the cells where the MoE model's mean final accuracy ends below its cold "
+        "start's. The three primary outcomes of claim 2, measured from each run's own start since each model has "
+        "its own cold start (accuracy change: final minus step-0 accuracy; reward AUC minus the mean reward of the "
+        f"first {START_STEPS} steps: sign-flip test and bootstrap interval; time to collapse under the relative "
+        "definition: log-rank stratified on the pairs; Holm over the three), and whether the dense runs end below "
+        "their own cold start (accuracy change, one-sided sign-flip test). reproduced if "
+        "the dense model beats the MoE model at p < 0.05 with no outcome favouring MoE, and does not end below its "
+        "cold start at p < 0.05; not reproduced if the dense model ends below its cold start (the degradation needs "
+        "no routing) or the MoE model is not worse (an outcome favours it, or the accuracy and reward AUC intervals "
+        f"lie inside ±{ACCURACY_MARGIN}); inconclusive otherwise; {UNTESTABLE_HERE} without runs of both models or "
+        "without a cell where the MoE model degrades. **fragile** when the grid of collapse definitions disagrees",
+        experiment=DENSE_CONTROL,
+    )
+    df = _load(root, DENSE_CONTROL, list(HISTORY_KEYS))
+    if df is None:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"no runs of {DENSE_CONTROL}"
+        return c
+    outcomes = run_outcomes(df, {**COLLAPSE_DEFINITIONS, **definition_grid()})
+    missing = sorted({MOE_FAMILY, DENSE_FAMILY} - set(outcomes["family"]))
+    if missing:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"no runs of {missing} in {DENSE_CONTROL}"
+        return c
+    frame = _by_family(outcomes, df)
+    looks = _looks_note(c, declared, pd.Series("", index=frame.index), "")
+    sel = moe_degrading(frame)
+    pairs = _pairs(sel, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS)
+    if pairs.empty:
+        c.verdict, c.reason = UNTESTABLE_HERE, f"{MOE_FAMILY} ends below its cold start in no cell with paired runs"
+        return c
+    cmp = compare_arms(sel, MOE_FAMILY, DENSE_FAMILY, MOE_CELLS, looks=looks)
+    dense = own_start_drop(sel[sel["arm"] == DENSE_FAMILY])
+    moe = own_start_drop(sel[sel["arm"] == MOE_FAMILY])
+    c.cells = f"{sel[MOE_CELLS].drop_duplicates().shape[0]} cell(s) where {MOE_FAMILY} degrades: " + _cell_list(
+        sel, MOE_CELLS
+    )
+    c.statistic = f"{_control_text(cmp)}; {_drop_text(DENSE_FAMILY, dense)}; {_drop_text(MOE_FAMILY, moe)}"
+    c.test = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm; one-sided sign-flip (dense below its cold start)"
+    c.p_value = cmp.p
+    c.verdict = _moe_specific_rule(cmp.verdict, dense["p_value"])
+    c.reason = f"dense vs MoE: {cmp.verdict} ({cmp.reason}); the dense control ends below its cold start: " + (
+        f"yes (p = {_p(dense['p_value'])})"
+        if dense["p_value"] < ALPHA
+        else f"not significantly (p = {_p(dense['p_value'])})"
+    )
+    c.notes.append(_counts_note(cmp))
+    c.notes += per_cell_notes(sel)
+    grid = {
+        d: (_moe_specific_rule(v, dense["p_value"]), _moe_specific_rule(k, dense["p_value"]))
+        for d, (v, k) in cmp.grid.items()
+    }
+    _robust(c, {d: v for d, (v, _) in grid.items()}, {d: k for d, (_, k) in grid.items()})
+    c.plain = (
+        f"We trained the dense control ({DENSE_FAMILY}: the same attention and as many parameters per token, no "
+        f"routing) next to {MOE_FAMILY} from its own cold start, with the same seeds, in the cells where the MoE "
+        f"model loses accuracy. Over {cmp.cont['late_accuracy']['n']} seed-matched pairs, each measured from its "
+        f"own cold start, the dense model ended {_points(cmp.cont['late_accuracy']['mean_diff'])} the MoE model; "
+        "the dense runs ended "
+        f"{100 * dense['mean_diff']:+.1f} points from their own cold start ({dense['below']} of {dense['runs']} below "
+        f"it), the MoE runs {100 * moe['mean_diff']:+.1f}. Verdict: **{c.verdict}**. What would change it: "
+        f"{_would_change(c.verdict)}."
+    )
+    return c
+
+
 def _main_kwargs() -> dict:
     from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS
 
@@ -1314,7 +1480,33 @@ CLAIMS: tuple[Callable[[Path], Claim], ...] = (
     claim_depth,
     claim_r3_vs_r2,
     claim_shift_leads,
+    claim_moe_specific,
 )
+DECLARED_BY = {claim_depth: "drift_scaling", claim_moe_specific: DENSE_CONTROL}  # claim -> its experiment file
+
+
+FAMILY_PHASES = {"phase_mixtral": "mixtral"}  # phase maps of other families: claims 2 and 3 per family and pooled
+
+
+def family_notes(
+    root: Path, fn: Callable[..., Claim], phase: pd.DataFrame | None, declared: dict[str, Declared]
+) -> list[str]:
+    """Claim 2 or 3 (`fn`) on each other family's phase map alone, and pooled with `phase` (pairs within a
+    family), as notes beside the verdict `phase` gives."""
+    notes = []
+    for experiment, family in FAMILY_PHASES.items():
+        other = _phase_outcomes(root, experiment, grid=True)
+        if other is None:
+            continue
+        alone = fn(root, other, declared.get(experiment))
+        notes.append(f"{family} alone ({experiment}): **{alone.verdict}** ({alone.reason}); {alone.statistic or '—'}")
+        if phase is not None:
+            pooled = fn(root, pd.concat([phase, other], ignore_index=True), declared.get("phase"))
+            notes.append(
+                f"{', '.join(sorted(set(phase['family'])))} and {family} pooled (phase and {experiment}, pairs within "
+                f"a family): **{pooled.verdict}** ({pooled.reason}); {pooled.statistic or '—'}"
+            )
+    return notes
 
 
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
@@ -1331,8 +1523,9 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
         try:
             if fn in (claim_offpolicy_grpo, claim_gspo_stable):
                 out.append(fn(root, outcomes, declared.get("phase")))
+                out[-1].notes += family_notes(root, fn, outcomes, declared)
             else:
-                out.append(fn(root, declared.get("drift_scaling")) if fn is claim_depth else fn(root))
+                out.append(fn(root, declared.get(DECLARED_BY[fn])) if fn in DECLARED_BY else fn(root))
         except Exception as err:  # a malformed folder must not hide the other claims
             out.append(
                 Claim(
@@ -1347,7 +1540,15 @@ def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None
     return out
 
 
-SCALE_EXPERIMENTS = ("phase", "phase_mismatch", "drift_scaling", "drift_forecast", "engine_mismatch")
+SCALE_EXPERIMENTS = (
+    "phase",
+    "phase_mismatch",
+    "drift_scaling",
+    "drift_forecast",
+    "engine_mismatch",
+    DENSE_CONTROL,
+    *FAMILY_PHASES,
+)
 PAPER_SCALE = (
     "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
 )
@@ -1441,6 +1642,8 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
             "significant or the effect's interval lies within a margin too small to matter (collapse probability "
             f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
             f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
+            f"**{UNTESTABLE_HERE}** where the runs hold no case the claim speaks of (claim 7 without runs of both "
+            "models, or without a cell where the MoE model degrades); "
             "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
             f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
             f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "

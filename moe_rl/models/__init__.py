@@ -23,6 +23,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     Qwen2MoeConfig,
+    Qwen3Config,
     Qwen3MoeConfig,
 )
 
@@ -124,6 +125,14 @@ FAMILIES = {
     "gpt_oss": _gpt_oss,
 }
 
+# Dense controls: a dense family -> the MoE family it matches. Same hidden size, layers and attention;
+# one MLP of width top_k x expert width, so a token passes through as many parameters (the router aside).
+DENSE_FAMILIES = {"qwen3_dense": "qwen3_moe"}
+_DENSE_CONFIGS = {"qwen3_dense": Qwen3Config}
+# Keys of the MoE config a dense control reads (for its FFN width) or ignores: a model config written
+# for the MoE model builds its dense control unchanged.
+_DENSE_MATCH_KEYS = ("num_experts", "top_k", "moe_intermediate_size")
+
 # Config keys whose name differs per family; `build_model` accepts the common spelling.
 _ALIASES = {
     "num_experts": {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v3": "n_routed_experts"},
@@ -153,10 +162,33 @@ def default_experts_implementation(dtype: torch.dtype = torch.float32) -> str:
     return "eager" if dtype == torch.float64 else "grouped_mm"
 
 
+def dense_config(family: str = "qwen3_dense", **overrides: Any) -> PretrainedConfig:
+    """The dense control of `DENSE_FAMILIES[family]` under the same `overrides`: its hidden size, layers
+    and attention, and an MLP of width `top_k * moe_intermediate_size` (`num_experts` is unused).
+
+    Built in one call, not patched after, so that per-layer fields (`layer_types`) follow the depth.
+    """
+    moe = FAMILIES[DENSE_FAMILIES[family]]()
+    top_k = overrides.pop("top_k", moe.num_experts_per_tok)
+    width = overrides.pop("moe_intermediate_size", moe.moe_intermediate_size)
+    overrides.pop("num_experts", None)
+    kwargs: dict[str, Any] = {**_BASE, "head_dim": moe.head_dim, "intermediate_size": top_k * width}
+    config_class = _DENSE_CONFIGS[family]
+    known = config_class()
+    for key, value in overrides.items():
+        key = _ALIASES.get(key, {}).get("*", key)
+        if not hasattr(known, key):
+            raise ValueError(f"{family} config has no key {key!r}")
+        kwargs[key] = value
+    return config_class(**kwargs)
+
+
 def family_config(family: str = "qwen3_moe", **overrides: Any) -> PretrainedConfig:
     """The tiny config of `family` with `overrides` applied (unknown keys raise)."""
+    if family in DENSE_FAMILIES:
+        return dense_config(family, **overrides)
     if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; valid: {sorted(FAMILIES)}")
+        raise ValueError(f"unknown model family {family!r}; valid: {sorted([*FAMILIES, *DENSE_FAMILIES])}")
     config = FAMILIES[family]()
     for key, value in overrides.items():
         aliases = _ALIASES.get(key, {})
@@ -191,7 +223,8 @@ def build_model(
     impl = experts_implementation or default_experts_implementation(dtype)
     if impl not in EXPERTS_IMPLEMENTATIONS:
         raise ValueError(f"unknown experts_implementation {impl!r}; valid: {list(EXPERTS_IMPLEMENTATIONS)}")
-    config._experts_implementation = impl
+    if family not in DENSE_FAMILIES:  # a dense model has no experts kernel to choose
+        config._experts_implementation = impl
     # GPT-OSS's attention sinks have no SDPA path in transformers.
     config._attn_implementation = "eager" if family == "gpt_oss" else "sdpa"
     with torch.random.fork_rng(devices=[]):
@@ -204,7 +237,8 @@ def build_model(
 def load_model(
     path: str | Path, *, experts_implementation: str | None = None, dtype: torch.dtype = torch.float32
 ) -> PreTrainedModel:
-    """Load a `save_pretrained` directory or a hub id of any MoE family transformers ships.
+    """Load a `save_pretrained` directory or a hub id of any MoE family transformers ships, or of a
+    model without MoE layers (a dense control such as `qwen3_dense`: nothing to record or replay).
 
     The family's routers must be ones `moe_rl.routing` can record and replay; otherwise this raises
     `UnsupportedRouterError` with the reason (see docs/families.md). Offline (HF_HUB_OFFLINE) a hub
@@ -239,17 +273,32 @@ def load_model(
     try:
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=cache_only, dtype=dtype, **kwargs)
     except (ValueError, TypeError) as err:
-        if "experts_implementation" not in str(err):
+        if "experts implementation" not in str(err).replace("_", " "):  # a dense model: "... experts implementation."
             raise
         kwargs.pop("experts_implementation")  # a family without a switchable experts kernel
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=cache_only, dtype=dtype, **kwargs)
-    for layer in find_moe_layers(model):  # refuse now, with the reason, rather than mid-run
+    for layer in find_moe_layers(model, required=False):  # refuse now, with the reason, rather than mid-run
         resolve_rule(layer)
     return model.eval()
 
 
+def param_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, active) parameters of `model`: a token passes through `top_k` of the `num_experts`
+    experts of each MoE layer, and through everything else (embeddings, attention, norms, routers,
+    shared experts). A dense model's two counts are equal."""
+    total = sum(p.numel() for p in model.parameters())
+    idle = 0
+    for layer in find_moe_layers(model, required=False):
+        experts = getattr(model.get_submodule(layer.name.rsplit(".", 1)[0]), "experts", None)
+        if not isinstance(experts, torch.nn.Module):
+            raise ValueError(f"{layer.name}: no `experts` module beside the router to count")
+        size = sum(p.numel() for p in experts.parameters())
+        idle += size * (layer.num_experts - layer.top_k) // layer.num_experts
+    return total, total - idle
+
+
 def _check_routers(model: PreTrainedModel) -> None:
-    for layer in find_moe_layers(model):
+    for layer in find_moe_layers(model, required=False):  # none in a dense control
         weight = layer.weight
         if torch.all(weight == weight.flatten()[0]):
             raise RuntimeError(f"router {layer.name} has degenerate (all-equal) weights")

@@ -182,7 +182,39 @@ def render_markdown(results: list[FamilyResult]) -> str:
     for r in results:
         reason = r.reason.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {r.family} | {r.router} | {r.rule} | {r.status} | {reason} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *presets_markdown()]) + "\n"
+
+
+def presets_markdown() -> list[str]:
+    """The harness's own tiny presets (`model.family`) with their total and active parameters
+    (`moe_rl.models.param_counts`), built as a run builds them: default model config, the synthetic
+    tasks' character vocabulary."""
+    from moe_rl.models import DENSE_FAMILIES, FAMILIES, build_model, param_counts
+    from moe_rl.tasks import make_tokenizer
+
+    vocab = len(make_tokenizer())
+    lines = [
+        "## The harness's presets and the dense control",
+        "",
+        f"Parameters of each `model.family` as a run builds it (default `model.*`, vocabulary {vocab} characters).",
+        "Active: what one token passes through, top-k of the routed experts plus everything else (embeddings,",
+        "attention, norms, routers, shared experts). `qwen3_dense` is the dense control of `qwen3_moe`: the same",
+        "hidden size, layers and attention, and one MLP of width top_k x expert width (2 x 64 = 128), so its",
+        "parameters equal `qwen3_moe`'s active ones less the routers (layers x experts x hidden = 2 x 8 x 64 = 1,024).",
+        "",
+        "| family | class | layers | MoE layers | experts, top-k | total parameters | active per token |",
+        "|---|---|---:|---:|---|---:|---:|",
+    ]
+    for family in [*FAMILIES, *DENSE_FAMILIES]:
+        model = build_model(family, vocab_size=vocab)
+        layers = find_moe_layers(model, required=False)
+        total, active = param_counts(model)
+        routing = f"{layers[0].num_experts}, top-{layers[0].top_k}" if layers else "dense"
+        lines.append(
+            f"| {family} | {type(model).__name__} | {model.config.num_hidden_layers} | {len(layers)} | {routing} | "
+            f"{total:,} | {active:,} |"
+        )
+    return lines
 
 
 def main(argv: list[str]) -> int:

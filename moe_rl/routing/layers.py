@@ -86,17 +86,23 @@ def _router_classes(model: nn.Module) -> tuple[type, ...]:
 _LAYER_CACHE: weakref.WeakKeyDictionary[nn.Module, list[MoeLayer]] = weakref.WeakKeyDictionary()
 
 
-def find_moe_layers(model: nn.Module) -> list[MoeLayer]:
-    """The router module of every MoE layer, in model order. Raises if the model has none.
+def find_moe_layers(model: nn.Module, *, required: bool = True) -> list[MoeLayer]:
+    """The router module of every MoE layer, in model order. Raises if the model has none, unless
+    `required=False` (a dense model: []).
 
     Cached per model (walking every module costs more than a tiny forward's hooks) and
     re-discovered whenever a cached router is no longer the module at its path.
     """
-    cached = _LAYER_CACHE.get(model)
-    if cached is not None and all(_submodule(model, layer.name) is layer.router for layer in cached):
-        return list(cached)
-    layers = _discover_moe_layers(model)
-    _LAYER_CACHE[model] = layers
+    layers = _LAYER_CACHE.get(model)
+    if layers is None or not all(_submodule(model, layer.name) is layer.router for layer in layers):
+        layers = _LAYER_CACHE[model] = _discover_moe_layers(model)
+    if not layers and required:
+        declared_names = [c.__name__ for c in _router_classes(model)]
+        raise UnsupportedRouterError(
+            "/".join(declared_names) or "*Router",
+            f"{type(model).__name__} has no MoE layer (no module of the declared router class, nor one named "
+            "*Router, with a layer index, num_experts and top_k)",
+        )
     return list(layers)
 
 
@@ -136,13 +142,6 @@ def _discover_moe_layers(model: nn.Module) -> list[MoeLayer]:
             ]
             raise UnsupportedRouterError(type(module).__name__, f"lacks {', '.join(missing)}", name)
         layers.append(MoeLayer(name, module, int(match.group(1)), int(num_experts), int(top_k), seq_major=megablocks))
-    if not layers:
-        declared_names = [c.__name__ for c in declared]
-        raise UnsupportedRouterError(
-            "/".join(declared_names) or "*Router",
-            f"{type(model).__name__} has no MoE layer (no module of the declared router class, nor one named "
-            "*Router, with a layer index, num_experts and top_k)",
-        )
     return layers
 
 
