@@ -13,6 +13,7 @@ from typing import Any
 
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSSES
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
+from moe_rl.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
@@ -108,14 +109,18 @@ class ColdStartConfig:
 
 @dataclass
 class CollapseConfig:
-    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition."""
+    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition.
+
+    The defaults are the analysis' main definition (`moe_rl.analysis.collapse_definitions`), so a run's
+    status.json and its report agree unless a run sets other values.
+    """
 
     reward_window: int = 10
     reward_drop_frac: float = 0.5
     reward_floor: float = 0.2
     entropy_floor: float = 0.05
     entropy_window: int = 10
-    definition: str = "absolute"  # "relative": against the run's own early reward and step-0 accuracy
+    definition: str = COLLAPSE_MAIN_DEFINITION  # relative: vs the run's own start; absolute: vs its best reward
     baseline_window: int = 10
     accuracy_drop_frac: float = 0.5
     accuracy_patience: int = 2
