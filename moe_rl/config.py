@@ -72,6 +72,7 @@ class AlgoConfig:
 @dataclass
 class ReplayConfig:
     mode: str = "none"
+    split_every: int = 1  # score each update's tokens under the other routing every K steps (ratio/split/*); 0: never
 
 
 @dataclass
@@ -222,6 +223,7 @@ def run_dir(cfg: TrainConfig) -> str:
 _ADDED_DEFAULTS = {
     "model": {"dtype": "float32", "head_dim": None},
     "rollout": {"engine": "hf", "engine_sync_every": 1},
+    "replay": {"split_every": 1},
     "task": {
         "path": None,
         "prompt_field": "prompt",
@@ -346,6 +348,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
         ("checkpoint_every", cfg.checkpoint_every, 0),
         ("snapshot_every", cfg.snapshot_every, 0),
+        ("replay.split_every", cfg.replay.split_every, 0),
         ("eval_every", cfg.eval_every, 1),
         ("eval_size", cfg.eval_size, 1),
         ("position_bucket", cfg.position_bucket, 1),

@@ -64,6 +64,8 @@ MEANINGS = {
     "cold_start.eval_every": "held-out accuracy every this many warm-up steps (and the stopping checks)",
     "cold_start.seed": "seed of the warm-up, the model's initialisation and the data split",
     "cold_start.cache_dir": "where warm-ups are cached, keyed by everything that determines them",
+    "replay.split_every": "score each update's tokens also under the other routing (native vs replayed), one "
+    "extra no-grad forward, every this many steps, for `ratio/split/*` and `clip/flipped_share`; 0: never",
     "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",
     "collapse.reward_drop_frac": "reward-drop trigger: rolling reward below this fraction of its running best",
     "collapse.reward_floor": "the reward-drop trigger arms once the running best passed this floor",

@@ -101,6 +101,14 @@ RATIO_CLIPFRAC_LOW = "ratio/clipfrac_low"
 RATIO_CLIPFRAC_HIGH = "ratio/clipfrac_high"
 KL_K3 = "kl/k3"
 KL_REF_K3 = "kl/ref_k3"
+# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.ratio_split_parts)
+RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
+RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
+RATIO_SPLIT_COV = "ratio/split/cov"
+RATIO_SPLIT_ROUTING_SHARE = "ratio/split/routing_share"
+RATIO_SPLIT_FLIPPED_MASS = "ratio/split/flipped_mass"
+RATIO_SPLIT_ENGINE_VAR = "ratio/split/engine_var"
+CLIP_FLIPPED_SHARE = "clip/flipped_share"
 
 # --- reward, task, optimisation, rollout, time -----------------------------------------------------
 REWARD_MEAN = "reward/mean"
@@ -115,6 +123,11 @@ LOSS_POLICY = "loss/policy"
 ROLLOUT_LOGP_GAP = "rollout/logp_gap"
 ROLLOUT_TOKEN_MULT_PROB_ERROR = "rollout/token_mult_prob_error"
 ROLLOUT_LOGP_GAP_OVER_LN2 = "rollout/logp_gap_over_ln2"
+# the rollout/trainer mismatch under the names peers log (AReaL, NeMo-RL)
+ROLLOUT_LOGP_GAP_OVER_LN5 = "rollout/logp_gap_over_ln5"
+ROLLOUT_K3_KL = "rollout/k3_kl"
+ROLLOUT_LOGP_ABS_DIFF = "rollout/logp_abs_diff"
+ROLLOUT_LOGP_SQ_DIFF = "rollout/logp_sq_diff"
 ROLLOUT_RESPONSE_LEN = "rollout/response_len"
 ROLLOUT_ENGINE_STALENESS = "rollout/engine_staleness"
 ROLLOUT_ENGINE_SYNC_MAX_DIFF = "rollout/engine_sync_max_diff"
@@ -143,6 +156,12 @@ OFFPOLICY_KEYS = (
     RATIO_SEQ_VAR,
     KL_K3,
     ROUTE_MOVE_RMS,
+    RATIO_SPLIT_ROUTING_VAR,
+    RATIO_SPLIT_WEIGHTS_VAR,
+    RATIO_SPLIT_COV,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_SPLIT_FLIPPED_MASS,
+    CLIP_FLIPPED_SHARE,
 )
 
 
@@ -215,6 +234,41 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"
     ),
+    Metric(
+        RATIO_SPLIT_ROUTING_VAR,
+        "population variance over valid response tokens of the routing part `rho = logp(native) - logp(replayed)`: "
+        "one extra no-grad forward per update scores the same tokens with the same weights under the other routing "
+        "(the router's own routes when the update replays, the replayed routes, R2's old-pass or R3's rollout "
+        "routes, when it does not), every `replay.split_every` steps",
+    ),
+    Metric(
+        RATIO_SPLIT_WEIGHTS_VAR,
+        "population variance of the weights part `w = logp(replayed) - old_logp`; `rho + w = logp(native) - old_logp` "
+        "is the token log-ratio without replay (the logged `delta` under `replay=none`; under replay `delta = w`)",
+    ),
+    Metric(RATIO_SPLIT_COV, "population covariance of `rho` and `w` over the same tokens"),
+    Metric(
+        RATIO_SPLIT_ROUTING_SHARE,
+        "routing's share of the token log-ratio variance by the covariance split, `(Var rho + Cov) / Var(rho + w)` "
+        "(the weights' share is `(Var w + Cov) / Var(rho + w)`, so the two add to 1); an update where `Var(rho + w) = 0` "
+        "(update 1 of a step) is left out of the step's mean",
+    ),
+    Metric(
+        RATIO_SPLIT_FLIPPED_MASS,
+        "share of `sum |rho + w|` over valid tokens carried by the tokens whose route changed: native and replayed "
+        "routes of the token's own input position differ in some MoE layer (native: the pass without replay, "
+        "replayed: the pass with it)",
+    ),
+    Metric(
+        CLIP_FLIPPED_SHARE,
+        "share of the tokens the loss clipped (GSPO: every token of a clipped sequence) whose route changed, as in "
+        "`ratio/split/flipped_mass`; an update that clipped nothing is left out of the step's mean",
+    ),
+    Metric(
+        RATIO_SPLIT_ENGINE_VAR,
+        "population variance over completion tokens of the engine part `old_logp - rollout_logp`, per step, when the "
+        "rollout policy is not the trained one (`rollout.engine=vllm`, or a `rollout.dtype` other than training's)",
+    ),
     Metric(REWARD_MEAN, "mean rollout reward"),
     Metric(REWARD_STD, "population standard deviation of the rollout rewards"),
     Metric(REWARD_ZERO_VAR_GROUP_FRAC, "fraction of prompt groups whose rewards all agree (advantage 0: no signal)"),
@@ -260,6 +314,20 @@ METRICS: tuple[Metric, ...] = (
         ROLLOUT_LOGP_GAP_OVER_LN2,
         "fraction of completion tokens with `|rollout logp - old logp| > ln 2` (probabilities off by more than 2x)",
     ),
+    Metric(
+        ROLLOUT_LOGP_GAP_OVER_LN5,
+        "fraction of completion tokens with `|rollout logp - old logp| > ln 5` (probabilities off by more than 5x)",
+    ),
+    Metric(
+        ROLLOUT_K3_KL,
+        "k3 estimate of KL(rollout policy || trained policy) on the rollout's own samples: mean over completion tokens "
+        "of `exp(e) - 1 - e` with `e = old logp - rollout logp` (AReaL's and slime's mismatch KL)",
+    ),
+    Metric(
+        ROLLOUT_LOGP_ABS_DIFF,
+        "mean over completion tokens of `|e|`: the same number as `rollout/logp_gap`, under AReaL's name",
+    ),
+    Metric(ROLLOUT_LOGP_SQ_DIFF, "mean over completion tokens of `e^2`"),
     Metric(ROLLOUT_ENGINE_STALENESS, "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
     Metric(
         ROLLOUT_ENGINE_SYNC_MAX_DIFF,

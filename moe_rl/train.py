@@ -48,16 +48,14 @@ from moe_rl.metric_names import (
     OLD_VS_NEW,
     OPTIM_GRAD_NORM,
     POLICY_ENTROPY,
+    RATIO_SPLIT_ENGINE_VAR,
     REWARD_ERRORS,
     REWARD_MEAN,
     REWARD_STD,
     REWARD_ZERO_VAR_GROUP_FRAC,
     ROLLOUT_ENGINE_STALENESS,
     ROLLOUT_ENGINE_SYNC_MAX_DIFF,
-    ROLLOUT_LOGP_GAP,
-    ROLLOUT_LOGP_GAP_OVER_LN2,
     ROLLOUT_RESPONSE_LEN,
-    ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROLLOUT_VS_OLD,
     ROUTE_PREFIX,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
@@ -71,7 +69,17 @@ from moe_rl.metric_names import (
     offpolicy_key,
     route_key,
 )
-from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
+from moe_rl.metrics import (
+    detect_collapse,
+    margin_finalize,
+    margin_parts,
+    ratio_finalize,
+    ratio_parts,
+    ratio_split_finalize,
+    ratio_split_parts,
+    rollout_gap_finalize,
+    rollout_gap_parts,
+)
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
@@ -313,7 +321,12 @@ class Trainer:
         replay_routes: Routes | None,
         old_margins: torch.Tensor,
         old_scores: torch.Tensor,
+        *,
+        split: bool = False,
     ) -> dict[str, float]:
+        """One optimizer update on mini-batch `rows`; its metrics pooled over every rank's rows. With
+        `split`, the same weights also score the rows under the other routing (`other_routing_logp`)
+        for the ratio split (docs/design.md §3)."""
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
@@ -321,6 +334,8 @@ class Trainer:
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
         native = routed.native.with_mask(valid)
+        old = old_routes[rows]
+        other = self.other_routing_logp(rollout, rows, replay, old) if split else None
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -353,7 +368,6 @@ class Trainer:
         weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
         # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
         # world of size 1), then finalized by the one-process functions.
-        old = old_routes[rows]
         overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
         buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
         parts = Partial().add("mean", mean_parts(means, weights))
@@ -371,6 +385,26 @@ class Trainer:
         if replay is not None:
             parts.add("native_vs_replayed", compare_parts(native, replay))
             parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
+        if other is not None:
+            # rho = logp(native) - logp(replayed), over the fully native pass and the replayed one (R2: the old
+            # routes, R3: the rollout's); a token's route changed where the two passes' routes differ
+            other_logp, other_routes = other
+            if replay is None:
+                native_logp, replayed_logp, native_routes, replayed = logp.detach(), other_logp, native, old
+            else:
+                native_logp, replayed_logp, native_routes, replayed = other_logp, logp.detach(), other_routes, replay
+            assert loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
+            parts.add(
+                "split",
+                ratio_split_parts(
+                    native_logp=native_logp,
+                    replayed_logp=replayed_logp,
+                    old_logp=old_logp[rows],
+                    mask=mask,
+                    flipped=(route_overlap(native_routes, replayed) < native.top_k).any(dim=-1),
+                    clipped=loss_metrics.clipped,
+                ),
+            )
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
@@ -394,7 +428,19 @@ class Trainer:
                 }
             )
             metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
+        if other is not None:  # an undefined share (no ratio spread, nothing clipped) stays out of the step's mean
+            metrics.update({k: v for k, v in ratio_split_finalize(parts.sub("split")).items() if not math.isnan(v)})
         return metrics
+
+    def other_routing_logp(
+        self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes
+    ) -> tuple[torch.Tensor, Routes]:
+        """(log pi_theta, routes used) of `rows` with the current weights under the routing the update did
+        not use: the router's own routes when it replays `replay`, the old pass's routes `old` when it
+        does not. One extra forward, no grad, before the optimizer step."""
+        with torch.no_grad(), RoutedPass(self.policy, old if replay is None else None) as routed:
+            logp, _ = forward_logp(self.policy, rollout, rows, temperature=self.cfg.rollout.temperature)
+        return logp, routed.used.with_mask(rollout.token_mask[rows])
 
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
@@ -413,21 +459,17 @@ class Trainer:
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+        split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
         updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
-            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores)
+            self.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, old_scores, split=split)
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
         self.policy.eval()
         t3 = time.perf_counter()
         metrics = aggregate(updates)
         mask = rollout.response_mask
-        gap = (rollout.rollout_logp - old_logp).abs()  # the rollout policy's (engine's) gap to the trainer, per token
         parts = Partial(
             sums={
-                "gap": (gap * mask).sum(),
-                "tokens": mask.sum(),
-                "mult": (gap.double().exp() * mask).sum(),
-                "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
                 "length": mask.sum(-1).float().sum(),
                 "rows": torch.tensor(len(rollout)),
                 "errors": torch.tensor(self.reward_metrics[REWARD_ERRORS], dtype=torch.float64),
@@ -439,6 +481,8 @@ class Trainer:
             },
             rows={"rewards": rewards},
         ).add("margins", margin_parts(margins, old_routes.mask))
+        # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.rollout_gap_stats)
+        parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=mask))
         if rollout.routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
@@ -454,14 +498,13 @@ class Trainer:
                 REWARD_MEAN: all_rewards.mean().item(),
                 REWARD_STD: all_rewards.std(unbiased=False).item(),
                 **margin_finalize(parts.sub("margins")),
-                ROLLOUT_LOGP_GAP: sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
-                ROLLOUT_TOKEN_MULT_PROB_ERROR: (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
-                / sums["tokens"].clamp(min=1).item(),
-                ROLLOUT_LOGP_GAP_OVER_LN2: sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
+                **rollout_gap_finalize(parts.sub("gap")),
                 ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
                 **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
+        if self.rollout_policy is self.policy and self.engine is None:  # no engine part: the trainer sampled
+            del metrics[RATIO_SPLIT_ENGINE_VAR]
         if self.engine is not None:
             metrics.update(self.engine_metrics)
         if cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:  # rank 0's rows

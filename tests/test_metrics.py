@@ -364,13 +364,62 @@ def test_reward_collapse_at_high_entropy_fires_under_every_definition():
 def test_rollout_gap_stats_by_hand() -> None:
     from moe_rl.metrics import rollout_gap_stats
 
-    # gaps on the 3 masked-in tokens: 0.1, 1.0 (> ln 2), 0.0; the masked-out token (gap 5) never counts
-    rollout = torch.tensor([[-1.0, -2.0, -0.5, -9.0]])
-    train = torch.tensor([[-1.1, -1.0, -0.5, -4.0]])
-    mask = torch.tensor([[True, True, True, False]])
+    # e = train - rollout on the 4 masked-in tokens: -0.1, 1.0 (> ln 2), 0.0, -2.0 (> ln 5 = 1.609);
+    # the masked-out token (gap 5) never counts
+    rollout = torch.tensor([[-1.0, -2.0, -0.5, -1.0, -9.0]])
+    train = torch.tensor([[-1.1, -1.0, -0.5, -3.0, -4.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
     out = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=mask)
-    assert out["rollout/logp_gap"] == pytest.approx(1.1 / 3, abs=1e-7)
-    assert out["rollout/token_mult_prob_error"] == pytest.approx((math.exp(0.1) + math.e + 1.0) / 3, abs=1e-7)
-    assert out["rollout/logp_gap_over_ln2"] == pytest.approx(1 / 3)
+    e = [-0.1, 1.0, 0.0, -2.0]
+    # float32 inputs: -1.1 is not exact (error ~2.4e-8), which 1e-7 bounds through these means
+    assert out["rollout/logp_gap"] == pytest.approx(3.1 / 4, abs=1e-7)
+    assert out["rollout/logp_abs_diff"] == out["rollout/logp_gap"]
+    assert out["rollout/token_mult_prob_error"] == pytest.approx(sum(math.exp(abs(x)) for x in e) / 4, abs=1e-6)
+    assert out["rollout/logp_gap_over_ln2"] == 2 / 4
+    assert out["rollout/logp_gap_over_ln5"] == 1 / 4
+    assert out["rollout/k3_kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in e) / 4, abs=1e-7)
+    assert out["rollout/logp_sq_diff"] == pytest.approx((0.01 + 1 + 0 + 4) / 4, abs=1e-7)
+    mean = sum(e) / 4
+    assert out["ratio/split/engine_var"] == pytest.approx(sum((x - mean) ** 2 for x in e) / 4, abs=1e-7)
     empty = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=torch.zeros_like(mask))
-    assert empty == {"rollout/logp_gap": 0.0, "rollout/token_mult_prob_error": 1.0, "rollout/logp_gap_over_ln2": 0.0}
+    assert empty["rollout/token_mult_prob_error"] == 1.0
+    assert {k: v for k, v in empty.items() if k != "rollout/token_mult_prob_error"} == dict.fromkeys(
+        set(empty) - {"rollout/token_mult_prob_error"}, 0.0
+    )
+
+
+def test_ratio_split_by_hand() -> None:
+    from moe_rl.metrics import ratio_split, ratio_split_tokens
+
+    # 4 valid tokens (the 5th is masked out and holds a huge value that must not count):
+    #   rho = native - replayed = (0, 0.5, 0, -0.5), w = replayed - old = (0.2, 0.2, -0.2, 0.2)
+    # mean rho 0, Var rho = (0.25 + 0.25) / 4 = 0.125; mean w 0.1, Var w = (0.01 * 3 + 0.09) / 4 = 0.03;
+    # Cov = mean(rho * (w - 0.1)) = (0.5 * 0.1 + (-0.5) * 0.1) / 4 = 0; log r = (0.2, 0.7, -0.2, -0.3),
+    # Var log r = 0.125 + 0.03 = 0.155, routing share 0.125 / 0.155.
+    # Route changed at tokens 2 and 4: |log r| mass (0.7 + 0.3) / 1.4. Clipped: tokens 1 and 2 -> 1 of 2 flipped.
+    old = torch.tensor([[-1.0, -1.0, -1.0, -1.0, -1.0]])
+    replayed = torch.tensor([[-0.8, -0.8, -1.2, -0.8, 50.0]])
+    native = torch.tensor([[-0.8, -0.3, -1.2, -1.3, -90.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    flipped = torch.tensor([[False, True, False, True, True]])
+    clipped = torch.tensor([[True, True, False, False, True]])
+    out = ratio_split(
+        native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask, flipped=flipped, clipped=clipped
+    )
+    # inputs are float32 (0.8, 0.3, ... are not exact): 1e-7 bounds their float32 rounding through these moments
+    assert out["ratio/split/routing_var"] == pytest.approx(0.125, abs=1e-7)
+    assert out["ratio/split/weights_var"] == pytest.approx(0.03, abs=1e-7)
+    assert out["ratio/split/cov"] == pytest.approx(0.0, abs=1e-7)
+    assert out["ratio/split/routing_share"] == pytest.approx(0.125 / 0.155, abs=1e-6)
+    assert out["ratio/split/flipped_mass"] == pytest.approx(1.0 / 1.4, abs=1e-7)
+    assert out["clip/flipped_share"] == 0.5
+    rho, w = ratio_split_tokens(native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask)
+    assert rho[0, 4] == 0.0 and w[0, 4] == 0.0  # masked out
+    # nothing clipped, no spread: undefined shares are NaN, never 0
+    flat = ratio_split(
+        native_logp=old, replayed_logp=old, old_logp=old, mask=mask, flipped=flipped, clipped=torch.zeros_like(mask)
+    )
+    assert flat["ratio/split/routing_var"] == 0.0
+    assert all(
+        math.isnan(flat[k]) for k in ("ratio/split/routing_share", "ratio/split/flipped_mass", "clip/flipped_share")
+    )
