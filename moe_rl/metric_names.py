@@ -68,6 +68,9 @@ ROUTE_FLIP_RATE = route_key(OLD_VS_NEW, FLIP_RATE)
 ROUTE_EXPERT_FLIP_FRAC = route_key(OLD_VS_NEW, EXPERT_FLIP_FRAC)
 ROUTE_TOKEN_FLIP_RATE = route_key(OLD_VS_NEW, TOKEN_FLIP_RATE)
 ROUTE_USED_VS_CACHED_FLIP_RATE = route_key(USED_VS_CACHED, FLIP_RATE)
+ROUTE_REPLAY_REPLACE_RATE = "route/replay_replace_rate"
+ROUTE_R3_FALLBACK_FRAC = "route/r3_fallback_frac"
+ROUTE_CONFIDENCE = "route/confidence"
 ROUTE_MARGIN_MEAN = "route/margin_mean"
 ROUTE_MARGIN_P10 = "route/margin_p10"
 ROUTE_SHIFT_MEAN = route_key(OLD_VS_NEW, "shift/mean")
@@ -328,6 +331,24 @@ METRICS: tuple[Metric, ...] = (
         "mean over completion tokens of `|e|`: the same number as `rollout/logp_gap`, under AReaL's name",
     ),
     Metric(ROLLOUT_LOGP_SQ_DIFF, "mean over completion tokens of `e^2`"),
+    Metric(
+        ROUTE_CONFIDENCE,
+        "routing confidence (prime-rl's `routing_confidence`, after Step 3.5 Flash, arXiv 2602.10604): mean over "
+        "valid (t, l) of the old pass of the router's selection probability mass on its top-k, "
+        "`sum_{e in S_old(t,l)} p_old(e)` (1 when the router puts all its mass on the chosen experts)",
+    ),
+    Metric(
+        ROUTE_R3_FALLBACK_FRAC,
+        "`replay=r3`: fraction of the rollout's real input tokens whose replayed route is missing (vLLM's -1 "
+        "prefix-cached positions), so the live router routes them (NeMo-RL's "
+        "`r3/routed_experts_fallback_token_route_fraction`)",
+    ),
+    Metric(
+        ROUTE_REPLAY_REPLACE_RATE,
+        "under replay: share of the replayed (t, l, slot) whose expert the pass did not use; prime-rl's "
+        "`router_replay_replace_rate`, which counts the slots its score filter overrides. The harness replays "
+        "without a filter, so this is `route/used_vs_cached/expert_flip_frac`: 0 whenever replay works",
+    ),
     Metric(ROLLOUT_ENGINE_STALENESS, "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
     Metric(
         ROLLOUT_ENGINE_SYNC_MAX_DIFF,

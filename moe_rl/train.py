@@ -40,6 +40,7 @@ from moe_rl.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
 from moe_rl.metric_names import (
+    EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MARGIN_PREFIX,
     LOSS,
@@ -57,7 +58,10 @@ from moe_rl.metric_names import (
     ROLLOUT_ENGINE_SYNC_MAX_DIFF,
     ROLLOUT_RESPONSE_LEN,
     ROLLOUT_VS_OLD,
+    ROUTE_CONFIDENCE,
     ROUTE_PREFIX,
+    ROUTE_R3_FALLBACK_FRAC,
+    ROUTE_REPLAY_REPLACE_RATE,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     TASK_ACCURACY,
     TIME_ENGINE_SYNC_S,
@@ -87,6 +91,10 @@ from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
     compare_finalize,
     compare_parts,
+    confidence_finalize,
+    confidence_parts,
+    fallback_finalize,
+    fallback_parts,
     flip_margin_finalize,
     flip_margin_parts,
     movement_finalize,
@@ -427,7 +435,9 @@ class Trainer:
                     for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()
                 }
             )
-            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
+            used_vs_cached = compare_finalize(parts.sub("used_vs_cached"))
+            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = used_vs_cached[FLIP_RATE]
+            metrics[ROUTE_REPLAY_REPLACE_RATE] = used_vs_cached[EXPERT_FLIP_FRAC]
         if other is not None:  # an undefined share (no ratio spread, nothing clipped) stays out of the step's mean
             metrics.update({k: v for k, v in ratio_split_finalize(parts.sub("split")).items() if not math.isnan(v)})
         return metrics
@@ -483,6 +493,9 @@ class Trainer:
         ).add("margins", margin_parts(margins, old_routes.mask))
         # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.rollout_gap_stats)
         parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=mask))
+        parts.add("confidence", confidence_parts(old_scores, old_routes))
+        if cfg.replay.mode == "r3":
+            parts.add("fallback", fallback_parts(rollout.routes, rollout.token_mask))
         if rollout.routes is not None:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
@@ -499,10 +512,13 @@ class Trainer:
                 REWARD_STD: all_rewards.std(unbiased=False).item(),
                 **margin_finalize(parts.sub("margins")),
                 **rollout_gap_finalize(parts.sub("gap")),
+                ROUTE_CONFIDENCE: confidence_finalize(parts.sub("confidence")),
                 ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
                 **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
+        if cfg.replay.mode == "r3":
+            metrics[ROUTE_R3_FALLBACK_FRAC] = fallback_finalize(parts.sub("fallback"))
         if self.rollout_policy is self.policy and self.engine is None:  # no engine part: the trainer sampled
             del metrics[RATIO_SPLIT_ENGINE_VAR]
         if self.engine is not None:

@@ -423,3 +423,43 @@ def test_ratio_split_by_hand() -> None:
     assert all(
         math.isnan(flat[k]) for k in ("ratio/split/routing_share", "ratio/split/flipped_mass", "clip/flipped_share")
     )
+
+
+def _routes(indices, mask, num_experts=4):
+    from moe_rl.routing import Routes
+
+    indices = torch.tensor(indices, dtype=torch.uint8)
+    return Routes(
+        indices=indices, mask=torch.tensor(mask), layer_map=tuple(range(indices.shape[2])), num_experts=num_experts
+    )
+
+
+def test_routing_confidence_by_hand() -> None:
+    from moe_rl.routing.compare import confidence_finalize, confidence_parts
+
+    # 1 row, 3 positions (the last masked out), 2 MoE layers, top-2 of 4 experts
+    scores = torch.tensor(
+        [
+            [
+                [[0.5, 0.3, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]],
+                [[0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]],
+                [[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]],
+            ]
+        ]
+    )
+    routes = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[True, True, False]])
+    # selected mass per valid (t, l): 0.8, 0.5, 0.7, 0.8 -> mean 2.8 / 4 = 0.7
+    assert confidence_finalize(confidence_parts(scores, routes)) == pytest.approx(0.7, abs=1e-7)  # float32 scores
+    none = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[False, False, False]])
+    assert math.isnan(confidence_finalize(confidence_parts(scores, none)))
+
+
+def test_r3_fallback_frac_by_hand() -> None:
+    from moe_rl.routing.compare import fallback_finalize, fallback_parts
+
+    # 2 rows x 3 positions; real input tokens: 5 (row 1's first is a left pad); replayed routes missing at
+    # row 0 position 1 and row 1 position 2 (prefix-cached -1 positions), and at the pad (not counted)
+    replayed = _routes([[[[0, 1]]] * 3] * 2, [[True, False, True], [False, True, False]])
+    valid = torch.tensor([[True, True, True], [False, True, True]])
+    assert fallback_finalize(fallback_parts(replayed, valid)) == 2 / 5
+    assert math.isnan(fallback_finalize(fallback_parts(replayed, torch.zeros_like(valid))))

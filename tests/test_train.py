@@ -135,6 +135,12 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     total = metrics["ratio/split/routing_var"] + metrics["ratio/split/weights_var"] + 2 * metrics["ratio/split/cov"]
     assert (total.loc[1:] >= -1e-12).all()
     assert "ratio/split/engine_var" not in metrics  # fp32 rollouts by the trained policy: no engine part
+    assert ((metrics.loc[1:, "route/confidence"] > 0) & (metrics.loc[1:, "route/confidence"] <= 1 + 1e-6)).all()
+    if replay != "none":  # prime-rl's replace rate is the slot share of used vs cached routes: 0 when replay works
+        assert (metrics.loc[1:, "route/replay_replace_rate"] == 0).all()
+    assert ("route/r3_fallback_frac" in metrics) == (replay == "r3")
+    if replay == "r3":  # the loop's own rollouts record every input position's route
+        assert (metrics.loc[1:, "route/r3_fallback_frac"] == 0).all()
     # Router-shift ratio in (0, 1]; the flip-vs-margin counts of updates 2..N match their flip rate.
     assert (
         (metrics.loc[1:, "route/old_vs_new/shift/mean"] > 0) & (metrics.loc[1:, "route/old_vs_new/shift/mean"] <= 1)
@@ -371,3 +377,17 @@ def test_the_split_pass_changes_nothing_the_update_computes(tmp_path, cache) -> 
     assert all(torch.equal(before[n], after[n]) for n in before)
     assert {k: v for k, v in with_split.items() if k in plain} == plain
     assert set(with_split) - set(plain) >= {"ratio/split/routing_var", "ratio/split/weights_var", "ratio/split/cov"}
+
+
+def test_a_low_precision_rollout_logs_the_engine_part_and_the_mismatch_metrics(tmp_path, cache) -> None:
+    """bfloat16 rollouts: the rollout policy is not the trained one, so the engine part is logged; the
+    mismatch metrics are those of `rollout_gap_stats` on the logged step (here checked for consistency:
+    mean e^2 >= Var e, and mean |e| > 0)."""
+    cfg = tiny_config(tmp_path, cache, steps=1, name="bf16")
+    cfg.rollout.dtype = "bfloat16"
+    Trainer(cfg).run()
+    frame = pd.read_parquet(tmp_path / "bf16" / "metrics.parquet")
+    m = frame[frame["step"] == 1].set_index("key")["value"]
+    assert m["rollout/logp_abs_diff"] == m["rollout/logp_gap"] > 0
+    assert m["rollout/logp_sq_diff"] >= m["ratio/split/engine_var"] > 0
+    assert m["rollout/k3_kl"] > 0 and 0 <= m["rollout/logp_gap_over_ln5"] <= m["rollout/logp_gap_over_ln2"] <= 1
