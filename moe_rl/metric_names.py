@@ -253,19 +253,19 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         RATIO_SPLIT_ROUTING_SHARE,
         "routing's share of the token log-ratio variance by the covariance split, `(Var rho + Cov) / Var(rho + w)` "
-        "(the weights' share is `(Var w + Cov) / Var(rho + w)`, so the two add to 1); an update where `Var(rho + w) = 0` "
-        "(update 1 of a step) is left out of the step's mean",
+        "(the weights' share is `(Var w + Cov) / Var(rho + w)`, so the two add to 1); a step pools its updates' shares "
+        "weighted by `n Var(rho + w)`, so an update without spread (update 1) weighs nothing",
     ),
     Metric(
         RATIO_SPLIT_FLIPPED_MASS,
         "share of `sum |rho + w|` over valid tokens carried by the tokens whose route changed: native and replayed "
         "routes of the token's own input position differ in some MoE layer (native: the pass without replay, "
-        "replayed: the pass with it)",
+        "replayed: the pass with it); a step weights its updates by `sum |rho + w|`",
     ),
     Metric(
         CLIP_FLIPPED_SHARE,
         "share of the tokens the loss clipped (GSPO: every token of a clipped sequence) whose route changed, as in "
-        "`ratio/split/flipped_mass`; an update that clipped nothing is left out of the step's mean",
+        "`ratio/split/flipped_mass`; a step weights its updates by their clipped tokens",
     ),
     Metric(
         RATIO_SPLIT_ENGINE_VAR,

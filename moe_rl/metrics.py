@@ -169,6 +169,25 @@ def ratio_split_finalize(parts: Partial) -> dict[str, float]:
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
 
+# The shares pool over a step's updates by their denominators (`ratio_split_weights`), so an update
+# without spread (update 1: rounding-level log-ratios) weighs nothing instead of a share of noise.
+SPLIT_SHARE_KEYS = (RATIO_SPLIT_ROUTING_SHARE, RATIO_SPLIT_FLIPPED_MASS, CLIP_FLIPPED_SHARE)
+
+
+def ratio_split_weights(parts: Partial) -> dict[str, float]:
+    """The denominator of each share in SPLIT_SHARE_KEYS on the pooled rows: n Var(rho + w), sum |rho + w|
+    and the clipped tokens; a step's share is the mean of its updates' shares weighted by these."""
+    rows = parts.rows
+    log_r = rows["rho"] + rows["w"]
+    n = log_r.numel()
+    values = [
+        n * log_r.var(correction=0) if n else torch.tensor(0.0),
+        log_r.abs().sum(),
+        rows["clipped"].sum(),
+    ]
+    return dict(zip(SPLIT_SHARE_KEYS, torch.stack([v.double() for v in values]).tolist()))
+
+
 def ratio_split(
     *,
     native_logp: Tensor,

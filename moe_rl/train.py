@@ -24,9 +24,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ from moe_rl.metrics import (
     ratio_parts,
     ratio_split_finalize,
     ratio_split_parts,
+    ratio_split_weights,
     rollout_gap_finalize,
     rollout_gap_parts,
 )
@@ -160,24 +161,44 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = FLIP_VS_MARGIN_PREFIX
+# An update's `<key>@weight` makes `<key>` a weighted mean over the updates (a share by its denominator).
+WEIGHT_SUFFIX = "@weight"
+
+
+def _weighted_means(
+    updates: list[dict[str, float]], keys: set[str], name: Callable[[str], str] = str
+) -> dict[str, float]:
+    """{name(key): sum_u w_u v_u / sum_u w_u} over the updates of positive weight w_u = `key@weight`; a key
+    that no update weighs (nothing clipped, no spread) is undefined and left out, like an unlogged metric."""
+    out = {}
+    for key in keys:
+        pairs = [(m[key], m[key + WEIGHT_SUFFIX]) for m in updates if key in m and m[key + WEIGHT_SUFFIX] > 0]
+        total = sum(w for _, w in pairs)
+        if total > 0:
+            out[name(key)] = sum(v * w for v, w in pairs) / total
+    return out
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
     """Step-level metrics from the step's updates (equal-size mini-batches): the mean of each
-    update's value, the max for maxima, the mean over updates 2..N for OFFPOLICY_KEYS, and the
-    sum over updates 2..N for the flip-vs-margin counts."""
+    update's value, the max for maxima, the mean weighted by `<key>@weight` where an update gives
+    one (the ratio split's shares; left out where no update has weight), the mean over updates 2..N
+    for OFFPOLICY_KEYS, and the sum over updates 2..N for the flip-vs-margin counts."""
+    weighted = {k.removesuffix(WEIGHT_SUFFIX) for m in updates for k in m if k.endswith(WEIGHT_SUFFIX)}
     values: dict[str, list[float]] = defaultdict(list)
     for metrics in updates:
         for key, value in metrics.items():
-            if not key.startswith(COUNT_PREFIX):
+            if not key.startswith(COUNT_PREFIX) and not key.endswith(WEIGHT_SUFFIX) and key not in weighted:
                 values[key].append(value)
     out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+    out.update(_weighted_means(updates, weighted))
     if len(updates) > 1:
         for key in updates[1]:
             if key.startswith(COUNT_PREFIX):
                 out[key] = sum(m[key] for m in updates[1:])
+        out.update(_weighted_means(updates[1:], weighted & set(OFFPOLICY_KEYS), offpolicy_key))
         for key in OFFPOLICY_KEYS:
-            late = [m[key] for m in updates[1:] if key in m]
+            late = [m[key] for m in updates[1:] if key in m and key not in weighted]
             if late:
                 out[offpolicy_key(key)] = sum(late) / len(late)
     return out
@@ -438,8 +459,9 @@ class Trainer:
             used_vs_cached = compare_finalize(parts.sub("used_vs_cached"))
             metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = used_vs_cached[FLIP_RATE]
             metrics[ROUTE_REPLAY_REPLACE_RATE] = used_vs_cached[EXPERT_FLIP_FRAC]
-        if other is not None:  # an undefined share (no ratio spread, nothing clipped) stays out of the step's mean
-            metrics.update({k: v for k, v in ratio_split_finalize(parts.sub("split")).items() if not math.isnan(v)})
+        if other is not None:
+            metrics.update(ratio_split_finalize(parts.sub("split")))
+            metrics.update({k + WEIGHT_SUFFIX: w for k, w in ratio_split_weights(parts.sub("split")).items()})
         return metrics
 
     def other_routing_logp(

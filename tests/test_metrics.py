@@ -389,7 +389,7 @@ def test_rollout_gap_stats_by_hand() -> None:
 
 
 def test_ratio_split_by_hand() -> None:
-    from moe_rl.metrics import ratio_split, ratio_split_tokens
+    from moe_rl.metrics import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
 
     # 4 valid tokens (the 5th is masked out and holds a huge value that must not count):
     #   rho = native - replayed = (0, 0.5, 0, -0.5), w = replayed - old = (0.2, 0.2, -0.2, 0.2)
@@ -415,6 +415,14 @@ def test_ratio_split_by_hand() -> None:
     assert out["clip/flipped_share"] == 0.5
     rho, w = ratio_split_tokens(native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask)
     assert rho[0, 4] == 0.0 and w[0, 4] == 0.0  # masked out
+    # the shares' denominators, by which a step weights its updates: 4 * Var log r, sum |log r|, clipped tokens
+    parts = ratio_split_parts(
+        native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask, flipped=flipped, clipped=clipped
+    )
+    weights = ratio_split_weights(parts)
+    assert weights["ratio/split/routing_share"] == pytest.approx(4 * 0.155, abs=1e-6)
+    assert weights["ratio/split/flipped_mass"] == pytest.approx(1.4, abs=1e-6)
+    assert weights["clip/flipped_share"] == 2.0
     # nothing clipped, no spread: undefined shares are NaN, never 0
     flat = ratio_split(
         native_logp=old, replayed_logp=old, old_logp=old, mask=mask, flipped=flipped, clipped=torch.zeros_like(mask)

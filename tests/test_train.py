@@ -210,6 +210,18 @@ def test_aggregate_is_over_the_whole_step() -> None:
         ]
     )
     assert counts == {"route/flip_vs_margin/n/bin_0": 11.0}
+    # The split's shares are means weighted by their denominators: update 1 (no spread, weight 0, share NaN)
+    # weighs nothing; over all: (0.2 * 1 + 0.5 * 3) / 4 = 0.425, off-policy the same; nothing weighted: undefined.
+    share = "ratio/split/routing_share"
+    shares = aggregate(
+        [
+            {share: math.nan, share + "@weight": 0.0},
+            {share: 0.2, share + "@weight": 1.0},
+            {share: 0.5, share + "@weight": 3.0},
+        ]
+    )
+    assert shares == pytest.approx({share: 0.425, share + "/offpolicy": 0.425})
+    assert aggregate([{share: math.nan, share + "@weight": 0.0}, {share: math.nan, share + "@weight": 0.0}]) == {}
 
 
 @pytest.mark.parametrize(
@@ -282,7 +294,8 @@ def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, ca
     metrics, *_ = _first_update(Trainer(tiny_config(tmp_path, cache, replay="r2")), "r2")
     assert metrics["ratio/split/routing_var"] == 0.0
     assert metrics["ratio/split/cov"] == 0.0
-    assert "ratio/split/routing_share" not in metrics  # Var log r = 0: undefined, left out of the step's mean
+    # Var log r = 0: the share is undefined and weighs nothing in the step's mean
+    assert math.isnan(metrics["ratio/split/routing_share"]) and metrics["ratio/split/routing_share@weight"] == 0.0
 
 
 def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, cache) -> None:
