@@ -16,6 +16,9 @@ into phases and, interleaved with it, the floor of each phase on a copy of the s
     route bookkeeping  route assembly, route/* comparisons         -
     metrics            ratio stats, entropy, aggregation, rest     -
 
+Each repeat also times one step without the ratio split's extra forward (`replay.split_every=0`)
+and prints `split on/off`: the whole step with the split (the default) over the step without it.
+
 Harness steps and floor steps alternate (ABBA order), so when the machine is loaded (other jobs,
 sweeps at higher priority) the load hits both alike; every figure is a median over repeats and
 every ratio the median of per-repeat ratios. By default the clock is this process's CPU time
@@ -179,6 +182,30 @@ def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
     return out
 
 
+def unsplit_step(trainer: Trainer, step: int) -> float:
+    """Seconds of one `Trainer.step` without the ratio split (`replay.split_every=0`), uninstrumented."""
+    every = trainer.cfg.replay.split_every
+    trainer.cfg.replay.split_every = 0
+    try:
+        start = now()
+        trainer.step(step)
+        return now() - start
+    finally:
+        trainer.cfg.replay.split_every = every
+
+
+def split_step(trainer: Trainer, step: int) -> float:
+    """Seconds of one `Trainer.step` with the ratio split on every update, uninstrumented."""
+    every = trainer.cfg.replay.split_every
+    trainer.cfg.replay.split_every = 1
+    try:
+        start = now()
+        trainer.step(step)
+        return now() - start
+    finally:
+        trainer.cfg.replay.split_every = every
+
+
 @torch.no_grad()
 def bare_sampling(
     model: torch.nn.Module,
@@ -281,19 +308,22 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     floor_model = copy.deepcopy(trainer.policy)
     floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=trainer.cfg.optim.lr, betas=(0.9, 0.99))
     rollout, _, _ = trainer.rollout(1)
-    harness_rows, floor_rows = [], []
+    harness_rows, floor_rows, split_rows = [], [], []
     for i in range(args.warmup + args.repeats):
-        step = i + 1
+        step = 3 * i + 1
         new_tokens = trainer.cfg.task.max_new_tokens
         if i % 2:
             h = harness_step(trainer, step)
             f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
+            on, off = split_step(trainer, step + 1), unsplit_step(trainer, step + 2)
         else:
+            off, on = unsplit_step(trainer, step + 2), split_step(trainer, step + 1)
             f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
             h = harness_step(trainer, step)
         if i >= args.warmup:
             harness_rows.append(h)
             floor_rows.append(f)
+            split_rows.append((on, off))
     L, E, k = trainer.cfg.model.num_layers, trainer.cfg.model.num_experts, trainer.cfg.model.top_k
     print(
         f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
@@ -314,6 +344,9 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     floor_total = [sum(r.values()) for r in floor_rows]
     ratio = statistics.median(h["total"] / f for h, f in zip(harness_rows, floor_total))
     print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
+    on, off = (statistics.median(r[j] for r in split_rows) for j in (0, 1))
+    ratio = statistics.median(a / b for a, b in split_rows)
+    print(f"{'split on/off':<20}{on * 1e3:12.1f}{'':>8}{off * 1e3:10.1f}{ratio:14.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from moe_rl.metric_names import LOSS, OPTIM_GRAD_NORM, POLICY_ENTROPY, REWARD_MEAN, TASK_ACCURACY
@@ -25,11 +25,14 @@ class CollapseEvent:
 TRIGGERS = ("nonfinite", "reward_drop", "reward_below_start", "accuracy_below_start", "entropy_collapse")
 # The metrics the triggers read, as (step, value) records: what a caller keeps for `detect_collapse`.
 HISTORY_KEYS = (LOSS, OPTIM_GRAD_NORM, REWARD_MEAN, POLICY_ENTROPY, TASK_ACCURACY)
-# definition -> the triggers it uses (nonfinite and entropy_collapse do not depend on a level, so both keep them)
+# definition -> the triggers it uses (nonfinite and entropy_collapse, which checks both levels, are in both)
 DEFINITIONS = {
     "absolute": ("nonfinite", "reward_drop", "entropy_collapse"),
     "relative": ("nonfinite", "reward_below_start", "accuracy_below_start", "entropy_collapse"),
 }
+# The one default definition: the loop's label (`CollapseConfig`) and the analysis' main definition
+# (`moe_rl.analysis.collapse_definitions`) both read it, so a run's status.json and its report agree.
+MAIN_DEFINITION = "relative"
 
 
 def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:
@@ -43,7 +46,7 @@ def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:
 def detect_collapse(
     history: Mapping[str, Sequence[tuple[int, float]]],
     *,
-    definition: str = "absolute",
+    definition: str = MAIN_DEFINITION,
     reward_window: int = 10,
     reward_drop_frac: float = 0.5,
     reward_floor: float = 0.2,
@@ -70,9 +73,13 @@ def detect_collapse(
                         record (the step-0 evaluation of the cold start) at `accuracy_patience`
                         consecutive evaluations (one evaluation of 128 prompts has a standard error
                         of ~4 pp); the event's step is the last of them, when a monitor would know.
-      entropy_collapse  `policy/entropy` is below `entropy_floor` while reward is falling: the
-                        rolling reward at the latest reward record at or before that step is below
-                        the rolling reward `entropy_window` records earlier.
+      entropy_collapse  (both) a collapse of the policy, not its convergence: the mean of the last
+                        `entropy_window` `policy/entropy` records is below `entropy_floor` AND performance
+                        has fallen materially by that step, with the drop fractions above: the rolling
+                        reward is below `reward_drop_frac` times its best earlier rolling mean (once that
+                        passed `reward_floor`) or times the start level, or the last `accuracy_patience`
+                        evaluations are below `accuracy_drop_frac` times the first. Low entropy alone, or
+                        with a reward wobble, is a converged policy and never fires.
     The relative triggers measure each run against its own start, so an arm whose reward never
     climbs (e.g. GSPO's clipped updates under stress) is judged like one that climbs and falls.
     """
@@ -97,7 +104,6 @@ def detect_collapse(
                 break
 
     reward = list(history.get(REWARD_MEAN, ()))
-    reward_steps = [s for s, _ in reward]
     rolling = _rolling_means([v for _, v in reward], reward_window)
 
     if "reward_drop" in use:
@@ -136,19 +142,79 @@ def detect_collapse(
                 first["accuracy_below_start"] = CollapseEvent(step, "accuracy_below_start", detail)
                 break
 
-    for step, entropy in history.get(POLICY_ENTROPY, ()):
-        if not entropy < entropy_floor:
-            continue
-        j = bisect.bisect_right(reward_steps, step) - 1  # latest reward record at or before `step`
-        if j - entropy_window < 0:
-            continue
-        now, before = rolling[j], rolling[j - entropy_window]
-        if now is not None and before is not None and now < before:
-            detail = (
-                f"entropy {entropy:.4g} < {entropy_floor} while rolling reward {now:.4g} < {before:.4g}"
-                f" ({entropy_window} records earlier)"
-            )
-            first["entropy_collapse"] = CollapseEvent(step, "entropy_collapse", detail)
-            break
+    if "entropy_collapse" in use:
+        fallen = _performance_fell(
+            reward,
+            rolling,
+            accuracy,
+            reward_drop_frac=reward_drop_frac,
+            reward_floor=reward_floor,
+            baseline_window=baseline_window,
+            accuracy_drop_frac=accuracy_drop_frac,
+            accuracy_patience=accuracy_patience,
+        )
+        entropy = list(history.get(POLICY_ENTROPY, ()))
+        for (step, _), level in zip(entropy, _rolling_means([v for _, v in entropy], entropy_window)):
+            if level is None or not level < entropy_floor:
+                continue
+            why = fallen(step)
+            if why:
+                detail = f"entropy {level:.4g} < {entropy_floor} (mean of {entropy_window} records) and {why}"
+                first["entropy_collapse"] = CollapseEvent(step, "entropy_collapse", detail)
+                break
 
     return sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger)))
+
+
+def _performance_fell(
+    reward: Sequence[tuple[int, float]],
+    rolling: Sequence[float | None],
+    accuracy: Sequence[tuple[int, float]],
+    *,
+    reward_drop_frac: float,
+    reward_floor: float,
+    baseline_window: int,
+    accuracy_drop_frac: float,
+    accuracy_patience: int,
+) -> Callable[[int], str]:
+    """step -> why performance had fallen materially by then ("" if it had not), for the entropy trigger.
+
+    Fallen: the rolling reward at the latest reward record at or before the step is below
+    `reward_drop_frac` times the best rolling reward of earlier records (once that best passed
+    `reward_floor`) or times the start level (the mean of the first `baseline_window` records); or the
+    last `accuracy_patience` evaluations at or before the step are all below `accuracy_drop_frac` times
+    the first one.
+    """
+    steps = [s for s, _ in reward]
+    why_reward: list[str] = []
+    best = -math.inf
+    start = (
+        math.fsum(v for _, v in reward[:baseline_window]) / baseline_window if len(reward) >= baseline_window else None
+    )
+    for j, roll in enumerate(rolling):
+        why = ""
+        if roll is not None:
+            if best > reward_floor and roll < reward_drop_frac * best:
+                why = f"rolling reward {roll:.4g} < {reward_drop_frac} * best {best:.4g}"
+            elif start is not None and j >= baseline_window - 1 and roll < reward_drop_frac * start:
+                why = f"rolling reward {roll:.4g} < {reward_drop_frac} * start {start:.4g}"
+            best = max(best, roll)
+        why_reward.append(why)
+    acc_steps = [s for s, _ in accuracy]
+    acc_start = accuracy[0][1] if accuracy else 0.0
+
+    def fallen(step: int) -> str:
+        j = bisect.bisect_right(steps, step) - 1
+        if j >= 0 and why_reward[j]:
+            return why_reward[j]
+        i = bisect.bisect_right(acc_steps, step)  # evaluations at or before `step`
+        last = accuracy[max(1, i - accuracy_patience) : i]
+        if (
+            acc_start > 0
+            and len(last) == accuracy_patience
+            and all(v < accuracy_drop_frac * acc_start for _, v in last)
+        ):
+            return f"accuracy {last[-1][1]:.4g} < {accuracy_drop_frac} * step-{accuracy[0][0]} accuracy {acc_start:.4g}"
+        return ""
+
+    return fallen

@@ -14,6 +14,7 @@ from typing import Any
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
+from moe_rl.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
 from moe_rl.runio import NUMERICS
@@ -85,6 +86,7 @@ class AlgoConfig:
 class ReplayConfig:
     mode: str = "none"
     threshold: float = 0.5  # *_threshold modes: keep a replayed expert scoring >= this x the weakest live top-k
+    split_every: int = 1  # score each update's tokens under the other routing every K steps (ratio/split/*); 0: never
 
 
 @dataclass
@@ -127,14 +129,18 @@ class ColdStartConfig:
 
 @dataclass
 class CollapseConfig:
-    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition."""
+    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition.
+
+    The defaults are the analysis' main definition (`moe_rl.analysis.collapse_definitions`), so a run's
+    status.json and its report agree unless a run sets other values.
+    """
 
     reward_window: int = 10
     reward_drop_frac: float = 0.5
     reward_floor: float = 0.2
     entropy_floor: float = 0.05
     entropy_window: int = 10
-    definition: str = "absolute"  # "relative": against the run's own early reward and step-0 accuracy
+    definition: str = COLLAPSE_MAIN_DEFINITION  # relative: vs the run's own start; absolute: vs its best reward
     baseline_window: int = 10
     accuracy_drop_frac: float = 0.5
     accuracy_patience: int = 2
@@ -252,7 +258,7 @@ _ADDED_DEFAULTS = {
         "is_high": 5.0,
     },
     "algo": {"tau_pos": None, "tau_neg": None, "router_shift": False, "router_shift_floor": 0.5},
-    "replay": {"threshold": 0.5},
+    "replay": {"threshold": 0.5, "split_every": 1},
     "task": {
         "path": None,
         "prompt_field": "prompt",
@@ -436,6 +442,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
         ("checkpoint_every", cfg.checkpoint_every, 0),
         ("snapshot_every", cfg.snapshot_every, 0),
+        ("replay.split_every", cfg.replay.split_every, 0),
         ("eval_every", cfg.eval_every, 1),
         ("eval_size", cfg.eval_size, 1),
         ("position_bucket", cfg.position_bucket, 1),

@@ -70,14 +70,17 @@ MEANINGS = {
     "cold_start.eval_every": "held-out accuracy every this many warm-up steps (and the stopping checks)",
     "cold_start.seed": "seed of the warm-up, the model's initialisation and the data split",
     "cold_start.cache_dir": "where warm-ups are cached, keyed by everything that determines them",
+    "replay.split_every": "score each update's tokens also under the other routing (native vs replayed), one "
+    "extra no-grad forward, every this many steps, for `ratio/split/*` and `clip/flipped_share`; 0: never",
     "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",
     "collapse.reward_drop_frac": "reward-drop trigger: rolling reward below this fraction of its running best",
     "collapse.reward_floor": "the reward-drop trigger arms once the running best passed this floor",
-    "collapse.entropy_floor": "entropy trigger: policy entropy below this floor while reward falls",
-    "collapse.entropy_window": "window (steps) over which the entropy trigger looks for a falling reward",
-    "collapse.baseline_window": "`relative` definition: steps of early reward that form the baseline",
-    "collapse.accuracy_drop_frac": "`relative` definition: accuracy below this fraction of step 0's",
-    "collapse.accuracy_patience": "`relative` definition: evaluations the accuracy drop must last",
+    "collapse.entropy_floor": "entropy trigger: policy entropy below this floor while reward or accuracy has "
+    "fallen by the drop fractions against the run's best or start",
+    "collapse.entropy_window": "records the entropy trigger averages the policy entropy over",
+    "collapse.baseline_window": "`relative` definition and the entropy trigger: steps of early reward that form the baseline",
+    "collapse.accuracy_drop_frac": "`relative` definition and the entropy trigger: accuracy below this fraction of step 0's",
+    "collapse.accuracy_patience": "`relative` definition and the entropy trigger: evaluations the accuracy drop must last",
     "pass_at_k.temperature": "sampling temperature of the pass@k samples",
 }
 

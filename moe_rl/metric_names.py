@@ -68,6 +68,9 @@ ROUTE_FLIP_RATE = route_key(OLD_VS_NEW, FLIP_RATE)
 ROUTE_EXPERT_FLIP_FRAC = route_key(OLD_VS_NEW, EXPERT_FLIP_FRAC)
 ROUTE_TOKEN_FLIP_RATE = route_key(OLD_VS_NEW, TOKEN_FLIP_RATE)
 ROUTE_USED_VS_CACHED_FLIP_RATE = route_key(USED_VS_CACHED, FLIP_RATE)
+ROUTE_REPLAY_REPLACE_RATE = "route/replay_replace_rate"
+ROUTE_R3_FALLBACK_FRAC = "route/r3_fallback_frac"
+ROUTE_CONFIDENCE = "route/confidence"
 ROUTE_MARGIN_MEAN = "route/margin_mean"
 ROUTE_MARGIN_P10 = "route/margin_p10"
 ROUTE_SHIFT_MEAN = route_key(OLD_VS_NEW, "shift/mean")
@@ -101,6 +104,14 @@ RATIO_CLIPFRAC_LOW = "ratio/clipfrac_low"
 RATIO_CLIPFRAC_HIGH = "ratio/clipfrac_high"
 KL_K3 = "kl/k3"
 KL_REF_K3 = "kl/ref_k3"
+# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.ratio_split_parts)
+RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
+RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
+RATIO_SPLIT_COV = "ratio/split/cov"
+RATIO_SPLIT_ROUTING_SHARE = "ratio/split/routing_share"
+RATIO_SPLIT_FLIPPED_MASS = "ratio/split/flipped_mass"
+RATIO_SPLIT_ENGINE_VAR = "ratio/split/engine_var"
+CLIP_FLIPPED_SHARE = "clip/flipped_share"
 
 # --- reward, task, optimisation, rollout, time -----------------------------------------------------
 REWARD_MEAN = "reward/mean"
@@ -115,6 +126,11 @@ LOSS_POLICY = "loss/policy"
 ROLLOUT_LOGP_GAP = "rollout/logp_gap"
 ROLLOUT_TOKEN_MULT_PROB_ERROR = "rollout/token_mult_prob_error"
 ROLLOUT_LOGP_GAP_OVER_LN2 = "rollout/logp_gap_over_ln2"
+# the rollout/trainer mismatch under the names peers log (AReaL, NeMo-RL)
+ROLLOUT_LOGP_GAP_OVER_LN5 = "rollout/logp_gap_over_ln5"
+ROLLOUT_K3_KL = "rollout/k3_kl"
+ROLLOUT_LOGP_ABS_DIFF = "rollout/logp_abs_diff"
+ROLLOUT_LOGP_SQ_DIFF = "rollout/logp_sq_diff"
 ROLLOUT_RESPONSE_LEN = "rollout/response_len"
 ROLLOUT_ENGINE_STALENESS = "rollout/engine_staleness"
 ROLLOUT_ENGINE_SYNC_MAX_DIFF = "rollout/engine_sync_max_diff"
@@ -149,6 +165,12 @@ OFFPOLICY_KEYS = (
     RATIO_SEQ_VAR,
     KL_K3,
     ROUTE_MOVE_RMS,
+    RATIO_SPLIT_ROUTING_VAR,
+    RATIO_SPLIT_WEIGHTS_VAR,
+    RATIO_SPLIT_COV,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_SPLIT_FLIPPED_MASS,
+    CLIP_FLIPPED_SHARE,
 )
 
 
@@ -226,6 +248,41 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"
     ),
+    Metric(
+        RATIO_SPLIT_ROUTING_VAR,
+        "population variance over valid response tokens of the routing part `rho = logp(native) - logp(replayed)`: "
+        "one extra no-grad forward per update scores the same tokens with the same weights under the other routing "
+        "(the router's own routes when the update replays, the replayed routes, R2's old-pass or R3's rollout "
+        "routes, when it does not), every `replay.split_every` steps",
+    ),
+    Metric(
+        RATIO_SPLIT_WEIGHTS_VAR,
+        "population variance of the weights part `w = logp(replayed) - old_logp`; `rho + w = logp(native) - old_logp` "
+        "is the token log-ratio without replay (the logged `delta` under `replay=none`; under replay `delta = w`)",
+    ),
+    Metric(RATIO_SPLIT_COV, "population covariance of `rho` and `w` over the same tokens"),
+    Metric(
+        RATIO_SPLIT_ROUTING_SHARE,
+        "routing's share of the token log-ratio variance by the covariance split, `(Var rho + Cov) / Var(rho + w)` "
+        "(the weights' share is `(Var w + Cov) / Var(rho + w)`, so the two add to 1); a step pools its updates' shares "
+        "weighted by `n Var(rho + w)`, so an update without spread (update 1) weighs nothing",
+    ),
+    Metric(
+        RATIO_SPLIT_FLIPPED_MASS,
+        "share of `sum |rho + w|` over valid tokens carried by the tokens whose route changed: native and replayed "
+        "routes of the token's own input position differ in some MoE layer (native: the pass without replay, "
+        "replayed: the pass with it); a step weights its updates by `sum |rho + w|`",
+    ),
+    Metric(
+        CLIP_FLIPPED_SHARE,
+        "share of the tokens the loss clipped (GSPO: every token of a clipped sequence) whose route changed, as in "
+        "`ratio/split/flipped_mass`; a step weights its updates by their clipped tokens",
+    ),
+    Metric(
+        RATIO_SPLIT_ENGINE_VAR,
+        "population variance over completion tokens of the engine part `old_logp - rollout_logp`, per step, when the "
+        "rollout policy is not the trained one (`rollout.engine=vllm`, or a `rollout.dtype` other than training's)",
+    ),
     Metric(REWARD_MEAN, "mean rollout reward"),
     Metric(REWARD_STD, "population standard deviation of the rollout rewards"),
     Metric(REWARD_ZERO_VAR_GROUP_FRAC, "fraction of prompt groups whose rewards all agree (advantage 0: no signal)"),
@@ -270,6 +327,38 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         ROLLOUT_LOGP_GAP_OVER_LN2,
         "fraction of completion tokens with `|rollout logp - old logp| > ln 2` (probabilities off by more than 2x)",
+    ),
+    Metric(
+        ROLLOUT_LOGP_GAP_OVER_LN5,
+        "fraction of completion tokens with `|rollout logp - old logp| > ln 5` (probabilities off by more than 5x)",
+    ),
+    Metric(
+        ROLLOUT_K3_KL,
+        "k3 estimate of KL(rollout policy || trained policy) on the rollout's own samples: mean over completion tokens "
+        "of `exp(e) - 1 - e` with `e = old logp - rollout logp` (AReaL's and slime's mismatch KL)",
+    ),
+    Metric(
+        ROLLOUT_LOGP_ABS_DIFF,
+        "mean over completion tokens of `|e|`: the same number as `rollout/logp_gap`, under AReaL's name",
+    ),
+    Metric(ROLLOUT_LOGP_SQ_DIFF, "mean over completion tokens of `e^2`"),
+    Metric(
+        ROUTE_CONFIDENCE,
+        "routing confidence (prime-rl's `routing_confidence`, after Step 3.5 Flash, arXiv 2602.10604): mean over "
+        "valid (t, l) of the old pass of the router's selection probability mass on its top-k, "
+        "`sum_{e in S_old(t,l)} p_old(e)` (1 when the router puts all its mass on the chosen experts)",
+    ),
+    Metric(
+        ROUTE_R3_FALLBACK_FRAC,
+        "`replay=r3`: fraction of the rollout's real input tokens whose replayed route is missing (vLLM's -1 "
+        "prefix-cached positions), so the live router routes them (NeMo-RL's "
+        "`r3/routed_experts_fallback_token_route_fraction`)",
+    ),
+    Metric(
+        ROUTE_REPLAY_REPLACE_RATE,
+        "under replay: share of the replayed (t, l, slot) whose expert the pass did not use; prime-rl's "
+        "`router_replay_replace_rate`, which counts the slots its score filter overrides. The harness replays "
+        "without a filter, so this is `route/used_vs_cached/expert_flip_frac`: 0 whenever replay works",
     ),
     Metric(ROLLOUT_ENGINE_STALENESS, "`rollout.engine=vllm`: steps since the engine last took the trainer's weights"),
     Metric(

@@ -10,6 +10,13 @@ Ratio statistics, over valid response tokens, before clipping, with delta = logp
     kl/k3               mean(exp(-delta) - 1 + delta), the k3 estimate of the old/new policy gap
 `ratio/clipfrac_low` and `ratio/clipfrac_high` depend on eps and advantages and come from the
 losses in `moe_rl.algos`.
+
+The ratio split (`ratio_split_parts`): with the same weights and tokens scored under the router's own
+routes (native) and under replayed routes, per token
+    log r = [logp(native) - logp(replayed)] + [logp(replayed) - old_logp] = rho + w
+a routing part rho and a weights part w; their variances, covariance and the routing share
+(Var rho + Cov) / Var log r, and where the tokens with a changed route sit in the clipping and in
+sum |log r|.
 """
 
 from __future__ import annotations
@@ -21,14 +28,25 @@ from torch import Tensor
 
 from moe_rl.collapse import DEFINITIONS, TRIGGERS, CollapseEvent, detect_collapse  # noqa: F401 (re-exported)
 from moe_rl.metric_names import (
+    CLIP_FLIPPED_SHARE,
     KL_K3,
     RATIO_ESS,
     RATIO_EXTREME_FRAC,
     RATIO_SEQ_VAR,
+    RATIO_SPLIT_COV,
+    RATIO_SPLIT_ENGINE_VAR,
+    RATIO_SPLIT_FLIPPED_MASS,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_SPLIT_ROUTING_VAR,
+    RATIO_SPLIT_WEIGHTS_VAR,
     RATIO_TOKEN_MAX,
     RATIO_TOKEN_VAR,
+    ROLLOUT_K3_KL,
+    ROLLOUT_LOGP_ABS_DIFF,
     ROLLOUT_LOGP_GAP,
     ROLLOUT_LOGP_GAP_OVER_LN2,
+    ROLLOUT_LOGP_GAP_OVER_LN5,
+    ROLLOUT_LOGP_SQ_DIFF,
     ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROUTE_MARGIN_MEAN,
     ROUTE_MARGIN_P10,
@@ -78,6 +96,120 @@ def ratio_finalize(parts: Partial) -> dict[str, float]:
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
 
+SPLIT_KEYS = (
+    RATIO_SPLIT_ROUTING_VAR,
+    RATIO_SPLIT_WEIGHTS_VAR,
+    RATIO_SPLIT_COV,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_SPLIT_FLIPPED_MASS,
+    CLIP_FLIPPED_SHARE,
+)
+
+
+@torch.no_grad()
+def ratio_split_tokens(
+    *, native_logp: Tensor, replayed_logp: Tensor, old_logp: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(rho, w), float64 (B, T), 0 off `mask`: the routing part logp(native) - logp(replayed) and the
+    weights part logp(replayed) - old_logp of each token's log-ratio."""
+    mask = mask.to(torch.bool)
+    rho = torch.where(mask, native_logp.double() - replayed_logp.double(), 0.0)
+    w = torch.where(mask, replayed_logp.double() - old_logp.double(), 0.0)
+    return rho, w
+
+
+@torch.no_grad()
+def ratio_split_parts(
+    *,
+    native_logp: Tensor,
+    replayed_logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    flipped: Tensor,
+    clipped: Tensor,
+) -> Partial:
+    """What `ratio_split_finalize` needs from these rows, per valid token in row-major order: rho and w
+    (`ratio_split_tokens`), and as 0/1 whether its route changed (`flipped`, (B, T) bool) and whether
+    the loss clipped it (`clipped`, (B, T) bool)."""
+    for name, x in (("replayed_logp", replayed_logp), ("old_logp", old_logp), ("mask", mask), ("flipped", flipped)):
+        if x.shape != native_logp.shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} != native_logp shape {tuple(native_logp.shape)}")
+    rho, w = ratio_split_tokens(native_logp=native_logp, replayed_logp=replayed_logp, old_logp=old_logp, mask=mask)
+    mask = mask.to(torch.bool)
+    return Partial(
+        rows={
+            "rho": rho[mask],
+            "w": w[mask],
+            "flipped": flipped.to(mask.device)[mask].double(),
+            "clipped": clipped.to(mask.device)[mask].double(),
+        }
+    )
+
+
+def ratio_split_finalize(parts: Partial) -> dict[str, float]:
+    """SPLIT_KEYS from the pooled `ratio_split_parts` (population moments, float64; NaN where undefined)."""
+    rows = parts.rows
+    rho, w, flipped, clipped = rows["rho"], rows["w"], rows["flipped"], rows["clipped"]
+    if not rho.numel():
+        return {k: math.nan for k in SPLIT_KEYS}
+    d_rho, d_w = rho - rho.mean(), w - w.mean()
+    var_rho, var_w, cov = (d_rho**2).mean(), (d_w**2).mean(), (d_rho * d_w).mean()
+    total = (rho + w).var(correction=0)
+    mass = (rho + w).abs()
+    n_clipped = clipped.sum()
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    stats = {
+        RATIO_SPLIT_ROUTING_VAR: var_rho,
+        RATIO_SPLIT_WEIGHTS_VAR: var_w,
+        RATIO_SPLIT_COV: cov,
+        RATIO_SPLIT_ROUTING_SHARE: (var_rho + cov) / total if total > 0 else nan,
+        RATIO_SPLIT_FLIPPED_MASS: (mass * flipped).sum() / mass.sum() if mass.sum() > 0 else nan,
+        CLIP_FLIPPED_SHARE: (clipped * flipped).sum() / n_clipped if n_clipped > 0 else nan,
+    }
+    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+
+
+# The shares pool over a step's updates by their denominators (`ratio_split_weights`), so an update
+# without spread (update 1: rounding-level log-ratios) weighs nothing instead of a share of noise.
+SPLIT_SHARE_KEYS = (RATIO_SPLIT_ROUTING_SHARE, RATIO_SPLIT_FLIPPED_MASS, CLIP_FLIPPED_SHARE)
+
+
+def ratio_split_weights(parts: Partial) -> dict[str, float]:
+    """The denominator of each share in SPLIT_SHARE_KEYS on the pooled rows: n Var(rho + w), sum |rho + w|
+    and the clipped tokens; a step's share is the mean of its updates' shares weighted by these."""
+    rows = parts.rows
+    log_r = rows["rho"] + rows["w"]
+    n = log_r.numel()
+    values = [
+        n * log_r.var(correction=0) if n else torch.tensor(0.0),
+        log_r.abs().sum(),
+        rows["clipped"].sum(),
+    ]
+    return dict(zip(SPLIT_SHARE_KEYS, torch.stack([v.double() for v in values]).tolist()))
+
+
+def ratio_split(
+    *,
+    native_logp: Tensor,
+    replayed_logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    flipped: Tensor,
+    clipped: Tensor,
+) -> dict[str, float]:
+    """The ratio split of one process's rows (SPLIT_KEYS): `ratio_split_finalize(ratio_split_parts(...))`."""
+    return ratio_split_finalize(
+        ratio_split_parts(
+            native_logp=native_logp,
+            replayed_logp=replayed_logp,
+            old_logp=old_logp,
+            mask=mask,
+            flipped=flipped,
+            clipped=clipped,
+        )
+    )
+
+
 def margin_stats(margins: Tensor, mask: Tensor) -> dict[str, float]:
     """`route/margin_mean` and `route/margin_p10` of (B, T, L) router margins at valid (B, T)."""
     return margin_finalize(margin_parts(margins, mask))
@@ -96,18 +228,59 @@ def margin_finalize(parts: Partial) -> dict[str, float]:
     return {ROUTE_MARGIN_MEAN: values.mean().item(), ROUTE_MARGIN_P10: values.quantile(0.1).item()}
 
 
+GAP_KEYS = (
+    ROLLOUT_LOGP_GAP,
+    ROLLOUT_TOKEN_MULT_PROB_ERROR,
+    ROLLOUT_LOGP_GAP_OVER_LN2,
+    ROLLOUT_LOGP_GAP_OVER_LN5,
+    ROLLOUT_K3_KL,
+    ROLLOUT_LOGP_ABS_DIFF,
+    ROLLOUT_LOGP_SQ_DIFF,
+    RATIO_SPLIT_ENGINE_VAR,
+)
+
+
 @torch.no_grad()
 def rollout_gap_stats(*, rollout_logp: Tensor, train_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Engine/trainer gap over response tokens, with g = |rollout_logp - train_logp| per token:
-        rollout/logp_gap               mean g
+    """Engine/trainer gap over response tokens (GAP_KEYS), with e = train_logp - rollout_logp and g = |e| per token:
+        rollout/logp_gap               mean g (also as rollout/logp_abs_diff, AReaL's name)
         rollout/token_mult_prob_error  mean exp(g): 1 when the rollout policy is the trained one
         rollout/logp_gap_over_ln2      fraction of tokens with g > ln 2 (probabilities off by more than 2x)
-    `train_logp` is the old-policy pass (the pi_old of the ratio). 0, 1 and 0 when no token is valid."""
-    gap = (rollout_logp.double() - train_logp.double()).abs()
-    valid = mask.bool()
-    n = max(int(valid.sum()), 1)
-    return {
-        ROLLOUT_LOGP_GAP: float((gap * valid).sum()) / n,
-        ROLLOUT_TOKEN_MULT_PROB_ERROR: float((gap.exp() * valid).sum() + (n - int(valid.sum()))) / n,
-        ROLLOUT_LOGP_GAP_OVER_LN2: float(((gap > math.log(2)) & valid).sum()) / n,
+        rollout/logp_gap_over_ln5      fraction of tokens with g > ln 5
+        rollout/k3_kl                  mean exp(e) - 1 - e: k3 estimate of KL(rollout || train) on rollout samples
+        rollout/logp_sq_diff           mean e^2
+        ratio/split/engine_var         population variance of e, the engine part of the log-ratio
+    `train_logp` is the old-policy pass (the pi_old of the ratio). Float64. With no valid token every
+    mean is 0 (mult error 1) and the variance 0."""
+    return rollout_gap_finalize(rollout_gap_parts(rollout_logp=rollout_logp, train_logp=train_logp, mask=mask))
+
+
+@torch.no_grad()
+def rollout_gap_parts(*, rollout_logp: Tensor, train_logp: Tensor, mask: Tensor) -> Partial:
+    """e = train_logp - rollout_logp of each valid token, float64, in row-major order."""
+    if rollout_logp.shape != train_logp.shape or mask.shape != rollout_logp.shape:
+        raise ValueError(
+            f"shapes differ: rollout_logp {tuple(rollout_logp.shape)}, train_logp {tuple(train_logp.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
+    valid = mask.to(torch.bool)
+    return Partial(rows={"e": (train_logp.double() - rollout_logp.double())[valid]})
+
+
+def rollout_gap_finalize(parts: Partial) -> dict[str, float]:
+    """GAP_KEYS from the pooled `rollout_gap_parts`."""
+    e = parts.rows["e"]
+    if not e.numel():
+        return {**{k: 0.0 for k in GAP_KEYS}, ROLLOUT_TOKEN_MULT_PROB_ERROR: 1.0}
+    g = e.abs()
+    stats = {
+        ROLLOUT_LOGP_GAP: g.mean(),
+        ROLLOUT_TOKEN_MULT_PROB_ERROR: g.exp().mean(),
+        ROLLOUT_LOGP_GAP_OVER_LN2: (g > math.log(2.0)).double().mean(),
+        ROLLOUT_LOGP_GAP_OVER_LN5: (g > math.log(5.0)).double().mean(),
+        ROLLOUT_K3_KL: (e.exp() - 1.0 - e).mean(),
+        ROLLOUT_LOGP_ABS_DIFF: g.mean(),
+        ROLLOUT_LOGP_SQ_DIFF: (e**2).mean(),
+        RATIO_SPLIT_ENGINE_VAR: e.var(correction=0),
     }
+    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))

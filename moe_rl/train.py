@@ -28,9 +28,9 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +45,7 @@ from moe_rl.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.evaluation import pass_at_k_eval
 from moe_rl.loggers import open_loggers
 from moe_rl.metric_names import (
+    EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MARGIN_PREFIX,
     LOSS,
@@ -55,6 +56,7 @@ from moe_rl.metric_names import (
     POLICY_ENTROPY,
     RATIO_ROUTER_SHIFT_FLOOR_FRAC,
     RATIO_ROUTER_SHIFT_SCALE,
+    RATIO_SPLIT_ENGINE_VAR,
     REWARD_ERRORS,
     REWARD_MEAN,
     REWARD_STD,
@@ -64,13 +66,13 @@ from moe_rl.metric_names import (
     ROLLOUT_IS_MASKED_FRAC,
     ROLLOUT_IS_TRUNCATED_FRAC,
     ROLLOUT_IS_WEIGHT_MEAN,
-    ROLLOUT_LOGP_GAP,
-    ROLLOUT_LOGP_GAP_OVER_LN2,
     ROLLOUT_RESPONSE_LEN,
-    ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROLLOUT_VS_OLD,
+    ROUTE_CONFIDENCE,
     ROUTE_PREFIX,
+    ROUTE_R3_FALLBACK_FRAC,
     ROUTE_REPLAY_FALLBACK_FRAC,
+    ROUTE_REPLAY_REPLACE_RATE,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     TASK_ACCURACY,
     TIME_ENGINE_SYNC_S,
@@ -82,7 +84,18 @@ from moe_rl.metric_names import (
     offpolicy_key,
     route_key,
 )
-from moe_rl.metrics import detect_collapse, margin_finalize, margin_parts, ratio_finalize, ratio_parts
+from moe_rl.metrics import (
+    detect_collapse,
+    margin_finalize,
+    margin_parts,
+    ratio_finalize,
+    ratio_parts,
+    ratio_split_finalize,
+    ratio_split_parts,
+    ratio_split_weights,
+    rollout_gap_finalize,
+    rollout_gap_parts,
+)
 from moe_rl.partial import Partial, mean_finalize, mean_parts
 from moe_rl.progress import Progress, run_log
 from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
@@ -90,6 +103,10 @@ from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
     compare_finalize,
     compare_parts,
+    confidence_finalize,
+    confidence_parts,
+    fallback_finalize,
+    fallback_parts,
     flip_margin_finalize,
     flip_margin_parts,
     movement_finalize,
@@ -100,7 +117,7 @@ from moe_rl.routing.compare import (
     router_shift_ratio,
     shift_summary,
 )
-from moe_rl.routing.modes import replay_mode
+from moe_rl.routing.modes import ROLLOUT, replay_mode
 from moe_rl.runio import (
     FINISHED,
     RunDirectoryError,
@@ -159,24 +176,44 @@ def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
 # old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
 # Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
 COUNT_PREFIX = FLIP_VS_MARGIN_PREFIX
+# An update's `<key>@weight` makes `<key>` a weighted mean over the updates (a share by its denominator).
+WEIGHT_SUFFIX = "@weight"
+
+
+def _weighted_means(
+    updates: list[dict[str, float]], keys: set[str], name: Callable[[str], str] = str
+) -> dict[str, float]:
+    """{name(key): sum_u w_u v_u / sum_u w_u} over the updates of positive weight w_u = `key@weight`; a key
+    that no update weighs (nothing clipped, no spread) is undefined and left out, like an unlogged metric."""
+    out = {}
+    for key in keys:
+        pairs = [(m[key], m[key + WEIGHT_SUFFIX]) for m in updates if key in m and m[key + WEIGHT_SUFFIX] > 0]
+        total = sum(w for _, w in pairs)
+        if total > 0:
+            out[name(key)] = sum(v * w for v, w in pairs) / total
+    return out
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
     """Step-level metrics from the step's updates (equal-size mini-batches): the mean of each
-    update's value, the max for maxima, the mean over updates 2..N for OFFPOLICY_KEYS, and the
-    sum over updates 2..N for the flip-vs-margin counts."""
+    update's value, the max for maxima, the mean weighted by `<key>@weight` where an update gives
+    one (the ratio split's shares; left out where no update has weight), the mean over updates 2..N
+    for OFFPOLICY_KEYS, and the sum over updates 2..N for the flip-vs-margin counts."""
+    weighted = {k.removesuffix(WEIGHT_SUFFIX) for m in updates for k in m if k.endswith(WEIGHT_SUFFIX)}
     values: dict[str, list[float]] = defaultdict(list)
     for metrics in updates:
         for key, value in metrics.items():
-            if not key.startswith(COUNT_PREFIX):
+            if not key.startswith(COUNT_PREFIX) and not key.endswith(WEIGHT_SUFFIX) and key not in weighted:
                 values[key].append(value)
     out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
+    out.update(_weighted_means(updates, weighted))
     if len(updates) > 1:
         for key in updates[1]:
             if key.startswith(COUNT_PREFIX):
                 out[key] = sum(m[key] for m in updates[1:])
+        out.update(_weighted_means(updates[1:], weighted & set(OFFPOLICY_KEYS), offpolicy_key))
         for key in OFFPOLICY_KEYS:
-            late = [m[key] for m in updates[1:] if key in m]
+            late = [m[key] for m in updates[1:] if key in m and key not in weighted]
             if late:
                 out[offpolicy_key(key)] = sum(late) / len(late)
     return out
@@ -365,8 +402,12 @@ class Trainer:
         old_scores: torch.Tensor,
         replay_weights: torch.Tensor | None = None,
         is_weight: torch.Tensor | None = None,
+        *,
+        split: bool = False,
     ) -> dict[str, float]:
-        """One update on mini-batch `rows`; `is_weight` (B, T) is the engine-gap weight of the whole batch."""
+        """One optimizer update on mini-batch `rows`; its metrics pooled over every rank's rows. `is_weight`
+        (B, T) is the engine-gap weight of the whole batch. With `split`, the same weights also score the
+        rows under the other routing (`other_routing_logp`) for the ratio split (docs/design.md §3)."""
         cfg = self.cfg
         mask = rollout.response_mask[rows]
         replay = replay_routes[rows] if replay_routes is not None else None
@@ -379,6 +420,9 @@ class Trainer:
         with routed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         valid = rollout.token_mask[rows]
+        other = None
+        if split and routed is not None and old_routes is not None:  # a dense model has no routing to split
+            other = self.other_routing_logp(rollout, rows, replay, old_routes[rows])
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -448,6 +492,31 @@ class Trainer:
             if self.replay_threshold is not None:
                 refilled, slots = routed.fallback.double()
                 parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
+            if other is not None:
+                # rho = logp(native) - logp(replayed), over the fully native pass and the replayed one (R2: the
+                # old routes, R3: the rollout's); a token's route changed where the two passes' routes differ
+                other_logp, other_routes = other
+                if replay is None:
+                    native_logp, replayed_logp, native_routes, replayed = logp.detach(), other_logp, native, old
+                else:
+                    native_logp, replayed_logp, native_routes, replayed = (
+                        other_logp,
+                        logp.detach(),
+                        other_routes,
+                        replay,
+                    )
+                assert loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
+                parts.add(
+                    "split",
+                    ratio_split_parts(
+                        native_logp=native_logp,
+                        replayed_logp=replayed_logp,
+                        old_logp=old_logp[rows],
+                        mask=mask,
+                        flipped=(route_overlap(native_routes, replayed) < native.top_k).any(dim=-1),
+                        clipped=loss_metrics.clipped,
+                    ),
+                )
         parts = self.dist.merge(parts)
         pooled = mean_finalize(parts.sub("mean"))
         metrics = {k: pooled[k] for k in loss_metrics}
@@ -456,10 +525,10 @@ class Trainer:
         metrics.update(ratio_finalize(parts.sub("ratio")))
         metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
         if routed is not None:
-            metrics.update(self.route_metrics(parts, replayed=replay is not None))
+            metrics.update(self.route_metrics(parts, replayed=replay is not None, split=other is not None))
         return metrics
 
-    def route_metrics(self, parts: Partial, *, replayed: bool) -> dict[str, float]:
+    def route_metrics(self, parts: Partial, *, replayed: bool, split: bool) -> dict[str, float]:
         """An update's route/ metrics from its pooled partial statistics (MoE models only)."""
         metrics = {route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()}
         metrics.update(
@@ -478,11 +547,26 @@ class Trainer:
                     for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()
                 }
             )
-            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = compare_finalize(parts.sub("used_vs_cached"))[FLIP_RATE]
+            used_vs_cached = compare_finalize(parts.sub("used_vs_cached"))
+            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = used_vs_cached[FLIP_RATE]
+            metrics[ROUTE_REPLAY_REPLACE_RATE] = used_vs_cached[EXPERT_FLIP_FRAC]
         if self.replay_threshold is not None:
             fallback = parts.sub("fallback").sums
             metrics[ROUTE_REPLAY_FALLBACK_FRAC] = (fallback["refilled"] / fallback["slots"].clamp(min=1)).item()
+        if split:
+            metrics.update(ratio_split_finalize(parts.sub("split")))
+            metrics.update({k + WEIGHT_SUFFIX: w for k, w in ratio_split_weights(parts.sub("split")).items()})
         return metrics
+
+    def other_routing_logp(
+        self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes
+    ) -> tuple[torch.Tensor, Routes]:
+        """(log pi_theta, routes used) of `rows` with the current weights under the routing the update did
+        not use: the router's own routes when it replays `replay`, the old pass's routes `old` when it
+        does not. One extra forward, no grad, before the optimizer step."""
+        with torch.no_grad(), RoutedPass(self.policy, old if replay is None else None) as routed:
+            logp, _ = forward_logp(self.policy, rollout, rows, temperature=self.cfg.rollout.temperature)
+        return logp, routed.used.with_mask(rollout.token_mask[rows])
 
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
@@ -514,6 +598,7 @@ class Trainer:
         perm = torch.randperm(B, generator=generator)
         self.policy.train()
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+        split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
         updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
             self.update(
                 rollout,
@@ -526,6 +611,7 @@ class Trainer:
                 old_scores,
                 old.weights,
                 correction.weight if correction is not None else None,
+                split=split,
             )
             for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
         ]
@@ -533,13 +619,8 @@ class Trainer:
         t3 = time.perf_counter()
         metrics = aggregate(updates)
         mask = rollout.response_mask
-        gap = (rollout.rollout_logp - old_logp).abs()  # the rollout policy's (engine's) gap to the trainer, per token
         parts = Partial(
             sums={
-                "gap": (gap * mask).sum(),
-                "tokens": mask.sum(),
-                "mult": (gap.double().exp() * mask).sum(),
-                "over_ln2": ((gap > math.log(2)) & mask.bool()).sum(),
                 "length": mask.sum(-1).float().sum(),
                 "rows": torch.tensor(len(rollout)),
                 "errors": torch.tensor(self.reward_metrics[REWARD_ERRORS], dtype=torch.float64),
@@ -551,8 +632,13 @@ class Trainer:
             },
             rows={"rewards": rewards},
         )
+        # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.rollout_gap_stats)
+        parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=mask))
         if old_routes is not None:
             parts.add("margins", margin_parts(margins, old_routes.mask))
+            parts.add("confidence", confidence_parts(old_scores, old_routes))
+            if self.replay_mode.source == ROLLOUT:
+                parts.add("fallback", fallback_parts(rollout.routes, rollout.token_mask))
         if correction is not None:
             parts.add(
                 "is",
@@ -561,6 +647,7 @@ class Trainer:
                         "weight": (correction.weight.double() * mask).sum(),
                         "truncated": correction.truncated.sum(),
                         "masked": correction.masked.sum(),
+                        "tokens": mask.sum().double(),
                     }
                 ),
             )
@@ -568,7 +655,7 @@ class Trainer:
             parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
         parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
         sums, all_rewards = parts.sums, parts.rows["rewards"]
-        if rollout.routes is not None:
+        if rollout.routes is not None and old_routes is not None:
             metrics.update(
                 {route_key(ROLLOUT_VS_OLD, k): v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
             )
@@ -578,20 +665,27 @@ class Trainer:
                 REWARD_ERRORS: sums["errors"].item(),
                 REWARD_MEAN: all_rewards.mean().item(),
                 REWARD_STD: all_rewards.std(unbiased=False).item(),
-                **(margin_finalize(parts.sub("margins")) if old_routes is not None else {}),
-                ROLLOUT_LOGP_GAP: sums["gap"].item() / sums["tokens"].clamp(min=1).item(),
-                ROLLOUT_TOKEN_MULT_PROB_ERROR: (sums["mult"] + sums["tokens"].clamp(min=1) - sums["tokens"]).item()
-                / sums["tokens"].clamp(min=1).item(),
-                ROLLOUT_LOGP_GAP_OVER_LN2: sums["over_ln2"].item() / sums["tokens"].clamp(min=1).item(),
+                **rollout_gap_finalize(parts.sub("gap")),
                 ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
                 **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
             }
         )
+        if old_routes is not None:
+            metrics.update(
+                {
+                    **margin_finalize(parts.sub("margins")),
+                    ROUTE_CONFIDENCE: confidence_finalize(parts.sub("confidence")),
+                }
+            )
+            if self.replay_mode.source == ROLLOUT:
+                metrics[ROUTE_R3_FALLBACK_FRAC] = fallback_finalize(parts.sub("fallback"))
         if correction is not None:
-            tokens = sums["tokens"].clamp(min=1).item()
+            tokens = sums["is/tokens"].clamp(min=1).item()
             metrics[ROLLOUT_IS_WEIGHT_MEAN] = sums["is/weight"].item() / tokens
             metrics[ROLLOUT_IS_TRUNCATED_FRAC] = sums["is/truncated"].item() / tokens
             metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
+        if self.rollout_policy is self.policy and self.engine is None:  # no engine part: the trainer sampled
+            del metrics[RATIO_SPLIT_ENGINE_VAR]
         if self.engine is not None:
             metrics.update(self.engine_metrics)
         if old_routes is not None and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:

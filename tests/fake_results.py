@@ -21,6 +21,8 @@ PAIRS = ("old_vs_new", "rollout_vs_old", "native_vs_replayed")
 FLIP_BASE = {"none": 0.10, "r2": 0.035, "r3": 0.025}
 TOKEN_VAR_BASE = {"grpo": 4e-3, "gspo": 1.5e-3}
 CLIP_BASE = {"grpo": (0.01, 0.015), "gspo": (0.08, 0.12)}
+# the routing part's share of the token log-ratio variance (no rng draw: the other fake values stay as they were)
+ROUTING_SHARE = {"none": 0.4, "r2": 0.1, "r3": 0.05}
 SKILL = {"grpo+r2": 1.0, "grpo+r3": 1.0, "gspo+none": 0.95, "gspo+r2": 0.95, "grpo+none": 0.85}
 
 
@@ -92,6 +94,7 @@ def _run_metrics(
         put("ratio/clipfrac_low", min(1.0, clip_low * rng.lognormal(0, 0.3) * blowup**0.5))
         put("ratio/clipfrac_high", min(1.0, clip_high * rng.lognormal(0, 0.3) * blowup**0.5))
         put("kl/k3", token_var / 2 * rng.uniform(0.8, 1.2))
+        put("ratio/split/routing_share", ROUTING_SHARE.get(replay, 0.2) * (1 + 0.5 * progress))
 
         reward = 0.25 + 0.55 * skill * (1 - np.exp(-3 * progress)) + rng.normal(0, 0.02)
         if near_collapse:

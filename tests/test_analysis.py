@@ -116,6 +116,7 @@ def test_summarize_matches_pandas(df: pd.DataFrame) -> None:
         ("flip_rate", "route/old_vs_new/flip_rate"),
         ("token_var", "ratio/token_var"),
         ("clipfrac_high", "ratio/clipfrac_high"),
+        ("routing_share", "ratio/split/routing_share"),
     ]:
         mean, ci = _by_hand(df, "grpo+r2", key)
         assert summary.loc["grpo+r2", f"{name}_mean"] == pytest.approx(mean, rel=1e-12)
@@ -185,6 +186,7 @@ def test_format_summary_markdown(df: pd.DataFrame) -> None:
         "flip rate (%)",
         "expert flip (%)",
         "token ratio var",
+        "routing share (%)",
         "seq ratio var",
         "clip low (%)",
         "clip high (%)",
@@ -200,6 +202,9 @@ def test_format_summary_markdown(df: pd.DataFrame) -> None:
     assert rows["grpo+none"][header.index("collapsed")] == "1 of 3"
     assert " ± " in rows["grpo+r2"][header.index("flip rate (%)")]
     assert "e-0" in rows["grpo+r2"][header.index("seq ratio var")]  # small variances in scientific notation
+    # routing share next to the ratio variance: the fake share 0.1 * (1 + 0.5 * progress) of r2 runs averages
+    # 0.1 * 1.25 over evenly spaced steps 0..1 (12 steps: progress = step / 11, mean 0.5), the same in every seed
+    assert rows["grpo+r2"][header.index("routing share (%)")] == "12.5 ± 0.0"
     flip = analysis.summarize(df).set_index("arm").loc["grpo+r2", "flip_rate_mean"]
     assert rows["grpo+r2"][header.index("flip rate (%)")].startswith(f"{100 * flip:.1f}")
 

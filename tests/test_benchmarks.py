@@ -62,6 +62,9 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert step_ms > 0 and floor_ms > 0 and ratio == pytest.approx(step_ms / floor_ms, abs=rounding)
     route_ms, _ = numbers_after("route bookkeeping", out)
     assert route_ms > 0  # the routing calls of the loop were found and timed
+    on_ms, off_ms, ratio = numbers_after("split on/off", out)  # a step with the ratio split's extra forward vs without
+    rounding = 0.005 + (on_ms / off_ms) * (0.05 / on_ms + 0.05 / off_ms)
+    assert on_ms > 0 and off_ms > 0 and ratio == pytest.approx(on_ms / off_ms, abs=rounding)
 
 
 def test_numerics_cost(capsys: pytest.CaptureFixture[str]) -> None:

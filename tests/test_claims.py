@@ -419,7 +419,9 @@ def test_claims_markdown_and_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     text = (root / "CLAIMS.md").read_text()
     assert text.count("**reproduced**") >= 6 and "| # | claim |" in text and "rule:" in text
-    assert "## In plain words" in text and "robustness over 25 collapse definitions" in text
+    assert (
+        "## In plain words" in text and "robustness over 150 collapse definitions" in text
+    )  # 3 x 2 entropy rules x 5 fractions x (4 + 1)
 
 
 # --- collapse definitions and the phase map -----------------------------------------------------------

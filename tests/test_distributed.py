@@ -23,7 +23,18 @@ import torch
 
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.distributed import Dist, SilentWriter, group_block, local_rows
-from moe_rl.metrics import margin_finalize, margin_parts, margin_stats, ratio_finalize, ratio_parts, ratio_stats
+from moe_rl.metrics import (
+    margin_finalize,
+    margin_parts,
+    margin_stats,
+    ratio_finalize,
+    ratio_parts,
+    ratio_split_finalize,
+    ratio_split_parts,
+    ratio_stats,
+    rollout_gap_finalize,
+    rollout_gap_parts,
+)
 from moe_rl.models import build_model
 from moe_rl.partial import Partial, mean_finalize, mean_parts, pool
 from moe_rl.rollout import generate
@@ -161,6 +172,29 @@ def test_pooled_metrics_are_the_one_process_metrics_of_the_union() -> None:
         assert got[key] == pytest.approx(reference[key], rel=1e-6)
     margins = torch.rand(B, T, 3, generator=g)
     assert _pooled(margin_parts, margin_finalize, splits, margins, mask) == margin_stats(margins, mask)
+    # the ratio split and the rollout gap pool rows: the one-process values up to summation order
+    native, flipped, clipped = -torch.rand(B, T, generator=g), torch.rand(B, T, generator=g) > 0.5, mask.clone()
+    clipped[0] = False
+    cases = [
+        (
+            lambda a, b, c, m, f, k: ratio_split_parts(
+                native_logp=a, replayed_logp=b, old_logp=c, mask=m, flipped=f, clipped=k
+            ),
+            ratio_split_finalize,
+            (native, logp, old_logp, mask, flipped, clipped),
+        ),
+        (
+            lambda a, b, m: rollout_gap_parts(rollout_logp=a, train_logp=b, mask=m),
+            rollout_gap_finalize,
+            (logp, old_logp, mask),
+        ),
+    ]
+    for parts_fn, finalize, tensors in cases:
+        reference = finalize(parts_fn(*tensors))
+        got = _pooled(parts_fn, finalize, splits, *tensors)
+        assert got.keys() == reference.keys()
+        for key in reference:
+            assert got[key] == pytest.approx(reference[key], rel=1e-12, abs=1e-15), key
 
 
 def test_one_part_pools_to_itself_bitwise() -> None:

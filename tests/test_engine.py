@@ -254,6 +254,13 @@ def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) 
     flips = reference[reference["key"] == "route/rollout_vs_old/flip_rate"]["value"]
     assert len(flips) == 4 and (flips == 0).all()  # float32: the trainer routes as the engine did
     assert (reference[reference["key"] == "rollout/token_mult_prob_error"]["value"] < 1 + 1e-5).all()
+    # the mismatch metrics peers log, on every step of an engine run (the rollout policy is the engine's)
+    wide = reference[reference["step"] >= 1].pivot_table(index="step", columns="key", values="value")
+    for key in ("rollout/k3_kl", "rollout/logp_sq_diff", "rollout/logp_gap_over_ln5", "ratio/split/engine_var"):
+        assert len(wide[key]) == 4 and ((wide[key] >= 0) & (wide[key] < 1e-6)).all(), key  # float32 engine
+    assert (wide["rollout/logp_abs_diff"] == wide["rollout/logp_gap"]).all()
+    assert ((wide["route/r3_fallback_frac"] >= 0) & (wide["route/r3_fallback_frac"] <= 1)).all()
+    assert (wide["route/replay_replace_rate"] == 0).all()
 
     step = Trainer.step
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -132,46 +133,77 @@ def test_reward_drop_fires_at_expected_step():
     h = _healthy(50)
     h["reward/mean"] = _series([1.0] * 30 + [0.0] * 20)
     h["policy/entropy"] = _series([0.5] * 50)
-    (event,) = detect_collapse(h)
+    (event,) = detect_collapse(h, definition="absolute")
     assert (event.step, event.trigger) == (35, "reward_drop")
     assert "0.4 < 0.5 * best 1" in event.detail
     # a stricter fraction fires earlier: (39 - s)/10 < 0.9 first at s = 31
-    assert detect_collapse(h, reward_drop_frac=0.9)[0].step == 31
+    assert detect_collapse(h, definition="absolute", reward_drop_frac=0.9)[0].step == 31
 
 
 def test_reward_drop_needs_best_above_floor():
     # the same relative drop from a best of 0.15 (below the 0.2 floor) is not a collapse
     h = {"reward/mean": _series([0.15] * 30 + [0.0] * 20)}
-    assert detect_collapse(h) == []
-    assert detect_collapse(h, reward_floor=0.1)[0].step == 35
+    assert detect_collapse(h, definition="absolute") == []
+    assert detect_collapse(h, definition="absolute", reward_floor=0.1)[0].step == 35
 
 
-def test_entropy_collapse_fires_when_entropy_low_and_reward_falling():
-    # reward 1.0 for steps 0..19, 0.6 after (rolling never below 0.5 * best, so no reward_drop);
-    # entropy 0.5 until step 24, 0.01 from step 25. At step 25 rolling reward = (4 * 1 + 6 * 0.6)/10 = 0.76,
-    # 10 records earlier (step 15) it was 1.0 -> falling -> fires at 25.
-    h = _healthy(40)
-    h["reward/mean"] = _series([1.0] * 20 + [0.6] * 20)
-    h["policy/entropy"] = _series([0.5] * 25 + [0.01] * 15)
-    (event,) = detect_collapse(h)
-    assert (event.step, event.trigger) == (25, "entropy_collapse")
-    # low entropy alone, with flat reward, is not a collapse
-    h["reward/mean"] = _series([1.0] * 40)
-    assert detect_collapse(h) == []
+def test_entropy_collapse_needs_a_material_fall_against_best_or_start():
+    # relative definition: reward climbs 0.2 -> 1.0 (start = mean of the first 10 = 0.2) and falls to 0.4,
+    # never below 0.5 * start = 0.1, so reward_below_start cannot fire; against its best 1.0 it has fallen
+    # (0.4 < 0.5). Rolling reward at step s in 31..40 is (1.0 * (40 - s) + 0.4 * (s - 30)) / 10 < 0.5 first
+    # at s = 39 (0.46; s = 38 gives 0.52). Entropy 0.01 from step 35 (window 1).
+    h = _healthy(50)
+    h["reward/mean"] = _series([0.2] * 10 + [1.0] * 21 + [0.4] * 19)
+    h["policy/entropy"] = _series([0.5] * 35 + [0.01] * 15)
+    (event,) = detect_collapse(h, definition="relative", entropy_window=1)
+    assert (event.step, event.trigger) == (39, "entropy_collapse")
+    assert "rolling reward 0.46 < 0.5 * best 1" in event.detail
+    # the same fall at high entropy is no collapse under `relative` (its reward trigger reads the start)
+    h["policy/entropy"] = _series([0.5] * 50)
+    assert detect_collapse(h, definition="relative", entropy_window=1) == []
+    # low entropy with a reward wobble (1.0 -> 0.9, not below 0.5 * best) is convergence
+    h["reward/mean"] = _series([0.2] * 10 + [1.0] * 21 + [0.9] * 19)
+    h["policy/entropy"] = _series([0.5] * 35 + [0.01] * 15)
+    assert detect_collapse(h, definition="relative", entropy_window=1) == []
+
+
+def test_entropy_collapse_averages_entropy_over_its_window():
+    # entropy 0.01 from step 35 and reward collapsed (0.0) from step 20: with window 10 the mean of the last
+    # 10 entropy records is (0.5 * (44 - s) + 0.01 * (s - 34)) / 10 < 0.05 first at s = 44 (0.059 at 43)
+    h = _healthy(50)
+    h["reward/mean"] = _series([1.0] * 20 + [0.0] * 30)
+    h["policy/entropy"] = _series([0.5] * 35 + [0.01] * 15)
+    event = next(e for e in detect_collapse(h, definition="absolute") if e.trigger == "entropy_collapse")
+    assert event.step == 44
+    assert detect_collapse(h, definition="absolute", entropy_window=1)[-1].step == 35
+
+
+def test_entropy_collapse_reads_accuracy_with_patience():
+    # flat reward, entropy 0.01 throughout; accuracy 0.4 at step 0, then 0.1, 0.1 (< 0.5 * 0.4) at 20, 30:
+    # with patience 2 the entropy trigger fires at the first entropy record at or after step 30
+    h = {
+        "reward/mean": _series([0.5] * 40),
+        "policy/entropy": _series([0.01] * 40),
+        "task/accuracy": [(0, 0.4), (10, 0.4), (20, 0.1), (30, 0.1)],
+    }
+    (event,) = detect_collapse(h, definition="absolute", entropy_window=1)
+    assert (event.step, event.trigger) == (30, "entropy_collapse")
+    assert "accuracy 0.1 < 0.5 * step-0 accuracy 0.4" in event.detail
+    assert detect_collapse(h, definition="absolute", entropy_window=1, accuracy_patience=1)[0].step == 20
 
 
 def test_entropy_collapse_aligns_steps_across_cadences():
-    # reward logged every 2 steps (records k = 0..29 at steps 2k): 1.0 for k < 10, 0.6 from k = 10 (step 20).
-    # entropy logged every step, below the floor from step 25. Entropy at step s uses the latest reward
-    # record at or before s (index j = s // 2); it needs rolling means at j and j - 10, both defined only
-    # when j - 10 >= 9 (window 10), i.e. j >= 19, step 38. There rolling(19) = 0.6 < rolling(9) = 1.0.
+    # reward logged every 2 steps (records j = 0..29 at steps 2j): 1.0 for j < 10, 0.2 from j = 10. The
+    # rolling mean at j in 10..19 is (1.0 * (19 - j) + 0.2 * (j - 9)) / 10 < 0.5 * best 1.0 first at j = 16
+    # (0.44; j = 15 gives 0.52). Entropy, logged every step, is below the floor from step 33; entropy at
+    # step s reads the latest reward record at or before s (j = s // 2 = 16 at s = 33).
     h = {
-        "reward/mean": [(2 * k, 1.0 if k < 10 else 0.6) for k in range(30)],
-        "policy/entropy": _series([0.5] * 25 + [0.01] * 35),
+        "reward/mean": [(2 * j, 1.0 if j < 10 else 0.2) for j in range(30)],
+        "policy/entropy": _series([0.5] * 33 + [0.01] * 27),
     }
-    (event,) = detect_collapse(h)
-    assert (event.step, event.trigger) == (38, "entropy_collapse")
-    assert "rolling reward 0.6 < 1" in event.detail
+    events = detect_collapse(h, definition="absolute", entropy_window=1)
+    assert [(e.step, e.trigger) for e in events] == [(32, "reward_drop"), (33, "entropy_collapse")]
+    assert "rolling reward 0.44 < 0.5 * best 1" in events[1].detail
 
 
 def test_events_one_per_trigger_sorted_by_step():
@@ -181,7 +213,7 @@ def test_events_one_per_trigger_sorted_by_step():
     h["policy/entropy"] = _series([0.5] * 45 + [0.01] * 5)
     h["loss"][40] = (40, float("nan"))
     h["loss"][44] = (44, float("nan"))
-    events = detect_collapse(h)
+    events = detect_collapse(h, definition="absolute", entropy_window=1)
     assert [(e.step, e.trigger) for e in events] == [(35, "reward_drop"), (40, "nonfinite"), (45, "entropy_collapse")]
     with pytest.raises(AttributeError):
         events[0].step = 0  # frozen
@@ -204,7 +236,7 @@ def _hist(reward, accuracy=(), entropy=None):
 def test_relative_reward_trigger_fires_below_floor_where_absolute_cannot():
     # a run that never passes the 0.2 floor: start level 0.12, falls to 0.04 from step 11 on
     reward = [0.12] * 10 + [0.04] * 10
-    assert detect_collapse(_hist(reward), reward_window=5) == []  # absolute: best 0.12 < floor
+    assert detect_collapse(_hist(reward), definition="absolute", reward_window=5) == []  # absolute: best 0.12 < floor
     events = detect_collapse(_hist(reward), definition="relative", reward_window=5, baseline_window=10)
     # rolling mean of 5 at step 11+j: (0.12*(4-j) + 0.04*(1+j)) / 5 < 0.06 first when j = 3 (0.056)
     assert [(e.step, e.trigger) for e in events] == [(14, "reward_below_start")]
@@ -218,26 +250,27 @@ def test_relative_accuracy_trigger_needs_patience():
     assert [(e.step, e.trigger) for e in events] == [(100, "accuracy_below_start")]
     one = detect_collapse(_hist([0.3] * 20, acc), definition="relative", accuracy_patience=1)
     assert [(e.step, e.trigger) for e in one] == [(25, "accuracy_below_start")]
-    assert detect_collapse(_hist([0.3] * 20, acc)) == []  # absolute ignores accuracy
+    assert detect_collapse(_hist([0.3] * 20, acc), definition="absolute") == []  # absolute ignores accuracy
     with pytest.raises(ValueError, match="definition"):
         detect_collapse({}, definition="nope")
 
 
 def test_relative_keeps_nonfinite_and_entropy_triggers():
-    h = _hist([0.3] * 12 + [0.2] * 12, entropy=0.01)
+    h = _hist([0.3] * 12 + [0.1] * 12, entropy=0.01)
     h["loss"] = [(3, 0.1), (4, float("nan"))]
     triggers = {e.trigger for e in detect_collapse(h, definition="relative", entropy_window=5)}
-    assert triggers == {"nonfinite", "entropy_collapse"}
+    assert triggers == {"nonfinite", "reward_below_start", "entropy_collapse"}
 
 
 def test_collapse_config_hash_unchanged_by_new_defaults():
     from moe_rl.config import NOT_IDENTITY, TrainConfig, config_hash, identity_spec
 
     cfg = TrainConfig()
+    cfg.collapse.definition = "absolute"  # what the shipped runs were labelled with
     before = config_hash(cfg)
     spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in NOT_IDENTITY})
-    # the keys of the relative definition stay out of a run's identity at their defaults, so the
-    # shipped run folders (hashed before they existed) keep theirs
+    # the keys of the relative definition stay out of a run's identity at the values the shipped run
+    # folders had (hashed before they existed), so those keep theirs
     assert set(spec["collapse"]) == {
         "reward_window",
         "reward_drop_frac",
@@ -245,20 +278,196 @@ def test_collapse_config_hash_unchanged_by_new_defaults():
         "entropy_floor",
         "entropy_window",
     }
-    cfg.collapse.definition = "relative"
-    assert config_hash(cfg) != before
+    # the default label is the analysis' main definition, which changes a run's status: a new identity
+    assert TrainConfig().collapse.definition == "relative"
+    assert config_hash(TrainConfig()) != before
+
+
+def test_loop_and_analysis_share_the_default_definition():
+    import inspect
+
+    from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, definition_grid
+    from moe_rl.config import CollapseConfig
+
+    loop = vars(CollapseConfig())
+    signature = {k: p.default for k, p in inspect.signature(detect_collapse).parameters.items() if k != "history"}
+    assert loop == signature == COLLAPSE_DEFINITIONS[MAIN_DEFINITION]
+    assert definition_grid()["relative:d0.5:p2"] == loop
+    assert len(definition_grid()) == 3 * 2 * 5 * (
+        4 + 1
+    )  # entropy floors x windows x drop fractions x (patiences + absolute)
+
+
+def _plant(reward: list[float], entropy: list[float], accuracy: list[tuple[int, float]]):
+    return {
+        "loss": _series([0.5] * len(reward)),
+        "optim/grad_norm": _series([1.0] * len(reward)),
+        "reward/mean": _series(reward),
+        "policy/entropy": _series(entropy),
+        "task/accuracy": accuracy,
+    }
+
+
+# reward rises 0.4 -> 0.8 over steps 0..19 (start level, mean of the first 10: 0.4 + 0.4 * 4.5 / 19 = 0.495)
+_RISE = [0.4 + 0.4 * s / 19 for s in range(20)]
+
+
+def test_converged_run_is_collapsed_under_no_definition_of_the_grid():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # entropy 0.02 from step 20; reward plateaus at 0.8 with +-3% noise; accuracy 0.45 -> 0.75 (+30 points).
+    # The lowest rolling reward of the plateau is 0.8 * (1 - 0.03) > 0.7 * 0.8 (the strictest fraction vs
+    # the best) and > 0.7 * 0.495 (vs the start); accuracy never falls.
+    rng = random.Random(0)
+    reward = _RISE + [0.8 * (1 + rng.uniform(-0.03, 0.03)) for _ in range(100)]
+    entropy = [0.5 - 0.024 * s for s in range(20)] + [0.02] * 100
+    acc = [(0, 0.45), (25, 0.6), (50, 0.75), (75, 0.74), (100, 0.75)]
+    h = _plant(reward, entropy, acc)
+    # the wobble that the old rule (entropy low while the rolling reward is below its value 10 records
+    # earlier) fired on is in the plant, on most plateau steps
+    rolling = [math.fsum(reward[j - 9 : j + 1]) / 10 for j in range(9, len(reward))]
+    assert sum(a < b for a, b in zip(rolling[30:], rolling[20:])) > 20
+    for name, kwargs in definition_grid().items():
+        assert detect_collapse(h, **kwargs) == [], name
+
+
+def test_entropy_collapse_with_the_reward_halving_fires_under_every_definition():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # entropy 0.01 from step 20; reward 0.8 until step 39, halves to 0.35 (steps 40..59), then 0.1
+    # (steps 60..79); accuracy 0.45, 0.75, then 0.3, 0.05. Against the best 0.8: 0.35 < d * 0.8 for d >= 0.5
+    # (within steps 40..59), 0.1 < 0.3 * 0.8 for every d (by step 69).
+    reward = _RISE + [0.8] * 20 + [0.35] * 20 + [0.1] * 20
+    entropy = [0.5] * 20 + [0.01] * 60
+    acc = [(0, 0.45), (25, 0.75), (50, 0.3), (75, 0.05)]
+    h = _plant(reward, entropy, acc)
+    for name, kwargs in definition_grid().items():
+        events = {e.trigger: e.step for e in detect_collapse(h, **kwargs)}
+        assert "entropy_collapse" in events, name
+        stage = 40 <= events["entropy_collapse"] < 60
+        assert stage == (kwargs["reward_drop_frac"] >= 0.5), name
+        assert events["entropy_collapse"] < 70, name
+
+
+def test_reward_collapse_at_high_entropy_fires_under_every_definition():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # entropy 0.8 throughout; reward 0.8 then 0.05 from step 40: below 0.3 * best 0.8 and 0.3 * start 0.495
+    reward = _RISE + [0.8] * 20 + [0.05] * 40
+    h = _plant(reward, [0.8] * 80, [(0, 0.45), (25, 0.75), (50, 0.7), (75, 0.7)])
+    for name, kwargs in definition_grid().items():
+        events = detect_collapse(h, **kwargs)
+        trigger = "reward_drop" if kwargs["definition"] == "absolute" else "reward_below_start"
+        assert [e.trigger for e in events] == [trigger], name
 
 
 def test_rollout_gap_stats_by_hand() -> None:
     from moe_rl.metrics import rollout_gap_stats
 
-    # gaps on the 3 masked-in tokens: 0.1, 1.0 (> ln 2), 0.0; the masked-out token (gap 5) never counts
-    rollout = torch.tensor([[-1.0, -2.0, -0.5, -9.0]])
-    train = torch.tensor([[-1.1, -1.0, -0.5, -4.0]])
-    mask = torch.tensor([[True, True, True, False]])
+    # e = train - rollout on the 4 masked-in tokens: -0.1, 1.0 (> ln 2), 0.0, -2.0 (> ln 5 = 1.609);
+    # the masked-out token (gap 5) never counts
+    rollout = torch.tensor([[-1.0, -2.0, -0.5, -1.0, -9.0]])
+    train = torch.tensor([[-1.1, -1.0, -0.5, -3.0, -4.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
     out = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=mask)
-    assert out["rollout/logp_gap"] == pytest.approx(1.1 / 3, abs=1e-7)
-    assert out["rollout/token_mult_prob_error"] == pytest.approx((math.exp(0.1) + math.e + 1.0) / 3, abs=1e-7)
-    assert out["rollout/logp_gap_over_ln2"] == pytest.approx(1 / 3)
+    e = [-0.1, 1.0, 0.0, -2.0]
+    # float32 inputs: -1.1 is not exact (error ~2.4e-8), which 1e-7 bounds through these means
+    assert out["rollout/logp_gap"] == pytest.approx(3.1 / 4, abs=1e-7)
+    assert out["rollout/logp_abs_diff"] == out["rollout/logp_gap"]
+    assert out["rollout/token_mult_prob_error"] == pytest.approx(sum(math.exp(abs(x)) for x in e) / 4, abs=1e-6)
+    assert out["rollout/logp_gap_over_ln2"] == 2 / 4
+    assert out["rollout/logp_gap_over_ln5"] == 1 / 4
+    assert out["rollout/k3_kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in e) / 4, abs=1e-7)
+    assert out["rollout/logp_sq_diff"] == pytest.approx((0.01 + 1 + 0 + 4) / 4, abs=1e-7)
+    mean = sum(e) / 4
+    assert out["ratio/split/engine_var"] == pytest.approx(sum((x - mean) ** 2 for x in e) / 4, abs=1e-7)
     empty = rollout_gap_stats(rollout_logp=rollout, train_logp=train, mask=torch.zeros_like(mask))
-    assert empty == {"rollout/logp_gap": 0.0, "rollout/token_mult_prob_error": 1.0, "rollout/logp_gap_over_ln2": 0.0}
+    assert empty["rollout/token_mult_prob_error"] == 1.0
+    assert {k: v for k, v in empty.items() if k != "rollout/token_mult_prob_error"} == dict.fromkeys(
+        set(empty) - {"rollout/token_mult_prob_error"}, 0.0
+    )
+
+
+def test_ratio_split_by_hand() -> None:
+    from moe_rl.metrics import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
+
+    # 4 valid tokens (the 5th is masked out and holds a huge value that must not count):
+    #   rho = native - replayed = (0, 0.5, 0, -0.5), w = replayed - old = (0.2, 0.2, -0.2, 0.2)
+    # mean rho 0, Var rho = (0.25 + 0.25) / 4 = 0.125; mean w 0.1, Var w = (0.01 * 3 + 0.09) / 4 = 0.03;
+    # Cov = mean(rho * (w - 0.1)) = (0.5 * 0.1 + (-0.5) * 0.1) / 4 = 0; log r = (0.2, 0.7, -0.2, -0.3),
+    # Var log r = 0.125 + 0.03 = 0.155, routing share 0.125 / 0.155.
+    # Route changed at tokens 2 and 4: |log r| mass (0.7 + 0.3) / 1.4. Clipped: tokens 1 and 2 -> 1 of 2 flipped.
+    old = torch.tensor([[-1.0, -1.0, -1.0, -1.0, -1.0]])
+    replayed = torch.tensor([[-0.8, -0.8, -1.2, -0.8, 50.0]])
+    native = torch.tensor([[-0.8, -0.3, -1.2, -1.3, -90.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    flipped = torch.tensor([[False, True, False, True, True]])
+    clipped = torch.tensor([[True, True, False, False, True]])
+    out = ratio_split(
+        native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask, flipped=flipped, clipped=clipped
+    )
+    # inputs are float32 (0.8, 0.3, ... are not exact): 1e-7 bounds their float32 rounding through these moments
+    assert out["ratio/split/routing_var"] == pytest.approx(0.125, abs=1e-7)
+    assert out["ratio/split/weights_var"] == pytest.approx(0.03, abs=1e-7)
+    assert out["ratio/split/cov"] == pytest.approx(0.0, abs=1e-7)
+    assert out["ratio/split/routing_share"] == pytest.approx(0.125 / 0.155, abs=1e-6)
+    assert out["ratio/split/flipped_mass"] == pytest.approx(1.0 / 1.4, abs=1e-7)
+    assert out["clip/flipped_share"] == 0.5
+    rho, w = ratio_split_tokens(native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask)
+    assert rho[0, 4] == 0.0 and w[0, 4] == 0.0  # masked out
+    # the shares' denominators, by which a step weights its updates: 4 * Var log r, sum |log r|, clipped tokens
+    parts = ratio_split_parts(
+        native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask, flipped=flipped, clipped=clipped
+    )
+    weights = ratio_split_weights(parts)
+    assert weights["ratio/split/routing_share"] == pytest.approx(4 * 0.155, abs=1e-6)
+    assert weights["ratio/split/flipped_mass"] == pytest.approx(1.4, abs=1e-6)
+    assert weights["clip/flipped_share"] == 2.0
+    # nothing clipped, no spread: undefined shares are NaN, never 0
+    flat = ratio_split(
+        native_logp=old, replayed_logp=old, old_logp=old, mask=mask, flipped=flipped, clipped=torch.zeros_like(mask)
+    )
+    assert flat["ratio/split/routing_var"] == 0.0
+    assert all(
+        math.isnan(flat[k]) for k in ("ratio/split/routing_share", "ratio/split/flipped_mass", "clip/flipped_share")
+    )
+
+
+def _routes(indices, mask, num_experts=4):
+    from moe_rl.routing import Routes
+
+    indices = torch.tensor(indices, dtype=torch.uint8)
+    return Routes(
+        indices=indices, mask=torch.tensor(mask), layer_map=tuple(range(indices.shape[2])), num_experts=num_experts
+    )
+
+
+def test_routing_confidence_by_hand() -> None:
+    from moe_rl.routing.compare import confidence_finalize, confidence_parts
+
+    # 1 row, 3 positions (the last masked out), 2 MoE layers, top-2 of 4 experts
+    scores = torch.tensor(
+        [
+            [
+                [[0.5, 0.3, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]],
+                [[0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]],
+                [[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]],
+            ]
+        ]
+    )
+    routes = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[True, True, False]])
+    # selected mass per valid (t, l): 0.8, 0.5, 0.7, 0.8 -> mean 2.8 / 4 = 0.7
+    assert confidence_finalize(confidence_parts(scores, routes)) == pytest.approx(0.7, abs=1e-7)  # float32 scores
+    none = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[False, False, False]])
+    assert math.isnan(confidence_finalize(confidence_parts(scores, none)))
+
+
+def test_r3_fallback_frac_by_hand() -> None:
+    from moe_rl.routing.compare import fallback_finalize, fallback_parts
+
+    # 2 rows x 3 positions; real input tokens: 5 (row 1's first is a left pad); replayed routes missing at
+    # row 0 position 1 and row 1 position 2 (prefix-cached -1 positions), and at the pad (not counted)
+    replayed = _routes([[[[0, 1]]] * 3] * 2, [[True, False, True], [False, True, False]])
+    valid = torch.tensor([[True, True, True], [False, True, True]])
+    assert fallback_finalize(fallback_parts(replayed, valid)) == 2 / 5
+    assert math.isnan(fallback_finalize(fallback_parts(replayed, torch.zeros_like(valid))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -134,8 +135,26 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
         "route/old_vs_new/shift/p10",
         "route/old_vs_new/shift/layer_1",
         "route/old_vs_new/shift/mean/offpolicy",
+        "ratio/split/routing_var",
+        "ratio/split/weights_var",
+        "ratio/split/cov",
+        "ratio/split/routing_share/offpolicy",
+        "ratio/split/flipped_mass/offpolicy",
+        "rollout/k3_kl",
+        "rollout/logp_gap_over_ln5",
     ):
         assert metrics.loc[1:, key].map(math.isfinite).all(), key
+    # the two shares of the split add to 1, so the routing share of a real spread lies in [0, 1] only
+    # when the covariance is not too negative; Var log r = Var rho + Var w + 2 Cov is never negative
+    total = metrics["ratio/split/routing_var"] + metrics["ratio/split/weights_var"] + 2 * metrics["ratio/split/cov"]
+    assert (total.loc[1:] >= -1e-12).all()
+    assert "ratio/split/engine_var" not in metrics  # fp32 rollouts by the trained policy: no engine part
+    assert ((metrics.loc[1:, "route/confidence"] > 0) & (metrics.loc[1:, "route/confidence"] <= 1 + 1e-6)).all()
+    if replay != "none":  # prime-rl's replace rate is the slot share of used vs cached routes: 0 when replay works
+        assert (metrics.loc[1:, "route/replay_replace_rate"] == 0).all()
+    assert ("route/r3_fallback_frac" in metrics) == (replay == "r3")
+    if replay == "r3":  # the loop's own rollouts record every input position's route
+        assert (metrics.loc[1:, "route/r3_fallback_frac"] == 0).all()
     # Router-shift ratio in (0, 1]; the flip-vs-margin counts of updates 2..N match their flip rate.
     assert (
         (metrics.loc[1:, "route/old_vs_new/shift/mean"] > 0) & (metrics.loc[1:, "route/old_vs_new/shift/mean"] <= 1)
@@ -211,6 +230,18 @@ def test_aggregate_is_over_the_whole_step() -> None:
         ]
     )
     assert counts == {"route/flip_vs_margin/n/bin_0": 11.0}
+    # The split's shares are means weighted by their denominators: update 1 (no spread, weight 0, share NaN)
+    # weighs nothing; over all: (0.2 * 1 + 0.5 * 3) / 4 = 0.425, off-policy the same; nothing weighted: undefined.
+    share = "ratio/split/routing_share"
+    shares = aggregate(
+        [
+            {share: math.nan, share + "@weight": 0.0},
+            {share: 0.2, share + "@weight": 1.0},
+            {share: 0.5, share + "@weight": 3.0},
+        ]
+    )
+    assert shares == pytest.approx({share: 0.425, share + "/offpolicy": 0.425})
+    assert aggregate([{share: math.nan, share + "@weight": 0.0}, {share: math.nan, share + "@weight": 0.0}]) == {}
 
 
 @pytest.mark.parametrize(
@@ -325,3 +356,137 @@ def test_router_shift_and_engine_correction_on_policy(tmp_path, cache) -> None:
     assert metrics["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["rollout/is_truncated_frac"] == 0.0 and metrics["rollout/is_masked_frac"] == 0.0
     assert all(defines(k) for k in metrics)
+
+
+def _first_update(trainer: Trainer, replay: str, plant=None):
+    """The old pass and update 1 (theta == theta_old) of step 1 on rows 0..15, with the ratio split."""
+    from moe_rl.algos import group_advantages
+
+    rollout, rewards, _ = trainer.rollout(step=1)
+    old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+    adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
+    replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
+    if plant is not None:
+        replay_routes = plant(replay_routes, rollout)
+    rows = torch.arange(len(rollout))[:16]
+    trainer.policy.train()
+    metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores, split=True)
+    return metrics, rollout, rows, old_logp, old_routes, replay_routes
+
+
+def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, cache) -> None:
+    # theta == theta_old: the router's own routes are the old pass's, which R2 replays, so the native and
+    # the replayed pass are the same computation (and the weights part is 0 as well)
+    metrics, *_ = _first_update(Trainer(tiny_config(tmp_path, cache, replay="r2")), "r2")
+    assert metrics["ratio/split/routing_var"] == 0.0
+    assert metrics["ratio/split/cov"] == 0.0
+    # Var log r = 0: the share is undefined and weighs nothing in the step's mean
+    assert math.isnan(metrics["ratio/split/routing_share"]) and metrics["ratio/split/routing_share@weight"] == 0.0
+
+
+def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, cache) -> None:
+    """Replay other experts at chosen tokens in the last MoE layer (its output reaches only its own position's
+    logits): on update 1 the routing part is non-zero at exactly those tokens, and the logged split matches."""
+    from moe_rl.metrics import ratio_split_tokens
+    from moe_rl.routing import RouteReplay
+
+    chosen = [(0, 0), (3, 2), (9, 1)]  # (row, completion token)
+
+    def plant(routes: Routes, rollout) -> Routes:
+        indices = routes.indices.clone()
+        for row, j in chosen:
+            t = rollout.prompt_len - 1 + j  # the input position that predicts completion token j
+            assert rollout.response_mask[row, t]
+            taken = set(indices[row, t, -1].tolist())
+            other = [e for e in range(routes.num_experts) if e not in taken][: routes.top_k]
+            indices[row, t, -1] = torch.tensor(other, dtype=indices.dtype)
+        return Routes(indices=indices, mask=routes.mask, layer_map=routes.layer_map, num_experts=routes.num_experts)
+
+    trainer = Trainer(tiny_config(tmp_path, cache, replay="r2"))
+    metrics, rollout, rows, old_logp, old_routes, planted = _first_update(trainer, "r2", plant)
+    # the update has moved its weights: the per-token parts at the weights it saw come from a fresh trainer
+    fresh = Trainer(tiny_config(tmp_path, cache, replay="r2", name="fresh"))
+    fresh.policy.train()
+    mask = rollout.response_mask[rows]
+    native_logp, _ = fresh.other_routing_logp(rollout, rows, planted[rows], old_routes[rows])
+    with torch.no_grad(), RouteReplay(fresh.policy, planted[rows]):
+        replayed_logp, _ = forward_logp(fresh.policy, rollout, rows)
+    rho, w = ratio_split_tokens(
+        native_logp=native_logp, replayed_logp=replayed_logp, old_logp=old_logp[rows], mask=mask
+    )
+    expected = torch.zeros_like(mask)
+    for row, j in chosen:
+        expected[row, rollout.prompt_len - 1 + j] = True
+    assert torch.equal(rho != 0, expected)
+    # native == old routes at theta_old, so log r = rho + w = 0 and w = -rho: Var w = Var rho = -Cov > 0
+    assert metrics["ratio/split/routing_var"] > 0
+    assert metrics["ratio/split/weights_var"] == pytest.approx(metrics["ratio/split/routing_var"], rel=1e-12)
+    assert metrics["ratio/split/cov"] == pytest.approx(-metrics["ratio/split/routing_var"], rel=1e-12)
+
+
+def test_ratio_split_parts_add_up_to_the_logged_log_ratio(tmp_path, cache) -> None:
+    """replay=none, update 2 (off-policy): rho + w equals the loss's log-ratio logp - old_logp per token, to
+    float64 rounding (3 roundings of values below max |logp|); under R2 the logged log-ratio is w itself."""
+    from moe_rl.metrics import ratio_split_tokens
+    from moe_rl.routing import RouteReplay
+
+    for replay in ("none", "r2"):
+        trainer = Trainer(tiny_config(tmp_path, cache, replay=replay, name=f"sum_{replay}", lr=3e-2))
+        metrics, rollout, rows, old_logp, old_routes, replay_routes = _first_update(trainer, replay)
+        rows = torch.arange(len(rollout))[16:]
+        mask = rollout.response_mask[rows]
+        with torch.no_grad():  # the logged pass of update 2, before its optimizer step
+            with RouteReplay(trainer.policy, replay_routes[rows]) if replay == "r2" else contextlib.nullcontext():
+                logp, _ = forward_logp(trainer.policy, rollout, rows)
+        other, _ = trainer.other_routing_logp(
+            rollout, rows, None if replay == "none" else replay_routes[rows], old_routes[rows]
+        )
+        native, replayed = (logp, other) if replay == "none" else (other, logp)
+        rho, w = ratio_split_tokens(native_logp=native, replayed_logp=replayed, old_logp=old_logp[rows], mask=mask)
+        delta = (logp.double() - old_logp[rows].double())[mask]
+        bound = (
+            3
+            * 2.0**-53
+            * 2
+            * max(
+                logp[mask].abs().max().item(), old_logp[rows][mask].abs().max().item(), other[mask].abs().max().item()
+            )
+        )
+        logged = delta if replay == "none" else (native.double() - old_logp[rows].double())[mask]
+        assert (rho[mask] + w[mask] - logged).abs().max().item() <= bound, replay
+        assert rho[mask].abs().max() > 0  # lr 3e-2: the router moved, so the check is not 0 == 0
+        if replay == "r2":
+            assert torch.equal(w[mask], delta)  # the loss's ratio under R2 is the weights part alone
+
+
+def test_the_split_pass_changes_nothing_the_update_computes(tmp_path, cache) -> None:
+    """split=True adds one no-grad forward: the loss, the gradient and the weights after it are bitwise those
+    of split=False."""
+    out = {}
+    for split in (False, True):
+        trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", name=f"split_{split}", lr=3e-2))
+        rollout, rewards, _ = trainer.rollout(step=1)
+        old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+        adv = torch.randn(len(rollout), generator=torch.Generator().manual_seed(0))
+        trainer.policy.train()
+        for rows in torch.arange(len(rollout)).chunk(2):
+            metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes, margins, scores, split=split)
+        out[split] = metrics, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    (plain, before), (with_split, after) = out[False], out[True]
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert {k: v for k, v in with_split.items() if k in plain} == plain
+    assert set(with_split) - set(plain) >= {"ratio/split/routing_var", "ratio/split/weights_var", "ratio/split/cov"}
+
+
+def test_a_low_precision_rollout_logs_the_engine_part_and_the_mismatch_metrics(tmp_path, cache) -> None:
+    """bfloat16 rollouts: the rollout policy is not the trained one, so the engine part is logged; the
+    mismatch metrics are those of `rollout_gap_stats` on the logged step (here checked for consistency:
+    mean e^2 >= Var e, and mean |e| > 0)."""
+    cfg = tiny_config(tmp_path, cache, steps=1, name="bf16")
+    cfg.rollout.dtype = "bfloat16"
+    Trainer(cfg).run()
+    frame = pd.read_parquet(tmp_path / "bf16" / "metrics.parquet")
+    m = frame[frame["step"] == 1].set_index("key")["value"]
+    assert m["rollout/logp_abs_diff"] == m["rollout/logp_gap"] > 0
+    assert m["rollout/logp_sq_diff"] >= m["ratio/split/engine_var"] > 0
+    assert m["rollout/k3_kl"] > 0 and 0 <= m["rollout/logp_gap_over_ln5"] <= m["rollout/logp_gap_over_ln2"] <= 1

@@ -49,11 +49,13 @@ LossFn = Callable[..., tuple[Tensor, "LossMetrics"]]
 
 
 class LossMetrics(dict[str, float]):
-    """A loss's metrics (floats) with `weights`: the denominator of `loss` and of each metric."""
+    """A loss's metrics (floats) with `weights`: the denominator of `loss` and of each metric, and
+    `clipped`: the (B, T) bool tokens on the clipped branch (GSPO: every valid token of a clipped sequence)."""
 
-    def __init__(self, values: dict[str, float], weights: dict[str, float]) -> None:
+    def __init__(self, values: dict[str, float], weights: dict[str, float], clipped: Tensor | None = None) -> None:
         super().__init__(values)
         self.weights = weights
+        self.clipped = clipped
 
 
 def _check_inputs(
@@ -134,12 +136,16 @@ def _seq_mean(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1)
 
 
-def _clipfracs(ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float) -> dict[str, Tensor]:
-    """Fractions of valid entries where min() picks the clipped (zero-gradient) branch."""
+def _clipfracs(
+    ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Fractions of valid entries where min() picks the clipped (zero-gradient) branch, and those entries."""
     n = valid.sum().clamp(min=1)
     low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
     high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
-    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}
+    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}, (
+        low | high
+    ).detach()
 
 
 def _add_kl(
@@ -156,14 +162,16 @@ def _add_kl(
     return policy_loss + beta * kl, metrics
 
 
-def _to_floats(metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str) -> LossMetrics:
+def _to_floats(
+    metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str, clipped: Tensor
+) -> LossMetrics:
     """The metrics as floats (one transfer) with their denominators: `policy` for the loss, `clip` for the
     clip fractions, the KL term's by `agg`."""
     counts = {LOSS: policy, LOSS_POLICY: policy, RATIO_CLIPFRAC_LOW: clip, RATIO_CLIPFRAC_HIGH: clip}
     if KL_REF_K3 in metrics:
         counts[KL_REF_K3] = _agg_count(mask, agg)
     values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
-    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])))
+    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])), clipped)
 
 
 def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
@@ -221,8 +229,9 @@ def grpo_loss(
     w = _token_weight(weight, mask, pg_loss)
     pg_loss = pg_loss if w is None else pg_loss * w
     loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
+    fracs, clipped = _clipfracs(ratio, adv, mask, eps_low, eps_high)
+    metrics.update(fracs)
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
 def _seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -279,8 +288,10 @@ def gspo_loss(
     if w is not None:
         pg_loss = pg_loss * (w.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1))  # mean weight of each sequence
     loss, metrics = _add_kl(_seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    metrics.update(_clipfracs(seq_ratio, adv, valid, eps_low, eps_high))
-    return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg)
+    fracs, clipped = _clipfracs(seq_ratio, adv, valid, eps_low, eps_high)
+    metrics.update(fracs)
+    clipped = clipped[:, None] & mask  # (B, T): the tokens of the clipped sequences
+    return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
 def gspo_token_loss(
@@ -333,9 +344,10 @@ def gspo_token_loss(
     pg_loss = pg_loss if w is None else pg_loss * w
     policy_loss = _aggregate(pg_loss, mask, "seq-mean-token-mean")
     loss, metrics = _add_kl(policy_loss, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    metrics.update(_clipfracs(ratio, adv, mask, eps_low, eps_high))
+    fracs, clipped = _clipfracs(ratio, adv, mask, eps_low, eps_high)
+    metrics.update(fracs)
     policy = _agg_count(mask, "seq-mean-token-mean")
-    return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg)
+    return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
 def sapo_loss(
@@ -388,7 +400,8 @@ def sapo_loss(
     loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     zero = torch.zeros((), dtype=torch.float64)
     metrics.update({RATIO_CLIPFRAC_LOW: zero, RATIO_CLIPFRAC_HIGH: zero})
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
+    clipped = torch.zeros_like(mask, dtype=torch.bool)  # the gate never clips
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
 def cispo_loss(
@@ -438,9 +451,11 @@ def cispo_loss(
     pg_loss = pg_loss if w is None else pg_loss * w
     loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
     n = mask.sum().clamp(min=1)
-    metrics[RATIO_CLIPFRAC_LOW] = ((ratio < 1.0 - eps_low) & mask).sum().double() / n
-    metrics[RATIO_CLIPFRAC_HIGH] = ((ratio > 1.0 + eps_high) & mask).sum().double() / n
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg)
+    low, high = (ratio < 1.0 - eps_low) & mask, (ratio > 1.0 + eps_high) & mask
+    metrics[RATIO_CLIPFRAC_LOW] = low.sum().double() / n
+    metrics[RATIO_CLIPFRAC_HIGH] = high.sum().double() / n
+    clipped = low | high  # tokens whose weight is truncated (their gradient is kept, scaled)
+    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
 LOSSES: dict[str, LossFn] = {

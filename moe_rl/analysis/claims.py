@@ -24,6 +24,7 @@ from moe_rl.analysis.collapse_definitions import (
     ALTERNATIVE_DEFINITION,
     COLLAPSE_DEFINITIONS,
     GRID_DROP_FRACS,
+    GRID_ENTROPY_FLOORS,
     GRID_PATIENCES,
     HISTORY_KEYS,
     MAIN_DEFINITION,
@@ -666,7 +667,8 @@ def _robust(c: Claim, verdicts: dict[str, str], counts: dict[str, str]) -> None:
     c.notes.insert(
         0,
         f"robustness over {size} collapse definitions (both definitions, drop fractions "
-        f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}): "
+        f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}, "
+        f"entropy floors {GRID_ENTROPY_FLOORS[0]}-{GRID_ENTROPY_FLOORS[-1]}): "
         f"{_shares(list(verdicts.values()))}; the collapse counts alone (exact McNemar) would give "
         f"{_shares(list(counts.values()))}",
     )
@@ -1646,7 +1648,8 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
             "models, or without a cell where the MoE model degrades); "
             "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "
             f"({len(definition_grid())} definitions: `{MAIN_DEFINITION}` and `{ALTERNATIVE_DEFINITION}`, drop fractions "
-            f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}; see "
+            f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}, entropy "
+            f"floors {GRID_ENTROPY_FLOORS[0]}-{GRID_ENTROPY_FLOORS[-1]} over 1 or 10 records; see "
             f"results/collapse_definitions.md). Primary outcomes are measurements (final accuracy, reward AUC, time to "
             f'collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Counts read "k of n".'
         ),

@@ -4,11 +4,16 @@ The loop labels a run with its configured definition; analysis recomputes every 
 `metrics.parquet` with the same function (`moe_rl.collapse.detect_collapse`), so arms can be
 compared under one definition whatever their runs were configured with.
 
-- `relative` (main): against the run's own start: rolling reward below half the mean of its first
-  10 reward records, or eval accuracy below half its step-0 accuracy at 2 consecutive evaluations
-  (plus non-finite loss/gradient and entropy collapse). Fair to an arm whose reward never climbs.
-- `absolute` (alternative, the loop's default): rolling reward below half its running best once
-  that best passed 0.2 (plus non-finite and entropy collapse).
+- `relative` (main, and the loop's default): against the run's own start: rolling reward below half
+  the mean of its first 10 reward records, or eval accuracy below half its step-0 accuracy at 2
+  consecutive evaluations (plus non-finite loss/gradient and entropy collapse). Fair to an arm whose
+  reward never climbs.
+- `absolute` (alternative): rolling reward below half its running best once that best passed 0.2
+  (plus non-finite and entropy collapse).
+
+In both, an entropy collapse is a loss of performance with low entropy, never low entropy alone:
+entropy (mean of 10 records) below 0.05 while the reward, or accuracy, has fallen by the same drop
+fraction against the run's best or start.
 """
 
 from __future__ import annotations
@@ -18,61 +23,74 @@ from collections.abc import Mapping
 import pandas as pd
 
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.collapse import HISTORY_KEYS, detect_collapse
+from moe_rl.collapse import HISTORY_KEYS, MAIN_DEFINITION, detect_collapse
 from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
 
-MAIN_DEFINITION = "relative"
 ALTERNATIVE_DEFINITION = "absolute"
-# name -> detect_collapse keyword arguments
-COLLAPSE_DEFINITIONS: dict[str, dict] = {
-    "relative": {
-        "definition": "relative",
-        "reward_window": 10,
-        "reward_drop_frac": 0.5,
-        "baseline_window": 10,
-        "accuracy_drop_frac": 0.5,
-        "accuracy_patience": 2,
-        "entropy_floor": 0.05,
-        "entropy_window": 10,
-    },
-    "absolute": {
-        "definition": "absolute",
-        "reward_window": 10,
-        "reward_drop_frac": 0.5,
-        "reward_floor": 0.2,
-        "entropy_floor": 0.05,
-        "entropy_window": 10,
-    },
+# The parameters both definitions share: `detect_collapse`'s defaults, which `CollapseConfig` repeats
+# (a test keeps the three equal).
+_SHARED = {
+    "reward_window": 10,
+    "reward_drop_frac": 0.5,
+    "reward_floor": 0.2,
+    "entropy_floor": 0.05,
+    "entropy_window": 10,
+    "baseline_window": 10,
+    "accuracy_drop_frac": 0.5,
+    "accuracy_patience": 2,
 }
+# name -> detect_collapse keyword arguments
+COLLAPSE_DEFINITIONS: dict[str, dict] = {name: {"definition": name, **_SHARED} for name in ("relative", "absolute")}
 # A declared grid of reasonable definitions (claims report the share of it that gives each verdict):
-# both definitions, drop fractions 0.3-0.7 (reward and accuracy alike) and, for the relative accuracy
-# trigger, a patience of 1-4 consecutive evaluations. Each main definition is one point of the grid.
+# both definitions, drop fractions 0.3-0.7 (reward and accuracy alike), for the relative accuracy
+# trigger a patience of 1-4 consecutive evaluations, and for the entropy trigger floors 0.02-0.1 on
+# entropy averaged over 1 or 10 records. Each main definition is one point of the grid.
 GRID_DROP_FRACS = (0.3, 0.4, 0.5, 0.6, 0.7)
 GRID_PATIENCES = (1, 2, 3, 4)
+GRID_ENTROPY_FLOORS = (0.02, 0.05, 0.1)
+GRID_ENTROPY_WINDOWS = (1, 10)
+
+
+def _entropy_suffix(floor: float, window: int) -> str:
+    """Name suffix of an entropy grid point; empty at the defaults, so the older names stay valid."""
+    return "" if (floor, window) == (_SHARED["entropy_floor"], _SHARED["entropy_window"]) else f":e{floor:g}:w{window}"
 
 
 def definition_grid() -> dict[str, dict]:
     """Name -> `detect_collapse` keyword arguments for every point of the declared grid
-    ("relative:d0.5:p2" is the main definition, "absolute:d0.5" the alternative)."""
+    ("relative:d0.5:p2" is the main definition, "absolute:d0.5" the alternative; a non-default entropy
+    rule adds ":e<floor>:w<window>")."""
     grid = {}
-    for frac in GRID_DROP_FRACS:
-        for patience in GRID_PATIENCES:
-            grid[f"relative:d{frac:g}:p{patience}"] = {
-                **COLLAPSE_DEFINITIONS["relative"],
-                "reward_drop_frac": frac,
-                "accuracy_drop_frac": frac,
-                "accuracy_patience": patience,
-            }
-        grid[f"absolute:d{frac:g}"] = {**COLLAPSE_DEFINITIONS["absolute"], "reward_drop_frac": frac}
+    for floor in GRID_ENTROPY_FLOORS:
+        for window in GRID_ENTROPY_WINDOWS:
+            entropy = {"entropy_floor": floor, "entropy_window": window}
+            suffix = _entropy_suffix(floor, window)
+            for frac in GRID_DROP_FRACS:
+                for patience in GRID_PATIENCES:
+                    grid[f"relative:d{frac:g}:p{patience}{suffix}"] = {
+                        **COLLAPSE_DEFINITIONS["relative"],
+                        **entropy,
+                        "reward_drop_frac": frac,
+                        "accuracy_drop_frac": frac,
+                        "accuracy_patience": patience,
+                    }
+                grid[f"absolute:d{frac:g}{suffix}"] = {
+                    **COLLAPSE_DEFINITIONS["absolute"],
+                    **entropy,
+                    "reward_drop_frac": frac,
+                }
     return grid
 
 
+_ENTROPY_TEXT = (
+    "or entropy (mean of 10 records) < 0.05 while the rolling reward is < 0.5 x its best or its start, or "
+    "accuracy < 0.5 x step 0 (low entropy alone is convergence, not collapse)"
+)
 DEFINITION_TEXT = {
     "relative": "rolling reward (10 steps) < 0.5 x the mean of the run's first 10 rewards, or eval accuracy "
-    "< 0.5 x its step-0 accuracy at 2 consecutive evaluations; or non-finite loss/gradient; or "
-    "entropy < 0.05 while reward falls",
+    f"< 0.5 x its step-0 accuracy at 2 consecutive evaluations; or non-finite loss/gradient; {_ENTROPY_TEXT}",
     "absolute": "rolling reward (10 steps) < 0.5 x its running best once that best passed 0.2; or non-finite "
-    "loss/gradient; or entropy < 0.05 while reward falls",
+    f"loss/gradient; {_ENTROPY_TEXT}",
 }
 
 

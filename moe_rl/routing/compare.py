@@ -328,3 +328,34 @@ def movement_finalize(parts: Partial) -> dict[str, float]:
         }
     )
     return out
+
+
+def confidence_parts(scores: Tensor, routes: Routes) -> Partial:
+    """Sums behind `route/confidence`: over the valid (t, l) of `routes`, the count `n` and the float64 sum
+    of the selected experts' selection scores, `sum_{e in S(t, l)} p(e)` (`scores`: (B, T, L, E))."""
+    if scores.shape[:3] != routes.shape[:3]:
+        raise ValueError(f"scores shape {tuple(scores.shape)} does not match routes {routes.shape}")
+    valid = routes.mask.to(scores.device)  # (B, T)
+    mass = scores.double().gather(-1, routes.indices.to(device=scores.device, dtype=torch.int64)).sum(-1)  # (B, T, L)
+    return Partial(sums={"n": (valid.sum() * routes.shape[2]).double(), "mass": (mass * valid.unsqueeze(-1)).sum()})
+
+
+def confidence_finalize(parts: Partial) -> float:
+    """Routing confidence (prime-rl's `routing_confidence`, after Step 3.5 Flash, arXiv 2602.10604): the mean
+    over valid (token, MoE layer) of the router probability mass on its selected top-k experts; NaN when
+    nothing is valid."""
+    n = parts.sums["n"].item()
+    return parts.sums["mass"].item() / n if n else math.nan
+
+
+def fallback_parts(replayed: Routes, valid: Tensor) -> Partial:
+    """Sums behind `route/r3_fallback_frac`: the real input tokens `n` (`valid`, (B, T) bool) and those of
+    them the replayed routes leave to the live router (masked: vLLM's -1 prefix-cached positions)."""
+    valid = valid.to(torch.bool).to(replayed.mask.device)
+    return Partial(sums={"n": valid.sum(), "fallback": (valid & ~replayed.mask).sum()})
+
+
+def fallback_finalize(parts: Partial) -> float:
+    """Share of the real input tokens routed by the live router instead of the replayed routes (NaN: none)."""
+    n = parts.sums["n"].item()
+    return parts.sums["fallback"].item() / n if n else math.nan

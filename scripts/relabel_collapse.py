@@ -1,0 +1,114 @@
+"""Relabel finished run folders with the current collapse rule, from their own metrics.
+
+    python scripts/relabel_collapse.py [ROOT ...] [--dry-run]     (default ROOT: results)
+
+For every run folder under ROOT (a `status.json` next to a `metrics.parquet`) whose status is one
+the collapse rule decides (completed, collapsed, no_signal, reward_failed), recompute its collapse
+events with `moe_rl.collapse.detect_collapse` under the collapse settings of its own `config.yaml`
+(keys a folder predates at the values it was labelled with), as the loop would record them if it
+ran that config now. Where the events differ from those recorded, the status is set as the loop
+sets it: `collapsed` with events, else the `no_signal` / `reward_failed` verdict (`moe_rl.verdict`)
+or `completed`. Rewrites `status.json` where that changed (other fields kept) and prints each change.
+Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
+as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from moe_rl.analysis.collapse_definitions import run_history
+from moe_rl.atomic import write_atomic
+from moe_rl.collapse import detect_collapse
+from moe_rl.metric_names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
+from moe_rl.verdict import run_verdict
+
+RELABELLED = ("completed", "collapsed", "no_signal", "reward_failed")
+# moe_rl.config.SignalConfig's defaults, for folders written before the `signal` section existed
+SIGNAL_DEFAULTS = {"no_signal_steps": 20, "max_reward_error_frac": 0.5}
+# the collapse keys added after runs were shipped, at the values those runs were labelled with (the
+# loop's default definition was `absolute` until it became the analysis' main definition)
+COLLAPSE_BEFORE_KEYS = {
+    "definition": "absolute",
+    "baseline_window": 10,
+    "accuracy_drop_frac": 0.5,
+    "accuracy_patience": 2,
+}
+_COLLAPSE_ARGS = [k for k in inspect.signature(detect_collapse).parameters if k != "history"]
+
+
+def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(old status.json, new status.json) of the run folder `run`, recomputed from its metrics."""
+    old = json.loads((run / "status.json").read_text())
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    collapse = {**COLLAPSE_BEFORE_KEYS, **{k: v for k, v in (cfg.get("collapse") or {}).items() if k in _COLLAPSE_ARGS}}
+    frame = pd.read_parquet(run / "metrics.parquet", columns=["step", "key", "value"])
+    events = detect_collapse(run_history(frame), **collapse)
+    new = {**old, "collapse_events": [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in events]}
+    if new["collapse_events"] == old.get("collapse_events", []):
+        return old, old  # the rule decides as it did: the status stands (a verdict is not re-judged here)
+    new.pop("reason", None)
+    if events:
+        new["status"] = "collapsed"
+        return old, new
+    wide = frame[frame["step"] >= 1].pivot_table(index="step", columns="key", values="value")
+    signal = {**SIGNAL_DEFAULTS, **(cfg.get("signal") or {})}
+    meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").is_file() else {}
+    column = lambda key, fill: wide[key].fillna(fill).tolist() if key in wide else [fill] * len(wide)  # noqa: E731
+    verdict = run_verdict(
+        [int(s) for s in wide.index],
+        column(REWARD_ZERO_VAR_GROUP_FRAC, 0.0),
+        column(REWARD_ERRORS, 0.0),
+        column(REWARD_MEAN, 0.0),
+        completions_per_step=cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["group_size"],
+        no_signal_steps=signal["no_signal_steps"],
+        max_reward_error_frac=signal["max_reward_error_frac"],
+        cold_start=meta.get("cold_start"),
+    )
+    new["status"] = verdict.status if verdict else "completed"
+    if verdict:
+        new["reason"] = verdict.reason
+    return old, new
+
+
+def _triggers(status: dict[str, Any]) -> str:
+    return ", ".join(f"{e['trigger']}@{e['step']}" for e in status.get("collapse_events", [])) or "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="*", type=Path, default=[Path("results")])
+    parser.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    args = parser.parse_args(argv)
+    moves: Counter[tuple[str, str]] = Counter()
+    seen = 0
+    for root in args.roots:
+        for path in sorted(root.rglob("status.json")):
+            run = path.parent
+            if not (run / "metrics.parquet").is_file() or json.loads(path.read_text())["status"] not in RELABELLED:
+                continue
+            seen += 1
+            old, new = relabel(run)
+            if new == old:
+                continue
+            moves[(old["status"], new["status"])] += 1
+            print(f"{run}: {old['status']} ({_triggers(old)}) -> {new['status']} ({_triggers(new)})")
+            if not args.dry_run:
+                write_atomic(path, json.dumps(new, indent=1))
+    summary = ", ".join(f"{a} -> {b}: {n}" for (a, b), n in sorted(moves.items())) or "none"
+    print(f"{seen} run folders relabelled from their metrics; changed: {summary}{' (dry run)' if args.dry_run else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

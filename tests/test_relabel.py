@@ -1,0 +1,71 @@
+"""scripts/relabel_collapse.py: shipped run folders relabelled from their own metrics, rerunnably."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "relabel_collapse.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("relabel_collapse", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(root: Path, name: str, reward: list[float], entropy: list[float], status: dict, collapse: dict) -> Path:
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    rows = [(0, "task/accuracy", 0.45), (len(reward), "task/accuracy", 0.75)]
+    for s, (r, e) in enumerate(zip(reward, entropy), start=1):
+        rows += [(s, "reward/mean", r), (s, "policy/entropy", e), (s, "loss", 0.1), (s, "optim/grad_norm", 1.0)]
+        rows += [(s, "reward/zero_var_group_frac", 0.0), (s, "reward/errors", 0.0)]
+    pd.DataFrame(rows, columns=["step", "key", "value"]).assign(run=name).to_parquet(run / "metrics.parquet")
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({"collapse": collapse, "rollout": {"prompts_per_step": 4, "group_size": 2}})
+    )
+    (run / "status.json").write_text(json.dumps({"steps_done": len(reward), "config_hash": "abc", **status}))
+    return run
+
+
+def test_relabel_turns_converged_runs_completed_and_keeps_real_collapses(tmp_path, capsys) -> None:
+    # converged: reward 0.5 then a plateau 0.8 / 0.78 alternating with odd-length runs, entropy 0.01. The old
+    # rule (entropy low while the rolling reward is below its value 10 records earlier) labelled it.
+    plateau = [0.8 if (s // 3) % 2 else 0.78 for s in range(60)]
+    converged = _run(
+        tmp_path,
+        "converged",
+        [0.5] * 10 + plateau,
+        [0.01] * 70,
+        {"status": "collapsed", "collapse_events": [{"step": 25, "trigger": "entropy_collapse", "detail": "old"}]},
+        {"entropy_floor": 0.05, "entropy_window": 10},  # written before `definition` existed
+    )
+    # reward 0.8 falls to 0.1 at step 31 at low entropy: rolling 10 < 0.5 * 0.8 first at step 36
+    # ((0.8 * 4 + 0.1 * 6) / 10 = 0.38; step 35 gives 0.45), where the entropy trigger fires too
+    collapsed = _run(
+        tmp_path,
+        "collapsed",
+        [0.8] * 30 + [0.1] * 30,
+        [0.01] * 60,
+        {"status": "collapsed", "collapse_events": [{"step": 20, "trigger": "entropy_collapse", "detail": "old"}]},
+        {"entropy_window": 1},  # no `definition` either: absolute, so reward_drop (relative: reward_below_start)
+    )
+    relabel = _load()
+    assert relabel.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{converged}: collapsed (entropy_collapse@25) -> completed (-)" in out
+    assert f"{collapsed}: collapsed (entropy_collapse@20) -> collapsed (reward_drop@36, entropy_collapse@36)" in out
+    assert (
+        "2 run folders relabelled from their metrics; changed: collapsed -> collapsed: 1, collapsed -> completed: 1"
+        in out
+    )
+    status = json.loads((converged / "status.json").read_text())
+    assert status == {"steps_done": 70, "config_hash": "abc", "status": "completed", "collapse_events": []}
+    assert relabel.main([str(tmp_path)]) == 0  # rerunnable: nothing left to change
+    assert capsys.readouterr().out.strip().endswith("changed: none")
