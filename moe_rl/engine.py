@@ -83,6 +83,19 @@ def eager_without_vector_isa() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def inductor_cache_dir(*, per_kernel_set: bool = True) -> str:
+    """A compiled-kernel cache per CPU kernel set (`per_kernel_set=False`: torch's shared default). torch's
+    inductor cache is keyed without the kernel set ATen runs (`ATEN_CPU_CAPABILITY`, `numerics=avx2`): a
+    kernel compiled by a pinned process and loaded by a native one aborts the interpreter (seen with
+    vLLM's compiled sampler), so each set gets its own."""
+    import getpass
+
+    name = f"torchinductor_{getpass.getuser()}"
+    if per_kernel_set:
+        name += f"_{torch.backends.cpu.get_cpu_capability().lower()}"
+    return str(Path(tempfile.gettempdir()) / name)
+
+
 def require_vllm() -> None:
     """Raise ImportError saying how to install vLLM when it is missing."""
     if not vllm_available():
@@ -151,6 +164,8 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the trainer shares this process's threads
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, inductor_cache_dir(per_kernel_set=False)):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()  # importing vLLM sets the shared default
         launch_env = {key: os.environ.get(key) for key in LAUNCH_ENV}  # importing LLM already sets some
         from vllm import LLM
 

@@ -34,8 +34,10 @@ SHOWN_BY_RUN_KEYS = {
     "model.num_experts": "num_experts",
     "model.top_k": "top_k",
 }
-# config keys that do not change what a run computes (excluded from its identity), and the seed
-NOT_COMPARED = (*NOT_IDENTITY, "seed", "cold_start.cache_dir", "device")
+# config keys that do not change what a run computes (excluded from its identity), and the seed; also
+# `numerics` (pinned kernels sample what native ones do, to the last bit) and `collapse` (the in-loop
+# label only: reports recompute collapse under their own definitions from the metrics)
+NOT_COMPARED = (*NOT_IDENTITY, "seed", "cold_start.cache_dir", "device", "numerics", "collapse")
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
