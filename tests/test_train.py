@@ -503,7 +503,7 @@ def test_loop_labels_a_recovered_dip_completed_and_a_lasting_drop_collapsed(tmp_
     # the loop's metrics planted: reward 0.8 (steps 1..20), 0.2 (21..35), then back to 0.8 or staying at 0.2;
     # accuracy 0.5 at every evaluation. Relative: the rolling reward falls below 0.5 * start 0.8 at step 27
     # ((0.8 * 3 + 0.2 * 7) / 10 = 0.38); the loop's label is the one the analysis recomputes at the end.
-    from moe_rl.analysis.collapse_definitions import collapse_events, definition_grid
+    from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events, definition_grid
     from moe_rl.analysis.load import load_results
 
     cfg = tiny_config(tmp_path, cache, steps=60, name="recovers" if recovers else "stays")
@@ -538,3 +538,5 @@ def test_loop_labels_a_recovered_dip_completed_and_a_lasting_drop_collapsed(tmp_
     assert events.set_index("definition").loc["relative", "collapsed"] == (not recovers)
     grid = collapse_events(frame, definition_grid())
     assert not grid["collapsed"].any() if recovers else grid["collapsed"].all()
+    text = collapse_definitions_markdown({"loop": frame})
+    assert ("recovered dip reward_below_start@27 (not a collapse)" in text) == recovers

@@ -197,11 +197,18 @@ def collapse_definitions_markdown(frames: Mapping[str, pd.DataFrame], *, group: 
         for run in sorted(wide["run"]):
             cells = [_cell(*by_run.loc[(run, n), ["collapsed", "step", "trigger"]]) for n in names]
             rows = df[df["run"] == run]
-            main = by_run.loc[(run, MAIN_DEFINITION), "detail"] or _no_event_reason(rows)
-            alt = by_run.loc[(run, ALTERNATIVE_DEFINITION), "detail"] or _no_absolute_reason(rows)
+            main = _why(by_run.loc[(run, MAIN_DEFINITION)]) or _no_event_reason(rows)
+            alt = _why(by_run.loc[(run, ALTERNATIVE_DEFINITION)]) or _no_absolute_reason(rows)
             lines.append(f"| `{run}` | " + " | ".join(cells) + f" | {main} | {alt} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _why(row: pd.Series) -> str:
+    """The first standing event's detail, else the dips the run recovered from ("" if neither)."""
+    if row["detail"]:
+        return str(row["detail"])
+    return f"recovered dip {row['recovered']} (not a collapse)" if row["recovered"] else ""
 
 
 def _no_event_reason(run: pd.DataFrame) -> str:
