@@ -9,6 +9,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from moe_rl.metric_names import LOSS, OPTIM_GRAD_NORM, POLICY_ENTROPY, REWARD_MEAN, TASK_ACCURACY
 
@@ -20,6 +21,19 @@ class CollapseEvent:
     step: int
     trigger: str
     detail: str
+
+
+@dataclass(frozen=True)
+class CollapseJudgement:
+    """A run's trigger firings split by whether performance recovered by the end of its history.
+
+    `collapsed`: the events that stand (the run's collapse; empty: not collapsed). `recovered`: dips a
+    performance trigger caught that the run had recovered from by its last record (not a collapse;
+    each detail says by how much). Both sorted by step; every event keeps its first firing's step.
+    """
+
+    collapsed: list[CollapseEvent]
+    recovered: list[CollapseEvent]
 
 
 TRIGGERS = ("nonfinite", "reward_drop", "reward_below_start", "accuracy_below_start", "entropy_collapse")
@@ -43,7 +57,13 @@ def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:
     return out
 
 
-def detect_collapse(
+def detect_collapse(history: Mapping[str, Sequence[tuple[int, float]]], **kwargs: Any) -> list[CollapseEvent]:
+    """The collapse events of a run that stand at the end of `history`: `judge_collapse(...).collapsed`
+    (same arguments). Empty: the run did not collapse (it may have recovered from a dip)."""
+    return judge_collapse(history, **kwargs).collapsed
+
+
+def judge_collapse(
     history: Mapping[str, Sequence[tuple[int, float]]],
     *,
     definition: str = MAIN_DEFINITION,
@@ -55,8 +75,8 @@ def detect_collapse(
     baseline_window: int = 10,
     accuracy_drop_frac: float = 0.5,
     accuracy_patience: int = 2,
-) -> list[CollapseEvent]:
-    """Collapse events of a run, at most one per trigger (its first step), sorted by step.
+) -> CollapseJudgement:
+    """A run's trigger firings, at most one per trigger (its first step), judged at the end of `history`.
 
     `history` maps a metric key to its (step, value) records in step order; keys used are
     `loss`, `optim/grad_norm`, `reward/mean`, `policy/entropy` and (relative) `task/accuracy`
@@ -82,6 +102,21 @@ def detect_collapse(
                         with a reward wobble, is a converged policy and never fires.
     The relative triggers measure each run against its own start, so an arm whose reward never
     climbs (e.g. GSPO's clipped updates under stress) is judged like one that climbs and falls.
+
+    A collapse is a loss of performance the run does not recover from. A performance trigger's event
+    (every trigger but `nonfinite`, which always stands) stands only if its condition on performance
+    still holds at the end of `history`, on the trigger's own signal:
+      reward_drop        the last rolling reward is below `reward_drop_frac` times the best rolling
+                         reward of the records before it (the run's best, recoveries included);
+      reward_below_start the last rolling reward is below `reward_drop_frac` times the start level;
+      accuracy_below_start the last `accuracy_patience` evaluations are below `accuracy_drop_frac`
+                         times the first;
+      entropy_collapse   performance is still fallen at the last step of the history, by the test the
+                         trigger used (reward against best or start, or accuracy); entropy need not
+                         stay low (a policy that lost its performance has collapsed either way).
+    Otherwise the event moves to `recovered`: a dip, recorded with how it recovered, not a collapse.
+    A standing event keeps its first step, so the time to collapse is that of the first firing. On
+    a prefix of a run (the loop, each step) the same call gives the events that stand so far.
     """
     if definition not in DEFINITIONS:
         raise ValueError(f"definition={definition!r} is not valid; valid: {sorted(DEFINITIONS)}")
@@ -163,7 +198,87 @@ def detect_collapse(
                 first["entropy_collapse"] = CollapseEvent(step, "entropy_collapse", detail)
                 break
 
-    return sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger)))
+    holds = _still_fallen(
+        reward,
+        rolling,
+        accuracy,
+        reward_drop_frac=reward_drop_frac,
+        reward_floor=reward_floor,
+        baseline_window=baseline_window,
+        accuracy_drop_frac=accuracy_drop_frac,
+        accuracy_patience=accuracy_patience,
+    )
+    collapsed, recovered = [], []
+    for event in sorted(first.values(), key=lambda e: (e.step, TRIGGERS.index(e.trigger))):
+        still, how = holds(event.trigger)
+        if still:
+            collapsed.append(event)
+        else:
+            recovered.append(CollapseEvent(event.step, event.trigger, f"{event.detail}; recovered: {how}"))
+    return CollapseJudgement(collapsed, recovered)
+
+
+def _still_fallen(
+    reward: Sequence[tuple[int, float]],
+    rolling: Sequence[float | None],
+    accuracy: Sequence[tuple[int, float]],
+    *,
+    reward_drop_frac: float,
+    reward_floor: float,
+    baseline_window: int,
+    accuracy_drop_frac: float,
+    accuracy_patience: int,
+) -> Callable[[str], tuple[bool, str]]:
+    """trigger -> (whether its performance condition still holds at the end of the history, why not).
+
+    Read only for a trigger that fired, so the records its condition needs exist.
+    """
+    last_roll = rolling[-1] if rolling else None
+    earlier = [r for r in rolling[:-1] if r is not None]
+    best = max(earlier) if earlier else -math.inf
+    start = (
+        math.fsum(v for _, v in reward[:baseline_window]) / baseline_window if len(reward) >= baseline_window else None
+    )
+    acc_start = accuracy[0][1] if accuracy else 0.0
+    last_acc = accuracy[max(1, len(accuracy) - accuracy_patience) :]
+
+    def reward_vs_best() -> tuple[bool, str]:
+        if last_roll is None or not best > reward_floor:
+            return False, "no rolling reward to judge"
+        held = last_roll < reward_drop_frac * best
+        return held, f"final rolling reward {last_roll:.4g} >= {reward_drop_frac} * best {best:.4g}"
+
+    def reward_vs_start() -> tuple[bool, str]:
+        if last_roll is None or start is None:
+            return False, "no rolling reward to judge"
+        held = last_roll < reward_drop_frac * start
+        return held, f"final rolling reward {last_roll:.4g} >= {reward_drop_frac} * start {start:.4g}"
+
+    def accuracy_vs_start() -> tuple[bool, str]:
+        if acc_start <= 0 or len(last_acc) < accuracy_patience:
+            return False, "no evaluations to judge"
+        held = all(v < accuracy_drop_frac * acc_start for _, v in last_acc)
+        return held, (
+            f"final accuracy {last_acc[-1][1]:.4g} (last {accuracy_patience} evaluations not all < "
+            f"{accuracy_drop_frac} * step-{accuracy[0][0]} accuracy {acc_start:.4g})"
+        )
+
+    def holds(trigger: str) -> tuple[bool, str]:
+        if trigger == "nonfinite":
+            return True, ""
+        if trigger == "reward_drop":
+            return reward_vs_best()
+        if trigger == "reward_below_start":
+            return reward_vs_start()
+        if trigger == "accuracy_below_start":
+            return accuracy_vs_start()
+        # entropy_collapse: the tests `_performance_fell` applies, at the end of the history
+        tests = (reward_vs_best(), reward_vs_start(), accuracy_vs_start())
+        if any(held for held, _ in tests):
+            return True, ""
+        return False, "; ".join(how for _, how in tests if not how.startswith("no "))
+
+    return holds
 
 
 def _performance_fell(

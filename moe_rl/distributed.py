@@ -388,6 +388,7 @@ class SilentWriter(RunWriter):
         self.parts = self.dir / "metrics"
         self.rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.recovered: list[dict[str, Any]] = []
         self.backends: list[Any] = []
 
     def write_config(self, cfg_dict: dict[str, Any]) -> None: ...

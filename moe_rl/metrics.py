@@ -26,7 +26,14 @@ import math
 import torch
 from torch import Tensor
 
-from moe_rl.collapse import DEFINITIONS, TRIGGERS, CollapseEvent, detect_collapse  # noqa: F401 (re-exported)
+from moe_rl.collapse import (  # noqa: F401 (re-exported)
+    DEFINITIONS,
+    TRIGGERS,
+    CollapseEvent,
+    CollapseJudgement,
+    detect_collapse,
+    judge_collapse,
+)
 from moe_rl.metric_names import (
     CLIP_FLIPPED_SHARE,
     KL_K3,

@@ -140,9 +140,12 @@ def write_status(
     config_hash: str = "",
     error: BaseException | None = None,
     reason: str | None = None,
+    recovered: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write status.json; a failure records the exception (type, message) and appends its traceback
-    to train.log, so that a folder always says why it stopped."""
+    to train.log, so that a folder always says why it stopped. `events` are the collapse events that
+    stand; `recovered` (written as `recovered_events` when there are any) the dips a performance
+    trigger caught that the run recovered from, which are not a collapse (docs/design.md §3)."""
     doc: dict[str, Any] = {
         "status": status,
         "steps_done": steps_done,
@@ -150,6 +153,8 @@ def write_status(
         "wall_s": wall_s,
         "config_hash": config_hash,
     }
+    if recovered:
+        doc["recovered_events"] = recovered
     if reason is not None:
         doc["reason"] = reason
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -203,6 +208,7 @@ class RunWriter:
         self.keys = keys
         self.rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.recovered: list[dict[str, Any]] = []  # dips recovered from (not collapse events)
 
     def write_config(self, cfg_dict: dict[str, Any]) -> None:
         from omegaconf import OmegaConf
@@ -273,6 +279,7 @@ class RunWriter:
             config_hash=self.config_hash,
             error=error,
             reason=reason,
+            recovered=self.recovered,
         )
 
     def _consolidate(self) -> None:

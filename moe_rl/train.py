@@ -85,7 +85,8 @@ from moe_rl.metric_names import (
     route_key,
 )
 from moe_rl.metrics import (
-    detect_collapse,
+    CollapseEvent,
+    judge_collapse,
     margin_finalize,
     margin_parts,
     ratio_finalize,
@@ -192,6 +193,11 @@ def _weighted_means(
         if total > 0:
             out[name(key)] = sum(v * w for v, w in pairs) / total
     return out
+
+
+def _event_record(event: CollapseEvent) -> dict[str, Any]:
+    """A collapse event as status.json records it."""
+    return {"step": event.step, "trigger": event.trigger, "detail": event.detail}
 
 
 def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
@@ -832,11 +838,15 @@ class Trainer:
                 for key in HISTORY_KEYS:
                     if key in metrics:  # task/accuracy only at evaluation steps
                         self.history[key].append((step, metrics[key]))
-                for event in detect_collapse(self.history, **vars(cfg.collapse)):
+                # judged on the history so far: an event stands while performance has not recovered, so
+                # the label at the last step is the one the analysis recomputes from the whole run
+                judged = judge_collapse(self.history, **vars(cfg.collapse))
+                for event in judged.collapsed:
                     if event.trigger not in seen_triggers:
                         seen_triggers.add(event.trigger)
-                        writer.events.append({"step": event.step, "trigger": event.trigger, "detail": event.detail})
                         log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
+                writer.events = [_event_record(e) for e in judged.collapsed]
+                writer.recovered = [_event_record(e) for e in judged.recovered]
                 progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
                     status = "diverged"

@@ -6,9 +6,11 @@ For every run folder under ROOT (a `status.json` next to a `metrics.parquet`) wh
 the collapse rule decides (completed, collapsed, no_signal, reward_failed), recompute its collapse
 events with `moe_rl.collapse.detect_collapse` under the collapse settings of its own `config.yaml`
 (keys a folder predates at the values it was labelled with), as the loop would record them if it
-ran that config now. Where the events differ from those recorded, the status is set as the loop
-sets it: `collapsed` with events, else the `no_signal` / `reward_failed` verdict (`moe_rl.verdict`)
-or `completed`. Rewrites `status.json` where that changed (other fields kept) and prints each change.
+ran that config now: the events that stand at the end of the run, and the dips it recovered from
+(`moe_rl.collapse.judge_collapse`; a recovered dip is not a collapse). Where the standing events
+differ from those recorded, the status is re-judged as the loop sets it: `collapsed` with events,
+else the `no_signal` / `reward_failed` verdict (`moe_rl.verdict`) or `completed`. Rewrites
+`status.json` where that or its `recovered_events` changed (other fields kept) and prints each change.
 Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
 as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
 Torch-free.
@@ -29,7 +31,7 @@ import yaml
 
 from moe_rl.analysis.collapse_definitions import run_history
 from moe_rl.atomic import write_atomic
-from moe_rl.collapse import detect_collapse
+from moe_rl.collapse import CollapseEvent, judge_collapse
 from moe_rl.metric_names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
 from moe_rl.verdict import run_verdict
 
@@ -44,7 +46,7 @@ COLLAPSE_BEFORE_KEYS = {
     "accuracy_drop_frac": 0.5,
     "accuracy_patience": 2,
 }
-_COLLAPSE_ARGS = [k for k in inspect.signature(detect_collapse).parameters if k != "history"]
+_COLLAPSE_ARGS = [k for k in inspect.signature(judge_collapse).parameters if k != "history"]
 
 
 def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -53,10 +55,14 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     collapse = {**COLLAPSE_BEFORE_KEYS, **{k: v for k, v in (cfg.get("collapse") or {}).items() if k in _COLLAPSE_ARGS}}
     frame = pd.read_parquet(run / "metrics.parquet", columns=["step", "key", "value"])
-    events = detect_collapse(run_history(frame), **collapse)
-    new = {**old, "collapse_events": [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in events]}
+    judged = judge_collapse(run_history(frame), **collapse)
+    events = judged.collapsed
+    new = {**old, "collapse_events": [_record(e) for e in events]}
+    new.pop("recovered_events", None)
+    if judged.recovered:  # as the loop writes it: only when there are any
+        new["recovered_events"] = [_record(e) for e in judged.recovered]
     if new["collapse_events"] == old.get("collapse_events", []):
-        return old, old  # the rule decides as it did: the status stands (a verdict is not re-judged here)
+        return old, new  # the rule decides as it did: the status stands (a verdict is not re-judged here)
     new.pop("reason", None)
     if events:
         new["status"] = "collapsed"
@@ -81,8 +87,14 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return old, new
 
 
+def _record(event: CollapseEvent) -> dict[str, Any]:
+    return {"step": event.step, "trigger": event.trigger, "detail": event.detail}
+
+
 def _triggers(status: dict[str, Any]) -> str:
-    return ", ".join(f"{e['trigger']}@{e['step']}" for e in status.get("collapse_events", [])) or "-"
+    out = ", ".join(f"{e['trigger']}@{e['step']}" for e in status.get("collapse_events", [])) or "-"
+    recovered = ", ".join(f"{e['trigger']}@{e['step']}" for e in status.get("recovered_events", []))
+    return f"{out}; recovered {recovered}" if recovered else out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from moe_rl.metrics import RATIO_KEYS, CollapseEvent, detect_collapse, ratio_stats
+from moe_rl.metrics import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
 
 LN = math.log
 
@@ -244,12 +244,18 @@ def test_relative_reward_trigger_fires_below_floor_where_absolute_cannot():
 
 
 def test_relative_accuracy_trigger_needs_patience():
-    acc = [(0, 0.4), (25, 0.18), (50, 0.25), (75, 0.19), (100, 0.1), (125, 0.3)]
+    acc = [(0, 0.4), (25, 0.18), (50, 0.25), (75, 0.19), (100, 0.1), (125, 0.15), (150, 0.12)]
     events = detect_collapse(_hist([0.3] * 20, acc), definition="relative")
-    # 0.18 < 0.2 once (then back up); 0.19 and 0.1 two in a row -> fires at step 100
+    # 0.18 < 0.2 once (then back up); 0.19 and 0.1 two in a row -> fires at step 100, and stays below
     assert [(e.step, e.trigger) for e in events] == [(100, "accuracy_below_start")]
     one = detect_collapse(_hist([0.3] * 20, acc), definition="relative", accuracy_patience=1)
     assert [(e.step, e.trigger) for e in one] == [(25, "accuracy_below_start")]
+    # back to 0.3 at the last evaluation: the dip is recovered, not a collapse, and keeps its step
+    back = acc[:5] + [(125, 0.3)]
+    judged = judge_collapse(_hist([0.3] * 20, back), definition="relative")
+    assert judged.collapsed == []
+    assert [(e.step, e.trigger) for e in judged.recovered] == [(100, "accuracy_below_start")]
+    assert "recovered: final accuracy 0.3" in judged.recovered[0].detail
     assert detect_collapse(_hist([0.3] * 20, acc), definition="absolute") == []  # absolute ignores accuracy
     with pytest.raises(ValueError, match="definition"):
         detect_collapse({}, definition="nope")
@@ -290,7 +296,7 @@ def test_loop_and_analysis_share_the_default_definition():
     from moe_rl.config import CollapseConfig
 
     loop = vars(CollapseConfig())
-    signature = {k: p.default for k, p in inspect.signature(detect_collapse).parameters.items() if k != "history"}
+    signature = {k: p.default for k, p in inspect.signature(judge_collapse).parameters.items() if k != "history"}
     assert loop == signature == COLLAPSE_DEFINITIONS[MAIN_DEFINITION]
     assert definition_grid()["relative:d0.5:p2"] == loop
     assert len(definition_grid()) == 3 * 2 * 5 * (
@@ -471,3 +477,58 @@ def test_r3_fallback_frac_by_hand() -> None:
     valid = torch.tensor([[True, True, True], [False, True, True]])
     assert fallback_finalize(fallback_parts(replayed, valid)) == 2 / 5
     assert math.isnan(fallback_finalize(fallback_parts(replayed, torch.zeros_like(valid))))
+
+
+def test_recovered_dip_is_collapsed_under_no_definition_of_the_grid():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # reward 0.8 (steps 20..39), dips to 0.32 = 40% of the best (40..59), recovers to 0.76 = 95% (60..99);
+    # entropy 0.01 from step 20; accuracy 0.45, 0.75, dips to 0.3 = 40% of its best at two evaluations,
+    # ends at 0.72. Every trigger the dip fires is judged at the end: recovered.
+    reward = _RISE + [0.8] * 20 + [0.32] * 20 + [0.76] * 40
+    entropy = [0.5] * 20 + [0.01] * 80
+    acc = [(0, 0.45), (25, 0.75), (50, 0.3), (55, 0.3), (75, 0.72), (99, 0.72)]
+    h = _plant(reward, entropy, acc)
+    fired = 0
+    for name, kwargs in definition_grid().items():
+        judged = judge_collapse(h, **kwargs)
+        assert judged.collapsed == [] and detect_collapse(h, **kwargs) == [], name
+        fired += bool(judged.recovered)
+        assert all(40 <= e.step < 60 and "recovered:" in e.detail for e in judged.recovered), name
+    assert fired >= 60  # the dip fires at every fraction >= 0.5 (0.32 < 0.5 * 0.8): it is seen, not a collapse
+    # the first firing, by hand: rolling reward at step 40 + j is (0.8 * (9 - j) + 0.32 * (1 + j)) / 10,
+    # below 0.5 * 0.8 first at j = 8; the main definition's entropy trigger reads that test
+    main = judge_collapse(h)
+    assert [(e.step, e.trigger) for e in main.recovered] == [(48, "entropy_collapse")]
+    assert "final rolling reward 0.76 >= 0.5 * best 0.8" in main.recovered[0].detail
+    absolute = judge_collapse(h, definition="absolute", entropy_window=1)
+    assert [(e.step, e.trigger) for e in absolute.recovered] == [(48, "reward_drop"), (48, "entropy_collapse")]
+
+
+def test_drop_that_stays_is_a_collapse_wherever_its_fractions_are_crossed():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # entropy 0.8 throughout; reward 0.8 (steps 20..39) then 0.1 from step 40 to the end (0.125 of the best,
+    # 0.2 of the start 0.495); accuracy 0.45, 0.75, then 0.2 at every later evaluation (0.44 of step 0's)
+    reward = _RISE + [0.8] * 20 + [0.1] * 40
+    acc = [(0, 0.45), (25, 0.75), (50, 0.2), (60, 0.2), (70, 0.2), (79, 0.2)]
+    h = _plant(reward, [0.8] * 80, acc)
+    # rolling reward at step 40 + j: (0.8 * (9 - j) + 0.1 * (1 + j)) / 10 = (7.3 - 0.7 j) / 10, first below
+    #   absolute, d * best 0.8 (0.24, 0.32, 0.4, 0.48, 0.56): j = 8, 6, 5, 4, 3;
+    #   relative, d * start 0.495 (0.1485, 0.198, 0.2475, 0.297, 0.3465): j = 9, 8, 7, 7, 6;
+    # accuracy 0.2 < d * 0.45 for d >= 0.5 only (0.225); with patience p it fires at the p-th low evaluation
+    absolute = {0.3: 48, 0.4: 46, 0.5: 45, 0.6: 44, 0.7: 43}
+    relative = {0.3: 49, 0.4: 48, 0.5: 47, 0.6: 47, 0.7: 46}
+    low_evals = [50, 60, 70, 79]
+    for name, kwargs in definition_grid().items():
+        events = detect_collapse(h, **kwargs)
+        d = kwargs["reward_drop_frac"]
+        steps = {e.trigger: e.step for e in events}
+        if kwargs["definition"] == "absolute":
+            assert steps == {"reward_drop": absolute[d]}, name
+        else:
+            want = {"reward_below_start": relative[d]}
+            if d >= 0.5:
+                want["accuracy_below_start"] = low_evals[kwargs["accuracy_patience"] - 1]
+            assert steps == want, name
+        assert judge_collapse(h, **kwargs).recovered == [], name

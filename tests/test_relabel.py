@@ -69,3 +69,27 @@ def test_relabel_turns_converged_runs_completed_and_keeps_real_collapses(tmp_pat
     assert status == {"steps_done": 70, "config_hash": "abc", "status": "completed", "collapse_events": []}
     assert relabel.main([str(tmp_path)]) == 0  # rerunnable: nothing left to change
     assert capsys.readouterr().out.strip().endswith("changed: none")
+
+
+def test_relabel_rejudges_a_dip_the_run_recovered_from(tmp_path, capsys) -> None:
+    # reward 0.8 dips to 0.1 (steps 31..45) and is back at 0.8 from step 46 to the end (70); accuracy ends
+    # at 0.75 > 0.45 at step 0. Labelled when an event stood as soon as it fired; now a recovered dip.
+    dip = _run(
+        tmp_path,
+        "dip",
+        [0.8] * 30 + [0.1] * 15 + [0.8] * 25,
+        [0.8] * 70,
+        {"status": "collapsed", "collapse_events": [{"step": 36, "trigger": "reward_drop", "detail": "old"}]},
+        {"definition": "absolute"},
+    )
+    relabel = _load()
+    assert relabel.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{dip}: collapsed (reward_drop@36) -> completed (-; recovered reward_drop@36)" in out
+    status = json.loads((dip / "status.json").read_text())
+    assert status["status"] == "completed" and status["collapse_events"] == []
+    (event,) = status["recovered_events"]
+    assert (event["step"], event["trigger"]) == (36, "reward_drop")
+    assert event["detail"].endswith("recovered: final rolling reward 0.8 >= 0.5 * best 0.8")
+    assert relabel.main([str(tmp_path)]) == 0  # rerunnable
+    assert capsys.readouterr().out.strip().endswith("changed: none")

@@ -496,3 +496,47 @@ def test_a_low_precision_rollout_logs_the_engine_part_and_the_mismatch_metrics(t
     assert m["rollout/logp_abs_diff"] == m["rollout/logp_gap"] > 0
     assert m["rollout/logp_sq_diff"] >= m["ratio/split/engine_var"] > 0
     assert m["rollout/k3_kl"] > 0 and 0 <= m["rollout/logp_gap_over_ln5"] <= m["rollout/logp_gap_over_ln2"] <= 1
+
+
+@pytest.mark.parametrize("recovers", [True, False])
+def test_loop_labels_a_recovered_dip_completed_and_a_lasting_drop_collapsed(tmp_path, cache, recovers) -> None:
+    # the loop's metrics planted: reward 0.8 (steps 1..20), 0.2 (21..35), then back to 0.8 or staying at 0.2;
+    # accuracy 0.5 at every evaluation. Relative: the rolling reward falls below 0.5 * start 0.8 at step 27
+    # ((0.8 * 3 + 0.2 * 7) / 10 = 0.38); the loop's label is the one the analysis recomputes at the end.
+    from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events, definition_grid
+    from moe_rl.analysis.load import load_results
+
+    cfg = tiny_config(tmp_path, cache, steps=60, name="recovers" if recovers else "stays")
+    cfg.eval_every = 20
+    trainer = Trainer(cfg)
+
+    def reward(step: int) -> float:
+        return 0.2 if 21 <= step <= 35 or (step > 35 and not recovers) else 0.8
+
+    trainer.step = lambda step: {
+        "loss": 0.5,
+        "optim/grad_norm": 1.0,
+        "reward/mean": reward(step),
+        "policy/entropy": 0.8,
+    }
+    trainer.evaluate = lambda: {"task/accuracy": 0.5}
+    result = trainer.run()
+    status = json.loads((trainer.writer.dir / "status.json").read_text())
+    if recovers:
+        assert result["status"] == status["status"] == "completed"
+        assert status["collapse_events"] == []
+        (dip,) = status["recovered_events"]
+        assert (dip["step"], dip["trigger"]) == (27, "reward_below_start")
+        assert "recovered: final rolling reward 0.8 >= 0.5 * start 0.8" in dip["detail"]
+    else:
+        assert result["status"] == status["status"] == "collapsed"
+        assert [(e["step"], e["trigger"]) for e in status["collapse_events"]] == [(27, "reward_below_start")]
+        assert "recovered_events" not in status
+    # the analysis recomputes the same label from metrics.parquet, under the main definition and the grid
+    frame = load_results(trainer.writer.dir)
+    events = collapse_events(frame)
+    assert events.set_index("definition").loc["relative", "collapsed"] == (not recovers)
+    grid = collapse_events(frame, definition_grid())
+    assert not grid["collapsed"].any() if recovers else grid["collapsed"].all()
+    text = collapse_definitions_markdown({"loop": frame})
+    assert ("recovered dip reward_below_start@27 (not a collapse)" in text) == recovers

@@ -14,6 +14,12 @@ compared under one definition whatever their runs were configured with.
 In both, an entropy collapse is a loss of performance with low entropy, never low entropy alone:
 entropy (mean of 10 records) below 0.05 while the reward, or accuracy, has fallen by the same drop
 fraction against the run's best or start.
+
+In both, and at every point of the grid, a collapse is a loss the run does not recover from: a
+performance trigger's event stands only if its condition still holds at the run's last record (its
+final rolling reward, or its last evaluations, still below the fraction); otherwise it is a recovered
+dip, listed but not a collapse (`moe_rl.collapse.judge_collapse`). A standing event keeps the step
+of its first firing.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.collapse import HISTORY_KEYS, MAIN_DEFINITION, detect_collapse
+from moe_rl.collapse import HISTORY_KEYS, MAIN_DEFINITION, judge_collapse
 from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
 
 ALTERNATIVE_DEFINITION = "absolute"
@@ -84,7 +90,9 @@ def definition_grid() -> dict[str, dict]:
 
 _ENTROPY_TEXT = (
     "or entropy (mean of 10 records) < 0.05 while the rolling reward is < 0.5 x its best or its start, or "
-    "accuracy < 0.5 x step 0 (low entropy alone is convergence, not collapse)"
+    "accuracy < 0.5 x step 0 (low entropy alone is convergence, not collapse); an event stands only if "
+    "the run has not recovered by its end (final rolling reward, or last evaluations, still below the "
+    "fraction): a recovered dip is not a collapse"
 )
 DEFINITION_TEXT = {
     "relative": "rolling reward (10 steps) < 0.5 x the mean of the run's first 10 rewards, or eval accuracy "
@@ -104,7 +112,8 @@ def collapse_events(df: pd.DataFrame, definitions: Mapping[str, dict] | None = N
     """One row per (run, definition): run keys, definition, collapsed, step (first event), trigger, detail.
 
     `definitions` maps a name to `detect_collapse` keyword arguments (default COLLAPSE_DEFINITIONS).
-    `triggers` lists every trigger that fired, in step order.
+    `triggers` lists every collapse event that stands, in step order; `recovered` the dips a trigger
+    caught that the run recovered from by its end (not a collapse).
     """
     definitions = COLLAPSE_DEFINITIONS if definitions is None else definitions
     keys = run_key_columns(df)
@@ -113,7 +122,8 @@ def collapse_events(df: pd.DataFrame, definitions: Mapping[str, dict] | None = N
         history = run_history(g)
         info = g.iloc[0][keys].to_dict()
         for name, kwargs in definitions.items():
-            events = detect_collapse(history, **kwargs)
+            judged = judge_collapse(history, **kwargs)
+            events = judged.collapsed
             first = events[0] if events else None
             rows.append(
                 {
@@ -124,6 +134,7 @@ def collapse_events(df: pd.DataFrame, definitions: Mapping[str, dict] | None = N
                     "trigger": first.trigger if first else "",
                     "detail": first.detail if first else "",
                     "triggers": ", ".join(f"{e.trigger}@{e.step}" for e in events),
+                    "recovered": ", ".join(f"{e.trigger}@{e.step}" for e in judged.recovered),
                 }
             )
     return pd.DataFrame(rows)
@@ -186,11 +197,18 @@ def collapse_definitions_markdown(frames: Mapping[str, pd.DataFrame], *, group: 
         for run in sorted(wide["run"]):
             cells = [_cell(*by_run.loc[(run, n), ["collapsed", "step", "trigger"]]) for n in names]
             rows = df[df["run"] == run]
-            main = by_run.loc[(run, MAIN_DEFINITION), "detail"] or _no_event_reason(rows)
-            alt = by_run.loc[(run, ALTERNATIVE_DEFINITION), "detail"] or _no_absolute_reason(rows)
+            main = _why(by_run.loc[(run, MAIN_DEFINITION)]) or _no_event_reason(rows)
+            alt = _why(by_run.loc[(run, ALTERNATIVE_DEFINITION)]) or _no_absolute_reason(rows)
             lines.append(f"| `{run}` | " + " | ".join(cells) + f" | {main} | {alt} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _why(row: pd.Series) -> str:
+    """The first standing event's detail, else the dips the run recovered from ("" if neither)."""
+    if row["detail"]:
+        return str(row["detail"])
+    return f"recovered dip {row['recovered']} (not a collapse)" if row["recovered"] else ""
 
 
 def _no_event_reason(run: pd.DataFrame) -> str:
