@@ -1,4 +1,4 @@
-"""Forecast routing drift per update from margins and router-logit movement (units that transfer).
+"""Forecast the routing drift over steps 11-40 of a run from margins and a short probe of the movement.
 
     python -m moe_rl.forecast +experiment=drift_forecast drift_point=hold_big --lr 3e-4
     python -m moe_rl.forecast model.checkpoint=PATH task=dataset task.path=data.jsonl --lr 1e-6
@@ -7,15 +7,23 @@
 Forecast: builds the policy of the config (a preset's cold start, or `model.checkpoint`), samples a
 rollout batch of the task, records the old router's k-th vs (k+1)-th logit gaps on it, runs
 `--probe-steps` real RL steps at the planned learning rate to measure the movement of that gap per
-MoE layer (off-policy updates 2..N, as the drift metrics), and predicts the per-update flip rate,
-the share of activated experts changed and the share of tokens with a changed layer two ways: with
-the fitted curve F(gap / movement) (`moe_rl.analysis.forecast.predict_flips`), and with a gaussian
-model in which every router logit moves by the measured amount (`simulate_flips`), which also
-covers movements large enough to change several experts of a router at once. The probe steps' own
-measured drift is printed next to the forecast as a check, and the factor on the movement at which
-the gaussian model reaches the GSPO paper's ~10% of activated experts. `--fit` fits the curve on a sweep that
-logs `route/flip_vs_margin/move/*` (experiment `drift_forecast`) and validates it on design points
-it was not fitted on.
+MoE layer (off-policy updates 2..N, as the drift metrics). The movement is highest in these first
+updates and decays as training goes on, so the forecast is for a stated window of the run: steps
+11-40 (what the drift sweeps average), with the probe's movement times the decay fitted by `--fit`
+(movement over steps 11-40 / movement over steps 1-3, one constant: 0.52 on the `drift_forecast`
+fit runs, for a 3-step probe; other probe lengths get no window forecast). It predicts the mean
+per-update flip rate, share of activated experts changed and share of tokens with a changed layer
+over the window two ways: with the fitted curve F(gap / movement)
+(`moe_rl.analysis.forecast.predict_flips`), and with a gaussian model in which every router logit
+moves by that amount (`simulate_flips`), which also covers movements large enough to change several
+experts of a router at once. Validation on the held-out design points of `drift_forecast`, from each
+run's own steps 1-3 to its steps 11-40: forecast / measured flip rate 0.52-1.11, 4 of 5 within
+1.3x (the miss, E=8 k=2 L=2, is its gaps changing, not the decay); the probe's curve read as the
+run's drift was 1.03-1.89x. The probe's own forecast and measured drift are printed below as a
+check, and the factor on the probe's movement at which the gaussian model reaches the GSPO paper's
+~10% of activated experts. `--fit` fits the curve on a sweep that logs
+`route/flip_vs_margin/move/*` (experiment `drift_forecast`), the decay, and validates both on
+design points it was not fitted on.
 """
 
 from __future__ import annotations
@@ -35,10 +43,14 @@ from moe_rl.analysis.drift import GEOMETRY
 from moe_rl.analysis.forecast import (
     EXPERT_KEY,
     FLIP_KEY,
+    PROBE_STEPS,
     SIGMA_KEY,
     TOKEN_KEY,
+    WINDOW,
+    fit_decay,
     flip_curve,
     move_counts,
+    movement_decay,
     point_ratios,
     power_fit,
     predict_flips,
@@ -48,6 +60,8 @@ from moe_rl.analysis.forecast import (
     sigma_for_rate,
     sigma_vs_lr,
     simulate_flips,
+    window_forecast,
+    window_points,
 )
 from moe_rl.atomic import write_atomic
 
@@ -82,8 +96,62 @@ def runs_without_signal(df: pd.DataFrame, *, start_step: int = 11) -> list[str]:
     return sorted(rows.groupby("run")["value"].min().loc[lambda v: v >= 1.0].index)
 
 
+def _within(ratio: pd.Series, tol: float = 1.3) -> int:
+    return int(((ratio <= tol) & (ratio >= 1 / tol)).sum())
+
+
+def fit_window(df: pd.DataFrame, curve: pd.DataFrame, fit_runs: pd.Index) -> dict[str, Any]:
+    """The forecast of the window WINDOW from a probe of PROBE_STEPS: the movement decay fitted on the fit
+    runs, and per point forecast vs measured on the window (fit points and held-out points)."""
+    probe_counts = move_counts(df, start_step=PROBE_STEPS[0], end_step=PROBE_STEPS[1])
+    window_counts = move_counts(df, start_step=WINDOW[0], end_step=WINDOW[1])
+    decay = movement_decay(df, probe=PROBE_STEPS, window=WINDOW)
+    fitted = fit_decay(decay.loc[decay["run"].isin(fit_runs), "decay"])
+    runs = window_forecast(probe_counts, window_counts, curve, decay, fitted["decay"])
+    points = window_points(runs)
+    points["fitted"] = points.apply(is_fit_run, axis=1)
+    held = points[~points["fitted"]]
+    span = (lambda r: [float(r.min()), float(r.max())]) if len(held) else (lambda r: None)
+    summary = {
+        "probe_steps": list(PROBE_STEPS),
+        "steps": list(WINDOW),
+        "decay_model": "sigma_window = decay * sigma_probe, one constant (geometric mean over the fit runs)",
+        "decay": fitted,
+        "held_out_points": int(len(held)),
+        "held_out_ratio_range": span(held["ratio"]),
+        "held_out_within_1.3x": _within(held["ratio"]),
+        "held_out_probe_curve_ratio_range": span(held["ratio_probe_curve"]),
+        "held_out_probe_curve_within_1.3x": _within(held["ratio_probe_curve"]),
+        "held_out_own_decay_ratio_range": span(held["ratio_own_decay"]),
+        "held_out_decay_range": span(held["decay"]),
+        "points": [
+            {
+                **{k: float(r[k]) for k in GEOMETRY},
+                "fitted": bool(r["fitted"]),
+                "seeds": int(r["seeds"]),
+                **{
+                    k: float(r[k])
+                    for k in (
+                        "decay",
+                        "probe_measured",
+                        "probe_curve",
+                        "window_forecast",
+                        "window_measured",
+                        "ratio",
+                        "ratio_probe_curve",
+                        "ratio_own_decay",
+                    )
+                },
+            }
+            for _, r in points.iterrows()
+        ],
+    }
+    return {"window_runs": runs, "window_points": points, "window": summary}
+
+
 def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) -> dict[str, Any]:
-    """Curve, per-point validation, residual dependence on geometry and lr, and movement against lr."""
+    """Curve, per-point validation, residual dependence on geometry and lr, movement against lr, and the
+    window forecast (`fit_window`)."""
     dead = runs_without_signal(df, start_step=start_step)
     df = df[~df["run"].isin(dead)]
     counts = move_counts(df, start_step=start_step)
@@ -106,11 +174,13 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
     a, b = power_fit(centre["lr"], centre[SIGMA_KEY])
     per_run["experts_per_flip"] = per_run[EXPERT_KEY] * per_run["top_k"] / per_run[FLIP_KEY]
     held = points[~points["fitted"]]
+    window = fit_window(df, curve, fit_runs)
     return {
         "curve": curve,
         "runs": runs,
         "points": points,
         "per_run": per_run,
+        "window_points": window["window_points"],
         "summary": {
             "start_step": start_step,
             "runs_without_signal": dead,
@@ -128,6 +198,7 @@ def fit_forecast(df: pd.DataFrame, *, start_step: int = 11, n_boot: int = 2000) 
                 "at_max_flip_rate": float(per_run.loc[per_run[FLIP_KEY].idxmax(), "experts_per_flip"]),
             },
             "curve_ceiling": float(curve["p"].max()),
+            "window": window["window"],
         },
     }
 
@@ -166,9 +237,11 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
         lines.append(f"| [{r['x_lo']:g}, {r['x_hi']:g}) | {int(r['n'])} | {int(r['flips'])} | {p} |")
     lines += [
         "",
-        "## Predicted / measured flip rate per design point",
+        "## Predicted / measured flip rate per design point, at the window's own movement",
         "",
-        "Prediction: sum over x bins of the point's own (token, layer) count times F, over its count.",
+        "Prediction: sum over x bins of the point's own (token, layer) count times F, over its count. This "
+        "checks the curve given the movement measured in the same steps; it is not a forecast of a run (that "
+        "is the next section).",
         "",
         "| design point | fitted | seeds | measured | predicted | predicted / measured (seed range) |",
         "|---|---|---|---|---|---|",
@@ -186,6 +259,7 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
             f"Held out: {s['held_out_within_1.3x']} of {s['held_out_points']} points within 1.3x "
             f"(ratios {lo_hi[0]:.2f}-{lo_hi[1]:.2f}).",
         ]
+    lines += _window_markdown(s["window"], result["window_points"])
     lines += [
         "",
         "## Do geometry and lr still matter once x is in?",
@@ -221,6 +295,48 @@ def fit_markdown(result: dict[str, Any], wall: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _window_markdown(w: dict[str, Any], points: pd.DataFrame) -> list[str]:
+    (p0, p1), (w0, w1), d = w["probe_steps"], w["steps"], w["decay"]
+    lines = [
+        "",
+        f"## Forecast of the drift over steps {w0}-{w1} of a run, from a probe of steps {p0}-{p1}",
+        "",
+        f"What `python -m moe_rl.forecast` forecasts: the mean per-update flip rate over steps {w0}-{w1} of a "
+        f"run with this sweep's config (its batch, updates per rollout and lr), from the x = gap / "
+        f"movement counts of its first {p1} steps (the probe) with the movement decayed to the window's. "
+        f"Decay model: movement over steps {w0}-{w1} = {d['decay']:.3f} x the probe's, one constant "
+        f"(geometric mean over the {d['n_runs']} fit runs, range {d['min']:.2f}-{d['max']:.2f}; all at lr "
+        f"{FIT_MAX_LR:g}, so a dependence on lr is not fitted). Within an x bin the probe's pairs are taken as "
+        "uniform. Measured: flips / (token, layer) pairs over the window's off-policy updates. The last "
+        "column applies the curve at the probe's own movement (the per-update forecast of the probe, "
+        "read as the run's drift).",
+        "",
+        "| design point | fitted | seeds | decay measured | probe measured | forecast | measured | "
+        "forecast / measured | at own decay | probe curve / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in points.sort_values(["fitted", *GEOMETRY], ascending=[False, True, True, True, True]).iterrows():
+        lines.append(
+            f"| {_fmt_point(r)} | {'yes' if r['fitted'] else 'held out'} | {r['seeds']} | {r['decay']:.2f} | "
+            f"{100 * r['probe_measured']:.3g}% | {100 * r['window_forecast']:.3g}% | "
+            f"{100 * r['window_measured']:.3g}% | {r['ratio']:.2f}x | {r['ratio_own_decay']:.2f}x | "
+            f"{r['ratio_probe_curve']:.2f}x |"
+        )
+    if w["held_out_ratio_range"]:
+        lo, hi = w["held_out_ratio_range"]
+        plo, phi = w["held_out_probe_curve_ratio_range"]
+        olo, ohi = w["held_out_own_decay_ratio_range"]
+        lines += [
+            "",
+            f"Held out, on steps {w0}-{w1}: {w['held_out_within_1.3x']} of {w['held_out_points']} points within "
+            f"1.3x (forecast / measured {lo:.2f}-{hi:.2f}); the probe's curve read as the run's drift: "
+            f"{w['held_out_probe_curve_within_1.3x']} of {w['held_out_points']} ({plo:.2f}-{phi:.2f}). With each "
+            f"point's own measured decay the ratios are {olo:.2f}-{ohi:.2f}: what a point misses by then comes "
+            "from its gaps changing between the probe and the window, not from the decay constant.",
+        ]
+    return lines
+
+
 def run_fit(runs_dir: Path, out: Path, wall: str | None) -> dict[str, Any]:
     from moe_rl.analysis import load_results
 
@@ -228,6 +344,7 @@ def run_fit(runs_dir: Path, out: Path, wall: str | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "curve.csv", result["curve"].to_csv(index=False).encode())
     write_atomic(out / "points.csv", result["points"].to_csv(index=False).encode())
+    write_atomic(out / "window.csv", result["window_points"].to_csv(index=False).encode())
     write_atomic(
         out / "runs.csv",
         result["per_run"]
@@ -312,6 +429,9 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
     factor_curve = sigma_for_rate(result["gaps"], result["sigma"], curve_p, PAPER_LEVEL * k / experts_per_flip)
     gauss = simulate_flips(result["logits"], result["sigma"], k)
     factor = scale_for_level(result["logits"], result["sigma"], k, PAPER_LEVEL)
+    window = window_block(fit.get("window"), steps, result["gaps"], result["logits"], result["sigma"], curve_p, k)
+    if window is not None:
+        window["predicted"][EXPERT_KEY] = window["predicted"][FLIP_KEY] * experts_per_flip / k
     return {
         "geometry": {
             "num_experts": result["num_experts"],
@@ -334,6 +454,45 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
         "movement_factor_for_paper_level": factor,
         "movement_factor_for_paper_level_curve": factor_curve,
         "experts_per_flip": experts_per_flip,
+        "window": window,
+    }
+
+
+def window_block(
+    fit_window: dict[str, Any] | None,
+    steps: int,
+    gaps: np.ndarray,
+    logits: np.ndarray,
+    sigma: np.ndarray,
+    curve_p: np.ndarray,
+    k: int,
+) -> dict[str, Any] | None:
+    """The forecast over the fitted window: the probe's gaps at its movement times the fitted decay.
+
+    None (with a warning) when fit.json has no window fit or its probe had another number of steps: the
+    decay is the ratio of the window's movement to the movement of that probe."""
+    if not fit_window:
+        log.warning("fit.json has no window fit: no forecast over a window of the run (rerun --fit)")
+        return None
+    p0, p1 = fit_window["probe_steps"]
+    if (p0, p1) != (1, steps):
+        log.warning("the decay was fitted for a probe of steps %d-%d, not 1-%d: no window forecast", p0, p1, steps)
+        return None
+    d = float(fit_window["decay"]["decay"])
+    flip, token = predict_flips(gaps, sigma * d, curve_p)
+    gauss = simulate_flips(logits, sigma * d, k)
+    return {
+        "steps": list(fit_window["steps"]),
+        "decay": d,
+        "held_out_within_1.3x": fit_window.get("held_out_within_1.3x"),
+        "held_out_points": fit_window.get("held_out_points"),
+        "held_out_ratio_range": fit_window.get("held_out_ratio_range"),
+        "predicted": {FLIP_KEY: flip, TOKEN_KEY: token},
+        "predicted_gaussian": {
+            FLIP_KEY: gauss["flip_rate"],
+            EXPERT_KEY: gauss["expert_flip_frac"],
+            TOKEN_KEY: gauss["token_flip_rate"],
+        },
     }
 
 
@@ -352,12 +511,30 @@ def forecast_text(doc: dict[str, Any]) -> str:
         + ", ".join(f"{s:.3g}" for s in doc["sigma"])
         + f" (from {doc['probe_steps']} probe steps)",
     ]
-    lines.append(f"  {'':<30} {'curve':>9} {'gaussian':>9} {'measured in the probe':>22}")
+    w = doc.get("window")
+    if w is not None:
+        (w0, w1), lo_hi = w["steps"], w["held_out_ratio_range"]
+        lines.append(
+            f"forecast: mean drift per update over steps {w0}-{w1} of a run with the fitted sweep's batch and "
+            f"updates per rollout (movement {w['decay']:.3g}x the probe's, the decay fitted on that sweep; top-k "
+            f"sets changed on held-out points: {w['held_out_within_1.3x']} of {w['held_out_points']} within 1.3x"
+            + (f", forecast / measured {lo_hi[0]:.2f}-{lo_hi[1]:.2f})" if lo_hi else ")")
+        )
+        wp, wq = w["predicted"], w["predicted_gaussian"]
+        lines.append(f"  {'steps ' + str(w0) + '-' + str(w1):<30} {'curve':>9} {'gaussian':>9}")
+        for key, name in names:
+            lines.append(f"  {name:<30} {100 * wp[key]:8.3f}% {100 * wq[key]:8.3f}%")
+    else:
+        lines.append("no forecast over a window of the run (see the warning): the probe's steps only")
+    lines.append(
+        f"probe: steps 1-{doc['probe_steps']} (the first updates, where drift is highest; not the drift of a run)"
+    )
+    lines.append(f"  {'steps 1-' + str(doc['probe_steps']):<30} {'curve':>9} {'gaussian':>9} {'measured':>9}")
     for key, name in names:
-        lines.append(f"  {name:<30} {100 * p[key]:8.3f}% {100 * q[key]:8.3f}% {100 * m[key]:21.3f}%")
+        lines.append(f"  {name:<30} {100 * p[key]:8.3f}% {100 * q[key]:8.3f}% {100 * m[key]:8.3f}%")
     f = doc["movement_factor_for_paper_level"]
     lines.append(
-        f"10% of activated experts changed (gaussian model) needs {f:.3g}x this movement "
+        f"10% of activated experts changed (gaussian model) needs {f:.3g}x the probe's movement "
         f"({f * doc['sigma_rms']:.3g} logits)"
         if math.isfinite(f)
         else "10% of activated experts changed is out of the gaussian model's reach (> 1000x this movement)"

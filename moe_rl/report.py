@@ -78,7 +78,7 @@ def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
     old = out / "summary.md"
     found = WALL_LINE.search(old.read_text()) if old.is_file() else None
     forecast.run_fit(runs_dir, out, found.group(1) if found else None)
-    return [out / n for n in ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv")]
+    return [out / n for n in ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv", "window.csv")]
 
 
 # result folders with a report of their own: name -> writer(runs_dir, out)

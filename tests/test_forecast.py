@@ -15,14 +15,20 @@ import pytest
 import torch
 
 from moe_rl.analysis.forecast import (
+    SIGMA_KEY,
     bin_index,
+    fit_decay,
     flip_curve,
     move_counts,
+    movement_decay,
     point_ratios,
     predict_flips,
     predicted_vs_measured,
     residual_dependence,
+    shifted_rate,
     sigma_for_rate,
+    window_forecast,
+    window_points,
 )
 from moe_rl.bins import MOVE_EDGES
 from moe_rl.routing import Routes
@@ -193,6 +199,124 @@ def test_a_universal_curve_leaves_no_residual_dependence() -> None:
     assert runs["ratio"].between(0.97, 1.03).all()
 
 
+CURVE_P = np.array([0.5, 0.44, 0.37, 0.3, 0.22, 0.15, 0.08, 0.04, 0.018, 0.005, 0.0006, 0.0])
+
+
+def _window_frame(runs: dict[tuple, dict]) -> pd.DataFrame:
+    """Long-format rows: {(E, k, L, lr, seed): {"probe": (sigma, {bin: (n, flips)}), "window": (...)}},
+    written at every step of the probe (1-3) and of the window (11-40), and step 5 (in neither)."""
+    rows = []
+    for (E, k, L, lr, seed), parts in runs.items():
+        keys = dict(run=f"E{E}k{k}L{L}lr{lr}s{seed}", seed=seed, num_experts=E, top_k=k, num_moe_layers=L, lr=lr)
+        for part, steps in (("probe", range(1, 4)), ("window", range(11, 41)), ("other", [5])):
+            sigma, bins = parts.get(part, (1.0, {0: (1000, 1000)}))
+            for step in steps:
+                rows.append({**keys, "step": step, "key": SIGMA_KEY, "value": sigma})
+                for b in range(len(MOVE_EDGES) - 1):
+                    n, f = bins.get(b, (0, 0))
+                    rows.append(
+                        {**keys, "step": step, "key": f"route/flip_vs_margin/move/n/bin_{b}", "value": float(n)}
+                    )
+                    rows.append(
+                        {**keys, "step": step, "key": f"route/flip_vs_margin/move/flips/bin_{b}", "value": float(f)}
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_movement_decay_and_its_fit_by_hand() -> None:
+    df = _window_frame(
+        {
+            (64, 8, 4, 1e-4, 0): {"probe": (0.04, {}), "window": (0.02, {})},
+            (64, 8, 4, 1e-4, 1): {"probe": (0.05, {}), "window": (0.04, {})},
+        }
+    )
+    decay = movement_decay(df).set_index("seed")
+    assert decay.loc[0, "sigma_probe"] == pytest.approx(0.04) and decay.loc[0, "sigma_window"] == pytest.approx(0.02)
+    assert decay["decay"].tolist() == pytest.approx([0.5, 0.8])  # step 5 (sigma 1) is in neither range
+    fit = fit_decay(decay["decay"])
+    assert fit["decay"] == pytest.approx(math.sqrt(0.5 * 0.8)) and [fit["min"], fit["max"]] == pytest.approx([0.5, 0.8])
+    assert fit["log_sd"] == pytest.approx(abs(math.log(0.8 / 0.5)) / math.sqrt(2))
+    assert movement_decay(df, probe=(1, 1), window=(5, 5))["decay"].tolist() == pytest.approx([25.0, 20.0])
+    with pytest.raises(ValueError, match="> 0"):
+        fit_decay([0.5, 0.0])
+
+
+def test_shifted_rate_moves_pairs_across_bins() -> None:
+    n = np.zeros(len(MOVE_EDGES) - 1)
+    n[6] = 100  # every pair at x in [1, 1.5)
+    assert shifted_rate(n, CURVE_P, 1.0) == pytest.approx(CURVE_P[6])
+    assert shifted_rate(n, CURVE_P, 0.5) == pytest.approx(CURVE_P[8])  # x / 0.5 in [2, 3)
+    # x / 0.75 in [1.33, 2): a quarter below 1.5, three quarters in [1.5, 2)
+    assert shifted_rate(n, CURVE_P, 0.75) == pytest.approx(0.25 * CURVE_P[6] + 0.75 * CURVE_P[7])
+    assert shifted_rate(n, CURVE_P, 2.0) == pytest.approx((51 * CURVE_P[4] + 13 * CURVE_P[5]) / 64)  # [0.5, 0.75)
+    n2 = np.zeros_like(n)
+    n2[[0, 11]] = [30, 70]  # [0, 0.1) and [10, inf)
+    assert shifted_rate(n2, CURVE_P, 1.0) == pytest.approx((30 * CURVE_P[0] + 70 * CURVE_P[11]) / 100)
+    # x / 0.5 on [0, 0.1) lands in [0, 0.2): half in each bin; [10, inf) stays in the last bin
+    assert shifted_rate(n2, CURVE_P, 0.5) == pytest.approx(30 * (CURVE_P[0] + CURVE_P[1]) / 2 / 100)
+    assert shifted_rate(n2, CURVE_P, 4.0) == pytest.approx((30 * CURVE_P[0] + 70 * CURVE_P[8]) / 100)  # 10 / 4
+    with pytest.raises(ValueError, match="factor > 0"):
+        shifted_rate(n, CURVE_P, 0.0)
+    with pytest.raises(ValueError, match="no \\(token"):
+        shifted_rate(np.zeros_like(n), CURVE_P, 1.0)
+
+
+def test_window_forecast_of_planted_runs() -> None:
+    """Probe pairs at x in [1, 1.5); the movement halves by the window, so the window's pairs sit at
+    x in [2, 3). Run A's window flips as the curve says, run B's twice as often."""
+    curve = pd.DataFrame({"bin": range(len(CURVE_P)), "p": CURVE_P})
+    probe = (0.04, {6: (1000, 80)})
+    runs = {
+        (64, 8, 4, 1e-4, 0): {"probe": probe, "window": (0.02, {8: (500, 9)})},
+        (64, 8, 4, 1e-4, 1): {"probe": probe, "window": (0.02, {8: (1500, 54)})},
+        (8, 2, 2, 1e-4, 0): {"probe": probe, "window": (0.03, {8: (1000, 36)})},
+    }
+    df = _window_frame(runs)
+    probe_counts = move_counts(df, start_step=1, end_step=3)
+    window_counts = move_counts(df, start_step=11, end_step=40)
+    assert probe_counts.groupby("run")["n"].sum().tolist() == [3000] * 3
+    assert sorted(window_counts.groupby("run")["n"].sum().tolist()) == [15000, 30000, 45000]
+    decay = movement_decay(df)
+    out = window_forecast(probe_counts, window_counts, curve, decay, 0.5).set_index(["num_experts", "seed"])
+    a, b, c = out.loc[(64, 0)], out.loc[(64, 1)], out.loc[(8, 0)]
+    assert a["probe_measured"] == pytest.approx(0.08) and a["probe_curve"] == pytest.approx(CURVE_P[6])
+    assert a["window_forecast"] == pytest.approx(CURVE_P[8]) and a["window_measured"] == pytest.approx(9 / 500)
+    assert b["window_measured"] == pytest.approx(54 / 1500)
+    assert c["decay"] == pytest.approx(0.75)
+    assert c["window_own_decay"] == pytest.approx(0.25 * CURVE_P[6] + 0.75 * CURVE_P[7])
+    points = window_points(out.reset_index()).set_index("num_experts")
+    # E=64: forecast 1.8% for both seeds; measured (9 + 54) x 30 / (2000 x 30) = 3.15%
+    assert points.loc[64, "window_measured"] == pytest.approx(63 / 2000)
+    assert points.loc[64, "ratio"] == pytest.approx(CURVE_P[8] / (63 / 2000))
+    assert points.loc[64, "decay"] == pytest.approx(0.5) and points.loc[64, "seeds"] == 2
+    assert points.loc[64, "ratio_probe_curve"] == pytest.approx(CURVE_P[6] / (63 / 2000))
+    assert points.loc[8, "ratio"] == pytest.approx(CURVE_P[8] / 0.036)  # flips twice what the curve says
+    assert points.loc[8, "ratio_own_decay"] == pytest.approx((0.25 * CURVE_P[6] + 0.75 * CURVE_P[7]) / 0.036)
+
+
+def test_fit_window_fits_the_decay_on_the_fit_runs_only() -> None:
+    from moe_rl.forecast import fit_window
+
+    curve = pd.DataFrame({"bin": range(len(CURVE_P)), "p": CURVE_P})
+    probe = (0.04, {6: (1000, 80)})
+    df = _window_frame(
+        {
+            (64, 8, 4, 1e-4, 0): {"probe": probe, "window": (0.02, {8: (1000, 18)})},  # fit set
+            (64, 8, 4, 1e-3, 0): {"probe": probe, "window": (0.01, {8: (1000, 9)})},  # held out (lr)
+            (8, 2, 2, 1e-4, 0): {"probe": probe, "window": (0.02, {8: (1000, 36)})},  # held out (corner)
+        }
+    )
+    fit_runs = pd.Index(["E64k8L4lr0.0001s0"])
+    w = fit_window(df, curve, fit_runs)["window"]
+    assert w["decay"]["decay"] == pytest.approx(0.5) and w["decay"]["n_runs"] == 1
+    assert w["steps"] == [11, 40] and w["probe_steps"] == [1, 3] and w["held_out_points"] == 2
+    ratios = sorted(p["ratio"] for p in w["points"] if not p["fitted"])
+    assert ratios == pytest.approx([0.5, 2.0])  # both miss 1.3x: reported, not tuned away
+    assert w["held_out_within_1.3x"] == 0 and w["held_out_ratio_range"] == pytest.approx([0.5, 2.0])
+    fitted = next(p for p in w["points"] if p["fitted"])
+    assert fitted["ratio"] == pytest.approx(1.0) and fitted["ratio_probe_curve"] == pytest.approx(CURVE_P[6] / 0.018)
+
+
 @pytest.mark.slow
 def test_forecast_smoke(tmp_path: Path) -> None:
     """`python -m moe_rl.forecast` on a tiny preset: a forecast next to the probe's own measurement."""
@@ -205,6 +329,9 @@ def test_forecast_smoke(tmp_path: Path) -> None:
         }
     )
     curve.to_csv(tmp_path / "curve.csv", index=False)
+    window = {"probe_steps": [1, 1], "steps": [11, 40], "decay": {"decay": 0.5}, "held_out_within_1.3x": 4}
+    fit = {"experts_per_flip": {"mean": 1.0}, "window": {**window, "held_out_points": 5}}
+    (tmp_path / "fit.json").write_text(json.dumps({**fit, "held_out_ratio_range": [0.9, 1.1]}))
     out = tmp_path / "forecast.json"
     cmd = [
         sys.executable,
@@ -234,7 +361,12 @@ def test_forecast_smoke(tmp_path: Path) -> None:
     assert 0 < predicted <= 0.4 and 0 <= doc["predicted"]["route/old_vs_new/token_flip_rate/offpolicy"] <= 1
     gauss = doc["predicted_gaussian"]["route/old_vs_new/expert_flip_frac/offpolicy"]
     assert 0 < gauss < 1 and doc["movement_factor_for_paper_level"] > 0
-    assert "gaussian" in done.stdout and "measured in the probe" in done.stdout
+    assert "gaussian" in done.stdout and "probe: steps 1-1" in done.stdout
+    w = doc["window"]
+    assert w["steps"] == [11, 40] and w["decay"] == 0.5 and "over steps 11-40 of a run" in done.stdout
+    # half the movement on the same gaps: the curve is monotone, so no more flips than at the probe
+    assert 0 < w["predicted"]["route/old_vs_new/flip_rate/offpolicy"] <= predicted
+    assert w["predicted_gaussian"]["route/old_vs_new/expert_flip_frac/offpolicy"] < gauss
 
 
 def test_gaussian_model_against_the_normal_cdf() -> None:

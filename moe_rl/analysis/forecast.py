@@ -9,6 +9,11 @@ Here: pool the counts into one curve F(x), predict a run's flip rate from its ow
 whether geometry and lr still matter once x is in, and turn a measured gap sample plus a movement
 into a forecast (`predict_flips`, what `python -m moe_rl.forecast` prints).
 
+The forecast is for a window of a run, steps 11-40 (`WINDOW`), from a probe of its first 3 steps
+(`PROBE_STEPS`): `movement_decay` measures sigma_window / sigma_probe per run, `fit_decay` makes it
+one constant, and `window_forecast` moves each probe (t, l) from x to x / decay (`shifted_rate`) to
+forecast the window's flip rate, validated against the window's measured counts (`window_points`).
+
 Pure functions over the long-format frame of `load_results` and over arrays.
 """
 
@@ -42,13 +47,17 @@ EXPERT_KEY = offpolicy_key(ROUTE_EXPERT_FLIP_FRAC)
 TOKEN_KEY = offpolicy_key(ROUTE_TOKEN_FLIP_RATE)
 
 
-def move_counts(df: pd.DataFrame, *, start_step: int = 11) -> pd.DataFrame:
-    """(t, l) counts per x bin and run, summed over the off-policy updates of steps >= start_step.
+def move_counts(df: pd.DataFrame, *, start_step: int = 11, end_step: int | None = None) -> pd.DataFrame:
+    """(t, l) counts per x bin and run, summed over the off-policy updates of steps start_step..end_step
+    (None: to the end).
 
     One row per run and bin: run, seed, geometry columns, bin, n, flips. The first steps after the
     cold start are skipped as in `drift_per_run` (the policy is still sharpening).
     """
-    rows = df[df["key"].str.match(MOVE_COUNT) & (df["step"] >= start_step)]
+    in_steps = df["step"] >= start_step
+    if end_step is not None:
+        in_steps &= df["step"] <= end_step
+    rows = df[df["key"].str.match(MOVE_COUNT) & in_steps]
     if rows.empty:
         raise ValueError("no route/flip_vs_margin/move/* counts at these steps (logged since the drift forecast)")
     parts = rows["key"].str.extract(MOVE_COUNT)
@@ -169,6 +178,138 @@ def sigma_vs_lr(df: pd.DataFrame, *, start_step: int = 11) -> pd.DataFrame:
         raise ValueError(f"no values of {keys} at steps >= {start_step}")
     table = rows.pivot_table(index=["run", "seed", *GEOMETRY], columns="key", values="value", aggfunc="mean")
     return table.reset_index().rename_axis(columns=None)
+
+
+# --- from the probe to a window of the run ---------------------------------------------------------
+
+PROBE_STEPS = (1, 3)  # the steps `python -m moe_rl.forecast` runs to measure the movement (--probe-steps 3)
+WINDOW = (11, 40)  # the steps of a run the forecast is for: what the drift sweeps average (start_step 11)
+
+
+def movement_decay(
+    df: pd.DataFrame, *, probe: tuple[int, int] = PROBE_STEPS, window: tuple[int, int] = WINDOW
+) -> pd.DataFrame:
+    """One row per run: geometry, seed, the mean off-policy movement sigma over the probe steps and over
+    the window steps (inclusive ranges), and decay = sigma_window / sigma_probe."""
+    rows = df[df["key"] == SIGMA_KEY]
+    index = ["run", "seed", *GEOMETRY]
+    parts = []
+    for name, (lo, hi) in (("sigma_probe", probe), ("sigma_window", window)):
+        part = rows[rows["step"].between(lo, hi)].groupby(index)["value"].mean().rename(name)
+        if part.empty:
+            raise ValueError(f"no {SIGMA_KEY} at steps {lo}-{hi}")
+        parts.append(part)
+    out = pd.concat(parts, axis=1, join="inner").reset_index()
+    out["decay"] = out["sigma_window"] / out["sigma_probe"]
+    return out
+
+
+def fit_decay(decay: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """The window / probe movement ratio as one constant: the geometric mean of the runs' ratios, with
+    their range and the spread of log ratio (sd). A run without probe movement has no ratio: an error."""
+    d = np.asarray(decay, float)
+    if len(d) == 0 or not np.all(np.isfinite(d) & (d > 0)):
+        raise ValueError(f"decay ratios must be finite and > 0, got {d}")
+    logs = np.log(d)
+    return {
+        "decay": float(np.exp(logs.mean())),
+        "min": float(d.min()),
+        "max": float(d.max()),
+        "log_sd": float(logs.std(ddof=1)) if len(d) > 1 else 0.0,
+        "n_runs": len(d),
+    }
+
+
+def shifted_rate(
+    n: Sequence[float] | np.ndarray,
+    curve_p: np.ndarray,
+    factor: float,
+    edges: Sequence[float] = MOVE_EDGES,
+    points: int = 64,
+) -> float:
+    """Flip rate from binned x = gap / sigma counts when the movement becomes factor * sigma.
+
+    n: (t, l) count per x bin; each (t, l) moves to x / factor and takes F of the bin it lands in. Within
+    a finite bin x is taken as uniform (`points` midpoints), the open last bin as its lower edge (exact for
+    factor <= 1: F is constant there). factor 1 gives sum_b n_b F_b / sum n, as `predicted_vs_measured`.
+    """
+    n, curve_p = np.asarray(n, float), np.asarray(curve_p, float)
+    if len(n) != len(edges) - 1 or len(curve_p) != len(edges) - 1 or not factor > 0:
+        raise ValueError(f"need one count and one F per bin ({len(edges) - 1}) and factor > 0, got {len(n)}, {factor}")
+    if n.sum() <= 0:
+        raise ValueError("no (token, layer) pairs to forecast")
+    f = np.zeros(len(n))
+    mid = (np.arange(points) + 0.5) / points
+    for b in range(len(n)):
+        lo, hi = edges[b], edges[b + 1]
+        x = np.array([lo]) if not np.isfinite(hi) else lo + (hi - lo) * mid
+        f[b] = curve_p[bin_index(x / factor, edges)].mean()
+    return float((n * f).sum() / n.sum())
+
+
+def window_forecast(
+    probe_counts: pd.DataFrame,
+    window_counts: pd.DataFrame,
+    curve: pd.DataFrame,
+    decay: pd.DataFrame,
+    fitted_decay: float,
+    edges: Sequence[float] = MOVE_EDGES,
+) -> pd.DataFrame:
+    """Per run: the forecast of the window's flip rate from the probe and its measured value.
+
+    probe_counts / window_counts: `move_counts` over the probe and the window steps; decay: rows of
+    `movement_decay`. Columns: probe_measured (flips / n in the probe), probe_curve (F at the probe's own
+    movement: the per-update forecast of the probe), window_forecast (the probe's x counts at the movement
+    times `fitted_decay`), window_own_decay (at the run's own measured decay: what is left is the change of
+    the gaps), window_measured (flips / n in the window), n_window, flips_window.
+    """
+    p = curve.set_index("bin")["p"].reindex(range(len(edges) - 1)).fillna(0.0).to_numpy(float)
+    own = decay.set_index("run")["decay"]
+    window = window_counts.groupby("run")[["n", "flips"]].sum()
+    rows = []
+    for run, g in probe_counts.groupby("run"):
+        if run not in window.index or run not in own.index:
+            continue
+        n = g.set_index("bin")["n"].reindex(range(len(edges) - 1), fill_value=0).to_numpy(float)
+        rows.append(
+            {
+                "run": run,
+                **{k: g[k].iloc[0] for k in ("seed", *GEOMETRY)},
+                "decay": float(own[run]),
+                "probe_measured": g["flips"].sum() / g["n"].sum(),
+                "probe_curve": shifted_rate(n, p, 1.0, edges),
+                "window_forecast": shifted_rate(n, p, fitted_decay, edges),
+                "window_own_decay": shifted_rate(n, p, float(own[run]), edges),
+                "n_window": int(window.loc[run, "n"]),
+                "flips_window": int(window.loc[run, "flips"]),
+            }
+        )
+    if not rows:
+        raise ValueError("no run has counts in both the probe and the window")
+    out = pd.DataFrame(rows)
+    out["window_measured"] = out["flips_window"] / out["n_window"]
+    return out
+
+
+def window_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per design point: the seeds' forecasts weighted by their window (t, l) counts, the pooled measured
+    window flip rate, and the ratios window_forecast / measured (`ratio`), probe_curve / measured
+    (`ratio_probe_curve`: the probe forecast read as the run's drift) and window_own_decay / measured."""
+    cols = ["probe_measured", "probe_curve", "window_forecast", "window_own_decay", "decay"]
+    w = runs.assign(**{c: runs[c] * runs["n_window"] for c in cols})
+    out = w.groupby(list(GEOMETRY), as_index=False).agg(
+        seeds=("seed", "nunique"),
+        n_window=("n_window", "sum"),
+        flips_window=("flips_window", "sum"),
+        **{c: (c, "sum") for c in cols},
+    )
+    for c in cols:
+        out[c] = out[c] / out["n_window"]
+    out["window_measured"] = out["flips_window"] / out["n_window"]
+    out["ratio"] = out["window_forecast"] / out["window_measured"]
+    out["ratio_probe_curve"] = out["probe_curve"] / out["window_measured"]
+    out["ratio_own_decay"] = out["window_own_decay"] / out["window_measured"]
+    return out
 
 
 def power_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
