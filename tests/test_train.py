@@ -382,12 +382,18 @@ def _first_update(trainer: Trainer, replay: str, plant=None):
 
 def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, cache) -> None:
     # theta == theta_old: the router's own routes are the old pass's, which R2 replays, so the native and
-    # the replayed pass are the same computation (and the weights part is 0 as well)
-    metrics, *_ = _first_update(Trainer(tiny_config(tmp_path, cache, replay="r2")), "r2")
+    # the replayed pass route alike and the routing part is exactly 0
+    metrics, rollout, rows, old_logp, *_ = _first_update(Trainer(tiny_config(tmp_path, cache, replay="r2")), "r2")
     assert metrics["ratio/split/routing_var"] == 0.0
     assert metrics["ratio/split/cov"] == 0.0
-    # Var log r = 0: the share is undefined and weighs nothing in the step's mean
-    assert math.isnan(metrics["ratio/split/routing_share"]) and metrics["ratio/split/routing_share@weight"] == 0.0
+    # The weights part is 0 up to float32 rounding: the update's forward (grad mode) and the no-grad old pass
+    # may take other kernel paths (they do under ATEN_CPU_CAPABILITY=avx2), so |log r| <= ~2^-20 max |logp|
+    # per token. The share is then undefined (Var log r = 0) or 0, and its weight n Var log r is at most
+    # n (2^-20 max |logp|)^2: update 1 weighs (almost) nothing in the step's mean.
+    share, weight = metrics["ratio/split/routing_share"], metrics["ratio/split/routing_share@weight"]
+    mask = rollout.response_mask[rows].bool()
+    n, top = int(mask.sum()), old_logp[rows][mask].abs().max().item()
+    assert (math.isnan(share) or share == 0.0) and 0.0 <= weight <= n * (2**-20 * top) ** 2
 
 
 def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, cache) -> None:
@@ -424,10 +430,13 @@ def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, c
     for row, j in chosen:
         expected[row, rollout.prompt_len - 1 + j] = True
     assert torch.equal(rho != 0, expected)
-    # native == old routes at theta_old, so log r = rho + w = 0 and w = -rho: Var w = Var rho = -Cov > 0
-    assert metrics["ratio/split/routing_var"] > 0
-    assert metrics["ratio/split/weights_var"] == pytest.approx(metrics["ratio/split/routing_var"], rel=1e-12)
-    assert metrics["ratio/split/cov"] == pytest.approx(-metrics["ratio/split/routing_var"], rel=1e-12)
+    # native == old routes at theta_old, so log r = rho + w = 0 and w = -rho: Var w = Var rho = -Cov > 0, up to
+    # float32 rounding of the log-probs (the update's grad-mode forward may take other kernels than the no-grad
+    # passes: |log r| <= ~2^-20 max |logp| per token), which moves Var w and Cov by at most ~2 |log r| / |rho|
+    # relative, below 1e-5 for route changes of 0.01 nats or more
+    assert metrics["ratio/split/routing_var"] > 0 and rho[expected].abs().min() > 0.01
+    assert metrics["ratio/split/weights_var"] == pytest.approx(metrics["ratio/split/routing_var"], rel=1e-5)
+    assert metrics["ratio/split/cov"] == pytest.approx(-metrics["ratio/split/routing_var"], rel=1e-5)
 
 
 def test_ratio_split_parts_add_up_to_the_logged_log_ratio(tmp_path, cache) -> None:
