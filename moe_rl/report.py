@@ -81,10 +81,24 @@ def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
     return [out / n for n in ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv", "window.csv")]
 
 
+def _with_provenance(writer: Callable[[Path, Path], list[Path]]) -> Callable[[Path, Path], list[Path]]:
+    """A dedicated report whose summary.md also names where its runs came from (after its title)."""
+
+    def write(runs_dir: Path, out: Path) -> list[Path]:
+        written = writer(runs_dir, out)
+        summary = out / "summary.md"
+        title, _, rest = summary.read_text().partition("\n")
+        text = f"{title}\n\n{provenance_line(load_provenance(runs_dir))}\n{rest}"
+        write_atomic(summary, lambda f: f.write(text.encode()))
+        return written
+
+    return write
+
+
 # result folders with a report of their own: name -> writer(runs_dir, out)
 DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
-    "drift_scaling": _drift_report,
-    "drift_forecast": _forecast_report,
+    "drift_scaling": _with_provenance(_drift_report),
+    "drift_forecast": _with_provenance(_forecast_report),
 }
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {
