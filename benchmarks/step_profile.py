@@ -182,22 +182,11 @@ def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
     return out
 
 
-def unsplit_step(trainer: Trainer, step: int) -> float:
-    """Seconds of one `Trainer.step` without the ratio split (`replay.split_every=0`), uninstrumented."""
+def step_with_split_every(trainer: Trainer, step: int, split_every: int) -> float:
+    """Seconds of one `Trainer.step` with `replay.split_every` set (0: no ratio split, 1: every update),
+    uninstrumented."""
     every = trainer.cfg.replay.split_every
-    trainer.cfg.replay.split_every = 0
-    try:
-        start = now()
-        trainer.step(step)
-        return now() - start
-    finally:
-        trainer.cfg.replay.split_every = every
-
-
-def split_step(trainer: Trainer, step: int) -> float:
-    """Seconds of one `Trainer.step` with the ratio split on every update, uninstrumented."""
-    every = trainer.cfg.replay.split_every
-    trainer.cfg.replay.split_every = 1
+    trainer.cfg.replay.split_every = split_every
     try:
         start = now()
         trainer.step(step)
@@ -315,9 +304,9 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
         if i % 2:
             h = harness_step(trainer, step)
             f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
-            on, off = split_step(trainer, step + 1), unsplit_step(trainer, step + 2)
+            on, off = step_with_split_every(trainer, step + 1, 1), step_with_split_every(trainer, step + 2, 0)
         else:
-            off, on = unsplit_step(trainer, step + 2), split_step(trainer, step + 1)
+            off, on = step_with_split_every(trainer, step + 2, 0), step_with_split_every(trainer, step + 1, 1)
             f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
             h = harness_step(trainer, step)
         if i >= args.warmup:

@@ -154,6 +154,16 @@ def pass_at_key(k: int | str) -> str:
     return f"eval/pass@{k}"
 
 
+# The ratio split's metrics (moe_rl.metrics.ratio_split_finalize), in the order it returns them.
+SPLIT_KEYS = (
+    RATIO_SPLIT_ROUTING_VAR,
+    RATIO_SPLIT_WEIGHTS_VAR,
+    RATIO_SPLIT_COV,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_SPLIT_FLIPPED_MASS,
+    CLIP_FLIPPED_SHARE,
+)
+
 # Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
 # the old policy's weights, so its flips and ratio spread are ~0 and dilute the step mean by (N-1)/N.
 OFFPOLICY_KEYS = (
@@ -165,12 +175,7 @@ OFFPOLICY_KEYS = (
     RATIO_SEQ_VAR,
     KL_K3,
     ROUTE_MOVE_RMS,
-    RATIO_SPLIT_ROUTING_VAR,
-    RATIO_SPLIT_WEIGHTS_VAR,
-    RATIO_SPLIT_COV,
-    RATIO_SPLIT_ROUTING_SHARE,
-    RATIO_SPLIT_FLIPPED_MASS,
-    CLIP_FLIPPED_SHARE,
+    *SPLIT_KEYS,
 )
 
 

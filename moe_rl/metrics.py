@@ -57,6 +57,7 @@ from moe_rl.metric_names import (
     ROLLOUT_TOKEN_MULT_PROB_ERROR,
     ROUTE_MARGIN_MEAN,
     ROUTE_MARGIN_P10,
+    SPLIT_KEYS,
 )
 from moe_rl.partial import Partial
 
@@ -101,16 +102,6 @@ def ratio_finalize(parts: Partial) -> dict[str, float]:
         KL_K3: (torch.exp(-d) - 1.0 + d).mean(),  # k3 = exp(-delta) - 1 + delta
     }
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-
-
-SPLIT_KEYS = (
-    RATIO_SPLIT_ROUTING_VAR,
-    RATIO_SPLIT_WEIGHTS_VAR,
-    RATIO_SPLIT_COV,
-    RATIO_SPLIT_ROUTING_SHARE,
-    RATIO_SPLIT_FLIPPED_MASS,
-    CLIP_FLIPPED_SHARE,
-)
 
 
 @torch.no_grad()
