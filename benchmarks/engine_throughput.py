@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/engine_throughput.py                 # CPU: default and fine-grained geometry
     python benchmarks/engine_throughput.py --device cuda --gpu-model # GPU: official vLLM, ~1.2B Qwen3-MoE shape
 
-Prints completion tokens per second of `moe_rl.rollout.generate` (transformers model, KV cache) and of
-`moe_rl.engine.VllmEngine.generate` (in-process vLLM, routes recorded by both), and their ratio as the
+Prints completion tokens per second of `moe_rl.rollout.generate.generate` (transformers model, KV cache) and of
+`moe_rl.rollout.engine.VllmEngine.generate` (in-process vLLM, routes recorded by both), and their ratio as the
 median over interleaved ABBA pairs, so that load drifting on a shared machine hits both sides alike.
 Both sample with temperature 1 until EOS or `--new-tokens`; tokens are counted from each rollout's
 response mask, so early EOS does not flatter either side.
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from moe_rl.engine import VllmEngine
 from moe_rl.models import build_model
-from moe_rl.rollout import generate
+from moe_rl.rollout.engine import VllmEngine
+from moe_rl.rollout.generate import generate
 from moe_rl.tasks.tokenizer import make_tokenizer
 
 # A Qwen3-MoE-shaped model of ~1.2B parameters (24 layers x 64 experts of width 256 at top-8, hidden 1024,

@@ -6,7 +6,7 @@
 The model is a Qwen3-MoE built to ~50M parameters (hidden 512, 4 layers, 16 experts of width 512, top-2;
 `--hidden/--layers/--experts` shrink it),
 so parameters, gradients and AdamW's two moments dominate memory. Each configuration runs under torchrun
-with the harness's own `moe_rl.distributed.Dist` (the same `fully_shard` wrapping and loss scaling as a
+with the harness's own `moe_rl.loop.distributed.Dist` (the same `fully_shard` wrapping and loss scaling as a
 run) on a fixed global batch split across the ranks, and reports per rank:
 - `state_mib`: parameter + gradient + optimizer-state bytes held by the rank (local shards of the
   DTensors), the part FSDP divides by N;
@@ -40,7 +40,7 @@ def _local_bytes(t) -> int:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from moe_rl.distributed import Dist
+    from moe_rl.loop.distributed import Dist
     from moe_rl.models import build_model
 
     d = Dist(args.strategy, 600, args.device)

@@ -45,7 +45,7 @@ import transformers
 
 import moe_rl.train as train_module
 from moe_rl.config import TrainConfig
-from moe_rl.rollout import position_ids, token_logp
+from moe_rl.rollout.generate import position_ids, token_logp
 from moe_rl.routing import RoutedPass
 from moe_rl.train import Trainer
 
@@ -69,7 +69,7 @@ FLOORED = {
 # helpers (and imports from elsewhere) are named here; a name missing from `moe_rl.train` is an error
 # (a refactor renamed it), not a phase that silently stops being timed.
 ROUTE_MODULES = ("moe_rl.routing",)
-METRIC_MODULES = ("moe_rl.metrics", "moe_rl.partial", "moe_rl.algos.advantages")
+METRIC_MODULES = ("moe_rl.metrics.stats", "moe_rl.metrics.partial", "moe_rl.algos.advantages")
 NAMED_ROUTE_FNS: tuple[str, ...] = ()  # every route function the loop calls comes from moe_rl.routing
 NAMED_METRIC_FNS = ("aggregate", "token_entropy")
 

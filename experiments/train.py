@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from moe_rl.config import TrainConfig
-from moe_rl.experiment import interrupted_line, named_experiment_args, run_from_hydra
+from moe_rl.run.experiment import interrupted_line, named_experiment_args, run_from_hydra
 from moe_rl.tasks.rewards import TaskInputError
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)

@@ -13,11 +13,11 @@ from typing import Any
 
 from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
-from moe_rl.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
-from moe_rl.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
+from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
+from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
-from moe_rl.runio import NUMERICS
+from moe_rl.run.folder import NUMERICS
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
@@ -96,7 +96,7 @@ class RolloutConfig:
     temperature: float = 1.0
     dtype: str = "float32"  # e.g. bfloat16 to widen the inference/training gap on purpose
     record_routes: bool = True  # record routes during generation (R3 needs them; rollout_vs_old uses them)
-    engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (moe_rl.engine)
+    engine: str = "hf"  # hf: the policy's own KV-cache sampling; vllm: an in-process vLLM engine (rollout/engine.py)
     engine_sync_every: int = 1  # vllm: sync the trainer's weights every K steps (K > 1: stale, off-policy)
     is_correction: str = "none"  # engine-gap weight on the policy term: none | tis | mis | icepop
     is_level: str = "token"  # token | sequence: the behaviour/trainer ratio per token or per sequence (product)
@@ -129,7 +129,7 @@ class ColdStartConfig:
 
 @dataclass
 class CollapseConfig:
-    """In-loop collapse labels (moe_rl.metrics.detect_collapse); analysis can recompute any definition.
+    """In-loop collapse labels (moe_rl.metrics.stats.detect_collapse); analysis can recompute any definition.
 
     The defaults are the analysis' main definition (`moe_rl.analysis.collapse_definitions`), so a run's
     status.json and its report agree unless a run sets other values.
@@ -148,7 +148,7 @@ class CollapseConfig:
 
 @dataclass
 class DistConfig:
-    """How a torchrun launch splits one run across processes (ignored without torchrun; moe_rl.distributed)."""
+    """How a torchrun launch splits one run across processes (ignored without torchrun; moe_rl.loop.distributed)."""
 
     strategy: str = "fsdp"  # fsdp: FSDP2 fully_shard per decoder layer, then the root; ddp: full replicas
     timeout_s: float = 1800.0  # a collective waiting this long for a dead peer raises instead of hanging
@@ -156,7 +156,7 @@ class DistConfig:
 
 @dataclass
 class SignalConfig:
-    """When a run that ran all its steps is labelled useless instead of `completed` (moe_rl.verdict)."""
+    """When a run that ran all its steps is labelled useless instead of `completed` (moe_rl.metrics.verdict)."""
 
     no_signal_steps: int = 20  # this many straight steps (all, if fewer) of zero-variance groups: no_signal; 0: never
     max_reward_error_frac: float = 0.5  # the reward raised on more than this share of all completions: reward_failed
@@ -341,7 +341,7 @@ def _check_loss_params(algo: AlgoConfig) -> None:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key (ImportError for a logger whose package is
     missing); return `cfg` unchanged otherwise."""
-    from moe_rl.loggers import check_loggers
+    from moe_rl.run.loggers import check_loggers
 
     check_loggers(list(cfg.logger))
     _one_of("algo.name", cfg.algo.name, LOSSES)
@@ -393,7 +393,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.rollout.engine_sync_every < 1:
         raise ValueError(f"rollout.engine_sync_every={cfg.rollout.engine_sync_every} must be >= 1")
     if cfg.rollout.engine == "vllm":
-        from moe_rl.engine import check_engine_config
+        from moe_rl.rollout.engine import check_engine_config
 
         check_engine_config(cfg)
     _one_of("collapse.definition", cfg.collapse.definition, COLLAPSE_DEFINITIONS)

@@ -32,7 +32,7 @@ from moe_rl.analysis.drift import (
     plot_drift_scaling,
     plot_flip_vs_margin,
 )
-from moe_rl.atomic import write_atomic
+from moe_rl.run.atomic import write_atomic
 
 CENTRE = {"num_experts": 64, "top_k": 8, "num_moe_layers": 4, "lr": 1e-4}
 # Qwen3-30B-A3B (GSPO paper's model): 128 experts, top-8, 48 MoE layers. Learning rates of a 30B

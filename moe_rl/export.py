@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from moe_rl.runio import load_checkpoint
+from moe_rl.run.folder import load_checkpoint
 
 
 class ExportError(ValueError):
@@ -26,7 +26,7 @@ class ExportError(ValueError):
 def export_run(run_dir: str | Path, out_dir: str | Path) -> tuple[Path, int]:
     """Save RUN_DIR's policy (weights of its `checkpoint.pt`) and tokenizer to `out_dir`; return
     (out_dir, the step the weights are from)."""
-    from moe_rl.cold_start import load_tokenizer
+    from moe_rl.loop.cold_start import load_tokenizer
     from moe_rl.models import load_model
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)

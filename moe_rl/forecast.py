@@ -63,7 +63,7 @@ from moe_rl.analysis.forecast import (
     window_forecast,
     window_points,
 )
-from moe_rl.atomic import write_atomic
+from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,7 +366,7 @@ def compose_config(overrides: list[str]):
     from hydra.core.config_store import ConfigStore
 
     from moe_rl.config import TrainConfig, validate
-    from moe_rl.experiment import to_train_config
+    from moe_rl.run.experiment import to_train_config
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
     with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):

@@ -36,8 +36,8 @@ from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
-from moe_rl.atomic import write_atomic
-from moe_rl.metric_names import ROUTE_SHIFT_MEAN
+from moe_rl.metrics.names import ROUTE_SHIFT_MEAN
+from moe_rl.run.atomic import write_atomic
 
 FIGURES: dict[str, Callable[..., object]] = {
     "flip_rate.png": lambda df, by, events: analysis.plot_flip_rate(df, by=by),

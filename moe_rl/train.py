@@ -19,7 +19,7 @@ load-balancing loss (transformers' `output_router_logits` stays off), so nothing
 gradient moves the router; advantages use the population std of each group; AdamW with
 betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
 model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`, where an in-process
-vLLM engine samples and routes the rollouts (moe_rl.engine) and gets the trainer's weights in place.
+vLLM engine samples and routes the rollouts (moe_rl.rollout.engine) and gets the trainer's weights in place.
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ import transformers
 
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import engine_weight
-from moe_rl.cold_start import evaluate, expected_key, get_cold_start
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.distributed import Dist, peer_lost, world_size_from_env
-from moe_rl.evaluation import pass_at_k_eval
-from moe_rl.loggers import open_loggers
-from moe_rl.metric_names import (
+from moe_rl.loop.cold_start import evaluate, expected_key, get_cold_start
+from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.metrics.names import (
     EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MARGIN_PREFIX,
@@ -84,7 +82,8 @@ from moe_rl.metric_names import (
     offpolicy_key,
     route_key,
 )
-from moe_rl.metrics import (
+from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts
+from moe_rl.metrics.stats import (
     CollapseEvent,
     judge_collapse,
     margin_finalize,
@@ -97,9 +96,9 @@ from moe_rl.metrics import (
     rollout_gap_finalize,
     rollout_gap_parts,
 )
-from moe_rl.partial import Partial, mean_finalize, mean_parts
-from moe_rl.progress import Progress, run_log
-from moe_rl.rollout import Rollout, forward_logp, generate, token_entropy
+from moe_rl.metrics.verdict import Verdict, run_verdict
+from moe_rl.rollout.evaluation import pass_at_k_eval
+from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
 from moe_rl.routing.compare import (
     compare_finalize,
@@ -119,7 +118,7 @@ from moe_rl.routing.compare import (
     shift_summary,
 )
 from moe_rl.routing.modes import ROLLOUT, replay_mode
-from moe_rl.runio import (
+from moe_rl.run.folder import (
     FINISHED,
     RunDirectoryError,
     check_run_dir,
@@ -130,9 +129,10 @@ from moe_rl.runio import (
     set_rng_state,
     status_on_failure,
 )
+from moe_rl.run.loggers import open_loggers
+from moe_rl.run.progress import Progress, run_log
 from moe_rl.tasks.rewards import zero_variance_frac
 from moe_rl.tasks.setup import setup_task
-from moe_rl.verdict import Verdict, run_verdict
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Trainer:
         refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
         cfg.progress = cfg.progress and self.dist.is_writer
         if cfg.rollout.engine == "vllm":
-            from moe_rl.engine import require_vllm
+            from moe_rl.rollout.engine import require_vllm
 
             require_vllm()  # before the cold start's work
         transformers.utils.logging.disable_progress_bar()
@@ -266,11 +266,11 @@ class Trainer:
             )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
-        self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.engine.Engine)
+        self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.rollout.engine.Engine)
         self.engine_synced: int | None = None  # the step of the engine's last weight sync
         self.engine_checks = 0
         if cfg.rollout.engine == "vllm":
-            from moe_rl.engine import VllmEngine
+            from moe_rl.rollout.engine import VllmEngine
 
             self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
         self.rollout_policy = (
@@ -346,8 +346,8 @@ class Trainer:
     def engine_rollout(self, step: int, prompts: list[str]) -> Rollout:
         """Sample with the engine after loading the trainer's weights into it (every
         `rollout.engine_sync_every` steps, and on the first step of this process); the first two syncs
-        of a process are checked on the rollout they produced (moe_rl.engine.check_sync)."""
-        from moe_rl.engine import check_sync
+        of a process are checked on the rollout they produced (moe_rl.rollout.engine.check_sync)."""
+        from moe_rl.rollout.engine import check_sync
 
         cfg = self.cfg
         t = time.perf_counter()
@@ -638,7 +638,7 @@ class Trainer:
             },
             rows={"rewards": rewards},
         )
-        # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.rollout_gap_stats)
+        # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.stats.rollout_gap_stats)
         parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=mask))
         if old_routes is not None:
             parts.add("margins", margin_parts(margins, old_routes.mask))
@@ -703,7 +703,7 @@ class Trainer:
         return metrics
 
     def verdict(self) -> Verdict | None:
-        """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.verdict)."""
+        """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.metrics.verdict)."""
         zero_var = dict(self.history[REWARD_ZERO_VAR_GROUP_FRAC])
         errors, means = dict(self.history[REWARD_ERRORS]), dict(self.history[REWARD_MEAN])
         steps = sorted(zero_var)

@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from moe_rl.atomic import write_atomic
-from moe_rl.runio import relative_paths
+from moe_rl.run.atomic import write_atomic
+from moe_rl.run.folder import relative_paths
 
 
 def first_commit(path: Path) -> str | None:

@@ -4,12 +4,12 @@
 
 For every run folder under ROOT (a `status.json` next to a `metrics.parquet`) whose status is one
 the collapse rule decides (completed, collapsed, no_signal, reward_failed), recompute its collapse
-events with `moe_rl.collapse.detect_collapse` under the collapse settings of its own `config.yaml`
+events with `moe_rl.metrics.collapse.detect_collapse` under the collapse settings of its own `config.yaml`
 (keys a folder predates at the values it was labelled with), as the loop would record them if it
 ran that config now: the events that stand at the end of the run, and the dips it recovered from
-(`moe_rl.collapse.judge_collapse`; a recovered dip is not a collapse). Where the standing events
+(`moe_rl.metrics.collapse.judge_collapse`; a recovered dip is not a collapse). Where the standing events
 differ from those recorded, the status is re-judged as the loop sets it: `collapsed` with events,
-else the `no_signal` / `reward_failed` verdict (`moe_rl.verdict`) or `completed`. Rewrites
+else the `no_signal` / `reward_failed` verdict (`moe_rl.metrics.verdict`) or `completed`. Rewrites
 `status.json` where that or its `recovered_events` changed (other fields kept) and prints each change.
 Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
 as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
@@ -30,10 +30,10 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.collapse_definitions import run_history
-from moe_rl.atomic import write_atomic
-from moe_rl.collapse import CollapseEvent, judge_collapse
-from moe_rl.metric_names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
-from moe_rl.verdict import run_verdict
+from moe_rl.metrics.collapse import CollapseEvent, judge_collapse
+from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
+from moe_rl.metrics.verdict import run_verdict
+from moe_rl.run.atomic import write_atomic
 
 RELABELLED = ("completed", "collapsed", "no_signal", "reward_failed")
 # moe_rl.config.SignalConfig's defaults, for folders written before the `signal` section existed

@@ -271,7 +271,7 @@ def make_fake_grid(
     clip fraction by that many steps (negative: lags it); None: unrelated. `family`: the runs' model family
     (a second call with another family adds that model's runs to the same folder).
     """
-    from moe_rl.collapse import detect_collapse
+    from moe_rl.metrics.collapse import detect_collapse
 
     root = Path(root)
     dirs = []

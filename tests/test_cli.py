@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
 from moe_rl.config import TrainConfig
-from moe_rl.experiment import interrupted_line, named_experiment_args, to_train_config
+from moe_rl.run.experiment import interrupted_line, named_experiment_args, to_train_config
 
 CONF = Path(__file__).resolve().parents[1] / "experiments" / "conf"
 ConfigStore.instance().store(name="base_config", node=TrainConfig)

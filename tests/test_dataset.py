@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from moe_rl.cold_start import cold_start_key, data_hash_of, get_cold_start
 from moe_rl.config import TrainConfig, validate
+from moe_rl.loop.cold_start import cold_start_key, data_hash_of, get_cold_start
 from moe_rl.models import build_model, load_model
 from moe_rl.tasks.dataset import read_rows, render_prompt, split_examples
 from moe_rl.tasks.rewards import (
@@ -269,7 +269,7 @@ def test_offline_hub_names_are_clear_errors(monkeypatch):
 
 
 def test_prompt_rendering(checkpoint):
-    from moe_rl.cold_start import load_tokenizer
+    from moe_rl.loop.cold_start import load_tokenizer
 
     tok = load_tokenizer(checkpoint)
     assert (
@@ -383,7 +383,7 @@ def test_checkpoint_cold_start_sft_and_bfloat16(tmp_path, data, checkpoint):
 
 
 def load_model_tokenizer(path):
-    from moe_rl.cold_start import load_tokenizer
+    from moe_rl.loop.cold_start import load_tokenizer
 
     return load_tokenizer(path)
 
@@ -408,7 +408,7 @@ def test_task_kwargs_need_no_plus():
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from moe_rl.experiment import to_train_config
+    from moe_rl.run.experiment import to_train_config
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
     dataset = ["task=dataset", f"task.path={ROOT / 'examples' / 'word_problems.jsonl'}", "task.prompt_field=question"]
@@ -426,8 +426,8 @@ def test_task_kwargs_need_no_plus():
 
 
 def test_cold_start_stops_in_band_or_on_a_plateau():
-    from moe_rl.cold_start import cold_start_patience, cold_start_stop
     from moe_rl.config import ColdStartConfig, TaskConfig
+    from moe_rl.loop.cold_start import cold_start_patience, cold_start_stop
 
     assert cold_start_stop([0.05, 0.1], 0.2, 3) is None
     assert cold_start_stop([0.05, 0.1, 0.25], 0.2, 3) == "in_band"

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from test_train import tiny_config
 
-from moe_rl.cold_start import expected_key
 from moe_rl.config import validate
+from moe_rl.loop.cold_start import expected_key
 from moe_rl.models import build_model, param_counts
 from moe_rl.routing import UnsupportedRouterError, find_moe_layers
 from moe_rl.tasks import make_tokenizer

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
-from moe_rl.distributed import Dist, SilentWriter, group_block, local_rows
-from moe_rl.metrics import (
+from moe_rl.loop.distributed import Dist, SilentWriter, group_block, local_rows
+from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts, pool
+from moe_rl.metrics.stats import (
     margin_finalize,
     margin_parts,
     margin_stats,
@@ -36,8 +37,8 @@ from moe_rl.metrics import (
     rollout_gap_parts,
 )
 from moe_rl.models import build_model
-from moe_rl.partial import Partial, mean_finalize, mean_parts, pool
-from moe_rl.rollout import generate
+from moe_rl.rollout.generate import generate
+from moe_rl.rollout.sampler import GlobalRows
 from moe_rl.routing import Routes, compare_routes
 from moe_rl.routing.compare import (
     compare_finalize,
@@ -46,7 +47,6 @@ from moe_rl.routing.compare import (
     position_finalize,
     position_parts,
 )
-from moe_rl.sampler import GlobalRows
 from moe_rl.tasks import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,7 @@ def test_a_slice_of_the_batch_samples_what_the_whole_batch_gives_it() -> None:
 def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
     """Ranks > 0 neither read nor delete metric parts: on resume rank 0 truncates them while the others
     would be reading (a race that once failed a rerun with a vanished part)."""
-    from moe_rl.runio import RunWriter
+    from moe_rl.run.folder import RunWriter
 
     keys = {"seed": 0}
     writer = RunWriter(tmp_path, keys)
@@ -264,7 +264,7 @@ def test_only_rank_0_touches_the_run_folder_on_resume(tmp_path) -> None:
 
 
 def test_a_dead_peer_is_an_interruption_not_a_failure() -> None:
-    from moe_rl.distributed import peer_lost
+    from moe_rl.loop.distributed import peer_lost
 
     gloo = RuntimeError(
         "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41512: Connection reset by peer"

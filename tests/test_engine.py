@@ -1,4 +1,4 @@
-"""Rollouts from an in-process vLLM engine (moe_rl.engine): routes, log-probs, weight sync, R3, resume.
+"""Rollouts from an in-process vLLM engine (moe_rl.rollout.engine): routes, log-probs, weight sync, R3, resume.
 
 Needs the `vllm` extra (CPU build); skipped without it. One engine per family for the whole module.
 """
@@ -18,9 +18,9 @@ from moe_rl.routing import RoutedPass, route_overlap
 vllm = pytest.importorskip("vllm")
 BEFORE_ENGINE = set(os.environ)
 
-from moe_rl.engine import VllmEngine, check_sync, trainer_logp  # noqa: E402
 from moe_rl.models import build_model  # noqa: E402
-from moe_rl.rollout import forward_logp  # noqa: E402
+from moe_rl.rollout.engine import VllmEngine, check_sync, trainer_logp  # noqa: E402
+from moe_rl.rollout.generate import forward_logp  # noqa: E402
 from moe_rl.tasks.tokenizer import make_tokenizer  # noqa: E402
 
 PROMPTS = ["ABC=", "HELLO WORLD=", "XY=", "12+34="]
@@ -73,7 +73,7 @@ def check_routes_and_logp(engine, model, tokenizer) -> None:
 def test_engine_leaves_no_launcher_variables_behind(qwen) -> None:
     """vLLM exports LOCAL_WORLD_SIZE, LD_PRELOAD, ... for its workers; later torchrun/submitit launches from
     this process would inherit them (submitit then refuses: "LOCAL_WORLD_SIZE is already set")."""
-    from moe_rl.engine import LAUNCH_ENV
+    from moe_rl.rollout.engine import LAUNCH_ENV
 
     assert not {key for key in LAUNCH_ENV if key in os.environ} - BEFORE_ENGINE
 

@@ -7,7 +7,7 @@ from math import comb
 
 import pytest
 
-from moe_rl.evaluation import pass_at_k
+from moe_rl.rollout.evaluation import pass_at_k
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 1, 1), (4, 1, 2), (5, 2, 3), (6, 0, 2), (6, 5, 2), (3, 3, 3)])

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, config_hash, identity_spec, validate
-from moe_rl.experiment import to_train_config
+from moe_rl.run.experiment import to_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
@@ -38,6 +38,7 @@ SWEEP_SIZES = {
     "engine_mismatch": 48,
     "dense_control": 64,
     "phase_mixtral": 72,
+    "stabilizers": 112,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
@@ -116,7 +117,7 @@ def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
 def test_dense_control_pairs_each_moe_run_with_a_dense_run_from_its_own_cold_start() -> None:
     """Every (cell, arm, seed) of `dense_control` runs both models; each model has one cold start of its own,
     and the cells are the phase map's runs' values (lr 3e-4 with N = 8, lr 1e-3 with N = 2)."""
-    from moe_rl.cold_start import expected_key
+    from moe_rl.loop.cold_start import expected_key
 
     combos, _ = _sweep("dense_control")
     families: dict[tuple, set[str]] = {}
@@ -224,7 +225,7 @@ def test_multirun_dry_run(experiment: str, tmp_path) -> None:
 
 
 def test_short_name_never_nests_and_keeps_values_apart() -> None:
-    from moe_rl.experiment import short_name
+    from moe_rl.run.experiment import short_name
 
     a, b = short_name("model.checkpoint=/a/ckpt,seed=0"), short_name("model.checkpoint=/b/ckpt,seed=0")
     assert a == "model.checkpoint=%2Fa%2Fckpt,seed=0" and "/" not in b and a != b

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from moe_rl.config import TrainConfig
 from moe_rl.export import main
 from moe_rl.routing import load_snapshot
-from moe_rl.runio import load_checkpoint
+from moe_rl.run.folder import load_checkpoint
 from moe_rl.train import Trainer
 
 

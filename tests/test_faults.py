@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, validate
 from moe_rl.models import build_model
-from moe_rl.runio import CorruptFileError
+from moe_rl.run.folder import CorruptFileError
 from moe_rl.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
 
 
 def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
-    from moe_rl.experiment import finished_status
+    from moe_rl.run.experiment import finished_status
 
     cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
     train(cfg)

@@ -30,7 +30,7 @@ from moe_rl.analysis.forecast import (
     window_forecast,
     window_points,
 )
-from moe_rl.bins import MOVE_EDGES
+from moe_rl.metrics.bins import MOVE_EDGES
 from moe_rl.routing import Routes
 from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
 

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from moe_rl import metric_names
-from moe_rl.metric_names import METRICS, defines, render_table, with_table
+from moe_rl.metrics import names as metric_names
+from moe_rl.metrics.names import METRICS, defines, render_table, with_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_FILES = ("README.md", "docs/design.md")
@@ -21,7 +21,7 @@ TABLE_FILES = ("README.md", "docs/design.md")
 @pytest.mark.parametrize("name", TABLE_FILES)
 def test_generated_table_matches_the_registry(name: str) -> None:
     text = (ROOT / name).read_text()
-    assert with_table(text, name) == text, f"run python -m moe_rl.metric_names --write {' '.join(TABLE_FILES)}"
+    assert with_table(text, name) == text, f"run python -m moe_rl.metrics.names --write {' '.join(TABLE_FILES)}"
     assert render_table() in text
 
 

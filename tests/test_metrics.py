@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from moe_rl.metrics import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
+from moe_rl.metrics.stats import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
 
 LN = math.log
 
@@ -368,7 +368,7 @@ def test_reward_collapse_at_high_entropy_fires_under_every_definition():
 
 
 def test_rollout_gap_stats_by_hand() -> None:
-    from moe_rl.metrics import rollout_gap_stats
+    from moe_rl.metrics.stats import rollout_gap_stats
 
     # e = train - rollout on the 4 masked-in tokens: -0.1, 1.0 (> ln 2), 0.0, -2.0 (> ln 5 = 1.609);
     # the masked-out token (gap 5) never counts
@@ -395,7 +395,7 @@ def test_rollout_gap_stats_by_hand() -> None:
 
 
 def test_ratio_split_by_hand() -> None:
-    from moe_rl.metrics import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
+    from moe_rl.metrics.stats import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
 
     # 4 valid tokens (the 5th is masked out and holds a huge value that must not count):
     #   rho = native - replayed = (0, 0.5, 0, -0.5), w = replayed - old = (0.2, 0.2, -0.2, 0.2)

@@ -15,7 +15,7 @@ import yaml
 
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
 from moe_rl.reproduce import choose, compare, group_columns, seed_spread, verdict_line
-from moe_rl.runio import PINNED_ENV, pin_numerics, relative_paths
+from moe_rl.run.folder import PINNED_ENV, pin_numerics, relative_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

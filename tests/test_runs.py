@@ -23,8 +23,8 @@ from test_faults import tiny
 
 from moe_rl.analysis import load_results
 from moe_rl.config import validate
-from moe_rl.progress import eta_seconds, format_duration, progress_fields, progress_line
-from moe_rl.runio import CorruptFileError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from moe_rl.run.folder import CorruptFileError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from moe_rl.run.progress import eta_seconds, format_duration, progress_fields, progress_line
 from moe_rl.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moe_rl.models import build_model
-from moe_rl.rollout import generate
+from moe_rl.rollout.generate import generate
 from moe_rl.tasks import make_tokenizer
 
 PROMPTS = ["12345", "907", "4821", "56", "3"]

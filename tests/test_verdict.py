@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig
+from moe_rl.metrics.verdict import longest_no_signal, run_verdict
 from moe_rl.train import train
-from moe_rl.verdict import longest_no_signal, run_verdict
 
 ROWS = [{"question": f"what is {a} plus {b}?", "answer": str(a + b)} for a in range(8) for b in range(5)]
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from moe_rl.metric_names import KL_REF_K3, LOSS, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
+from moe_rl.metrics.names import KL_REF_K3, LOSS, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
 
 AGG_MODES = ("seq-mean-token-mean", "token-mean")
 

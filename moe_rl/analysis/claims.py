@@ -48,7 +48,7 @@ from moe_rl.analysis.stats import (
     paired_compare,
     wilson_interval,
 )
-from moe_rl.metric_names import (
+from moe_rl.metrics.names import (
     FLIP_RATE,
     RATIO_CLIPFRAC_HIGH,
     RATIO_CLIPFRAC_LOW,

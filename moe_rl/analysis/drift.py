@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.stats import wilson_interval
-from moe_rl.bins import MARGIN_EDGES
-from moe_rl.metric_names import (
+from moe_rl.metrics.bins import MARGIN_EDGES
+from moe_rl.metrics.names import (
     FLIP_VS_MARGIN_PREFIX,
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,

@@ -27,8 +27,8 @@ import pandas as pd
 
 from moe_rl.analysis.drift import GEOMETRY, fit_drift
 from moe_rl.analysis.stats import wilson_interval
-from moe_rl.bins import MOVE_EDGES
-from moe_rl.metric_names import (
+from moe_rl.metrics.bins import MOVE_EDGES
+from moe_rl.metrics.names import (
     EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MOVE_PREFIX,

@@ -15,7 +15,7 @@ import pandas as pd
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
-from moe_rl.metric_names import REWARD_MEAN, TASK_ACCURACY
+from moe_rl.metrics.names import REWARD_MEAN, TASK_ACCURACY
 
 AXES = ("lr", "N")
 LATE_EVALS = 3  # final accuracy as a measurement: the mean of a run's last evaluations (one has ~4 pp noise)

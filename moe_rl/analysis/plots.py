@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from moe_rl.analysis.load import runs
-from moe_rl.metric_names import (
+from moe_rl.metrics.names import (
     FLIP_RATE,
     OLD_VS_NEW,
     RATIO_SEQ_VAR,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, run_key_columns, runs
-from moe_rl.metric_names import (
+from moe_rl.metrics.names import (
     OFFPOLICY_SUFFIX,
     RATIO_CLIPFRAC_HIGH,
     RATIO_CLIPFRAC_LOW,

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import Tensor
 
-from moe_rl.bins import MARGIN_EDGES, MOVE_EDGES
-from moe_rl.metric_names import route_key
-from moe_rl.partial import Partial
+from moe_rl.metrics.bins import MARGIN_EDGES, MOVE_EDGES
+from moe_rl.metrics.names import route_key
+from moe_rl.metrics.partial import Partial
 from moe_rl.routing.routes import Routes
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from moe_rl.atomic import write_atomic
+from moe_rl.run.atomic import write_atomic
 
 
 def index_dtype(num_experts: int) -> torch.dtype:

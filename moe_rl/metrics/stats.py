@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from moe_rl.collapse import (  # noqa: F401 (re-exported)
+from moe_rl.metrics.collapse import (  # noqa: F401 (re-exported)
     DEFINITIONS,
     TRIGGERS,
     CollapseEvent,
@@ -34,7 +34,7 @@ from moe_rl.collapse import (  # noqa: F401 (re-exported)
     detect_collapse,
     judge_collapse,
 )
-from moe_rl.metric_names import (
+from moe_rl.metrics.names import (
     CLIP_FLIPPED_SHARE,
     KL_K3,
     RATIO_ESS,
@@ -59,7 +59,7 @@ from moe_rl.metric_names import (
     ROUTE_MARGIN_P10,
     SPLIT_KEYS,
 )
-from moe_rl.partial import Partial
+from moe_rl.metrics.partial import Partial
 
 RATIO_KEYS = (RATIO_TOKEN_VAR, RATIO_TOKEN_MAX, RATIO_SEQ_VAR, RATIO_ESS, RATIO_EXTREME_FRAC, KL_K3)
 

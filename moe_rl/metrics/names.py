@@ -5,10 +5,10 @@ defines each one. The metric table of README.md and docs/design.md §3 is render
 between two marker lines; a test fails when either file differs from it. After changing a
 definition, rewrite both with
 
-    python -m moe_rl.metric_names --write README.md docs/design.md
+    python -m moe_rl.metrics.names --write README.md docs/design.md
 
 A key may be a pattern: `{pair}` is one of `PAIRS`, `{i}` a MoE layer (0-based, model order), `{p}` a
-completion position bucket and `{b}` a margin bin of `moe_rl.bins.MARGIN_EDGES`. `defines(key)`
+completion position bucket and `{b}` a margin bin of `moe_rl.metrics.bins.MARGIN_EDGES`. `defines(key)`
 says whether a logged key has a definition here. Torch-free, so that the analysis can import it.
 """
 
@@ -104,7 +104,7 @@ RATIO_CLIPFRAC_LOW = "ratio/clipfrac_low"
 RATIO_CLIPFRAC_HIGH = "ratio/clipfrac_high"
 KL_K3 = "kl/k3"
 KL_REF_K3 = "kl/ref_k3"
-# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.ratio_split_parts)
+# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.stats.ratio_split_parts)
 RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
 RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
 RATIO_SPLIT_COV = "ratio/split/cov"
@@ -154,7 +154,7 @@ def pass_at_key(k: int | str) -> str:
     return f"eval/pass@{k}"
 
 
-# The ratio split's metrics (moe_rl.metrics.ratio_split_finalize), in the order it returns them.
+# The ratio split's metrics (moe_rl.metrics.stats.ratio_split_finalize), in the order it returns them.
 SPLIT_KEYS = (
     RATIO_SPLIT_ROUTING_VAR,
     RATIO_SPLIT_WEIGHTS_VAR,
@@ -424,7 +424,7 @@ def defines(key: str) -> bool:
 
 
 # --- the generated table ---------------------------------------------------------------------------
-BEGIN = "<!-- metric table: generated from moe_rl/metric_names.py by `python -m moe_rl.metric_names --write`; "
+BEGIN = "<!-- metric table: generated from moe_rl/metrics/names.py by `python -m moe_rl.metrics.names --write`; "
 BEGIN += "do not edit -->"
 END = "<!-- end of metric table -->"
 
@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stale.append(str(path))
     if stale and not args.write:
         print(
-            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metric_names --write "
+            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metrics.names --write "
             f"{' '.join(map(str, args.files))}",
             file=sys.stderr,
         )

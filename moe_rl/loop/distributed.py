@@ -15,12 +15,12 @@ so they log bitwise the same metrics. In a world of W > 1 processes:
 - rows: the P prompts of a step are split into W contiguous blocks of whole groups (W must divide P).
   A rank samples, scores, normalises advantages, runs the old pass and keeps the routes of its block only,
   so R2/R3 replay is rank-local and no route crosses ranks. Sampling draws what one process would draw
-  for the whole batch (`moe_rl.sampler.GlobalRows`), so the rollouts of a config do not depend on W.
+  for the whole batch (`moe_rl.rollout.sampler.GlobalRows`), so the rollouts of a config do not depend on W.
 - updates: the global permutation of the P*G rows is cut into N mini-batches exactly as in one process,
   and each rank runs its own rows of each mini-batch (a rank with none runs one masked row, so that every
   rank joins the collectives). The loss is rescaled by W * n_local / n_global, so the mean of the ranks'
   gradients that FSDP/DDP compute is the gradient of the one-process loss of that mini-batch.
-- metrics: each metric is a `moe_rl.partial.Partial` of this rank's rows, pooled by `merge` (sums added,
+- metrics: each metric is a `moe_rl.metrics.partial.Partial` of this rank's rows, pooled by `merge` (sums added,
   maxima taken, rows concatenated in rank order) and finalized by the same function as in one process.
 - files: rank 0 writes the run directory; every rank writes only its shard of the checkpoint
   (`torch.distributed.checkpoint`), which resumes on any world size (a world of size 1 included).
@@ -43,9 +43,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from moe_rl.algos import SEQ_MEAN_POLICY_LOSSES
-from moe_rl.atomic import write_atomic
-from moe_rl.partial import Partial, pool
-from moe_rl.runio import (
+from moe_rl.metrics.partial import Partial, pool
+from moe_rl.rollout.sampler import GlobalRows
+from moe_rl.run.atomic import write_atomic
+from moe_rl.run.folder import (
     POINTER,
     SINGLE_CHECKPOINT,
     RunWriter,
@@ -54,7 +55,6 @@ from moe_rl.runio import (
     load_checkpoint,
     save_checkpoint,
 )
-from moe_rl.sampler import GlobalRows
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class Dist:
     # --- pooled metrics --------------------------------------------------------------------------------
 
     def merge(self, parts: Partial) -> Partial:
-        """Every rank's `parts` pooled (`moe_rl.partial.pool`, rows in rank order = global row order). A rank
+        """Every rank's `parts` pooled (`moe_rl.metrics.partial.pool`, rows in rank order = global row order). A rank
         whose mini-batch rows are a stand-in (`dummy`) contributes nothing. A world of size 1 returns `parts`."""
         if not self.active:
             return parts

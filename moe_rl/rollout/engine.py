@@ -3,8 +3,8 @@
 The engine samples the completions, returns each sampled token's log-prob (the behaviour policy's
 `rollout_logp`) and the experts its own MoE kernels routed every token to (`routed_experts`, read
 through `Routes.from_vllm`), so that R3 replays routes an engine produced and `rollout/logp_gap`
-measures a real engine/trainer gap. The result is a `moe_rl.rollout.Rollout` with the layout
-`moe_rl.rollout.generate` gives (left-padded prompts, pads after EOS, masks), so every algorithm,
+measures a real engine/trainer gap. The result is a `moe_rl.rollout.generate.Rollout` with the layout
+`moe_rl.rollout.generate.generate` gives (left-padded prompts, pads after EOS, masks), so every algorithm,
 replay mode and metric runs on it unchanged.
 
 Weight sync is in place: `VllmEngine.sync` streams the trainer's state dict, renamed to the
@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from moe_rl.rollout import Rollout, position_ids, token_logp
+from moe_rl.rollout.generate import Rollout, position_ids, token_logp
 from moe_rl.routing import Routes, find_moe_layers
 
 MIN_HEAD_DIM = 32  # vLLM's CPU attention kernel refuses head_dim 16 (32, 64, 80, ... work)
@@ -242,7 +242,7 @@ class VllmEngine:
         record_routes: bool = True,
     ) -> Rollout:
         """Sample `group_size` completions per prompt, row i seeded from `row_keys[i]`, laid out as
-        `moe_rl.rollout.generate` lays them out (rows p*G..p*G+G-1 share prompt p)."""
+        `moe_rl.rollout.generate.generate` lays them out (rows p*G..p*G+G-1 share prompt p)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

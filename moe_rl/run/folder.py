@@ -12,7 +12,7 @@ Layout of one run:
     train.log             progress lines and, when a run fails, its traceback
     checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps); plain
                           data only, loaded with torch.load(weights_only=True): it cannot run code
-    loggers.json          ids of the live logging backends' runs (moe_rl.loggers), reused on resume
+    loggers.json          ids of the live logging backends' runs (moe_rl.run.loggers), reused on resume
     routes/step_*.safetensors  route snapshots
 Every file is written to a temporary name and renamed, so a reader never sees a partial file.
 """
@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from moe_rl.atomic import write_atomic
+from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class RunWriter:
 
     def __init__(self, out_dir: str | Path, keys: dict[str, Any], *, config_hash: str = "") -> None:
         self.dir = Path(out_dir)
-        self.backends: list[Any] = []  # live logging backends (moe_rl.loggers); parquet is always written
+        self.backends: list[Any] = []  # live logging backends (moe_rl.run.loggers); parquet is always written
         self.config_hash = config_hash
         self.dir.mkdir(parents=True, exist_ok=True)
         self.parts = self.dir / "metrics"

@@ -23,8 +23,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
-from moe_rl.progress import eta_seconds, format_duration
-from moe_rl.rollout import generate
+from moe_rl.rollout.generate import generate
+from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.dataset import data_hash
 from moe_rl.tasks.setup import RLTask, setup_task

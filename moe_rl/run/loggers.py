@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from moe_rl.atomic import write_atomic
+from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from moe_rl.metric_names import REWARD_MEAN, ROUTE_FLIP_RATE, TASK_ACCURACY
+from moe_rl.metrics.names import REWARD_MEAN, ROUTE_FLIP_RATE, TASK_ACCURACY
 
 log = logging.getLogger("moe_rl.train")
 

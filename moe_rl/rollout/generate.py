@@ -18,8 +18,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from moe_rl.rollout.sampler import GlobalRows, Sampled, sample_loop
 from moe_rl.routing import RouteRecorder, Routes
-from moe_rl.sampler import GlobalRows, Sampled, sample_loop
 
 
 @dataclass
@@ -88,7 +88,7 @@ def generate(
     """Sample `group_size` completions per prompt (rows p*G..p*G+G-1 share prompt p).
 
     One seeded stream (`seed`) serves the whole batch, drawn by `sampler`, one of SAMPLERS: `loop`
-    (moe_rl.sampler.sample_loop, the default) and `generate` (transformers' `model.generate`) draw
+    (moe_rl.rollout.sampler.sample_loop, the default) and `generate` (transformers' `model.generate`) draw
     bitwise the same tokens and logits for the same seed. With `rows` (`loop` only) these rows are
     part of a batch split across processes and get the tokens the whole batch would give them, so a
     run draws the same rollouts on any number of processes.

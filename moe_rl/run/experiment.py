@@ -13,10 +13,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from moe_rl.atomic import write_atomic
 from moe_rl.config import TrainConfig, config_hash, validate
-from moe_rl.progress import eta_seconds, format_duration
-from moe_rl.runio import FINISHED, RunDirectoryError, read_status, write_status
+from moe_rl.run.atomic import write_atomic
+from moe_rl.run.folder import FINISHED, RunDirectoryError, read_status, write_status
+from moe_rl.run.progress import eta_seconds, format_duration
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def write_hydra_record(out_dir: str | Path, cfg: DictConfig, hydra_cfg: Any) -> 
 
 
 def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
-    from moe_rl.distributed import world_size_from_env
+    from moe_rl.loop.distributed import world_size_from_env
     from moe_rl.train import refuse_foreign_dir, train
 
     out_dir = hydra_cfg.runtime.output_dir

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from moe_rl.metric_names import pass_at_key
-from moe_rl.rollout import generate
+from moe_rl.metrics.names import pass_at_key
+from moe_rl.rollout.generate import generate
 from moe_rl.tasks.setup import RLTask
 
 

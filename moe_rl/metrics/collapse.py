@@ -1,6 +1,6 @@
 """Collapse detection (docs/design.md §3): pure Python over a run's (step, value) records, no torch, so
 analysis can recompute any definition without importing the training stack. Re-exported by
-`moe_rl.metrics`.
+`moe_rl.metrics.stats`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moe_rl.metric_names import LOSS, OPTIM_GRAD_NORM, POLICY_ENTROPY, REWARD_MEAN, TASK_ACCURACY
+from moe_rl.metrics.names import LOSS, OPTIM_GRAD_NORM, POLICY_ENTROPY, REWARD_MEAN, TASK_ACCURACY
 
 
 @dataclass(frozen=True)

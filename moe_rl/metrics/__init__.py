@@ -1,0 +1,1 @@
+"""What the loop measures: metric names, partial statistics, ratio and route statistics, collapse, verdicts."""
