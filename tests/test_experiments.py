@@ -39,6 +39,7 @@ SWEEP_SIZES = {
     "dense_control": 64,
     "phase_mixtral": 72,
     "stabilizers": 112,
+    "engine_phase": 12,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
