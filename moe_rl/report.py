@@ -95,10 +95,58 @@ def _with_provenance(writer: Callable[[Path, Path], list[Path]]) -> Callable[[Pa
     return write
 
 
+# folders whose report also reads the runs of another folder: name -> (folder, the run keys it keeps)
+BORROWS = {"stabilizers": ("dense_control", {"family": "qwen3_moe"})}
+
+
+def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
+    """The stabilizer bench: the usual report of its own runs, opened by the leaderboard of every arm against
+    grpo+none, whose runs (and gspo+none's) it borrows from `dense_control` (the same configs but the name)."""
+    from moe_rl.analysis import leaderboard as lb
+
+    written = write_report(runs_dir, out, by=["arm"])
+    folder, keep = BORROWS[out.name]
+    own = analysis.load_results(runs_dir)
+    borrowed_dir = runs_folder(out.parent, folder)
+    borrowed = analysis.load_results(borrowed_dir)
+    for key, value in keep.items():
+        borrowed = borrowed[borrowed[key] == value]
+    borrowed = borrowed[~borrowed["arm"].isin(set(own["arm"]))]
+    runs = lb.per_run(pd.concat([own, borrowed], ignore_index=True))
+    runs = runs[~runs["status"].isin(INCOMPLETE_STATUSES)]
+    pooled = lb.leaderboard(runs)
+    cells = [(cell, lb.leaderboard(g)) for cell, g in runs.groupby(["lr", "N"], sort=True)]
+    csv = out / "leaderboard.csv"
+    frames = [pooled.assign(cell="pooled")] + [t.assign(cell=f"lr {lr:g}, N = {n}") for (lr, n), t in cells]
+    write_atomic(csv, lambda f: f.write(pd.concat(frames, ignore_index=True).to_csv(index=False).encode()))
+    arms = ", ".join(f"{a} {n}" for a, n in runs.groupby("arm").size().items())
+    section = [
+        "## Leaderboard: every arm against grpo+none",
+        "",
+        f"{len(runs)} finished runs, {runs['run'].isin(set(own['run'])).sum()} of them from `{runs_dir}`; "
+        f"grpo+none and gspo+none are the {', '.join(f'{k}={v}' for k, v in keep.items())} runs of "
+        f"`{borrowed_dir}` (the same configs but the experiment name). Runs per arm: {arms}.",
+        "",
+        lb.__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
+        "",
+        "Pooled over the cells (pairs by lr, N and seed):",
+        "",
+        lb.format_leaderboard_markdown(pooled),
+    ]
+    for (lr, n), table in cells:
+        section += [f"lr {lr:g}, N = {n}:", "", lb.format_leaderboard_markdown(table)]
+    summary = out / "summary.md"
+    title, _, rest = summary.read_text().partition("\n")
+    text = f"{title}\n\n" + "\n".join(section) + "\n" + rest
+    write_atomic(summary, lambda f: f.write(text.encode()))
+    return [*written, csv]
+
+
 # result folders with a report of their own: name -> writer(runs_dir, out)
 DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "drift_scaling": _with_provenance(_drift_report),
     "drift_forecast": _with_provenance(_forecast_report),
+    "stabilizers": _stabilizers_report,
 }
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {
@@ -497,10 +545,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.results_dir is None:
         parser.error("RESULTS_DIR is required (or pass --claims / --collapse-definitions / --all)")
+    out = args.out or args.results_dir
     try:
-        written = write_report(
-            args.results_dir, args.out or args.results_dir, by=by, pool=pool, variant=args.variant, reference=args.ref
-        )
+        if out.name in DEDICATED_REPORTS:  # e.g. results/stabilizers: its own report, whatever the options
+            written = DEDICATED_REPORTS[out.name](args.results_dir, out)
+        else:
+            written = write_report(args.results_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref)
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

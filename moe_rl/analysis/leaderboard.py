@@ -1,0 +1,115 @@
+"""The stabilizer leaderboard: every arm against one reference arm, paired by cell and seed.
+
+One row per arm, pooled over the cells it ran in. Primary columns (declared in
+`experiments/conf/experiment/stabilizers.yaml`): late accuracy (mean of the last evaluations, as the
+claims use it), reward AUC and survival (the share of runs the loop did not label collapsed), each as
+the arm's mean and its paired difference to the reference with a 95% bootstrap interval; p from a
+sign-flip test (accuracy, AUC) or an exact McNemar test on the discordant pairs (survival), Holm over
+the arms of each column. Descriptive columns: the off-policy token log-ratio variance, the routing
+part's share of it and the clip fraction, per-run means over the run, then means over runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.analysis.phase import run_outcomes
+from moe_rl.analysis.stats import holm, mcnemar_exact, pair_by, paired_compare
+from moe_rl.analysis.tables import per_run_mean, variant_per_run
+from moe_rl.metrics.names import (
+    RATIO_CLIPFRAC_HIGH,
+    RATIO_CLIPFRAC_LOW,
+    RATIO_SPLIT_ROUTING_SHARE,
+    RATIO_TOKEN_VAR,
+)
+
+REFERENCE = "grpo+none"
+PAIR_ON = ("lr", "N", "seed")
+PRIMARY = ("late_accuracy", "reward_auc", "survived")
+DESCRIPTIVE = ("token_ratio_var", "routing_share", "clip_frac")
+
+
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its keys, the primary outcomes and the descriptive means."""
+    out = run_outcomes(df).set_index("run", drop=False).rename_axis(None)
+    out["survived"] = (~out["collapsed_in_loop"].astype(bool)).astype(float)
+    out["token_ratio_var"] = variant_per_run(df, RATIO_TOKEN_VAR)
+    out["routing_share"] = variant_per_run(df, RATIO_SPLIT_ROUTING_SHARE)
+    low, high = per_run_mean(df, RATIO_CLIPFRAC_LOW), per_run_mean(df, RATIO_CLIPFRAC_HIGH)
+    out["clip_frac"] = low.add(high, fill_value=0.0) if len(low) or len(high) else np.nan
+    return out.reset_index(drop=True)
+
+
+def leaderboard(
+    runs: pd.DataFrame, *, reference: str = REFERENCE, pair_on: Sequence[str] = PAIR_ON, seed: int = 0
+) -> pd.DataFrame:
+    """One row per arm of `runs` (from `per_run`), the reference first, then by paired late accuracy."""
+    if reference not in set(runs["arm"]):
+        raise KeyError(f"reference arm {reference!r} has no runs; arms: {sorted(runs['arm'].unique())}")
+    rows = []
+    for arm, g in runs.groupby("arm", sort=True):
+        row: dict = {"arm": arm, "runs": len(g), "cells": g[["lr", "N"]].drop_duplicates().shape[0]}
+        row.update({f"{c}_mean": float(g[c].mean()) for c in (*PRIMARY, *DESCRIPTIVE)})
+        if arm != reference:
+            for col in ("late_accuracy", "reward_auc"):
+                pairs = pair_by(runs, arm_col="arm", a=arm, b=reference, value=col, on=pair_on)
+                test = paired_compare(pairs["a"], pairs["b"], seed=seed)
+                row["pairs"] = test["n"]
+                row[f"{col}_diff"], row[f"{col}_lo"], row[f"{col}_hi"] = test["mean_diff"], test["lo"], test["hi"]
+                row[f"{col}_p"] = test["p_value"]
+            pairs = pair_by(runs, arm_col="arm", a=arm, b=reference, value="survived", on=pair_on)
+            d = (pairs["a"] - pairs["b"]).to_numpy()
+            test = paired_compare(pairs["a"], pairs["b"], seed=seed)
+            row["survived_diff"], row["survived_lo"], row["survived_hi"] = test["mean_diff"], test["lo"], test["hi"]
+            row["survived_p"] = mcnemar_exact(int((d > 0).sum()), int((d < 0).sum())) if len(d) else np.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for col in PRIMARY:
+        p = table.get(f"{col}_p")
+        if p is None:
+            continue
+        tested = p.notna()
+        table[f"{col}_holm"] = np.nan
+        table.loc[tested, f"{col}_holm"] = holm(p[tested].to_numpy())
+    order = table["late_accuracy_diff"].fillna(np.inf) if "late_accuracy_diff" in table else table["arm"]
+    return table.assign(_o=order).sort_values("_o", ascending=False).drop(columns="_o").reset_index(drop=True)
+
+
+def _diff(row: pd.Series, col: str, scale: float, spec: str) -> str:
+    if pd.isna(row.get(f"{col}_diff")):
+        return "ref"
+    d, lo, hi = (row[f"{col}_{k}"] * scale for k in ("diff", "lo", "hi"))
+    return f"{d:+{spec}} [{lo:+{spec}}, {hi:+{spec}}]"
+
+
+def _p(row: pd.Series, col: str) -> str:
+    if pd.isna(row.get(f"{col}_p")):
+        return "—"
+    return f"{row[f'{col}_p']:.3f} ({row[f'{col}_holm']:.3f})"
+
+
+def _num(value: float, spec: str) -> str:
+    return "—" if pd.isna(value) else format(value, spec)
+
+
+def format_leaderboard_markdown(table: pd.DataFrame, *, reference: str = REFERENCE) -> str:
+    """The leaderboard as a markdown table (differences against `reference`, p with Holm in parentheses)."""
+    head = (
+        "| arm | runs | late acc (%) | Δ late acc (pp) [95% boot] | p (Holm) | reward AUC | Δ AUC [95% boot] | "
+        "p (Holm) | survival (%) | Δ survival (pp) [95% boot] | p McNemar (Holm) | token ratio var | "
+        "routing share (%) | clip frac (%) |"
+    )
+    lines = [head, "|:---|" + "---:|" * 13]
+    for _, r in table.iterrows():
+        name = f"**{r['arm']}** (ref)" if r["arm"] == reference else str(r["arm"])
+        lines.append(
+            f"| {name} | {r['runs']} | {r['late_accuracy_mean'] * 100:.1f} | {_diff(r, 'late_accuracy', 100, '.1f')} | "
+            f"{_p(r, 'late_accuracy')} | {r['reward_auc_mean']:.3f} | {_diff(r, 'reward_auc', 1, '.3f')} | "
+            f"{_p(r, 'reward_auc')} | {r['survived_mean'] * 100:.0f} | {_diff(r, 'survived', 100, '.0f')} | "
+            f"{_p(r, 'survived')} | {_num(r['token_ratio_var_mean'], '.3g')} | "
+            f"{_num(r['routing_share_mean'] * 100, '.1f')} | {_num(r['clip_frac_mean'] * 100, '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
