@@ -8,8 +8,9 @@ events with `moe_rl.metrics.collapse.detect_collapse` under the collapse setting
 (keys a folder predates at the values it was labelled with), as the loop would record them if it
 ran that config now: the events that stand at the end of the run, and the dips it recovered from
 (`moe_rl.metrics.collapse.judge_collapse`; a recovered dip is not a collapse). Where the standing events
-differ from those recorded, the status is re-judged as the loop sets it: `collapsed` with events,
-else the `no_signal` / `reward_failed` verdict (`moe_rl.metrics.verdict`) or `completed`. Rewrites
+differ from those recorded, or the run has none, the status is re-judged as the loop sets it: `collapsed`
+with events, else the `no_signal` / `reward_failed` verdict (`moe_rl.metrics.verdict`) or `completed`
+(so a run labelled before the verdict existed says today whether it learned anything). Rewrites
 `status.json` where that or its `recovered_events` changed (other fields kept) and prints each change.
 Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
 as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
@@ -61,12 +62,12 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     new.pop("recovered_events", None)
     if judged.recovered:  # as the loop writes it: only when there are any
         new["recovered_events"] = [_record(e) for e in judged.recovered]
-    if new["collapse_events"] == old.get("collapse_events", []):
-        return old, new  # the rule decides as it did: the status stands (a verdict is not re-judged here)
-    new.pop("reason", None)
     if events:
+        if new["collapse_events"] != old.get("collapse_events", []) or old["status"] != "collapsed":
+            new.pop("reason", None)
         new["status"] = "collapsed"
         return old, new
+    new.pop("reason", None)
     wide = frame[frame["step"] >= 1].pivot_table(index="step", columns="key", values="value")
     signal = {**SIGNAL_DEFAULTS, **(cfg.get("signal") or {})}
     meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").is_file() else {}
