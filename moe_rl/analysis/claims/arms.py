@@ -19,9 +19,7 @@ from moe_rl.analysis.claims.rules import (
     REWARD_MARGIN,
     fmt_p,
 )
-from moe_rl.analysis.collapse_definitions import (
-    MAIN_DEFINITION,
-)
+from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
 from moe_rl.analysis.stats import (
     holm,
     kaplan_meier,

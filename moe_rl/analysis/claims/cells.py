@@ -6,11 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moe_rl.analysis.collapse_definitions import (
-    COLLAPSE_DEFINITIONS,
-    HISTORY_KEYS,
-    definition_grid,
-)
+from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, definition_grid
 from moe_rl.analysis.load import load_results
 from moe_rl.analysis.phase import cell_label, run_outcomes
 

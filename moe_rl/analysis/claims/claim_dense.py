@@ -24,22 +24,10 @@ from moe_rl.analysis.claims.rules import (
     set_robustness,
     would_change,
 )
-from moe_rl.analysis.collapse_definitions import (
-    COLLAPSE_DEFINITIONS,
-    HISTORY_KEYS,
-    MAIN_DEFINITION,
-    definition_grid,
-)
+from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, MAIN_DEFINITION, definition_grid
 from moe_rl.analysis.phase import cell_label, run_outcomes
-from moe_rl.analysis.stats import (
-    paired_compare,
-)
-from moe_rl.metrics.names import (
-    REWARD_MEAN,
-)
-
-# --- claim 7: the instability at this scale is specific to MoE --------------------------------------
-
+from moe_rl.analysis.stats import paired_compare
+from moe_rl.metrics.names import REWARD_MEAN
 
 DENSE_CONTROL = "dense_control"
 MOE_FAMILY, DENSE_FAMILY = "qwen3_moe", "qwen3_dense"  # the default model and its dense control (moe_rl.models)

@@ -26,10 +26,7 @@ from moe_rl.analysis.claims.rules import (
     would_change,
 )
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.analysis.stats import (
-    looks_adjusted,
-    paired_compare,
-)
+from moe_rl.analysis.stats import looks_adjusted, paired_compare
 from moe_rl.metrics.names import (
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,

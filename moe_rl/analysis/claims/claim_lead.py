@@ -21,24 +21,12 @@ from moe_rl.analysis.claims.rules import (
     pct,
     would_change,
 )
-from moe_rl.analysis.collapse_definitions import (
-    HISTORY_KEYS,
-    MAIN_DEFINITION,
-    main_definition_kwargs,
-)
+from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, main_definition_kwargs
 from moe_rl.analysis.shift import CLIP_KEYS, MAX_LAG, SHIFT_AMOUNT, SHIFT_KEY, SHIFT_KEYS
-from moe_rl.analysis.stats import (
-    bootstrap_mean_ci,
-    event_aligned,
-    granger_surrogate_test,
-    lagged_xcorr,
-)
+from moe_rl.analysis.stats import bootstrap_mean_ci, event_aligned, granger_surrogate_test, lagged_xcorr
 
 GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
 N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)
-
-
-# --- claim 6: router shift leads clip bursts and collapse ------------------------------------------
 
 
 def run_series(df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, min_steps: int) -> list[tuple]:

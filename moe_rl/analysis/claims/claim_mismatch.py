@@ -21,13 +21,8 @@ from moe_rl.analysis.claims.rules import (
     Claim,
     fmt_p,
 )
-from moe_rl.analysis.collapse_definitions import (
-    MAIN_DEFINITION,
-)
-from moe_rl.analysis.stats import (
-    holm,
-    paired_compare,
-)
+from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
+from moe_rl.analysis.stats import holm, paired_compare
 from moe_rl.metrics.names import (
     FLIP_RATE,
     ROLLOUT_LOGP_GAP,
@@ -37,8 +32,6 @@ from moe_rl.metrics.names import (
     TOKEN_FLIP_RATE,
     route_key,
 )
-
-# --- claim 5: with a gap and large N, R3 beats R2 --------------------------------------------------
 
 R3_PAPER_GAP = "~10% of routers and 94% of tokens route differently between inference and training (Qwen3-30B-A3B)"
 ENGINE_GAP_KEYS = (

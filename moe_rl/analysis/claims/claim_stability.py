@@ -22,10 +22,7 @@ from moe_rl.analysis.claims.rules import (
     shares,
     would_change,
 )
-from moe_rl.analysis.collapse_definitions import (
-    ALTERNATIVE_DEFINITION,
-    MAIN_DEFINITION,
-)
+from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 
 FAMILY_PHASES = {"phase_mixtral": "mixtral"}  # phase maps of other families: claims 2 and 3 per family and pooled
 

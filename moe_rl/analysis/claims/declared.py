@@ -10,8 +10,6 @@ import pandas as pd
 
 from moe_rl.analysis.claims.rules import PRIMARY, Claim
 
-# --- declared analyses: what an experiment file declares, and the runs added after a look ----------
-
 EXPERIMENT_FILES = Path(__file__).resolve().parents[3] / "experiments" / "conf" / "experiment"
 SWEEP_KEYS = {"seed": "seed", "optim.lr": "lr", "optim.updates_per_rollout": "N", "arm": "arm"}  # sweep -> run key
 

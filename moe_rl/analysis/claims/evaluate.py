@@ -14,8 +14,6 @@ from moe_rl.analysis.claims.claim_stability import claim_gspo_stable, claim_offp
 from moe_rl.analysis.claims.declared import declared_analyses
 from moe_rl.analysis.claims.rules import INCONCLUSIVE, Claim
 
-# --- all claims ------------------------------------------------------------------------------------
-
 CLAIMS: tuple[Callable[[Path], Claim], ...] = (
     claim_expert_drift,
     claim_offpolicy_grpo,

@@ -8,19 +8,9 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.claims.rules import N_BOOT
-from moe_rl.analysis.collapse_definitions import (
-    ALTERNATIVE_DEFINITION,
-    MAIN_DEFINITION,
-)
+from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 from moe_rl.analysis.phase import cell_label
-from moe_rl.analysis.stats import (
-    cmh_exact,
-    cohen_kappa,
-    collapse_test,
-    holm,
-)
-
-# --- collapse comparisons over the phase map -------------------------------------------------------
+from moe_rl.analysis.stats import cmh_exact, cohen_kappa, collapse_test, holm
 
 
 def _strata(outcomes: pd.DataFrame, a: str, b: str, definition: str, cells: list[str]) -> list[tuple]:

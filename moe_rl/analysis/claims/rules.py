@@ -8,35 +8,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.collapse_definitions import (
-    GRID_DROP_FRACS,
-    GRID_ENTROPY_FLOORS,
-    GRID_PATIENCES,
-)
+from moe_rl.analysis.collapse_definitions import GRID_DROP_FRACS, GRID_ENTROPY_FLOORS, GRID_PATIENCES
 
+# verdicts
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+FRAGILE = "fragile"  # a collapse verdict that changes within the declared grid of collapse definitions
+UNTESTABLE = "untestable at this scale"  # claim 1: the answer hinges on what our models cannot show
+UNTESTABLE_HERE = "untestable here"  # the runs hold no case the claim speaks of (none yet, or nothing degrades)
+
+# significance and the margins too small to matter
 ALPHA = 0.05
 COLLAPSE_MARGIN = 0.10  # collapse probability difference too small to matter
 ACCURACY_MARGIN = 0.05
 DRIFT_MARGIN = 0.10  # relative to the shallow model's drift
-
-
+REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
 LEAD_MARGIN = 0.01  # share of the clip fraction's next-step variance too small to matter
 N_BOOT = 4999
 
-
-REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
 # the measured outcomes and their names on the page: `late_accuracy` (the mean of a run's last 3 evaluations,
 # `moe_rl.analysis.accuracy`) is what CLAIMS.md's prose calls final accuracy
 CONTINUOUS = {"late_accuracy": "final accuracy", "reward_auc": "reward AUC"}
 PRIMARY = [*CONTINUOUS, "time_to_collapse"]  # what an experiment file's `analysis.primary` should declare
-FRAGILE = "fragile"
-
-
-UNTESTABLE = "untestable at this scale"
-
-
-UNTESTABLE_HERE = "untestable here"  # the runs hold no case the claim speaks of (none yet, or nothing degrades)
 
 
 @dataclass
