@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +17,9 @@ from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
 from moe_rl.run.folder import NUMERICS
+from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for existing callers
+from moe_rl.run.identity import identity_hash
+from moe_rl.run.identity import identity_spec as identity_spec
 from moe_rl.tasks import TASKS
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
 
@@ -221,85 +223,15 @@ class TrainConfig:
         return asdict(self)
 
 
-# Keys that do not change what a run computes: excluded from its identity (`config_hash`).
-NOT_IDENTITY = (
-    "out_dir",
-    "results_dir",
-    "experiment",
-    "dry_run",
-    "progress",
-    "threads",
-    "checkpoint_every",
-    "keep_checkpoint",
-    "logger",
-    "log_every",
-    "dist",
-    "analysis",
-    "signal",
-)
-
-
 def run_dir(cfg: TrainConfig) -> str:
     """The run folder: `out_dir` when set, else `results_dir/experiment/single/default`."""
     return cfg.out_dir or str(Path(cfg.results_dir) / cfg.experiment / "single" / "default")
 
 
-# Keys added after runs were shipped: left out of the identity while at their default, so the
-# shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
-_ADDED_DEFAULTS = {
-    "model": {"dtype": "float32", "head_dim": None},
-    "rollout": {
-        "engine": "hf",
-        "engine_sync_every": 1,
-        "is_correction": "none",
-        "is_level": "token",
-        "is_cap": 2.0,
-        "is_low": 0.5,
-        "is_high": 5.0,
-    },
-    "algo": {"tau_pos": None, "tau_neg": None, "router_shift": False, "router_shift_floor": 0.5},
-    "replay": {"threshold": 0.5, "split_every": 1},
-    "task": {
-        "path": None,
-        "prompt_field": "prompt",
-        "answer_field": "answer",
-        "system_prompt": None,
-        "split": "train",
-        "chat_template": "auto",
-        "reward": "exact",
-    },
-    "cold_start": {"mode": "auto", "patience": None},
-    "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
-    "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
-}
-_ADDED_TOP = {"numerics": "native"}  # top-level keys added later, left out while at their default
-_ADDED_SECTIONS = ("pass_at_k",)  # sections added later: left out entirely while every key is at its default
-
-
-def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """`cfg_dict` without keys at the defaults in `_ADDED_DEFAULTS` and task kwargs at their defaults."""
-    from moe_rl.tasks import explicit_task_kwargs
-
-    spec = {
-        k: (dict(v) if isinstance(v, dict) else v)
-        for k, v in cfg_dict.items()
-        if k not in _ADDED_TOP or v != _ADDED_TOP[k]
-    }
-    for section, defaults in _ADDED_DEFAULTS.items():
-        if isinstance(spec.get(section), dict):
-            spec[section] = {k: v for k, v in spec[section].items() if k not in defaults or v != defaults[k]}
-            if section in _ADDED_SECTIONS and not spec[section]:
-                del spec[section]
-    if isinstance(spec.get("task"), dict) and "kwargs" in spec["task"]:
-        spec["task"]["kwargs"] = explicit_task_kwargs(spec["task"].get("name", ""), spec["task"]["kwargs"])
-    return spec
-
-
 def config_hash(cfg: TrainConfig) -> str:
-    """Identity of what a run computes: resuming or skipping a run directory requires it to match."""
-    spec = identity_spec({k: v for k, v in cfg.to_dict().items() if k not in NOT_IDENTITY})
-    spec["cold_start"] = {k: v for k, v in spec["cold_start"].items() if k != "cache_dir"}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Identity of what a run computes: resuming or skipping a run directory requires it to match
+    (`moe_rl.run.identity.identity_hash` of the config's dict)."""
+    return identity_hash(cfg.to_dict())
 
 
 def _one_of(key: str, value: Any, valid: Any) -> None:

@@ -72,11 +72,29 @@ def test_cmh_exact_two_strata_by_enumeration() -> None:
 
 def test_holm_by_hand() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
-    # (statsmodels.stats.multitest.multipletests(method="holm") gives the same)
     out = stats.holm([0.01, 0.04, 0.03, 0.005, np.nan])
     assert out[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(out[4])
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
     assert len(stats.holm([])) == 0
+
+
+def test_holm_matches_statsmodels() -> None:
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(8)
+    for size in (1, 2, 3, 7, 20):
+        p = rng.random(size) ** 3
+        p[: size // 3] = p[-1]  # ties
+        np.testing.assert_array_equal(stats.holm(p), multipletests(p, method="holm")[1])
+
+
+def test_mcnemar_two_sided_is_statsmodels_and_one_sided_is_the_binomial_test() -> None:
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    for b, c in ((8, 0), (3, 1), (5, 5), (0, 4), (12, 30)):
+        assert stats.mcnemar_exact(b, c) == mcnemar([[0, b], [c, 0]], exact=True).pvalue
+        assert stats.mcnemar_exact(b, c) == pytest.approx(sps.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
+        assert stats.mcnemar_exact(b, c, alternative="less") == pytest.approx(sps.binom.cdf(b, b + c, 0.5), rel=1e-12)
 
 
 def test_sign_flip_pvalues_are_exact() -> None:

@@ -62,6 +62,11 @@ def _entropy_suffix(floor: float, window: int) -> str:
     return "" if (floor, window) == (_SHARED["entropy_floor"], _SHARED["entropy_window"]) else f":e{floor:g}:w{window}"
 
 
+def main_definition_kwargs() -> dict:
+    """`detect_collapse` keyword arguments of the main definition (`COLLAPSE_DEFINITIONS[MAIN_DEFINITION]`)."""
+    return COLLAPSE_DEFINITIONS[MAIN_DEFINITION]
+
+
 def definition_grid() -> dict[str, dict]:
     """Name -> `detect_collapse` keyword arguments for every point of the declared grid
     ("relative:d0.5:p2" is the main definition, "absolute:d0.5" the alternative; a non-default entropy

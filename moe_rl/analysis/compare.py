@@ -1,9 +1,10 @@
 """Arms against a reference arm, within each stratum of the other grouping keys (docs/design.md §7).
 
 Collapse counts: k of n with Wilson intervals and Boschloo's exact test. Continuous outcomes
-(final accuracy, reward AUC): paired by seed (and any pooled key) — arms of a seed share the cold
-start and the prompts — with a bootstrap interval of the mean difference, a sign-flip p-value and
-the probability of improvement. Holm over each column's tests.
+(final accuracy, the last evaluation as `moe_rl.analysis.accuracy` defines it; reward AUC): paired
+by seed (and any pooled key) — arms of a seed share the cold start and the prompts — with a
+bootstrap interval of the mean difference, a sign-flip p-value and the probability of improvement.
+Holm over each column's tests.
 """
 
 from __future__ import annotations

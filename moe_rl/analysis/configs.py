@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.load import run_key_columns, runs
-from moe_rl.config import NOT_IDENTITY, identity_spec
+from moe_rl.run.identity import NOT_IDENTITY, identity_spec
 
 # config keys a run key column already shows (moe_rl.train.run_keys)
 SHOWN_BY_RUN_KEYS = {

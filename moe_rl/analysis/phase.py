@@ -12,13 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.accuracy import final_accuracy, late_accuracy, start_accuracy
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
-from moe_rl.metrics.names import REWARD_MEAN, TASK_ACCURACY
+from moe_rl.metrics.names import REWARD_MEAN
 
 AXES = ("lr", "N")
-LATE_EVALS = 3  # final accuracy as a measurement: the mean of a run's last evaluations (one has ~4 pp noise)
 REFERENCE_ARM = "grpo+none"
 
 
@@ -37,15 +37,14 @@ def reward_auc(steps: np.ndarray, values: np.ndarray) -> float:
 
 
 def run_outcomes(df: pd.DataFrame, definitions: dict | None = None) -> pd.DataFrame:
-    """One row per run: run keys, status, start/final accuracy, `late_accuracy` (mean of the last
-    LATE_EVALS evaluations), reward_auc, last_step, in-loop collapse and `collapsed_<def>` /
-    `collapse_step_<def>` / `trigger_<def>` for every collapse definition."""
+    """One row per run: run keys, status, `start_accuracy` (step 0), `final_accuracy` (the last
+    evaluation), `late_accuracy` (the mean of the last 3; all three `moe_rl.analysis.accuracy`),
+    reward_auc, last_step, in-loop collapse and `collapsed_<def>` / `collapse_step_<def>` /
+    `trigger_<def>` for every collapse definition."""
     table = runs(df).set_index("run", drop=False).rename_axis(None)
-    acc = df.loc[df["key"] == TASK_ACCURACY, ["run", "step", "value"]].dropna().sort_values("step")
-    g = acc.groupby("run")["value"]
-    table["start_accuracy"] = g.first()
-    table["final_accuracy"] = g.last()
-    table["late_accuracy"] = g.apply(lambda v: v.iloc[-LATE_EVALS:].mean())
+    table["start_accuracy"] = start_accuracy(df)
+    table["final_accuracy"] = final_accuracy(df)
+    table["late_accuracy"] = late_accuracy(df)
     rew = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]]
     table["reward_auc"] = pd.Series(
         {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}, dtype=float

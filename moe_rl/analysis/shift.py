@@ -11,11 +11,33 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.claims import CLIP_KEYS, SHIFT_AMOUNT, SHIFT_KEYS, _main_kwargs, pooled_xcorr
-from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, collapse_events
-from moe_rl.analysis.stats import event_aligned_mean
+from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, collapse_events, main_definition_kwargs
+from moe_rl.analysis.stats import event_aligned_mean, lagged_xcorr
+from moe_rl.metrics.names import RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW, ROUTE_SHIFT_MEAN, offpolicy_key
 
+SHIFT_KEY = ROUTE_SHIFT_MEAN  # gamma in (0, 1]: 1 = the router did not move (moe_rl.routing.router_shift)
+SHIFT_KEYS = (offpolicy_key(SHIFT_KEY), SHIFT_KEY)  # the off-policy mean (updates 2..N) where logged
+SHIFT_AMOUNT = "router shift 1 - gamma"
+CLIP_KEYS = (RATIO_CLIPFRAC_LOW, RATIO_CLIPFRAC_HIGH)
+MAX_LAG = 5
 CLIP = "clip fraction (low + high)"
+
+
+def pooled_xcorr(
+    df: pd.DataFrame, x_key: str, y_keys: tuple[str, ...], *, max_lag: int = MAX_LAG, diff: bool = True
+) -> pd.DataFrame:
+    """Per run `lagged_xcorr(x, sum of y_keys)` over steps (first differences when `diff`, so slow
+    trends do not masquerade as a lead); one row per (run, lag) with r and n (router_shift.png)."""
+    rows = []
+    for run, g in df[df["key"].isin([x_key, *y_keys])].groupby("run"):
+        wide = g.pivot_table(index="step", columns="key", values="value").sort_index()
+        if x_key not in wide or not all(k in wide for k in y_keys) or len(wide) < 2 * max_lag + 5:
+            continue
+        x, y = wide[x_key].to_numpy(), wide[list(y_keys)].sum(axis=1, min_count=len(y_keys)).to_numpy()
+        if diff:
+            x, y = np.diff(x), np.diff(y)
+        rows.append(lagged_xcorr(x, y, max_lag).assign(run=run))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["lag", "r", "n", "run"])
 
 
 def shift_series(df: pd.DataFrame) -> pd.DataFrame:
@@ -31,7 +53,7 @@ def shift_series(df: pd.DataFrame) -> pd.DataFrame:
 def event_aligned_shift(df: pd.DataFrame, *, before: int = 30, after: int = 10) -> tuple[pd.DataFrame, int]:
     """Mean shift and clip fraction at each offset from the collapse events (main definition), and the
     number of events."""
-    events = collapse_events(df[df["key"].isin(HISTORY_KEYS)], {MAIN_DEFINITION: _main_kwargs()})
+    events = collapse_events(df[df["key"].isin(HISTORY_KEYS)], {MAIN_DEFINITION: main_definition_kwargs()})
     events = events[events["collapsed"]][["run", "step"]]
     series = shift_series(df)
     frames = []

@@ -8,6 +8,12 @@
 - many tests in one report: `holm`;
 - time series: `lagged_xcorr` and `event_aligned`.
 
+Where a well-kept library has the same test, it computes it: statsmodels for the Wilson interval
+(`proportion_confint`), the exact two-sided McNemar test (`mcnemar`) and Cohen's kappa
+(`cohens_kappa`); scipy for Fisher, Boschloo, the bootstrap, the permutation test and the binomial
+test. What stays hand-written (Holm, exact CMH, Kaplan-Meier, log-rank, the Granger lead) says why
+in its docstring, and the tests check it against a library where one has the same numbers.
+
 Why Boschloo rather than Fisher for two arms: seeds per arm are fixed by the design (two independent
 binomial samples), not the total number of collapses, so the conditional Fisher test is needlessly
 conservative; Boschloo's unconditional test uses Fisher's p-value as its statistic and is uniformly
@@ -25,6 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 from scipy import stats
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.inter_rater import cohens_kappa
+from statsmodels.stats.proportion import proportion_confint
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 
@@ -35,24 +44,19 @@ def _check_alternative(alternative: str) -> None:
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a proportion k/n; (nan, nan) when n == 0.
+    """Wilson score interval for a proportion k/n (statsmodels' `proportion_confint(method="wilson")`);
+    (nan, nan) when n == 0.
 
-    (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n): unlike the Wald interval it stays inside
-    [0, 1] and is not degenerate at 0 of n, which is the common case for collapse counts.
+    Unlike the Wald interval it stays inside [0, 1] and is not degenerate at 0 of n, which is the
+    common case for collapse counts. At 0 of n and n of n one bound is exactly p, set here so that
+    rounding never puts it on the wrong side of p.
     """
     if n < 0 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
         return math.nan, math.nan
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # at 0 of n and n of n one bound is exactly p; rounding must not put it on the wrong side of p
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return lo, hi
+    lo, hi = proportion_confint(k, n, alpha=1 - confidence, method="wilson")
+    return (0.0 if k == 0 else float(lo)), (1.0 if k == n else float(hi))
 
 
 def collapse_test(
@@ -87,6 +91,8 @@ def cmh_exact(tables: Sequence[tuple[int, int, int, int]], *, alternative: str =
     sided p sums the outcomes no more likely than the observed one. Also returns the
     Mantel-Haenszel common odds ratio sum(a d / n) / sum(b c / n) and the observed and expected
     total of arm-1 collapses. Strata without both outcomes carry no information and are skipped.
+    Hand-written because neither scipy nor statsmodels has the exact test (statsmodels'
+    `StratifiedTable.test_null_odds` is the asymptotic one, poor with a few runs per cell).
     """
     _check_alternative(alternative)
     support_lo, pmf = 0, np.array([1.0])
@@ -127,7 +133,10 @@ def cmh_exact(tables: Sequence[tuple[int, int, int, int]], *, alternative: str =
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm step-down adjusted p-values (family-wise error control); NaN entries stay NaN and do not count.
 
-    Sorted ascending, p_(i) becomes max_{j <= i} min(1, (m - j + 1) p_(j)).
+    Sorted ascending, p_(i) becomes max_{j <= i} min(1, (m - j + 1) p_(j)): the values of statsmodels'
+    `multipletests(method="holm")` (the tests check it), computed here because `multipletests` runs
+    `gc.collect()` on every call, a quarter of a second in a report process that holds the run
+    frames, and the claims page adjusts thousands of small families.
     """
     p = np.asarray(p_values, dtype=float)
     out = np.full(p.shape, np.nan)
@@ -346,6 +355,7 @@ def kaplan_meier(time: Sequence[float] | np.ndarray, event: Sequence[bool] | np.
     `time`: step of the event, or of the last observation for a censored run; `event`: True where
     the run collapsed at `time`. Returns one row per distinct event time: time, at_risk (n_s),
     events (d_s), survival (S just after that time). A run censored at t counts as at risk at t.
+    Hand-written for that table (scipy's `ecdf` gives S(t) but not the counts); tested against `ecdf`.
     """
     t, e = np.asarray(time, dtype=float), np.asarray(event, dtype=bool)
     if t.shape != e.shape or t.ndim != 1:
@@ -374,6 +384,8 @@ def logrank_test(
     (cell and seed) give the paired test: only pairs where one arm collapsed first carry weight.
     `alternative="greater"`: arm a collapses sooner (more events than expected). Returns z,
     observed and expected events of arm a, and p_value (NaN when no stratum carries information).
+    Hand-written because scipy's `logrank` has no strata and statsmodels' `survdiff` gives only the
+    two-sided chi-square (no one-sided z); tested against scipy's on one stratum.
     """
     _check_alternative(alternative)
     t, e, g = np.asarray(time, dtype=float), np.asarray(event, dtype=bool), np.asarray(group, dtype=bool)
@@ -406,18 +418,22 @@ def mcnemar_exact(b: int, c: int, *, alternative: str = "two-sided") -> float:
 
     Under equal collapse probability within pairs, b ~ Binomial(b + c, 1/2). Pairs from different
     cells can be pooled (each pair is its own stratum), so this is also the stratified test.
-    `alternative="greater"`: arm a collapses more. p = 1 without discordant pairs.
+    `alternative="greater"`: arm a collapses more. p = 1 without discordant pairs. Two-sided:
+    statsmodels' `mcnemar(exact=True)`; one-sided (which statsmodels does not offer): scipy's
+    exact binomial test of b out of b + c.
     """
     _check_alternative(alternative)
     if b < 0 or c < 0:
         raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
     if b + c == 0:
         return 1.0
+    if alternative == "two-sided":
+        return float(mcnemar([[0, b], [c, 0]], exact=True).pvalue)
     return float(stats.binomtest(b, b + c, 0.5, alternative=alternative).pvalue)
 
 
 def cohen_kappa(x: Sequence[bool] | np.ndarray, y: Sequence[bool] | np.ndarray) -> float:
-    """Cohen's kappa of two labellings of the same runs: (p_o - p_e) / (1 - p_e).
+    """Cohen's kappa of two labellings of the same runs: (p_o - p_e) / (1 - p_e) (statsmodels' `cohens_kappa`).
 
     1 is perfect agreement, 0 the agreement two independent labellings with these rates would
     reach by chance; NaN when chance agreement is already perfect (both label every run alike).
@@ -425,16 +441,19 @@ def cohen_kappa(x: Sequence[bool] | np.ndarray, y: Sequence[bool] | np.ndarray) 
     a, b = np.asarray(x, dtype=bool), np.asarray(y, dtype=bool)
     if a.shape != b.shape or a.ndim != 1 or not len(a):
         raise ValueError(f"need two non-empty 1-d labellings of one length, got {a.shape} and {b.shape}")
-    po = float(np.mean(a == b))
     pe = float(a.mean() * b.mean() + (1 - a.mean()) * (1 - b.mean()))
-    return math.nan if pe == 1 else (po - pe) / (1 - pe)
+    if pe == 1:
+        return math.nan
+    table = np.array([[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]], dtype=float)
+    return float(cohens_kappa(table, return_results=False))
 
 
 def looks_adjusted(p: float, looks: int) -> float:
     """p after `looks` analyses of accumulating data (Bonferroni over looks: min(1, looks * p)).
 
     Valid whatever the dependence between looks, and conservative: adding runs after seeing results
-    and testing again would otherwise raise the false-positive rate with every look.
+    and testing again would otherwise raise the false-positive rate with every look. (One p times a
+    count, not a family of p-values, so no multiple-testing routine applies.)
     """
     if looks < 1:
         raise ValueError(f"looks must be >= 1, got {looks}")
@@ -485,7 +504,9 @@ def granger_increment(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.n
     the x lags remove, (RSS_r - RSS_f) / RSS_r, a partial R² in [0, 1); and `direction`: the sum of
     the d_j in units of sd(y) / sd(x) (positive: more x, more y later). A correlation of x and y at
     the same step adds nothing: y[t] is explained only by values before t. NaN where y's own past
-    explains it exactly.
+    explains it exactly. Hand-written (least squares by QR and Frisch-Waugh) so that the surrogate
+    test can refit thousands of rotated series in one batch; statsmodels' `grangercausalitytests`
+    fits one series at a time, without a trend, and gives F tests, not this partial R².
     """
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.accuracy import final_accuracy, start_accuracy
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, run_key_columns, runs
 from moe_rl.metrics.names import (
     OFFPOLICY_SUFFIX,
@@ -19,7 +20,6 @@ from moe_rl.metrics.names import (
     RATIO_TOKEN_VAR,
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,
-    TASK_ACCURACY,
 )
 
 # t_{0.975, dof} for dof = 1..30 (two-sided 95%); checked against a numeric CDF in the tests
@@ -39,7 +39,6 @@ SUMMARY_METRICS = {
     "clipfrac_low": RATIO_CLIPFRAC_LOW,
     "clipfrac_high": RATIO_CLIPFRAC_HIGH,
 }
-ACCURACY_KEY = TASK_ACCURACY
 VARIANTS = ("auto", "all", "offpolicy")
 
 
@@ -130,13 +129,6 @@ def variant_per_run(df: pd.DataFrame, key: str, variant: str = "auto", *, last_f
     return out
 
 
-def _accuracy_per_run(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """(final, first) task accuracy per run: the last and the first (step 0) evaluation."""
-    sub = df.loc[df["key"] == ACCURACY_KEY, ["run", "step", "value"]].dropna().sort_values("step")
-    g = sub.groupby("run")["value"]
-    return g.last(), g.first()
-
-
 def summarize(
     df: pd.DataFrame,
     *,
@@ -149,8 +141,8 @@ def summarize(
 
     Per-run values: mean over steps (the last `last_frac` of them) of each SUMMARY_METRICS key (or
     its off-policy companion, see `variant_per_run`);
-    `final_accuracy` = last task/accuracy; `accuracy_gain` = last minus the first (step 0)
-    evaluation. Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
+    `final_accuracy` = the last evaluation (`moe_rl.analysis.accuracy`); `accuracy_gain` = the last
+    minus the first (step 0) evaluation. Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
     run). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
     collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
     mixes runs differing in a key outside `by` and `pool` is averaged with a warning (see `grouping`).
@@ -162,9 +154,9 @@ def summarize(
     table = runs(df).set_index("run", drop=False).rename_axis(None)
     for name, key in SUMMARY_METRICS.items():
         table[name] = variant_per_run(df, key, variant, last_frac=last_frac)
-    final, first = _accuracy_per_run(df)
+    final = final_accuracy(df)
     table["final_accuracy"] = final
-    table["accuracy_gain"] = final - first
+    table["accuracy_gain"] = final - start_accuracy(df)
     table["is_collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
 
     others = [c for c in run_key_columns(df) if c not in {*by, *pool, "run", "seed"}]

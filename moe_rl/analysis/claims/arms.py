@@ -1,0 +1,179 @@
+"""Arm comparisons: measured outcomes paired by seed, time to collapse, collapse counts, and their verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.analysis.claims.cells import grid_definitions
+from moe_rl.analysis.claims.rules import (
+    ACCURACY_MARGIN,
+    ALPHA,
+    CONTINUOUS,
+    INCONCLUSIVE,
+    N_BOOT,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    REWARD_MARGIN,
+    fmt_p,
+)
+from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
+from moe_rl.analysis.stats import (
+    holm,
+    kaplan_meier,
+    logrank_test,
+    looks_adjusted,
+    mcnemar_exact,
+    paired_compare,
+    wilson_interval,
+)
+
+
+def pair_runs(outcomes: pd.DataFrame, worse: str, better: str, cells: list[str]) -> pd.DataFrame:
+    """Runs of two arms joined on cell and seed (same cold start and prompts): columns <col>_w, <col>_b."""
+    on = [*cells, "seed"]
+    w = outcomes[outcomes["arm"] == worse].set_index(on)
+    b = outcomes[outcomes["arm"] == better].set_index(on)
+    return w.join(b, lsuffix="_w", rsuffix="_b", how="inner").reset_index()
+
+
+def continuous_compare(pairs: pd.DataFrame) -> dict[str, dict]:
+    """better - worse on each measured outcome, paired: `paired_compare` one-sided both ways."""
+    out = {}
+    for col in CONTINUOUS:
+        x, y = pairs[f"{col}_b"].to_numpy(float), pairs[f"{col}_w"].to_numpy(float)
+        r = paired_compare(x, y, alternative="greater", n_resamples=N_BOOT)
+        r["p_reverse"] = paired_compare(x, y, alternative="less", n_resamples=N_BOOT)["p_value"]
+        out[col] = r
+    return out
+
+
+def survival_compare(pairs: pd.DataFrame, definition: str) -> dict[str, float]:
+    """Time to collapse under `definition`, censored at a run's last step: log-rank stratified on the
+    pairs (worse collapses sooner: p_more; the reverse: p_less), Kaplan-Meier survival to the end per
+    arm, collapse counts and the exact McNemar test on the discordant pairs."""
+    cw, cb = pairs[f"collapsed_{definition}_w"].to_numpy(bool), pairs[f"collapsed_{definition}_b"].to_numpy(bool)
+    tw = np.where(cw, pairs[f"collapse_step_{definition}_w"], pairs["last_step_w"]).astype(float)
+    tb = np.where(cb, pairs[f"collapse_step_{definition}_b"], pairs["last_step_b"]).astype(float)
+    n = len(pairs)
+    args = (np.r_[tw, tb], np.r_[cw, cb], np.r_[np.ones(n, bool), np.zeros(n, bool)], np.r_[np.arange(n), np.arange(n)])
+    more, less = logrank_test(*args, alternative="greater"), logrank_test(*args, alternative="less")
+    km = {arm: kaplan_meier(t, c) for arm, t, c in (("w", tw, cw), ("b", tb, cb))}
+    disc_w, disc_b = int((cw & ~cb).sum()), int((~cw & cb).sum())
+    return {
+        "n": n,
+        "kw": int(cw.sum()),
+        "kb": int(cb.sum()),
+        "p_more": more["p_value"],
+        "p_less": less["p_value"],
+        "observed": more["observed"],
+        "expected": more["expected"],
+        "km_w": float(km["w"]["survival"].iloc[-1]) if len(km["w"]) else 1.0,
+        "km_b": float(km["b"]["survival"].iloc[-1]) if len(km["b"]) else 1.0,
+        "disc_w": disc_w,
+        "disc_b": disc_b,
+        "mcnemar_more": mcnemar_exact(disc_w, disc_b, alternative="greater"),
+        "mcnemar_less": mcnemar_exact(disc_w, disc_b, alternative="less"),
+    }
+
+
+def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1) -> tuple[str, str, float]:
+    """(verdict, reason, p) for "better beats worse" from the three primary outcomes, Holm over them and
+    Bonferroni over `looks`: reproduced if one favours the better arm at p < 0.05 and none the worse;
+    not reproduced if one favours the worse arm, or both measured differences lie inside their margins."""
+    names = [*CONTINUOUS.values(), "time to collapse"]
+    pred = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_value"] for k in CONTINUOUS), surv["p_more"]])]
+    opp = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_reverse"] for k in CONTINUOUS), surv["p_less"]])]
+    best_pred, best_opp = (
+        int(np.nanargmin(pred)) if np.isfinite(pred).any() else 0,
+        int(np.nanargmin(opp)) if np.isfinite(opp).any() else 0,
+    )
+    p_pred, p_opp = pred[best_pred], opp[best_opp]
+    corrected = f"Holm{f', x {looks} looks' if looks > 1 else ''}"
+    if p_pred < ALPHA and not p_opp < ALPHA:
+        return REPRODUCED, f"{names[best_pred]} favours the predicted arm ({corrected} p = {fmt_p(p_pred)})", p_pred
+    if p_opp < ALPHA:
+        return NOT_REPRODUCED, f"{names[best_opp]} favours the other arm ({corrected} p = {fmt_p(p_opp)})", p_pred
+    acc, auc = cont["late_accuracy"], cont["reward_auc"]
+    if (
+        -ACCURACY_MARGIN < acc["lo"]
+        and acc["hi"] < ACCURACY_MARGIN
+        and -REWARD_MARGIN < auc["lo"]
+        and auc["hi"] < REWARD_MARGIN
+    ):
+        return (
+            NOT_REPRODUCED,
+            (
+                f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{ACCURACY_MARGIN}, "
+                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{REWARD_MARGIN}"
+            ),
+            p_pred,
+        )
+    return (
+        INCONCLUSIVE,
+        (
+            f"no outcome significant either way ({corrected} p = {fmt_p(p_pred)}, reverse {fmt_p(p_opp)}) and "
+            "the measured differences are not inside their margins"
+        ),
+        p_pred,
+    )
+
+
+def count_verdict(surv: dict[str, float]) -> str:
+    """The collapse counts alone (secondary): exact McNemar one-sided either way."""
+    if surv["mcnemar_more"] < ALPHA:
+        return REPRODUCED
+    return NOT_REPRODUCED if surv["mcnemar_less"] < ALPHA else INCONCLUSIVE
+
+
+@dataclass
+class Comparison:
+    """One arm comparison of a collapse claim, on one set of runs."""
+
+    worse: str
+    better: str
+    pairs: pd.DataFrame
+    cont: dict
+    surv: dict  # under the main definition
+    verdict: str
+    reason: str
+    p: float
+    grid: dict[str, tuple[str, str]]  # definition -> (primary verdict, counts-only verdict)
+
+
+def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], *, looks: int = 1) -> Comparison:
+    """`better` beats `worse` on measured outcomes? Verdict under the main definition and under every
+    grid definition present in `runs` (only time to collapse and the counts depend on it)."""
+    pairs = pair_runs(runs, worse, better, cells)
+    cont = continuous_compare(pairs)
+    grid = {}
+    for d in grid_definitions(runs) or [MAIN_DEFINITION]:
+        s = survival_compare(pairs, d)
+        grid[d] = (arm_verdict(cont, s, looks=looks)[0], count_verdict(s))
+    surv = survival_compare(pairs, MAIN_DEFINITION)
+    verdict, reason, p = arm_verdict(cont, surv, looks=looks)
+    return Comparison(worse, better, pairs, cont, surv, verdict, reason, p, grid)
+
+
+def comparison_text(cmp: Comparison) -> str:
+    acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
+    return (
+        f"{cmp.better} - {cmp.worse}: final accuracy {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
+        f"{100 * acc['hi']:+.1f}], reward AUC {auc['mean_diff']:+.3f} [{auc['lo']:+.3f}, {auc['hi']:+.3f}] "
+        f"({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} {s['km_w']:.2f} vs {cmp.better} "
+        f"{s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} {s['kb']} of {s['n']}"
+    )
+
+
+def counts_note(cmp: Comparison) -> str:
+    s = cmp.surv
+    ww, wb = wilson_interval(s["kw"], s["n"]), wilson_interval(s["kb"], s["n"])
+    return (
+        f"secondary, collapse counts ({MAIN_DEFINITION}): {cmp.worse} {s['kw']} of {s['n']} [{ww[0]:.2f}, "
+        f"{ww[1]:.2f}] vs {cmp.better} {s['kb']} of {s['n']} [{wb[0]:.2f}, {wb[1]:.2f}]; discordant pairs: {s['disc_w']} where only {cmp.worse} collapsed, {s['disc_b']} "
+        f"where only {cmp.better} did; exact McNemar one-sided p = {fmt_p(s['mcnemar_more'])} (reverse "
+        f"{fmt_p(s['mcnemar_less'])}); time to collapse, log-rank stratified on pairs p = {fmt_p(s['p_more'])} "
+        f"(reverse {fmt_p(s['p_less'])})"
+    )
