@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.claims.cells import cells_text, load_experiment, phase_outcomes
+from moe_rl.analysis.claims.cells import cell_list, cells_text, degrading_cells, load_experiment, phase_outcomes
 from moe_rl.analysis.claims.pooled import compare_collapse
 from moe_rl.analysis.claims.rules import (
     ACCURACY_MARGIN,
@@ -18,6 +18,7 @@ from moe_rl.analysis.claims.rules import (
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
+    UNTESTABLE_HERE,
     Claim,
     fmt_p,
 )
@@ -43,9 +44,14 @@ ENGINE_GAP_KEYS = (
 )
 
 
+COMPARED = ("grpo+r2", "grpo+r3")
+
+
 def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
     """grpo+r3 vs grpo+r2 on collapse and `final_accuracy` (the last evaluation) over the low-precision, large-N runs of
-    `outcomes`: verdict, reason and the claim's text fields; None without runs of both arms."""
+    `outcomes` in the cells where the two arms' mean late accuracy ends below their start (`degrading_cells`, as
+    claims 2 and 3): verdict, reason and the claim's text fields; untestable here without such a cell; None without
+    runs of both arms."""
     sub = outcomes
     if "rollout_dtype" in sub:
         sub = sub[sub["rollout_dtype"] != "float32"]
@@ -55,6 +61,17 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
     if not {"grpo+r2", "grpo+r3"} <= set(sub["arm"]):
         return None
     cells = [x for x in ("lr", "N") if x in sub]
+    tested = cell_list(sub, cells)
+    sub = degrading_cells(sub, list(COMPARED), cells)  # a stability claim needs cells where training breaks
+    if sub.empty:
+        return {
+            "cells": f"none of {tested} degrades",
+            "statistic": "",
+            "test": "",
+            "p_value": math.nan,
+            "verdict": UNTESTABLE_HERE,
+            "reason": f"grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell ({tested})",
+        }
     coll = compare_collapse(sub, "grpo+r2", "grpo+r3", MAIN_DEFINITION, cells)  # r2 collapses more = R3 better
     on = [*cells, "seed"]
     a = sub[sub["arm"] == "grpo+r3"].set_index(on)["final_accuracy"]
@@ -112,12 +129,14 @@ def claim_r3_vs_r2(root: Path) -> Claim:
         "With a train/inference gap and large N, R3 beats R2",
         "arXiv 2512.01374",
         "runs with rollouts from a real inference engine (vLLM in bfloat16, float32 training) and the largest N "
-        "(N >= 4 where present): grpo+r3 vs grpo+r2 on collapse "
+        "(N >= 4 where present), in the cells where grpo+r2 and grpo+r3 end below their cold start on average (mean "
+        "of each run's last 3 evaluations, as claims 2 and 3): grpo+r3 vs grpo+r2 on collapse "
         "(exact CMH over cells, one-sided) and final accuracy (paired by seed and cell: bootstrap interval, "
         "sign-flip test), Holm over the two. reproduced if either favours R3 at Holm p < 0.05 and neither favours "
         "R2; not reproduced if either favours R2 at Holm p < 0.05, or both intervals lie within their margins "
-        f"(collapse ±{COLLAPSE_MARGIN}, accuracy ±{ACCURACY_MARGIN}); inconclusive otherwise. The same test on "
-        "`phase_mismatch` (the gap emulated by casting the rollout model to bfloat16) is reported as a note",
+        f"(collapse ±{COLLAPSE_MARGIN}, accuracy ±{ACCURACY_MARGIN}); inconclusive otherwise; "
+        f"{UNTESTABLE_HERE} when no cell degrades. The same test "
+        "on `phase_mismatch` (the gap emulated by casting the rollout model to bfloat16) is reported as a note",
         experiment="engine_mismatch",
     )
     engine = phase_outcomes(root, "engine_mismatch")

@@ -103,6 +103,8 @@ def would_change(verdict: str) -> str:
         "that reaches the claimed value), with every look at the data counted",
         FRAGILE: "a collapse definition agreed before the runs, or measured outcomes that decide without the label",
         INCONCLUSIVE: "more runs, until an interval excludes 0 or fits inside its margin",
+        UNTESTABLE_HERE: "runs that hold the case the claim speaks of: for a stability claim, cells where the "
+        "baseline degrades, found by a pilot scan (e.g. `engine_phase` for the engine model)",
     }.get(verdict, "more data")
 
 
