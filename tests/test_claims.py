@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from fake_results import make_fake_grid, write_fake_fit
+from helpers import ROOT
 
 from moe_rl import analysis
 from moe_rl.analysis import claims as C
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 
 
@@ -413,7 +413,7 @@ def test_claims_markdown_and_cli(tmp_path: Path) -> None:
         check=False,
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=ROOT,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import ROOT
 
 from moe_rl.analysis.forecast import (
     SIGMA_KEY,
@@ -33,8 +34,6 @@ from moe_rl.analysis.forecast import (
 from moe_rl.metrics.bins import MOVE_EDGES
 from moe_rl.routing import Routes
 from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _routes(scores: torch.Tensor, k: int, mask: torch.Tensor) -> Routes:
@@ -337,7 +336,7 @@ def test_forecast_smoke(tmp_path: Path) -> None:
         sys.executable,
         "-m",
         "moe_rl.forecast",
-        "+experiment=smoke",
+        "+preset=smoke",
         "model=qwen3_moe_fine",
         "model.num_layers=2",
         f"cold_start.cache_dir={tmp_path / 'cache'}",

@@ -397,7 +397,7 @@ def _cells_text(strata: list[tuple], cells: list[str]) -> str:
 
 # --- declared analyses: what an experiment file declares, and the runs added after a look ----------
 
-EXPERIMENT_FILES = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "experiment"
+EXPERIMENT_FILES = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "preset"
 SWEEP_KEYS = {"seed": "seed", "optim.lr": "lr", "optim.updates_per_rollout": "N", "arm": "arm"}  # sweep -> run key
 
 
@@ -420,7 +420,7 @@ def _sweep_values(key: str, text: object) -> list:
 
 def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
     """experiment -> its declared analysis, from the `analysis` blocks of the experiment files in
-    `folder` (default experiments/conf/experiment). A file whose block says `extends: NAME` and
+    `folder` (default experiments/conf/preset). A file whose block says `extends: NAME` and
     `look: K` added runs to NAME after K - 1 looks at its results; its sweep parameters say which runs."""
     import yaml
 
@@ -433,7 +433,7 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
         block = doc.get("analysis")
         if isinstance(block, dict) and "extends" not in block:
             exp = str(doc.get("experiment", name))
-            out[exp] = Declared(exp, f"experiments/conf/experiment/{name}.yaml", block)
+            out[exp] = Declared(exp, f"experiments/conf/preset/{name}.yaml", block)
     for name, doc in docs.items():
         block = doc.get("analysis")
         if not (isinstance(block, dict) and "extends" in block):
@@ -1513,7 +1513,7 @@ def family_notes(
 
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
     """Every claim's verdict from the result folders under `root` (e.g. `results`), with the analyses
-    declared in `experiment_files` (default experiments/conf/experiment)."""
+    declared in `experiment_files` (default experiments/conf/preset)."""
     root = Path(root)
     outcomes = _phase_outcomes(root, "phase", grid=True)
     try:
