@@ -95,10 +95,92 @@ def train_command(overrides: list[str], run: Path, cache: Path, *extra: str, npr
     return [*head, "experiments/train.py", *overrides, *extra, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
 
 
-def launch(cmd: list[str], env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `cmd` in the repo root (10 minutes at most); with `check`, a failure shows its stderr's tail."""
+def launch(
+    cmd: list[str], env: dict[str, str] | None = None, check: bool = True, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run `cmd` in the repo root (`timeout` seconds at most); with `check`, a failure shows its stderr's tail."""
     out = subprocess.run(
-        cmd, check=False, cwd=ROOT, env=env or train_env(), capture_output=True, text=True, timeout=600
+        cmd, check=False, cwd=ROOT, env=env or train_env(), capture_output=True, text=True, timeout=timeout
     )
     assert not check or out.returncode == 0, out.stderr[-4000:]
     return out
+
+
+# The columns a run's metrics start with: its run keys (the ones every run has).
+RUN_KEY_HEAD = ("run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr")
+
+# The drift-scaling design: a base cell (experts, top-k, MoE layers, lr) and the cells that vary one factor.
+DRIFT_BASE = (64, 8, 4, 1e-4)
+DRIFT_VARIED = [
+    (16, 8, 4, 1e-4),
+    (128, 8, 4, 1e-4),
+    (64, 2, 4, 1e-4),
+    (64, 4, 4, 1e-4),
+    (64, 8, 2, 1e-4),
+    (64, 8, 8, 1e-4),
+    (64, 8, 4, 3e-5),
+    (64, 8, 4, 3e-4),
+]
+
+
+# --- models: inputs, random routes, generation against teacher forcing -------------------------------
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]  # token ids of a left-padded batch
+
+
+def token_ids(B: int = 3, T: int = 12, seed: int = 0, device: str = "cpu"):
+    """A (B, T) batch of random token ids (3..63), seeded."""
+    import torch
+
+    return torch.randint(3, 64, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def random_routes(model, B: int, T: int, seed: int = 1):
+    """Routes of `model`'s MoE layers for a (B, T) batch: k distinct experts per token, seeded."""
+    import torch
+
+    from moe_rl.routing import Routes, find_moe_layers
+
+    layers = find_moe_layers(model)
+    E, k = layers[0].num_experts, layers[0].top_k
+    topk = torch.rand(B, T, len(layers), E, generator=torch.Generator().manual_seed(seed)).argsort(-1)[..., :k]
+    return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
+
+
+def generated_and_forced(model, prompts: list[list[int]], new_tokens: int):
+    """Greedy generation of `new_tokens` tokens from left-padded `prompts` under a RouteRecorder, then the
+    generated sequences teacher-forced under another: (generation's recorder, teacher forcing's, the
+    generated ids, the attention mask of the whole sequence)."""
+    import torch
+
+    from moe_rl.routing import RouteRecorder
+
+    P = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad(), RouteRecorder(model) as rec:
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    full_mask = torch.cat([attention_mask, torch.ones(len(prompts), out.shape[1] - P, dtype=torch.long)], 1)
+    with torch.no_grad(), RouteRecorder(model) as tf:
+        model(out[:, :-1], attention_mask=full_mask[:, :-1])
+    return rec, tf, out, full_mask
+
+
+def replayed_loss(model, x, replay, handles: list, as_float: bool = True):
+    """The mean squared logit of `x` inside `replay` (what the replay tests backpropagate); the capture
+    hooks `handles` are removed after, whatever happens."""
+    try:
+        with replay:
+            logits = model(x).logits
+            return (logits.float() if as_float else logits).pow(2).mean()
+    finally:
+        for h in handles:
+            h.remove()

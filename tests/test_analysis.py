@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from fake_results import make_fake_grid, make_fake_results
-from helpers import ROOT
+from helpers import ROOT, RUN_KEY_HEAD
 from matplotlib.figure import Figure
 
 from moe_rl import analysis
@@ -38,16 +38,7 @@ def test_load_results_rows_and_columns(results: Path, df: pd.DataFrame) -> None:
     assert len(files) == len(ARMS) * len(SEEDS)
     assert len(df) == sum(len(pd.read_parquet(f)) for f in files)
     for col in [
-        "run",
-        "experiment",
-        "arm",
-        "algo",
-        "replay",
-        "family",
-        "task",
-        "seed",
-        "N",
-        "lr",
+        *RUN_KEY_HEAD,
         "step",
         "key",
         "value",

@@ -496,23 +496,9 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
 
 @pytest.mark.slow
 def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() -> None:
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(ROOT / "tests" / "dist_worker.py"),
-        ],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = launch([*worker, str(ROOT / "tests" / "dist_worker.py")], env=env, check=False, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count("ok") == 2
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import ROOT
+from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT
 
 from moe_rl.analysis.forecast import (
     SIGMA_KEY,
@@ -175,17 +175,7 @@ def test_a_universal_curve_leaves_no_residual_dependence() -> None:
     rng = np.random.default_rng(0)
     p = np.array([0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0, 0.0])
     points = {}
-    for E, k, L, lr in [
-        (64, 8, 4, 1e-4),
-        (16, 8, 4, 1e-4),
-        (128, 8, 4, 1e-4),
-        (64, 2, 4, 1e-4),
-        (64, 4, 4, 1e-4),
-        (64, 8, 2, 1e-4),
-        (64, 8, 8, 1e-4),
-        (64, 8, 4, 3e-5),
-        (64, 8, 4, 3e-4),
-    ]:
+    for E, k, L, lr in [DRIFT_BASE, *DRIFT_VARIED]:
         for seed in range(3):
             n = rng.integers(50_000, 100_000, size=len(p))
             points[(E, k, L, lr, seed)] = list(zip(n.tolist(), rng.binomial(n, p).tolist()))

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from helpers import loop_config
+from helpers import RUN_KEY_HEAD, loop_config
 
 from moe_rl.config import TrainConfig, validate
 from moe_rl.metrics.names import defines
@@ -68,16 +68,7 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     assert result["status"] in ("completed", "collapsed")
     frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
     assert list(frame.columns) == [
-        "run",
-        "experiment",
-        "arm",
-        "algo",
-        "replay",
-        "family",
-        "task",
-        "seed",
-        "N",
-        "lr",
+        *RUN_KEY_HEAD,
         "rollout_dtype",
         "num_layers",
         "num_moe_layers",
