@@ -25,8 +25,9 @@ MEANINGS = {
     "analysis": "the analysis an experiment file declares before its runs (claims, primary outcome, cells, "
     "test; an extension names the experiment it extends and its look); read by `moe_rl.report --claims`, "
     "not by the loop",
-    "experiment": "the run's name: runs go to `results_dir/experiment/`; `experiment=NAME` needs no file, "
-    "`+experiment=NAME` with `experiments/conf/experiment/NAME.yaml` also loads its deltas",
+    "experiment": "the run's name: runs go to `results_dir/experiment/`; `experiment=NAME` needs no file; "
+    "`+preset=NAME` loads `experiments/conf/preset/NAME.yaml` (its deltas and its own name, which "
+    "`experiment=MINE` overrides)",
     "seed": "seed of the RL run: prompt order, sampling, mini-batch shuffles (not the cold start's)",
     "steps": "RL steps (one rollout batch and its N updates each)",
     "eval_every": "greedy held-out accuracy (`task/accuracy`) every this many steps, and at the last",
@@ -135,7 +136,7 @@ def render() -> str:
         "",
         "Every key of a run's config, its default and what it does. Set any of them on the command line",
         "(`python experiments/train.py optim.lr=3e-4 task=sorting`); config groups (`model=`, `task=`, `algo=`,",
-        "`replay=`, `cold_start=`) and experiment files (`+experiment=NAME`) hold deltas from these defaults.",
+        "`replay=`, `cold_start=`) and presets (`+preset=NAME`) hold deltas from these defaults.",
         "Generated from `moe_rl/config.py` by `python -m moe_rl.config_docs`; do not edit by hand.",
         "",
         "| key | default | meaning |",

@@ -1,6 +1,6 @@
 """Forecast the routing drift over steps 11-40 of a run from margins and a short probe of the movement.
 
-    python -m moe_rl.forecast +experiment=drift_forecast drift_point=hold_big --lr 3e-4
+    python -m moe_rl.forecast +preset=drift_forecast drift_point=hold_big --lr 3e-4
     python -m moe_rl.forecast model.checkpoint=PATH task=dataset task.path=data.jsonl --lr 1e-6
     python -m moe_rl.forecast --fit results/drift_forecast/runs --out results/drift_forecast
 
@@ -366,8 +366,9 @@ def compose_config(overrides: list[str]):
     from hydra.core.config_store import ConfigStore
 
     from moe_rl.config import TrainConfig, validate
-    from moe_rl.run.experiment import to_train_config
+    from moe_rl.run.experiment import refuse_old_preset_spelling, to_train_config
 
+    refuse_old_preset_spelling(overrides)
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
     with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
         return validate(to_train_config(compose("config", overrides=overrides)))

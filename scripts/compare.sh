@@ -12,7 +12,7 @@ bash scripts/setup.sh
 PY=.venv/bin/python
 JOBS=${JOBS:-2}
 start=$(date +%s)
-$PY experiments/train.py -m +experiment=compare results_dir=runs progress=false threads=1 \
+$PY experiments/train.py -m +preset=compare results_dir=runs progress=false threads=1 \
   hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS" "$@"
 if [ "${REFRESH_RUNS:-0}" = 1 ]; then  # ship the small per-run files the notebooks re-analyse
   $PY scripts/ship_runs.py runs/compare results/compare/runs

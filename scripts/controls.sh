@@ -15,7 +15,7 @@ experiments=("$@")
 [ ${#experiments[@]} -gt 0 ] || experiments=(dense_control phase_mixtral)
 for exp in "${experiments[@]}"; do
   start=$(date +%s)
-  $PY experiments/train.py -m +experiment="$exp" results_dir=runs progress=false threads=1 \
+  $PY experiments/train.py -m +preset="$exp" results_dir=runs progress=false threads=1 \
     hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS"
   echo "$exp: $(( $(date +%s) - start )) s wall with $JOBS jobs ($(date -u +%FT%TZ))" | tee -a "runs/$exp/wall_time.txt"
   $PY scripts/ship_runs.py "runs/$exp" "results/$exp/runs" --drop-prefix route/flip_vs_margin/

@@ -85,7 +85,7 @@ step overhead_cpu 120 "$PY" benchmarks/routing_overhead.py --batch 16 --seq 64 -
 
 sweep() {  # sweep NAME [overrides...]: the smoke compare sweep on CUDA, then its report
     local name=$1; shift
-    "$PY" experiments/train.py -m +experiment=smoke device=cuda "$@" \
+    "$PY" experiments/train.py -m +preset=smoke device=cuda "$@" \
         results_dir="$WORK/$name" cold_start.cache_dir="$WORK/cold_start" \
         && "$PY" -m moe_rl.report "$WORK/$name/smoke" --out "$WORK/$name/report"
 }

@@ -1,4 +1,4 @@
-"""Shared test isolation."""
+"""Shared fixtures: test isolation and the cold-start cache (plain helpers are in helpers.py)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,9 @@ def _keep_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    """A cold-start cache folder shared by the tests of one module (each trains its cold start once)."""
+    return tmp_path_factory.mktemp("cold_start")

@@ -1,4 +1,8 @@
-"""Test fixture: a fake results folder that follows the run-folder contract (docs/design.md §3, §5).
+"""Test fixture: fake results folders that follow the run-folder contract (docs/design.md §3, §5).
+
+One generator (`make_fake_runs`: a folder per grid cell and seed, written by one writer) and two value
+models on it: `make_fake_results` (a compare-like sweep with the full metric set) and `make_fake_grid`
+(a phase-like grid with planted collapses, flip rates and final accuracies).
 
 Values come from a seeded numpy RNG with arm-dependent structure (replay arms flip less, GRPO
 without replay has the largest ratio variance, deeper layers and later positions flip more), so
@@ -11,6 +15,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 
@@ -113,6 +119,68 @@ def _run_metrics(
     return rows
 
 
+def make_fake_runs(
+    root: str | PathLike,
+    run: Callable[..., FakeRun],
+    *,
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...],
+    lrs: tuple[float, ...] = (1e-5,),
+    Ns: tuple[int, ...] = (4,),
+    layers: tuple[int, ...] = (2,),
+    rng_seed: int = 0,
+) -> list[Path]:
+    """The one generator: a run folder under `root` per cell (arm x lr x N x MoE layers) and seed, each
+    `run(rng, arm, lr, N, L, s, seed)` (s: the seed's index; rng seeded by rng_seed, the cell's index and
+    the seed) written to the run-folder contract; returns the run dirs in grid order."""
+    root = Path(root)
+    dirs = []
+    grid = [(a, lr, N, L) for a in arms for lr in lrs for N in Ns for L in layers]
+    for i, (arm, lr, N, L) in enumerate(grid):
+        for s, seed in enumerate(seeds):
+            fake = run(np.random.default_rng([rng_seed, i, seed]), arm, lr, N, L, s, seed)
+            dirs.append(_write_run(root / fake.folder, fake))
+    return dirs
+
+
+@dataclass
+class FakeRun:
+    """One run folder's contents: metrics.parquet (the run keys as columns, then step, key, value),
+    meta.json (with the run keys), status.json, and config.yaml when `config` is set."""
+
+    folder: str  # below the results root
+    run_keys: dict
+    rows: list[tuple[int, str, float]]
+    events: list[dict]
+    steps_done: int
+    meta: dict = field(default_factory=dict)  # besides seed and run_keys
+    status: dict = field(default_factory=dict)  # besides status, steps_done, collapse_events
+    config: str | None = None
+    dtypes: dict[str, str] | None = None
+
+
+def _write_run(run_dir: Path, fake: FakeRun) -> Path:
+    metrics = pd.DataFrame(fake.rows, columns=["step", "key", "value"])
+    for col, value in reversed(fake.run_keys.items()):
+        metrics.insert(0, col, value)
+    if fake.dtypes:
+        metrics = metrics.astype(fake.dtypes)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics.to_parquet(run_dir / "metrics.parquet", index=False)
+    if fake.config is not None:
+        (run_dir / "config.yaml").write_text(fake.config)
+    meta = {**fake.meta, "seed": fake.run_keys["seed"], "run_keys": fake.run_keys}
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+    status = {
+        "status": "collapsed" if fake.events else "completed",
+        "steps_done": fake.steps_done,
+        "collapse_events": fake.events,
+        **fake.status,
+    }
+    (run_dir / "status.json").write_text(json.dumps(status, indent=2))
+    return run_dir
+
+
 def make_fake_results(
     root: str | PathLike,
     *,
@@ -126,118 +194,77 @@ def make_fake_results(
     eval_every: int = 4,
     rng_seed: int = 0,
 ) -> list[Path]:
-    """Write one run folder per (arm, seed) under root/experiment/arm/seed_<s>; return the run dirs.
+    """Runs of a `compare`-like sweep (one cell per arm, the full metric set) under
+    root/experiment/arm/seed_<s>; return the run dirs.
 
     `collapse=(arm, k)`: the first k seeds of `arm` collapse (status "collapsed", one event, the
     run stops at that step); None for no collapses.
     """
-    root = Path(root)
-    run_dirs = []
-    for a, arm in enumerate(arms):
+
+    def run(rng: np.random.Generator, arm: str, lr: float, N: int, L: int, s: int, seed: int) -> FakeRun:
         algo, replay = arm.split("+")
-        for s, seed in enumerate(seeds):
-            rng = np.random.default_rng([rng_seed, a, seed])
-            collapses = collapse is not None and arm == collapse[0] and s < collapse[1]
-            collapse_step = int(rng.integers(steps // 2, steps - 1)) if collapses else None
-            run_keys = {
-                "run": f"{experiment}-{arm}-s{seed}",
-                "experiment": experiment,
-                "arm": arm,
-                "algo": algo,
-                "replay": replay,
-                "family": "qwen3_moe",
-                "task": "reversal",
-                "seed": seed,
-                "N": 4,
-                "lr": 1e-5,
-                "rollout_dtype": "bfloat16",
-                "num_layers": num_layers,
-                "num_experts": 8,
-            }
-            rows = _run_metrics(
-                rng,
-                arm,
-                steps=steps,
-                num_layers=num_layers,
-                num_buckets=num_buckets,
-                eval_every=eval_every,
-                collapse_step=collapse_step,
-            )
-            metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
-            for col, value in reversed(run_keys.items()):
-                metrics.insert(0, col, value)
-            metrics = metrics.astype(
+        collapses = collapse is not None and arm == collapse[0] and s < collapse[1]
+        collapse_step = int(rng.integers(steps // 2, steps - 1)) if collapses else None
+        run_keys = {
+            "run": f"{experiment}-{arm}-s{seed}",
+            "experiment": experiment,
+            "arm": arm,
+            "algo": algo,
+            "replay": replay,
+            "family": "qwen3_moe",
+            "task": "reversal",
+            "seed": seed,
+            "N": N,
+            "lr": lr,
+            "rollout_dtype": "bfloat16",
+            "num_layers": L,
+            "num_experts": 8,
+        }
+        rows = _run_metrics(
+            rng,
+            arm,
+            steps=steps,
+            num_layers=L,
+            num_buckets=num_buckets,
+            eval_every=eval_every,
+            collapse_step=collapse_step,
+        )
+        meta = {
+            "git_sha": "".join(rng.choice(list("0123456789abcdef"), 40)),
+            "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pandas": pd.__version__},
+            "device": "cpu",
+        }
+        events = []
+        if collapse_step is not None:
+            reward = [value for _, key, value in rows if key == "reward/mean"]
+            events.append(
                 {
-                    "seed": "int64",
-                    "N": "int64",
-                    "num_layers": "int64",
-                    "num_experts": "int64",
-                    "lr": "float64",
-                    "step": "int64",
-                    "value": "float64",
+                    "step": collapse_step,
+                    "trigger": "reward_drop",
+                    "detail": f"rolling reward {reward[-1]:.3f} < 0.5 x best {max(reward):.3f}",
                 }
             )
-
-            run_dir = root / experiment / arm / f"seed_{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            metrics.to_parquet(run_dir / "metrics.parquet", index=False)
-            (run_dir / "config.yaml").write_text(
-                "".join(f"{k}: {v}\n" for k, v in run_keys.items() if k != "run") + f"steps: {steps}\n"
-            )
-            meta = {
-                "git_sha": "".join(rng.choice(list("0123456789abcdef"), 40)),
-                "versions": {"python": sys.version.split()[0], "numpy": np.__version__, "pandas": pd.__version__},
-                "device": "cpu",
-                "seed": seed,
-                "run_keys": run_keys,
-            }
-            (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
-            events = []
-            if collapse_step is not None:
-                reward = metrics[(metrics["key"] == "reward/mean")].set_index("step")["value"]
-                events.append(
-                    {
-                        "step": collapse_step,
-                        "trigger": "reward_drop",
-                        "detail": f"rolling reward {reward.iloc[-1]:.3f} < 0.5 x best {reward.max():.3f}",
-                    }
-                )
-            status = {
-                "status": "collapsed" if events else "completed",
-                "steps_done": (collapse_step + 1) if events else steps,
-                "collapse_events": events,
-                "wall_s": float(rng.uniform(30, 90)),
-            }
-            (run_dir / "status.json").write_text(json.dumps(status, indent=2))
-            run_dirs.append(run_dir)
-    return run_dirs
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/fake_results.py OUT_DIR")
-    for path in make_fake_results(sys.argv[1]):
-        print(path)
-
-
-def _write_run(
-    run_dir: Path, run_keys: dict, rows: list[tuple[int, str, float]], events: list[dict], steps: int
-) -> None:
-    metrics = pd.DataFrame(rows, columns=["step", "key", "value"])
-    for col, value in reversed(run_keys.items()):
-        metrics.insert(0, col, value)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics.to_parquet(run_dir / "metrics.parquet", index=False)
-    (run_dir / "meta.json").write_text(json.dumps({"seed": run_keys["seed"], "run_keys": run_keys}))
-    (run_dir / "status.json").write_text(
-        json.dumps(
-            {
-                "status": "collapsed" if events else "completed",
-                "steps_done": steps,
-                "collapse_events": events,
-            }
+        return FakeRun(
+            folder=f"{experiment}/{arm}/seed_{seed}",
+            run_keys=run_keys,
+            rows=rows,
+            events=events,
+            steps_done=(collapse_step + 1) if events else steps,
+            meta=meta,
+            status={"wall_s": float(rng.uniform(30, 90))},
+            config="".join(f"{k}: {v}\n" for k, v in run_keys.items() if k != "run") + f"steps: {steps}\n",
+            dtypes={
+                "seed": "int64",
+                "N": "int64",
+                "num_layers": "int64",
+                "num_experts": "int64",
+                "lr": "float64",
+                "step": "int64",
+                "value": "float64",
+            },
         )
-    )
+
+    return make_fake_runs(root, run, arms=arms, seeds=seeds, layers=(num_layers,), rng_seed=rng_seed)
 
 
 def make_fake_grid(
@@ -273,75 +300,68 @@ def make_fake_grid(
     """
     from moe_rl.metrics.collapse import detect_collapse
 
-    root = Path(root)
-    dirs = []
-    grid = [(a, lr, N, L) for a in arms for lr in lrs for N in Ns for L in layers]
-    for i, (arm, lr, N, L) in enumerate(grid):
+    def run(rng: np.random.Generator, arm: str, lr: float, N: int, L: int, s: int, seed: int) -> FakeRun:
         algo, replay = arm.split("+")
-        k = n_collapse(arm, lr, N, L)
-        for s, seed in enumerate(seeds):
-            rng = np.random.default_rng([rng_seed, i, seed])
-            c = int(rng.integers(steps // 3, 2 * steps // 3)) if s < k else None
-            f = flip(arm, lr, N, L, seed)
-            acc_end = final_acc(arm, lr, N, L, seed)
-            x = rng.normal(0.0, 1.0, steps + 20)
-            shift = 0.95 - 0.01 * x  # router-shift ratio gamma: lower = the router moved more
-            if shift_lag is None:
-                clip = 0.02 + 0.005 * rng.normal(0.0, 1.0, steps + 20)
-            else:
-                clip = 0.02 + 0.005 * (np.roll(x, shift_lag) + 0.3 * rng.normal(0.0, 1.0, steps + 20))
-            rows: list[tuple[int, str, float]] = [(0, "task/accuracy", 0.4)]
-            for step in range(1, steps + 1):
-                down = c is not None and step >= c
-                reward = (0.03 if down else 0.3) + rng.normal(0, 0.01)
-                rows += [
-                    (step, "reward/mean", reward),
-                    (step, "loss", rng.normal(0, 0.05)),
-                    (step, "optim/grad_norm", rng.lognormal(0, 0.2)),
-                    (step, "policy/entropy", 1.0),
-                    (step, "ratio/clipfrac_low", clip[step + 10] / 2),
-                    (step, "ratio/clipfrac_high", clip[step + 10] / 2),
-                ]
-                if log_shift:
-                    rows.append((step, "route/old_vs_new/shift/mean", shift[step + 10]))
-                if N > 1:
-                    rows.append((step, "route/old_vs_new/flip_rate/offpolicy", f * rng.lognormal(0, 0.05)))
-                    rows.append((step, "route/old_vs_new/expert_flip_frac/offpolicy", f / 2 * rng.lognormal(0, 0.05)))
-                    rows.append((step, "route/old_vs_new/token_flip_rate/offpolicy", 1 - (1 - f) ** L))
-                rows.append((step, "route/old_vs_new/flip_rate", f * (N - 1) / N))
-                for layer in range(L):
-                    depth = 0.5 + layer / max(L - 1, 1)
-                    rows.append((step, f"route/old_vs_new/flip_rate/layer_{layer}", f * depth * (N - 1) / N))
-                if step % eval_every == 0 or step == steps:
-                    acc = 0.05 if down else 0.4 + (acc_end - 0.4) * step / steps
-                    rows.append(
-                        (step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, acc_noise)))
-                    )
-            history: dict[str, list] = {}
-            for step, key, value in rows:
-                history.setdefault(key, []).append((step, value))
-            events = [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in detect_collapse(history)]
-            run = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}" + ("" if family == "qwen3_moe" else f"-{family}")
-            run_keys = {
-                "run": run,
-                "experiment": experiment,
-                "arm": arm,
-                "algo": algo,
-                "replay": replay,
-                "family": family,
-                "task": "reversal",
-                "seed": seed,
-                "N": N,
-                "lr": lr,
-                "rollout_dtype": rollout_dtype,
-                "num_layers": L,
-                "num_moe_layers": L,
-                "num_experts": 8,
-            }
-            run_dir = root / experiment / "runs" / run
-            _write_run(run_dir, run_keys, rows, events, steps)
-            dirs.append(run_dir)
-    return dirs
+        c = int(rng.integers(steps // 3, 2 * steps // 3)) if s < n_collapse(arm, lr, N, L) else None
+        f = flip(arm, lr, N, L, seed)
+        acc_end = final_acc(arm, lr, N, L, seed)
+        x = rng.normal(0.0, 1.0, steps + 20)
+        shift = 0.95 - 0.01 * x  # router-shift ratio gamma: lower = the router moved more
+        if shift_lag is None:
+            clip = 0.02 + 0.005 * rng.normal(0.0, 1.0, steps + 20)
+        else:
+            clip = 0.02 + 0.005 * (np.roll(x, shift_lag) + 0.3 * rng.normal(0.0, 1.0, steps + 20))
+        rows: list[tuple[int, str, float]] = [(0, "task/accuracy", 0.4)]
+        for step in range(1, steps + 1):
+            down = c is not None and step >= c
+            reward = (0.03 if down else 0.3) + rng.normal(0, 0.01)
+            rows += [
+                (step, "reward/mean", reward),
+                (step, "loss", rng.normal(0, 0.05)),
+                (step, "optim/grad_norm", rng.lognormal(0, 0.2)),
+                (step, "policy/entropy", 1.0),
+                (step, "ratio/clipfrac_low", clip[step + 10] / 2),
+                (step, "ratio/clipfrac_high", clip[step + 10] / 2),
+            ]
+            if log_shift:
+                rows.append((step, "route/old_vs_new/shift/mean", shift[step + 10]))
+            if N > 1:
+                rows.append((step, "route/old_vs_new/flip_rate/offpolicy", f * rng.lognormal(0, 0.05)))
+                rows.append((step, "route/old_vs_new/expert_flip_frac/offpolicy", f / 2 * rng.lognormal(0, 0.05)))
+                rows.append((step, "route/old_vs_new/token_flip_rate/offpolicy", 1 - (1 - f) ** L))
+            rows.append((step, "route/old_vs_new/flip_rate", f * (N - 1) / N))
+            for layer in range(L):
+                depth = 0.5 + layer / max(L - 1, 1)
+                rows.append((step, f"route/old_vs_new/flip_rate/layer_{layer}", f * depth * (N - 1) / N))
+            if step % eval_every == 0 or step == steps:
+                acc = 0.05 if down else 0.4 + (acc_end - 0.4) * step / steps
+                rows.append(
+                    (step, "task/accuracy", acc + (0 if step == steps and not down else rng.normal(0, acc_noise)))
+                )
+        history: dict[str, list] = {}
+        for step, key, value in rows:
+            history.setdefault(key, []).append((step, value))
+        events = [{"step": e.step, "trigger": e.trigger, "detail": e.detail} for e in detect_collapse(history)]
+        name = f"{experiment}-{arm}-lr{lr:g}-N{N}-L{L}-s{seed}" + ("" if family == "qwen3_moe" else f"-{family}")
+        run_keys = {
+            "run": name,
+            "experiment": experiment,
+            "arm": arm,
+            "algo": algo,
+            "replay": replay,
+            "family": family,
+            "task": "reversal",
+            "seed": seed,
+            "N": N,
+            "lr": lr,
+            "rollout_dtype": rollout_dtype,
+            "num_layers": L,
+            "num_moe_layers": L,
+            "num_experts": 8,
+        }
+        return FakeRun(f"{experiment}/runs/{name}", run_keys, rows, events, steps)
+
+    return make_fake_runs(root, run, arms=arms, seeds=seeds, lrs=lrs, Ns=Ns, layers=layers, rng_seed=rng_seed)
 
 
 def write_fake_fit(
@@ -365,3 +385,10 @@ def write_fake_fit(
     }
     path.write_text(json.dumps(doc, indent=2))
     return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/fake_results.py OUT_DIR")
+    for path in make_fake_results(sys.argv[1]):
+        print(path)

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from fake_results import make_fake_grid, make_fake_results
+from helpers import ROOT, RUN_KEY_HEAD
 from matplotlib.figure import Figure
 
 from moe_rl import analysis
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = ("grpo+r2", "grpo+none", "gspo+none")
 SEEDS = (0, 1, 2)
 
@@ -38,16 +38,7 @@ def test_load_results_rows_and_columns(results: Path, df: pd.DataFrame) -> None:
     assert len(files) == len(ARMS) * len(SEEDS)
     assert len(df) == sum(len(pd.read_parquet(f)) for f in files)
     for col in [
-        "run",
-        "experiment",
-        "arm",
-        "algo",
-        "replay",
-        "family",
-        "task",
-        "seed",
-        "N",
-        "lr",
+        *RUN_KEY_HEAD,
         "step",
         "key",
         "value",
@@ -275,7 +266,7 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path, capsys: pyte
         [sys.executable, "-m", "moe_rl.report", str(tmp_path / "none")],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=ROOT,
         timeout=60,
     )
     assert empty.returncode == 1 and "does not exist" in empty.stderr
@@ -317,7 +308,7 @@ def test_notebook_executes(
             n_collapse=lambda a, lr, N, L: 2 if a == "grpo+none" and N > 1 else 0,
         )
     monkeypatch.setenv("MOE_RL_RESULTS_ROOT", str(root))
-    path = REPO / "notebooks" / f"{name}.ipynb"
+    path = ROOT / "notebooks" / f"{name}.ipynb"
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "stored with outputs"
     client = nbclient.NotebookClient(

@@ -16,8 +16,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
 
 

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from fake_results import make_fake_grid, write_fake_fit
+from helpers import ROOT
 
 from moe_rl import analysis
 from moe_rl.analysis import claims as C
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
 
 
@@ -39,127 +39,82 @@ def _dense_control(
         )
 
 
-def _world(root: Path, kind: str) -> Path:
-    """Result folders in which every claim should come out `kind`."""
-    if kind == "reproduced":
-        # the MoE model ends below its cold start (0.4), the dense control above it
-        _dense_control(root, lambda a, lr, N, L, s: 0.2, lambda a, lr, N, L, s: 0.5)
-        write_fake_fit(root, predicted=0.1, ci=(0.06, 0.15), r2_holdout=0.9)
-        phase = {"grpo+none": 6, "grpo+r2": 0, "gspo+none": 0}
-        make_fake_grid(
-            root,
-            Ns=(1, 4),
-            lrs=(1e-3,),
-            steps=STEPS,
-            shift_lag=2,
-            n_collapse=lambda a, lr, N, L: phase[a] if N > 1 else 0,
-        )
-        make_fake_grid(
-            root,
-            experiment="drift_scaling",
-            arms=("grpo+none",),
-            lrs=(1e-4,),
-            Ns=(4,),
-            layers=(2, 8),
-            seeds=tuple(range(6)),
-            steps=STEPS,
-            log_shift=False,
-            flip=lambda a, lr, N, L, s: 0.002 * L * (1 + 0.05 * s),
-        )
-        make_fake_grid(
-            root,
-            experiment="engine_mismatch",
-            arms=("grpo+r2", "grpo+r3"),
-            lrs=(1e-4,),
-            Ns=(8,),
-            steps=STEPS,
-            rollout_dtype="bfloat16",
-            log_shift=False,
-            n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0,
-        )
-    elif kind == "not reproduced":
-        # both models end below their cold start, alike: the degradation needs no routing
-        _dense_control(root, lambda a, lr, N, L, s: 0.2, lambda a, lr, N, L, s: 0.2)
-        write_fake_fit(root, predicted=0.005, ci=(0.002, 0.01), r2_holdout=0.9)
-        # N=2: GRPO+R2 collapses, GRPO without replay does not; N=4: GSPO collapses where GRPO+R2 does not
-        phase = {
-            (2, "grpo+none"): 0,
-            (2, "grpo+r2"): 8,
-            (2, "gspo+none"): 0,
-            (4, "grpo+none"): 1,
-            (4, "grpo+r2"): 0,
-            (4, "gspo+none"): 8,
-        }
-        make_fake_grid(
-            root, Ns=(2, 4), lrs=(1e-3,), steps=STEPS, shift_lag=-2, n_collapse=lambda a, lr, N, L: phase[N, a]
-        )
-        make_fake_grid(
-            root,
-            experiment="drift_scaling",
-            arms=("grpo+none",),
-            lrs=(1e-4,),
-            Ns=(4,),
-            layers=(2, 8),
-            seeds=tuple(range(6)),
-            steps=STEPS,
-            log_shift=False,
-            flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s),
-        )
-        make_fake_grid(
-            root,
-            experiment="engine_mismatch",
-            arms=("grpo+r2", "grpo+r3"),
-            lrs=(1e-4,),
-            Ns=(8,),
-            steps=STEPS,
-            rollout_dtype="bfloat16",
-            log_shift=False,
-            n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0,
-        )
-    elif kind == "inconclusive":
-        # two pairs: the dense control ends 10 and 35 points above the MoE model, -10 and +15 from its start
-        _dense_control(
-            root,
-            lambda a, lr, N, L, s: 0.2,
-            lambda a, lr, N, L, s: 0.3 + 0.25 * (s % 2),
+def _const(value: float):
+    return lambda *_: value
+
+
+# What differs between the worlds: each claim's planted effect (the sweeps around them are the same).
+WORLDS = {
+    # the MoE model ends below its cold start (0.4), the dense control above it
+    "reproduced": {
+        "dense": dict(moe_acc=_const(0.2), dense_acc=_const(0.5)),
+        "fit": dict(predicted=0.1, ci=(0.06, 0.15)),
+        "phase": dict(
+            Ns=(1, 4), shift_lag=2, n_collapse=lambda a, lr, N, L: WORLD_PHASE["reproduced"][a] if N > 1 else 0
+        ),
+        "drift": dict(seeds=tuple(range(6)), flip=lambda a, lr, N, L, s: 0.002 * L * (1 + 0.05 * s)),
+        "engine": dict(n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0),
+    },
+    # both models end below their cold start, alike: the degradation needs no routing; N=2: GRPO+R2
+    # collapses, GRPO without replay does not; N=4: GSPO collapses where GRPO+R2 does not
+    "not reproduced": {
+        "dense": dict(moe_acc=_const(0.2), dense_acc=_const(0.2)),
+        "fit": dict(predicted=0.005, ci=(0.002, 0.01)),
+        "phase": dict(Ns=(2, 4), shift_lag=-2, n_collapse=lambda a, lr, N, L: WORLD_PHASE["not reproduced"][N, a]),
+        "drift": dict(seeds=tuple(range(6)), flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s)),
+        "engine": dict(n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0),
+    },
+    # two pairs: the dense control ends 10 and 35 points above the MoE model, -10 and +15 from its start
+    "inconclusive": {
+        "dense": dict(
+            moe_acc=_const(0.2),
+            dense_acc=lambda a, lr, N, L, s: 0.3 + 0.25 * (s % 2),
             arms=("grpo+none",),
             seeds=(0, 1),
-        )
-        write_fake_fit(root, predicted=0.03, ci=(0.001, 0.5), r2_holdout=0.9)
-        phase = {"grpo+none": 2, "grpo+r2": 1, "gspo+none": 1}
-        make_fake_grid(
-            root,
-            Ns=(4,),
-            lrs=(1e-3,),
-            steps=STEPS,
-            shift_lag=None,  # shift unrelated to clipping
-            n_collapse=lambda a, lr, N, L: phase[a],
-        )
-        make_fake_grid(
-            root,
-            experiment="drift_scaling",
-            arms=("grpo+none",),
-            lrs=(1e-4,),
-            Ns=(4,),
-            layers=(2, 8),
+        ),
+        "fit": dict(predicted=0.03, ci=(0.001, 0.5)),
+        # shift unrelated to clipping
+        "phase": dict(Ns=(4,), shift_lag=None, n_collapse=lambda a, lr, N, L: WORLD_PHASE["inconclusive"][a]),
+        "drift": dict(seeds=(0, 1, 2), flip=lambda a, lr, N, L, s: 0.02 + (0.015 * (-1) ** s if L == 8 else 0.0)),
+        "engine": dict(
             seeds=(0, 1, 2),
-            steps=STEPS,
-            log_shift=False,
-            flip=lambda a, lr, N, L, s: 0.02 + (0.015 * (-1) ** s if L == 8 else 0.0),
-        )
-        make_fake_grid(
-            root,
-            experiment="engine_mismatch",
-            arms=("grpo+r2", "grpo+r3"),
-            lrs=(1e-4,),
-            Ns=(8,),
-            seeds=(0, 1, 2),
-            steps=STEPS,
-            rollout_dtype="bfloat16",
-            log_shift=False,
             n_collapse=lambda a, lr, N, L: 1 if a == "grpo+r2" else 0,
             final_acc=lambda a, lr, N, L, s: 0.45 + (0.1 * (-1) ** s if a == "grpo+r3" else 0.0),
-        )
+        ),
+    },
+}
+WORLD_PHASE: dict[str, dict] = {  # collapsed seeds (of 8) per phase cell
+    "reproduced": {"grpo+none": 6, "grpo+r2": 0, "gspo+none": 0},
+    "not reproduced": {
+        (2, "grpo+none"): 0,
+        (2, "grpo+r2"): 8,
+        (2, "gspo+none"): 0,
+        (4, "grpo+none"): 1,
+        (4, "grpo+r2"): 0,
+        (4, "gspo+none"): 8,
+    },
+    "inconclusive": {"grpo+none": 2, "grpo+r2": 1, "gspo+none": 1},
+}
+
+
+# the sweeps of the drift-scaling and engine-mismatch claims
+DRIFT_GRID = dict(
+    experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8), steps=STEPS, log_shift=False
+)
+MISMATCH_GRID = dict(
+    arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,), steps=STEPS, rollout_dtype="bfloat16", log_shift=False
+)
+
+
+def _world(root: Path, kind: str) -> Path:
+    """Result folders in which every claim should come out `kind`."""
+    world = WORLDS[kind]
+    dense = dict(world["dense"])
+    _dense_control(root, dense.pop("moe_acc"), dense.pop("dense_acc"), **dense)
+    write_fake_fit(root, r2_holdout=0.9, **world["fit"])
+    make_fake_grid(root, lrs=(1e-3,), steps=STEPS, **world["phase"])
+    make_fake_grid(root, **DRIFT_GRID, **world["drift"])
+    make_fake_grid(root, experiment="engine_mismatch", **MISMATCH_GRID, **world["engine"])
     return root
 
 
@@ -413,7 +368,7 @@ def test_claims_markdown_and_cli(tmp_path: Path) -> None:
         check=False,
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=ROOT,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -528,23 +483,13 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
     runs = make_fake_grid(
         tmp_path,
         experiment="engine_mismatch",
-        arms=("grpo+r2", "grpo+r3"),
-        lrs=(1e-4,),
-        Ns=(8,),
-        steps=STEPS,
-        rollout_dtype="bfloat16",
-        log_shift=False,
+        **MISMATCH_GRID,
         n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r2" else 0,
     )
     make_fake_grid(
         tmp_path,
         experiment="phase_mismatch",
-        arms=("grpo+r2", "grpo+r3"),
-        lrs=(1e-4,),
-        Ns=(8,),
-        steps=STEPS,
-        rollout_dtype="bfloat16",
-        log_shift=False,
+        **MISMATCH_GRID,
         n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0,
     )
     for i, run in enumerate(runs):  # logp gap 0.01 and 0.03 in alternate runs: mean 0.02

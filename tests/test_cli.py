@@ -1,36 +1,66 @@
-"""The command line: a run named without a file, and what an interrupted run says."""
+"""The command line: a run named without a file or from a preset, the old preset spelling refused, and what an
+interrupted run says."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import re
+import subprocess
+import sys
 
+import pytest
+from helpers import ROOT
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
 from moe_rl.config import TrainConfig
-from moe_rl.run.experiment import interrupted_line, named_experiment_args, to_train_config
+from moe_rl.run.experiment import (
+    interrupted_line,
+    old_preset_spelling,
+    refuse_old_preset_spelling,
+    to_train_config,
+)
 
-CONF = Path(__file__).resolve().parents[1] / "experiments" / "conf"
+CONF = ROOT / "experiments" / "conf"
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 
 
 def test_experiment_name_needs_no_file() -> None:
-    argv = ["train.py", "experiment=my_probe", "steps=4", "experiment=smoke", "+experiment=compare"]
-    assert named_experiment_args(argv, CONF) == [
-        "train.py",
-        "+experiment=my_probe",
-        "steps=4",
-        "+experiment=smoke",
-        "+experiment=compare",
-    ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        named = to_train_config(compose("config", overrides=["+experiment=my_probe", "steps=4"]))
-        smoke = to_train_config(compose("config", overrides=["+experiment=smoke"]))
+        named = to_train_config(compose("config", overrides=["experiment=my_probe", "steps=4"]))
+        smoke = to_train_config(compose("config", overrides=["+preset=smoke"]))
         plain = to_train_config(compose("config", overrides=["steps=4"]))
     assert (named.experiment, named.steps) == ("my_probe", 4)
     assert named.to_dict() == {**plain.to_dict(), "experiment": "my_probe"}  # the name and nothing else
-    assert (smoke.experiment, smoke.steps) == ("smoke", 3)  # a file still loads its deltas
+    assert (smoke.experiment, smoke.steps) == ("smoke", 3)  # a preset still loads its deltas
+
+
+def test_a_run_from_a_preset_can_be_named() -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        mine = to_train_config(compose("config", overrides=["+preset=smoke", "experiment=mine"]))
+        smoke = to_train_config(compose("config", overrides=["+preset=smoke"]))
+    assert mine.experiment == "mine"
+    assert mine.to_dict() == {**smoke.to_dict(), "experiment": "mine"}  # the smoke deltas, under another name
+    assert (mine.steps, mine.task.n_train, mine.cold_start.band) == (3, 200, [0.0, 1.0])
+
+
+def test_the_old_preset_spelling_is_refused_with_the_new_one() -> None:
+    line = "`+experiment=smoke` is now `+preset=smoke` (experiment=NAME names the run)"
+    assert old_preset_spelling(["steps=4", "+experiment=smoke"]) == line
+    assert old_preset_spelling(["+preset=smoke", "experiment=mine", "steps=4"]) is None
+    with pytest.raises(SystemExit, match=re.escape(f"error: {line}")):
+        refuse_old_preset_spelling(["+experiment=smoke"])
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "+experiment=smoke", "dry_run=true"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1 and out.stderr.strip() == f"error: {line}", out.stderr[-2000:]
 
 
 def test_interrupted_line_says_what_a_rerun_does(tmp_path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import ROOT
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -30,7 +31,6 @@ from moe_rl.tasks.rewards import (
 from moe_rl.tasks.setup import setup_task
 from moe_rl.train import Trainer, train
 
-ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("make_word_problems", ROOT / "examples" / "make_word_problems.py")
 make_word_problems = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_word_problems)

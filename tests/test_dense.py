@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from test_train import tiny_config
+from helpers import loop_config
 
 from moe_rl.config import validate
 from moe_rl.loop.cold_start import expected_key
@@ -45,7 +45,7 @@ def test_a_dense_model_has_no_moe_layers_and_replay_is_refused(tmp_path) -> None
     assert find_moe_layers(dense, required=False) == []
     with pytest.raises(UnsupportedRouterError, match="has no MoE layer"):
         find_moe_layers(dense)
-    cfg = tiny_config(tmp_path, tmp_path / "cache", replay="r2")
+    cfg = loop_config(tmp_path, tmp_path / "cache", replay="r2")
     cfg.model.family = "qwen3_dense"
     with pytest.raises(ValueError, match=r"^replay.mode='r2' replays expert routes, but model.family='qwen3_dense'"):
         validate(cfg)
@@ -55,14 +55,14 @@ def test_a_dense_model_has_no_moe_layers_and_replay_is_refused(tmp_path) -> None
 
 
 def test_the_dense_control_gets_its_own_cold_start(tmp_path) -> None:
-    moe = tiny_config(tmp_path, tmp_path / "cache")
-    dense = tiny_config(tmp_path, tmp_path / "cache")
+    moe = loop_config(tmp_path, tmp_path / "cache")
+    dense = loop_config(tmp_path, tmp_path / "cache")
     dense.model.family = "qwen3_dense"
     assert expected_key(dense.model, dense.task, dense.cold_start) != expected_key(moe.model, moe.task, moe.cold_start)
 
 
 def test_two_dense_steps_log_reward_and_ratio_metrics_and_no_route_metrics(tmp_path) -> None:
-    cfg = tiny_config(tmp_path, tmp_path / "cache", steps=2, name="dense")
+    cfg = loop_config(tmp_path, tmp_path / "cache", steps=2, name="dense")
     cfg.model.family = "qwen3_dense"
     result = Trainer(cfg).run()
     assert result["status"] == "completed"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import ROOT, launch, run_values, tiny_overrides, train_command, train_env
 
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.loop.distributed import Dist, SilentWriter, group_block, local_rows
@@ -48,8 +49,6 @@ from moe_rl.routing.compare import (
     position_parts,
 )
 from moe_rl.tasks import make_tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _routes(B: int, T: int, seed: int, L: int = 3, E: int = 8, k: int = 2) -> Routes:
@@ -295,50 +294,16 @@ def test_without_torchrun_the_world_has_size_1(monkeypatch) -> None:
 # In float64 (unit roundoff u = 2^-53 = 1.1e-16) a different summation order moves values by ~1e-16
 # relative, while an error of the distributed path (a wrong loss share, a lost row) moves them by O(lr):
 # the bounds below sit between the two on any CPU, whatever its kernels' rounding.
-OVERRIDES = [
-    "model.dtype=float64",
-    "rollout.dtype=float64",
-    "eval_every=3",
-    "eval_size=16",
-    "checkpoint_every=2",
-    "snapshot_every=0",
-    "progress=false",
-    "task.n_train=400",
-    "task.n_eval=32",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "optim.updates_per_rollout=2",
-    "optim.lr=1e-3",
-    "cold_start.band=[0.15,1.0]",
-    "cold_start.max_steps=200",
-]
+OVERRIDES = tiny_overrides("model.dtype=float64", "rollout.dtype=float64", "eval_every=3", "checkpoint_every=2")
 
 
 def _torchrun(nproc: int, run: Path, cache: Path, *extra: str, wait: bool = True, check: bool = True):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "experiments/train.py",
-        *OVERRIDES,
-        *extra,
-        f"cold_start.cache_dir={cache}",
-        f"hydra.run.dir={run}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    cmd = train_command(OVERRIDES, run, cache, *extra, nproc=nproc)
     if not wait:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert not check or out.returncode == 0, out.stderr[-4000:]
-    return out
-
-
-def _metrics(run: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(run / "metrics.parquet")
-    frame = frame[~frame["key"].str.startswith("time/")]
-    return frame.sort_values(["step", "key"]).reset_index(drop=True)[["step", "key", "value"]]
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    return launch(cmd, check=check)
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:
@@ -354,18 +319,7 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 def _python(run: Path, cache: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
     """The same launch as `_torchrun`, with plain python."""
-    cmd = [
-        sys.executable,
-        "experiments/train.py",
-        *OVERRIDES,
-        *extra,
-        f"cold_start.cache_dir={cache}",
-        f"hydra.run.dir={run}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
-    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert not check or out.returncode == 0, out.stderr[-4000:]
-    return out
+    return launch(train_command(OVERRIDES, run, cache, *extra), check=check)
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -380,9 +334,9 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, cache):
     """One R3 config run on 1 and on 2 ranks (6 steps, the checkpoint of step 4 kept)."""
-    root, cache = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("cold_start")
+    root = tmp_path_factory.mktemp("dist")
     for n in (1, 2):
         _torchrun(n, root / f"r3_{n}", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
     return root, cache
@@ -393,7 +347,7 @@ def test_python_and_torchrun_with_one_process_log_bitwise_the_same(runs) -> None
     """A plain run is a world of size 1: the same sampling, metrics and checkpoint as torchrun with one process."""
     root, cache = runs
     _python(root / "r3_python", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
-    plain, one = _metrics(root / "r3_python"), _metrics(root / "r3_1")
+    plain, one = run_values(root / "r3_python"), run_values(root / "r3_1")
     assert len(plain) > 300 and plain["key"].eq("reward/mean").sum() == 6
     pd.testing.assert_frame_equal(plain, one, check_exact=True)
     assert plain.loc[plain["key"] == "reward/std", "value"].gt(0).any()  # a learning signal: the runs could differ
@@ -427,10 +381,10 @@ def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None
         (lambda run: _torchrun(2, run, cache, *extra, check=False), single, "single-process checkpoint"),
         (lambda run: _torchrun(2, run, cache, *extra, check=False), other_cold, "another cold start"),
     ]
-    for launch, run, reason in launches:
+    for relaunch, run, reason in launches:
         before = _digest(run)
         assert any(name.startswith(".hydra/") for name in before) and "checkpoint" in " ".join(before)
-        out = launch(run)
+        out = relaunch(run)
         assert out.returncode != 0 and "RunDirectoryError" in out.stderr and reason in out.stderr, out.stderr[-3000:]
         assert _digest(run) == before, (reason, run.name)
 
@@ -438,7 +392,7 @@ def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None
 @pytest.mark.slow
 def test_two_ranks_log_what_one_rank_logs(runs) -> None:
     root, _ = runs
-    one, two = _metrics(root / "r3_1"), _metrics(root / "r3_2")
+    one, two = run_values(root / "r3_1"), run_values(root / "r3_2")
     assert one[["step", "key"]].equals(two[["step", "key"]])
     assert (root / "r3_2" / "metrics.parquet").is_file() and not list(root.rglob("*rank*"))
     meta = json.loads((root / "r3_2" / "meta.json").read_text())
@@ -508,7 +462,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) ->
     out = _torchrun(2, run, cache, *extra)
     assert "resuming" in out.stdout + out.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 6
-    pd.testing.assert_frame_equal(_metrics(run), _metrics(root / "r3_2"))
+    pd.testing.assert_frame_equal(run_values(run), run_values(root / "r3_2"))
     assert not (run / "checkpoint.json").exists() and not list(run.glob("checkpoint-*"))
 
 
@@ -518,7 +472,7 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     run = tmp_path / "ddp"
     extra = ("steps=4", "replay=r2", "keep_checkpoint=true")
     _torchrun(2, run, cache, *extra, "dist.strategy=ddp")
-    first = _metrics(run)
+    first = run_values(run)
     used = first[first["key"] == "route/used_vs_cached/flip_rate"]
     assert len(used) == 4 and (used["value"] == 0).all()
     # The kept checkpoint (the final step's, sharded by DDP on 2 ranks) resumes in a world of size 1: DCP
@@ -532,7 +486,7 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     assert json.loads((run / "status.json").read_text())["steps_done"] == 4
     resharded = _params(run)
     assert sharded.keys() == resharded.keys() and all(torch.equal(sharded[k], resharded[k]) for k in sharded)
-    again = _metrics(run)
+    again = run_values(run)
     rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
     pd.testing.assert_frame_equal(again[rewards], first[rewards])
     plain = _python(copy, cache, *extra)  # a plain run is that world of size 1 and resumes the same way
@@ -542,23 +496,9 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
 
 @pytest.mark.slow
 def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() -> None:
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(ROOT / "tests" / "dist_worker.py"),
-        ],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = launch([*worker, str(ROOT / "tests" / "dist_worker.py")], env=env, check=False, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count("ok") == 2
 
@@ -580,7 +520,7 @@ def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(
         "hydra.launcher.tasks_per_node=2",
         "hydra.launcher.timeout_min=10",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+    env = train_env()
     out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     metas = sorted(tmp_path.rglob("meta.json"))
@@ -609,7 +549,7 @@ def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path) -> 
     extra = ("steps=3", "algo=sapo", "algo.router_shift=true", "replay=r2_threshold", "rollout.is_correction=tis")
     for n in (1, 2):
         _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
-    one, two = _metrics(tmp_path / "run_1"), _metrics(tmp_path / "run_2")
+    one, two = run_values(tmp_path / "run_1"), run_values(tmp_path / "run_2")
     assert one[["step", "key"]].equals(two[["step", "key"]])
     both = one.merge(two, on=["step", "key"], suffixes=("_1", "_2"))
     new = both["key"].isin(

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import DRIFT_BASE, DRIFT_VARIED
 from scipy import stats
 
 from moe_rl.analysis.drift import DRIFT_KEYS, drift_per_run, fit_drift, flip_vs_margin, holdout_check
@@ -29,17 +30,7 @@ def _table(noise: float = 0.0, seeds=(0, 1, 2)) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     rows = []
     for (E, k, L, lr), s in itertools.product(
-        [
-            (16, 8, 4, 1e-4),
-            (64, 8, 4, 1e-4),
-            (128, 8, 4, 1e-4),
-            (64, 2, 4, 1e-4),
-            (64, 4, 4, 1e-4),
-            (64, 8, 2, 1e-4),
-            (64, 8, 8, 1e-4),
-            (64, 8, 4, 3e-5),
-            (64, 8, 4, 3e-4),
-        ],
+        [DRIFT_VARIED[0], DRIFT_BASE, *DRIFT_VARIED[1:]],
         seeds,
     ):
         rows.append(
@@ -175,17 +166,7 @@ def test_drift_report_end_to_end(tmp_path) -> None:
 
     from moe_rl import drift_report
 
-    axes = [
-        (64, 8, 4, 1e-4),
-        (16, 8, 4, 1e-4),
-        (128, 8, 4, 1e-4),
-        (64, 2, 4, 1e-4),
-        (64, 1, 4, 1e-4),
-        (64, 8, 2, 1e-4),
-        (64, 8, 8, 1e-4),
-        (64, 8, 4, 3e-5),
-        (64, 8, 4, 3e-4),
-    ]
+    axes = [DRIFT_BASE, *DRIFT_VARIED[:3], (64, 1, 4, 1e-4), *DRIFT_VARIED[4:]]  # top-k 1 where the design has 4
     _fake_drift_folder(tmp_path / "runs", axes + [(8, 2, 2, 1e-4), (16, 4, 2, 3e-4)])
     # extra seeds on the depth axis (for the depth claim) stay out of the fit: its design stays balanced
     _fake_drift_folder(tmp_path / "runs", [(64, 8, 2, 1e-4), (64, 8, 8, 1e-4)], seeds=(3, 4))

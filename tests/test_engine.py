@@ -10,6 +10,7 @@ import os
 import pandas as pd
 import pytest
 import torch
+from helpers import run_metrics, tiny_config
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, validate
@@ -207,37 +208,23 @@ def test_engine_run_refuses_head_dim_16() -> None:
 
 # --- a whole run with the engine ---------------------------------------------------------------------
 
-OVERRIDES = [
+# An R3 engine run on an untrained policy: what it changes from the tests' tiny run (helpers.TINY).
+ENGINE = (
     "steps=4",
     "eval_every=2",
     "eval_size=8",
     "checkpoint_every=2",
-    "snapshot_every=0",
-    "progress=false",
     "task.n_train=64",
     "task.n_eval=8",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
     "task.partial_credit=0.5",
-    "optim.updates_per_rollout=2",
     "optim.lr=3e-3",
     "cold_start.mode=none",
+    "cold_start.band=[0.2,0.6]",  # the defaults: no cold start to train
+    "cold_start.max_steps=3000",
     "model.head_dim=32",
     "rollout.engine=vllm",
     "replay.mode=r3",
-]
-
-
-def tiny(out_dir, **changes) -> TrainConfig:
-    dotlist = OVERRIDES + [f"{k}={v}" for k, v in changes.items()]
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
-    cfg.out_dir = str(out_dir)
-    return cfg
-
-
-def _metrics(run) -> pd.DataFrame:
-    frame = pd.read_parquet(run / "metrics.parquet")
-    return frame[~frame["key"].str.startswith("time/")].sort_values(["step", "key"]).reset_index(drop=True)
+)
 
 
 @pytest.mark.slow
@@ -247,8 +234,8 @@ def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) 
     # An untrained policy (cold_start.mode=none) rarely earns a reward: `no_signal` is the honest label.
     # Resume is still tested in full: the engine's rollouts must come back the same after a restart.
     finished = ("completed", "no_signal")
-    assert train(tiny(tmp_path / "reference"))["status"] in finished
-    reference = _metrics(tmp_path / "reference")
+    assert train(tiny_config(tmp_path / "reference", *ENGINE))["status"] in finished
+    reference = run_metrics(tmp_path / "reference")
     gap = reference[reference["key"] == "rollout/engine_sync_max_diff"]["value"]
     assert len(gap) == 2 and gap.max() < 1e-4  # checked after the first two syncs
     flips = reference[reference["key"] == "route/rollout_vs_old/flip_rate"]["value"]
@@ -271,10 +258,10 @@ def test_engine_run_resumes_mid_run_to_identical_metrics(tmp_path, monkeypatch) 
 
     monkeypatch.setattr(Trainer, "step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(tiny(tmp_path / "resumed")).run()
+        Trainer(tiny_config(tmp_path / "resumed", *ENGINE)).run()
     monkeypatch.setattr(Trainer, "step", step)
-    assert train(tiny(tmp_path / "resumed"))["status"] in finished
-    resumed = _metrics(tmp_path / "resumed")
+    assert train(tiny_config(tmp_path / "resumed", *ENGINE))["status"] in finished
+    resumed = run_metrics(tmp_path / "resumed")
     probes = resumed[resumed["key"] == "rollout/engine_sync_max_diff"]
     assert probes["step"].tolist() == [1, 2, 3, 4] and probes["value"].max() < 1e-4  # the resumed process checks too
     same = [

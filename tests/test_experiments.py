@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -17,9 +18,8 @@ from omegaconf import OmegaConf
 from moe_rl.config import TrainConfig, config_hash, identity_spec, validate
 from moe_rl.run.experiment import to_train_config
 
-ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "experiments" / "conf"
-EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "preset").glob("*.yaml"))
 SWEEP_SIZES = {
     "compare": 12,
     "offpolicy": 48,
@@ -50,7 +50,7 @@ ConfigStore.instance().store(name="base_config", node=TrainConfig)
 def _sweep(experiment: str) -> tuple[list[list[str]], object]:
     """Every override combination of an experiment's sweep."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
+        cfg = compose("config", overrides=[f"+preset={experiment}"], return_hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     axes = [[f"{k}={v.strip()}" for v in str(values).split(",")] for k, values in params.items()]
     return [list(c) for c in itertools.product(*axes)], cfg
@@ -64,7 +64,7 @@ def test_experiment_list_is_complete() -> None:
 def test_every_combination_composes_and_validates(experiment: str) -> None:
     combos, base = _sweep(experiment)
     assert len(combos) == SWEEP_SIZES[experiment]
-    text = (CONF / "experiment" / f"{experiment}.yaml").read_text()
+    text = (CONF / "preset" / f"{experiment}.yaml").read_text()
     assert "# Question:" in text, "each experiment file says which question it answers"
     seen = set()
     # Combinations that differ only in `seed` differ only in `cfg.seed`: Hydra composes the first
@@ -77,7 +77,7 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
             rest = tuple(c for c in combo if not c.startswith("seed="))
             seed = [int(c.split("=", 1)[1]) for c in combo if c.startswith("seed=")]
             if rest not in composed or not seed or rest == first:
-                cfg = to_train_config(compose("config", overrides=[f"+experiment={experiment}", *combo]))
+                cfg = to_train_config(compose("config", overrides=[f"+preset={experiment}", *combo]))
                 assert not seed or cfg.seed == seed[0]
                 composed.setdefault(rest, cfg)
             else:
@@ -107,8 +107,8 @@ def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
     combos, _ = _sweep(adder)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for combo in (combos[0], combos[-1]):
-            ours = to_train_config(compose("config", overrides=[f"+experiment={adder}", *combo]))
-            theirs = to_train_config(compose("config", overrides=[f"+experiment={ADDS_TO[adder]}", *combo]))
+            ours = to_train_config(compose("config", overrides=[f"+preset={adder}", *combo]))
+            theirs = to_train_config(compose("config", overrides=[f"+preset={ADDS_TO[adder]}", *combo]))
             # the same run but for the declared analysis, which marks the extension and its look
             assert {**ours.to_dict(), "analysis": None} == {**theirs.to_dict(), "analysis": None}
             assert config_hash(ours) == config_hash(theirs)
@@ -127,7 +127,7 @@ def test_dense_control_pairs_each_moe_run_with_a_dense_run_from_its_own_cold_sta
         for combo in combos:
             if "seed=0" not in combo and "seed=7" not in combo:
                 continue
-            cfg = validate(to_train_config(compose("config", overrides=["+experiment=dense_control", *combo])))
+            cfg = validate(to_train_config(compose("config", overrides=["+preset=dense_control", *combo])))
             cell = (cfg.optim.lr, cfg.optim.updates_per_rollout, cfg.arm, cfg.seed)
             families.setdefault(cell, set()).add(cfg.model.family)
             keys.setdefault(cfg.model.family, set()).add(expected_key(cfg.model, cfg.task, cfg.cold_start))
@@ -142,7 +142,7 @@ def test_dense_control_pairs_each_moe_run_with_a_dense_run_from_its_own_cold_sta
 
 def test_experiment_deltas() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        mismatch = to_train_config(compose("config", overrides=["+experiment=mismatch", "replay=r3"]))
+        mismatch = to_train_config(compose("config", overrides=["+preset=mismatch", "replay=r3"]))
         default = to_train_config(compose("config"))
         gspo = to_train_config(compose("config", overrides=["algo=gspo"]))
     assert mismatch.rollout.dtype == "bfloat16" and mismatch.replay.mode == "r3"
@@ -220,7 +220,7 @@ def _multirun(args: list[str], tmp_path: Path, timeout: int = 300) -> subprocess
 # with the most sweep axes (`depth`: layers, experts, algo, replay and seeds).
 @pytest.mark.parametrize("experiment", ["compare", "depth"])
 def test_multirun_dry_run(experiment: str, tmp_path) -> None:
-    out = _multirun([f"+experiment={experiment}", "dry_run=true"], tmp_path)
+    out = _multirun([f"+preset={experiment}", "dry_run=true"], tmp_path)
     assert out.stderr.count("dry run ") + out.stdout.count("dry run ") == SWEEP_SIZES[experiment]
     assert not list(tmp_path.rglob("metrics.parquet"))
 
@@ -240,7 +240,7 @@ def test_short_name_never_nests_and_keeps_values_apart() -> None:
 def test_sweep_over_values_with_slashes_gives_one_folder_per_run(tmp_path) -> None:
     # A string key with '/' in its values (task.system_prompt is only read by dataset tasks).
     out = _multirun(
-        ["+experiment=smoke", "algo=grpo", "replay=none", "task.system_prompt=x/a/ckpt,y/b/ckpt", "dry_run=true"],
+        ["+preset=smoke", "algo=grpo", "replay=none", "task.system_prompt=x/a/ckpt,y/b/ckpt", "dry_run=true"],
         tmp_path,
     )
     dirs = sorted(

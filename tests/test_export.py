@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
+from helpers import tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from moe_rl.config import TrainConfig
 from moe_rl.export import main
 from moe_rl.routing import load_snapshot
 from moe_rl.run.folder import load_checkpoint
@@ -14,22 +14,26 @@ from moe_rl.train import Trainer
 
 
 def test_export_reloads_with_the_same_logits_and_snapshots_carry_tokens(tmp_path) -> None:
-    cfg = TrainConfig(
-        out_dir=str(tmp_path / "run"),
-        steps=2,
-        eval_every=2,
-        eval_size=4,
-        snapshot_every=2,
-        checkpoint_every=0,
-        keep_checkpoint=True,
-        progress=False,
-        threads=1,
+    cfg = tiny_config(
+        tmp_path / "run",
+        "steps=2",
+        "eval_every=2",
+        "eval_size=4",
+        "snapshot_every=2",
+        "checkpoint_every=0",
+        "keep_checkpoint=true",
+        "threads=1",
+        "task.n_train=64",
+        "task.n_eval=8",
+        "rollout.prompts_per_step=2",
+        "optim.lr=1e-2",
+        "cold_start.mode=none",
+        "cold_start.band=[0.2,0.6]",  # the defaults: no cold start to train
+        "cold_start.max_steps=3000",
+        "pass_at_k.k=[1,2]",
+        "pass_at_k.n=4",
+        cache=tmp_path / "cache",
     )
-    cfg.task.n_train, cfg.task.n_eval = 64, 8
-    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 2, 4
-    cfg.optim.updates_per_rollout, cfg.optim.lr = 2, 1e-2
-    cfg.cold_start.mode, cfg.cold_start.cache_dir = "none", str(tmp_path / "cache")
-    cfg.pass_at_k.k, cfg.pass_at_k.n = [1, 2], 4
     trainer = Trainer(cfg)
     start = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     with torch.no_grad():  # weights the cold start does not have: the export must take the run's own

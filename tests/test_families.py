@@ -9,18 +9,18 @@ docs/families.md`) to regenerate it after a transformers upgrade.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from helpers import ROOT
 
 from moe_rl.models.survey import _build, render_markdown, survey
 from moe_rl.models.zoo import moe_families, tiny_config
 from moe_rl.routing import RouteRecorder, RouteReplay, UnsupportedRouterError, find_moe_layers
 from moe_rl.routing.rules import GENERIC_RULES, pick_rule, softmax_selected, softmax_topk
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "families.md"
+DOC = ROOT / "docs" / "families.md"
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import FAULTS, ROOT, run_metrics, tiny_config, tiny_overrides
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, validate
@@ -18,55 +19,21 @@ from moe_rl.models import build_model
 from moe_rl.run.folder import CorruptFileError
 from moe_rl.train import Trainer, train
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# One tiny run, as Hydra overrides and as a config, shared by the tests below.
-OVERRIDES = [
-    "steps=10",
-    "eval_every=3",
-    "eval_size=16",
-    "checkpoint_every=2",
-    "snapshot_every=0",
-    "progress=false",
-    "task.n_train=400",
-    "task.n_eval=32",
-    "rollout.prompts_per_step=8",
-    "rollout.group_size=4",
-    "optim.updates_per_rollout=2",
-    "optim.lr=3e-3",
-    "cold_start.band=[0.15,1.0]",
-    "cold_start.max_steps=200",
-]
-
-
-def tiny(out_dir: Path, cache: Path, **changes) -> TrainConfig:
-    """OVERRIDES (plus `changes`) applied to the dataclass defaults, the way Hydra applies them."""
-    dotlist = OVERRIDES + [f"{k}={v}" for k, v in changes.items()] + [f"cold_start.cache_dir={cache}"]
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
-    cfg.out_dir = str(out_dir)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cold_start")
-
-
-def _metrics(run: Path) -> pd.DataFrame:
-    """A run's metrics without the wall-clock timings, which no rerun reproduces."""
-    frame = pd.read_parquet(run / "metrics.parquet")
-    return frame[~frame["key"].str.startswith("time/")].sort_values(["step", "key"]).reset_index(drop=True)
+OVERRIDES = tiny_overrides(*FAULTS)  # the tiny run as Hydra overrides; as a config: tiny_config(out, *FAULTS)
 
 
 def test_same_config_and_seed_give_identical_metrics(tmp_path, cache) -> None:
     for name in ("a", "b"):
-        assert train(tiny(tmp_path / name, cache, steps=4))["status"] in ("completed", "collapsed")
-    a, b = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+        assert train(tiny_config(tmp_path / name, *FAULTS, cache=cache, steps=4))["status"] in (
+            "completed",
+            "collapsed",
+        )
+    a, b = run_metrics(tmp_path / "a"), run_metrics(tmp_path / "b")
     pd.testing.assert_frame_equal(a.drop(columns="run"), b.drop(columns="run"))
     assert a["key"].str.startswith("route/old_vs_new").any() and sorted(a["step"].unique()) == [0, 1, 2, 3, 4]
-    other = _metrics(tmp_path / "a")
-    train(tiny(tmp_path / "c", cache, steps=4, seed=1))
-    assert not _metrics(tmp_path / "c")["value"].equals(other["value"])
+    other = run_metrics(tmp_path / "a")
+    train(tiny_config(tmp_path / "c", *FAULTS, cache=cache, steps=4, seed=1))
+    assert not run_metrics(tmp_path / "c")["value"].equals(other["value"])
 
 
 def _steps_done(run: Path) -> int:
@@ -79,7 +46,7 @@ def _steps_done(run: Path) -> int:
 @pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache) -> None:
     reference = tmp_path / "reference"
-    train(tiny(reference, cache))
+    train(tiny_config(reference, *FAULTS, cache=cache))
     run = tmp_path / "killed"
     cmd = [sys.executable, "experiments/train.py", *OVERRIDES, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -96,11 +63,11 @@ def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming" in rerun.stdout + rerun.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 10
-    pd.testing.assert_frame_equal(_metrics(run).drop(columns="run"), _metrics(reference).drop(columns="run"))
+    pd.testing.assert_frame_equal(run_metrics(run).drop(columns="run"), run_metrics(reference).drop(columns="run"))
 
 
 def test_corrupt_checkpoint_is_reported_by_name(tmp_path, cache) -> None:
-    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    cfg = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, keep_checkpoint="true")
     train(cfg)
     checkpoint = tmp_path / "run" / "checkpoint.pt"
     assert checkpoint.is_file()
@@ -111,7 +78,7 @@ def test_corrupt_checkpoint_is_reported_by_name(tmp_path, cache) -> None:
 
 
 def test_corrupt_metrics_part_is_reported_by_name(tmp_path, cache) -> None:
-    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    cfg = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, keep_checkpoint="true")
     train(cfg)  # checkpoint at step 2; parts up to steps 2 and 4
     part = sorted((tmp_path / "run" / "metrics").glob("part-*.parquet"))[0]
     part.write_bytes(part.read_bytes()[:50])
@@ -125,8 +92,7 @@ def test_nan_in_one_run_of_a_multirun_is_data_not_a_crash(tmp_path, cache) -> No
             sys.executable,
             "experiments/train.py",
             "-m",
-            *OVERRIDES,
-            "steps=5",
+            *tiny_overrides(*FAULTS, "steps=5"),
             f"cold_start.cache_dir={cache}",
             "fault_nan_step=3,null",
             # reward-based labels only: at lr 3e-3 the healthy run's 16-prompt accuracy falls 0.25 -> 0, which
@@ -185,7 +151,7 @@ def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
     tokenizer = make_tokenizer()
     build_model("olmoe", vocab_size=len(tokenizer)).save_pretrained(tmp_path / "ckpt")
     tokenizer.save_pretrained(tmp_path / "ckpt")
-    cfg = tiny(tmp_path / "run", tmp_path / "unused", steps=2)
+    cfg = tiny_config(tmp_path / "run", *FAULTS, cache=tmp_path / "unused", steps=2)
     cfg.model.family, cfg.model.checkpoint = "olmoe", str(tmp_path / "ckpt")
     result = train(cfg)
     assert result["status"] == "no_signal"  # an untrained checkpoint earns no reward, and the run says so
@@ -197,9 +163,9 @@ def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
 def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
     from moe_rl.run.experiment import finished_status
 
-    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    cfg = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, keep_checkpoint="true")
     train(cfg)
-    other = tiny(tmp_path / "run", cache, steps=4, **{"optim.lr": 1e-4})
+    other = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, **{"optim.lr": 1e-4})
     with pytest.raises(ValueError, match="holds a finished run of another config"):
         finished_status(tmp_path / "run", other)
     assert finished_status(tmp_path / "run", cfg) in ("completed", "collapsed")
@@ -210,9 +176,10 @@ def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
 
 def test_relative_collapse_definition_in_the_loop(tmp_path, cache) -> None:
     # thresholds that must fire: accuracy below 2x its step-0 value at one evaluation (step 1)
-    cfg = tiny(
+    cfg = tiny_config(
         tmp_path / "rel",
-        cache,
+        *FAULTS,
+        cache=cache,
         steps=2,
         eval_every=1,
         **{"collapse.definition": "relative", "collapse.accuracy_drop_frac": 2.0, "collapse.accuracy_patience": 1},
@@ -222,4 +189,4 @@ def test_relative_collapse_definition_in_the_loop(tmp_path, cache) -> None:
     assert result["status"] == status["status"] == "collapsed"
     assert [(e["step"], e["trigger"]) for e in status["collapse_events"]] == [(1, "accuracy_below_start")]
     with pytest.raises(ValueError, match="collapse.definition"):
-        validate(tiny(tmp_path / "bad", cache, **{"collapse.definition": "nope"}))
+        validate(tiny_config(tmp_path / "bad", *FAULTS, cache=cache, **{"collapse.definition": "nope"}))

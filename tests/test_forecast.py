@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT
 
 from moe_rl.analysis.forecast import (
     SIGMA_KEY,
@@ -33,8 +34,6 @@ from moe_rl.analysis.forecast import (
 from moe_rl.metrics.bins import MOVE_EDGES
 from moe_rl.routing import Routes
 from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _routes(scores: torch.Tensor, k: int, mask: torch.Tensor) -> Routes:
@@ -176,17 +175,7 @@ def test_a_universal_curve_leaves_no_residual_dependence() -> None:
     rng = np.random.default_rng(0)
     p = np.array([0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 0.0, 0.0])
     points = {}
-    for E, k, L, lr in [
-        (64, 8, 4, 1e-4),
-        (16, 8, 4, 1e-4),
-        (128, 8, 4, 1e-4),
-        (64, 2, 4, 1e-4),
-        (64, 4, 4, 1e-4),
-        (64, 8, 2, 1e-4),
-        (64, 8, 8, 1e-4),
-        (64, 8, 4, 3e-5),
-        (64, 8, 4, 3e-4),
-    ]:
+    for E, k, L, lr in [DRIFT_BASE, *DRIFT_VARIED]:
         for seed in range(3):
             n = rng.integers(50_000, 100_000, size=len(p))
             points[(E, k, L, lr, seed)] = list(zip(n.tolist(), rng.binomial(n, p).tolist()))
@@ -337,7 +326,7 @@ def test_forecast_smoke(tmp_path: Path) -> None:
         sys.executable,
         "-m",
         "moe_rl.forecast",
-        "+experiment=smoke",
+        "+preset=smoke",
         "model=qwen3_moe_fine",
         "model.num_layers=2",
         f"cold_start.cache_dir={tmp_path / 'cache'}",

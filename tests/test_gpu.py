@@ -11,8 +11,8 @@ import json
 import pandas as pd
 import pytest
 import torch
+from helpers import tiny_config
 
-from moe_rl.config import TrainConfig
 from moe_rl.train import train
 
 pytestmark = pytest.mark.gpu
@@ -26,23 +26,23 @@ def _needs_cuda() -> None:
 
 @pytest.mark.parametrize(("algo", "replay", "rollout_dtype"), [("grpo", "r2", None), ("gspo", "r3", "bfloat16")])
 def test_short_run_on_cuda_completes_with_finite_metrics(tmp_path, algo: str, replay: str, rollout_dtype) -> None:
-    cfg = TrainConfig(
-        out_dir=str(tmp_path / "run"),
-        steps=2,
-        eval_every=2,
-        eval_size=16,
-        snapshot_every=0,
-        progress=False,
-        device="cuda",
+    cfg = tiny_config(
+        tmp_path / "run",
+        "steps=2",
+        "eval_every=2",
+        "device=cuda",
+        f"algo.name={algo}",
+        f"replay.mode={replay}",
+        "task.n_train=200",
+        "task.n_eval=16",
+        *([f"rollout.dtype={rollout_dtype}"] if rollout_dtype else []),
+        "optim.updates_per_rollout=4",  # the defaults
+        "optim.lr=1e-4",
+        "cold_start.band=[0.0,1.0]",
+        "cold_start.max_steps=20",
+        "cold_start.eval_every=10",
+        cache=tmp_path / "cache",
     )
-    cfg.algo.name, cfg.replay.mode = algo, replay
-    cfg.task.n_train, cfg.task.n_eval = 200, 16
-    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 4, 4
-    if rollout_dtype:
-        cfg.rollout.dtype = rollout_dtype
-    cfg.cold_start.band = [0.0, 1.0]
-    cfg.cold_start.max_steps, cfg.cold_start.eval_every = 20, 10
-    cfg.cold_start.cache_dir = str(tmp_path / "cache")
     result = train(cfg)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["status"] == result["status"]

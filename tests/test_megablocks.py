@@ -10,11 +10,13 @@ to a module-level list in training. The `gpu` tests run the real dMoE.
 
 from __future__ import annotations
 
+import contextlib
 from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PROMPTS, generated_and_forced, random_routes, replayed_loss, token_ids
 from torch import nn
 
 from moe_rl.models import build_model
@@ -26,7 +28,7 @@ from moe_rl.models.megablocks import (
     megablocks_unavailable_reason,
     swap_moe_blocks,
 )
-from moe_rl.routing import RouteRecorder, RouteReplay, Routes, compare_routes, find_moe_layers, router_margins
+from moe_rl.routing import RouteRecorder, RouteReplay, compare_routes, find_moe_layers, router_margins
 
 # --- a CPU stand-in for megablocks' dMoE --------------------------------------------------------
 
@@ -124,15 +126,18 @@ def standin_model(top_k: int = 2, device: str = "cpu", moe_dtype: torch.dtype = 
     return swap_moe_blocks(model, _stand_in, device=device, moe_dtype=moe_dtype).to(device).eval()
 
 
-def _inputs(B: int = 3, T: int = 12, seed: int = 0, device: str = "cpu") -> torch.Tensor:
-    return torch.randint(3, 64, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
-
-
-def _random_routes(model, B: int, T: int, seed: int = 1) -> Routes:
-    layers = find_moe_layers(model)
-    E, k = layers[0].num_experts, layers[0].top_k
-    topk = torch.rand(B, T, len(layers), E, generator=torch.Generator().manual_seed(seed)).argsort(-1)[..., :k]
-    return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
+def _self_replay(model, x: torch.Tensor, context) -> tuple[torch.Tensor, RouteRecorder]:
+    """Logits of `x` plain, recorded and replaying the recorded routes (inside `context`): all three bitwise
+    equal, the replay's native routes the recorded ones. Returns the plain logits and the recorder."""
+    with context:
+        plain = model(x).logits
+        with RouteRecorder(model) as rec:
+            recorded = model(x).logits
+        with RouteReplay(model, rec.routes, record_native=True) as replay:
+            replayed = model(x).logits
+    assert torch.equal(plain, recorded) and torch.equal(plain, replayed)
+    assert torch.equal(replay.native_routes.indices, rec.routes.indices)
+    return plain, rec
 
 
 def _capture(model, child: str, argno: int):
@@ -159,7 +164,7 @@ def test_layers_are_found_sequence_major() -> None:
 def test_record_matches_batch_major_reference_and_native_family() -> None:
     model, native = standin_model(), build_model("qwen3_moe")
     B, T = 3, 12
-    x = _inputs(B, T)
+    x = token_ids(B, T)
     router_inputs, handles = _capture(model, "router", 0)
     try:
         with torch.no_grad(), RouteRecorder(model, margins=True) as rec:
@@ -185,32 +190,20 @@ def test_record_matches_batch_major_reference_and_native_family() -> None:
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 def test_self_replay_is_bitwise_identical(top_k: int, moe_dtype: torch.dtype) -> None:
     model = standin_model(top_k=top_k, moe_dtype=moe_dtype)
-    x = _inputs()
-    plain = model(x).logits
+    plain, _ = _self_replay(model, token_ids(), contextlib.nullcontext())
     assert plain.dtype == torch.float32
-    with RouteRecorder(model) as rec:
-        recorded = model(x).logits
-    with RouteReplay(model, rec.routes, record_native=True) as replay:
-        replayed = model(x).logits
-    assert torch.equal(plain, recorded) and torch.equal(plain, replayed)
-    assert torch.equal(replay.native_routes.indices, rec.routes.indices)
 
 
 def test_forced_routes_reach_experts_with_true_weights_and_router_learns() -> None:
     model = standin_model()
     B, T = 4, 16
-    x = _inputs(B, T)
-    routes = _random_routes(model, B, T)
+    x = token_ids(B, T)
+    routes = random_routes(model, B, T)
     replay = RouteReplay(model, routes)  # before the capture hooks: attaching probes the routers
     indices, handles = _capture(model, "experts", 3)
     weights, whandles = _capture(model, "experts", 2)
     scores, shandles = _capture(model, "experts", 1)
-    try:
-        with replay:
-            loss = model(x).logits.pow(2).mean()
-    finally:
-        for h in handles + whandles + shandles:
-            h.remove()
+    loss = replayed_loss(model, x, replay, handles + whandles + shandles, as_float=False)
     for i, (idx, w, s) in enumerate(zip(indices, weights, scores)):  # router rows: t * B + b
         forced = idx.view(T, B, -1).transpose(0, 1).sort(-1).values
         assert torch.equal(forced, routes.indices[:, :, i].long())
@@ -223,24 +216,7 @@ def test_forced_routes_reach_experts_with_true_weights_and_router_learns() -> No
 
 
 def test_generate_routes_match_teacher_forced() -> None:
-    model = standin_model()
-    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
-    P = max(map(len, prompts))
-    input_ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad(), RouteRecorder(model) as rec:
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=5,
-            min_new_tokens=5,
-            do_sample=False,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
-    full_mask = torch.cat([attention_mask, torch.ones(3, out.shape[1] - P, dtype=torch.long)], 1)
-    with torch.no_grad(), RouteRecorder(model) as tf:
-        model(out[:, :-1], attention_mask=full_mask[:, :-1])
+    rec, tf, *_ = generated_and_forced(standin_model(), PROMPTS, 5)
     assert rec.routes.shape == tf.routes.shape
     assert compare_routes(rec.routes, tf.routes)["flip_rate"] == 0.0
 
@@ -253,8 +229,8 @@ def test_load_balancing_statistics_under_replay() -> None:
     for layer in find_moe_layers(model):
         layer.router.args.moe_loss_weight = 0.1
     B, T = 2, 10
-    x = _inputs(B, T)
-    routes = _random_routes(model, B, T)
+    x = token_ids(B, T)
+    routes = random_routes(model, B, T)
     _LOAD_BALANCING_LOSS.clear()
     with torch.no_grad():
         model(x)  # eval mode: nothing saved
@@ -289,7 +265,7 @@ def test_load_balancing_statistics_under_replay() -> None:
 def test_attaching_leaves_megablocks_state_alone() -> None:
     """The attach-time probe must not draw jitter noise nor append to the z-loss list."""
     model = standin_model()
-    routes = _random_routes(model, 3, 12)
+    routes = random_routes(model, 3, 12)
     model.train()
     for layer in find_moe_layers(model):
         layer.router.args.moe_zloss_weight = 1e-3
@@ -305,7 +281,7 @@ def test_uniform_expert_assignment_is_refused() -> None:
     """MegaBlocks' benchmarking mode replaces the ids after taking the weights: no rule reproduces
     them, so replay would train a different function than the model computes."""
     model = standin_model()
-    routes = _random_routes(model, 3, 12)
+    routes = random_routes(model, 3, 12)
     for layer in find_moe_layers(model):
         layer.router.args.uniform_expert_assignment = True
     with pytest.raises(ValueError, match=r"LearnedRouter\): no gate-weight rule reproduces its weights"):
@@ -318,12 +294,12 @@ def test_batch_major_input_to_sequence_major_router_raises() -> None:
         layer.mlp.forward = MethodType(lambda self, h: self.moe(h), layer.mlp)  # forgets the transpose
     with pytest.raises(ValueError, match=r"must be fed \(seq, batch, hidden\) = \(12, 3, \.\.\.\)"):
         with torch.no_grad(), RouteRecorder(model):
-            model(_inputs(3, 12))
+            model(token_ids(3, 12))
 
 
 def test_save_and_load_round_trip(tmp_path) -> None:
     model = standin_model()
-    x = _inputs()
+    x = token_ids()
     model.save_pretrained(tmp_path)
     back = _load(tmp_path, _stand_in, dtype=torch.float32, moe_dtype=torch.float32, device="cpu")
     assert back.config.moe_rl_backend == "megablocks"
@@ -351,8 +327,8 @@ def test_hub_kernel_bypass_is_refused(monkeypatch) -> None:
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
     model = build_model("gpt_oss")
-    x = _inputs()
-    routes = _random_routes(model, 3, 12)
+    x = token_ids()
+    routes = random_routes(model, 3, 12)
     monkeypatch.setattr(GptOssMLP, "kernel_layer_name", "MegaBlocksMoeMLP", raising=False)
     blocks = [layer.mlp for layer in model.model.layers]
     for block in blocks:  # kernelize's fallback: the module's own forward, routes still pass the router
@@ -386,15 +362,8 @@ needs_megablocks = pytest.mark.skipif(_REASON is not None, reason=f"megablocks b
 @needs_megablocks
 def test_gpu_self_replay_is_bitwise_identical_and_matches_family() -> None:
     model = build_megablocks_model()
-    x = _inputs(device="cuda")
-    with torch.no_grad():
-        plain = model(x).logits
-        with RouteRecorder(model) as rec:
-            recorded = model(x).logits
-        with RouteReplay(model, rec.routes, record_native=True) as replay:
-            replayed = model(x).logits
-    assert torch.equal(plain, recorded) and torch.equal(plain, replayed)
-    assert torch.equal(replay.native_routes.indices, rec.routes.indices)
+    x = token_ids(device="cuda")
+    plain, rec = _self_replay(model, x, torch.no_grad())
     # The reference: the same weights in the stand-in, which follows MegaBlocks' contract in plain
     # torch (CPU-tested against the transformers family), with the dMoE in bf16 on CUDA as well.
     reference_model = standin_model(device="cuda", moe_dtype=torch.bfloat16)
@@ -411,16 +380,11 @@ def test_gpu_self_replay_is_bitwise_identical_and_matches_family() -> None:
 def test_gpu_forced_routes_reach_experts_and_router_learns() -> None:
     model = build_megablocks_model()
     B, T = 4, 16
-    x = _inputs(B, T, device="cuda")
-    routes = _random_routes(model, B, T)
+    x = token_ids(B, T, device="cuda")
+    routes = random_routes(model, B, T)
     replay = RouteReplay(model, routes)
     indices, handles = _capture(model, "experts", 3)
-    try:
-        with replay:
-            loss = model(x).logits.float().pow(2).mean()
-    finally:
-        for h in handles:
-            h.remove()
+    loss = replayed_loss(model, x, replay, handles)
     for i, idx in enumerate(indices):
         assert torch.equal(idx.view(T, B, -1).transpose(0, 1).sort(-1).values.cpu(), routes.indices[:, :, i].long())
     loss.backward()
@@ -440,10 +404,10 @@ def test_gpu_load_balancing_statistics_under_replay() -> None:
     for layer in find_moe_layers(model):
         layer.router.args.moe_loss_weight = 0.1
     B, T = 2, 10
-    routes = _random_routes(model, B, T)
+    routes = random_routes(model, B, T)
     moe.clear_load_balancing_loss()
     with RouteReplay(model, routes):
-        model(_inputs(B, T, device="cuda"))
+        model(token_ids(B, T, device="cuda"))
         saved = moe.get_load_balancing_loss()
         assert len(saved) == 2
         for i, (tokens_per_expert, _) in enumerate(saved):

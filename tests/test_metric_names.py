@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from helpers import ROOT
 
 from moe_rl.metrics import names as metric_names
 from moe_rl.metrics.names import METRICS, defines, render_table, with_table
 
-ROOT = Path(__file__).resolve().parents[1]
 TABLE_FILES = ("README.md", "docs/design.md")
 
 

@@ -12,61 +12,30 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from helpers import ROOT, launch, run_values, tiny_overrides, train_command, train_env
 
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
 from moe_rl.reproduce import choose, compare, group_columns, seed_spread, verdict_line
 from moe_rl.run.folder import PINNED_ENV, pin_numerics, relative_paths
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = [
-    "steps=2",
-    "eval_every=2",
-    "eval_size=16",
-    "checkpoint_every=0",
-    "snapshot_every=0",
-    "progress=false",
-    "task.n_train=400",
-    "task.n_eval=32",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "optim.updates_per_rollout=2",
-    "optim.lr=1e-3",
-    "cold_start.band=[0.15,1.0]",
-    "cold_start.max_steps=100",
-    "threads=1",
-]
+RUN = tiny_overrides("steps=2", "eval_every=2", "checkpoint_every=0", "cold_start.max_steps=100", "threads=1")
 HAS_AVX2 = "avx2" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
 
 
 def _train(run: Path, cache: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-    cmd = [
-        sys.executable,
-        "experiments/train.py",
-        *TINY,
-        *extra,
-        f"cold_start.cache_dir={cache}",
-        f"hydra.run.dir={run}",
-    ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **(env or {})}
+    full_env = train_env(**(env or {}))
     for key in PINNED_ENV["avx2"]:  # the host's own choice, unless the test sets one
         if key not in (env or {}):
             full_env.pop(key, None)
-    out = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-
-
-def _values(run: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(run / "metrics.parquet")
-    frame = frame[~frame["key"].str.startswith("time/")]
-    return frame.sort_values(["step", "key"]).reset_index(drop=True)[["step", "key", "value"]]
+    launch(train_command(RUN, run, cache, *extra), env=full_env)
 
 
 @pytest.fixture(scope="module")
-def pinned(tmp_path_factory):
+def pinned(tmp_path_factory, cache):
     """One numerics=avx2 run on this CPU's own settings, one with the host told to use other kernels."""
     if not HAS_AVX2:
         pytest.skip("numerics=avx2 needs an x86 CPU with AVX2")
-    root, cache = tmp_path_factory.mktemp("pinned"), tmp_path_factory.mktemp("pinned_cache")
+    root = tmp_path_factory.mktemp("pinned")
     _train(root / "shipped" / "native_host", cache, "numerics=avx2")
     # a host whose MKL takes its AVX2 path and whose ATen is told to use no vector kernels at all
     _train(
@@ -108,7 +77,7 @@ def test_config_yaml_holds_paths_relative_to_the_run_folder(pinned, tmp_path) ->
 
 
 def test_pinned_numerics_are_bitwise_equal_whatever_the_host_kernels(pinned) -> None:
-    a, b = _values(pinned / "shipped" / "native_host"), _values(pinned / "other_host")
+    a, b = run_values(pinned / "shipped" / "native_host"), run_values(pinned / "other_host")
     assert len(a) > 100 and a["key"].eq("reward/mean").sum() == 2
     pd.testing.assert_frame_equal(a, b, check_exact=True)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from helpers import ROOT
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "relabel_collapse.py"
+SCRIPT = ROOT / "scripts" / "relabel_collapse.py"
 
 
 def _load():

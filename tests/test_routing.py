@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PROMPTS, generated_and_forced, random_routes, replayed_loss, token_ids
 
 from moe_rl.models import FAMILIES, build_model
 from moe_rl.routing import (
@@ -30,18 +31,6 @@ from moe_rl.routing.hooks import filter_replayed
 FAMILY_NAMES = sorted(FAMILIES)
 
 
-def _inputs(B: int = 3, T: int = 12, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 64, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _random_routes(model, B: int, T: int, seed: int = 1) -> Routes:
-    layers = find_moe_layers(model)
-    E, k = layers[0].num_experts, layers[0].top_k
-    g = torch.Generator().manual_seed(seed)
-    topk = torch.rand(B, T, len(layers), E, generator=g).argsort(-1)[..., :k]
-    return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
-
-
 def _capture_experts(model):
     """Pre-hooks on every experts module recording the (index, weight) tensors they receive."""
     seen, handles = [], []
@@ -59,7 +48,7 @@ def _capture_experts(model):
 @pytest.mark.parametrize("top_k", [2, 4])
 def test_self_replay_is_bitwise_identical(family: str, top_k: int) -> None:
     model = build_model(family, top_k=top_k)
-    x = _inputs()
+    x = token_ids()
     plain = model(x).logits
     with RouteRecorder(model) as rec:
         recorded = model(x).logits
@@ -75,15 +64,10 @@ def test_self_replay_is_bitwise_identical(family: str, top_k: int) -> None:
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_forced_routes_reach_experts_and_router_learns(family: str) -> None:
     model = build_model(family)
-    x = _inputs(B=4, T=16)
-    routes = _random_routes(model, 4, 16)
+    x = token_ids(B=4, T=16)
+    routes = random_routes(model, 4, 16)
     seen, handles = _capture_experts(model)
-    try:
-        with RouteReplay(model, routes):
-            loss = model(x).logits.float().pow(2).mean()
-    finally:
-        for h in handles:
-            h.remove()
+    loss = replayed_loss(model, x, RouteReplay(model, routes), handles)
     L = routes.shape[2]
     assert len(seen) == L
     for i, (idx, _) in enumerate(seen):
@@ -110,7 +94,7 @@ def _expected_weights(family: str, router, logits: torch.Tensor, idx: torch.Tens
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_forced_expert_outside_topk_gets_true_weight(family: str) -> None:
     model = build_model(family)
-    x = _inputs(B=2, T=8)
+    x = token_ids(B=2, T=8)
     with RouteRecorder(model) as rec:
         model(x)
     native = rec.routes
@@ -142,27 +126,12 @@ def test_forced_expert_outside_topk_gets_true_weight(family: str) -> None:
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
 def test_generate_routes_match_teacher_forced_on_left_padded_batch(family: str) -> None:
     model = build_model(family)
-    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]
-    P = max(map(len, prompts))
-    input_ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad(), RouteRecorder(model) as rec:
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=6,
-            min_new_tokens=6,
-            do_sample=False,
-            pad_token_id=0,
-            eos_token_id=None,
-        )
+    prompts = PROMPTS
+    rec, tf, out, full_mask = generated_and_forced(model, prompts, 6)
     routes = rec.routes
     assert len(rec.records) == 1
     assert routes.shape[:2] == (3, out.shape[1] - 1)
-    full_mask = torch.cat([attention_mask, torch.ones(3, out.shape[1] - P, dtype=torch.long)], 1)
     assert torch.equal(routes.mask, full_mask[:, :-1].bool())
-    with torch.no_grad(), RouteRecorder(model) as tf:
-        model(out[:, :-1], attention_mask=full_mask[:, :-1])
     metrics = compare_routes(routes, tf.routes)
     assert metrics["flip_rate"] == 0.0
     valid = routes.mask
@@ -173,8 +142,8 @@ def test_generate_routes_match_teacher_forced_on_left_padded_batch(family: str) 
 def test_gradient_checkpointing_records_once_and_replays_exactly() -> None:
     model = build_model("qwen3_moe")
     model.train()
-    x = _inputs(B=2, T=10)
-    routes = _random_routes(model, 2, 10)
+    x = token_ids(B=2, T=10)
+    routes = random_routes(model, 2, 10)
 
     def grads() -> dict[str, torch.Tensor]:
         out = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -213,7 +182,7 @@ def test_gradient_checkpointing_records_once_and_replays_exactly() -> None:
 
 def test_recording_is_identical_under_no_grad_and_autograd() -> None:
     model = build_model("olmoe")
-    x = _inputs()
+    x = token_ids()
     with RouteRecorder(model) as a:
         model(x)
     with torch.no_grad(), RouteRecorder(model) as b:
@@ -226,7 +195,7 @@ def test_margins_are_recorded_and_hand_checked() -> None:
     torch.testing.assert_close(router_margins(scores, 2), torch.tensor([0.15, 0.0]))
     model = build_model("qwen3_moe")
     with torch.no_grad(), RouteRecorder(model, margins=True) as rec:
-        model(_inputs())
+        model(token_ids())
     assert rec.margins.shape == (3, 12, 2)
     assert bool((rec.margins >= 0).all()) and bool((rec.margins > 0).any())
 
@@ -253,7 +222,7 @@ def _routes_of(model, x) -> Routes:
     ],
 )
 def test_replay_shape_mismatch_raises(qwen, change, match: str) -> None:
-    x = _inputs()
+    x = token_ids()
     routes, x = change(_routes_of(qwen, x), x)
     with pytest.raises(ValueError, match=match):
         with RouteReplay(qwen, routes):
@@ -262,7 +231,7 @@ def test_replay_shape_mismatch_raises(qwen, change, match: str) -> None:
 
 
 def test_replay_validation_errors(qwen) -> None:
-    routes = _routes_of(qwen, _inputs())
+    routes = _routes_of(qwen, token_ids())
     one_layer = Routes(routes.indices[:, :, :1], routes.mask, routes.layer_map[:1], routes.num_experts)
     with pytest.raises(ValueError, match="routes have 1 MoE layers, the model has 2"):
         RouteReplay(qwen, one_layer)
@@ -285,7 +254,7 @@ def test_replay_validation_errors(qwen) -> None:
 
 def test_replay_not_applied_to_every_layer_raises() -> None:
     model = build_model("qwen3_moe")
-    x = _inputs()
+    x = token_ids()
     routes = _routes_of(model, x)
     block = model.model.layers[1].mlp
     router = block.gate
@@ -308,7 +277,7 @@ def test_replay_not_applied_to_every_layer_raises() -> None:
 
 
 def test_replay_without_forward_pass_raises(qwen) -> None:
-    routes = _routes_of(qwen, _inputs())
+    routes = _routes_of(qwen, token_ids())
     with pytest.raises(RuntimeError, match="no forward pass ran"):
         with RouteReplay(qwen, routes):
             pass
@@ -332,10 +301,10 @@ def test_model_without_moe_layer_raises() -> None:
 
 
 def test_hooks_removed_when_body_raises(qwen) -> None:
-    routes = _routes_of(qwen, _inputs())
+    routes = _routes_of(qwen, token_ids())
     with pytest.raises(KeyError):
         with RouteRecorder(qwen), RouteReplay(qwen, routes):
-            qwen(_inputs())
+            qwen(token_ids())
             raise KeyError("boom")
     assert not qwen._forward_hooks and not qwen._forward_pre_hooks
     assert all(not layer.router._forward_hooks for layer in find_moe_layers(qwen))
@@ -358,7 +327,7 @@ def test_generic_router_rule_and_its_check() -> None:
             new = cls(model.config)
             new.load_state_dict(layer.mlp.gate.state_dict())
             layer.mlp.gate = new
-        x = _inputs()
+        x = token_ids()
         if ok:
             plain = model(x).logits
             routes = _routes_of(model, x)
@@ -544,11 +513,11 @@ def test_routes_from_sglang_meta_info_with_cached_positions() -> None:
 
 def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> None:
     model = build_model("qwen3_moe")
-    x = _inputs(B=1, T=10)
+    x = token_ids(B=1, T=10)
     with RouteRecorder(model) as rec:
         model(x)
     native = rec.routes
-    forced = _random_routes(model, 1, 10, seed=5)
+    forced = random_routes(model, 1, 10, seed=5)
     engine = forced.indices[0].numpy().astype(np.int32).copy()  # (T, L, k)
     engine[:4] = -1  # prefix-cached: no route returned
     routes = Routes.from_vllm([engine], num_experts=8, layer_map=native.layer_map)
@@ -609,7 +578,7 @@ def test_flip_margin_counts_hand_built() -> None:
 def test_recorder_scores_are_router_probabilities() -> None:
     model = build_model("qwen3_moe")
     with torch.no_grad(), RouteRecorder(model, scores=True, margins=True) as rec:
-        model(_inputs())
+        model(token_ids())
     scores = rec.scores  # (B, T, L, E)
     assert scores.shape == (3, 12, 2, 8)
     torch.testing.assert_close(scores.sum(-1), torch.ones(3, 12, 2))
@@ -640,9 +609,9 @@ def test_filter_replayed_hand_built() -> None:
 
 def test_thresholded_replay_keeps_or_falls_back_by_the_live_scores() -> None:
     model = build_model("qwen3_moe")
-    x = _inputs(B=2, T=8)
+    x = token_ids(B=2, T=8)
     plain = model(x).logits
-    routes = _random_routes(model, 2, 8)
+    routes = random_routes(model, 2, 8)
     with RouteReplay(model, routes) as replay:
         forced = model(x).logits
     with RouteReplay(model, routes, threshold=0.0) as replay:
@@ -674,7 +643,7 @@ def test_thresholded_replay_keeps_or_falls_back_by_the_live_scores() -> None:
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_total_router_recall_self_replay_is_bitwise_identical(family: str) -> None:
     model = build_model(family)
-    x = _inputs()
+    x = token_ids()
     plain = model(x).logits
     with RouteRecorder(model, weights=True) as rec:
         model(x)
@@ -685,7 +654,7 @@ def test_total_router_recall_self_replay_is_bitwise_identical(family: str) -> No
 
 def test_total_router_recall_forces_the_recorded_weights_and_the_router_gets_no_gradient() -> None:
     model = build_model("qwen3_moe")
-    x = _inputs(B=2, T=8)
+    x = token_ids(B=2, T=8)
     with RouteRecorder(model, weights=True) as rec:
         model(x)
     layers = find_moe_layers(model)
@@ -694,12 +663,7 @@ def test_total_router_recall_forces_the_recorded_weights_and_the_router_gets_no_
             layer.router.weight.add_(torch.randn_like(layer.router.weight, generator=None) * 0.5)
     replay = RouteReplay(model, rec.routes, weights=rec.weights)
     seen, handles = _capture_experts(model)
-    try:
-        with replay:
-            loss = model(x).logits.float().pow(2).mean()
-    finally:
-        for h in handles:
-            h.remove()
+    loss = replayed_loss(model, x, replay, handles)
     for i, (idx, weights) in enumerate(seen):
         order = idx.argsort(-1)
         assert torch.equal(idx.gather(-1, order).view(2, 8, -1), rec.routes.indices[:, :, i].long())
@@ -714,7 +678,7 @@ def test_total_router_recall_forces_the_recorded_weights_and_the_router_gets_no_
 
 
 def test_total_router_recall_rejects_a_threshold_and_mismatched_weights(qwen) -> None:
-    x = _inputs(B=2, T=8)
+    x = token_ids(B=2, T=8)
     with RouteRecorder(qwen, weights=True) as rec:
         qwen(x)
     with pytest.raises(ValueError, match="thresholded replay changes the ids"):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_faults import tiny
+from helpers import FAULTS, ROOT, tiny_config
 
 from moe_rl.analysis import load_results
 from moe_rl.config import validate
@@ -27,13 +27,7 @@ from moe_rl.run.folder import CorruptFileError, load_checkpoint, rng_state, save
 from moe_rl.run.progress import eta_seconds, format_duration, progress_fields, progress_line
 from moe_rl.train import Trainer, train
 
-ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = [b for b in ("tensorboard", "wandb", "mlflow") if importlib.util.find_spec(b) is not None]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cold_start")
 
 
 # --- logging backends -----------------------------------------------------------------------------
@@ -53,9 +47,10 @@ def watched(tmp_path_factory, cache):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     run = tmp / "runs" / "watched" / "algo=grpo,seed=0"
-    cfg = tiny(
+    cfg = tiny_config(
         run,
-        cache,
+        *FAULTS,
+        cache=cache,
         steps=4,
         eval_every=2,
         checkpoint_every=2,
@@ -200,7 +195,7 @@ def test_mlflow_local_store_mirrors_the_parquet(watched) -> None:
 def test_trackio_local_run_mirrors_the_parquet(tmp_path, cache, monkeypatch) -> None:
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     run = tmp_path / "runs" / "tracked" / "seed=0"
-    train(tiny(run, cache, steps=2, eval_every=2, experiment="tracked", logger="[trackio]"))
+    train(tiny_config(run, *FAULTS, cache=cache, steps=2, eval_every=2, experiment="tracked", logger="[trackio]"))
     from trackio.sqlite_storage import SQLiteStorage
 
     logs = SQLiteStorage.get_logs("tracked", "seed=0")
@@ -211,11 +206,11 @@ def test_trackio_local_run_mirrors_the_parquet(tmp_path, cache, monkeypatch) -> 
 
 def test_unknown_or_missing_logger_is_rejected_at_validation(tmp_path, cache, monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"logger entry 'tensorbored' is not valid; valid: \['mlflow', 'parquet'"):
-        validate(tiny(tmp_path / "run", cache, logger="[tensorbored]"))
+        validate(tiny_config(tmp_path / "run", *FAULTS, cache=cache, logger="[tensorbored]"))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ImportError, match=r"logger=wandb needs the 'wandb' package: pip install 'moe_rl\[wandb\]'"):
-        train(tiny(tmp_path / "run", cache, logger="[parquet,wandb]"))
+        train(tiny_config(tmp_path / "run", *FAULTS, cache=cache, logger="[parquet,wandb]"))
     assert not (tmp_path / "run").exists()
 
 
@@ -242,7 +237,7 @@ def test_progress_lines_go_to_train_log(watched) -> None:
 
 def test_multirun_reports_runs_done(tmp_path) -> None:
     out = subprocess.run(
-        [sys.executable, "experiments/train.py", "-m", "+experiment=smoke", "dry_run=true", f"results_dir={tmp_path}"],
+        [sys.executable, "experiments/train.py", "-m", "+preset=smoke", "dry_run=true", f"results_dir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -271,7 +266,7 @@ def test_failure_anywhere_leaves_failed_status_with_reason(tmp_path, cache, monk
         monkeypatch.setattr(Trainer, "step", lambda self, step: boom() if step == 2 else real_step(self, step))
     run = tmp_path / "run"
     with pytest.raises(RuntimeError, match=f"boom in {where}"):
-        train(tiny(run, cache, steps=3))
+        train(tiny_config(run, *FAULTS, cache=cache, steps=3))
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "failed"
     assert status["error"] == {"type": "RuntimeError", "message": f"boom in {where}"}
@@ -313,7 +308,7 @@ class Payload:
 
 
 def test_checkpoint_with_a_pickle_payload_is_refused_and_runs_nothing(tmp_path, cache) -> None:
-    cfg = tiny(tmp_path / "run", cache, steps=4, keep_checkpoint="true")
+    cfg = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, keep_checkpoint="true")
     train(cfg)
     checkpoint = tmp_path / "run" / "checkpoint.pt"
     state = load_checkpoint(checkpoint)  # an honest checkpoint loads with weights_only=True

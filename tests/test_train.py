@@ -9,6 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from helpers import RUN_KEY_HEAD, loop_config
 
 from moe_rl.config import TrainConfig, validate
 from moe_rl.metrics.names import defines
@@ -18,35 +19,10 @@ from moe_rl.routing.modes import REPLAY_MODES
 from moe_rl.train import Trainer, aggregate, train
 
 
-def tiny_config(tmp_path, cache, *, algo="grpo", replay="none", steps=3, name=None, **optim) -> TrainConfig:
-    cfg = TrainConfig(
-        out_dir=str(tmp_path / (name or f"{algo}_{replay}")),
-        steps=steps,
-        eval_every=2,
-        eval_size=16,
-        snapshot_every=2,
-        progress=False,
-    )
-    cfg.algo.name, cfg.replay.mode = algo, replay
-    cfg.task.n_train, cfg.task.n_eval = 400, 32
-    cfg.rollout.prompts_per_step, cfg.rollout.group_size = 8, 4
-    cfg.optim.updates_per_rollout = optim.pop("N", 2)
-    cfg.optim.lr = optim.pop("lr", 1e-3)
-    cfg.cold_start.band = [0.15, 1.0]
-    cfg.cold_start.max_steps, cfg.cold_start.eval_every = 200, 25
-    cfg.cold_start.cache_dir = str(cache)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cold_start")
-
-
 def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cache) -> None:
     results = {}
     for replay in REPLAY_MODES:
-        trainer = Trainer(tiny_config(tmp_path, cache, replay=replay))
+        trainer = Trainer(loop_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
         old_logp, old_routes, margins, scores, weights = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
@@ -85,23 +61,14 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
     [("grpo", "r2"), ("grpo", "none"), ("gspo", "none"), ("grpo", "r3"), ("sapo", "r3_threshold"), ("cispo", "trr")],
 )
 def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
-    cfg = tiny_config(tmp_path, cache, algo=algo, replay=replay, steps=4, N=4, lr=3e-3)
+    cfg = loop_config(tmp_path, cache, algo=algo, replay=replay, steps=4, N=4, lr=3e-3)
     trainer = Trainer(cfg)
     before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     result = trainer.run()
     assert result["status"] in ("completed", "collapsed")
     frame = pd.read_parquet(tmp_path / f"{algo}_{replay}" / "metrics.parquet")
     assert list(frame.columns) == [
-        "run",
-        "experiment",
-        "arm",
-        "algo",
-        "replay",
-        "family",
-        "task",
-        "seed",
-        "N",
-        "lr",
+        *RUN_KEY_HEAD,
         "rollout_dtype",
         "num_layers",
         "num_moe_layers",
@@ -198,7 +165,7 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
 
 def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cache) -> None:
     """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
-    trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", lr=3e-2))
+    trainer = Trainer(loop_config(tmp_path, cache, replay="r2", lr=3e-2))
     rollout, rewards, _ = trainer.rollout(step=1)
     old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
     adv = torch.randn(len(rollout))  # any non-zero signal moves the router
@@ -317,7 +284,7 @@ def test_compare_routes_is_used_on_masked_positions_only() -> None:
 
 
 def test_train_function_writes_run_directory(tmp_path, cache) -> None:
-    cfg = tiny_config(tmp_path, cache, steps=2, name="plain")
+    cfg = loop_config(tmp_path, cache, steps=2, name="plain")
     result = train(cfg)
     assert result["status"] in ("completed", "collapsed")
     run = tmp_path / "plain"
@@ -331,7 +298,7 @@ def test_router_shift_and_engine_correction_on_policy(tmp_path, cache) -> None:
     # and the first update's loss is plain GRPO's, bitwise. The fp32 sampler's log-probs equal the old
     # pass's up to rounding (|delta| < 1e-4 here), so the tis weight is 1 within that and truncates nothing.
     def first_update(name: str, change) -> tuple[Trainer, dict[str, float]]:
-        cfg = tiny_config(tmp_path, cache, name=name)
+        cfg = loop_config(tmp_path, cache, name=name)
         change(cfg)
         trainer = Trainer(cfg)
         rollout, rewards, _ = trainer.rollout(step=1)
@@ -383,7 +350,7 @@ def _first_update(trainer: Trainer, replay: str, plant=None):
 def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, cache) -> None:
     # theta == theta_old: the router's own routes are the old pass's, which R2 replays, so the native and
     # the replayed pass route alike and the routing part is exactly 0
-    metrics, rollout, rows, old_logp, *_ = _first_update(Trainer(tiny_config(tmp_path, cache, replay="r2")), "r2")
+    metrics, rollout, rows, old_logp, *_ = _first_update(Trainer(loop_config(tmp_path, cache, replay="r2")), "r2")
     assert metrics["ratio/split/routing_var"] == 0.0
     assert metrics["ratio/split/cov"] == 0.0
     # The weights part is 0 up to float32 rounding: the update's forward (grad mode) and the no-grad old pass
@@ -414,10 +381,10 @@ def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, c
             indices[row, t, -1] = torch.tensor(other, dtype=indices.dtype)
         return Routes(indices=indices, mask=routes.mask, layer_map=routes.layer_map, num_experts=routes.num_experts)
 
-    trainer = Trainer(tiny_config(tmp_path, cache, replay="r2"))
+    trainer = Trainer(loop_config(tmp_path, cache, replay="r2"))
     metrics, rollout, rows, old_logp, old_routes, planted = _first_update(trainer, "r2", plant)
     # the update has moved its weights: the per-token parts at the weights it saw come from a fresh trainer
-    fresh = Trainer(tiny_config(tmp_path, cache, replay="r2", name="fresh"))
+    fresh = Trainer(loop_config(tmp_path, cache, replay="r2", name="fresh"))
     fresh.policy.train()
     mask = rollout.response_mask[rows]
     native_logp, _ = fresh.other_routing_logp(rollout, rows, planted[rows], old_routes[rows])
@@ -446,7 +413,7 @@ def test_ratio_split_parts_add_up_to_the_logged_log_ratio(tmp_path, cache) -> No
     from moe_rl.routing import RouteReplay
 
     for replay in ("none", "r2"):
-        trainer = Trainer(tiny_config(tmp_path, cache, replay=replay, name=f"sum_{replay}", lr=3e-2))
+        trainer = Trainer(loop_config(tmp_path, cache, replay=replay, name=f"sum_{replay}", lr=3e-2))
         metrics, rollout, rows, old_logp, old_routes, replay_routes = _first_update(trainer, replay)
         rows = torch.arange(len(rollout))[16:]
         mask = rollout.response_mask[rows]
@@ -479,7 +446,7 @@ def test_the_split_pass_changes_nothing_the_update_computes(tmp_path, cache) -> 
     of split=False."""
     out = {}
     for split in (False, True):
-        trainer = Trainer(tiny_config(tmp_path, cache, replay="r2", name=f"split_{split}", lr=3e-2))
+        trainer = Trainer(loop_config(tmp_path, cache, replay="r2", name=f"split_{split}", lr=3e-2))
         rollout, rewards, _ = trainer.rollout(step=1)
         old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
         adv = torch.randn(len(rollout), generator=torch.Generator().manual_seed(0))
@@ -497,7 +464,7 @@ def test_a_low_precision_rollout_logs_the_engine_part_and_the_mismatch_metrics(t
     """bfloat16 rollouts: the rollout policy is not the trained one, so the engine part is logged; the
     mismatch metrics are those of `rollout_gap_stats` on the logged step (here checked for consistency:
     mean e^2 >= Var e, and mean |e| > 0)."""
-    cfg = tiny_config(tmp_path, cache, steps=1, name="bf16")
+    cfg = loop_config(tmp_path, cache, steps=1, name="bf16")
     cfg.rollout.dtype = "bfloat16"
     Trainer(cfg).run()
     frame = pd.read_parquet(tmp_path / "bf16" / "metrics.parquet")
@@ -515,7 +482,7 @@ def test_loop_labels_a_recovered_dip_completed_and_a_lasting_drop_collapsed(tmp_
     from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events, definition_grid
     from moe_rl.analysis.load import load_results
 
-    cfg = tiny_config(tmp_path, cache, steps=60, name="recovers" if recovers else "stays")
+    cfg = loop_config(tmp_path, cache, steps=60, name="recovers" if recovers else "stays")
     cfg.eval_every = 20
     trainer = Trainer(cfg)
 

@@ -1,7 +1,7 @@
 """The stabilizer leaderboard: every arm against one reference arm, paired by cell and seed.
 
 One row per arm, pooled over the cells it ran in. Primary columns (declared in
-`experiments/conf/experiment/stabilizers.yaml`): late accuracy (mean of the last evaluations, as the
+`experiments/conf/preset/stabilizers.yaml`): late accuracy (mean of the last evaluations, as the
 claims use it), reward AUC and survival (the share of runs the loop did not label collapsed), each as
 the arm's mean and its paired difference to the reference with a 95% bootstrap interval; p from a
 sign-flip test (accuracy, AUC) or an exact McNemar test on the discordant pairs (survival), Holm over

@@ -47,28 +47,25 @@ if not OmegaConf.has_resolver("or_default"):
     OmegaConf.register_new_resolver("or_default", or_default)
 
 
-def named_experiment_args(argv: list[str], conf_dir: str | Path) -> list[str]:
-    """Command-line arguments with `experiment=NAME` made a selection of the `experiment` group.
+def old_preset_spelling(args: list[str]) -> str | None:
+    """The one line that refuses the old spelling of a preset, or None when `args` do not use it.
 
-    `experiment` is both a config group (`+experiment=compare` loads its file) and the run's name,
-    and Hydra reads a plain `experiment=NAME` as a group override with no default to override. Here
-    `experiment=NAME` and `+experiment=NAME` select `experiment/NAME.yaml` when it exists and otherwise
-    a config that only names the run (registered in Hydra's ConfigStore), so runs go to
-    `runs/NAME/...` without a file.
+    Presets (`experiments/conf/preset/NAME.yaml`) are the config group `preset`: `+preset=smoke` loads
+    one, and `experiment=NAME` is the run's name alone, so a preset and a name go together
+    (`+preset=smoke experiment=mine`). The group was once called `experiment` too: `+experiment=smoke`.
     """
-    from hydra.core.config_store import ConfigStore
-
-    out = []
-    for arg in argv:
+    for arg in args:
         key, sep, name = arg.partition("=")
-        if sep and key in ("experiment", "+experiment") and name and "," not in name:
-            if not (Path(conf_dir) / "experiment" / f"{name}.yaml").is_file():
-                ConfigStore.instance().store(
-                    group="experiment", name=name, node={"experiment": name}, package="_global_"
-                )
-            arg = f"+experiment={name}"
-        out.append(arg)
-    return out
+        if sep and key == "+experiment":
+            return f"`{arg}` is now `+preset={name}` (experiment=NAME names the run)"
+    return None
+
+
+def refuse_old_preset_spelling(args: list[str]) -> None:
+    """Exit (status 1) with `old_preset_spelling`'s line when `args` use the old spelling."""
+    line = old_preset_spelling(args)
+    if line is not None:
+        raise SystemExit(f"error: {line}")
 
 
 def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from moe_rl.analysis.claims.rules import PRIMARY, Claim
 
-EXPERIMENT_FILES = Path(__file__).resolve().parents[3] / "experiments" / "conf" / "experiment"
+EXPERIMENT_FILES = Path(__file__).resolve().parents[3] / "experiments" / "conf" / "preset"
 SWEEP_KEYS = {"seed": "seed", "optim.lr": "lr", "optim.updates_per_rollout": "N", "arm": "arm"}  # sweep -> run key
 
 
@@ -33,7 +33,7 @@ def _sweep_values(key: str, text: object) -> list:
 
 def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
     """experiment -> its declared analysis, from the `analysis` blocks of the experiment files in
-    `folder` (default experiments/conf/experiment). A file whose block says `extends: NAME` and
+    `folder` (default experiments/conf/preset). A file whose block says `extends: NAME` and
     `look: K` added runs to NAME after K - 1 looks at its results; its sweep parameters say which runs."""
     import yaml
 
@@ -46,7 +46,7 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
         block = doc.get("analysis")
         if isinstance(block, dict) and "extends" not in block:
             exp = str(doc.get("experiment", name))
-            out[exp] = Declared(exp, f"experiments/conf/experiment/{name}.yaml", block)
+            out[exp] = Declared(exp, f"experiments/conf/preset/{name}.yaml", block)
     for name, doc in docs.items():
         block = doc.get("analysis")
         if not (isinstance(block, dict) and "extends" in block):

@@ -28,7 +28,7 @@ DECLARED_BY = {claim_depth: "drift_scaling", claim_moe_specific: DENSE_CONTROL} 
 
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
     """Every claim's verdict from the result folders under `root` (e.g. `results`), with the analyses
-    declared in `experiment_files` (default experiments/conf/experiment)."""
+    declared in `experiment_files` (default experiments/conf/preset)."""
     root = Path(root)
     outcomes = phase_outcomes(root, "phase", grid=True)
     try:

@@ -1,0 +1,186 @@
+"""What the tests share: the repo root, one tiny-config builder, a run's metrics, and the launchers of
+`experiments/train.py` (plain python and torchrun). Fixtures (the cold-start cache) are in conftest.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The tiny run the tests start from, as Hydra overrides; a test names only what it changes.
+TINY = (
+    "eval_size=16",
+    "snapshot_every=0",
+    "progress=false",
+    "task.n_train=400",
+    "task.n_eval=32",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "optim.updates_per_rollout=2",
+    "optim.lr=1e-3",
+    "cold_start.band=[0.15,1.0]",
+    "cold_start.max_steps=200",
+)
+
+# What some test files change: the loop tests' run (test_train, test_dense), the faults' (test_faults, test_runs).
+LOOP = ("eval_every=2", "snapshot_every=2", "rollout.prompts_per_step=8", "cold_start.eval_every=25")
+FAULTS = ("steps=10", "eval_every=3", "checkpoint_every=2", "rollout.prompts_per_step=8", "optim.lr=3e-3")
+
+
+def tiny_overrides(*changes: str, base: tuple[str, ...] = TINY) -> list[str]:
+    """`base` with each `key=value` of `changes` in place of its key's (a new key goes at the end)."""
+    out = {arg.partition("=")[0]: arg for arg in base}
+    for arg in changes:
+        out[arg.partition("=")[0]] = arg
+    return list(out.values())
+
+
+def tiny_config(out_dir: str | Path, *changes: str, cache: str | Path | None = None, **values: object):
+    """The TrainConfig of `tiny_overrides(*changes)` (then `values`, `key=value`, and the cold-start `cache`)
+    applied to the dataclass defaults the way Hydra applies them, writing to `out_dir`."""
+    from omegaconf import OmegaConf
+
+    from moe_rl.config import TrainConfig
+
+    dotlist = tiny_overrides(*changes, *(f"{k}={v}" for k, v in values.items()))
+    if cache is not None:
+        dotlist.append(f"cold_start.cache_dir={cache}")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
+    assert isinstance(cfg, TrainConfig)
+    cfg.out_dir = str(out_dir)
+    return cfg
+
+
+def loop_config(tmp_path: Path, cache: Path, *, algo="grpo", replay="none", steps=3, name=None, N=2, lr=1e-3):
+    """The loop tests' tiny run (LOOP) of `algo` and `replay`, in tmp_path/name (default `algo_replay`)."""
+    return tiny_config(
+        tmp_path / (name or f"{algo}_{replay}"),
+        *LOOP,
+        f"steps={steps}",
+        f"algo.name={algo}",
+        f"replay.mode={replay}",
+        f"optim.updates_per_rollout={N}",
+        f"optim.lr={lr}",
+        cache=cache,
+    )
+
+
+def run_metrics(run: Path) -> pd.DataFrame:
+    """A run's metrics without the wall-clock timings (which no rerun reproduces), sorted by step and key."""
+    frame = pd.read_parquet(run / "metrics.parquet")
+    return frame[~frame["key"].str.startswith("time/")].sort_values(["step", "key"]).reset_index(drop=True)
+
+
+def run_values(run: Path) -> pd.DataFrame:
+    """`run_metrics` down to step, key and value (what two launches of one config must share bitwise)."""
+    return run_metrics(run)[["step", "key", "value"]]
+
+
+def train_env(**extra: str) -> dict[str, str]:
+    """The environment a launched run gets: one thread, this checkout first, Hydra's full errors."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **extra}
+
+
+def train_command(overrides: list[str], run: Path, cache: Path, *extra: str, nproc: int = 0) -> list[str]:
+    """`experiments/train.py` with `overrides`, `extra`, the cold-start cache and the run folder; under
+    torchrun with `nproc` processes when `nproc` is set."""
+    head = [sys.executable]
+    if nproc:
+        head += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*head, "experiments/train.py", *overrides, *extra, f"cold_start.cache_dir={cache}", f"hydra.run.dir={run}"]
+
+
+def launch(
+    cmd: list[str], env: dict[str, str] | None = None, check: bool = True, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run `cmd` in the repo root (`timeout` seconds at most); with `check`, a failure shows its stderr's tail."""
+    out = subprocess.run(
+        cmd, check=False, cwd=ROOT, env=env or train_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert not check or out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+# The columns a run's metrics start with: its run keys (the ones every run has).
+RUN_KEY_HEAD = ("run", "experiment", "arm", "algo", "replay", "family", "task", "seed", "N", "lr")
+
+# The drift-scaling design: a base cell (experts, top-k, MoE layers, lr) and the cells that vary one factor.
+DRIFT_BASE = (64, 8, 4, 1e-4)
+DRIFT_VARIED = [
+    (16, 8, 4, 1e-4),
+    (128, 8, 4, 1e-4),
+    (64, 2, 4, 1e-4),
+    (64, 4, 4, 1e-4),
+    (64, 8, 2, 1e-4),
+    (64, 8, 8, 1e-4),
+    (64, 8, 4, 3e-5),
+    (64, 8, 4, 3e-4),
+]
+
+
+# --- models: inputs, random routes, generation against teacher forcing -------------------------------
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17]]  # token ids of a left-padded batch
+
+
+def token_ids(B: int = 3, T: int = 12, seed: int = 0, device: str = "cpu"):
+    """A (B, T) batch of random token ids (3..63), seeded."""
+    import torch
+
+    return torch.randint(3, 64, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def random_routes(model, B: int, T: int, seed: int = 1):
+    """Routes of `model`'s MoE layers for a (B, T) batch: k distinct experts per token, seeded."""
+    import torch
+
+    from moe_rl.routing import Routes, find_moe_layers
+
+    layers = find_moe_layers(model)
+    E, k = layers[0].num_experts, layers[0].top_k
+    topk = torch.rand(B, T, len(layers), E, generator=torch.Generator().manual_seed(seed)).argsort(-1)[..., :k]
+    return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
+
+
+def generated_and_forced(model, prompts: list[list[int]], new_tokens: int):
+    """Greedy generation of `new_tokens` tokens from left-padded `prompts` under a RouteRecorder, then the
+    generated sequences teacher-forced under another: (generation's recorder, teacher forcing's, the
+    generated ids, the attention mask of the whole sequence)."""
+    import torch
+
+    from moe_rl.routing import RouteRecorder
+
+    P = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad(), RouteRecorder(model) as rec:
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    full_mask = torch.cat([attention_mask, torch.ones(len(prompts), out.shape[1] - P, dtype=torch.long)], 1)
+    with torch.no_grad(), RouteRecorder(model) as tf:
+        model(out[:, :-1], attention_mask=full_mask[:, :-1])
+    return rec, tf, out, full_mask
+
+
+def replayed_loss(model, x, replay, handles: list, as_float: bool = True):
+    """The mean squared logit of `x` inside `replay` (what the replay tests backpropagate); the capture
+    hooks `handles` are removed after, whatever happens."""
+    try:
+        with replay:
+            logits = model(x).logits
+            return (logits.float() if as_float else logits).pow(2).mean()
+    finally:
+        for h in handles:
+            h.remove()
