@@ -8,8 +8,11 @@ sha256 per item (metrics without the `time/` keys, sorted by step and key; the p
     python scripts/fingerprint.py --write runs/fingerprint_before.json   # before a change
     python scripts/fingerprint.py --check runs/fingerprint_before.json   # after: exit 1 on any difference
 
-The digests hold on the machine (and kernels) they were written on; `tests/test_fingerprint.py`
-keeps a small pinned one that holds on every AVX2 x86 CPU.
+The digests hold on the machine (and kernels) they were written on. `--pinned` fingerprints only the R2
+run under `numerics=avx2` (the kernels every AVX2 x86 CPU runs alike): `tests/test_fingerprint.py` keeps
+that digest, which holds on any such CPU.
+
+    python scripts/fingerprint.py --pinned --write tests/data/fingerprint_pinned.json
 """
 
 from __future__ import annotations
@@ -71,15 +74,18 @@ def launch(run: Path, nproc: int, overrides: list[str]) -> None:
         raise SystemExit(f"{run.name} failed:\n{out.stderr[-3000:]}")
 
 
-def fingerprint(scratch: Path) -> dict[str, str]:
+def fingerprint(scratch: Path, *, pinned: bool = False) -> dict[str, str]:
     digests: dict[str, str] = {}
-    for name, (nproc, overrides) in RUNS.items():
+    runs = {"r2_avx2": (0, [*RUNS["r2"][1], "numerics=avx2"])} if pinned else RUNS
+    for name, (nproc, overrides) in runs.items():
         if name == "engine" and importlib.util.find_spec("vllm") is None:
             print("engine: skipped (vllm not installed)", file=sys.stderr)
             continue
         launch(scratch / name, nproc, overrides)
         digests[name] = metrics_digest(scratch / name)
         print(f"{name}: {digests[name][:16]}", file=sys.stderr)
+    if pinned:
+        return digests
     out = scratch / "claims"
     subprocess.run(
         [sys.executable, "-m", "moe_rl.report", "--claims", "results", "--out", str(out)],
@@ -98,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", type=Path, help="write the digests to this JSON file")
     mode.add_argument("--check", type=Path, help="compare with the digests in this JSON file")
+    parser.add_argument("--pinned", action="store_true", help="only the R2 run, under numerics=avx2")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        digests = fingerprint(Path(scratch))
+        digests = fingerprint(Path(scratch), pinned=args.pinned)
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(digests, indent=1) + "\n")
