@@ -53,3 +53,62 @@ def test_design_references_point_at_existing_sections() -> None:
         assert "DESIGN" + " §" not in path.read_text(), f"{path}: cite docs/design.md §n"  # split: not a hit itself
     assert len(cited) > 20
     assert {path: sorted(ns - sections) for path, ns in cited.items() if ns - sections} == {}
+
+
+# Which package may import which (docs/design.md §5): lower layers never import higher ones. The top level
+# (the loop `train`, its `config`, the `python -m` commands) and the launch glue `run.experiment` may import
+# anything; imports under `if TYPE_CHECKING:` are annotations, not dependencies.
+LAYERS: dict[str, set[str]] = {
+    "metrics": set(),
+    "tasks": set(),
+    "run": {"metrics", "tasks"},
+    "routing": {"metrics", "run"},
+    "models": {"routing", "tasks"},
+    "algos": {"metrics"},
+    "rollout": {"metrics", "models", "routing", "run", "tasks"},
+    "loop": {"algos", "config", "metrics", "models", "rollout", "routing", "run", "tasks"},
+    "integrations": {"algos", "metrics", "models", "rollout", "routing", "tasks"},
+    "analysis": {"metrics", "run"},
+}
+TOP = {"moe_rl.run.experiment"}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """`_imported_modules` without the imports under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            node.body = []
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    packages = {p.name for p in (ROOT / "moe_rl").iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(LAYERS), "a package without a layer: add it to LAYERS and to docs/design.md §5"
+    top_level = sorted(p.stem for p in (ROOT / "moe_rl").glob("*.py") if p.stem != "__init__")
+    assert len(top_level) <= 8, f"at most eight top-level modules besides __init__: {top_level}"
+    bad: dict[str, list[str]] = {}
+    for package, allowed in LAYERS.items():
+        for path in sorted((ROOT / "moe_rl" / package).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            if module in TOP:
+                continue
+            used = {m.split(".")[1] for m in _runtime_imports(path) if m.startswith("moe_rl.")}
+            if wrong := sorted(used - allowed - {package}):
+                bad[module] = wrong
+    assert bad == {}
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "moe_rl").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert long == {}
