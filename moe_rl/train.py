@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -46,26 +45,21 @@ from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.cold_start import expected_key, get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.metrics.collapse import HISTORY_KEYS as COLLAPSE_HISTORY_KEYS
+from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
     LOSS,
-    OPTIM_GRAD_NORM,
-    POLICY_ENTROPY,
     REWARD_ERRORS,
-    REWARD_MEAN,
     REWARD_ZERO_VAR_GROUP_FRAC,
-    ROLLOUT_ENGINE_STALENESS,
-    ROLLOUT_ENGINE_SYNC_MAX_DIFF,
     TASK_ACCURACY,
-    TIME_ENGINE_SYNC_S,
     TIME_EVAL_S,
     TIME_OLD_LOGP_S,
     TIME_ROLLOUT_S,
     TIME_UPDATE_S,
 )
-from moe_rl.metrics.stats import CollapseEvent, judge_collapse
-from moe_rl.metrics.step import Split, UpdateRoutes, step_finalize, step_parts, update_finalize, update_parts
-from moe_rl.metrics.verdict import Verdict, run_verdict
-from moe_rl.rollout.evaluation import greedy_accuracy, pass_at_k_eval
+from moe_rl.metrics.step import Split, step_finalize, step_parts, update_finalize, update_parts, update_routes
+from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
+from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
@@ -81,6 +75,7 @@ from moe_rl.run.folder import (
     set_rng_state,
     status_on_failure,
 )
+from moe_rl.run.keys import run_keys
 from moe_rl.run.loggers import open_loggers
 from moe_rl.run.progress import Progress, run_log
 from moe_rl.tasks.rewards import zero_variance_frac
@@ -88,46 +83,8 @@ from moe_rl.tasks.setup import setup_task
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEYS = (
-    LOSS,
-    OPTIM_GRAD_NORM,
-    REWARD_MEAN,
-    POLICY_ENTROPY,
-    TASK_ACCURACY,
-    REWARD_ZERO_VAR_GROUP_FRAC,
-    REWARD_ERRORS,
-)
-
-
-def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
-    """Columns that identify a run in every metrics row (analysis groups on them).
-
-    Depth and expert count are read off the model, which a local checkpoint may set; a dense model
-    has 0 MoE layers, experts and k.
-    """
-    layers = find_moe_layers(model, required=False)
-    return {
-        "run": Path(cfg.out_dir).name,
-        "experiment": cfg.experiment,
-        "arm": cfg.arm,
-        "algo": cfg.algo.name,
-        "replay": cfg.replay.mode,
-        "family": cfg.model.family,
-        "task": cfg.task.name,
-        "seed": cfg.seed,
-        "N": cfg.optim.updates_per_rollout,
-        "lr": cfg.optim.lr,
-        "rollout_dtype": cfg.rollout.dtype,
-        "num_layers": model.config.num_hidden_layers,
-        "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts if layers else 0,
-        "top_k": layers[0].top_k if layers else 0,
-    }
-
-
-def _event_record(event: CollapseEvent) -> dict[str, Any]:
-    """A collapse event as status.json records it."""
-    return {"step": event.step, "trigger": event.trigger, "detail": event.detail}
+# The (step, value) series the loop keeps (and restores on resume): the collapse detector's and the verdict's.
+LOOP_HISTORY_KEYS = (*COLLAPSE_HISTORY_KEYS, REWARD_ZERO_VAR_GROUP_FRAC, REWARD_ERRORS)
 
 
 class Sampled(NamedTuple):
@@ -135,9 +92,7 @@ class Sampled(NamedTuple):
 
     rollout: Rollout
     rewards: torch.Tensor  # (B,) on the CPU, this rank's rows
-    # this rank's reward/zero_var_group_frac and reward/errors (the step pools them over every rank), and
-    # with rollout.engine=vllm the engine's staleness and sync metrics
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # this rank's reward/ (the step pools them over every rank) and engine's metrics
 
 
 class OldPass(NamedTuple):
@@ -198,13 +153,12 @@ class Trainer:
             )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
-        self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.rollout.engine.Engine)
-        self.engine_synced: int | None = None  # the step of the engine's last weight sync
-        self.engine_checks = 0
+        self.engine: Any = None  # rollout.engine=vllm: the engine and its sync schedule (moe_rl.rollout.engine)
         if cfg.rollout.engine == "vllm":
-            from moe_rl.rollout.engine import VllmEngine
+            from moe_rl.rollout.engine import EngineRollouts, VllmEngine
 
-            self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
+            engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
+            self.engine = EngineRollouts(engine, cfg.rollout.engine_sync_every)
         self.rollout_policy = (
             self.policy
             if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
@@ -219,7 +173,8 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.loss_fn = get_loss(cfg.algo.name)
-        self.loss_kwargs = cfg.algo.loss_kwargs()  # eps_low/eps_high, or SAPO's tau_pos/tau_neg
+        # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
+        self.loss_kwargs = {**cfg.algo.loss_kwargs(), "beta": cfg.algo.beta, "agg": cfg.algo.agg}
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
         self.warned_no_signal = False
@@ -253,11 +208,8 @@ class Trainer:
             errors=sampled.metrics[REWARD_ERRORS],
             mask=rollout.response_mask,
             rollout_logp=rollout.rollout_logp,
-            old_logp=old.logp,
+            old=old,
             seconds={TIME_ROLLOUT_S: t1 - t0, TIME_OLD_LOGP_S: t2 - t1, TIME_UPDATE_S: t3 - t2},
-            old_routes=old.routes,
-            margins=old.margins,
-            old_scores=old.scores,
             rollout_routes=rollout.routes,
             r3_fallback=(rollout.routes, rollout.token_mask) if self.replay_mode.replays_rollout else None,
             correction=batch.correction,
@@ -281,20 +233,28 @@ class Trainer:
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
             self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
         examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all in a world of size 1)
-        metrics: dict[str, float] = {}
+        prompts, metrics = [e["prompt"] for e in examples], {}
+        sampling = dict(
+            group_size=cfg.rollout.group_size,
+            max_new_tokens=cfg.task.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+        )
         if self.engine is not None:
-            rollout, metrics = self.engine_rollout(step, [e["prompt"] for e in examples])
+            record = cfg.rollout.record_routes
+            rollout, metrics = self.engine.rollout(
+                self.policy, self.tokenizer, prompts, step=step, seed=cfg.seed, record_routes=record, **sampling
+            )
         else:
+            rows = self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+            record = cfg.rollout.record_routes and self.routed
             rollout = generate(
                 self.rollout_policy,
                 self.tokenizer,
-                [e["prompt"] for e in examples],
-                group_size=cfg.rollout.group_size,
-                max_new_tokens=cfg.task.max_new_tokens,
-                temperature=cfg.rollout.temperature,
+                prompts,
                 seed=cfg.seed * 1_000_003 + step,
-                record_routes=cfg.rollout.record_routes and self.routed,
-                rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
+                record_routes=record,
+                rows=rows,
+                **sampling,
             )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         scores = self.task.score(rollout.completions, group)
@@ -302,47 +262,12 @@ class Trainer:
         zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
         if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
-            message = (
-                f"step {step}: every prompt group has zero reward variance (reward/mean "
-                f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
-                "policy (cold_start=sft warms a checkpoint up on the task's answers)"
-            )
+            message = no_signal_warning(step, rewards.mean().item())
             log.warning(message)
             note_meta(self.writer.dir / "meta.json", "warnings", message)
         return Sampled(
             rollout, rewards, {REWARD_ZERO_VAR_GROUP_FRAC: zero_var, REWARD_ERRORS: float(scores.errors), **metrics}
         )
-
-    def engine_rollout(self, step: int, prompts: list[str]) -> tuple[Rollout, dict[str, float]]:
-        """Sample with the engine after loading the trainer's weights into it (every
-        `rollout.engine_sync_every` steps, and on the first step of this process); the first two syncs
-        of a process are checked on the rollout they produced (moe_rl.rollout.engine.check_sync).
-        Returns the rollout and the engine's metrics."""
-        from moe_rl.rollout.engine import check_sync
-
-        cfg = self.cfg
-        t = time.perf_counter()
-        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
-        if synced:
-            self.engine.sync(self.policy)
-            self.engine_synced = step
-        assert self.engine_synced is not None  # synced on the first step of every process
-        sync_s = time.perf_counter() - t
-        rows = len(prompts) * cfg.rollout.group_size
-        rollout = self.engine.generate(
-            self.tokenizer,
-            prompts,
-            row_keys=[(cfg.seed, step, i) for i in range(rows)],
-            group_size=cfg.rollout.group_size,
-            max_new_tokens=cfg.task.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            record_routes=cfg.rollout.record_routes,
-        )
-        metrics = {ROLLOUT_ENGINE_STALENESS: float(step - self.engine_synced), TIME_ENGINE_SYNC_S: sync_s}
-        if synced and self.engine_checks < 2:
-            metrics[ROLLOUT_ENGINE_SYNC_MAX_DIFF] = check_sync(self.engine, self.policy, rollout)
-            self.engine_checks += 1
-        return rollout, metrics
 
     def old_pass(self, rollout: Rollout) -> OldPass:
         """2. old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
@@ -354,12 +279,10 @@ class Trainer:
             return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
         mode = self.replay_mode
         replay = rollout.routes if mode.old_pass_replays else None
-        with (
-            torch.no_grad(),
-            RoutedPass(
-                self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
-            ) as routed,
-        ):
+        routed = RoutedPass(
+            self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
+        )
+        with torch.no_grad(), routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
         native = routed.native.with_mask(rollout.token_mask)
         return OldPass(old_logp, native, routed.margins, routed.scores, routed.weights if mode.weights else None)
@@ -367,19 +290,11 @@ class Trainer:
     def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
         """3. The behaviour (rollout) / trainer gap's weight per token (`rollout.is_correction`, None: none),
         constant over the updates."""
-        cfg = self.cfg.rollout
-        if cfg.is_correction == "none":
+        c = self.cfg.rollout
+        if c.is_correction == "none":
             return None
-        return engine_weight(
-            old_logp=old.logp,
-            rollout_logp=rollout.rollout_logp,
-            mask=rollout.response_mask,
-            correction=cfg.is_correction,
-            level=cfg.is_level,
-            cap=cfg.is_cap,
-            low=cfg.is_low,
-            high=cfg.is_high,
-        )
+        kwargs = dict(correction=c.is_correction, level=c.is_level, cap=c.is_cap, low=c.is_low, high=c.is_high)
+        return engine_weight(old_logp=old.logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, **kwargs)
 
     def updates(self, step: int, batch: Batch) -> list[dict[str, float]]:
         """4. The N updates of `step`, on a seeded shuffle of the global batch into N mini-batches (this
@@ -401,7 +316,7 @@ class Trainer:
         for the ratio split (docs/design.md §3)."""
         cfg = self.cfg
         rollout, old = batch.rollout, batch.old
-        mask = rollout.response_mask[rows]
+        mask, old_logp = rollout.response_mask[rows], old.logp[rows]
         replay = batch.replay[rows] if batch.replay is not None else None
         forced_weights = old.weights[rows] if old.weights is not None and replay is not None else None
         routed: RoutedPass | None = (
@@ -411,8 +326,11 @@ class Trainer:
         )
         with routed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
-        valid = rollout.token_mask[rows]
-        routes = self.update_routes(routed, old, rows, replay, valid) if routed is not None else None
+        routes = None
+        if routed is not None and old.routes is not None:  # the route metrics' inputs
+            thresholded = self.replay_threshold is not None
+            old_rows = (old.routes[rows], old.scores[rows], old.margins[rows])
+            routes = update_routes(routed, *old_rows, replay, rollout.token_mask[rows], thresholded=thresholded)
         other = None
         if split and routes is not None:  # a dense model has no routing to split
             other = self.other_routing_logp(rollout, rows, replay, routes.old)
@@ -425,17 +343,16 @@ class Trainer:
             # sg[max(gamma_t, floor)] from the scores this pass already has
             gamma = router_shift_ratio(routes.old_scores, routes.scores, routes.old, mask)
             shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
+        weight = batch.correction.weight[rows] if batch.correction is not None else None
         loss, loss_metrics = self.loss_fn(
             logp=logp,
-            old_logp=old.logp[rows],
+            old_logp=old_logp,
             adv=batch.adv[rows],
             mask=mask,
-            **self.loss_kwargs,
             ref_logp=ref_logp,
-            beta=cfg.algo.beta,
-            agg=cfg.algo.agg,
-            weight=batch.correction.weight[rows] if batch.correction is not None else None,
+            weight=weight,
             ratio_scale=shift_scale,
+            **self.loss_kwargs,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
@@ -459,7 +376,7 @@ class Trainer:
             tokens=scalars[3],
             shift=(shift_scale, cfg.algo.router_shift_floor) if shift_scale is not None else None,
             logp=logp.detach(),
-            old_logp=old.logp[rows],
+            old_logp=old_logp,
             mask=mask,
             routes=routes,
             split=Split(*other, loss_metrics.clipped) if other is not None else None,
@@ -469,22 +386,6 @@ class Trainer:
         )
         grad = scalars[1]
         return update_finalize(self.dist.merge(parts), list(loss_metrics), grad, position_bucket=cfg.position_bucket)
-
-    def update_routes(
-        self, routed: RoutedPass, old: OldPass, rows: torch.Tensor, replay: Routes | None, valid: torch.Tensor
-    ) -> UpdateRoutes:
-        """What an update's pass recorded on `rows` (`valid`: their real tokens), beside the old pass's."""
-        assert old.routes is not None  # an MoE model
-        return UpdateRoutes(
-            native=routed.native.with_mask(valid),
-            old=old.routes[rows],
-            scores=routed.scores,
-            old_scores=old.scores[rows],
-            old_margins=old.margins[rows],
-            replay=replay,
-            used=routed.used.with_mask(valid) if replay is not None else None,
-            fallback=routed.fallback if self.replay_threshold is not None else None,
-        )
 
     def other_routing_logp(
         self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes
@@ -509,15 +410,9 @@ class Trainer:
 
     def verdict(self) -> Verdict | None:
         """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.metrics.verdict)."""
-        zero_var = dict(self.history[REWARD_ZERO_VAR_GROUP_FRAC])
-        errors, means = dict(self.history[REWARD_ERRORS]), dict(self.history[REWARD_MEAN])
-        steps = sorted(zero_var)
         cfg = self.cfg
-        return run_verdict(
-            steps,
-            [zero_var[s] for s in steps],
-            [errors.get(s, 0.0) for s in steps],
-            [means[s] for s in steps],
+        return history_verdict(
+            self.history,
             completions_per_step=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
             no_signal_steps=cfg.signal.no_signal_steps,
             max_reward_error_frac=cfg.signal.max_reward_error_frac,
@@ -526,28 +421,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out examples, and pass@k where `pass_at_k.k` asks for it."""
-        t = time.perf_counter()
-        cfg = self.cfg
-        accuracy = greedy_accuracy(
-            self.policy, self.tokenizer, self.eval_examples, self.task, max_new_tokens=cfg.task.max_new_tokens
-        )
-        passes = cfg.pass_at_k
-        sampled = (
-            pass_at_k_eval(
-                self.policy,
-                self.tokenizer,
-                self.eval_examples,
-                self.task,
-                ks=list(passes.k),
-                n=passes.n,
-                temperature=passes.temperature,
-                max_new_tokens=cfg.task.max_new_tokens,
-                seed=cfg.seed,
-            )
-            if passes.k
-            else {}
-        )
-        return {TASK_ACCURACY: accuracy, **sampled, TIME_EVAL_S: time.perf_counter() - t}
+        t, cfg, p = time.perf_counter(), self.cfg, self.cfg.pass_at_k
+        passes = dict(ks=list(p.k), n=p.n, temperature=p.temperature, seed=cfg.seed)
+        args = (self.policy, self.tokenizer, self.eval_examples, self.task)
+        metrics = held_out_metrics(*args, max_new_tokens=cfg.task.max_new_tokens, **passes)
+        return {**metrics, TIME_EVAL_S: time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -586,7 +464,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.writer.events = list(state["events"])
         self.writer.truncate_after(state["step"])
-        self.history.update(self.dist.broadcast(self.writer.history(HISTORY_KEYS)))  # only rank 0's writer reads
+        self.history.update(self.dist.broadcast(self.writer.history(LOOP_HISTORY_KEYS)))  # only rank 0's writer reads
         log.info("resuming %s after step %d", self.writer.dir, state["step"])
         return state["step"]
 
@@ -642,7 +520,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 writer.log(step, metrics)
                 last = step
-                for key in HISTORY_KEYS:
+                for key in LOOP_HISTORY_KEYS:
                     if key in metrics:  # task/accuracy only at evaluation steps
                         self.history[key].append((step, metrics[key]))
                 # judged on the history so far: an event stands while performance has not recovered, so
@@ -652,8 +530,8 @@ class Trainer:
                     if event.trigger not in seen_triggers:
                         seen_triggers.add(event.trigger)
                         log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
-                writer.events = [_event_record(e) for e in judged.collapsed]
-                writer.recovered = [_event_record(e) for e in judged.recovered]
+                writer.events = [dataclasses.asdict(e) for e in judged.collapsed]  # as status.json records them
+                writer.recovered = [dataclasses.asdict(e) for e in judged.recovered]
                 progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
                     status = "diverged"

@@ -318,9 +318,21 @@ def test_compare_routes_is_used_on_masked_positions_only() -> None:
     assert compare_routes(a, b)["flip_rate"] == 0.0
 
 
-def test_train_function_writes_run_directory(tmp_path, cache) -> None:
+def test_train_function_writes_run_directory(tmp_path, cache, monkeypatch) -> None:
+    import moe_rl.train as loop
+
+    calls = {"validate": 0, "refuse_foreign_dir": 0}
+    for name in calls:
+        original = getattr(loop, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(loop, name, counted)
     cfg = tiny_config(tmp_path, cache, steps=2, name="plain")
     result = train(cfg)
+    assert calls == {"validate": 1, "refuse_foreign_dir": 1}  # once per launch
     assert result["status"] in ("completed", "collapsed")
     run = tmp_path / "plain"
     meta = json.loads((run / "meta.json").read_text())

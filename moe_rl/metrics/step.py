@@ -77,6 +77,7 @@ from moe_rl.routing.compare import (
     router_shift_gaps,
     shift_summary,
 )
+from moe_rl.routing.hooks import RoutedPass
 from moe_rl.routing.routes import Routes
 from moe_rl.tasks.rewards import zero_variance_frac
 
@@ -102,6 +103,30 @@ class UpdateRoutes(NamedTuple):
     replay: Routes | None  # the routes the update forced (None: none)
     used: Routes | None  # what the experts received (with replay)
     fallback: Tensor | None  # (refilled, slots) of a thresholded replay, else None
+
+
+def update_routes(
+    routed: RoutedPass,
+    old: Routes,
+    old_scores: Tensor,
+    old_margins: Tensor,
+    replay: Routes | None,
+    valid: Tensor,
+    *,
+    thresholded: bool,
+) -> UpdateRoutes:
+    """What an update's recorded pass `routed` gives its route metrics (`valid`: the rows' real tokens),
+    beside the old pass's routes, scores and margins on the same rows."""
+    return UpdateRoutes(
+        native=routed.native.with_mask(valid),
+        old=old,
+        scores=routed.scores,
+        old_scores=old_scores,
+        old_margins=old_margins,
+        replay=replay,
+        used=routed.used.with_mask(valid) if replay is not None else None,
+        fallback=routed.fallback if thresholded else None,
+    )
 
 
 class Split(NamedTuple):
@@ -234,11 +259,8 @@ def step_parts(
     errors: float,
     mask: Tensor,
     rollout_logp: Tensor,
-    old_logp: Tensor,
+    old: tuple[Tensor, Routes | None, Tensor, Tensor, Tensor | None],
     seconds: dict[str, float],
-    old_routes: Routes | None,
-    margins: Tensor,
-    old_scores: Tensor,
     rollout_routes: Routes | None,
     r3_fallback: tuple[Routes, Tensor] | None,
     correction: tuple[Tensor, Tensor, Tensor] | None,
@@ -247,7 +269,9 @@ def step_parts(
     phases' seconds (maxima), the rollout policy's gap to the trainer, and for an MoE model the old
     pass's margins and confidence, the share of tokens the rollout's routes leave to the live router
     (`r3_fallback`: the rollout's routes and token mask, where the updates replay them) and rollout vs
-    old routes; the engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`)."""
+    old routes; the engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`).
+    `old`: the old pass's (logp, routes, margins, scores, weights) (`moe_rl.train.OldPass`)."""
+    old_logp, old_routes, margins, old_scores, _ = old
     parts = Partial(
         sums={
             "length": mask.sum(-1).float().sum(),

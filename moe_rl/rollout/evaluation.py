@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_rl.metrics.names import pass_at_key
+from moe_rl.metrics.names import TASK_ACCURACY, pass_at_key
 from moe_rl.rollout.generate import generate
 from moe_rl.tasks.setup import RLTask
 
@@ -114,3 +114,35 @@ def pass_at_k_eval(
     for rewards in batches:
         correct += [sum(r == 1.0 for r in rewards[j : j + n]) for j in range(0, len(rewards), n)]
     return {pass_at_key(k): float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}
+
+
+def held_out_metrics(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    max_new_tokens: int,
+    ks: list[int],
+    n: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """`task/accuracy` (greedy), and `eval/pass@{k}` for each k in `ks` (none: no sampled evaluation)."""
+    accuracy = greedy_accuracy(model, tokenizer, examples, task, max_new_tokens=max_new_tokens)
+    sampled = (
+        pass_at_k_eval(
+            model,
+            tokenizer,
+            examples,
+            task,
+            ks=ks,
+            n=n,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        )
+        if ks
+        else {}
+    )
+    return {TASK_ACCURACY: accuracy, **sampled}
