@@ -39,10 +39,12 @@ import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
 
+import moe_rl.metrics.step as step_module
 import moe_rl.train as train_module
 from moe_rl.config import TrainConfig
 from moe_rl.rollout.generate import position_ids, token_logp
@@ -64,31 +66,35 @@ FLOORED = {
     "backward": "backward",
     "optimizer": "optimizer",
 }
-# What `moe_rl.train` calls, booked by where it comes from: every function it imports from
-# `moe_rl.routing` is route bookkeeping, every one from the metric modules is metrics. The loop's own
-# helpers (and imports from elsewhere) are named here; a name missing from `moe_rl.train` is an error
-# (a refactor renamed it), not a phase that silently stops being timed.
+# What the loop calls, booked by where it comes from: every function that `moe_rl.train` or its metric
+# assembly (`moe_rl.metrics.step`) imports from `moe_rl.routing` is route bookkeeping, every one from the
+# metric modules is metrics. Other helpers are named here, with the loop module that calls them; a name
+# missing there is an error (a refactor renamed it), not a phase that silently stops being timed.
+LOOP_MODULES = (train_module, step_module)
 ROUTE_MODULES = ("moe_rl.routing",)
 METRIC_MODULES = ("moe_rl.metrics.stats", "moe_rl.metrics.partial", "moe_rl.algos.advantages")
-NAMED_ROUTE_FNS: tuple[str, ...] = ()  # every route function the loop calls comes from moe_rl.routing
-NAMED_METRIC_FNS = ("aggregate", "token_entropy")
+NAMED = {
+    (train_module, "generate"): "generate",
+    (train_module, "token_entropy"): "metrics",
+    (step_module, "aggregate"): "metrics",
+}
 
 
-def phase_functions() -> dict[str, str]:
-    """{name in `moe_rl.train`: phase} for every function the step's phases are timed through."""
-    phases = {"generate": "generate"}
-    for name, fn in vars(train_module).items():
-        if not inspect.isfunction(fn):
-            continue
-        if fn.__module__.startswith(ROUTE_MODULES):
-            phases[name] = "route bookkeeping"
-        elif fn.__module__.startswith(METRIC_MODULES):
-            phases[name] = "metrics"
-    missing = [n for n in ("generate", *NAMED_ROUTE_FNS, *NAMED_METRIC_FNS) if not hasattr(train_module, n)]
+def phase_functions() -> dict[tuple[Any, str], str]:
+    """{(loop module, name): phase} for every function the step's phases are timed through."""
+    phases = {}
+    for module in LOOP_MODULES:
+        for name, fn in vars(module).items():
+            if not inspect.isfunction(fn):
+                continue
+            if fn.__module__.startswith(ROUTE_MODULES):
+                phases[module, name] = "route bookkeeping"
+            elif fn.__module__.startswith(METRIC_MODULES):
+                phases[module, name] = "metrics"
+    missing = [f"{module.__name__}.{name}" for module, name in NAMED if not hasattr(module, name)]
     if missing:
-        raise AttributeError(f"moe_rl.train has no {missing}: update step_profile.py's phase lists")
-    phases.update(dict.fromkeys(NAMED_ROUTE_FNS, "route bookkeeping"))
-    phases.update(dict.fromkeys(NAMED_METRIC_FNS, "metrics"))
+        raise AttributeError(f"no {missing}: update step_profile.py's phase lists")
+    phases.update(NAMED)
     return phases
 
 
@@ -128,12 +134,12 @@ class PhaseClock:
 def instrumented(trainer: Trainer, clock: PhaseClock):
     """Time the step's phases by wrapping what `moe_rl.train` calls; everything is restored after."""
     phases = phase_functions()
-    saved_module = {name: getattr(train_module, name) for name in phases}
+    saved_module = {key: getattr(*key) for key in phases}
     saved_props = {name: getattr(RoutedPass, name) for name in ("native", "used", "scores", "margins")}
     saved_backward, saved_clip = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_
     try:
-        for name, phase in phases.items():
-            setattr(train_module, name, clock.wrap(phase, saved_module[name]))
+        for (module, name), phase in phases.items():
+            setattr(module, name, clock.wrap(phase, saved_module[module, name]))
         for name, prop in saved_props.items():
             setattr(RoutedPass, name, property(clock.wrap("route bookkeeping", prop.fget)))
         torch.Tensor.backward = clock.wrap("backward", saved_backward)
@@ -146,8 +152,8 @@ def instrumented(trainer: Trainer, clock: PhaseClock):
         trainer.update = clock.wrap_scope("update", trainer.update)
         yield
     finally:
-        for name, fn in saved_module.items():
-            setattr(train_module, name, fn)
+        for (module, name), fn in saved_module.items():
+            setattr(module, name, fn)
         for name, prop in saved_props.items():
             setattr(RoutedPass, name, prop)
         torch.Tensor.backward, torch.nn.utils.clip_grad_norm_ = saved_backward, saved_clip

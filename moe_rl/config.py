@@ -15,7 +15,7 @@ from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
-from moe_rl.routing.modes import REPLAY_MODES, ROLLOUT
+from moe_rl.routing.modes import mode_names, replay_mode
 from moe_rl.run.folder import NUMERICS
 from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for existing callers
 from moe_rl.run.identity import identity_hash
@@ -277,10 +277,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     check_loggers(list(cfg.logger))
     _one_of("algo.name", cfg.algo.name, LOSSES)
-    _one_of("replay.mode", cfg.replay.mode, REPLAY_MODES)
+    _one_of("replay.mode", cfg.replay.mode, mode_names())
     if not cfg.model.checkpoint:  # a checkpoint may be of any MoE family (its model_type is checked below)
         _one_of("model.family", cfg.model.family, [*FAMILIES, *DENSE_FAMILIES, *BACKENDS])
-    if cfg.model.family in DENSE_FAMILIES and cfg.replay.mode != "none":
+    if cfg.model.family in DENSE_FAMILIES and replay_mode(cfg.replay.mode).replays:
         raise ValueError(
             f"replay.mode={cfg.replay.mode!r} replays expert routes, but model.family={cfg.model.family!r} is "
             "dense (no MoE layer to route); use replay.mode=none"
@@ -346,7 +346,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
     if cfg.rollout.temperature <= 0:
         raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
-    if REPLAY_MODES[cfg.replay.mode].source == ROLLOUT and not cfg.rollout.record_routes:
+    if replay_mode(cfg.replay.mode).replays_rollout and not cfg.rollout.record_routes:
         raise ValueError(
             f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
         )

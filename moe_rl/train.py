@@ -1,17 +1,22 @@
 """The one stateful loop: cold start, rollouts, old-policy pass, N updates with replay, logging.
 
-Per step (docs/design.md §1, §3):
+Per step (`Trainer.step`; docs/design.md §1, §3):
 1. rollout: sample G completions for each of P prompts with the rollout policy (a copy in
    `rollout.dtype` when that differs from training), recording rollout log-probs and routes (R3);
+   score them, and take group-normalised advantages of the rewards;
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
    policy's routes (R2). Under R3 this pass already replays the rollout routes;
-3. N updates on a shuffled split of the batch into N mini-batches; updates 2..N are off-policy.
-   Every forward that computes pi_theta for the ratio replays the cached routes (R2: old pass,
-   R3: rollout; thresholded or with the combine weights as `moe_rl.routing.modes` says) while
-   recording what the router would have chosen natively. The loss may scale each token ratio by
-   RSPO's router-shift factor (`algo.router_shift`) and weight each token by the engine-gap
-   correction (`rollout.is_correction`), both constants computed from what the passes recorded.
-Metrics of each update are aggregated over the whole step (mean; `ratio/token_max` is a max).
+3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old
+   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`), a constant
+   weight per token from the rollout's and the old pass's log-probs;
+4. N updates on a seeded shuffle of the batch into N mini-batches; updates 2..N are off-policy.
+   Every forward that computes pi_theta for the ratio replays the cached routes (thresholded or with
+   the combine weights as the mode says) while recording what the router would have chosen natively.
+   The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
+   constant from the router scores the passes recorded, and weights each token by the correction;
+5. metrics (`moe_rl.metrics.step`): each update's pooled over the processes, aggregated over the
+   step (mean; `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins,
+   rollout vs old routes); route snapshots every `snapshot_every` steps.
 
 How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
 from configs and synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router
@@ -30,94 +35,35 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import transformers
 
 from moe_rl.algos import get_loss, group_advantages
-from moe_rl.algos.corrections import engine_weight
+from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.loop.cold_start import evaluate, expected_key, get_cold_start
+from moe_rl.loop.cold_start import expected_key, get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.metrics.collapse import HISTORY_KEYS as COLLAPSE_HISTORY_KEYS
+from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
-    EXPERT_FLIP_FRAC,
-    FLIP_RATE,
-    FLIP_VS_MARGIN_PREFIX,
     LOSS,
-    NATIVE_VS_REPLAYED,
-    OFFPOLICY_KEYS,
-    OLD_VS_NEW,
-    OPTIM_GRAD_NORM,
-    POLICY_ENTROPY,
-    RATIO_ROUTER_SHIFT_FLOOR_FRAC,
-    RATIO_ROUTER_SHIFT_SCALE,
-    RATIO_SPLIT_ENGINE_VAR,
     REWARD_ERRORS,
-    REWARD_MEAN,
-    REWARD_STD,
     REWARD_ZERO_VAR_GROUP_FRAC,
-    ROLLOUT_ENGINE_STALENESS,
-    ROLLOUT_ENGINE_SYNC_MAX_DIFF,
-    ROLLOUT_IS_MASKED_FRAC,
-    ROLLOUT_IS_TRUNCATED_FRAC,
-    ROLLOUT_IS_WEIGHT_MEAN,
-    ROLLOUT_RESPONSE_LEN,
-    ROLLOUT_VS_OLD,
-    ROUTE_CONFIDENCE,
-    ROUTE_PREFIX,
-    ROUTE_R3_FALLBACK_FRAC,
-    ROUTE_REPLAY_FALLBACK_FRAC,
-    ROUTE_REPLAY_REPLACE_RATE,
-    ROUTE_USED_VS_CACHED_FLIP_RATE,
     TASK_ACCURACY,
-    TIME_ENGINE_SYNC_S,
     TIME_EVAL_S,
     TIME_OLD_LOGP_S,
-    TIME_PREFIX,
     TIME_ROLLOUT_S,
     TIME_UPDATE_S,
-    offpolicy_key,
-    route_key,
 )
-from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts
-from moe_rl.metrics.stats import (
-    CollapseEvent,
-    judge_collapse,
-    margin_finalize,
-    margin_parts,
-    ratio_finalize,
-    ratio_parts,
-    ratio_split_finalize,
-    ratio_split_parts,
-    ratio_split_weights,
-    rollout_gap_finalize,
-    rollout_gap_parts,
-)
-from moe_rl.metrics.verdict import Verdict, run_verdict
-from moe_rl.rollout.evaluation import pass_at_k_eval
+from moe_rl.metrics.step import Split, step_finalize, step_parts, update_finalize, update_parts, update_routes
+from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
+from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
-from moe_rl.routing.compare import (
-    compare_finalize,
-    compare_parts,
-    confidence_finalize,
-    confidence_parts,
-    fallback_finalize,
-    fallback_parts,
-    flip_margin_finalize,
-    flip_margin_parts,
-    movement_finalize,
-    movement_parts,
-    position_finalize,
-    position_parts,
-    router_shift_gaps,
-    router_shift_ratio,
-    shift_summary,
-)
-from moe_rl.routing.modes import ROLLOUT, replay_mode
+from moe_rl.routing import RoutedPass, Routes, find_moe_layers
+from moe_rl.routing.compare import router_shift_ratio
+from moe_rl.routing.modes import replay_mode
 from moe_rl.run.folder import (
     FINISHED,
     RunDirectoryError,
@@ -129,6 +75,7 @@ from moe_rl.run.folder import (
     set_rng_state,
     status_on_failure,
 )
+from moe_rl.run.keys import run_keys
 from moe_rl.run.loggers import open_loggers
 from moe_rl.run.progress import Progress, run_log
 from moe_rl.tasks.rewards import zero_variance_frac
@@ -136,97 +83,20 @@ from moe_rl.tasks.setup import setup_task
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEYS = (
-    LOSS,
-    OPTIM_GRAD_NORM,
-    REWARD_MEAN,
-    POLICY_ENTROPY,
-    TASK_ACCURACY,
-    REWARD_ZERO_VAR_GROUP_FRAC,
-    REWARD_ERRORS,
-)
+# The (step, value) series the loop keeps (and restores on resume): the collapse detector's and the verdict's.
+LOOP_HISTORY_KEYS = (*COLLAPSE_HISTORY_KEYS, REWARD_ZERO_VAR_GROUP_FRAC, REWARD_ERRORS)
 
 
-def run_keys(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
-    """Columns that identify a run in every metrics row (analysis groups on them).
+class Sampled(NamedTuple):
+    """What the rollout gives the step (1.)."""
 
-    Depth and expert count are read off the model, which a local checkpoint may set; a dense model
-    has 0 MoE layers, experts and k.
-    """
-    layers = find_moe_layers(model, required=False)
-    return {
-        "run": Path(cfg.out_dir).name,
-        "experiment": cfg.experiment,
-        "arm": cfg.arm,
-        "algo": cfg.algo.name,
-        "replay": cfg.replay.mode,
-        "family": cfg.model.family,
-        "task": cfg.task.name,
-        "seed": cfg.seed,
-        "N": cfg.optim.updates_per_rollout,
-        "lr": cfg.optim.lr,
-        "rollout_dtype": cfg.rollout.dtype,
-        "num_layers": model.config.num_hidden_layers,
-        "num_moe_layers": len(layers),
-        "num_experts": layers[0].num_experts if layers else 0,
-        "top_k": layers[0].top_k if layers else 0,
-    }
-
-
-# OFFPOLICY_KEYS are also averaged over the off-policy updates 2..N only, as `<key>/offpolicy`: update 1 runs on the
-# old policy's weights, so its flips and ratio spread are zero and dilute the step mean by (N-1)/N.
-# Counts (per margin bin: (t, l) seen and flipped) summed over the off-policy updates 2..N.
-COUNT_PREFIX = FLIP_VS_MARGIN_PREFIX
-# An update's `<key>@weight` makes `<key>` a weighted mean over the updates (a share by its denominator).
-WEIGHT_SUFFIX = "@weight"
-
-
-def _weighted_means(
-    updates: list[dict[str, float]], keys: set[str], name: Callable[[str], str] = str
-) -> dict[str, float]:
-    """{name(key): sum_u w_u v_u / sum_u w_u} over the updates of positive weight w_u = `key@weight`; a key
-    that no update weighs (nothing clipped, no spread) is undefined and left out, like an unlogged metric."""
-    out = {}
-    for key in keys:
-        pairs = [(m[key], m[key + WEIGHT_SUFFIX]) for m in updates if key in m and m[key + WEIGHT_SUFFIX] > 0]
-        total = sum(w for _, w in pairs)
-        if total > 0:
-            out[name(key)] = sum(v * w for v, w in pairs) / total
-    return out
-
-
-def _event_record(event: CollapseEvent) -> dict[str, Any]:
-    """A collapse event as status.json records it."""
-    return {"step": event.step, "trigger": event.trigger, "detail": event.detail}
-
-
-def aggregate(updates: list[dict[str, float]]) -> dict[str, float]:
-    """Step-level metrics from the step's updates (equal-size mini-batches): the mean of each
-    update's value, the max for maxima, the mean weighted by `<key>@weight` where an update gives
-    one (the ratio split's shares; left out where no update has weight), the mean over updates 2..N
-    for OFFPOLICY_KEYS, and the sum over updates 2..N for the flip-vs-margin counts."""
-    weighted = {k.removesuffix(WEIGHT_SUFFIX) for m in updates for k in m if k.endswith(WEIGHT_SUFFIX)}
-    values: dict[str, list[float]] = defaultdict(list)
-    for metrics in updates:
-        for key, value in metrics.items():
-            if not key.startswith(COUNT_PREFIX) and not key.endswith(WEIGHT_SUFFIX) and key not in weighted:
-                values[key].append(value)
-    out = {k: (max(v) if k.endswith("_max") else sum(v) / len(v)) for k, v in values.items()}
-    out.update(_weighted_means(updates, weighted))
-    if len(updates) > 1:
-        for key in updates[1]:
-            if key.startswith(COUNT_PREFIX):
-                out[key] = sum(m[key] for m in updates[1:])
-        out.update(_weighted_means(updates[1:], weighted & set(OFFPOLICY_KEYS), offpolicy_key))
-        for key in OFFPOLICY_KEYS:
-            late = [m[key] for m in updates[1:] if key in m and key not in weighted]
-            if late:
-                out[offpolicy_key(key)] = sum(late) / len(late)
-    return out
+    rollout: Rollout
+    rewards: torch.Tensor  # (B,) on the CPU, this rank's rows
+    metrics: dict[str, float]  # this rank's reward/ (the step pools them over every rank) and engine's metrics
 
 
 class OldPass(NamedTuple):
-    """What the old-policy pass gives the updates."""
+    """What the old-policy pass gives the updates (2.)."""
 
     logp: torch.Tensor  # (B, T) old_logp
     routes: Routes | None  # the old policy's native routes (None: a dense model)
@@ -235,15 +105,30 @@ class OldPass(NamedTuple):
     weights: torch.Tensor | None  # (B, T, L, k) float32 combine weights (replay modes that force them), else None
 
 
+class Batch(NamedTuple):
+    """What every update of a step reads (3.): the rollout, its advantages, the old pass, the routes the
+    updates replay (None: none) and the engine-gap correction (None: `rollout.is_correction=none`)."""
+
+    rollout: Rollout
+    adv: torch.Tensor  # (B,)
+    old: OldPass
+    replay: Routes | None
+    correction: EngineWeight | None = None
+
+
 class Trainer:
     """State of one run; `train(cfg)` is the entry point."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg = dataclasses.replace(validate(cfg), out_dir=run_dir(cfg))
+    def __init__(self, cfg: TrainConfig, *, checked: bool = False) -> None:
+        """`checked`: the caller has validated `cfg` and checked its run folder (`train`, `run_from_hydra`)."""
+        if not checked:
+            validate(cfg)
+        self.cfg = cfg = dataclasses.replace(cfg, out_dir=run_dir(cfg))
         pin_numerics(cfg.numerics)  # before torch computes anything
         self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # a world of size 1 without torchrun
         self.dist.check(cfg.rollout.prompts_per_step, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
-        refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
+        if not checked:
+            refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
         cfg.progress = cfg.progress and self.dist.is_writer
         if cfg.rollout.engine == "vllm":
             from moe_rl.rollout.engine import require_vllm
@@ -257,22 +142,23 @@ class Trainer:
             cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
         )
         self.policy.to(cfg.device)
+        self.replay_mode = replay_mode(cfg.replay.mode)
+        self.replay_threshold = self.replay_mode.threshold_of(cfg.replay.threshold)
         # A dense model (no MoE layer) trains the same way with nothing to record or replay: its rows carry
         # no route/ metrics. Replay is refused for it here too, for a checkpoint validate() could not see into.
         self.routed = bool(find_moe_layers(self.policy, required=False))
-        if not self.routed and cfg.replay.mode != "none":
+        if not self.routed and self.replay_mode.replays:
             raise ValueError(
                 f"replay.mode={cfg.replay.mode!r} needs MoE layers; the model has none (use replay.mode=none)"
             )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
-        self.engine: Any = None  # rollout.engine=vllm: the engine (moe_rl.rollout.engine.Engine)
-        self.engine_synced: int | None = None  # the step of the engine's last weight sync
-        self.engine_checks = 0
+        self.engine: Any = None  # rollout.engine=vllm: the engine and its sync schedule (moe_rl.rollout.engine)
         if cfg.rollout.engine == "vllm":
-            from moe_rl.rollout.engine import VllmEngine
+            from moe_rl.rollout.engine import EngineRollouts, VllmEngine
 
-            self.engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
+            engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
+            self.engine = EngineRollouts(engine, cfg.rollout.engine_sync_every)
         self.rollout_policy = (
             self.policy
             if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
@@ -287,12 +173,10 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.loss_fn = get_loss(cfg.algo.name)
-        self.replay_mode = replay_mode(cfg.replay.mode)
-        self.replay_threshold = cfg.replay.threshold if self.replay_mode.threshold else None
-        self.loss_kwargs = cfg.algo.loss_kwargs()  # eps_low/eps_high, or SAPO's tau_pos/tau_neg
+        # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
+        self.loss_kwargs = {**cfg.algo.loss_kwargs(), "beta": cfg.algo.beta, "agg": cfg.algo.agg}
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
-        self.reward_metrics: dict[str, float] = {}
         self.warned_no_signal = False
         self.writer = self.dist.writer(cfg.out_dir, run_keys(cfg, self.policy), config_hash=config_hash(cfg))
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -302,82 +186,91 @@ class Trainer:
 
     # --- one step -----------------------------------------------------------------------------
 
+    def step(self, step: int) -> dict[str, float]:
+        """One step, as the module docstring numbers it; returns the step's metrics."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        sampled = self.rollout(step)  # 1.
+        rollout = sampled.rollout
+        if cfg.fault_nan_step == step:  # fault injection for tests: corrupt a router weight
+            with torch.no_grad():
+                next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
+        adv = group_advantages(sampled.rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards: CPU
+        t1 = time.perf_counter()
+        old = self.old_pass(rollout)  # 2.
+        t2 = time.perf_counter()
+        replay = self.replay_mode.pick(old=old.routes, rollout=rollout.routes)  # 3.
+        batch = Batch(rollout, adv, old, replay, self.engine_gap(rollout, old))
+        updates = self.updates(step, batch)  # 4.
+        t3 = time.perf_counter()
+        parts = step_parts(  # 5.
+            rewards=sampled.rewards,
+            errors=sampled.metrics[REWARD_ERRORS],
+            mask=rollout.response_mask,
+            rollout_logp=rollout.rollout_logp,
+            old=old,
+            seconds={TIME_ROLLOUT_S: t1 - t0, TIME_OLD_LOGP_S: t2 - t1, TIME_UPDATE_S: t3 - t2},
+            rollout_routes=rollout.routes,
+            r3_fallback=(rollout.routes, rollout.token_mask) if self.replay_mode.replays_rollout else None,
+            correction=batch.correction,
+        )
+        engine_part = self.rollout_policy is not self.policy or self.engine is not None  # else the trainer sampled
+        pooled = step_finalize(
+            self.dist.merge(parts), updates, group_size=cfg.rollout.group_size, engine_part=engine_part
+        )
+        self.snapshot(step, rollout, old.routes)
+        return {**sampled.metrics, **pooled}  # the rewards' metrics pooled over every rank's rows
+
     def prompts_for(self, step: int) -> list[dict]:
         """The P examples of `step`: a seeded permutation, the same for every arm of a seed."""
         P = self.cfg.rollout.prompts_per_step
         n = len(self.order)
         return [self.train_examples[self.order[(step * P + i) % n]] for i in range(P)]
 
-    def rollout(self, step: int) -> tuple[Rollout, torch.Tensor, list[dict]]:
+    def rollout(self, step: int) -> Sampled:
+        """1. This rank's rollouts of `step`, their rewards and the rewards' (and engine's) metrics."""
         cfg = self.cfg
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
             self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
         examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all in a world of size 1)
+        prompts, metrics = [e["prompt"] for e in examples], {}
+        sampling = dict(
+            group_size=cfg.rollout.group_size,
+            max_new_tokens=cfg.task.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+        )
         if self.engine is not None:
-            rollout = self.engine_rollout(step, [e["prompt"] for e in examples])
+            record = cfg.rollout.record_routes
+            rollout, metrics = self.engine.rollout(
+                self.policy, self.tokenizer, prompts, step=step, seed=cfg.seed, record_routes=record, **sampling
+            )
         else:
+            rows = self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+            record = cfg.rollout.record_routes and self.routed
             rollout = generate(
                 self.rollout_policy,
                 self.tokenizer,
-                [e["prompt"] for e in examples],
-                group_size=cfg.rollout.group_size,
-                max_new_tokens=cfg.task.max_new_tokens,
-                temperature=cfg.rollout.temperature,
+                prompts,
                 seed=cfg.seed * 1_000_003 + step,
-                record_routes=cfg.rollout.record_routes and self.routed,
-                rows=self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size),
+                record_routes=record,
+                rows=rows,
+                **sampling,
             )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         scores = self.task.score(rollout.completions, group)
         rewards = torch.tensor(scores.rewards)
         zero_var = zero_variance_frac(rewards, cfg.rollout.group_size)
-        self.reward_metrics = {REWARD_ZERO_VAR_GROUP_FRAC: zero_var, REWARD_ERRORS: float(scores.errors)}
         if zero_var == 1.0 and not self.warned_no_signal and self.dist.is_writer:  # every advantage is 0
             self.warned_no_signal = True
-            message = (
-                f"step {step}: every prompt group has zero reward variance (reward/mean "
-                f"{rewards.mean().item():.3f}), so no learning signal; check the reward and the starting "
-                "policy (cold_start=sft warms a checkpoint up on the task's answers)"
-            )
+            message = no_signal_warning(step, rewards.mean().item())
             log.warning(message)
             note_meta(self.writer.dir / "meta.json", "warnings", message)
-        return rollout, rewards, group
-
-    def engine_rollout(self, step: int, prompts: list[str]) -> Rollout:
-        """Sample with the engine after loading the trainer's weights into it (every
-        `rollout.engine_sync_every` steps, and on the first step of this process); the first two syncs
-        of a process are checked on the rollout they produced (moe_rl.rollout.engine.check_sync)."""
-        from moe_rl.rollout.engine import check_sync
-
-        cfg = self.cfg
-        t = time.perf_counter()
-        synced = self.engine_synced is None or step - self.engine_synced >= cfg.rollout.engine_sync_every
-        if synced:
-            self.engine.sync(self.policy)
-            self.engine_synced = step
-        assert self.engine_synced is not None  # synced on the first step of every process
-        sync_s = time.perf_counter() - t
-        rows = len(prompts) * cfg.rollout.group_size
-        rollout = self.engine.generate(
-            self.tokenizer,
-            prompts,
-            row_keys=[(cfg.seed, step, i) for i in range(rows)],
-            group_size=cfg.rollout.group_size,
-            max_new_tokens=cfg.task.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            record_routes=cfg.rollout.record_routes,
+        return Sampled(
+            rollout, rewards, {REWARD_ZERO_VAR_GROUP_FRAC: zero_var, REWARD_ERRORS: float(scores.errors), **metrics}
         )
-        self.engine_metrics = {
-            ROLLOUT_ENGINE_STALENESS: float(step - self.engine_synced),
-            TIME_ENGINE_SYNC_S: sync_s,
-        }
-        if synced and self.engine_checks < 2:
-            self.engine_metrics[ROLLOUT_ENGINE_SYNC_MAX_DIFF] = check_sync(self.engine, self.policy, rollout)
-            self.engine_checks += 1
-        return rollout
 
     def old_pass(self, rollout: Rollout) -> OldPass:
-        """old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
+        """2. old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
         the combine weights the experts received when the replay mode forces them (`trr`); a dense model
         has no routes (None), margins or scores (empty)."""
         if not self.routed:
@@ -386,69 +279,80 @@ class Trainer:
             return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
         mode = self.replay_mode
         replay = rollout.routes if mode.old_pass_replays else None
-        with (
-            torch.no_grad(),
-            RoutedPass(
-                self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
-            ) as routed,
-        ):
+        routed = RoutedPass(
+            self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
+        )
+        with torch.no_grad(), routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
         native = routed.native.with_mask(rollout.token_mask)
         return OldPass(old_logp, native, routed.margins, routed.scores, routed.weights if mode.weights else None)
 
-    def update(
-        self,
-        rollout: Rollout,
-        rows: torch.Tensor,
-        old_logp: torch.Tensor,
-        adv: torch.Tensor,
-        old_routes: Routes | None,
-        replay_routes: Routes | None,
-        old_margins: torch.Tensor,
-        old_scores: torch.Tensor,
-        replay_weights: torch.Tensor | None = None,
-        is_weight: torch.Tensor | None = None,
-        *,
-        split: bool = False,
-    ) -> dict[str, float]:
-        """One optimizer update on mini-batch `rows`; its metrics pooled over every rank's rows. `is_weight`
-        (B, T) is the engine-gap weight of the whole batch. With `split`, the same weights also score the
-        rows under the other routing (`other_routing_logp`) for the ratio split (docs/design.md §3)."""
+    def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
+        """3. The behaviour (rollout) / trainer gap's weight per token (`rollout.is_correction`, None: none),
+        constant over the updates."""
+        c = self.cfg.rollout
+        if c.is_correction == "none":
+            return None
+        kwargs = dict(correction=c.is_correction, level=c.is_level, cap=c.is_cap, low=c.is_low, high=c.is_high)
+        return engine_weight(old_logp=old.logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, **kwargs)
+
+    def updates(self, step: int, batch: Batch) -> list[dict[str, float]]:
+        """4. The N updates of `step`, on a seeded shuffle of the global batch into N mini-batches (this
+        rank's rows of each; all of them in a world of size 1); the ratio split every `replay.split_every`."""
         cfg = self.cfg
-        mask = rollout.response_mask[rows]
-        replay = replay_routes[rows] if replay_routes is not None else None
-        forced_weights = replay_weights[rows] if replay_weights is not None and replay is not None else None
+        B, N = self.dist.global_rows(len(batch.rollout)), cfg.optim.updates_per_rollout
+        perm = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.seed * 7919 + step))
+        first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+        split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
+        self.policy.train()
+        chunks = self.dist.chunks(perm.chunk(N), first, len(batch.rollout))
+        metrics = [self.update(batch, rows, split=split) for rows in chunks]
+        self.policy.eval()
+        return metrics
+
+    def update(self, batch: Batch, rows: torch.Tensor, *, split: bool = False) -> dict[str, float]:
+        """One optimizer update on mini-batch `rows` of `batch`; its metrics pooled over every rank's rows.
+        With `split`, the same weights also score the rows under the other routing (`other_routing_logp`)
+        for the ratio split (docs/design.md §3)."""
+        cfg = self.cfg
+        rollout, old = batch.rollout, batch.old
+        mask, old_logp = rollout.response_mask[rows], old.logp[rows]
+        replay = batch.replay[rows] if batch.replay is not None else None
+        forced_weights = old.weights[rows] if old.weights is not None and replay is not None else None
         routed: RoutedPass | None = (
             RoutedPass(self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights)
-            if old_routes is not None
+            if old.routes is not None  # None: a dense model, nothing to record or replay
             else None
         )
         with routed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
-        valid = rollout.token_mask[rows]
+        routes = None
+        if routed is not None and old.routes is not None:  # the route metrics' inputs
+            thresholded = self.replay_threshold is not None
+            old_rows = (old.routes[rows], old.scores[rows], old.margins[rows])
+            routes = update_routes(routed, *old_rows, replay, rollout.token_mask[rows], thresholded=thresholded)
         other = None
-        if split and routed is not None and old_routes is not None:  # a dense model has no routing to split
-            other = self.other_routing_logp(rollout, rows, replay, old_routes[rows])
+        if split and routes is not None:  # a dense model has no routing to split
+            other = self.other_routing_logp(rollout, rows, replay, routes.old)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp, _ = forward_logp(self.ref, rollout, rows, temperature=cfg.rollout.temperature)
         shift_scale = None
-        if cfg.algo.router_shift and routed is not None and old_routes is not None:  # RSPO (refused for dense)
+        if cfg.algo.router_shift and routes is not None:  # RSPO (refused for dense)
             # sg[max(gamma_t, floor)] from the scores this pass already has
-            gamma = router_shift_ratio(old_scores[rows], routed.scores, old_routes[rows], mask)
+            gamma = router_shift_ratio(routes.old_scores, routes.scores, routes.old, mask)
             shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
+        weight = batch.correction.weight[rows] if batch.correction is not None else None
         loss, loss_metrics = self.loss_fn(
             logp=logp,
-            old_logp=old_logp[rows],
-            adv=adv[rows],
+            old_logp=old_logp,
+            adv=batch.adv[rows],
             mask=mask,
-            **self.loss_kwargs,
             ref_logp=ref_logp,
-            beta=cfg.algo.beta,
-            agg=cfg.algo.agg,
-            weight=is_weight[rows] if is_weight is not None else None,
+            weight=weight,
             ratio_scale=shift_scale,
+            **self.loss_kwargs,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
@@ -463,106 +367,25 @@ class Trainer:
         scalars = torch.stack(
             [loss.detach().double(), grad_norm.double(), entropy.double(), mask.sum().double()]
         ).tolist()  # one transfer
-        means = {**loss_metrics, LOSS: scalars[0], POLICY_ENTROPY: scalars[2]}
-        weights = {**loss_metrics.weights, POLICY_ENTROPY: scalars[3]}
-        if shift_scale is not None:
-            valid_scale = shift_scale[mask.bool()].double()
-            n = max(valid_scale.numel(), 1)
-            floored = (valid_scale <= cfg.algo.router_shift_floor).sum().item() / n
-            means.update(
-                {RATIO_ROUTER_SHIFT_SCALE: valid_scale.sum().item() / n, RATIO_ROUTER_SHIFT_FLOOR_FRAC: floored}
-            )
-            weights.update({RATIO_ROUTER_SHIFT_SCALE: scalars[3], RATIO_ROUTER_SHIFT_FLOOR_FRAC: scalars[3]})
-        # Each metric of the global mini-batch: this rank's partial statistics, pooled (the identity in a
-        # world of size 1), then finalized by the one-process functions.
-        parts = Partial().add("mean", mean_parts(means, weights))
-        parts.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp[rows], mask=mask))
-        if routed is not None and old_routes is not None:
-            native = routed.native.with_mask(valid)
-            old = old_routes[rows]
-            overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
-            buckets = -(-cfg.task.max_new_tokens // cfg.position_bucket)
-            parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
-            parts.add(
-                "position",
-                position_parts(
-                    native, old, mask, rollout.prompt_len - 1, cfg.position_bucket, buckets=buckets, overlap=overlap
-                ),
-            )
-            parts.add("shift", Partial(rows={"gaps": router_shift_gaps(old_scores[rows], routed.scores, old, mask)}))
-            parts.add("margin_flips", flip_margin_parts(old, native, old_margins[rows], overlap=overlap))
-            parts.add("move", movement_parts(old_scores[rows], routed.scores, old, native, overlap=overlap))
-            if replay is not None:
-                parts.add("native_vs_replayed", compare_parts(native, replay))
-                parts.add("used_vs_cached", compare_parts(routed.used.with_mask(valid), replay))
-            if self.replay_threshold is not None:
-                refilled, slots = routed.fallback.double()
-                parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
-            if other is not None:
-                # rho = logp(native) - logp(replayed), over the fully native pass and the replayed one (R2: the
-                # old routes, R3: the rollout's); a token's route changed where the two passes' routes differ
-                other_logp, other_routes = other
-                if replay is None:
-                    native_logp, replayed_logp, native_routes, replayed = logp.detach(), other_logp, native, old
-                else:
-                    native_logp, replayed_logp, native_routes, replayed = (
-                        other_logp,
-                        logp.detach(),
-                        other_routes,
-                        replay,
-                    )
-                assert loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
-                parts.add(
-                    "split",
-                    ratio_split_parts(
-                        native_logp=native_logp,
-                        replayed_logp=replayed_logp,
-                        old_logp=old_logp[rows],
-                        mask=mask,
-                        flipped=(route_overlap(native_routes, replayed) < native.top_k).any(dim=-1),
-                        clipped=loss_metrics.clipped,
-                    ),
-                )
-        parts = self.dist.merge(parts)
-        pooled = mean_finalize(parts.sub("mean"))
-        metrics = {k: pooled[k] for k in loss_metrics}
-        if shift_scale is not None:
-            metrics.update({k: pooled[k] for k in (RATIO_ROUTER_SHIFT_SCALE, RATIO_ROUTER_SHIFT_FLOOR_FRAC)})
-        metrics.update(ratio_finalize(parts.sub("ratio")))
-        metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: scalars[1], POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
-        if routed is not None:
-            metrics.update(self.route_metrics(parts, replayed=replay is not None, split=other is not None))
-        return metrics
-
-    def route_metrics(self, parts: Partial, *, replayed: bool, split: bool) -> dict[str, float]:
-        """An update's route/ metrics from its pooled partial statistics (MoE models only)."""
-        metrics = {route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()}
-        metrics.update(
-            {
-                route_key(OLD_VS_NEW, k): v
-                for k, v in position_finalize(parts.sub("position"), self.cfg.position_bucket).items()
-            }
+        assert other is None or loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
+        parts = update_parts(
+            loss_metrics=loss_metrics,
+            loss_weights=loss_metrics.weights,
+            loss=scalars[0],
+            entropy=scalars[2],
+            tokens=scalars[3],
+            shift=(shift_scale, cfg.algo.router_shift_floor) if shift_scale is not None else None,
+            logp=logp.detach(),
+            old_logp=old_logp,
+            mask=mask,
+            routes=routes,
+            split=Split(*other, loss_metrics.clipped) if other is not None else None,
+            prompt_len=rollout.prompt_len,
+            position_bucket=cfg.position_bucket,
+            max_new_tokens=cfg.task.max_new_tokens,
         )
-        metrics.update({route_key(OLD_VS_NEW, k): v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
-        metrics.update({ROUTE_PREFIX + k: v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
-        metrics.update({ROUTE_PREFIX + k: v for k, v in movement_finalize(parts.sub("move")).items()})
-        if replayed:
-            metrics.update(
-                {
-                    route_key(NATIVE_VS_REPLAYED, k): v
-                    for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()
-                }
-            )
-            used_vs_cached = compare_finalize(parts.sub("used_vs_cached"))
-            metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = used_vs_cached[FLIP_RATE]
-            metrics[ROUTE_REPLAY_REPLACE_RATE] = used_vs_cached[EXPERT_FLIP_FRAC]
-        if self.replay_threshold is not None:
-            fallback = parts.sub("fallback").sums
-            metrics[ROUTE_REPLAY_FALLBACK_FRAC] = (fallback["refilled"] / fallback["slots"].clamp(min=1)).item()
-        if split:
-            metrics.update(ratio_split_finalize(parts.sub("split")))
-            metrics.update({k + WEIGHT_SUFFIX: w for k, w in ratio_split_weights(parts.sub("split")).items()})
-        return metrics
+        grad = scalars[1]
+        return update_finalize(self.dist.merge(parts), list(loss_metrics), grad, position_bucket=cfg.position_bucket)
 
     def other_routing_logp(
         self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes
@@ -574,145 +397,22 @@ class Trainer:
             logp, _ = forward_logp(self.policy, rollout, rows, temperature=self.cfg.rollout.temperature)
         return logp, routed.used.with_mask(rollout.token_mask[rows])
 
-    def step(self, step: int) -> dict[str, float]:
+    def snapshot(self, step: int, rollout: Rollout, old_routes: Routes | None) -> None:
+        """5. The old pass's and the rollout's routes of `step`, every `snapshot_every` steps (rank 0)."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        rollout, rewards, _ = self.rollout(step)
-        if cfg.fault_nan_step == step:  # fault injection for tests: corrupt a router weight
-            with torch.no_grad():
-                next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
-        adv = group_advantages(rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards live on the CPU
-        t1 = time.perf_counter()
-        old = self.old_pass(rollout)
-        old_logp, old_routes, margins, old_scores = old.logp, old.routes, old.margins, old.scores
-        t2 = time.perf_counter()
-        replay_routes = self.replay_mode.pick(old=old_routes, rollout=rollout.routes)
-        correction = None
-        if cfg.rollout.is_correction != "none":  # the behaviour (rollout) / trainer gap, constant over the updates
-            correction = engine_weight(
-                old_logp=old_logp,
-                rollout_logp=rollout.rollout_logp,
-                mask=rollout.response_mask,
-                correction=cfg.rollout.is_correction,
-                level=cfg.rollout.is_level,
-                cap=cfg.rollout.is_cap,
-                low=cfg.rollout.is_low,
-                high=cfg.rollout.is_high,
+        if old_routes is None or not cfg.snapshot_every or step % cfg.snapshot_every or not self.dist.is_writer:
+            return
+        old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
+        if rollout.routes is not None:
+            rollout.routes.save(
+                self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors", token_ids=rollout.inputs
             )
-        B, N = self.dist.global_rows(len(rollout)), cfg.optim.updates_per_rollout
-        generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-        perm = torch.randperm(B, generator=generator)
-        self.policy.train()
-        first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
-        split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
-        updates = [  # this rank's rows of each global mini-batch (all of them in a world of size 1)
-            self.update(
-                rollout,
-                rows,
-                old_logp,
-                adv,
-                old_routes,
-                replay_routes,
-                margins,
-                old_scores,
-                old.weights,
-                correction.weight if correction is not None else None,
-                split=split,
-            )
-            for rows in self.dist.chunks(perm.chunk(N), first, len(rollout))
-        ]
-        self.policy.eval()
-        t3 = time.perf_counter()
-        metrics = aggregate(updates)
-        mask = rollout.response_mask
-        parts = Partial(
-            sums={
-                "length": mask.sum(-1).float().sum(),
-                "rows": torch.tensor(len(rollout)),
-                "errors": torch.tensor(self.reward_metrics[REWARD_ERRORS], dtype=torch.float64),
-            },
-            maxima={
-                TIME_ROLLOUT_S: torch.tensor(t1 - t0, dtype=torch.float64),
-                TIME_OLD_LOGP_S: torch.tensor(t2 - t1, dtype=torch.float64),
-                TIME_UPDATE_S: torch.tensor(t3 - t2, dtype=torch.float64),
-            },
-            rows={"rewards": rewards},
-        )
-        # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.stats.rollout_gap_stats)
-        parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old_logp, mask=mask))
-        if old_routes is not None:
-            parts.add("margins", margin_parts(margins, old_routes.mask))
-            parts.add("confidence", confidence_parts(old_scores, old_routes))
-            if self.replay_mode.source == ROLLOUT:
-                parts.add("fallback", fallback_parts(rollout.routes, rollout.token_mask))
-        if correction is not None:
-            parts.add(
-                "is",
-                Partial(
-                    sums={
-                        "weight": (correction.weight.double() * mask).sum(),
-                        "truncated": correction.truncated.sum(),
-                        "masked": correction.masked.sum(),
-                        "tokens": mask.sum().double(),
-                    }
-                ),
-            )
-        if rollout.routes is not None and old_routes is not None:
-            parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
-        parts = self.dist.merge(parts)  # every rank's rows (the identity in a world of size 1)
-        sums, all_rewards = parts.sums, parts.rows["rewards"]
-        if rollout.routes is not None and old_routes is not None:
-            metrics.update(
-                {route_key(ROLLOUT_VS_OLD, k): v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
-            )
-        metrics.update(
-            {
-                REWARD_ZERO_VAR_GROUP_FRAC: zero_variance_frac(all_rewards, cfg.rollout.group_size),
-                REWARD_ERRORS: sums["errors"].item(),
-                REWARD_MEAN: all_rewards.mean().item(),
-                REWARD_STD: all_rewards.std(unbiased=False).item(),
-                **rollout_gap_finalize(parts.sub("gap")),
-                ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
-                **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
-            }
-        )
-        if old_routes is not None:
-            metrics.update(
-                {
-                    **margin_finalize(parts.sub("margins")),
-                    ROUTE_CONFIDENCE: confidence_finalize(parts.sub("confidence")),
-                }
-            )
-            if self.replay_mode.source == ROLLOUT:
-                metrics[ROUTE_R3_FALLBACK_FRAC] = fallback_finalize(parts.sub("fallback"))
-        if correction is not None:
-            tokens = sums["is/tokens"].clamp(min=1).item()
-            metrics[ROLLOUT_IS_WEIGHT_MEAN] = sums["is/weight"].item() / tokens
-            metrics[ROLLOUT_IS_TRUNCATED_FRAC] = sums["is/truncated"].item() / tokens
-            metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
-        if self.rollout_policy is self.policy and self.engine is None:  # no engine part: the trainer sampled
-            del metrics[RATIO_SPLIT_ENGINE_VAR]
-        if self.engine is not None:
-            metrics.update(self.engine_metrics)
-        if old_routes is not None and cfg.snapshot_every and step % cfg.snapshot_every == 0 and self.dist.is_writer:
-            old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
-            if rollout.routes is not None:
-                rollout.routes.save(
-                    self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors", token_ids=rollout.inputs
-                )
-        return metrics
 
     def verdict(self) -> Verdict | None:
         """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.metrics.verdict)."""
-        zero_var = dict(self.history[REWARD_ZERO_VAR_GROUP_FRAC])
-        errors, means = dict(self.history[REWARD_ERRORS]), dict(self.history[REWARD_MEAN])
-        steps = sorted(zero_var)
         cfg = self.cfg
-        return run_verdict(
-            steps,
-            [zero_var[s] for s in steps],
-            [errors.get(s, 0.0) for s in steps],
-            [means[s] for s in steps],
+        return history_verdict(
+            self.history,
             completions_per_step=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
             no_signal_steps=cfg.signal.no_signal_steps,
             max_reward_error_frac=cfg.signal.max_reward_error_frac,
@@ -720,27 +420,12 @@ class Trainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        t = time.perf_counter()
-        accuracy = evaluate(
-            self.policy, self.tokenizer, self.eval_examples, self.task, max_new_tokens=self.cfg.task.max_new_tokens
-        )
-        passes = self.cfg.pass_at_k
-        sampled = (
-            pass_at_k_eval(
-                self.policy,
-                self.tokenizer,
-                self.eval_examples,
-                self.task,
-                ks=list(passes.k),
-                n=passes.n,
-                temperature=passes.temperature,
-                max_new_tokens=self.cfg.task.max_new_tokens,
-                seed=self.cfg.seed,
-            )
-            if passes.k
-            else {}
-        )
-        return {TASK_ACCURACY: accuracy, **sampled, TIME_EVAL_S: time.perf_counter() - t}
+        """Greedy accuracy on the held-out examples, and pass@k where `pass_at_k.k` asks for it."""
+        t, cfg, p = time.perf_counter(), self.cfg, self.cfg.pass_at_k
+        passes = dict(ks=list(p.k), n=p.n, temperature=p.temperature, seed=cfg.seed)
+        args = (self.policy, self.tokenizer, self.eval_examples, self.task)
+        metrics = held_out_metrics(*args, max_new_tokens=cfg.task.max_new_tokens, **passes)
+        return {**metrics, TIME_EVAL_S: time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -779,7 +464,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.writer.events = list(state["events"])
         self.writer.truncate_after(state["step"])
-        self.history.update(self.dist.broadcast(self.writer.history(HISTORY_KEYS)))  # only rank 0's writer reads
+        self.history.update(self.dist.broadcast(self.writer.history(LOOP_HISTORY_KEYS)))  # only rank 0's writer reads
         log.info("resuming %s after step %d", self.writer.dir, state["step"])
         return state["step"]
 
@@ -835,7 +520,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 writer.log(step, metrics)
                 last = step
-                for key in HISTORY_KEYS:
+                for key in LOOP_HISTORY_KEYS:
                     if key in metrics:  # task/accuracy only at evaluation steps
                         self.history[key].append((step, metrics[key]))
                 # judged on the history so far: an event stands while performance has not recovered, so
@@ -845,8 +530,8 @@ class Trainer:
                     if event.trigger not in seen_triggers:
                         seen_triggers.add(event.trigger)
                         log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
-                writer.events = [_event_record(e) for e in judged.collapsed]
-                writer.recovered = [_event_record(e) for e in judged.recovered]
+                writer.events = [dataclasses.asdict(e) for e in judged.collapsed]  # as status.json records them
+                writer.recovered = [dataclasses.asdict(e) for e in judged.recovered]
                 progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
                     status = "diverged"
@@ -897,14 +582,17 @@ def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
     )
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, checked: bool = False) -> dict[str, Any]:
     """Run one training run described by `cfg`; returns its status.
 
     An invalid config raises before any folder is made; a failure in setup (cold start, data,
     model) leaves status.json `failed` with the exception, like a failure in the loop does.
+    `checked`: the caller has validated `cfg` and checked its run folder (`run_from_hydra`), which
+    happens once per launch.
     """
-    cfg = validate(cfg)
-    refuse_foreign_dir(cfg, world_size_from_env())  # a refused folder is left as it is: nothing written
+    if not checked:
+        validate(cfg)
+        refuse_foreign_dir(cfg, world_size_from_env())  # a refused folder is left as it is: nothing written
     with status_on_failure(run_dir(cfg), config_hash(cfg)):
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, checked=True)
     return trainer.run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -13,42 +14,42 @@ from helpers import RUN_KEY_HEAD, loop_config
 
 from moe_rl.config import TrainConfig, validate
 from moe_rl.metrics.names import defines
+from moe_rl.metrics.step import aggregate
 from moe_rl.rollout.generate import forward_logp
 from moe_rl.routing import Routes, compare_routes
-from moe_rl.routing.modes import REPLAY_MODES
-from moe_rl.train import Trainer, aggregate, train
+from moe_rl.routing.modes import mode_names, replay_mode
+from moe_rl.train import Batch, Trainer, train
 
 
 def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cache) -> None:
     results = {}
-    for replay in REPLAY_MODES:
+    for replay in mode_names():
         trainer = Trainer(loop_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, margins, scores, weights = trainer.old_pass(rollout)
+        old = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
 
         adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
-        replay_routes = REPLAY_MODES[replay].pick(old=old_routes, rollout=rollout.routes)
+        replay_routes = replay_mode(replay).pick(old=old.routes, rollout=rollout.routes)
         rows = torch.arange(len(rollout))[:16]
-        results[replay] = trainer.update(
-            rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores, weights
-        )
+        results[replay] = trainer.update(Batch(rollout, adv, old, replay_routes), rows)
     # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide (and so do the
     # recorded and live combine weights of trr, and no replayed expert falls under the threshold), so
     # every replay mode computes bitwise the same loss and ratios. The ratios are 1 up to the last bit of the
     # log-probs: the old pass sees the whole batch and the update a mini-batch, and CPU kernels may sum
     # a row differently at another batch size or thread count.
-    for replay in set(REPLAY_MODES) - {"none", "trr"}:
+    for replay in mode_names(replays=True, weights=False):
         for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max", "optim/grad_norm"):
             assert results[replay][key] == results["none"][key], (replay, key)
         assert results[replay]["route/native_vs_replayed/flip_rate"] == 0.0
     # trr: the same loss and ratios bitwise; the router gets no gradient, so the norm is the rest's
-    for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max"):
-        assert results["trr"][key] == results["none"][key], key
-    assert 0 < results["trr"]["optim/grad_norm"] < results["none"]["optim/grad_norm"]
-    for replay in ("r2_threshold", "r3_threshold"):
+    for replay in mode_names(weights=True):
+        for key in ("loss", "loss/policy", "ratio/token_var", "ratio/token_max"):
+            assert results[replay][key] == results["none"][key], (replay, key)
+        assert 0 < results[replay]["optim/grad_norm"] < results["none"]["optim/grad_norm"]
+    for replay in mode_names(threshold=True):
         assert results[replay]["route/replay_fallback_frac"] == 0.0
-    assert "route/replay_fallback_frac" not in results["r2"]
+    assert not any("route/replay_fallback_frac" in results[replay] for replay in mode_names(threshold=False))
     assert results["none"]["ratio/token_max"] == pytest.approx(1.0, abs=1e-6)
     assert results["none"]["ratio/token_var"] < 1e-12
     assert results["none"]["route/old_vs_new/flip_rate"] == 0.0
@@ -119,13 +120,13 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
     assert ((metrics.loc[1:, "route/confidence"] > 0) & (metrics.loc[1:, "route/confidence"] <= 1 + 1e-6)).all()
     if replay != "none":  # prime-rl's replace rate is the slot share of used vs cached routes: 0 when replay works
         replaced = metrics.loc[1:, "route/replay_replace_rate"]
-        if replay.endswith("_threshold"):  # except the slots the threshold hands back to the live router
+        if replay_mode(replay).threshold:  # except the slots the threshold hands back to the live router
             # the same share of slots, one counted in float32 (2^-24 relative per rounding), one in float64
             refilled = metrics.loc[1:, "route/replay_fallback_frac"].tolist()
             assert replaced.tolist() == pytest.approx(refilled, rel=2**-20, abs=0) and max(refilled) > 0
         else:
             assert (replaced == 0).all()
-    assert ("route/r3_fallback_frac" in metrics) == (replay in ("r3", "r3_threshold"))  # the rollout's routes
+    assert ("route/r3_fallback_frac" in metrics) == replay_mode(replay).replays_rollout  # the rollout's routes
     if replay == "r3":  # the loop's own rollouts record every input position's route
         assert (metrics.loc[1:, "route/r3_fallback_frac"] == 0).all()
     # Router-shift ratio in (0, 1]; the flip-vs-margin counts of updates 2..N match their flip rate.
@@ -148,7 +149,7 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
         # The routes the experts actually used in every update equal the cached ones (thresholded: but
         # where a replayed expert fell back to the live router, at most the fallback share of slots)
         used = metrics["route/used_vs_cached/flip_rate"].loc[1:]
-        if "threshold" in replay:
+        if replay_mode(replay).threshold:
             assert metrics["route/replay_fallback_frac"].loc[1:].between(0, 1).all()
             assert ((used == 0) | (metrics["route/replay_fallback_frac"].loc[1:] > 0)).all()
         else:
@@ -167,11 +168,12 @@ def test_replayed_update_uses_cached_routes_after_the_policy_moved(tmp_path, cac
     """After two large updates the native routes differ from R2's, yet the pass uses R2's."""
     trainer = Trainer(loop_config(tmp_path, cache, replay="r2", lr=3e-2))
     rollout, rewards, _ = trainer.rollout(step=1)
-    old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+    old = trainer.old_pass(rollout)
+    old_routes = old.routes
     adv = torch.randn(len(rollout))  # any non-zero signal moves the router
     rows = torch.arange(len(rollout))
     for _ in range(2):
-        metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes, margins, scores)
+        metrics = trainer.update(Batch(rollout, adv, old, old_routes), rows)
     assert metrics["route/native_vs_replayed/flip_rate"] > 0
     assert metrics["route/used_vs_cached/flip_rate"] == 0.0
     # and the recorded log-probs are those of the replayed routes, not the native ones
@@ -236,7 +238,7 @@ def test_aggregate_is_over_the_whole_step() -> None:
         (lambda c: setattr(c.algo, "eps_low", 1.5), r"algo.eps_low=1.5 must lie in \[0, 1\]"),
         (
             lambda c: setattr(c.replay, "mode", "r4"),
-            r"replay.mode='r4' is not valid; valid: \['none', 'r2', 'r2_threshold', 'r3', 'r3_threshold', 'trr'\]",
+            rf"replay.mode='r4' is not valid; valid: {re.escape(str(sorted(mode_names())))}",
         ),
         (lambda c: setattr(c.replay, "threshold", -0.1), r"replay.threshold=-0.1 must be >= 0"),
         (
@@ -283,9 +285,21 @@ def test_compare_routes_is_used_on_masked_positions_only() -> None:
     assert compare_routes(a, b)["flip_rate"] == 0.0
 
 
-def test_train_function_writes_run_directory(tmp_path, cache) -> None:
+def test_train_function_writes_run_directory(tmp_path, cache, monkeypatch) -> None:
+    import moe_rl.train as loop
+
+    calls = {"validate": 0, "refuse_foreign_dir": 0}
+    for name in calls:
+        original = getattr(loop, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(loop, name, counted)
     cfg = loop_config(tmp_path, cache, steps=2, name="plain")
     result = train(cfg)
+    assert calls == {"validate": 1, "refuse_foreign_dir": 1}  # once per launch
     assert result["status"] in ("completed", "collapsed")
     run = tmp_path / "plain"
     meta = json.loads((run / "meta.json").read_text())
@@ -302,19 +316,19 @@ def test_router_shift_and_engine_correction_on_policy(tmp_path, cache) -> None:
         change(cfg)
         trainer = Trainer(cfg)
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+        old = trainer.old_pass(rollout)
         from moe_rl.algos import group_advantages
         from moe_rl.algos.corrections import engine_weight
 
         adv = group_advantages(rewards, group_size=cfg.rollout.group_size)
-        weight = None
+        correction = None
         if cfg.rollout.is_correction != "none":
-            weight = engine_weight(
-                old_logp=old_logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, correction="tis"
-            ).weight
-            assert (weight[rollout.response_mask.bool()] - 1).abs().max() < 1e-4
+            correction = engine_weight(
+                old_logp=old.logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, correction="tis"
+            )
+            assert (correction.weight[rollout.response_mask.bool()] - 1).abs().max() < 1e-4
         rows = torch.arange(len(rollout))[:16]
-        return trainer, trainer.update(rollout, rows, old_logp, adv, old_routes, None, margins, scores, None, weight)
+        return trainer, trainer.update(Batch(rollout, adv, old, None, correction), rows)
 
     _, plain = first_update("plain", lambda c: None)
     _, rspo = first_update("rspo", lambda c: setattr(c.algo, "router_shift", True))
@@ -336,15 +350,15 @@ def _first_update(trainer: Trainer, replay: str, plant=None):
     from moe_rl.algos import group_advantages
 
     rollout, rewards, _ = trainer.rollout(step=1)
-    old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+    old = trainer.old_pass(rollout)
     adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
-    replay_routes = {"none": None, "r2": old_routes, "r3": rollout.routes}[replay]
+    replay_routes = replay_mode(replay).pick(old=old.routes, rollout=rollout.routes)
     if plant is not None:
         replay_routes = plant(replay_routes, rollout)
     rows = torch.arange(len(rollout))[:16]
     trainer.policy.train()
-    metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, replay_routes, margins, scores, split=True)
-    return metrics, rollout, rows, old_logp, old_routes, replay_routes
+    metrics = trainer.update(Batch(rollout, adv, old, replay_routes), rows, split=True)
+    return metrics, rollout, rows, old.logp, old.routes, replay_routes
 
 
 def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, cache) -> None:
@@ -448,11 +462,11 @@ def test_the_split_pass_changes_nothing_the_update_computes(tmp_path, cache) -> 
     for split in (False, True):
         trainer = Trainer(loop_config(tmp_path, cache, replay="r2", name=f"split_{split}", lr=3e-2))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old_logp, old_routes, margins, scores, _ = trainer.old_pass(rollout)
+        old = trainer.old_pass(rollout)
         adv = torch.randn(len(rollout), generator=torch.Generator().manual_seed(0))
         trainer.policy.train()
         for rows in torch.arange(len(rollout)).chunk(2):
-            metrics = trainer.update(rollout, rows, old_logp, adv, old_routes, old_routes, margins, scores, split=split)
+            metrics = trainer.update(Batch(rollout, adv, old, old.routes), rows, split=split)
         out[split] = metrics, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
     (plain, before), (with_split, after) = out[False], out[True]
     assert all(torch.equal(before[n], after[n]) for n in before)

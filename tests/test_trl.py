@@ -79,8 +79,7 @@ class RecordingTrainer(MoeGRPOTrainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         with RouteRecorder(self.accelerator.unwrap_model(self.model)) as recorder:  # replay hooks run first
             loss = super().compute_loss(model, inputs, *args, **kwargs)
-        keys = {"r2": (OLD_ROUTES, OLD_ROUTES_MASK), "r3": (ROLLOUT_ROUTES, ROLLOUT_ROUTES_MASK)}
-        cached = keys.get(self.routing_replay)
+        cached = self.replay_mode.pick(old=(OLD_ROUTES, OLD_ROUTES_MASK), rollout=(ROLLOUT_ROUTES, ROLLOUT_ROUTES_MASK))
         self.seen.append((recorder.records[0], routes_of(self, inputs, *cached) if cached else None, inputs))
         return loss
 

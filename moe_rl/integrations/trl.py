@@ -78,13 +78,12 @@ from moe_rl.metrics.names import (  # noqa: E402
 )
 from moe_rl.metrics.stats import margin_stats, ratio_stats  # noqa: E402
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
-from moe_rl.routing.modes import OLD, ROLLOUT, replay_mode  # noqa: E402
-from moe_rl.routing.modes import REPLAY_MODES as ALL_REPLAY_MODES  # noqa: E402
+from moe_rl.routing.modes import mode_names, replay_mode  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
 # The replay modes this integration runs: those that force ids alone, as given (the thresholded
 # modes and Total Router Recall run in the harness's own loop, `moe_rl.train`).
-REPLAY_MODES = tuple(name for name, mode in ALL_REPLAY_MODES.items() if not (mode.threshold or mode.weights))
+REPLAY_MODES = mode_names(ids_only=True)
 
 # TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO with the GSPO paper's asymmetric
 # clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
@@ -248,24 +247,28 @@ class MoeGRPOTrainer(GRPOTrainer):
 
     @property
     def hooks_active(self) -> bool:
-        return self.replay_mode.source is not None or self.route_metrics
+        return self.replay_mode.replays or self.route_metrics
 
     def _check_supported(self) -> None:
-        if self.replay_mode.source == ROLLOUT:
+        if self.replay_mode.replays_rollout:
             if self.use_vllm or self.use_transformers_continuous_batching:
                 raise NotImplementedError(
-                    "routing_replay='r3' needs routes recorded during generation, which this integration takes "
+                    f"routing_replay={self.routing_replay!r} needs routes recorded during generation, which this "
+                    "integration takes "
                     "from transformers' `generate`; set use_vllm=False and use_transformers_paged=False"
                 )
             if self.tools or self.rollout_func is not None:
-                raise NotImplementedError("routing_replay='r3' does not support tools, environments or rollout_func")
+                raise NotImplementedError(
+                    f"routing_replay={self.routing_replay!r} does not support tools, environments or rollout_func"
+                )
         if self.hooks_active and is_peft_model(self.model) and self.beta != 0.0 and self.ref_model is None:
             # TRL then computes reference log-probs with the policy module (adapter disabled).
             raise NotImplementedError("route hooks with a PEFT policy need beta=0 or an explicit ref_model")
-        if self.replay_mode.source == OLD and not self._computes_old_logps():
+        if self.replay_mode.replays_old and not self._computes_old_logps():
             warnings.warn(
-                "routing_replay='r2' without an old-policy pass (num_iterations=1 and steps_per_generation <= "
-                "gradient_accumulation_steps): every update is on-policy, so R2 replays nothing",
+                f"routing_replay={self.routing_replay!r} without an old-policy pass (num_iterations=1 and "
+                "steps_per_generation <= gradient_accumulation_steps): every update is on-policy, so R2 replays "
+                "nothing",
                 stacklevel=3,
             )
 
@@ -334,7 +337,7 @@ class MoeGRPOTrainer(GRPOTrainer):
                 prompt_len=output["prompt_ids"].shape[1],
                 generation_prompt_len=self._generation_prompt_len,
             )
-        if self.replay_mode.source == ROLLOUT and generation is None:
+        if self.replay_mode.replays_rollout and generation is None:
             raise RuntimeError(f"routing_replay={self.routing_replay!r} but no routes were recorded during generation")
         if generation is not None:
             output[ROLLOUT_ROUTES], output[ROLLOUT_ROUTES_MASK] = generation.indices, generation.mask
@@ -367,7 +370,7 @@ class MoeGRPOTrainer(GRPOTrainer):
         old = self._routes_from(inputs, OLD_ROUTES, OLD_ROUTES_MASK)
         generation = self._routes_from(inputs, ROLLOUT_ROUTES, ROLLOUT_ROUTES_MASK)
         replay = self.replay_mode.pick(old=old, rollout=generation)
-        if self.replay_mode.source == ROLLOUT and replay is None:
+        if self.replay_mode.replays_rollout and replay is None:
             raise RuntimeError(f"routing_replay={self.routing_replay!r} but the batch carries no generation routes")
         update = _PolicyPass(replay=replay)
         self._pass = update

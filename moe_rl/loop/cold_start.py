@@ -23,11 +23,11 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
-from moe_rl.rollout.generate import generate
+from moe_rl.rollout.evaluation import greedy_accuracy
 from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.dataset import data_hash
-from moe_rl.tasks.setup import RLTask, setup_task
+from moe_rl.tasks.setup import setup_task
 from moe_rl.tasks.tokenizer import data_alphabet
 
 log = logging.getLogger(__name__)
@@ -96,31 +96,6 @@ def cold_start_key(
     if model.checkpoint:
         spec["checkpoint_files"] = checkpoint_fingerprint(model.checkpoint)
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=list).encode()).hexdigest()[:16]
-
-
-def evaluate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    examples: list[dict],
-    task: RLTask,
-    *,
-    max_new_tokens: int,
-    batch_size: int = 256,
-) -> float:
-    """Greedy accuracy (fraction of completions with reward 1.0) on `examples`."""
-    rewards: list[float] = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        out = generate(
-            model,
-            tokenizer,
-            [e["prompt"] for e in chunk],
-            greedy=True,
-            max_new_tokens=max_new_tokens,
-            record_routes=False,
-        )
-        rewards += task.score(out.completions, chunk).rewards
-    return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
 
 
 def _sft_batch(tokenizer: PreTrainedTokenizerBase, examples: list[dict]) -> dict[str, torch.Tensor]:
@@ -232,7 +207,7 @@ def _train_cold_start(
         optimizer.zero_grad(set_to_none=True)
         if step % cold.eval_every == 0:
             model.eval()
-            accuracy = evaluate(model, tokenizer, task.eval, task, max_new_tokens=task_cfg.max_new_tokens)
+            accuracy = greedy_accuracy(model, tokenizer, task.eval, task, max_new_tokens=task_cfg.max_new_tokens)
             model.train()
             history.append({"step": step, "loss": loss.item(), "accuracy": accuracy})
             elapsed = time.perf_counter() - start

@@ -7,8 +7,10 @@ completions scored zeros, not answers. Such runs must not call themselves `compl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
 
 
 class Verdict(NamedTuple):
@@ -73,6 +75,26 @@ def run_verdict(
             f"{_span(low, high)}), so every advantage was 0 and nothing was learned. Likely cause: "
             f"{_cause(low, high, cold_start or {})}"
         ),
+    )
+
+
+def history_verdict(history: Mapping[str, Sequence[tuple[int, float]]], **limits: Any) -> Verdict | None:
+    """`run_verdict` of a run's (step, value) history of reward/zero_var_group_frac, reward/errors (a step
+    without one: 0) and reward/mean; `limits`: run_verdict's keyword arguments."""
+    zero_var = dict(history.get(REWARD_ZERO_VAR_GROUP_FRAC, []))
+    errors, means = dict(history.get(REWARD_ERRORS, [])), dict(history.get(REWARD_MEAN, []))
+    steps = sorted(zero_var)
+    return run_verdict(
+        steps, [zero_var[s] for s in steps], [errors.get(s, 0.0) for s in steps], [means[s] for s in steps], **limits
+    )
+
+
+def no_signal_warning(step: int, reward_mean: float) -> str:
+    """The warning of the first step whose every prompt group has zero reward variance."""
+    return (
+        f"step {step}: every prompt group has zero reward variance (reward/mean {reward_mean:.3f}), so no "
+        "learning signal; check the reward and the starting policy (cold_start=sft warms a checkpoint up on the "
+        "task's answers)"
     )
 
 

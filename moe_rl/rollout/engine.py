@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from moe_rl.metrics.names import ROLLOUT_ENGINE_STALENESS, ROLLOUT_ENGINE_SYNC_MAX_DIFF, TIME_ENGINE_SYNC_S
 from moe_rl.rollout.generate import Rollout, position_ids, token_logp
 from moe_rl.routing import Routes, find_moe_layers
 
@@ -353,3 +355,55 @@ def check_sync(engine: VllmEngine, model: PreTrainedModel, rollout: Rollout) -> 
             f"in {engine.dtype}"
         )
     return largest
+
+
+class EngineRollouts:
+    """The engine as the loop samples with it (`rollout.engine=vllm`): the trainer's weights loaded every
+    `sync_every` steps and on the first step of this process; the first two syncs of a process checked on
+    the rollout they produced (`check_sync`)."""
+
+    def __init__(self, engine: VllmEngine, sync_every: int) -> None:
+        self.engine, self.sync_every = engine, sync_every
+        self.synced: int | None = None  # the step of the last weight sync
+        self.checks = 0
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def rollout(
+        self,
+        policy: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        prompts: list[str],
+        *,
+        step: int,
+        seed: int,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+        record_routes: bool,
+    ) -> tuple[Rollout, dict[str, float]]:
+        """The rollout of `step` (rows keyed by (seed, step, row)) and the engine's metrics: its staleness,
+        the sync's seconds and, on a checked sync, the largest engine vs trainer log-prob gap."""
+        t = time.perf_counter()
+        synced = self.synced is None or step - self.synced >= self.sync_every
+        if synced:
+            self.engine.sync(policy)
+            self.synced = step
+        assert self.synced is not None  # synced on the first step of every process
+        sync_s = time.perf_counter() - t
+        rows = len(prompts) * group_size
+        rollout = self.engine.generate(
+            tokenizer,
+            prompts,
+            row_keys=[(seed, step, i) for i in range(rows)],
+            group_size=group_size,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            record_routes=record_routes,
+        )
+        metrics = {ROLLOUT_ENGINE_STALENESS: float(step - self.synced), TIME_ENGINE_SYNC_S: sync_s}
+        if synced and self.checks < 2:
+            metrics[ROLLOUT_ENGINE_SYNC_MAX_DIFF] = check_sync(self.engine, policy, rollout)
+            self.checks += 1
+        return rollout, metrics

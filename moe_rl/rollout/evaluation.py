@@ -1,6 +1,7 @@
-"""Sampled evaluation on the held-out split: pass@k with the unbiased estimator.
+"""Evaluation on the held-out split: greedy accuracy, and pass@k with the unbiased estimator.
 
-Greedy accuracy (`task/accuracy`) says what the policy's most likely answer is worth; pass@k says
+Both score batches of completions with one loop (`scored_batches`). Greedy accuracy
+(`task/accuracy`) says what the policy's most likely answer is worth; pass@k says
 how often at least one of k samples is right, the quantity RL with verifiable rewards is said to
 sharpen or narrow. From n >= k samples per prompt with c correct, the unbiased estimator is
 `1 - C(n-c, k) / C(n, k)` (Chen et al. 2021, arXiv 2107.03374), averaged over prompts.
@@ -8,11 +9,12 @@ sharpen or narrow. From n >= k samples per prompt with c correct, the unbiased e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from moe_rl.metrics.names import pass_at_key
+from moe_rl.metrics.names import TASK_ACCURACY, pass_at_key
 from moe_rl.rollout.generate import generate
 from moe_rl.tasks.setup import RLTask
 
@@ -28,6 +30,54 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def scored_batches(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    batch_size: int,
+    n: int = 1,
+    seed: int | None = None,
+    **sampling: Any,
+) -> Iterator[list[float]]:
+    """The task's rewards of `n` completions per example (rows of one example adjacent), one list per
+    batch of `batch_size` examples. `sampling`: `generate`'s `greedy` or `temperature`, and
+    `max_new_tokens`; with `seed`, batch i of a seeded stream draws with `seed * 1_000_003 + i`."""
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        out = generate(
+            model,
+            tokenizer,
+            [e["prompt"] for e in chunk],
+            group_size=n,
+            record_routes=False,
+            seed=None if seed is None else seed * 1_000_003 + i,
+            **sampling,
+        )
+        yield task.score(out.completions, [e for e in chunk for _ in range(n)]).rewards
+
+
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 256,
+) -> float:
+    """Greedy accuracy (fraction of completions with reward 1.0) on `examples`."""
+    rewards = [
+        r
+        for batch in scored_batches(
+            model, tokenizer, examples, task, batch_size=batch_size, greedy=True, max_new_tokens=max_new_tokens
+        )
+        for r in batch
+    ]
+    return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
 
 
 def pass_at_k_eval(
@@ -50,20 +100,49 @@ def pass_at_k_eval(
     from the policy, not from the draw).
     """
     correct: list[int] = []
-    per_batch = max(1, batch_rows // n)
-    for i in range(0, len(examples), per_batch):
-        chunk = examples[i : i + per_batch]
-        out = generate(
+    batches = scored_batches(
+        model,
+        tokenizer,
+        examples,
+        task,
+        batch_size=max(1, batch_rows // n),
+        n=n,
+        seed=seed,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+    )
+    for rewards in batches:
+        correct += [sum(r == 1.0 for r in rewards[j : j + n]) for j in range(0, len(rewards), n)]
+    return {pass_at_key(k): float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}
+
+
+def held_out_metrics(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    max_new_tokens: int,
+    ks: list[int],
+    n: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """`task/accuracy` (greedy), and `eval/pass@{k}` for each k in `ks` (none: no sampled evaluation)."""
+    accuracy = greedy_accuracy(model, tokenizer, examples, task, max_new_tokens=max_new_tokens)
+    sampled = (
+        pass_at_k_eval(
             model,
             tokenizer,
-            [e["prompt"] for e in chunk],
-            group_size=n,
+            examples,
+            task,
+            ks=ks,
+            n=n,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
-            seed=seed * 1_000_003 + i,
-            record_routes=False,
+            seed=seed,
         )
-        rows = [e for e in chunk for _ in range(n)]
-        rewards = task.score(out.completions, rows).rewards
-        correct += [sum(r == 1.0 for r in rewards[j * n : (j + 1) * n]) for j in range(len(chunk))]
-    return {pass_at_key(k): float(np.mean([pass_at_k(n, c, k) for c in correct])) for k in ks}
+        if ks
+        else {}
+    )
+    return {TASK_ACCURACY: accuracy, **sampled}

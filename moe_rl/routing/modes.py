@@ -1,7 +1,7 @@
 """Routing Replay modes: which routes a mode forces, in which passes, and how (docs/design.md §1).
 
-The one table the loop (`moe_rl.train`), the config check and the TRL integration read, instead of
-comparing mode names:
+The one table the loop (`moe_rl.train`), the config check, the TRL integration and the tests read,
+instead of comparing mode names; adding a mode is a row here and a file in `experiments/conf/replay/`:
 - `none`: the router's own routes everywhere;
 - `r2`: the old-policy pass's routes, forced in every update (arXiv 2507.18071's Routing Replay);
 - `r3`: the rollout's routes, forced in the old-policy pass and in every update (arXiv 2510.11370);
@@ -38,9 +38,33 @@ class ReplayMode:
     weights: bool = False
 
     @property
+    def replays(self) -> bool:
+        """The updates force recorded routes (every mode but `none`)."""
+        return self.source is not None
+
+    @property
+    def replays_old(self) -> bool:
+        """The updates force the old-policy pass's routes (R2's family)."""
+        return self.source == OLD
+
+    @property
+    def replays_rollout(self) -> bool:
+        """The updates force the rollout's routes (R3's family), so the rollout must record them."""
+        return self.source == ROLLOUT
+
+    @property
     def old_pass_replays(self) -> bool:
         """The old-policy pass replays too (only the rollout's routes exist before it)."""
-        return self.source == ROLLOUT
+        return self.replays_rollout
+
+    @property
+    def ids_only(self) -> bool:
+        """The recorded expert ids are forced as given: no threshold, no combine weights."""
+        return not (self.threshold or self.weights)
+
+    def threshold_of(self, threshold: float) -> float | None:
+        """`replay.threshold` where this mode applies it, else None (no threshold)."""
+        return threshold if self.threshold else None
 
     def pick(self, *, old: R, rollout: R) -> R | None:
         """The routes this mode forces in the updates, of the old pass's and the rollout's."""
@@ -62,3 +86,11 @@ def replay_mode(name: str) -> ReplayMode:
     if name not in REPLAY_MODES:
         raise ValueError(f"unknown replay mode {name!r}; valid: {', '.join(REPLAY_MODES)}")
     return REPLAY_MODES[name]
+
+
+def mode_names(**properties: bool) -> tuple[str, ...]:
+    """The valid mode names, in table order; with keyword arguments, those whose `ReplayMode` properties
+    have these values, e.g. `mode_names(ids_only=True)` or `mode_names(replays=True, weights=False)`."""
+    return tuple(
+        name for name, mode in REPLAY_MODES.items() if all(getattr(mode, k) == v for k, v in properties.items())
+    )

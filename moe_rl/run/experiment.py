@@ -159,7 +159,7 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
     if done is not None:
         log.info("skipping %s: already %s", train_cfg.out_dir, done)
         return done
-    return train(train_cfg)["status"]
+    return train(train_cfg, checked=True)["status"]  # validated and its folder checked: once per launch
 
 
 class SweepProgress(Callback):

@@ -1,0 +1,39 @@
+"""The columns that identify a run in every row of its metrics.parquet (analysis groups on them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from moe_rl.routing.layers import find_moe_layers
+
+if TYPE_CHECKING:
+    from moe_rl.config import TrainConfig
+
+
+def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
+    """Columns that identify a run in every metrics row (analysis groups on them).
+
+    Depth and expert count are read off the model, which a local checkpoint may set; a dense model
+    has 0 MoE layers, experts and k.
+    """
+    layers = find_moe_layers(model, required=False)
+    return {
+        "run": Path(cfg.out_dir).name,
+        "experiment": cfg.experiment,
+        "arm": cfg.arm,
+        "algo": cfg.algo.name,
+        "replay": cfg.replay.mode,
+        "family": cfg.model.family,
+        "task": cfg.task.name,
+        "seed": cfg.seed,
+        "N": cfg.optim.updates_per_rollout,
+        "lr": cfg.optim.lr,
+        "rollout_dtype": cfg.rollout.dtype,
+        "num_layers": model.config.num_hidden_layers,
+        "num_moe_layers": len(layers),
+        "num_experts": layers[0].num_experts if layers else 0,
+        "top_k": layers[0].top_k if layers else 0,
+    }
