@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_rl import config
+from moe_rl.routing.modes import REPLAY_MODES
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
@@ -56,9 +57,8 @@ MEANINGS = {
     "algo.name": "grpo | gspo | gspo_token | sapo | cispo",
     "algo.eps_high": "upper clip range (None: the paper default of the algorithm)",
     "algo.agg": "loss aggregation over tokens and sequences",
-    "replay.mode": "Routing Replay: none | r2 (old-policy routes) | r3 (rollout routes) | r2_threshold | "
-    "r3_threshold (replayed experts the live router still scores highly) | trr (old-policy ids and combine "
-    "weights; moe_rl.routing.modes)",
+    "replay.mode": "Routing Replay: " + " | ".join(REPLAY_MODES) + " (each mode's routes, threshold and weights: "
+    "moe_rl/routing/modes.py)",
     "rollout.prompts_per_step": "prompts per RL step",
     "rollout.group_size": "completions sampled per prompt (G of the group-normalised advantage)",
     "rollout.temperature": "sampling temperature of rollouts (and of the log-probs)",
