@@ -6,7 +6,7 @@
     python -m moe_rl.report --collapse-definitions [RESULTS_ROOT]  # RESULTS_ROOT/collapse_definitions.md
     python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then both pages
 
-`--all` writes each folder's report next to its runs (drift_scaling through moe_rl.drift_report).
+`--all` writes each folder's report next to its runs (drift_scaling through moe_rl.analysis.drift_scaling_report).
 
 `--by` names the comparison (default arm); every other run key that varies is added to the
 grouping unless `--pool` names it, and summary.md says what was added and what was pooled. Runs
@@ -51,34 +51,24 @@ WALL_LINE = re.compile(r"^Wall time of the sweep on 2 cores: (.+)\.$", re.M)
 
 
 def _drift_report(runs_dir: Path, out: Path) -> list[Path]:
-    """The drift-scaling folder has its own report (moe_rl.drift_report); keep the wall time it quotes."""
-    from moe_rl import drift_report
+    """The drift-scaling folder has its own report (moe_rl.analysis.drift_scaling_report, what
+    `python -m moe_rl.drift_report` writes); keep the wall time it quotes."""
+    from moe_rl.analysis import drift_scaling_report
 
     old = out / "summary.md"
     found = WALL_LINE.search(old.read_text()) if old.is_file() else None
-    drift_report.main([str(runs_dir), "--out", str(out), *(["--wall", found.group(1)] if found else [])])
-    return [
-        out / n
-        for n in (
-            "summary.md",
-            "fit.json",
-            "points.csv",
-            "drift_table.csv",
-            "flip_vs_margin.csv",
-            "drift_scaling.png",
-            "flip_vs_margin.png",
-        )
-    ]
+    return drift_scaling_report.write_report(runs_dir, out, wall=found.group(1) if found else None)
 
 
 def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
-    """The drift-forecast folder: the curve fit and its validation (moe_rl.forecast --fit), wall time kept."""
-    from moe_rl import forecast
+    """The drift-forecast folder: the curve fit and its validation (moe_rl.analysis.forecast_report, what
+    `python -m moe_rl.forecast --fit` writes), wall time kept."""
+    from moe_rl.analysis import forecast_report
 
     old = out / "summary.md"
     found = WALL_LINE.search(old.read_text()) if old.is_file() else None
-    forecast.run_fit(runs_dir, out, found.group(1) if found else None)
-    return [out / n for n in ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv", "window.csv")]
+    forecast_report.run_fit(runs_dir, out, found.group(1) if found else None)
+    return [out / n for n in forecast_report.FILES]
 
 
 def _with_provenance(writer: Callable[[Path, Path], list[Path]]) -> Callable[[Path, Path], list[Path]]:

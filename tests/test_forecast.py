@@ -284,7 +284,7 @@ def test_window_forecast_of_planted_runs() -> None:
 
 
 def test_fit_window_fits_the_decay_on_the_fit_runs_only() -> None:
-    from moe_rl.forecast import fit_window
+    from moe_rl.analysis.forecast_report import fit_window
 
     curve = pd.DataFrame({"bin": range(len(CURVE_P)), "p": CURVE_P})
     probe = (0.04, {6: (1000, 80)})
