@@ -19,9 +19,13 @@ def test_ruff_finds_no_undefined_names_or_unused_imports() -> None:
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """Every module `path` imports (absolute names), at top level or inside functions."""
+def _imported_modules(path: Path, *, annotations: bool = True) -> set[str]:
+    """Every module `path` imports (absolute names), at top level or inside functions; without
+    `annotations`, not those under `if TYPE_CHECKING:`."""
     tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if not annotations and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -80,17 +84,7 @@ ABOVE: dict[str, set[str]] = {
 
 def _runtime_imports(path: Path) -> set[str]:
     """`_imported_modules` without the imports under `if TYPE_CHECKING:`."""
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            node.body = []
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+    return _imported_modules(path, annotations=False)
 
 
 def test_packages_import_only_the_layers_below_them() -> None:
