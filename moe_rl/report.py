@@ -119,6 +119,9 @@ def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
         "",
         lb.__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
         "",
+        f"Every arm starts from the same cold start ({100 * runs['start_accuracy'].mean():.1f}% held-out accuracy at "
+        "step 0): a late accuracy below it is a run that lost what the cold start had.",
+        "",
         "Pooled over the cells (pairs by lr, N and seed):",
         "",
         lb.format_leaderboard_markdown(pooled),
