@@ -436,9 +436,29 @@ def write_claims(root: Path, out: Path | None = None) -> Path:
     path = (out or root) / "CLAIMS.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = analysis.format_claims_markdown(analysis.evaluate_claims(root), root)
-    text = text.rstrip("\n") + "\n\n" + "\n".join(_provenance_section(root)) + "\n"
+    sections = [*_leaderboard_section(root), *_provenance_section(root)]
+    text = text.rstrip("\n") + "\n\n" + "\n".join(sections) + "\n"
     write_atomic(path, lambda f: f.write(text.encode()))
     return path
+
+
+def _leaderboard_section(root: Path) -> list[str]:
+    """The stabilizer bench's pooled leaderboard (its report's leaderboard.csv), for CLAIMS.md; none without it."""
+    from moe_rl.analysis.leaderboard import format_leaderboard_markdown
+
+    csv = root / "stabilizers" / "leaderboard.csv"
+    if not csv.is_file():
+        return []
+    table = pd.read_csv(csv)
+    return [
+        "## Stabilizer leaderboard",
+        "",
+        "Every published stabilizer against grpo+none on the default model in the two cells of the phase map "
+        "where it degrades (lr 3e-4 with N = 8, lr 1e-3 with N = 2), 8 seeds each, paired by cell and seed; "
+        "not a claim of the papers, so no verdict. Per cell and with the rules: `stabilizers/summary.md`.",
+        "",
+        format_leaderboard_markdown(table[table["cell"] == "pooled"]),
+    ]
 
 
 def _provenance_section(root: Path) -> list[str]:

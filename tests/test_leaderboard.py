@@ -82,3 +82,32 @@ def test_paired_differences_survival_and_holm_by_hand() -> None:
 def test_a_missing_reference_is_refused() -> None:
     with pytest.raises(KeyError, match=re.escape("reference arm 'grpo+none' has no runs")):
         leaderboard(_runs().query("arm != 'grpo+none'"))
+
+
+def test_the_stabilizers_report_borrows_its_baselines_and_opens_with_the_leaderboard(tmp_path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from fake_results import make_fake_grid
+
+    from moe_rl.report import DEDICATED_REPORTS, _leaderboard_section
+
+    cell = {"lrs": (3e-4,), "Ns": (8,), "seeds": tuple(range(4)), "acc_noise": 0.0}
+    # the baselines live in dense_control (with a dense family the leaderboard must leave out)
+    make_fake_grid(tmp_path, experiment="dense_control", arms=("grpo+none", "gspo+none"), **cell)
+    make_fake_grid(tmp_path, experiment="dense_control", arms=("grpo+none",), family="qwen3_dense", **cell)
+    acc = {"grpo+r2": 0.45, "sapo+none": 0.15}
+    make_fake_grid(tmp_path, experiment="stabilizers", arms=tuple(acc), final_acc=lambda arm, *_: acc[arm], **cell)
+    out = tmp_path / "stabilizers"
+    DEDICATED_REPORTS["stabilizers"](out / "runs", out)
+    text = (out / "summary.md").read_text()
+    assert text.startswith("# Results: stabilizers\n\n## Leaderboard: every arm against grpo+none")
+    assert "16 finished runs, 8 of them from" in text  # 4 seeds x (2 own arms + 2 borrowed), the dense runs left out
+    table = pd.read_csv(out / "leaderboard.csv")
+    pooled = table[table["cell"] == "pooled"].set_index("arm")
+    assert set(pooled.index) == {"grpo+none", "gspo+none", "grpo+r2", "sapo+none"}
+    assert pooled.loc["grpo+r2", "pairs"] == 4 and pooled.loc["sapo+none", "late_accuracy_diff"] < 0
+    assert pooled.loc["grpo+r2", "late_accuracy_diff"] == pytest.approx(0.0, abs=1e-12)  # same final accuracy
+    section = "\n".join(_leaderboard_section(tmp_path))
+    assert section.startswith("## Stabilizer leaderboard") and "| sapo+none | 4 |" in section
+    assert _leaderboard_section(tmp_path / "elsewhere") == []
