@@ -505,3 +505,21 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
     gap = next(n for n in claim.notes if n.startswith("measured engine"))
     assert "logp_gap 0.02." in gap  # the only key logged here
     assert "94% of tokens" in gap
+
+
+def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
+    """A stability claim needs cells where training breaks: runs that all end above their start decide nothing."""
+    make_fake_grid(tmp_path, experiment="engine_mismatch", **MISMATCH_GRID, final_acc=lambda *_: 0.6)
+    claim = C.claim_r3_vs_r2(tmp_path)
+    assert claim.verdict == C.UNTESTABLE_HERE
+    assert claim.reason == "grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell (lr=0.0001, N=8)"
+    # one cell that degrades (both arms collapse in 6 of 8 seeds) is tested, the one that holds is not
+    make_fake_grid(
+        tmp_path / "mixed",
+        experiment="engine_mismatch",
+        **{**MISMATCH_GRID, "lrs": (1e-4, 1e-3)},
+        n_collapse=lambda a, lr, N, L: 6 if lr == 1e-3 else 0,
+        final_acc=lambda *_: 0.6,
+    )
+    claim = C.claim_r3_vs_r2(tmp_path / "mixed")
+    assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
