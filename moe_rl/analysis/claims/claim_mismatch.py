@@ -147,6 +147,12 @@ def claim_r3_vs_r2(root: Path) -> Claim:
             f"emulated gap (`phase_mismatch`, bfloat16 cast of the rollout model): {e['verdict']} "
             f"({e['reason']}); {e['statistic']}; {e['test']}"
         )
+    stable = phase_outcomes(root, "engine_mismatch_stable")
+    if stable is not None and (s := _r3_vs_r2(stable)) is not None:
+        c.notes.append(
+            f"the first engine cells (`engine_mismatch_stable`): {s['verdict']} ({s['reason']})"
+            + (f"; {s['statistic']}" if s["statistic"] else "")
+        )
     c.notes.append(_engine_gap(root))
     if result is None:
         c.reason = "no data" if engine is None else "no grpo+r2 and grpo+r3 runs with a low-precision engine rollout"

@@ -16,8 +16,10 @@ SCALE_EXPERIMENTS = (
     "drift_scaling",
     "drift_forecast",
     "engine_mismatch",
+    "engine_mismatch_stable",
     DENSE_CONTROL,
     *FAMILY_PHASES,
+    "stabilizers",  # the leaderboard at the end of the page
 )
 PAPER_SCALE = (
     "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
