@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The control sweeps: `dense_control` (64 runs: qwen3_moe and its dense control) and `phase_mixtral`
-# (72 runs), JOBS (default 2) in parallel, one thread each, into runs/ (untracked; rerunning resumes
+# The control sweeps: `dense_control` (64 runs: qwen3_moe and its dense control) and `phase_mixtral` (72 runs) by
+# default, or the presets named (`stabilizers`, `engine_phase`, `engine_mismatch`, ...),
+# JOBS (default 2) in parallel, one thread each, into runs/ (untracked; rerunning resumes
 # killed runs and skips finished ones). After each sweep: its wall time in runs/<experiment>/wall_time.txt,
 # the small per-run files shipped to results/<experiment>/runs (what the claims report reads; route
 # snapshots and checkpoints stay behind) and its report in results/<experiment>/.
