@@ -71,15 +71,19 @@ def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
     return [out / n for n in forecast_report.FILES]
 
 
+def _after_title(summary: Path, text: str) -> None:
+    """Insert `text` (and a blank line) after the title line of `summary`."""
+    title, _, rest = summary.read_text().partition("\n")
+    page = f"{title}\n\n{text}\n{rest}"
+    write_atomic(summary, lambda f: f.write(page.encode()))
+
+
 def _with_provenance(writer: Callable[[Path, Path], list[Path]]) -> Callable[[Path, Path], list[Path]]:
     """A dedicated report whose summary.md also names where its runs came from (after its title)."""
 
     def write(runs_dir: Path, out: Path) -> list[Path]:
         written = writer(runs_dir, out)
-        summary = out / "summary.md"
-        title, _, rest = summary.read_text().partition("\n")
-        text = f"{title}\n\n{provenance_line(load_provenance(runs_dir))}\n{rest}"
-        write_atomic(summary, lambda f: f.write(text.encode()))
+        _after_title(out / "summary.md", provenance_line(load_provenance(runs_dir)))
         return written
 
     return write
@@ -114,7 +118,7 @@ def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
         "## Leaderboard: every arm against grpo+none",
         "",
         f"{len(runs)} finished runs, {runs['run'].isin(set(own['run'])).sum()} of them from `{runs_dir}`; "
-        f"grpo+none and gspo+none are the {', '.join(f'{k}={v}' for k, v in keep.items())} runs of "
+        f"{' and '.join(sorted(set(borrowed['arm'])))} are the {', '.join(f'{k}={v}' for k, v in keep.items())} runs of "
         f"`{borrowed_dir}` (the same configs but the experiment name). Runs per arm: {arms}.",
         "",
         lb.__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
@@ -128,10 +132,7 @@ def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
     ]
     for (lr, n), table in cells:
         section += [f"lr {lr:g}, N = {n}:", "", lb.format_leaderboard_markdown(table)]
-    summary = out / "summary.md"
-    title, _, rest = summary.read_text().partition("\n")
-    text = f"{title}\n\n" + "\n".join(section) + "\n" + rest
-    write_atomic(summary, lambda f: f.write(text.encode()))
+    _after_title(out / "summary.md", "\n".join(section))
     return [*written, csv]
 
 

@@ -82,11 +82,6 @@ ABOVE: dict[str, set[str]] = {
 }
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """`_imported_modules` without the imports under `if TYPE_CHECKING:`."""
-    return _imported_modules(path, annotations=False)
-
-
 def test_packages_import_only_the_layers_below_them() -> None:
     packages = {p.name for p in (ROOT / "moe_rl").iterdir() if (p / "__init__.py").is_file()}
     assert packages == set(LAYERS), "a package without a layer: add it to LAYERS and to docs/design.md §5"
@@ -98,7 +93,7 @@ def test_packages_import_only_the_layers_below_them() -> None:
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             if module in TOP:
                 continue
-            used = {m.split(".")[1] for m in _runtime_imports(path) if m.startswith("moe_rl.")}
+            used = {m.split(".")[1] for m in _imported_modules(path, annotations=False) if m.startswith("moe_rl.")}
             if wrong := sorted(used - ABOVE.get(module, allowed) - {package}):
                 bad[module] = wrong
     assert bad == {}
