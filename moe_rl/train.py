@@ -138,9 +138,10 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.task = setup_task(cfg.task, cfg.cold_start.seed)  # data and reward checked before the cold start
-        self.policy, self.tokenizer, self.cold_info = get_cold_start(
-            cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
-        )
+        with self.dist.writer_first():  # one process trains a missing cold start; the others load it
+            self.policy, self.tokenizer, self.cold_info = get_cold_start(
+                cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
+            )
         self.policy.to(cfg.device)
         self.replay_mode = replay_mode(cfg.replay.mode)
         self.replay_threshold = self.replay_mode.threshold_of(cfg.replay.threshold)

@@ -335,9 +335,10 @@ def _digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache):
-    """One R3 config run on 1 and on 2 ranks (6 steps, the checkpoint of step 4 kept)."""
+    """One R3 config run on 2 and on 1 ranks (6 steps, the checkpoint of step 4 kept). The 2-rank run
+    comes first, so it trains the cold start under torchrun (rank 0 writes it, rank 1 loads it)."""
     root = tmp_path_factory.mktemp("dist")
-    for n in (1, 2):
+    for n in (2, 1):
         _torchrun(n, root / f"r3_{n}", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
     return root, cache
 

@@ -358,13 +358,36 @@ def test_entropy_collapse_with_the_reward_halving_fires_under_every_definition()
 def test_reward_collapse_at_high_entropy_fires_under_every_definition():
     from moe_rl.analysis.collapse_definitions import definition_grid
 
-    # entropy 0.8 throughout; reward 0.8 then 0.05 from step 40: below 0.3 * best 0.8 and 0.3 * start 0.495
+    # entropy 0.8 throughout; reward 0.8 then 0.05 from step 40: below 0.3 * best 0.8 and 0.3 * start 0.495;
+    # accuracy 0.45, 0.75, then 0.4 and 0.35: below its start, never below 0.7 * 0.45 = 0.315 (so the
+    # accuracy trigger never fires and the reward trigger is the one every definition names)
     reward = _RISE + [0.8] * 20 + [0.05] * 40
-    h = _plant(reward, [0.8] * 80, [(0, 0.45), (25, 0.75), (50, 0.7), (75, 0.7)])
+    h = _plant(reward, [0.8] * 80, [(0, 0.45), (25, 0.75), (50, 0.4), (75, 0.35)])
     for name, kwargs in definition_grid().items():
         events = detect_collapse(h, **kwargs)
         trigger = "reward_drop" if kwargs["definition"] == "absolute" else "reward_below_start"
         assert [e.trigger for e in events] == [trigger], name
+
+
+def test_a_run_that_ends_above_its_cold_start_is_collapsed_under_no_definition():
+    from moe_rl.analysis.collapse_definitions import definition_grid
+
+    # the reward collapse above (0.8 -> 0.05 from step 40, at entropy 0.8 and at entropy 0.01), but the
+    # last evaluation, 0.46, is above the step-0 one, 0.45: every trigger that fired moves to `recovered`
+    reward = _RISE + [0.8] * 20 + [0.05] * 40
+    acc = [(0, 0.45), (25, 0.75), (50, 0.4), (75, 0.46)]
+    for entropy in ([0.8] * 80, [0.5] * 20 + [0.01] * 60):
+        h = _plant(reward, entropy, acc)
+        for name, kwargs in definition_grid().items():
+            judged = judge_collapse(h, **kwargs)
+            assert judged.collapsed == [], name
+            assert judged.recovered and all("ended above its cold start" in e.detail for e in judged.recovered)
+        # one point lower at the end (0.44 < 0.45) and the same history is a collapse again
+        lower = {**h, "task/accuracy": [*acc[:-1], (75, 0.44)]}
+        assert detect_collapse(lower) and detect_collapse(lower, definition="absolute")
+    # the test reads the last evaluation only: none after step 0 leaves the reward's own test to decide
+    h = _plant(reward, [0.8] * 80, [(0, 0.45)])
+    assert [e.trigger for e in detect_collapse(h, definition="absolute")] == ["reward_drop"]
 
 
 def test_rollout_gap_stats_by_hand() -> None:

@@ -20,10 +20,19 @@ def _load():
     return module
 
 
-def _run(root: Path, name: str, reward: list[float], entropy: list[float], status: dict, collapse: dict) -> Path:
+def _run(
+    root: Path,
+    name: str,
+    reward: list[float],
+    entropy: list[float],
+    status: dict,
+    collapse: dict,
+    final_accuracy: float = 0.75,
+) -> Path:
+    """A run folder: accuracy 0.45 at step 0 and `final_accuracy` at the last step, the rest per step."""
     run = root / "runs" / name
     run.mkdir(parents=True)
-    rows = [(0, "task/accuracy", 0.45), (len(reward), "task/accuracy", 0.75)]
+    rows = [(0, "task/accuracy", 0.45), (len(reward), "task/accuracy", final_accuracy)]
     for s, (r, e) in enumerate(zip(reward, entropy), start=1):
         rows += [(s, "reward/mean", r), (s, "policy/entropy", e), (s, "loss", 0.1), (s, "optim/grad_norm", 1.0)]
         rows += [(s, "reward/zero_var_group_frac", 0.0), (s, "reward/errors", 0.0)]
@@ -48,7 +57,8 @@ def test_relabel_turns_converged_runs_completed_and_keeps_real_collapses(tmp_pat
         {"entropy_floor": 0.05, "entropy_window": 10},  # written before `definition` existed
     )
     # reward 0.8 falls to 0.1 at step 31 at low entropy: rolling 10 < 0.5 * 0.8 first at step 36
-    # ((0.8 * 4 + 0.1 * 6) / 10 = 0.38; step 35 gives 0.45), where the entropy trigger fires too
+    # ((0.8 * 4 + 0.1 * 6) / 10 = 0.38; step 35 gives 0.45), where the entropy trigger fires too; its
+    # accuracy ends at 0.3, below the 0.45 of step 0
     collapsed = _run(
         tmp_path,
         "collapsed",
@@ -56,6 +66,7 @@ def test_relabel_turns_converged_runs_completed_and_keeps_real_collapses(tmp_pat
         [0.01] * 60,
         {"status": "collapsed", "collapse_events": [{"step": 20, "trigger": "entropy_collapse", "detail": "old"}]},
         {"entropy_window": 1},  # no `definition` either: absolute, so reward_drop (relative: reward_below_start)
+        final_accuracy=0.3,
     )
     relabel = _load()
     assert relabel.main([str(tmp_path)]) == 0

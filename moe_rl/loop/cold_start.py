@@ -308,6 +308,9 @@ def get_cold_start(
             model, tokenizer, info = train_cold_start(model_cfg, task_cfg, cold)
             tmp = root / f".{key}.tmp{os.getpid()}"
             model.save_pretrained(tmp)
+            if not (tmp / "config.json").is_file():  # e.g. a torch.distributed rank other than 0
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RuntimeError(f"save_pretrained wrote no checkpoint to {tmp}; nothing was cached")
             tokenizer.save_pretrained(tmp)
             (tmp / "cold_start.json").write_text(json.dumps({**info, "key": key, "data": data_hash}, indent=1))
             os.replace(tmp, path)

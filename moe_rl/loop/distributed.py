@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,16 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+    @contextmanager
+    def writer_first(self) -> Iterator[None]:
+        """Rank 0 runs the block before the other ranks do, so they find what it wrote (the cold start's
+        cache entry, which transformers' `save_pretrained` writes on torch.distributed rank 0 only)."""
+        if not self.is_writer:
+            self.barrier()
+        yield
+        if self.is_writer:
+            self.barrier()
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""

@@ -114,6 +114,10 @@ def judge_collapse(
       entropy_collapse   performance is still fallen at the last step of the history, by the test the
                          trigger used (reward against best or start, or accuracy); entropy need not
                          stay low (a policy that lost its performance has collapsed either way).
+    And whatever its trigger, a performance event stands only if the run did not end above its cold
+    start: a history whose last `task/accuracy` record is above its first (the step-0 evaluation) lost
+    no performance, so a fall of its reward from a peak (e.g. in the last steps, with none left to
+    recover) is not a collapse. Without a later evaluation this test does not apply.
     Otherwise the event moves to `recovered`: a dip, recorded with how it recovered, not a collapse.
     A standing event keeps its first step, so the time to collapse is that of the first firing. On
     a prefix of a run (the loop, each step) the same call gives the events that stand so far.
@@ -263,9 +267,7 @@ def _still_fallen(
             f"{accuracy_drop_frac} * step-{accuracy[0][0]} accuracy {acc_start:.4g})"
         )
 
-    def holds(trigger: str) -> tuple[bool, str]:
-        if trigger == "nonfinite":
-            return True, ""
+    def own_test(trigger: str) -> tuple[bool, str]:
         if trigger == "reward_drop":
             return reward_vs_best()
         if trigger == "reward_below_start":
@@ -277,6 +279,21 @@ def _still_fallen(
         if any(held for held, _ in tests):
             return True, ""
         return False, "; ".join(how for _, how in tests if not how.startswith("no "))
+
+    # a run whose last evaluation is above its step-0 evaluation ended above its cold start: it lost
+    # no performance, whatever its reward did on the way
+    above_start = len(accuracy) > 1 and accuracy[-1][1] > acc_start
+
+    def holds(trigger: str) -> tuple[bool, str]:
+        if trigger == "nonfinite":
+            return True, ""
+        held, how = own_test(trigger)
+        if held and above_start:
+            return False, (
+                f"ended above its cold start (final accuracy {accuracy[-1][1]:.4g} > step-{accuracy[0][0]} "
+                f"accuracy {acc_start:.4g})"
+            )
+        return held, how
 
     return holds
 
