@@ -15,6 +15,12 @@ with events, else the `no_signal` / `reward_failed` verdict (`moe_rl.metrics.ver
 Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
 as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
 Torch-free.
+
+    python scripts/relabel_collapse.py [ROOT ...] --grid
+
+checks instead, writing nothing, that no run which ends above its cold start (its last `task/accuracy`
+above its step-0 one) is collapsed under any definition of the declared grid
+(`moe_rl.analysis.collapse_definitions.definition_grid`); it prints each that is, and exits 1 if any.
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.collapse_definitions import run_history
+from moe_rl.analysis.collapse_definitions import definition_grid, run_history
 from moe_rl.metrics.collapse import CollapseEvent, judge_collapse
-from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
+from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC, TASK_ACCURACY
 from moe_rl.metrics.verdict import run_verdict
 from moe_rl.run.atomic import write_atomic
 
@@ -98,26 +104,58 @@ def _triggers(status: dict[str, Any]) -> str:
     return f"{out}; recovered {recovered}" if recovered else out
 
 
+def grid_collapses(run: Path) -> list[str] | None:
+    """The grid definitions under which `run` is collapsed, if it ends above its cold start (else None)."""
+    history = run_history(pd.read_parquet(run / "metrics.parquet", columns=["step", "key", "value"]))
+    accuracy = history.get(TASK_ACCURACY, [])
+    if len(accuracy) < 2 or not accuracy[-1][1] > accuracy[0][1]:
+        return None
+    return [name for name, kwargs in definition_grid().items() if judge_collapse(history, **kwargs).collapsed]
+
+
+def _runs(roots: list[Path]) -> list[Path]:
+    """The run folders under `roots` whose label the collapse rule decides."""
+    return [
+        path.parent
+        for root in roots
+        for path in sorted(root.rglob("status.json"))
+        if (path.parent / "metrics.parquet").is_file() and json.loads(path.read_text())["status"] in RELABELLED
+    ]
+
+
+def check_grid(roots: list[Path]) -> int:
+    above = bad = 0
+    for run in _runs(roots):
+        names = grid_collapses(run)
+        if names is None:
+            continue
+        above += 1
+        if names:
+            bad += 1
+            print(f"{run}: ends above its cold start, collapsed under {len(names)} definitions: {', '.join(names)}")
+    print(f"{above} runs end above their cold start; collapsed under some definition of the grid: {bad}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", nargs="*", type=Path, default=[Path("results")])
     parser.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    parser.add_argument("--grid", action="store_true", help="check the grid on runs that end above their start")
     args = parser.parse_args(argv)
+    if args.grid:
+        return check_grid(args.roots)
     moves: Counter[tuple[str, str]] = Counter()
     seen = 0
-    for root in args.roots:
-        for path in sorted(root.rglob("status.json")):
-            run = path.parent
-            if not (run / "metrics.parquet").is_file() or json.loads(path.read_text())["status"] not in RELABELLED:
-                continue
-            seen += 1
-            old, new = relabel(run)
-            if new == old:
-                continue
-            moves[(old["status"], new["status"])] += 1
-            print(f"{run}: {old['status']} ({_triggers(old)}) -> {new['status']} ({_triggers(new)})")
-            if not args.dry_run:
-                write_atomic(path, json.dumps(new, indent=1))
+    for run in _runs(args.roots):
+        seen += 1
+        old, new = relabel(run)
+        if new == old:
+            continue
+        moves[(old["status"], new["status"])] += 1
+        print(f"{run}: {old['status']} ({_triggers(old)}) -> {new['status']} ({_triggers(new)})")
+        if not args.dry_run:
+            write_atomic(run / "status.json", json.dumps(new, indent=1))
     summary = ", ".join(f"{a} -> {b}: {n}" for (a, b), n in sorted(moves.items())) or "none"
     print(f"{seen} run folders relabelled from their metrics; changed: {summary}{' (dry run)' if args.dry_run else ''}")
     return 0

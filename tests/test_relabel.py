@@ -105,3 +105,24 @@ def test_relabel_rejudges_a_dip_the_run_recovered_from(tmp_path, capsys) -> None
     assert event["detail"].endswith("recovered: final rolling reward 0.8 >= 0.5 * best 0.8")
     assert relabel.main([str(tmp_path)]) == 0  # rerunnable
     assert capsys.readouterr().out.strip().endswith("changed: none")
+
+
+def test_grid_check_finds_no_collapse_in_runs_that_end_above_their_start(tmp_path, capsys) -> None:
+    # a reward fall in the last steps (0.8 -> 0.1 from step 51 of 60, under 0.5 * best at step 56) with
+    # accuracy ending at 0.75 > 0.45: no definition calls it collapsed; a run that ends below its start
+    # (0.3) is not checked
+    _run(tmp_path, "late_fall", [0.8] * 50 + [0.1] * 10, [0.8] * 60, {"status": "completed"}, {})
+    _run(tmp_path, "below", [0.8] * 60, [0.8] * 60, {"status": "completed"}, {}, final_accuracy=0.3)
+    relabel = _load()
+    assert relabel.main([str(tmp_path), "--grid"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "1 runs end above their cold start; collapsed under some definition of the grid: 0"
+    )
+    # a non-finite gradient norm stands whatever the accuracy: found, named, and the check fails
+    frame = pd.read_parquet(tmp_path / "runs" / "late_fall" / "metrics.parquet")
+    frame.loc[(frame["key"] == "optim/grad_norm") & (frame["step"] == 30), "value"] = float("nan")
+    frame.to_parquet(tmp_path / "runs" / "late_fall" / "metrics.parquet")
+    assert relabel.main([str(tmp_path), "--grid"]) == 1
+    out = capsys.readouterr().out
+    assert "late_fall: ends above its cold start, collapsed under 150 definitions: relative:d0.3:p1" in out
+    assert out.strip().endswith("collapsed under some definition of the grid: 1")

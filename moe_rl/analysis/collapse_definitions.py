@@ -18,8 +18,9 @@ fraction against the run's best or start.
 In both, and at every point of the grid, a collapse is a loss the run does not recover from: a
 performance trigger's event stands only if its condition still holds at the run's last record (its
 final rolling reward, or its last evaluations, still below the fraction); otherwise it is a recovered
-dip, listed but not a collapse (`moe_rl.metrics.collapse.judge_collapse`). A standing event keeps the step
-of its first firing.
+dip, listed but not a collapse (`moe_rl.metrics.collapse.judge_collapse`); and no performance event stands
+in a run whose last evaluation is above its step-0 evaluation (it ended above its cold start). A standing
+event keeps the step of its first firing.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ _ENTROPY_TEXT = (
     "or entropy (mean of 10 records) < 0.05 while the rolling reward is < 0.5 x its best or its start, or "
     "accuracy < 0.5 x step 0 (low entropy alone is convergence, not collapse); an event stands only if "
     "the run has not recovered by its end (final rolling reward, or last evaluations, still below the "
-    "fraction): a recovered dip is not a collapse"
+    "fraction) and does not end above its step-0 accuracy: a recovered dip is not a collapse"
 )
 DEFINITION_TEXT = {
     "relative": "rolling reward (10 steps) < 0.5 x the mean of the run's first 10 rewards, or eval accuracy "
