@@ -85,6 +85,8 @@ def _run_metrics(
             put(f"route/{pair}/token_flip_rate", 1 - np.prod(1 - layer))
             for i, value in enumerate(layer):
                 put(f"route/{pair}/flip_rate/layer_{i}", value)
+                if pair == "old_vs_new":  # no draw: the streams of the other keys stay as they were
+                    put(f"ratio/split/flipped_mass/layer_{i}", min(1.0, 3 * value))
             if pair == "old_vs_new":
                 for b in range(num_buckets):
                     slope = 0.6 + 0.8 * b / max(num_buckets - 1, 1)

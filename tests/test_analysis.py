@@ -211,6 +211,13 @@ def test_plots_return_figures(df: pd.DataFrame, results: Path) -> None:
     assert len(analysis.plot_layer_heatmap(df, arm="grpo+r2").axes) == 2
     with pytest.raises(ValueError, match="groups with data"):
         analysis.plot_layer_heatmap(df, arm="nope")
+    # any per-layer key: the split's flipped mass, whose panels hold the per-(layer, step) seed means
+    fig = analysis.plot_layer_heatmap(df, arm="grpo+r2", key="ratio/split/flipped_mass")
+    assert fig.axes[-1].get_ylabel() == "ratio/split/flipped_mass"
+    want = df[(df["key"] == "ratio/split/flipped_mass/layer_1") & (df["step"] == 1) & (df["arm"] == "grpo+r2")]
+    assert fig.axes[0].collections[0].get_array()[1, 1] == pytest.approx(want.groupby("run")["value"].mean().mean())
+    with pytest.raises(ValueError, match="no per-layer keys ratio/nope/layer_<i>"):
+        analysis.plot_layer_heatmap(df, key="ratio/nope")
 
     fig = analysis.plot_flip_by_position(df)
     assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 3
@@ -274,7 +281,7 @@ def test_report_cli_writes_all_files(results: Path, tmp_path: Path, capsys: pyte
 
 @pytest.mark.parametrize(
     ("name", "n_figures", "with_phase"),
-    [("routing_drift", 6, False), ("compare_algorithms", 4, True), ("compare_algorithms", 2, False)],
+    [("routing_drift", 7, False), ("compare_algorithms", 4, True), ("compare_algorithms", 2, False)],
 )
 def test_notebook_executes(
     name: str, n_figures: int, with_phase: bool, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -462,6 +462,35 @@ def test_ratio_split_by_hand() -> None:
     )
 
 
+def test_ratio_split_per_layer_by_hand() -> None:
+    from moe_rl.metrics.stats import ratio_split, ratio_split_parts, ratio_split_weights
+
+    # the tokens of the test above (|log r| = 0.2, 0.7, 0.2, 0.3 on the valid ones; clipped: 1 and 2), with
+    # 2 MoE layers: token 2 changed route in layer 0 only, token 4 in both, token 3 in neither; the masked
+    # token 5 changed in layer 1 and must not count. Layer 0: (0.7 + 0.3) / 1.4, clipped 1 of 2 (token 2);
+    # layer 1: 0.3 / 1.4, clipped 0 of 2. Any layer: what the (B, T) form gives.
+    old = torch.tensor([[-1.0, -1.0, -1.0, -1.0, -1.0]])
+    replayed = torch.tensor([[-0.8, -0.8, -1.2, -0.8, 50.0]])
+    native = torch.tensor([[-0.8, -0.3, -1.2, -1.3, -90.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    per_layer = torch.tensor([[[False, False], [True, False], [False, False], [True, True], [False, True]]])
+    clipped = torch.tensor([[True, True, False, False, True]])
+    args = dict(native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask, clipped=clipped)
+    out = ratio_split(**args, flipped=per_layer)
+    assert out["ratio/split/flipped_mass/layer_0"] == pytest.approx(1.0 / 1.4, abs=1e-7)
+    assert out["ratio/split/flipped_mass/layer_1"] == pytest.approx(0.3 / 1.4, abs=1e-7)
+    assert (out["clip/flipped_share/layer_0"], out["clip/flipped_share/layer_1"]) == (0.5, 0.0)
+    anywhere = ratio_split(**args, flipped=per_layer.any(dim=-1))
+    assert {k: v for k, v in out.items() if "/layer_" not in k} == anywhere
+    assert not any("/layer_" in k for k in anywhere)
+    # a step weighs each layer's share by the denominator of the share it refines
+    weights = ratio_split_weights(ratio_split_parts(**args, flipped=per_layer))
+    assert weights["ratio/split/flipped_mass/layer_1"] == weights["ratio/split/flipped_mass"]
+    assert weights["clip/flipped_share/layer_0"] == weights["clip/flipped_share"] == 2.0
+    with pytest.raises(ValueError, match="flipped shape"):
+        ratio_split(**args, flipped=per_layer[:, :3])
+
+
 def _routes(indices, mask, num_experts=4):
     from moe_rl.routing import Routes
 

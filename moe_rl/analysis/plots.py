@@ -191,15 +191,23 @@ def _edges(centers: np.ndarray) -> np.ndarray:
 
 
 def plot_layer_heatmap(
-    df: pd.DataFrame, arm: str | Sequence[str] | None = None, *, pair: str = OLD_VS_NEW, by: By = "arm"
+    df: pd.DataFrame,
+    arm: str | Sequence[str] | None = None,
+    *,
+    pair: str = OLD_VS_NEW,
+    by: By = "arm",
+    key: str | None = None,
 ) -> Figure:
-    """Per-layer flip rate as a (MoE layer x step) heatmap averaged over seeds, one panel per group.
+    """A per-layer metric as a (MoE layer x step) heatmap averaged over seeds, one panel per group: the
+    flip rate of `pair` by default, or any `key` logged per layer as `<key>/layer_<i>` (e.g.
+    `ratio/split/flipped_mass`, the share of the token log-ratio mass on tokens whose route changed there).
 
-    `arm` picks one group (or a list); None shows every group that logged per-layer flips.
+    `arm` picks one group (or a list); None shows every group that logged the per-layer key.
     """
-    layer_of = _indexed_keys(df, route_key(pair, FLIP_RATE), "layer")
+    key = key or route_key(pair, FLIP_RATE)
+    layer_of = _indexed_keys(df, key, "layer")
     if not layer_of:
-        raise ValueError(f"no per-layer keys route/{pair}/flip_rate/layer_<i> in the results")
+        raise ValueError(f"no per-layer keys {key}/layer_<i> in the results")
     labels = _run_labels(df, by)
     sub = df.loc[df["key"].isin(layer_of), ["run", "step", "key", "value"]]
     sub = sub.assign(layer=sub["key"].map(layer_of), group=sub["run"].map(labels))
@@ -210,7 +218,7 @@ def plot_layer_heatmap(
         groups = [arm] if isinstance(arm, str) else list(arm)
         unknown = [g for g in groups if g not in available]
         if unknown:
-            raise ValueError(f"no per-layer flips for {unknown}; groups with data: {available}")
+            raise ValueError(f"no per-layer {key} for {unknown}; groups with data: {available}")
     # average over runs per (layer, step): runs first, so each seed weighs the same
     per_run = sub.groupby(["group", "run", "layer", "step"])["value"].mean()
     mean = per_run.groupby(["group", "layer", "step"]).mean()
@@ -239,8 +247,12 @@ def plot_layer_heatmap(
             ax.set_ylabel("MoE layer")
         if i >= len(groups) - cols:
             ax.set_xlabel("step")
-    fig.colorbar(mesh, ax=axes, label="flip rate", format=PercentFormatter(1.0))
-    fig.suptitle(f"Per-layer routing flip rate, {pair.replace('_', ' ')} (mean over seeds)")
+    if key == route_key(pair, FLIP_RATE):
+        label, title = "flip rate", f"Per-layer routing flip rate, {pair.replace('_', ' ')} (mean over seeds)"
+    else:
+        label, title = key, f"Per-layer {key} (mean over seeds)"
+    fig.colorbar(mesh, ax=axes, label=label, format=PercentFormatter(1.0))
+    fig.suptitle(title)
     return fig
 
 

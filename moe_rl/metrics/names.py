@@ -276,12 +276,16 @@ METRICS: tuple[Metric, ...] = (
         RATIO_SPLIT_FLIPPED_MASS,
         "share of `sum |rho + w|` over valid tokens carried by the tokens whose route changed: native and replayed "
         "routes of the token's own input position differ in some MoE layer (native: the pass without replay, "
-        "replayed: the pass with it); a step weights its updates by `sum |rho + w|`",
+        "replayed: the pass with it); a step weights its updates by `sum |rho + w|`. Per layer: the tokens whose "
+        "route changed in MoE layer i (a token can count in several layers)",
+        per_layer=True,
     ),
     Metric(
         CLIP_FLIPPED_SHARE,
         "share of the tokens the loss clipped (GSPO: every token of a clipped sequence) whose route changed, as in "
-        "`ratio/split/flipped_mass`; a step weights its updates by their clipped tokens",
+        "`ratio/split/flipped_mass`; a step weights its updates by their clipped tokens. Per layer: route changed in "
+        "MoE layer i",
+        per_layer=True,
     ),
     Metric(
         RATIO_SPLIT_ENGINE_VAR,

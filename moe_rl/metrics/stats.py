@@ -58,6 +58,7 @@ from moe_rl.metrics.names import (
     ROUTE_MARGIN_MEAN,
     ROUTE_MARGIN_P10,
     SPLIT_KEYS,
+    layer_key,
 )
 from moe_rl.metrics.partial import Partial
 
@@ -127,21 +128,20 @@ def ratio_split_parts(
     clipped: Tensor,
 ) -> Partial:
     """What `ratio_split_finalize` needs from these rows, per valid token in row-major order: rho and w
-    (`ratio_split_tokens`), and as 0/1 whether its route changed (`flipped`, (B, T) bool) and whether
-    the loss clipped it (`clipped`, (B, T) bool)."""
+    (`ratio_split_tokens`), and as 0/1 whether its route changed (`flipped`: (B, T) bool, in some MoE
+    layer; or (B, T, L), per MoE layer, which also gives the per-layer shares) and whether the loss
+    clipped it (`clipped`, (B, T) bool)."""
     for name, x in (("replayed_logp", replayed_logp), ("old_logp", old_logp), ("mask", mask), ("flipped", flipped)):
-        if x.shape != native_logp.shape:
+        if x.shape[:2] != native_logp.shape or x.dim() > (3 if name == "flipped" else 2):
             raise ValueError(f"{name} shape {tuple(x.shape)} != native_logp shape {tuple(native_logp.shape)}")
     rho, w = ratio_split_tokens(native_logp=native_logp, replayed_logp=replayed_logp, old_logp=old_logp, mask=mask)
     mask = mask.to(torch.bool)
-    return Partial(
-        rows={
-            "rho": rho[mask],
-            "w": w[mask],
-            "flipped": flipped.to(mask.device)[mask].double(),
-            "clipped": clipped.to(mask.device)[mask].double(),
-        }
-    )
+    flipped = flipped.to(mask.device)[mask]  # (n,) or (n, L)
+    rows = {"rho": rho[mask], "w": w[mask], "clipped": clipped.to(mask.device)[mask].double()}
+    if flipped.dim() == 2:
+        rows["flipped_layers"] = flipped.double()
+        flipped = flipped.any(dim=-1)
+    return Partial(rows={**rows, "flipped": flipped.double()})
 
 
 def ratio_split_finalize(parts: Partial) -> dict[str, float]:
@@ -164,6 +164,15 @@ def ratio_split_finalize(parts: Partial) -> dict[str, float]:
         RATIO_SPLIT_FLIPPED_MASS: (mass * flipped).sum() / mass.sum() if mass.sum() > 0 else nan,
         CLIP_FLIPPED_SHARE: (clipped * flipped).sum() / n_clipped if n_clipped > 0 else nan,
     }
+    if "flipped_layers" in rows:  # the same two shares with "changed in MoE layer i"
+        per_layer = rows["flipped_layers"]
+        for i in range(per_layer.shape[1]):
+            stats[layer_key(RATIO_SPLIT_FLIPPED_MASS, i)] = (
+                (mass * per_layer[:, i]).sum() / mass.sum() if mass.sum() > 0 else nan
+            )
+            stats[layer_key(CLIP_FLIPPED_SHARE, i)] = (
+                (clipped * per_layer[:, i]).sum() / n_clipped if n_clipped > 0 else nan
+            )
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
 
@@ -183,7 +192,11 @@ def ratio_split_weights(parts: Partial) -> dict[str, float]:
         log_r.abs().sum(),
         rows["clipped"].sum(),
     ]
-    return dict(zip(SPLIT_SHARE_KEYS, torch.stack([v.double() for v in values]).tolist()))
+    weights = dict(zip(SPLIT_SHARE_KEYS, torch.stack([v.double() for v in values]).tolist()))
+    for i in range(rows["flipped_layers"].shape[1] if "flipped_layers" in rows else 0):  # per layer: the same
+        for key in (RATIO_SPLIT_FLIPPED_MASS, CLIP_FLIPPED_SHARE):
+            weights[layer_key(key, i)] = weights[key]
+    return weights
 
 
 def ratio_split(

@@ -203,7 +203,7 @@ def update_parts(
                 replayed_logp=replayed_logp,
                 old_logp=old_logp,
                 mask=mask,
-                flipped=(route_overlap(native_routes, replayed) < native.top_k).any(dim=-1),
+                flipped=route_overlap(native_routes, replayed) < native.top_k,  # (b, T, L): per MoE layer
                 clipped=split.clipped,
             ),
         )
