@@ -11,13 +11,17 @@ into phases and, interleaved with it, the floor of each phase on a copy of the s
     rollout other      tokenising, decoding, rewards               -
     old pass           old_pass: no-grad forward + records         plain no-grad model(...) forward
     forward            update minus the phases below               plain model(...) + token log-probs
+    ratio split        the split's no-grad forward per update      plain no-grad model(...) + log-probs
+                       under the other routing (+ its records)     on the update's rows
     backward           loss.backward                               backward of a plain loss
     optimizer          clip_grad_norm_ + AdamW + scheduler         AdamW.step
     route bookkeeping  route assembly, route/* comparisons         -
     metrics            ratio stats, entropy, aggregation, rest     -
 
-Each repeat also times one step without the ratio split's extra forward (`replay.split_every=0`)
-and prints `split on/off`: the whole step with the split (the default) over the step without it.
+The ratio split (docs/design.md §3) is an instrument the floor would not run, so it is its own phase
+with its own floor (the same no-grad forward without hooks); `step` is the harness over the floor of
+every phase. Each repeat also times one step without the split (`replay.split_every=0`) and prints
+`split on/off`: the whole step with the split (the default) over the step without it.
 
 Harness steps and floor steps alternate (ABBA order), so when the machine is loaded (other jobs,
 sweeps at higher priority) the load hits both alike; every figure is a median over repeats and
@@ -58,11 +62,22 @@ MODELS = {
     "default": {},
     "fine": {"num_experts": 64, "top_k": 8, "num_layers": 4, "moe_intermediate_size": 16},
 }
-PHASES = ("generate", "rollout other", "old pass", "forward", "backward", "optimizer", "route bookkeeping", "metrics")
+PHASES = (
+    "generate",
+    "rollout other",
+    "old pass",
+    "forward",
+    "ratio split",
+    "backward",
+    "optimizer",
+    "route bookkeeping",
+    "metrics",
+)
 FLOORED = {
     "generate": "generate",
     "old pass": "old pass",
     "forward": "forward",
+    "ratio split": "ratio split",
     "backward": "backward",
     "optimizer": "optimizer",
 }
@@ -100,32 +115,34 @@ def phase_functions() -> dict[tuple[Any, str], str]:
 
 class PhaseClock:
     """Seconds per phase; `wrap` times a callable into a phase. Calls made inside a scope (`old pass`,
-    `update`) are also booked under `<scope> <phase>`, so each scope's own work is what is left."""
+    `update`, `ratio split`, which nest) are also booked under `<scope> <phase>` for every open scope, so
+    each scope's own work is what is left."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self.scope: str | None = None
+        self.scopes: list[str] = []
 
     def wrap(self, phase: str, fn):
         def timed(*args, **kwargs):
+            outer = [s for s in self.scopes if s != phase]  # the scopes open when the call began
             start = now()
             try:
                 return fn(*args, **kwargs)
             finally:
                 dt = now() - start
                 self.seconds[phase] += dt
-                if self.scope is not None and self.scope != phase:
-                    self.seconds[f"{self.scope} {phase}"] += dt
+                for scope in outer:
+                    self.seconds[f"{scope} {phase}"] += dt
 
         return timed
 
     def wrap_scope(self, scope: str, fn):
         def scoped(*args, **kwargs):
-            self.scope = scope
+            self.scopes.append(scope)
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.scope = None
+                self.scopes.pop()
 
         return self.wrap(scope, scoped)
 
@@ -150,6 +167,7 @@ def instrumented(trainer: Trainer, clock: PhaseClock):
         trainer.rollout = clock.wrap("rollout", trainer.rollout)
         trainer.old_pass = clock.wrap_scope("old pass", trainer.old_pass)
         trainer.update = clock.wrap_scope("update", trainer.update)
+        trainer.other_routing_logp = clock.wrap_scope("ratio split", trainer.other_routing_logp)
         yield
     finally:
         for (module, name), fn in saved_module.items():
@@ -157,7 +175,7 @@ def instrumented(trainer: Trainer, clock: PhaseClock):
         for name, prop in saved_props.items():
             setattr(RoutedPass, name, prop)
         torch.Tensor.backward, torch.nn.utils.clip_grad_norm_ = saved_backward, saved_clip
-        for attr in ("rollout", "old_pass", "update"):
+        for attr in ("rollout", "old_pass", "update", "other_routing_logp"):
             trainer.__dict__.pop(attr, None)
         for attr in ("step", "zero_grad"):
             trainer.optimizer.__dict__.pop(attr, None)
@@ -181,8 +199,14 @@ def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
         "route bookkeeping": s["route bookkeeping"],
         "total": total,
     }
+    out["ratio split"] = s["ratio split"] - s["ratio split route bookkeeping"]
     out["forward"] = (
-        s["update"] - s["update backward"] - s["update optimizer"] - s["update route bookkeeping"] - s["update metrics"]
+        s["update"]
+        - s["update backward"]
+        - s["update optimizer"]
+        - s["update route bookkeeping"]
+        - s["update metrics"]
+        - out["ratio split"]
     )
     out["metrics"] = total - sum(out[p] for p in PHASES if p != "metrics")  # the metric functions and the rest
     return out
@@ -246,8 +270,10 @@ def floor_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: Trainer, rollout, step: int, new_tokens: int
 ) -> dict[str, float]:
     """The bare work of one step on `model`: sampling as many tokens as the harness's rollout had,
-    one no-grad forward over the batch, N plain forward/backward/AdamW updates."""
+    one no-grad forward over the batch, N plain forward/backward/AdamW updates, and (when the step
+    runs the ratio split) one more no-grad forward per update on its rows."""
     cfg = trainer.cfg
+    split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0  # as `Trainer.updates` decides
     enc = trainer.tokenizer(
         [e["prompt"] for e in trainer.prompts_for(step)], return_tensors="pt", padding=True, add_special_tokens=False
     )
@@ -279,6 +305,13 @@ def floor_step(
         out["forward"] += t1 - t0
         out["backward"] += t2 - t1
         out["optimizer"] += t3 - t2
+        if split:
+            with torch.no_grad():
+                logits = model(
+                    input_ids=inputs[rows], attention_mask=attn[rows], position_ids=position_ids(attn[rows])
+                ).logits
+                token_logp(logits, targets[rows])
+            out["ratio split"] += now() - t3
     model.eval()
     return out
 
@@ -330,7 +363,7 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     for phase in PHASES:
         h = statistics.median(r[phase] for r in harness_rows)
         share = statistics.median(r[phase] / r["total"] for r in harness_rows)
-        if phase in FLOORED:
+        if phase in FLOORED and all(r[FLOORED[phase]] > 0 for r in floor_rows):
             f = statistics.median(r[FLOORED[phase]] for r in floor_rows)
             ratio = statistics.median(hr[phase] / fr[FLOORED[phase]] for hr, fr in zip(harness_rows, floor_rows))
             print(f"{phase:<20}{h * 1e3:12.1f}{share:8.1%}{f * 1e3:10.1f}{ratio:14.2f}x")
@@ -339,6 +372,12 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     floor_total = [sum(r.values()) for r in floor_rows]
     ratio = statistics.median(h["total"] / f for h, f in zip(harness_rows, floor_total))
     print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
+    if all(f["ratio split"] > 0 for f in floor_rows):  # the step's other phases alone, over their floors
+        rest = [h["total"] - h["ratio split"] for h in harness_rows]
+        rest_floor = [t - f["ratio split"] for t, f in zip(floor_total, floor_rows)]
+        ratio = statistics.median(h / f for h, f in zip(rest, rest_floor))
+        h, f = statistics.median(rest), statistics.median(rest_floor)
+        print(f"{'step w/o split':<20}{h * 1e3:12.1f}{'':>8}{f * 1e3:10.1f}{ratio:14.2f}x")
     on, off = (statistics.median(r[j] for r in split_rows) for j in (0, 1))
     ratio = statistics.median(a / b for a, b in split_rows)
     print(f"{'split on/off':<20}{on * 1e3:12.1f}{'':>8}{off * 1e3:10.1f}{ratio:14.2f}x")

@@ -52,7 +52,7 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
         "--models default --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --repeats 1 --warmup 0 --cold-start-steps 1 --threads 1".split()
     )
     out = capsys.readouterr().out
-    phases = ("generate", "old pass", "forward", "backward", "optimizer")
+    phases = ("generate", "old pass", "forward", "ratio split", "backward", "optimizer")
     for phase in phases:  # harness ms, share, floor ms, ratio
         harness_ms, share, floor_ms, ratio = numbers_after(phase, out)
         assert harness_ms > 0 and floor_ms > 0 and ratio > 0, phase
@@ -60,6 +60,10 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     # one repeat: the ratio is of the unrounded times; printed, the times carry +-0.05 ms and the ratio +-0.005
     rounding = 0.005 + (step_ms / floor_ms) * (0.05 / step_ms + 0.05 / floor_ms)
     assert step_ms > 0 and floor_ms > 0 and ratio == pytest.approx(step_ms / floor_ms, abs=rounding)
+    rest_ms, rest_floor_ms, rest = numbers_after("step w/o split", out)  # the step less the split, over its floor
+    split_ms, _, split_floor_ms, _ = numbers_after("ratio split", out)
+    assert rest_ms == pytest.approx(step_ms - split_ms, abs=0.15) and rest > 0
+    assert rest_floor_ms == pytest.approx(floor_ms - split_floor_ms, abs=0.15)
     route_ms, _ = numbers_after("route bookkeeping", out)
     assert route_ms > 0  # the routing calls of the loop were found and timed
     on_ms, off_ms, ratio = numbers_after("split on/off", out)  # a step with the ratio split's extra forward vs without
