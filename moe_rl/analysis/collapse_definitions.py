@@ -150,9 +150,8 @@ def collapse_wide(events: pd.DataFrame) -> pd.DataFrame:
     """`collapse_events` as one row per run: collapsed_<def>, collapse_step_<def>, trigger_<def>."""
     wide = events.pivot(index="run", columns="definition", values=["collapsed", "step", "trigger"])
     wide.columns = [f"{'collapse_step' if v == 'step' else v}_{d}" for v, d in wide.columns]
-    for col in [c for c in wide.columns if c.startswith("collapsed_")]:
-        wide[col] = wide[col].astype(bool)
-    return wide.reset_index()
+    wide = wide.astype({c: bool for c in wide.columns if c.startswith("collapsed_")})
+    return wide.copy().reset_index()  # the copy consolidates the columns' blocks (else pandas warns of fragmentation)
 
 
 def _cell(collapsed: bool, step: float, trigger: str) -> str:
