@@ -523,3 +523,29 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     )
     claim = C.claim_r3_vs_r2(tmp_path / "mixed")
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
+
+
+def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> None:
+    """A cell added after looking at claim 5 (an extension at look 2) doubles its p-values (Bonferroni), and
+    the note says what the declared runs alone give."""
+    make_fake_grid(
+        tmp_path,
+        experiment="engine_mismatch",
+        **{**MISMATCH_GRID, "lrs": (1e-3, 6.5e-4)},
+        n_collapse=lambda a, lr, N, L: (6 if a == "grpo+r2" else 1) if lr == 6.5e-4 else 8,
+        final_acc=lambda *_: 0.1,
+    )
+    declared = C.Declared(
+        "engine_mismatch",
+        "engine_mismatch.yaml",
+        {"primary": ["final_accuracy", "collapse"]},
+        [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
+    )
+    once, twice = C.claim_r3_vs_r2(tmp_path), C.claim_r3_vs_r2(tmp_path, declared)
+    assert once.cells == twice.cells == "2 cell(s): lr=0.00065, N=8; lr=0.001, N=8"
+    assert 0 < once.p_value < 0.5 and twice.p_value == pytest.approx(2 * once.p_value)
+    assert twice.test.endswith("(one-sided, Holm below, x 2 looks)") and "looks" not in once.test
+    note = next(n for n in twice.notes if n.startswith("declared in engine_mismatch.yaml"))
+    assert "engine_mismatch_gentle (look 2, 16 runs)" in note and "the verdict counts 2 looks (p x 2)" in note
+    # the declared cell alone: both arms collapse in 8 of 8 seeds, so no difference
+    assert "(16 declared runs, one look): inconclusive" in note

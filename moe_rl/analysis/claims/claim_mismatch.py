@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.claims.cells import cell_list, cells_text, degrading_cells, load_experiment, phase_outcomes
+from moe_rl.analysis.claims.declared import Declared, extension_of, looks_note
 from moe_rl.analysis.claims.pooled import compare_collapse
 from moe_rl.analysis.claims.rules import (
     ACCURACY_MARGIN,
@@ -23,7 +24,7 @@ from moe_rl.analysis.claims.rules import (
     fmt_p,
 )
 from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
-from moe_rl.analysis.stats import holm, paired_compare
+from moe_rl.analysis.stats import holm, looks_adjusted, paired_compare
 from moe_rl.metrics.names import (
     FLIP_RATE,
     ROLLOUT_LOGP_GAP,
@@ -45,13 +46,14 @@ ENGINE_GAP_KEYS = (
 
 
 COMPARED = ("grpo+r2", "grpo+r3")
+PRIMARY_OUTCOMES = ["final_accuracy", "collapse"]  # what claim 5 decides on, as its experiment file declares them
 
 
-def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
+def _r3_vs_r2(outcomes: pd.DataFrame, looks: int = 1) -> dict | None:
     """grpo+r3 vs grpo+r2 on collapse and `final_accuracy` (the last evaluation) over the low-precision, large-N runs of
     `outcomes` in the cells where the two arms' mean late accuracy ends below their start (`degrading_cells`, as
-    claims 2 and 3): verdict, reason and the claim's text fields; untestable here without such a cell; None without
-    runs of both arms."""
+    claims 2 and 3): verdict, reason and the claim's text fields, the Holm p-values times `looks` (Bonferroni over
+    the looks at the data); untestable here without such a cell; None without runs of both arms."""
     sub = outcomes
     if "rollout_dtype" in sub:
         sub = sub[sub["rollout_dtype"] != "float32"]
@@ -79,8 +81,8 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
     joined = pd.concat([a.rename("r3"), b.rename("r2")], axis=1).dropna()
     acc = paired_compare(joined["r3"], joined["r2"], alternative="greater", n_resamples=N_BOOT)
     acc_rev = paired_compare(joined["r3"], joined["r2"], alternative="less", n_resamples=N_BOOT)
-    favour_r3 = holm([coll["p_more"], acc["p_value"]])
-    favour_r2 = holm([coll["p_less"], acc_rev["p_value"]])
+    favour_r3 = [looks_adjusted(p, looks) for p in holm([coll["p_more"], acc["p_value"]])]
+    favour_r2 = [looks_adjusted(p, looks) for p in holm([coll["p_less"], acc_rev["p_value"]])]
     _, clo, chi = coll["diff"]
     out = {
         "cells": cells_text(coll["strata"], cells),
@@ -89,7 +91,8 @@ def _r3_vs_r2(outcomes: pd.DataFrame) -> dict | None:
             f"r3 - r2 = {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] "
             f"({acc['n']} pairs, P(r3 > r2) = {acc['prob_improvement']:.2f})"
         ),
-        "test": f"exact CMH p = {fmt_p(coll['p_more'])}, sign-flip p = {fmt_p(acc['p_value'])} (one-sided, Holm below)",
+        "test": f"exact CMH p = {fmt_p(coll['p_more'])}, sign-flip p = {fmt_p(acc['p_value'])} (one-sided, Holm below"
+        + (f", x {looks} looks)" if looks > 1 else ")"),
         "p_value": float(np.nanmin(favour_r3)) if np.isfinite(favour_r3).any() else math.nan,
     }
     if np.nanmin(favour_r3, initial=np.inf) < ALPHA and not np.nanmin(favour_r2, initial=np.inf) < ALPHA:
@@ -123,7 +126,7 @@ def _engine_gap(root: Path) -> str:
     )
 
 
-def claim_r3_vs_r2(root: Path) -> Claim:
+def claim_r3_vs_r2(root: Path, declared: Declared | None = None) -> Claim:
     c = Claim(
         5,
         "With a train/inference gap and large N, R3 beats R2",
@@ -132,7 +135,8 @@ def claim_r3_vs_r2(root: Path) -> Claim:
         "(N >= 4 where present), in the cells where grpo+r2 and grpo+r3 end below their cold start on average (mean "
         "of each run's last 3 evaluations, as claims 2 and 3): grpo+r3 vs grpo+r2 on collapse "
         "(exact CMH over cells, one-sided) and final accuracy (paired by seed and cell: bootstrap interval, "
-        "sign-flip test), Holm over the two. reproduced if either favours R3 at Holm p < 0.05 and neither favours "
+        "sign-flip test), Holm over the two and Bonferroni over the looks at the data (cells added by an extension "
+        "of the experiment file). reproduced if either favours R3 at Holm p < 0.05 and neither favours "
         "R2; not reproduced if either favours R2 at Holm p < 0.05, or both intervals lie within their margins "
         f"(collapse ±{COLLAPSE_MARGIN}, accuracy ±{ACCURACY_MARGIN}); inconclusive otherwise; "
         f"{UNTESTABLE_HERE} when no cell degrades. The same test "
@@ -141,7 +145,12 @@ def claim_r3_vs_r2(root: Path) -> Claim:
     )
     engine = phase_outcomes(root, "engine_mismatch")
     emulated = phase_outcomes(root, "phase_mismatch")
-    result = _r3_vs_r2(engine) if engine is not None else None
+    result = None
+    if engine is not None:
+        ext = extension_of(engine, declared)
+        base = _r3_vs_r2(engine[ext == ""]) if (ext != "").any() else None
+        without = f"{base['verdict']} ({base['reason']})" if base else "no grpo+r2 and grpo+r3 runs"
+        result = _r3_vs_r2(engine, looks_note(c, declared, ext, without, primary_computed=PRIMARY_OUTCOMES))
     if emulated is not None and (e := _r3_vs_r2(emulated)) is not None:
         c.notes.append(
             f"emulated gap (`phase_mismatch`, bfloat16 cast of the rollout model): {e['verdict']} "

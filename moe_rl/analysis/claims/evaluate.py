@@ -23,7 +23,11 @@ CLAIMS: tuple[Callable[[Path], Claim], ...] = (
     claim_shift_leads,
     claim_moe_specific,
 )
-DECLARED_BY = {claim_depth: "drift_scaling", claim_moe_specific: DENSE_CONTROL}  # claim -> its experiment file
+DECLARED_BY = {
+    claim_depth: "drift_scaling",
+    claim_moe_specific: DENSE_CONTROL,
+    claim_r3_vs_r2: "engine_mismatch",
+}  # claim -> its experiment file
 
 
 def evaluate_claims(root: str | Path, experiment_files: str | Path | None = None) -> list[Claim]:
