@@ -37,13 +37,19 @@ SWEEP_SIZES = {
     "drift_forecast": 26,
     "engine_mismatch_stable": 48,
     "engine_mismatch": 40,
+    "engine_mismatch_gentle": 40,
     "dense_control": 64,
     "phase_mixtral": 72,
     "stabilizers": 112,
     "engine_phase": 12,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
-ADDS_TO = {"phase_edge": "phase", "phase_band": "phase", "drift_scaling_depth": "drift_scaling"}
+ADDS_TO = {
+    "phase_edge": "phase",
+    "phase_band": "phase",
+    "drift_scaling_depth": "drift_scaling",
+    "engine_mismatch_gentle": "engine_mismatch",
+}
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 
