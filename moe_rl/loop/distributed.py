@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -119,7 +120,7 @@ class Dist:
             torch.cuda.set_device(self.local_rank)  # "cuda" now means this rank's device
         if not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
-            atexit.register(_destroy)  # kept across the runs of a multirun in this process
+            atexit.register(shutdown)  # kept across the runs of a multirun in this process
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.comm_device = torch.device("cuda", self.local_rank) if cuda else torch.device("cpu")
 
@@ -386,9 +387,22 @@ def world_size_from_env() -> int:
     return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
 
 
-def _destroy() -> None:
+# How long `shutdown` leaves the GIL free after destroying the process group (see there).
+SHUTDOWN_GRACE_S = 0.2
+
+
+def shutdown() -> None:
+    """Destroy the process group at exit (registered with `atexit` by `Dist`), then sleep briefly.
+
+    FSDP's device mesh keeps the gloo group alive past `destroy_process_group`, and one of its worker
+    threads may still be freeing the last collective's work, whose tensors are Python objects: that
+    needs the GIL, and a thread that asks for it once Python is finalizing is ended, which aborts the
+    process ("terminate called without an active exception") after all its work was written. The sleep
+    releases the GIL while atexit handlers still run, so the thread finishes first.
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+        time.sleep(SHUTDOWN_GRACE_S)
 
 
 class SilentWriter(RunWriter):
