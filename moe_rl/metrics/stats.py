@@ -154,24 +154,29 @@ def ratio_split_finalize(parts: Partial) -> dict[str, float]:
     var_rho, var_w, cov = (d_rho**2).mean(), (d_w**2).mean(), (d_rho * d_w).mean()
     total = (rho + w).var(correction=0)
     mass = (rho + w).abs()
-    n_clipped = clipped.sum()
+    mass_total, n_clipped = mass.sum(), clipped.sum()
+    has_mass, has_clipped = bool(mass_total > 0), bool(n_clipped > 0)
     nan = torch.tensor(math.nan, dtype=torch.float64)
+
+    def shares(changed: Tensor) -> tuple[Tensor, Tensor]:
+        """(share of sum |log r|, share of the clipped tokens) on the tokens flagged in `changed`."""
+        return (
+            (mass * changed).sum() / mass_total if has_mass else nan,
+            (clipped * changed).sum() / n_clipped if has_clipped else nan,
+        )
+
     stats = {
         RATIO_SPLIT_ROUTING_VAR: var_rho,
         RATIO_SPLIT_WEIGHTS_VAR: var_w,
         RATIO_SPLIT_COV: cov,
         RATIO_SPLIT_ROUTING_SHARE: (var_rho + cov) / total if total > 0 else nan,
-        RATIO_SPLIT_FLIPPED_MASS: (mass * flipped).sum() / mass.sum() if mass.sum() > 0 else nan,
-        CLIP_FLIPPED_SHARE: (clipped * flipped).sum() / n_clipped if n_clipped > 0 else nan,
     }
+    stats[RATIO_SPLIT_FLIPPED_MASS], stats[CLIP_FLIPPED_SHARE] = shares(flipped)
     if "flipped_layers" in rows:  # the same two shares with "changed in MoE layer i"
         per_layer = rows["flipped_layers"]
         for i in range(per_layer.shape[1]):
-            stats[layer_key(RATIO_SPLIT_FLIPPED_MASS, i)] = (
-                (mass * per_layer[:, i]).sum() / mass.sum() if mass.sum() > 0 else nan
-            )
-            stats[layer_key(CLIP_FLIPPED_SHARE, i)] = (
-                (clipped * per_layer[:, i]).sum() / n_clipped if n_clipped > 0 else nan
+            stats[layer_key(RATIO_SPLIT_FLIPPED_MASS, i)], stats[layer_key(CLIP_FLIPPED_SHARE, i)] = shares(
+                per_layer[:, i]
             )
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
