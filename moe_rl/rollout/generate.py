@@ -18,7 +18,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from moe_rl.rollout.sampler import GlobalRows, Sampled, sample_loop
+from moe_rl.rollout.sampler import GlobalRows, Sampled, position_ids, sample_loop
 from moe_rl.routing import RouteRecorder, Routes
 
 
@@ -63,11 +63,6 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of the policy's next-token distribution per position (B, T)."""
     logp = torch.log_softmax(upcast(logits) / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left pads, as `generate` assigns them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @torch.no_grad()

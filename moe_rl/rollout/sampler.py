@@ -51,6 +51,11 @@ class GlobalRows:
     any_running: Callable[[bool], bool]
 
 
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left pads, as `generate` assigns them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def draw(probs: Tensor, rows: GlobalRows | None = None) -> Tensor:
     """One token per row of (B, V) `probs` by `torch.multinomial`; with `rows`, the tokens these rows get
     in the multinomial of the whole (total, V) batch, whatever the other rows hold."""
@@ -85,7 +90,7 @@ def sample_loop(
     B = input_ids.shape[0]
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     key = _cache_kwarg(model)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P): skips left pads
+    positions = position_ids(attention_mask)  # (B, P): skips left pads
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,

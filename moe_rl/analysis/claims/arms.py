@@ -157,13 +157,18 @@ def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], 
     return Comparison(worse, better, pairs, cont, surv, verdict, reason, p, grid)
 
 
-def comparison_text(cmp: Comparison) -> str:
+def comparison_text(
+    cmp: Comparison, *, accuracy: str = "final accuracy", auc_name: str = "reward AUC", qualifier: str = ""
+) -> str:
+    """One line of a comparison's outcomes; `accuracy`, `auc_name` and `qualifier` (after the arm names)
+    word outcomes measured otherwise, e.g. from each arm's own start."""
     acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
     return (
-        f"{cmp.better} - {cmp.worse}: final accuracy {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
-        f"{100 * acc['hi']:+.1f}], reward AUC {auc['mean_diff']:+.3f} [{auc['lo']:+.3f}, {auc['hi']:+.3f}] "
-        f"({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} {s['km_w']:.2f} vs {cmp.better} "
-        f"{s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} {s['kb']} of {s['n']}"
+        f"{cmp.better} - {cmp.worse}{qualifier}: {accuracy} {100 * acc['mean_diff']:+.1f} pp "
+        f"[{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}], {auc_name} {auc['mean_diff']:+.3f} "
+        f"[{auc['lo']:+.3f}, {auc['hi']:+.3f}] ({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} "
+        f"{s['km_w']:.2f} vs {cmp.better} {s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, "
+        f"{cmp.better} {s['kb']} of {s['n']}"
     )
 
 

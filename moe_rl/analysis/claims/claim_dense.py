@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.claims.arms import Comparison, compare_arms, counts_note, pair_runs
+from moe_rl.analysis.claims.arms import compare_arms, comparison_text, counts_note, pair_runs
 from moe_rl.analysis.claims.cells import cell_list, load_experiment
 from moe_rl.analysis.claims.declared import Declared, looks_note
 from moe_rl.analysis.claims.rules import (
@@ -72,17 +72,6 @@ def _moe_specific_rule(versus: str, dense_drop_p: float) -> str:
     if (np.isfinite(dense_drop_p) and dense_drop_p < ALPHA) or versus == NOT_REPRODUCED:
         return NOT_REPRODUCED
     return REPRODUCED if versus == REPRODUCED else INCONCLUSIVE
-
-
-def _control_text(cmp: Comparison) -> str:
-    acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
-    return (
-        f"{cmp.better} - {cmp.worse}, each from its own start: accuracy change {100 * acc['mean_diff']:+.1f} pp "
-        f"[{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}], reward AUC above the start reward {auc['mean_diff']:+.3f} "
-        f"[{auc['lo']:+.3f}, {auc['hi']:+.3f}] ({acc['n']} pairs); Kaplan-Meier survival to the end {cmp.worse} "
-        f"{s['km_w']:.2f} vs {cmp.better} {s['km_b']:.2f}; collapsed {cmp.worse} {s['kw']} of {s['n']}, {cmp.better} "
-        f"{s['kb']} of {s['n']}"
-    )
 
 
 def _drop_text(name: str, d: dict[str, float]) -> str:
@@ -155,7 +144,13 @@ def claim_moe_specific(root: Path, declared: Declared | None = None) -> Claim:
     c.cells = f"{sel[MOE_CELLS].drop_duplicates().shape[0]} cell(s) where {MOE_FAMILY} degrades: " + cell_list(
         sel, MOE_CELLS
     )
-    c.statistic = f"{_control_text(cmp)}; {_drop_text(DENSE_FAMILY, dense)}; {_drop_text(MOE_FAMILY, moe)}"
+    outcomes_text = comparison_text(
+        cmp,
+        accuracy="accuracy change",
+        auc_name="reward AUC above the start reward",
+        qualifier=", each from its own start",
+    )
+    c.statistic = f"{outcomes_text}; {_drop_text(DENSE_FAMILY, dense)}; {_drop_text(MOE_FAMILY, moe)}"
     c.test = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm; one-sided sign-flip (dense below its cold start)"
     c.p_value = cmp.p
     c.verdict = _moe_specific_rule(cmp.verdict, dense["p_value"])
