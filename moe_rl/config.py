@@ -192,7 +192,7 @@ class TrainConfig:
     fault_nan_step: int | None = None  # testing hook: corrupt a router weight with NaN at this step
     device: str = "cpu"
     threads: int | None = None
-    numerics: str = "native"  # avx2: the kernel paths every AVX2 x86 CPU takes alike (bitwise reruns across CPUs)
+    numerics: str = "native"  # avx2: ATen, MKL, oneDNN on AVX2 paths (bitwise on one CPU model: docs/reproducing.md)
     progress: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

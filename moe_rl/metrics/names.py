@@ -1,11 +1,11 @@
 """Every metric the harness logs, named and defined once.
 
 The loop, the analysis and the report take metric keys from the constants here, and `METRICS`
-defines each one. The metric table of README.md and docs/design.md §3 is rendered from `METRICS`
-between two marker lines; a test fails when either file differs from it. After changing a
-definition, rewrite both with
+defines each one. The metric table is rendered from `METRICS` into one page, docs/metrics.md, between
+two marker lines (`PAGE`; other pages link to it); a test fails when it differs. After changing a
+definition, rewrite it with
 
-    python -m moe_rl.metrics.names --write README.md docs/design.md
+    python -m moe_rl.metrics.names --write
 
 A key may be a pattern: `{pair}` is one of `PAIRS`, `{i}` a MoE layer (0-based, model order), `{p}` a
 completion position bucket and `{b}` a margin bin of `moe_rl.metrics.bins.MARGIN_EDGES`. `defines(key)`
@@ -431,6 +431,7 @@ def defines(key: str) -> bool:
 BEGIN = "<!-- metric table: generated from moe_rl/metrics/names.py by `python -m moe_rl.metrics.names --write`; "
 BEGIN += "do not edit -->"
 END = "<!-- end of metric table -->"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"  # the one page that holds the table
 
 
 def _cell(text: str) -> str:
@@ -467,7 +468,7 @@ def with_table(text: str, name: str = "the document") -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render the metric table into markdown files, or check them.")
-    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("files", nargs="*", type=Path, default=[PAGE], help="markdown files (default: docs/metrics.md)")
     parser.add_argument("--write", action="store_true", help="rewrite the tables (default: check, exit 1 on a diff)")
     args = parser.parse_args(argv)
     stale = []

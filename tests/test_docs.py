@@ -1,0 +1,156 @@
+"""The README is a front door and docs/ holds the rest: links resolve, lists match the files they list.
+
+Checks: every relative link of README.md and docs/*.md reaches a file of this repository; the README
+stays at most `README_MAX_LINES` lines; its claims table gives the verdicts of results/CLAIMS.md; the
+config groups listed in docs/experiments.md and the arms of docs/papers.md are the files of
+experiments/conf/; no page promises bitwise reruns across CPU vendors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+from moe_rl.routing.modes import REPLAY_MODES
+
+README_MAX_LINES = 200
+CONF = ROOT / "experiments" / "conf"
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+VERDICT = re.compile(r"\*\*(reproduced|not reproduced|inconclusive|fragile|untestable here)\*\*")
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """`text` without fenced code blocks and inline code, where brackets are code, not links."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def broken_links(page: Path, root: Path = ROOT) -> list[str]:
+    """Relative links of `page` whose file is missing or lies outside `root` (anchors are not checked)."""
+    out = []
+    for target in LINK.findall(_prose(page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL (https:, mailto:) or an anchor of the page itself
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        if not path.is_relative_to(root.resolve()) or not path.exists():
+            out.append(target)
+    return out
+
+
+def _cells(row: str) -> list[str]:
+    """The cells of a markdown table row (`\\|` inside a cell is not a separator)."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end != -1 else len(text)]
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def stems(group: str) -> set[str]:
+    return {p.stem for p in (CONF / group).glob("*.yaml")}
+
+
+def verdicts(text: str) -> dict[int, str]:
+    """Claim number -> verdict of every table row `| N | ... | **verdict** | ... |` in `text`."""
+    out = {}
+    for row in text.splitlines():
+        number = re.match(r"\|\s*(\d+)\s*\|", row)
+        found = VERDICT.findall(row)
+        if number and found:
+            assert len(set(found)) == 1, f"a claim row with two verdicts: {row[:120]}"
+            out[int(number.group(1))] = found[0]
+    return out
+
+
+def group_lists(text: str) -> dict[str, list[str]]:
+    """Group -> the choices docs/experiments.md lists for it, from the table of its "Config groups"."""
+    rows = [_cells(r) for r in _section(text, "## Config groups").splitlines() if r.startswith("| `")]
+    return {_names(cells[0])[0]: _names(cells[1]) for cells in rows}
+
+
+def paper_arms(text: str) -> list[str]:
+    """Every arm named in the `arm` column of docs/papers.md's table."""
+    rows = [_cells(r) for r in text.splitlines() if r.startswith("|")]
+    column = rows[0].index("arm")
+    return [name for cells in rows[2:] for name in _names(cells[column])]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_reach_files_of_the_repository(page: Path) -> None:
+    assert broken_links(page) == []
+
+
+def test_broken_links_are_found(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "there.md").write_text("x")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        "[ok](../there.md) [ok](../there.md#a) [web](https://x.org/a.md) [self](#top) `[code](gone.md)`\n"
+        "[gone](gone.md) [outside](../../elsewhere.md)\n```\n[block](gone2.md)\n```\n"
+    )
+    assert broken_links(page, tmp_path) == ["gone.md", "../../elsewhere.md"]
+
+
+def test_readme_is_a_front_door() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md: move the details to a page of docs/"
+    for command in ("bash scripts/compare.sh", "bash scripts/test.sh"):
+        assert f"```bash\n{command}\n```" in text
+    mapped = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", text))
+    assert {p.relative_to(ROOT).as_posix() for p in pages()[1:]} <= mapped, "a page of docs/ missing from the map"
+
+
+def test_readme_verdicts_are_those_of_claims_md() -> None:
+    shipped = verdicts(_section((ROOT / "results" / "CLAIMS.md").read_text(), "## Table"))
+    assert len(shipped) >= 7
+    assert verdicts((ROOT / "README.md").read_text()) == shipped
+
+
+def test_verdicts_reads_a_claims_table() -> None:
+    table = "| # | claim | verdict |\n|---|---|---|\n| 1 | a | **inconclusive** |\n| 2 | b | **not reproduced** |\n"
+    assert verdicts(table) == {1: "inconclusive", 2: "not reproduced"}
+
+
+def test_config_group_lists_are_the_files_of_experiments_conf() -> None:
+    listed = group_lists((ROOT / "docs" / "experiments.md").read_text())
+    groups = {p.name for p in CONF.iterdir() if p.is_dir() and any(p.glob("*.yaml"))}
+    assert set(listed) == groups
+    for group, names in listed.items():
+        assert len(names) == len(set(names)), group
+        assert set(names) == stems(group), f"docs/experiments.md lists other {group} choices than experiments/conf/"
+
+
+def test_replay_modes_are_the_replay_group() -> None:
+    assert set(REPLAY_MODES) == stems("replay")
+
+
+def test_every_arm_has_its_paper_row() -> None:
+    arms = paper_arms((ROOT / "docs" / "papers.md").read_text())
+    assert set(arms) == stems("arm"), "docs/papers.md: one row per arm of experiments/conf/arm/"
+
+
+def test_group_and_arm_parsers_read_their_tables() -> None:
+    text = "## Config groups\n\n| group | choices | what |\n|---|---|---|\n| `replay` | `none`, `r2` | x |\n\n## Next\n"
+    assert group_lists(text) == {"replay": ["none", "r2"]}
+    papers = "| method | arm | code |\n|---|---|---|\n| A | `a_x`, `a_y` | `f\\|g` |\n| B | `b` | `h` |\n"
+    assert paper_arms(papers) == ["a_x", "a_y", "b"]
+
+
+def test_no_page_promises_bits_across_cpu_vendors() -> None:
+    for page in pages():
+        text = " ".join(page.read_text().split())
+        assert "on any x86 CPU" not in text, page
+        assert "bitwise reruns across CPUs" not in text, page
