@@ -468,8 +468,9 @@ def _provenance_section(root: Path) -> list[str]:
         "## Provenance",
         "",
         "The commits each folder's runs were made by (meta.json; runs that recorded none name the commit that "
-        "shipped them). Reruns on another CPU agree bitwise only for runs with `numerics=avx2`; see the README "
-        "(Reproducing a result).",
+        "shipped them). A rerun agrees bitwise on a CPU of the same vendor and model for runs with `numerics=avx2` "
+        "(on one of the same kernel set for `native` runs), and lies within seed variation elsewhere; see "
+        "docs/reproducing.md.",
         "",
         "| folder | runs | commits |",
         "|---|---|---|",

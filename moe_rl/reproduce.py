@@ -7,9 +7,9 @@ reruns each with its recorded `config.yaml` in a fresh process (its own cold sta
 own), and prints per run and outcome: shipped, rerun, their difference and the seed-level spread of
 that outcome among the shipped runs of the same group.
 
-What to expect (README, Reproducing a result): a run with `numerics=avx2` reruns bitwise on any x86 CPU
-with AVX2 and the same library versions; a `native` run reruns bitwise only on a CPU of the same kernel
-set, and elsewhere diverges from the last bit on, so that its rerun is, at worst, another draw from the
+What to expect (docs/reproducing.md): a run with `numerics=avx2` reruns bitwise on a CPU of the same
+vendor and model with the same library versions (not across vendors); a `native` run reruns bitwise only
+on a CPU of the same kernel set; elsewhere a run diverges from the last bit on, so that its rerun is, at worst, another draw from the
 distribution the seeds sample. The test is that worst case: the difference of two independent draws
 has variance 2 sigma^2, and sigma is estimated by the sd of the n shipped seeds of the run's group, so
 (shipped - rerun) / (sqrt(2) sd_seed) follows Student's t with n - 1 degrees of freedom; each |shipped -

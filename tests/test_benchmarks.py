@@ -2,7 +2,7 @@
 
 These are smoke tests, not timings: each runs the script's `main` in-process with the smallest
 sizes its flags allow and checks that it printed its figures as finite numbers. The figures
-themselves are quoted from full-size runs in the README and docs/step_profile.md.
+themselves are quoted from full-size runs in docs/performance.md and docs/step_profile.md.
 """
 
 from __future__ import annotations

@@ -506,7 +506,7 @@ def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() 
 
 @pytest.mark.slow
 def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(runs, tmp_path) -> None:
-    """The Slurm recipe of the README with submitit's local executor: each task of a job is one rank."""
+    """The Slurm recipe of docs/scale.md with submitit's local executor: each task of a job is one rank."""
     _, cache = runs
     cmd = [
         sys.executable,

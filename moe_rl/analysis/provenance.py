@@ -1,7 +1,8 @@
 """Where a folder of runs came from: the commits, CPUs, kernel sets and versions their meta.json record.
 
-A run's last bits depend on the CPU kernels torch dispatches to (chosen by instruction set) unless it ran
-with `numerics=avx2`, so a report names them beside the commits; see the README (Reproducing a result).
+A run's last bits depend on the CPU kernels torch dispatches to (chosen by instruction set), and with
+`numerics=avx2` still on the CPU's vendor and model, so a report names them beside the commits; see
+docs/reproducing.md.
 """
 
 from __future__ import annotations
