@@ -143,26 +143,36 @@ def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str,
     assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
 
 
-def _pairs_frame(n_cells: int, seeds: int, *, acc_gain: float, collapse_w: dict[str, int]) -> pd.DataFrame:
-    """Outcomes of grpo+none (w) and grpo+r2 (b) in `n_cells` off-policy cells: b ends `acc_gain` above w
-    in every pair; under each definition d the first collapse_w[d] pairs (over cells) see w collapse at
+def _pairs_frame(
+    n_cells: int,
+    seeds: int,
+    *,
+    acc_gain: float,
+    collapse_w: dict[str, int],
+    arms: tuple[str, str] = ("grpo+none", "grpo+r2"),
+    start: float = 0.4,
+) -> pd.DataFrame:
+    """Outcomes of arms[0] (w, default grpo+none) and arms[1] (b, default grpo+r2) in `n_cells` off-policy
+    cells, each starting at accuracy `start`: b ends `acc_gain` above w in every pair (final and late
+    accuracy alike); under each definition d the first collapse_w[d] pairs (over cells) see w collapse at
     step 10 and b never."""
     rows, pair = [], 0
     for cell in range(n_cells):
         for seed in range(seeds):
-            for arm, gain in (("grpo+none", 0.0), ("grpo+r2", acc_gain)):
+            for arm, gain in ((arms[0], 0.0), (arms[1], acc_gain)):
                 row = {
                     "arm": arm,
                     "lr": 1e-3 * (cell + 1),
                     "N": 8,
                     "seed": seed,
-                    "start_accuracy": 0.4,
+                    "start_accuracy": start,
                     "late_accuracy": 0.2 + 0.01 * seed + gain,
+                    "final_accuracy": 0.2 + 0.01 * seed + gain,
                     "reward_auc": 0.1 + 0.01 * seed,
                     "last_step": 200,
                 }
                 for d, k in collapse_w.items():
-                    hit = arm == "grpo+none" and pair < k
+                    hit = arm == arms[0] and pair < k
                     row[f"collapsed_{d}"], row[f"collapse_step_{d}"] = hit, 10.0 if hit else np.nan
                 rows.append(row)
             pair += 1
@@ -193,6 +203,80 @@ def test_compare_arms_by_hand() -> None:
     assert same.verdict == "not reproduced" and "no difference" in same.reason
 
 
+# A claim declared only for these tests: the engine judges any record, not just the shipped claims.
+PLANTED = C.PairedClaim(
+    8,
+    "moe+aux is more stable than moe",
+    "planted",
+    "moe+aux vs moe, paired by seed in the cells where moe degrades",
+    experiment="planted",
+    worse="moe",
+    better="moe+aux",
+    degrading=("moe",),
+)
+
+
+@pytest.mark.parametrize("outcomes", [C.ARMS_OUTCOMES, C.COLLAPSE_OUTCOMES])
+def test_a_declared_record_finds_the_planted_effect(outcomes: tuple[str, ...]) -> None:
+    """12 pairs in 2 cells where moe degrades: moe+aux ends 10 points higher in every pair and moe alone
+    collapses in 5. Either test reproduces the claim, at the p the statistics give by hand."""
+    from dataclasses import replace
+
+    from scipy import stats as sps
+
+    record = replace(PLANTED, outcomes=outcomes)
+    out = _pairs_frame(2, 6, acc_gain=0.1, collapse_w={"relative": 5}, arms=("moe", "moe+aux"))
+    c = C.judge_paired(record, Path("unused"), runs=out)
+    assert (c.id, c.verdict, c.experiment) == (8, "reproduced", "planted")
+    assert c.cells == "2 cell(s) where moe degrades: lr=0.001, N=8; lr=0.002, N=8"
+    if outcomes == C.ARMS_OUTCOMES:  # sign-flip 1/4096 (accuracy), 1 (reward AUC), log-rank sqrt(5)
+        assert c.p_value == pytest.approx(analysis.stats.holm([1 / 4096, 1.0, sps.norm.sf(np.sqrt(5))]).min())
+        assert c.statistic.startswith("moe+aux - moe: final accuracy +10.0 pp") and "(12 pairs)" in c.statistic
+        assert c.robustness == {"relative": "reproduced"} and "**reproduced**" in c.plain
+    else:  # final accuracy 1/4096 beats the CMH p; Holm doubles the smaller
+        assert c.p_value == pytest.approx(2 / 4096) and c.reason == f"moe+aux better at Holm p = {2 / 4096:.3g}"
+        assert c.statistic.startswith("collapsed moe 5 of 12 vs moe+aux 0 of 12; final accuracy moe+aux - moe")
+
+
+@pytest.mark.parametrize("outcomes", [C.ARMS_OUTCOMES, C.COLLAPSE_OUTCOMES])
+def test_a_declared_record_rejects_the_opposite_effect(outcomes: tuple[str, ...]) -> None:
+    """The same pairs with moe+aux 10 points lower: not reproduced. Where moe does not degrade (it ends above
+    its start), no cell counts and the claim is untestable here."""
+    from dataclasses import replace
+
+    record = replace(PLANTED, outcomes=outcomes)
+    out = _pairs_frame(2, 6, acc_gain=-0.1, collapse_w={"relative": 0}, arms=("moe", "moe+aux"))
+    c = C.judge_paired(record, Path("unused"), runs=out)
+    assert c.verdict == "not reproduced"
+    if outcomes == C.ARMS_OUTCOMES:
+        assert c.reason.startswith("final accuracy favours the other arm (Holm p = ")
+    else:
+        assert c.reason.startswith("moe better at Holm p = ")
+    held = _pairs_frame(2, 6, acc_gain=0.1, collapse_w={"relative": 5}, arms=("moe", "moe+aux"), start=0.1)
+    c = C.judge_paired(record, Path("unused"), runs=held)
+    assert (c.verdict, c.reason, c.cells) == (
+        "untestable here",
+        "moe end above their cold start's accuracy in every cell (lr=0.001, N=8; lr=0.002, N=8)",
+        "none of lr=0.001, N=8; lr=0.002, N=8 degrades",
+    )
+    assert C.judge_paired(record, Path("unused"), runs=out[out["arm"] == "moe"]).reason == (
+        "no runs of ['moe+aux'] in planted"
+    )
+
+
+def test_a_rival_that_beats_the_claimed_arm_overturns_it() -> None:
+    """moe+aux beats moe, but a rival (moe+r2) beats moe+aux in turn: not reproduced, with both reasons."""
+    from dataclasses import replace
+
+    out = _pairs_frame(2, 6, acc_gain=0.1, collapse_w={"relative": 0}, arms=("moe", "moe+aux"))
+    rival = out[out["arm"] == "moe+aux"].assign(arm="moe+r2", late_accuracy=lambda f: f["late_accuracy"] + 0.1)
+    record = replace(PLANTED, rivals=(("moe+aux", "moe+r2"),))
+    c = C.judge_paired(record, Path("unused"), runs=pd.concat([out, rival], ignore_index=True))
+    assert c.verdict == "not reproduced"
+    assert c.reason.startswith("moe+aux vs moe: reproduced (") and "; moe+r2 vs moe+aux: reproduced (" in c.reason
+    assert C.combine("reproduced", [False]) == "reproduced" and C.combine("inconclusive", []) == "inconclusive"
+
+
 def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     """Equal accuracy and reward: the verdict hangs on time to collapse. Under one grid definition grpo+none
     collapses first in all 12 pairs (reproduced), under another nobody collapses (not reproduced)."""
@@ -204,7 +288,7 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
         {"primary": ["late_accuracy"]},
         [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}],
     )
-    c = C.claim_offpolicy_grpo(Path("unused"), outcomes=out, declared=ext)
+    c = C.judge_paired(C.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out)
     assert c.verdict == "fragile" and c.robustness == {
         "relative:d0.5:p2": "reproduced",
         "absolute:d0.5": "not reproduced",
@@ -264,14 +348,14 @@ def test_moe_specific_needs_a_dense_control_that_holds_its_cold_start(tmp_path: 
     (here 40% -> 33%, against the MoE model's 40% -> 15%) says the degradation needs no routing. Where the
     MoE model does not degrade there is nothing to explain."""
     _dense_control(tmp_path / "less", lambda a, lr, N, L, s: 0.1, lambda a, lr, N, L, s: 0.32)
-    c = C.claim_moe_specific(tmp_path / "less")
+    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path / "less")
     assert c.verdict == "not reproduced" and c.reason.startswith("dense vs MoE: reproduced")
     assert (
         "ends below its cold start: yes (p = 6.1e-05)" in c.reason
     )  # 16 of 16 runs below: 1 / 2^14, the resampled floor
     assert "qwen3_dense final - its cold start -6.7 pp" in c.statistic and "accuracy change +18.3 pp" in c.statistic
     _dense_control(tmp_path / "stable", lambda a, lr, N, L, s: 0.5, lambda a, lr, N, L, s: 0.5)
-    c = C.claim_moe_specific(tmp_path / "stable")
+    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path / "stable")
     assert (c.verdict, c.reason) == (
         "untestable here",
         "qwen3_moe ends below its cold start in no cell with paired runs",
@@ -288,7 +372,7 @@ def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_bre
         lrs=(3e-4, 1e-3),
         Ns=(2, 8),
     )
-    c = C.claim_moe_specific(tmp_path)
+    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path)
     assert c.verdict == "not reproduced" and c.cells.startswith("8 cell(s) where qwen3_moe degrades")
     cells = [n for n in c.notes if n.startswith("cell ")]
     assert [n.split(" alone:")[0] for n in cells] == [
@@ -497,7 +581,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
         gap = frame[frame["key"] == frame["key"].iloc[0]].copy()
         gap["key"], gap["value"] = "rollout/logp_gap", 0.01 if i % 2 == 0 else 0.03
         pd.concat([frame, gap]).to_parquet(run / "metrics.parquet", index=False)
-    claim = C.claim_r3_vs_r2(tmp_path)
+    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
     assert (claim.verdict, claim.experiment) == (C.REPRODUCED, "engine_mismatch")
     assert "collapsed r2 6 of 8 vs r3 0 of 8" in claim.statistic
     emulated = next(n for n in claim.notes if n.startswith("emulated gap"))
@@ -510,7 +594,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
 def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     """A stability claim needs cells where training breaks: runs that all end above their start decide nothing."""
     make_fake_grid(tmp_path, experiment="engine_mismatch", **MISMATCH_GRID, final_acc=lambda *_: 0.6)
-    claim = C.claim_r3_vs_r2(tmp_path)
+    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
     assert claim.verdict == C.UNTESTABLE_HERE
     assert claim.reason == "grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell (lr=0.0001, N=8)"
     # one cell that degrades (both arms collapse in 6 of 8 seeds) is tested, the one that holds is not
@@ -521,7 +605,7 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
         n_collapse=lambda a, lr, N, L: 6 if lr == 1e-3 else 0,
         final_acc=lambda *_: 0.6,
     )
-    claim = C.claim_r3_vs_r2(tmp_path / "mixed")
+    claim = C.judge_paired(C.R3_VS_R2, tmp_path / "mixed")
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
 
 
@@ -541,7 +625,10 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
         {"primary": ["final_accuracy", "collapse"]},
         [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
     )
-    once, twice = C.claim_r3_vs_r2(tmp_path), C.claim_r3_vs_r2(tmp_path, declared)
+    once, twice = (
+        C.judge_paired(C.R3_VS_R2, tmp_path),
+        C.judge_paired(C.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
+    )
     assert once.cells == twice.cells == "2 cell(s): lr=0.00065, N=8; lr=0.001, N=8"
     assert 0 < once.p_value < 0.5 and twice.p_value == pytest.approx(2 * once.p_value)
     assert twice.test.endswith("(one-sided, Holm below, x 2 looks)") and "looks" not in once.test

@@ -8,11 +8,35 @@ reproduced** when the opposite direction is significant or the interval of the e
 a margin too small to matter (collapse probability 0.10, accuracy 0.05, drift 10% of its level),
 **inconclusive** otherwise.
 
+A claim that compares arms on paired runs (2, 3, 5, 7) is a `PairedClaim` declaration in `paired_claims`,
+judged by one engine, `paired.judge_paired`; a claim with a statistic of its own keeps a module
+(`claim_drift`: 1, the drift forecast, and 4, depth; `claim_lead`: 6, the lead test).
+
+Adding a paired claim: declare it in `paired_claims` and put it in `evaluate.CLAIMS` where it belongs on
+the page. The first five fields are the id, the claim, its source, the rule as the page states it and the
+experiment (the result folder; its preset's `analysis` block gives the claims and outcomes it declares and
+the extensions added after a look, which the verdict counts); then `worse` and `better`, the arm predicted
+to win. The defaults compare final accuracy, reward AUC and time to collapse (Holm over the three, the grid
+of collapse definitions for robustness) in the cells where both arms end below their cold start, paired by
+the phase map's cells and seed. Say only what differs, e.g. for "MoE with the auxiliary loss is more stable
+than without" on a phase-style sweep::
+
+    AUX_LOSS = PairedClaim(
+        8, "The load-balancing loss stabilizes RL", "its source", "the rule, in words",
+        experiment="aux_loss", worse="grpo+none", better="grpo+none+aux", runs=offpolicy_runs,
+        degrading=("grpo+none",),
+    )
+
+Other fields: `rivals` (comparisons that must not come out reproduced), `holds_start` (the better arm must
+not end below its own cold start), `outcomes=COLLAPSE_OUTCOMES` (collapse pooled over cells and final
+accuracy), `compare_by` (arms in another run column, e.g. the model family), `from_own_start`, `pairing`,
+`margins`, `also` (the same judgement on another experiment, as a note) and the wording of the page.
+
 Modules by job: `rules` (labels, margins, the Claim row, shared verdict rules and wording), `cells`
 (the runs and cells a claim reads), `declared` (the experiment files' declared analyses and their
-extensions), `pooled` (collapse pooled over cells), `arms` (paired arm comparisons), one module per
-claim family (`claim_drift`: 1 and 4, `claim_stability`: 2 and 3, `claim_mismatch`: 5, `claim_lead`:
-6, `claim_dense`: 7), `evaluate` (all claims), `scale` (the scale paragraph) and `markdown` (the page).
+extensions), `pooled` (collapse pooled over cells), `arms` (paired arm comparisons and their wording),
+`paired` (the record and its engine), `paired_claims` (the paired claims), `claim_drift` and `claim_lead`,
+`evaluate` (all claims), `scale` (the scale paragraph) and `markdown` (the page).
 """
 
 from __future__ import annotations
@@ -25,23 +49,41 @@ from moe_rl.analysis.claims.arms import (
     count_verdict,
     survival_compare,
 )
-from moe_rl.analysis.claims.cells import degrading_cells, grid_definitions, phase_outcomes, runs_folder
-from moe_rl.analysis.claims.claim_dense import (
-    DENSE_CONTROL,
-    DENSE_FAMILY,
-    MOE_FAMILY,
-    claim_moe_specific,
-    moe_degrading,
-    own_start_drop,
-    per_cell_notes,
+from moe_rl.analysis.claims.cells import (
+    degrading_cells,
+    grid_definitions,
+    low_precision_large_n,
+    offpolicy_runs,
+    phase_outcomes,
+    runs_folder,
+    runs_in_cells,
 )
 from moe_rl.analysis.claims.claim_drift import PAPER_BAND, claim_depth, claim_expert_drift
 from moe_rl.analysis.claims.claim_lead import claim_shift_leads, run_series, shift_before_collapse
-from moe_rl.analysis.claims.claim_mismatch import claim_r3_vs_r2
-from moe_rl.analysis.claims.claim_stability import FAMILY_PHASES, claim_gspo_stable, claim_offpolicy_grpo, family_notes
 from moe_rl.analysis.claims.declared import EXPERIMENT_FILES, Declared, declared_analyses, extension_of
 from moe_rl.analysis.claims.evaluate import CLAIMS, DECLARED_BY, evaluate_claims
 from moe_rl.analysis.claims.markdown import format_claims_markdown
+from moe_rl.analysis.claims.paired import (
+    ARMS_OUTCOMES,
+    COLLAPSE_OUTCOMES,
+    AlsoOn,
+    PairedClaim,
+    combine,
+    from_own_start,
+    judge_paired,
+    own_start_drop,
+)
+from moe_rl.analysis.claims.paired_claims import (
+    DENSE_CONTROL,
+    DENSE_FAMILY,
+    FAMILY_PHASES,
+    GSPO_STABLE,
+    MOE_FAMILY,
+    MOE_SPECIFIC,
+    OFFPOLICY_GRPO,
+    PAIRED_CLAIMS,
+    R3_VS_R2,
+)
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell, pooled_rate_difference
 from moe_rl.analysis.claims.rules import (
     ACCURACY_MARGIN,
@@ -67,8 +109,11 @@ from moe_rl.analysis.claims.scale import models_and_tasks
 __all__ = [
     "ACCURACY_MARGIN",
     "ALPHA",
+    "ARMS_OUTCOMES",
+    "AlsoOn",
     "CLAIMS",
     "COLLAPSE_MARGIN",
+    "COLLAPSE_OUTCOMES",
     "CONTINUOUS",
     "Claim",
     "Comparison",
@@ -80,13 +125,19 @@ __all__ = [
     "EXPERIMENT_FILES",
     "FAMILY_PHASES",
     "FRAGILE",
+    "GSPO_STABLE",
     "INCONCLUSIVE",
     "LEAD_MARGIN",
     "MOE_FAMILY",
+    "MOE_SPECIFIC",
     "NOT_REPRODUCED",
     "N_BOOT",
+    "OFFPOLICY_GRPO",
+    "PAIRED_CLAIMS",
     "PAPER_BAND",
     "PRIMARY",
+    "PairedClaim",
+    "R3_VS_R2",
     "REPRODUCED",
     "REWARD_MARGIN",
     "UNTESTABLE",
@@ -94,11 +145,8 @@ __all__ = [
     "arm_verdict",
     "claim_depth",
     "claim_expert_drift",
-    "claim_gspo_stable",
-    "claim_moe_specific",
-    "claim_offpolicy_grpo",
-    "claim_r3_vs_r2",
     "claim_shift_leads",
+    "combine",
     "compare_arms",
     "compare_collapse",
     "continuous_compare",
@@ -108,18 +156,20 @@ __all__ = [
     "direction_verdict",
     "evaluate_claims",
     "extension_of",
-    "family_notes",
     "format_claims_markdown",
+    "from_own_start",
     "grid_definitions",
+    "judge_paired",
     "kappa_by_cell",
+    "low_precision_large_n",
     "models_and_tasks",
-    "moe_degrading",
+    "offpolicy_runs",
     "own_start_drop",
-    "per_cell_notes",
     "phase_outcomes",
     "pooled_rate_difference",
     "run_series",
     "runs_folder",
+    "runs_in_cells",
     "shift_before_collapse",
     "survival_compare",
 ]

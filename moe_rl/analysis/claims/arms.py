@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,15 +10,18 @@ import pandas as pd
 
 from moe_rl.analysis.claims.cells import grid_definitions
 from moe_rl.analysis.claims.rules import (
-    ACCURACY_MARGIN,
     ALPHA,
     CONTINUOUS,
     INCONCLUSIVE,
+    MARGINS,
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
-    REWARD_MARGIN,
+    Claim,
+    accuracy_points,
     fmt_p,
+    shares,
+    would_change,
 )
 from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
 from moe_rl.analysis.stats import (
@@ -79,10 +83,12 @@ def survival_compare(pairs: pd.DataFrame, definition: str) -> dict[str, float]:
     }
 
 
-def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1) -> tuple[str, str, float]:
+def arm_verdict(
+    cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1, margins: Mapping[str, float] = MARGINS
+) -> tuple[str, str, float]:
     """(verdict, reason, p) for "better beats worse" from the three primary outcomes, Holm over them and
     Bonferroni over `looks`: reproduced if one favours the better arm at p < 0.05 and none the worse;
-    not reproduced if one favours the worse arm, or both measured differences lie inside their margins."""
+    not reproduced if one favours the worse arm, or both measured differences lie inside their `margins`."""
     names = [*CONTINUOUS.values(), "time to collapse"]
     pred = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_value"] for k in CONTINUOUS), surv["p_more"]])]
     opp = [looks_adjusted(p, looks) for p in holm([*(cont[k]["p_reverse"] for k in CONTINUOUS), surv["p_less"]])]
@@ -97,17 +103,13 @@ def arm_verdict(cont: dict[str, dict], surv: dict[str, float], *, looks: int = 1
     if p_opp < ALPHA:
         return NOT_REPRODUCED, f"{names[best_opp]} favours the other arm ({corrected} p = {fmt_p(p_opp)})", p_pred
     acc, auc = cont["late_accuracy"], cont["reward_auc"]
-    if (
-        -ACCURACY_MARGIN < acc["lo"]
-        and acc["hi"] < ACCURACY_MARGIN
-        and -REWARD_MARGIN < auc["lo"]
-        and auc["hi"] < REWARD_MARGIN
-    ):
+    m_acc, m_auc = margins["late_accuracy"], margins["reward_auc"]
+    if -m_acc < acc["lo"] and acc["hi"] < m_acc and -m_auc < auc["lo"] and auc["hi"] < m_auc:
         return (
             NOT_REPRODUCED,
             (
-                f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{ACCURACY_MARGIN}, "
-                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{REWARD_MARGIN}"
+                f"no difference: accuracy [{acc['lo']:+.3f}, {acc['hi']:+.3f}] inside ±{m_acc}, "
+                f"reward AUC [{auc['lo']:+.3f}, {auc['hi']:+.3f}] inside ±{m_auc}"
             ),
             p_pred,
         )
@@ -143,7 +145,15 @@ class Comparison:
     grid: dict[str, tuple[str, str]]  # definition -> (primary verdict, counts-only verdict)
 
 
-def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], *, looks: int = 1) -> Comparison:
+def compare_arms(
+    runs: pd.DataFrame,
+    worse: str,
+    better: str,
+    cells: list[str],
+    *,
+    looks: int = 1,
+    margins: Mapping[str, float] = MARGINS,
+) -> Comparison:
     """`better` beats `worse` on measured outcomes? Verdict under the main definition and under every
     grid definition present in `runs` (only time to collapse and the counts depend on it)."""
     pairs = pair_runs(runs, worse, better, cells)
@@ -151,9 +161,9 @@ def compare_arms(runs: pd.DataFrame, worse: str, better: str, cells: list[str], 
     grid = {}
     for d in grid_definitions(runs) or [MAIN_DEFINITION]:
         s = survival_compare(pairs, d)
-        grid[d] = (arm_verdict(cont, s, looks=looks)[0], count_verdict(s))
+        grid[d] = (arm_verdict(cont, s, looks=looks, margins=margins)[0], count_verdict(s))
     surv = survival_compare(pairs, MAIN_DEFINITION)
-    verdict, reason, p = arm_verdict(cont, surv, looks=looks)
+    verdict, reason, p = arm_verdict(cont, surv, looks=looks, margins=margins)
     return Comparison(worse, better, pairs, cont, surv, verdict, reason, p, grid)
 
 
@@ -173,6 +183,7 @@ def comparison_text(
 
 
 def counts_note(cmp: Comparison) -> str:
+    """The secondary line of a comparison: collapse counts with Wilson intervals, McNemar and the log-rank test."""
     s = cmp.surv
     ww, wb = wilson_interval(s["kw"], s["n"]), wilson_interval(s["kb"], s["n"])
     return (
@@ -182,3 +193,32 @@ def counts_note(cmp: Comparison) -> str:
         f"{fmt_p(s['mcnemar_less'])}); time to collapse, log-rank stratified on pairs p = {fmt_p(s['p_more'])} "
         f"(reverse {fmt_p(s['p_less'])})"
     )
+
+
+def comparison_plain(c: Claim, cmp: Comparison, looks: int, without: str, second: Comparison | None = None) -> str:
+    """The paragraph for a person of a claim decided by `cmp` (and a `second` comparison of the claimed arm
+    against a rival): pairs, accuracy and collapse counts, the verdict over the grid of collapse definitions,
+    the looks at the data (`without`: the verdict without the runs added after a look)."""
+    acc, s = cmp.cont["late_accuracy"], cmp.surv
+    text = (
+        f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
+        f"phase map where runs lose accuracy. {cmp.better} ended {accuracy_points(acc['mean_diff'])} {cmp.worse} "
+        f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
+        f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition."
+    )
+    if second is not None:
+        a2 = second.cont["late_accuracy"]
+        auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
+        text += (
+            f" Against {second.better}, {second.worse} ended {accuracy_points(-a2['mean_diff'])} it "
+            f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
+            f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}."
+        )
+    shares_text = shares(list(c.robustness.values()))
+    text += f" Verdict: **{c.verdict}**; across {len(c.robustness)} reasonable collapse definitions: {shares_text}."
+    if looks > 1:
+        text += (
+            f" Runs were added after {looks - 1} look(s) at the results; counting the looks is part of the "
+            f"verdict, and without the added runs it reads {without}."
+        )
+    return text + f" What would change it: {would_change(c.verdict)}."

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, definition_grid
+from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, MAIN_DEFINITION, definition_grid
 from moe_rl.analysis.load import load_results
 from moe_rl.analysis.phase import cell_label, run_outcomes
+from moe_rl.metrics.names import REWARD_MEAN
+
+START_STEPS = COLLAPSE_DEFINITIONS[MAIN_DEFINITION]["baseline_window"]  # a run's start reward: its first steps
 
 
 def runs_folder(root: Path, experiment: str) -> Path:
@@ -29,16 +32,16 @@ def load_experiment(root: Path, experiment: str, keys: list[str] | None) -> pd.D
 
 
 def phase_outcomes(root: Path, experiment: str, grid: bool = False) -> pd.DataFrame | None:
-    """One row per run (`run_outcomes`); with `grid`, collapse under every definition of the declared grid too."""
+    """One row per run (`run_outcomes`); with `grid`, collapse under every definition of the declared grid too.
+    `start_reward` is a run's mean reward over its first START_STEPS steps: a claim that compares models with
+    cold starts of their own measures reward from there."""
     df = load_experiment(root, experiment, list(HISTORY_KEYS))
     if df is None:
         return None
-    return run_outcomes(df, {**COLLAPSE_DEFINITIONS, **definition_grid()} if grid else None)
-
-
-def cells_text(strata: list[tuple], cells: list[str]) -> str:
-    names = [cell_label(cells, vals if isinstance(vals, tuple) else (vals,)) for vals, *_ in strata]
-    return f"{len(names)} cell(s): " + "; ".join(names) if names else "no cells"
+    out = run_outcomes(df, {**COLLAPSE_DEFINITIONS, **definition_grid()} if grid else None)
+    rewards = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]].sort_values("step")
+    start = rewards.groupby("run")["value"].apply(lambda v: v.iloc[:START_STEPS].mean())
+    return out.assign(start_reward=out["run"].map(start).to_numpy(float))
 
 
 def grid_definitions(outcomes: pd.DataFrame) -> list[str]:
@@ -46,8 +49,26 @@ def grid_definitions(outcomes: pd.DataFrame) -> list[str]:
     return [d for d in definition_grid() if f"collapsed_{d}" in outcomes]
 
 
+def all_runs(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Every run counts."""
+    return outcomes
+
+
 def offpolicy_runs(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """The off-policy runs: N >= 2 updates per rollout."""
     return outcomes[outcomes["N"] >= 2] if "N" in outcomes else outcomes.iloc[0:0]
+
+
+def low_precision_large_n(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose rollouts were sampled in a lower precision than training (`rollout_dtype` other than float32)
+    at the largest N: N >= 4 where such runs exist, else the largest N there is."""
+    sub = outcomes
+    if "rollout_dtype" in sub:
+        sub = sub[sub["rollout_dtype"] != "float32"]
+    if "N" in sub and len(sub):
+        big = sub["N"] >= 4
+        sub = sub[big] if big.any() else sub[sub["N"] == sub["N"].max()]
+    return sub
 
 
 def degrading_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -> pd.DataFrame:
@@ -58,7 +79,16 @@ def degrading_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -
     return sub.groupby(cells).filter(lambda g: g["late_accuracy"].mean() < g["start_accuracy"].mean())
 
 
+def runs_in_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -> pd.DataFrame:
+    """Every run of `outcomes` (all arms, in their order) in the cells `degrading_cells` selects for `arms`."""
+    keep = degrading_cells(outcomes, arms, cells)[cells].drop_duplicates()
+    if keep.empty:
+        return outcomes.iloc[0:0]
+    return outcomes[pd.MultiIndex.from_frame(outcomes[cells]).isin(pd.MultiIndex.from_frame(keep))]
+
+
 def cell_list(frame: pd.DataFrame, cells: list[str]) -> str:
+    """The cells of `frame`, sorted, as "lr=0.0003, N=8; ..."."""
     keys = frame[cells].drop_duplicates().sort_values(cells)
     return "; ".join(cell_label(cells, tuple(r)) for r in keys.itertuples(index=False)) or "none"
 

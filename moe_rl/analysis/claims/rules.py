@@ -24,6 +24,13 @@ DRIFT_MARGIN = 0.10  # relative to the shallow model's drift
 REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
 LEAD_MARGIN = 0.01  # share of the clip fraction's next-step variance too small to matter
 N_BOOT = 4999
+# the margin of each outcome a paired claim compares (`paired.PairedClaim.margins`)
+MARGINS = {
+    "late_accuracy": ACCURACY_MARGIN,
+    "final_accuracy": ACCURACY_MARGIN,
+    "reward_auc": REWARD_MARGIN,
+    "collapse": COLLAPSE_MARGIN,
+}
 
 # the measured outcomes and their names on the page: `late_accuracy` (the mean of a run's last 3 evaluations,
 # `moe_rl.analysis.accuracy`) is what CLAIMS.md's prose calls final accuracy

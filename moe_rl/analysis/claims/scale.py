@@ -7,8 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from moe_rl.analysis.claims.cells import runs_folder
-from moe_rl.analysis.claims.claim_dense import DENSE_CONTROL
-from moe_rl.analysis.claims.claim_stability import FAMILY_PHASES
+from moe_rl.analysis.claims.paired_claims import DENSE_CONTROL, FAMILY_PHASES
 
 SCALE_EXPERIMENTS = (
     "phase",
