@@ -1,11 +1,11 @@
-"""What `numerics=avx2` costs: RL step time with pinned kernels over the CPU's own kernels.
+"""What pinned numerics cost: RL step time under `numerics=avx2` and `numerics=portable` over the CPU's own kernels.
 
     python benchmarks/numerics_cost.py [--models default,fine] [--repeats 5] [--steps 4]
 
 The pin must be set before torch computes, so each measurement is a fresh process (one torch thread)
 that builds a Trainer, runs one warm-up step and times `--steps` steps by its own CPU time. Native and
-pinned processes alternate (ABBA), so load on the machine hits both alike; the figure to quote is the
-median of the per-pair ratios pinned / native. Cold starts are cached in a temporary folder per model
+pinned processes alternate (the order rotates each repeat), so load on the machine hits all alike; the
+figures to quote are the medians of the per-repeat ratios pinned / native. Cold starts are cached in a temporary folder per model
 and setting (a pinned run trains its own).
 """
 
@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from moe_rl.run.folder import OVERRIDING_ENV, PINNED_ENV  # noqa: E402
+
 MODELS = {
     "default": {},
     "fine": {"num_experts": 64, "top_k": 8, "num_layers": 4, "moe_intermediate_size": 16},
@@ -58,7 +61,7 @@ def _child(model: str, numerics: str, steps: int, cache: str, sizes: dict[str, i
         "print(json.dumps(measure(*sys.argv[1:3], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5]))))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for key in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
+    for key in {*PINNED_ENV["avx2"], *OVERRIDING_ENV}:
         env.pop(key, None)  # the native process runs the CPU's own kernels
     out = subprocess.run(
         [sys.executable, "-c", code, model, numerics, str(steps), cache, json.dumps(sizes)],
@@ -89,23 +92,21 @@ def main(argv: list[str] | None = None) -> None:
         "updates": args.updates,
         "cold_start_steps": args.cold_start_steps,
     }
+    modes = ("native", *PINNED_ENV)
     with tempfile.TemporaryDirectory() as cache:
         for model in args.models.split(","):
-            times: dict[str, list[float]] = {"native": [], "avx2": []}
-            ratios = []
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
             for i in range(args.repeats):
-                order = ("native", "avx2") if i % 2 == 0 else ("avx2", "native")
-                got = {numerics: _child(model, numerics, args.steps, cache, sizes) for numerics in order}
-                for numerics, value in got.items():
-                    times[numerics].append(value)
-                ratios.append(got["avx2"] / got["native"])
-            print(
-                f"{model}: native {statistics.median(times['native']) * 1e3:.1f} ms, pinned "
-                f"{statistics.median(times['avx2']) * 1e3:.1f} ms per step; pinned / native "
-                f"{statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); medians of "
-                f"{args.repeats} pairs, CPU time, numerics=avx2 vs native",
-                flush=True,
-            )
+                order = modes[i % len(modes) :] + modes[: i % len(modes)]
+                for numerics in order:
+                    times[numerics].append(_child(model, numerics, args.steps, cache, sizes))
+            parts = [f"native {statistics.median(times['native']) * 1e3:.1f} ms per step"]
+            for mode in PINNED_ENV:
+                ratios = [p / n for p, n in zip(times[mode], times["native"])]
+                parts.append(
+                    f"{mode} / native {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f})"
+                )
+            print(f"{model}: {'; '.join(parts)}; medians of {args.repeats} rotations, CPU time", flush=True)
 
 
 if __name__ == "__main__":

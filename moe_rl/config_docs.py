@@ -36,8 +36,9 @@ MEANINGS = {
     "device": "`cpu`, `cuda` or `cuda:K`",
     "threads": "torch CPU threads (None: torch's default)",
     "numerics": "native: the CPU's own kernels (fastest; the last bits differ between instruction sets); avx2: "
-    "the kernels every AVX2 x86 CPU runs alike (ATen, MKL CNR, oneDNN pinned), so reruns are bitwise equal "
-    "across such CPUs",
+    "ATen, MKL (CNR branch AVX2) and oneDNN pinned at AVX2, so reruns are bitwise equal on CPUs of the same "
+    "vendor and model (MKL honours the AVX2 branch on Intel only); portable: the same with MKL's COMPATIBLE "
+    "branch, MKL's cross-vendor branch (verified on Intel only); docs/numerics.md",
     "progress": "a progress bar for an interactive single run; false: log lines every `log_every` steps",
     "model.family": "MoE family of the built model (qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3, gpt_oss; "
     "megablocks on CUDA), or of `model.checkpoint`; qwen3_dense: the dense control of qwen3_moe (same attention, "

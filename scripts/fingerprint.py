@@ -9,8 +9,10 @@ sha256 per item (metrics without the `time/` keys, sorted by step and key; the p
     python scripts/fingerprint.py --check runs/fingerprint_before.json   # after: exit 1 on any difference
 
 The digests hold on the machine (and kernels) they were written on. `--pinned` fingerprints only the R2
-run under `numerics=avx2` (the kernels every AVX2 x86 CPU runs alike): `tests/test_fingerprint.py` keeps
-that digest, which holds on any such CPU.
+run, once under each pinned numerics mode (`numerics=avx2`, `numerics=portable`), and keys each digest by
+the CPU it was made on (vendor and model: MKL picks kernels by vendor, docs/numerics.md). `--write` adds
+this CPU's digests to the file; `--check` compares with this CPU's and exits 3 when the file has none for
+it. `tests/test_fingerprint.py` keeps one digest per CPU it was verified on.
 
     python scripts/fingerprint.py --pinned --write tests/data/fingerprint_pinned.json
 """
@@ -28,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from moe_rl.run.folder import PINNED_ENV, cpu_id
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = [
@@ -76,7 +80,8 @@ def launch(run: Path, nproc: int, overrides: list[str]) -> None:
 
 def fingerprint(scratch: Path, *, pinned: bool = False) -> dict[str, str]:
     digests: dict[str, str] = {}
-    runs = {"r2_avx2": (0, [*RUNS["r2"][1], "numerics=avx2"])} if pinned else RUNS
+    pins = {f"r2_{mode}": (0, [*RUNS["r2"][1], f"numerics={mode}"]) for mode in PINNED_ENV}
+    runs = pins if pinned else RUNS
     for name, (nproc, overrides) in runs.items():
         if name == "engine" and importlib.util.find_spec("vllm") is None:
             print("engine: skipped (vllm not installed)", file=sys.stderr)
@@ -106,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", type=Path, help="compare with the digests in this JSON file")
     parser.add_argument("--pinned", action="store_true", help="only the R2 run, under numerics=avx2")
     args = parser.parse_args(argv)
+    if args.pinned and args.check and not _known_here(args.check):
+        return _per_cpu({}, write=None, check=args.check)
     with tempfile.TemporaryDirectory() as scratch:
         digests = fingerprint(Path(scratch), pinned=args.pinned)
+    if args.pinned:
+        return _per_cpu(digests, write=args.write, check=args.check)
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(digests, indent=1) + "\n")
@@ -117,6 +126,33 @@ def main(argv: list[str] | None = None) -> int:
     for key in moved:
         print(f"differs: {key}")
     print("bitwise equal" if not moved else f"{len(moved)} of {len(reference)} differ")
+    return 1 if moved else 0
+
+
+def _known_here(path: Path) -> bool:
+    return any(cpu_id() in ref for ref in json.loads(path.read_text()).values())
+
+
+def _per_cpu(digests: dict[str, str], *, write: Path | None, check: Path | None) -> int:
+    """Pinned digests are kept per CPU ({run: {cpu: digest}}): add this CPU's, or compare with them."""
+    cpu = cpu_id()
+    path = write or check
+    assert path is not None
+    kept: dict[str, dict[str, str]] = json.loads(path.read_text()) if path.exists() else {}
+    if write:
+        for name, digest in digests.items():
+            kept.setdefault(name, {})[cpu] = digest
+        write.parent.mkdir(parents=True, exist_ok=True)
+        write.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        return 0
+    known = {name: ref[cpu] for name, ref in kept.items() if cpu in ref}
+    if not known:
+        print(f"no reference for this CPU ({cpu}); verified on: {sorted({c for ref in kept.values() for c in ref})}")
+        return 3
+    moved = [k for k in known if digests.get(k) != known[k]]
+    for key in moved:
+        print(f"differs: {key} on {cpu} ({digests.get(key)} vs {known[key]})")
+    print("bitwise equal" if not moved else f"{len(moved)} of {len(known)} differ")
     return 1 if moved else 0
 
 

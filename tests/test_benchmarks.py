@@ -73,11 +73,17 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_numerics_cost(capsys: pytest.CaptureFixture[str]) -> None:
     load("numerics_cost").main(
-        "--models default --repeats 2 --steps 1 --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --cold-start-steps 1".split()
+        "--models default --repeats 1 --steps 1 --prompts 2 --group 2 --max-new-tokens 2 --updates 2 --cold-start-steps 1".split()
     )
     out = capsys.readouterr().out
-    native, pinned, ratio, lo, hi, pairs = numbers_after("default: native", out)[:6]
-    assert native > 0 and pinned > 0 and 0 < lo <= ratio <= hi and pairs == 2
+    assert numbers_after("default: native", out)[0] > 0
+    line = next(line for line in out.splitlines() if line.startswith("default: native"))
+    for mode in ("avx2", "portable"):
+        ratio, lo, hi = map(
+            float, re.search(rf"{mode} / native ([\d.]+) \(range ([\d.]+) to ([\d.]+)\)", line).groups()
+        )
+        assert 0 < lo <= ratio <= hi
+    assert line.endswith("medians of 1 rotations, CPU time")
 
 
 def test_routing_overhead(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,12 +37,19 @@ def pinned(tmp_path_factory, cache):
         pytest.skip("numerics=avx2 needs an x86 CPU with AVX2")
     root = tmp_path_factory.mktemp("pinned")
     _train(root / "shipped" / "native_host", cache, "numerics=avx2")
-    # a host whose MKL takes its AVX2 path and whose ATen is told to use no vector kernels at all
+    # a host whose MKL is told to take its AVX-512 path outside any reproducibility branch, whose ATen is told
+    # to use no vector kernels at all and whose oneDNN may use every ISA (MKL_ENABLE_INSTRUCTIONS=AVX512 alone
+    # moved the pinned run off its bits before the pin cleared it)
     _train(
         root / "other_host",
         cache,
         "numerics=avx2",
-        env={"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "default"},
+        env={
+            "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+            "MKL_CBWR": "AUTO",
+            "ATEN_CPU_CAPABILITY": "default",
+            "ONEDNN_MAX_CPU_ISA": "ALL",
+        },
     )
     return root
 
@@ -60,7 +67,8 @@ def test_meta_json_records_commit_command_cpu_threads_and_versions(pinned) -> No
     assert cpu["capability"] == "AVX2" and cpu["torch_threads"] == 1 and cpu["model"]
     assert cpu["env"]["ATEN_CPU_CAPABILITY"] == "avx2" and cpu["env"]["MKL_CBWR"] == "AVX2"
     other = json.loads((pinned / "other_host" / "meta.json").read_text())
-    assert other["cpu"]["env"]["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # the host's setting is recorded too
+    assert "MKL_ENABLE_INSTRUCTIONS" not in other["cpu"]["env"]  # the pin cleared the host's override
+    assert other["cpu"]["env"]["MKL_CBWR"] == "AVX2" and cpu["vendor"] == other["cpu"]["vendor"]
 
 
 def test_config_yaml_holds_paths_relative_to_the_run_folder(pinned, tmp_path) -> None:

@@ -134,6 +134,8 @@ ROLLOUT_LOGP_SQ_DIFF = "rollout/logp_sq_diff"
 ROLLOUT_RESPONSE_LEN = "rollout/response_len"
 ROLLOUT_ENGINE_STALENESS = "rollout/engine_staleness"
 ROLLOUT_ENGINE_SYNC_MAX_DIFF = "rollout/engine_sync_max_diff"
+ROLLOUT_ENGINE_SYNC_OFF_TOKENS = "rollout/engine_sync_off_tokens"
+ROLLOUT_ENGINE_SYNC_ROUTE_DIFFS = "rollout/engine_sync_route_diffs"
 TIME_PREFIX = "time/"
 TIME_ROLLOUT_S = "time/rollout_s"
 TIME_OLD_LOGP_S = "time/old_logp_s"
@@ -373,6 +375,16 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         ROLLOUT_ENGINE_SYNC_MAX_DIFF,
         "`rollout.engine=vllm`: largest |engine logp - trainer logp| on the step's rollout, checked after the first syncs",
+    ),
+    Metric(
+        ROLLOUT_ENGINE_SYNC_OFF_TOKENS,
+        "`rollout.engine=vllm`, float32: response tokens whose |engine logp - trainer logp| exceeds the per-token "
+        "sync tolerance on a checked sync (near-ties routed differently; a failed sync moves every token and stops the run)",
+    ),
+    Metric(
+        ROLLOUT_ENGINE_SYNC_ROUTE_DIFFS,
+        "`rollout.engine=vllm` with recorded routes: (token, layer) pairs whose top-k set the engine and the trainer's "
+        "routers chose differently on a checked sync",
     ),
     Metric(TIME_ENGINE_SYNC_S, "`rollout.engine=vllm`: wall seconds of the step's in-place weight sync"),
     Metric(

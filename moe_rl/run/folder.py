@@ -394,15 +394,26 @@ NUMERICS_ENV = (
     "MKL_CBWR",
     "MKL_ENABLE_INSTRUCTIONS",
     "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
 )
 
 
-# numerics=avx2: the kernel paths every x86-64 CPU with AVX2 takes alike (ATen's vectorised kernels, MKL's
-# conditional numerical reproducibility branch, oneDNN's instruction set), so a run's bits do not depend on
-# whether the machine has AVX-512 or AMX. Read by each library when it first computes, hence set before.
-PINNED_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+# Pinned numerics: the environment each library reads, before it first computes, to choose its CPU kernels,
+# so a run's bits do not depend on whether the machine has AVX-512 or AMX (docs/numerics.md).
+# - avx2: ATen's AVX2 kernels, MKL's AVX2 reproducibility branch, oneDNN at AVX2. MKL honours a branch other
+#   than AUTO or COMPATIBLE on Intel CPUs only; elsewhere it silently takes AUTO, so MKL's matmuls and its
+#   vector exp/log differ between CPU vendors: bitwise per vendor and model, as verified.
+# - portable: the same with MKL's COMPATIBLE branch (SSE2 without the approximate rcpps/rsqrtps), the one
+#   branch MKL documents for Intel and compatible CPUs alike.
+PINNED_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "portable": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+# Host settings that would override a pin (MKL_ENABLE_INSTRUCTIONS=AVX512 moves MKL off its CNR branch),
+# cleared by it.
+OVERRIDING_ENV = ("MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
 NUMERICS = ("native", *PINNED_ENV)
 
 
@@ -413,14 +424,16 @@ def pin_numerics(mode: str) -> None:
     if mode == "native":
         return
     wanted = PINNED_ENV[mode]
+    for key in OVERRIDING_ENV:
+        os.environ.pop(key, None)
     os.environ.update(wanted)
-    got = torch.backends.cpu.get_cpu_capability()
-    if got != mode.upper():
+    got, need = torch.backends.cpu.get_cpu_capability(), wanted["ATEN_CPU_CAPABILITY"].upper()
+    if got != need:
         exports = " ".join(f"{k}={v}" for k, v in wanted.items())
         raise RuntimeError(
-            f"numerics={mode} needs torch's CPU kernels at {mode.upper()}, but this process runs {got}: either the "
-            f"CPU lacks {mode.upper()} or torch computed before the pin (a worker that ran another run first). "
-            f"Start a fresh process, or `export {exports}` before launching"
+            f"numerics={mode} needs torch's CPU kernels at {need}, but this process runs {got}: either the "
+            f"CPU lacks {need} or torch computed before the pin (a worker that ran another run first). "
+            f"Start a fresh process, or `export {exports}` (and unset {' '.join(OVERRIDING_ENV)}) before launching"
         )
 
 
@@ -471,6 +484,7 @@ def provenance() -> dict[str, Any]:
         "versions": versions,
         "cpu": {
             "model": _cpu_model(),
+            "vendor": _cpuinfo("vendor_id"),
             "machine": platform.machine(),
             "capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(),
@@ -516,6 +530,12 @@ def _cpuinfo(field: str) -> str | None:
 
 def _cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def cpu_id() -> str:
+    """The CPU as pinned numerics tell CPUs apart: vendor and model name ("AuthenticAMD AMD EPYC"). MKL
+    chooses its kernels by vendor first, so a pinned digest is verified per vendor and model."""
+    return f"{_cpuinfo('vendor_id') or platform.machine()} {_cpu_model()}"
 
 
 def _cpu_flags() -> set[str]:
