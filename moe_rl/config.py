@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_rl.algos import AGG_MODES, DEFAULT_EPS, LOSS_DEFAULTS, LOSSES, TOKEN_RATIO_LOSSES
+from moe_rl.algos import AGG_MODES, LOSSES, get_loss
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
@@ -73,14 +73,15 @@ class AlgoConfig:
     router_shift_floor: float = 0.5  # lower bound of the router-shift factor (RSPO's floor)
 
     def eps(self) -> tuple[float, float]:
-        low, high = DEFAULT_EPS[self.name]
-        return (low if self.eps_low is None else self.eps_low, high if self.eps_high is None else self.eps_high)
+        """(eps_low, eps_high) of a loss with a clip range: the ones set here, else the paper's."""
+        kwargs = self.loss_kwargs()
+        return kwargs["eps_low"], kwargs["eps_high"]
 
     def loss_kwargs(self) -> dict[str, float]:
-        """The loss's own hyperparameters (`LOSS_DEFAULTS`), with the ones set here."""
+        """The loss's own hyperparameters (`Loss.defaults`, its paper's values), with the ones set here."""
         return {
             k: default if getattr(self, k) is None else getattr(self, k)
-            for k, default in LOSS_DEFAULTS[self.name].items()
+            for k, default in get_loss(self.name).defaults.items()
         }
 
 
@@ -255,15 +256,16 @@ def _check_checkpoint(path: str, family: str) -> None:
 
 def _check_loss_params(algo: AlgoConfig) -> None:
     """The loss's own hyperparameters in range; one set for another loss is refused, not ignored."""
-    own = LOSS_DEFAULTS[algo.name]
-    for key in ("eps_low", "eps_high", "tau_pos", "tau_neg"):
+    loss = get_loss(algo.name)
+    own = loss.defaults
+    for key in dict.fromkeys(k for other in LOSSES.values() for k in other.defaults):  # every loss's parameters
         if key not in own and getattr(algo, key) is not None:
             raise ValueError(f"algo.{key} is not a parameter of algo.name={algo.name!r}; its parameters: {sorted(own)}")
-    if algo.name in DEFAULT_EPS:
+    if loss.clip is not None:
         eps_low, eps_high = algo.eps()
         if not 0 <= eps_low <= 1:
             raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
-        if eps_high < eps_low and algo.name != "cispo":  # cispo: no lower bound (eps_low 1) is the default
+        if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) is the default
             raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
     for key, value in algo.loss_kwargs().items():
         if key.startswith("tau") and value <= 0:
@@ -350,18 +352,22 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(
             f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
         )
-    if cfg.algo.router_shift and cfg.algo.name not in TOKEN_RATIO_LOSSES:
+    if cfg.algo.router_shift and not get_loss(cfg.algo.name).takes_ratio_scale:
         raise ValueError(
             f"algo.router_shift rescales token ratios; algo.name={cfg.algo.name!r} has none. "
-            f"Use one of {list(TOKEN_RATIO_LOSSES)}"
+            f"Use one of {[name for name, loss in LOSSES.items() if loss.takes_ratio_scale]}"
         )
     if not 0 < cfg.algo.router_shift_floor <= 1:
         raise ValueError(f"algo.router_shift_floor={cfg.algo.router_shift_floor} must lie in (0, 1]")
     _one_of("rollout.is_correction", cfg.rollout.is_correction, ["none", *CORRECTIONS])
     _one_of("rollout.is_level", cfg.rollout.is_level, LEVELS)
-    if cfg.rollout.is_correction != "none" and cfg.algo.name == "gspo" and cfg.rollout.is_level == "token":
+    if (
+        cfg.rollout.is_correction != "none"
+        and cfg.rollout.is_level == "token"
+        and not get_loss(cfg.algo.name).weighs_tokens
+    ):
         raise ValueError(
-            "algo.name='gspo' is a sequence loss: a token-level rollout.is_correction needs is_level=sequence"
+            f"algo.name={cfg.algo.name!r} is a sequence loss: a token-level rollout.is_correction needs is_level=sequence"
         )
     if not (cfg.rollout.is_cap > 0 and 0 <= cfg.rollout.is_low <= 1 <= cfg.rollout.is_high):
         raise ValueError(

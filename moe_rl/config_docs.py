@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_rl import config
+from moe_rl.algos import LOSSES
 from moe_rl.routing.modes import REPLAY_MODES
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
@@ -55,7 +56,7 @@ MEANINGS = {
     "task.prompt_field": "column of the data file holding the prompt",
     "task.answer_field": "column holding the reference answer",
     "task.system_prompt": "system message (chat template) or text before the prompt",
-    "algo.name": "grpo | gspo | gspo_token | sapo | cispo",
+    "algo.name": " | ".join(LOSSES),
     "algo.eps_high": "upper clip range (None: the paper default of the algorithm)",
     "algo.agg": "loss aggregation over tokens and sequences",
     "replay.mode": "Routing Replay: " + " | ".join(REPLAY_MODES) + " (each mode's routes, threshold and weights: "

@@ -10,10 +10,8 @@ import torch
 
 from moe_rl.algos import (
     AGG_MODES,
-    DEFAULT_EPS,
-    LOSS_DEFAULTS,
     LOSSES,
-    TOKEN_RATIO_LOSSES,
+    Loss,
     cispo_loss,
     get_loss,
     group_advantages,
@@ -23,6 +21,7 @@ from moe_rl.algos import (
     sapo_loss,
 )
 from moe_rl.algos.corrections import engine_weight
+from moe_rl.algos.losses import SHARED_ARGS
 
 LN = math.log
 DT = torch.float64
@@ -138,8 +137,8 @@ def test_masked_positions_never_leak(name, agg):
     # gradient of the clean batch, and a zero gradient at every masked position.
     logp, old_logp, adv, mask = _grpo_example()
     weight = _t([[2.0, 0.5, 1.0], [0.5, 1.0, 1.0]])
-    scale = _t([[0.5, 1.0, 1.0], [1.0, 2.0, 1.0]]) if name in TOKEN_RATIO_LOSSES else None
-    if name == "gspo":
+    scale = _t([[0.5, 1.0, 1.0], [1.0, 2.0, 1.0]]) if LOSSES[name].takes_ratio_scale else None
+    if not LOSSES[name].weighs_tokens:
         weight = _t([[2.0, 2.0, 2.0], [0.5, 0.5, 0.5]])  # a sequence-level weight
     kw = dict(agg=agg, beta=0.1)
     clean, _ = LOSSES[name](
@@ -324,18 +323,73 @@ def test_gspo_equals_gspo_token_on_random_inputs(agg):
 # ---------------------------------------------------------------- registry and errors
 
 
-def test_registry_and_defaults():
-    assert set(LOSSES) == set(LOSS_DEFAULTS) == {"grpo", "gspo", "gspo_token", "sapo", "cispo"}
-    assert set(DEFAULT_EPS) == {"grpo", "gspo", "gspo_token", "cispo"}
-    assert LOSS_DEFAULTS["sapo"] == {"tau_pos": 1.0, "tau_neg": 1.05}  # arXiv 2511.20347
-    assert DEFAULT_EPS["cispo"] == (1.0, 0.28)  # no lower bound on the weight
-    for name, fn in LOSSES.items():
-        assert get_loss(name) is fn
-        params = inspect.signature(fn).parameters
-        assert {k: params[k].default for k in LOSS_DEFAULTS[name]} == LOSS_DEFAULTS[name]
+def test_registry_records():
+    assert list(LOSSES) == ["grpo", "gspo", "gspo_token", "sapo", "cispo"]
+    assert {name for name, loss in LOSSES.items() if loss.clip == "ratio"} == {"grpo", "gspo", "gspo_token"}
+    assert LOSSES["cispo"].clip == "weight" and LOSSES["sapo"].clip is None
+    assert {name for name, loss in LOSSES.items() if loss.ratio_level == "sequence"} == {"gspo"}
+    assert {name for name, loss in LOSSES.items() if loss.seq_mean_policy} == {"gspo", "gspo_token"}
+    # the papers' values, read from the functions' keyword defaults
+    assert LOSSES["grpo"].defaults == {"eps_low": 0.2, "eps_high": 0.27}  # the GSPO paper's GRPO runs
+    assert LOSSES["gspo"].defaults == LOSSES["gspo_token"].defaults == {"eps_low": 3e-4, "eps_high": 4e-4}
+    assert LOSSES["sapo"].defaults == {"tau_pos": 1.0, "tau_neg": 1.05}  # arXiv 2511.20347
+    assert LOSSES["cispo"].defaults == {"eps_low": 1.0, "eps_high": 0.28}  # no lower bound on the weight
+    for name, loss in LOSSES.items():
+        assert get_loss(name) is loss
+        params = inspect.signature(loss.fn).parameters
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+        own = {k: p.default for k, p in params.items() if k not in SHARED_ARGS}
+        assert dict(loss.defaults) == own and list(loss.defaults) == list(own)  # no copy: the signature's
+        assert loss.takes_ratio_scale == loss.weighs_tokens == (loss.ratio_level == "token")
+        with pytest.raises(TypeError):
+            loss.defaults["eps_low"] = 0.5  # a record is read-only
     with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: cispo, grpo, gspo, gspo_token, sapo"):
         get_loss("ppo")
+
+
+def _formula(
+    *,
+    logp,
+    old_logp,
+    adv,
+    mask,
+    eps_low=0.2,
+    eps_high=0.2,
+    ref_logp=None,
+    beta=0.0,
+    agg="token-mean",
+    weight=None,
+    ratio_scale=None,
+):
+    return logp.sum(), {}
+
+
+def test_a_record_refuses_a_function_off_the_shared_signature():
+    Loss(_formula, ratio_level="token", clip="ratio", seq_mean_policy=False)  # fits
+
+    def positional(
+        logp, *, old_logp, adv, mask, ref_logp=None, beta=0.0, agg="token-mean", weight=None, ratio_scale=None
+    ):
+        return logp.sum(), {}
+
+    def no_weight(*, logp, old_logp, adv, mask, ref_logp=None, beta=0.0, agg="token-mean", ratio_scale=None):
+        return logp.sum(), {}
+
+    def int_default(
+        *, logp, old_logp, adv, mask, ref_logp=None, beta=0.0, agg="token-mean", weight=None, ratio_scale=None, tau=1
+    ):
+        return logp.sum(), {}
+
+    with pytest.raises(TypeError, match="keyword-only"):
+        Loss(positional, ratio_level="token", clip=None, seq_mean_policy=False)
+    with pytest.raises(TypeError, match=r"lacks the shared arguments \['weight'\]"):
+        Loss(no_weight, ratio_level="token", clip=None, seq_mean_policy=False)
+    with pytest.raises(TypeError, match="float default"):
+        Loss(int_default, ratio_level="token", clip=None, seq_mean_policy=False)
+    with pytest.raises(ValueError, match="needs eps_low and eps_high"):
+        Loss(_formula, ratio_level="token", clip=None, seq_mean_policy=False)  # it has a clip range
+    with pytest.raises(ValueError, match="ratio_level='tokens'"):
+        Loss(_formula, ratio_level="tokens", clip="ratio", seq_mean_policy=False)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -357,8 +411,7 @@ def test_input_errors(name):
         fn(**ok, beta=0.1)
     with pytest.raises(ValueError, match=r"ref_logp shape"):
         fn(**ok, ref_logp=torch.zeros(2, 2))
-    params = LOSS_DEFAULTS[name]
-    if "eps_low" in params:
+    if LOSSES[name].clip is not None:
         with pytest.raises(ValueError, match="eps_low"):
             fn(**ok, eps_low=1.5)
     else:
@@ -376,7 +429,7 @@ def test_gspo_rejects_token_advantage():
 
 def test_gspo_refuses_ratio_scale():
     x = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="gspo is a sequence loss; ratio_scale"):
+    with pytest.raises(ValueError, match="gspo_loss is a sequence loss; ratio_scale"):
         gspo_loss(logp=x, old_logp=x, adv=torch.zeros(2), mask=torch.ones(2, 3, dtype=torch.bool), ratio_scale=x)
 
 

@@ -97,7 +97,7 @@ def test_losses_report_their_denominators() -> None:
             "ratio/clipfrac_low": clip,
             "ratio/clipfrac_high": clip,
             "kl/ref_k3": kl,
-        }, (loss_fn.__name__, agg)
+        }, (loss_fn.fn.__name__, agg)
 
 
 @pytest.mark.parametrize(

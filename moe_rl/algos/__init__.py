@@ -4,11 +4,8 @@ SAPO arXiv 2511.20347, CISPO arXiv 2506.13585)."""
 from moe_rl.algos.advantages import group_advantages
 from moe_rl.algos.losses import (
     AGG_MODES,
-    DEFAULT_EPS,
-    LOSS_DEFAULTS,
     LOSSES,
-    SEQ_MEAN_POLICY_LOSSES,
-    TOKEN_RATIO_LOSSES,
+    Loss,
     LossFn,
     cispo_loss,
     get_loss,
@@ -20,11 +17,8 @@ from moe_rl.algos.losses import (
 
 __all__ = [
     "AGG_MODES",
-    "DEFAULT_EPS",
-    "LOSS_DEFAULTS",
     "LOSSES",
-    "SEQ_MEAN_POLICY_LOSSES",
-    "TOKEN_RATIO_LOSSES",
+    "Loss",
     "LossFn",
     "cispo_loss",
     "get_loss",

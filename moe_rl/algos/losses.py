@@ -15,8 +15,8 @@ Shared arguments (B sequences, T response positions):
     ratio_scale (B, T) optional constant factor on the token ratio before it is clipped or gated
                       (RSPO's floored router-shift ratio, `moe_rl.routing.compare.router_shift_ratio`);
                       token losses only
-Each loss's own hyperparameters (eps_low/eps_high, or SAPO's tau_pos/tau_neg) follow; their paper
-defaults are the keyword defaults and `LOSS_DEFAULTS`.
+Each loss's own hyperparameters (eps_low/eps_high, or SAPO's tau_pos/tau_neg) follow; their
+keyword defaults are the paper's values, and the only copy of them (`Loss.defaults` reads them).
 Masked positions never enter a value or a gradient, whatever `logp`, `weight` or `ratio_scale`
 hold there (even inf/NaN).
 A sequence with no valid token contributes nothing: sequence means run over the non-empty
@@ -32,11 +32,27 @@ Metrics:
     kl/ref_k3            k3 KL to the reference policy, aggregated like the loss (only with ref_logp)
 Each metric (and `loss`) is a mean; `metrics.weights` holds its denominator on these rows (valid
 tokens or non-empty sequences), so that means over several batches of rows pool exactly.
+
+Registry: `@_loss(...)` turns each loss function into its `Loss` record, which holds everything the
+harness knows about the loss (the level of its ratio, what its clip range bounds, whether its policy
+term is a mean over sequences, its paper defaults); calling the record runs the shared input checks,
+then the formula. `LOSSES` maps each `algo.name` to its record, and the config checks and the training
+loop read the record's facts instead of comparing loss names. Adding a loss is therefore:
+    1. its function here, under `@_loss(...)` with its facts (its own hyperparameters, with the paper's
+       values as keyword defaults, follow the shared arguments);
+    2. its entry in `LOSSES`;
+    3. its config group file `experiments/conf/algo/<name>.yaml` (`name: <name>`, plus any setting the
+       paper fixes, e.g. CISPO's `agg: token-mean`).
+A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the paper default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -58,44 +74,130 @@ class LossMetrics(dict[str, float]):
         self.clipped = clipped
 
 
-def _check_inputs(
-    *,
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    beta: float,
-    agg: str,
-    token_adv: bool,
-    eps_low: float | None = None,
-    eps_high: float | None = None,
-    weight: Tensor | None = None,
-    ratio_scale: Tensor | None = None,
-) -> Tensor:
-    """Validate shapes and options; return `mask` as bool."""
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
-    for name, x in (
-        ("old_logp", old_logp),
-        ("mask", mask),
-        ("ref_logp", ref_logp),
-        ("weight", weight),
-        ("ratio_scale", ratio_scale),
-    ):
-        if x is not None and x.shape != logp.shape:
-            raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
-    allowed = [logp.shape[:1], logp.shape] if token_adv else [logp.shape[:1]]
-    if adv.shape not in allowed:
-        want = " or ".join(str(tuple(s)) for s in allowed)
-        raise ValueError(f"adv shape {tuple(adv.shape)} must be {want} for logp shape {tuple(logp.shape)}")
-    if agg not in AGG_MODES:
-        raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp")
-    if eps_low is not None and eps_high is not None and not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
-        raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-    return mask.to(torch.bool)
+# The arguments every loss takes, in its one keyword signature; its other keyword arguments are its
+# own hyperparameters.
+SHARED_ARGS = ("logp", "old_logp", "adv", "mask", "ref_logp", "beta", "agg", "weight", "ratio_scale")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One policy loss: its function and every fact about it that the rest of the harness reads.
+
+    fn              the formula: keyword-only, `SHARED_ARGS` plus the loss's own hyperparameters, each
+                    with its paper's value as default; called on checked inputs (`mask` as bool)
+    ratio_level     "token": one ratio per token, so `adv` may be (B,) or (B, T), `ratio_scale`
+                    rescales each token's ratio and `weight` each token's term;
+                    "sequence": one ratio per sequence (GSPO), so `adv` is (B,), `ratio_scale` (a
+                    per-token reweighting) is refused and `weight` enters as its mean over each
+                    sequence, exact for a sequence-level weight only
+    clip            what eps_low / eps_high bound: "ratio": PPO's min(), a ratio outside
+                    [1 - eps_low, 1 + eps_high] loses its gradient, and the range may widen upward
+                    only (the config refuses eps_high < eps_low); "weight": CISPO's truncated importance
+                    weight, every gradient kept, eps_low 1 (no lower bound) its default; None: no clip
+                    range (SAPO's gate)
+    seq_mean_policy the policy term is a mean over sequences whatever `agg`, which then reduces only
+                    the KL term (a token-mean KL beside it has another denominator)
+    defaults        the loss's own hyperparameters at its paper's values: `fn`'s keyword defaults
+                    outside `SHARED_ARGS` (derived, so there is no copy to keep equal)
+    """
+
+    fn: LossFn
+    ratio_level: Literal["token", "sequence"]
+    clip: Literal["ratio", "weight"] | None
+    seq_mean_policy: bool
+    defaults: Mapping[str, float] = field(init=False, compare=False)
+    _signature: inspect.Signature = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        name = self.fn.__name__
+        signature = inspect.signature(self.fn)
+        params = signature.parameters
+        if any(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in params.values()):
+            raise TypeError(f"{name}: a loss takes keyword-only arguments")
+        missing = [a for a in SHARED_ARGS if a not in params]
+        if missing:
+            raise TypeError(f"{name} lacks the shared arguments {missing}")
+        own = {k: p.default for k, p in params.items() if k not in SHARED_ARGS}
+        if any(not isinstance(v, float) for v in own.values()):
+            raise TypeError(f"{name}: each of its own hyperparameters needs its paper's value as a float default")
+        if self.ratio_level not in ("token", "sequence"):
+            raise ValueError(f"{name}: ratio_level={self.ratio_level!r} must be 'token' or 'sequence'")
+        if (self.clip is not None) != ({"eps_low", "eps_high"} <= own.keys()):
+            raise ValueError(f"{name}: clip={self.clip!r} needs eps_low and eps_high exactly when it is not None")
+        object.__setattr__(self, "defaults", MappingProxyType(own))
+        object.__setattr__(self, "_signature", signature)
+
+    @property
+    def takes_ratio_scale(self) -> bool:
+        """Whether `ratio_scale` (a per-token factor on the ratio, e.g. RSPO's router shift) applies."""
+        return self.ratio_level == "token"
+
+    @property
+    def weighs_tokens(self) -> bool:
+        """Whether a per-token `weight` weighs each token (a sequence loss averages it per sequence)."""
+        return self.ratio_level == "token"
+
+    def __call__(self, **kwargs: Any) -> tuple[Tensor, LossMetrics]:
+        """`(loss, metrics)` of the shared and own arguments in `kwargs`, after the shared input checks."""
+        bound = self._signature.bind(**kwargs)
+        bound.apply_defaults()
+        bound.arguments["mask"] = self._check_inputs(**bound.arguments)
+        return self.fn(**bound.arguments)
+
+    def _check_inputs(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        ref_logp: Tensor | None,
+        beta: float,
+        agg: str,
+        weight: Tensor | None,
+        ratio_scale: Tensor | None,
+        eps_low: float | None = None,
+        eps_high: float | None = None,
+        **_own: float,
+    ) -> Tensor:
+        """Validate shapes and options; return `mask` as bool."""
+        if ratio_scale is not None and not self.takes_ratio_scale:
+            raise ValueError(
+                f"{self.fn.__name__} is a sequence loss; ratio_scale (a per-token reweighting) needs a token loss"
+            )
+        if logp.dim() != 2:
+            raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
+        for name, x in (
+            ("old_logp", old_logp),
+            ("mask", mask),
+            ("ref_logp", ref_logp),
+            ("weight", weight),
+            ("ratio_scale", ratio_scale),
+        ):
+            if x is not None and x.shape != logp.shape:
+                raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
+        allowed = [logp.shape[:1], logp.shape] if self.ratio_level == "token" else [logp.shape[:1]]
+        if adv.shape not in allowed:
+            want = " or ".join(str(tuple(s)) for s in allowed)
+            raise ValueError(f"adv shape {tuple(adv.shape)} must be {want} for logp shape {tuple(logp.shape)}")
+        if agg not in AGG_MODES:
+            raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
+        if beta != 0.0 and ref_logp is None:
+            raise ValueError(f"beta={beta} needs ref_logp")
+        if eps_low is not None and eps_high is not None and not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
+            raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+        return mask.to(torch.bool)
+
+
+def _loss(
+    *, ratio_level: Literal["token", "sequence"], clip: Literal["ratio", "weight"] | None, seq_mean_policy: bool
+) -> Callable[[LossFn], Loss]:
+    """Decorator: the loss function below becomes its `Loss` record with these facts."""
+
+    def record(fn: LossFn) -> Loss:
+        return Loss(fn, ratio_level=ratio_level, clip=clip, seq_mean_policy=seq_mean_policy)
+
+    return record
 
 
 def _token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor | None:
@@ -185,6 +287,7 @@ def _masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))
 
 
+@_loss(ratio_level="token", clip="ratio", seq_mean_policy=False)
 def grpo_loss(
     *,
     logp: Tensor,
@@ -206,20 +309,6 @@ def grpo_loss(
     agg "seq-mean-token-mean" is the paper's mean_i (1/|y_i|) sum_t; "token-mean" is
     sum_{i,t} / sum_i |y_i| (DAPO-style).
     """
-    mask = _check_inputs(
-        logp=logp,
-        old_logp=old_logp,
-        adv=adv,
-        mask=mask,
-        ref_logp=ref_logp,
-        beta=beta,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        agg=agg,
-        token_adv=True,
-        weight=weight,
-        ratio_scale=ratio_scale,
-    )
     adv = _token_adv(adv, logp)  # (B, T)
     ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
     ratio = _scaled(ratio, ratio_scale, mask)
@@ -240,6 +329,7 @@ def _seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor
     return _masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / seq_len.clamp(min=1), seq_len > 0
 
 
+@_loss(ratio_level="sequence", clip="ratio", seq_mean_policy=True)
 def gspo_loss(
     *,
     logp: Tensor,
@@ -263,21 +353,6 @@ def gspo_loss(
     by its mean over the sequence's valid tokens (exact for a sequence-level weight, which is constant
     along the sequence); `ratio_scale` is refused: the router-shift reweighting is per token.
     """
-    if ratio_scale is not None:
-        raise ValueError("gspo is a sequence loss; ratio_scale (a per-token reweighting) needs a token loss")
-    mask = _check_inputs(
-        logp=logp,
-        old_logp=old_logp,
-        adv=adv,
-        mask=mask,
-        ref_logp=ref_logp,
-        beta=beta,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        agg=agg,
-        token_adv=False,
-        weight=weight,
-    )
     adv = adv.detach().to(logp.dtype)
     seq_log_ratio, valid = _seq_log_ratio(logp, old_logp, mask)
     seq_ratio = torch.exp(seq_log_ratio)  # s_i, (B,)
@@ -294,6 +369,7 @@ def gspo_loss(
     return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
+@_loss(ratio_level="token", clip="ratio", seq_mean_policy=True)
 def gspo_token_loss(
     *,
     logp: Tensor,
@@ -317,20 +393,6 @@ def gspo_token_loss(
     seq-mean-token-mean; `agg` only reduces the KL term. Clip fractions count tokens.
     `adv` may be (B,) or (B, T). `ratio_scale` multiplies s_{i,t}, `weight` each token's term.
     """
-    mask = _check_inputs(
-        logp=logp,
-        old_logp=old_logp,
-        adv=adv,
-        mask=mask,
-        ref_logp=ref_logp,
-        beta=beta,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        agg=agg,
-        token_adv=True,
-        weight=weight,
-        ratio_scale=ratio_scale,
-    )
     adv = _token_adv(adv, logp)  # (B, T)
     seq_log_ratio, _ = _seq_log_ratio(logp, old_logp, mask)
     seq_ratio = torch.exp(seq_log_ratio).detach()  # sg[s_i], (B,)
@@ -350,6 +412,7 @@ def gspo_token_loss(
     return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
+@_loss(ratio_level="token", clip=None, seq_mean_policy=False)
 def sapo_loss(
     *,
     logp: Tensor,
@@ -376,18 +439,6 @@ def sapo_loss(
     gradient, so this follows the paper's objective). Both clip fractions are 0: there is no clipped
     branch.
     """
-    mask = _check_inputs(
-        logp=logp,
-        old_logp=old_logp,
-        adv=adv,
-        mask=mask,
-        ref_logp=ref_logp,
-        beta=beta,
-        agg=agg,
-        token_adv=True,
-        weight=weight,
-        ratio_scale=ratio_scale,
-    )
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"need tau_pos > 0 and tau_neg > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
     adv = _token_adv(adv, logp)  # (B, T)
@@ -404,6 +455,7 @@ def sapo_loss(
     return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
+@_loss(ratio_level="token", clip="weight", seq_mean_policy=False)
 def cispo_loss(
     *,
     logp: Tensor,
@@ -428,20 +480,6 @@ def cispo_loss(
     Trinity-RFT's default (read to confirm the formula). The paper aggregates by token-mean (the
     config group sets it). Clip fractions count tokens whose weight is truncated below / above.
     """
-    mask = _check_inputs(
-        logp=logp,
-        old_logp=old_logp,
-        adv=adv,
-        mask=mask,
-        ref_logp=ref_logp,
-        beta=beta,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        agg=agg,
-        token_adv=True,
-        weight=weight,
-        ratio_scale=ratio_scale,
-    )
     adv = _token_adv(adv, logp)  # (B, T)
     ratio = _scaled(torch.exp(_masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask).detach()  # (B, T)
     is_weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # sg[clip(r)]
@@ -458,7 +496,8 @@ def cispo_loss(
     return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
-LOSSES: dict[str, LossFn] = {
+# Each `algo.name` and its loss (the order `docs/config.md` lists them in).
+LOSSES: dict[str, Loss] = {
     "grpo": grpo_loss,
     "gspo": gspo_loss,
     "gspo_token": gspo_token_loss,
@@ -466,27 +505,9 @@ LOSSES: dict[str, LossFn] = {
     "cispo": cispo_loss,
 }
 
-# Each loss's own hyperparameters at the defaults of its paper (GRPO and GSPO: the GSPO paper's
-# experiments; SAPO: tau_pos, tau_neg; CISPO: no lower bound, eps_high 0.28); also the keyword defaults.
-LOSS_DEFAULTS: dict[str, dict[str, float]] = {
-    "grpo": {"eps_low": 0.2, "eps_high": 0.27},
-    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
-    "gspo_token": {"eps_low": 3e-4, "eps_high": 4e-4},
-    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
-    "cispo": {"eps_low": 1.0, "eps_high": 0.28},
-}
-# (eps_low, eps_high) of the losses that clip.
-DEFAULT_EPS: dict[str, tuple[float, float]] = {
-    name: (d["eps_low"], d["eps_high"]) for name, d in LOSS_DEFAULTS.items() if "eps_low" in d
-}
-# Losses whose policy term is a mean over sequences whatever `agg` (which then reduces only the KL term).
-SEQ_MEAN_POLICY_LOSSES = ("gspo", "gspo_token")
-# Losses whose ratio is per token: they take `ratio_scale` (the router-shift reweighting).
-TOKEN_RATIO_LOSSES = ("grpo", "gspo_token", "sapo", "cispo")
 
-
-def get_loss(name: str) -> LossFn:
-    """The loss function registered under `name`."""
+def get_loss(name: str) -> Loss:
+    """The loss registered under `name`; a ValueError lists the valid names."""
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; valid: {', '.join(sorted(LOSSES))}")
     return LOSSES[name]

@@ -68,6 +68,7 @@ check_trl_version(trl.__version__)
 from accelerate.utils import is_peft_model  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
+from moe_rl.algos import LOSSES, Loss  # noqa: E402
 from moe_rl.metrics.names import (  # noqa: E402
     NATIVE_VS_REPLAYED,
     OLD_VS_NEW,
@@ -85,27 +86,24 @@ from moe_rl.tasks import get_task  # noqa: E402
 # modes and Total Router Recall run in the harness's own loop, `moe_rl.train`).
 REPLAY_MODES = mode_names(ids_only=True)
 
-# TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO with the GSPO paper's asymmetric
-# clip and the per-sequence token mean, and GSPO (sequence ratio, clip 3e-4 / 4e-4). No KL term, and
-# no load-balancing loss (TRL adds the architecture's `router_aux_loss_coef` by default).
-ALGO_ARGS: dict[str, dict[str, Any]] = {
-    "grpo": dict(
+
+def _trl_args(loss: Loss) -> dict[str, Any]:
+    """GRPOConfig keyword arguments of a harness loss TRL's "grpo" loss_type can express: its ratio level
+    and its paper's clip range, with no KL term and no load-balancing loss (TRL adds the architecture's
+    `router_aux_loss_coef` by default)."""
+    return dict(
         loss_type="grpo",
-        importance_sampling_level="token",
-        epsilon=0.2,
-        epsilon_high=0.27,
+        importance_sampling_level=loss.ratio_level,
+        epsilon=loss.defaults["eps_low"],
+        epsilon_high=loss.defaults["eps_high"],
         beta=0.0,
         router_aux_loss_coef=0.0,
-    ),
-    "gspo": dict(
-        loss_type="grpo",
-        importance_sampling_level="sequence",
-        epsilon=3e-4,
-        epsilon_high=4e-4,
-        beta=0.0,
-        router_aux_loss_coef=0.0,
-    ),
-}
+    )
+
+
+# TRL arguments that give the harness's algorithms (docs/design.md §1): GRPO (token ratio) with the GSPO
+# paper's asymmetric clip and the per-sequence token mean, and GSPO (sequence ratio), each at its paper's clip range.
+ALGO_ARGS: dict[str, dict[str, Any]] = {name: _trl_args(LOSSES[name]) for name in ("grpo", "gspo")}
 
 # The trainer's own batch keys; they travel through TRL's shuffle and split like its other per-row tensors.
 OLD_ROUTES, OLD_ROUTES_MASK = "old_routes", "old_routes_mask"

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from moe_rl.algos import SEQ_MEAN_POLICY_LOSSES
+from moe_rl.algos import get_loss
 from moe_rl.metrics.partial import Partial, pool
 from moe_rl.rollout.sampler import GlobalRows
 from moe_rl.run.atomic import write_atomic
@@ -140,7 +140,7 @@ class Dist:
     def check(self, prompts_per_step: int, *, algo: str, agg: str, beta: float) -> None:
         """Refuse what this world cannot run exactly, before any work."""
         group_block(prompts_per_step, self.rank, self.world_size)
-        if self.active and beta > 0 and algo in SEQ_MEAN_POLICY_LOSSES and agg == "token-mean":
+        if self.active and beta > 0 and get_loss(algo).seq_mean_policy and agg == "token-mean":
             raise ValueError(
                 f"algo.name={algo!r} with algo.agg='token-mean' and algo.beta>0 mixes a per-sequence "
                 "policy term with a per-token KL term; one loss scale cannot make it exact across ranks. "
