@@ -117,6 +117,9 @@ class OptimConfig:
     warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates
 
 
+COLD_START_TARGETS = ("greedy", "sampled")  # what cold_start.target is compared with (moe_rl.loop.cold_start)
+
+
 @dataclass
 class ColdStartConfig:
     band: list[float] = field(default_factory=lambda: [0.2, 0.6])  # eval accuracy [low, high] where RL has signal
@@ -128,6 +131,8 @@ class ColdStartConfig:
     cache_dir: str = ".cache/cold_start"
     mode: str = "auto"  # auto: SFT a built model, none for a checkpoint; sft; none
     patience: int | None = None  # stop after this many evals with no new best (0: never; None: 10 for dataset, else 0)
+    target: float | None = None  # matched starts: stop once `target_metric` reaches it (None: the band's low edge)
+    target_metric: str = "greedy"  # greedy: held-out greedy accuracy; sampled: held-out mean reward at temperature 1
 
 
 @dataclass
@@ -178,6 +183,7 @@ class PassAtKConfig:
 class TrainConfig:
     out_dir: str | None = None  # the run folder (a sweep's folder under -m); None: see run_dir()
     experiment: str = "default"
+    rung: str | None = None  # an ablation ladder's rung (experiments/conf/rung/), a run key with the cold-start seed
     results_dir: str = "runs"  # new runs go under results_dir/experiment/ (untracked; results/ is shipped)
     logger: list[str] = field(default_factory=lambda: ["parquet"])  # + tensorboard, wandb, mlflow, trackio
     log_every: int = 10  # with progress=false: one progress line every this many steps
@@ -409,6 +415,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
         raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
+    _one_of("cold_start.target_metric", cfg.cold_start.target_metric, COLD_START_TARGETS)
+    if cfg.cold_start.target is not None and not 0 < cfg.cold_start.target <= 1:
+        raise ValueError(f"cold_start.target={cfg.cold_start.target} must lie in (0, 1] (a reward or an accuracy)")
     if cfg.model.head_dim is not None and cfg.model.head_dim < 1:
         raise ValueError(f"model.head_dim={cfg.model.head_dim} must be >= 1")
     if cfg.model.moe_intermediate_size is not None and cfg.model.moe_intermediate_size < 1:

@@ -42,6 +42,7 @@ SWEEP_SIZES = {
     "phase_mixtral": 72,
     "stabilizers": 112,
     "engine_phase": 12,
+    "mechanism": 16,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {
@@ -102,6 +103,8 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
                     cfg.model.num_experts,
                     cfg.model.top_k,
                     cfg.optim.lr,
+                    cfg.rung,
+                    cfg.cold_start.seed,
                 )
             )
     assert len(seen) == len(combos)  # every combination is a distinct run

@@ -3,6 +3,12 @@
 RL on a policy that never succeeds has no signal, and on one that always succeeds has nothing to
 learn. Every arm and seed of a comparison starts from the same cold-start checkpoint (docs/design.md §4),
 cached on disk under a hash of everything that determines it.
+
+Matched starts: two models (say an MoE model and its dense control) can start alike on what RL sees,
+not only on greedy accuracy. `cold_start.target` stops the warm-up at the first evaluation where
+`cold_start.target_metric` reaches it: `greedy` held-out accuracy, or `sampled`, the mean reward of
+temperature-1 samples on the held-out prompts (what GRPO's first rollouts score), whose entropy is
+recorded beside it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
-from moe_rl.rollout.evaluation import greedy_accuracy
+from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy
 from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.dataset import data_hash
@@ -31,6 +37,8 @@ from moe_rl.tasks.setup import setup_task
 from moe_rl.tasks.tokenizer import data_alphabet
 
 log = logging.getLogger(__name__)
+SAMPLED_N = 4  # temperature-1 samples per held-out prompt for cold_start.target_metric=sampled
+TARGET_KEYS = {"greedy": "accuracy", "sampled": "sampled_reward"}  # each target metric's entry in the history
 
 
 def checkpoint_fingerprint(path: str) -> str:
@@ -208,8 +216,19 @@ def _train_cold_start(
         if step % cold.eval_every == 0:
             model.eval()
             accuracy = greedy_accuracy(model, tokenizer, task.eval, task, max_new_tokens=task_cfg.max_new_tokens)
+            entry = {"step": step, "loss": loss.item(), "accuracy": accuracy}
+            if cold.target_metric == "sampled":
+                entry["sampled_reward"], entry["sampled_entropy"] = sampled_reward_entropy(
+                    model,
+                    tokenizer,
+                    task.eval,
+                    task,
+                    n=SAMPLED_N,
+                    max_new_tokens=task_cfg.max_new_tokens,
+                    seed=cold.seed,
+                )
             model.train()
-            history.append({"step": step, "loss": loss.item(), "accuracy": accuracy})
+            history.append(entry)
             elapsed = time.perf_counter() - start
             log.info(
                 "cold start step %d/%d loss %.3f held-out accuracy %.3f (band %s) %.2f steps/s ETA at most %s",
@@ -221,7 +240,10 @@ def _train_cold_start(
                 step / elapsed,
                 format_duration(eta_seconds(step, cold.max_steps, elapsed)),
             )
-            stop = cold_start_stop([h["accuracy"] for h in history], low, patience)
+            if cold.target is not None:
+                stop = "target" if entry[TARGET_KEYS[cold.target_metric]] >= cold.target else None
+            else:
+                stop = cold_start_stop([h["accuracy"] for h in history], low, patience)
             if stop:
                 break
     model.eval()
@@ -232,6 +254,7 @@ def _train_cold_start(
         "in_band": low <= accuracy <= high,
         "stopped": stop or "max_steps",
         "history": history,
+        **{k: history[-1][k] for k in ("sampled_reward", "sampled_entropy") if history and k in history[-1]},
         **tok_info,
     }
     if not info["in_band"]:

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 from moe_rl.metrics.names import TASK_ACCURACY, pass_at_key
-from moe_rl.rollout.generate import generate
+from moe_rl.rollout.generate import forward_logp, generate, token_entropy
 from moe_rl.tasks.setup import RLTask
 
 
@@ -78,6 +79,42 @@ def greedy_accuracy(
         for r in batch
     ]
     return sum(r == 1.0 for r in rewards) / max(len(rewards), 1)
+
+
+def sampled_reward_entropy(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    n: int,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 64,
+) -> tuple[float, float]:
+    """What GRPO's first rollouts would see: the mean reward of `n` temperature-1 samples per example and
+    the mean entropy (nats) of the policy at the sampled response tokens, from a seeded stream of their own."""
+    rewards: list[float] = []
+    entropy, tokens = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        out = generate(
+            model,
+            tokenizer,
+            [e["prompt"] for e in chunk],
+            group_size=n,
+            record_routes=False,
+            seed=seed * 1_000_003 + i,
+            temperature=1.0,
+            max_new_tokens=max_new_tokens,
+        )
+        rewards += task.score(out.completions, [e for e in chunk for _ in range(n)]).rewards
+        with torch.no_grad():
+            _, logits = forward_logp(model, out)
+        mask = out.response_mask
+        entropy += float((token_entropy(logits) * mask).sum())
+        tokens += int(mask.sum())
+    return float(np.mean(rewards)), entropy / max(tokens, 1)
 
 
 def pass_at_k_eval(

@@ -16,6 +16,7 @@ NOT_IDENTITY = (
     "out_dir",
     "results_dir",
     "experiment",
+    "rung",
     "dry_run",
     "progress",
     "threads",
@@ -52,7 +53,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "chat_template": "auto",
         "reward": "exact",
     },
-    "cold_start": {"mode": "auto", "patience": None},
+    "cold_start": {"mode": "auto", "patience": None, "target": None, "target_metric": "greedy"},
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
 }
