@@ -1,6 +1,7 @@
 """Where an RL step's time goes, phase by phase, against the same model's bare work (the floor).
 
     python benchmarks/step_profile.py [--models default,fine] [--repeats 9] [--threads 1] [--replay r3]
+                                      [--route-every K] [--split-rows S]
 
 For each model (`default`: qwen3_moe, 8 experts, top-2, 2 MoE layers; `fine`: the `qwen3_moe_fine`
 preset, 64 experts of width 16, top-8, 4 MoE layers) it times `moe_rl.train.Trainer.step` split
@@ -19,9 +20,22 @@ into phases and, interleaved with it, the floor of each phase on a copy of the s
     metrics            ratio stats, entropy, aggregation, rest     -
 
 The ratio split (docs/design.md §3) is an instrument the floor would not run, so it is its own phase
-with its own floor (the same no-grad forward without hooks); `step` is the harness over the floor of
-every phase. Each repeat also times one step without the split (`replay.split_every=0`) and prints
-`split on/off`: the whole step with the split (the default) over the step without it.
+with its own floor (the same no-grad forward without hooks, on as many rows); `step` is the harness over
+the floor of every phase.
+
+The route instruments and the split run on the steps that are multiples of `metrics.route_every` (K),
+the split on `metrics.split_rows` (S) rows of each update (moe_rl.config.MetricsConfig); `--route-every`
+and `--split-rows` set them (default: the config's defaults; `--split-rows 0`: all rows). Three blocks
+per model:
+- `route step`: the phase table of a step that runs the instruments, its split on S rows, against the
+  floor with the split on S rows; `step w/o split` the same less the split on both sides; `split on/off`
+  such a step with its split over one without (`replay.split_every=0`), both uninstrumented;
+- `other steps`: the phase table of a step between route steps (a large K) against the floor without
+  the split, and `step`, its ratio: what a run at a large K costs per step;
+- `mean step`: a run's step averaged over K steps (K - 1 other steps and one route step, uninstrumented)
+  over the floor averaged the same way, `split on/off` the same with and without the split; and, for
+  comparison, `all rows, K=1`: every step a route step with the split on all rows (the loop before
+  `metrics`), over its floor, and its split on/off.
 
 Harness steps and floor steps alternate (ABBA order), so when the machine is loaded (other jobs,
 sweeps at higher priority) the load hits both alike; every figure is a median over repeats and
@@ -212,17 +226,24 @@ def harness_step(trainer: Trainer, step: int) -> dict[str, float]:
     return out
 
 
-def step_with_split_every(trainer: Trainer, step: int, split_every: int) -> float:
-    """Seconds of one `Trainer.step` with `replay.split_every` set (0: no ratio split, 1: every update),
-    uninstrumented."""
-    every = trainer.cfg.replay.split_every
-    trainer.cfg.replay.split_every = split_every
+@contextmanager
+def setting(trainer: Trainer, *, route_every: int, split_rows: int | None, split_every: int = 1):
+    """`trainer`'s steps with `metrics.route_every`, `metrics.split_rows` and `replay.split_every` set
+    (a step that is a multiple of `route_every` runs the route instruments; `split_every=0`: no split)."""
+    cfg = trainer.cfg
+    saved = cfg.metrics.route_every, cfg.metrics.split_rows, cfg.replay.split_every
+    cfg.metrics.route_every, cfg.metrics.split_rows, cfg.replay.split_every = route_every, split_rows, split_every
     try:
-        start = now()
-        trainer.step(step)
-        return now() - start
+        yield
     finally:
-        trainer.cfg.replay.split_every = every
+        cfg.metrics.route_every, cfg.metrics.split_rows, cfg.replay.split_every = saved
+
+
+def plain_step(trainer: Trainer, step: int) -> float:
+    """Seconds of one uninstrumented `Trainer.step`."""
+    start = now()
+    trainer.step(step)
+    return now() - start
 
 
 @torch.no_grad()
@@ -267,13 +288,19 @@ def bare_sampling(
 
 
 def floor_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: Trainer, rollout, step: int, new_tokens: int
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer: Trainer,
+    rollout,
+    step: int,
+    new_tokens: int,
+    split_rows: int | None,
 ) -> dict[str, float]:
     """The bare work of one step on `model`: sampling as many tokens as the harness's rollout had,
-    one no-grad forward over the batch, N plain forward/backward/AdamW updates, and (when the step
-    runs the ratio split) one more no-grad forward per update on its rows."""
+    one no-grad forward over the batch, N plain forward/backward/AdamW updates, and the ratio split's
+    floor, one more no-grad forward per update: `ratio split` on `split_rows` of its rows (None: all),
+    `ratio split, all rows` on all of them (neither is in the other phases)."""
     cfg = trainer.cfg
-    split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0  # as `Trainer.updates` decides
     enc = trainer.tokenizer(
         [e["prompt"] for e in trainer.prompts_for(step)], return_tensors="pt", padding=True, add_special_tokens=False
     )
@@ -305,15 +332,21 @@ def floor_step(
         out["forward"] += t1 - t0
         out["backward"] += t2 - t1
         out["optimizer"] += t3 - t2
-        if split:
+        for phase, scored in (("ratio split", rows[:split_rows]), ("ratio split, all rows", rows)):
+            t = now()
             with torch.no_grad():
                 logits = model(
-                    input_ids=inputs[rows], attention_mask=attn[rows], position_ids=position_ids(attn[rows])
+                    input_ids=inputs[scored], attention_mask=attn[scored], position_ids=position_ids(attn[scored])
                 ).logits
-                token_logp(logits, targets[rows])
-            out["ratio split"] += now() - t3
+                token_logp(logits, targets[scored])
+            out[phase] += now() - t
     model.eval()
     return out
+
+
+def floor_total(floor: dict[str, float], split: str | None) -> float:
+    """A floor step's seconds with the split phase `split` (None: no split)."""
+    return sum(v for k, v in floor.items() if not k.startswith("ratio split")) + (floor[split] if split else 0.0)
 
 
 def config(model: str, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
@@ -331,56 +364,102 @@ def config(model: str, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
     return cfg
 
 
-def profile(model: str, args: argparse.Namespace, root: Path) -> None:
-    trainer = Trainer(config(model, args, root))
-    floor_model = copy.deepcopy(trainer.policy)
-    floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=trainer.cfg.optim.lr, betas=(0.9, 0.99))
-    rollout, _, _ = trainer.rollout(1)
-    harness_rows, floor_rows, split_rows = [], [], []
-    for i in range(args.warmup + args.repeats):
-        step = 3 * i + 1
-        new_tokens = trainer.cfg.task.max_new_tokens
-        if i % 2:
-            h = harness_step(trainer, step)
-            f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
-            on, off = step_with_split_every(trainer, step + 1, 1), step_with_split_every(trainer, step + 2, 0)
-        else:
-            off, on = step_with_split_every(trainer, step + 2, 0), step_with_split_every(trainer, step + 1, 1)
-            f = floor_step(floor_model, floor_opt, trainer, rollout, step, new_tokens)
-            h = harness_step(trainer, step)
-        if i >= args.warmup:
-            harness_rows.append(h)
-            floor_rows.append(f)
-            split_rows.append((on, off))
-    L, E, k = trainer.cfg.model.num_layers, trainer.cfg.model.num_experts, trainer.cfg.model.top_k
-    print(
-        f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
-        f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
-        f"{torch.get_num_threads()} threads; medians of {len(harness_rows)} interleaved steps =="
-    )
+def phase_table(harness_rows: list[dict], floor_rows: list[dict], split: str | None) -> None:
+    """The phases' medians (harness ms, share, floor ms, harness/floor) and the step's, over `floor_rows`
+    with the split phase `split` (None: none); with a split, also the step less it on both sides."""
     total = statistics.median(r["total"] for r in harness_rows)
     print(f"{'phase':<20}{'harness ms':>12}{'share':>8}{'floor ms':>10}{'harness/floor':>15}")
+    floors = [{**f, "ratio split": f[split] if split else 0.0} for f in floor_rows]
     for phase in PHASES:
         h = statistics.median(r[phase] for r in harness_rows)
         share = statistics.median(r[phase] / r["total"] for r in harness_rows)
-        if phase in FLOORED and all(r[FLOORED[phase]] > 0 for r in floor_rows):
-            f = statistics.median(r[FLOORED[phase]] for r in floor_rows)
-            ratio = statistics.median(hr[phase] / fr[FLOORED[phase]] for hr, fr in zip(harness_rows, floor_rows))
+        if phase in FLOORED and all(r[FLOORED[phase]] > 0 for r in floors):
+            f = statistics.median(r[FLOORED[phase]] for r in floors)
+            ratio = statistics.median(hr[phase] / fr[FLOORED[phase]] for hr, fr in zip(harness_rows, floors))
             print(f"{phase:<20}{h * 1e3:12.1f}{share:8.1%}{f * 1e3:10.1f}{ratio:14.2f}x")
         else:
             print(f"{phase:<20}{h * 1e3:12.1f}{share:8.1%}{'-':>10}{'-':>15}")
-    floor_total = [sum(r.values()) for r in floor_rows]
-    ratio = statistics.median(h["total"] / f for h, f in zip(harness_rows, floor_total))
-    print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(floor_total) * 1e3:10.1f}{ratio:14.2f}x")
-    if all(f["ratio split"] > 0 for f in floor_rows):  # the step's other phases alone, over their floors
+    totals = [floor_total(f, split) for f in floor_rows]
+    ratio = statistics.median(h["total"] / f for h, f in zip(harness_rows, totals))
+    print(f"{'step':<20}{total * 1e3:12.1f}{'100%':>8}{statistics.median(totals) * 1e3:10.1f}{ratio:14.2f}x")
+    if split:  # the step's other phases alone, over their floors
         rest = [h["total"] - h["ratio split"] for h in harness_rows]
-        rest_floor = [t - f["ratio split"] for t, f in zip(floor_total, floor_rows)]
+        rest_floor = [floor_total(f, None) for f in floor_rows]
         ratio = statistics.median(h / f for h, f in zip(rest, rest_floor))
         h, f = statistics.median(rest), statistics.median(rest_floor)
         print(f"{'step w/o split':<20}{h * 1e3:12.1f}{'':>8}{f * 1e3:10.1f}{ratio:14.2f}x")
-    on, off = (statistics.median(r[j] for r in split_rows) for j in (0, 1))
-    ratio = statistics.median(a / b for a, b in split_rows)
-    print(f"{'split on/off':<20}{on * 1e3:12.1f}{'':>8}{off * 1e3:10.1f}{ratio:14.2f}x")
+
+
+def ratio_line(label: str, pairs: list[tuple[float, float]]) -> None:
+    """`label`, the medians of both sides (ms) and the median of the per-repeat ratios."""
+    a, b = (statistics.median(p[j] for p in pairs) for j in (0, 1))
+    ratio = statistics.median(x / y for x, y in pairs)
+    print(f"{label:<20}{a * 1e3:12.1f}{'':>8}{b * 1e3:10.1f}{ratio:14.2f}x")
+
+
+def profile(model: str, args: argparse.Namespace, root: Path) -> None:
+    trainer = Trainer(config(model, args, root))
+    K = args.route_every or trainer.cfg.metrics.route_every
+    S = trainer.cfg.metrics.split_rows if args.split_rows is None else (args.split_rows or None)
+    large = 10**9  # a route_every no step reaches: every step is an other step
+    floor_model = copy.deepcopy(trainer.policy)
+    floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=trainer.cfg.optim.lr, betas=(0.9, 0.99))
+    rollout, _, _ = trainer.rollout(1)
+    new_tokens = trainer.cfg.task.max_new_tokens
+    rows: dict[str, list] = defaultdict(list)
+    step = 0
+
+    def nxt() -> int:
+        nonlocal step
+        step += 1
+        return step
+
+    timings = {  # each a step of its own setting; `route`/`other` are the phase-timed ones
+        "route": lambda: _with(trainer, 1, S, 1, lambda: harness_step(trainer, nxt())),
+        "other": lambda: _with(trainer, large, S, 1, lambda: harness_step(trainer, nxt())),
+        "floor": lambda: floor_step(floor_model, floor_opt, trainer, rollout, nxt(), new_tokens, S),
+        "on": lambda: _with(trainer, 1, S, 1, lambda: plain_step(trainer, nxt())),
+        "off": lambda: _with(trainer, 1, S, 0, lambda: plain_step(trainer, nxt())),
+        "plain": lambda: _with(trainer, large, S, 1, lambda: plain_step(trainer, nxt())),
+        "all": lambda: _with(trainer, 1, None, 1, lambda: plain_step(trainer, nxt())),
+    }
+    for i in range(args.warmup + args.repeats):
+        order = list(timings) if i % 2 else list(reversed(timings))  # ABBA
+        measured = {name: timings[name]() for name in order}
+        if i >= args.warmup:
+            for name, value in measured.items():
+                rows[name].append(value)
+    cfg = trainer.cfg
+    L, E, k = cfg.model.num_layers, cfg.model.num_experts, cfg.model.top_k
+    n = len(rows["floor"])
+    print(
+        f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
+        f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
+        f"{torch.get_num_threads()} threads; medians of {n} interleaved repeats =="
+    )
+    split_label = "all rows" if S is None else f"{S} rows"
+    print(f"-- route step (instruments on, split on {split_label} of each update) --")
+    phase_table(rows["route"], rows["floor"], "ratio split")
+    ratio_line("split on/off", list(zip(rows["on"], rows["off"])))
+    print("-- other steps (no instruments: a large metrics.route_every) --")
+    phase_table(rows["other"], rows["floor"], None)
+    print(f"-- mean step over K={K} steps (metrics.route_every={K}, split_rows={S}) --")
+
+    def mean(other: float, route: float) -> float:
+        return ((K - 1) * other + route) / K
+
+    floors = rows["floor"]
+    runs = [mean(p, on) for p, on in zip(rows["plain"], rows["on"])]
+    ratio_line("step", [(r, mean(floor_total(f, None), floor_total(f, "ratio split"))) for r, f in zip(runs, floors)])
+    ratio_line("split on/off", [(r, mean(p, off)) for r, p, off in zip(runs, rows["plain"], rows["off"])])
+    print("-- all rows, K=1 (every step a route step, the split on all rows) --")
+    ratio_line("step", [(a, floor_total(f, "ratio split, all rows")) for a, f in zip(rows["all"], floors)])
+    ratio_line("split on/off", list(zip(rows["all"], rows["off"])))
+
+
+def _with(trainer: Trainer, route_every: int, split_rows: int | None, split_every: int, fn):
+    with setting(trainer, route_every=route_every, split_rows=split_rows, split_every=split_every):
+        return fn()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -395,6 +474,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--cold-start-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--route-every", type=int, default=None, help="metrics.route_every (default: the config's)")
+    parser.add_argument(
+        "--split-rows", type=int, default=None, help="metrics.split_rows (default: the config's; 0: all rows)"
+    )
     parser.add_argument(
         "--clock",
         default="cpu",

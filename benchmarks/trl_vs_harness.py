@@ -2,6 +2,7 @@
 
     python benchmarks/trl_vs_harness.py [--prompts 16] [--group 8] [--max-new-tokens 8] [--updates 4]
                                         [--repeats 6] [--warmup 1] [--arms none,r2] [--threads N]
+                                        [--route-every K] [--split-rows S]
 
 One RL step = sample G completions for each of P prompts, score them, one old-policy pass, then N
 optimizer updates on N mini-batches of the rollout batch. Both sides get the same cold-start model
@@ -18,6 +19,14 @@ those callbacks (its whole loop: data loading, generation, scoring, updates, opt
 its phases come from timing its methods. Prints the median over steps of TRL time / harness time.
 `--clock cpu` times this process's CPU time instead of elapsed time: with `--threads 1` it is not
 inflated when other jobs share the machine.
+
+The harness runs at the config's defaults unless told otherwise: its route instruments and ratio split
+on the steps that are multiples of `metrics.route_every` (`--route-every`), the split on
+`metrics.split_rows` rows of each update (`--split-rows`, 0: all; `--route-every 1 --split-rows 0` is every
+instrument on every step and row). TRL logs no route instruments. Beside the median of the per-step ratios
+(which a route step every K > 2 steps does not move), the report gives the ratio of the mean step times over
+the window and how many of its harness steps ran the instruments: run `--repeats` of at least K for a
+window that holds one.
 """
 
 from __future__ import annotations
@@ -147,6 +156,10 @@ def harness_config(args: argparse.Namespace, replay: str, out_dir: Path) -> Trai
     cfg.optim.updates_per_rollout, cfg.optim.lr = args.updates, args.lr
     cfg.cold_start.band = [0.15, 1.0]
     cfg.cold_start.max_steps, cfg.cold_start.eval_every = args.cold_start_steps, 25
+    if args.route_every is not None:
+        cfg.metrics.route_every = args.route_every
+    if args.split_rows is not None:
+        cfg.metrics.split_rows = args.split_rows or None
     return cfg
 
 
@@ -235,6 +248,13 @@ def report(replay: str, trl_rows: list[dict], harness_rows: list[dict], args: ar
         f"time-per-step ratio TRL/harness (median of {len(ratios)} paired steps): {statistics.median(ratios):.2f}"
         f"  [min {min(ratios):.2f}, max {max(ratios):.2f}]"
     )
+    every = args.route_every or TrainConfig().metrics.route_every
+    routed = sum(step % every == 0 for step in range(args.warmup + 1, args.warmup + len(ratios) + 1))
+    mean_ratio = sum(t["total"] for t in trl_rows) / sum(h["total"] for h in harness_rows)
+    print(
+        f"mean-time ratio TRL/harness over the {len(ratios)} steps: {mean_ratio:.2f}  "
+        f"({routed} of them ran the route instruments, metrics.route_every={every})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,6 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cold-start-steps", type=int, default=200)
     parser.add_argument("--arms", default="none,r2", help="comma-separated replay modes")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--route-every", type=int, default=None, help="metrics.route_every (default: the config's)")
+    parser.add_argument(
+        "--split-rows", type=int, default=None, help="metrics.split_rows (default: the config's; 0: all rows)"
+    )
     parser.add_argument(
         "--clock",
         default="wall",

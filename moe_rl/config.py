@@ -89,7 +89,7 @@ class AlgoConfig:
 class ReplayConfig:
     mode: str = "none"
     threshold: float = 0.5  # *_threshold modes: keep a replayed expert scoring >= this x the weakest live top-k
-    split_every: int = 1  # score each update's tokens under the other routing every K steps (ratio/split/*); 0: never
+    split_every: int = 1  # ratio/split/* on every K-th of the route instruments' steps (metrics.route_every); 0: never
 
 
 @dataclass
@@ -180,6 +180,20 @@ class PassAtKConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """How often the route instruments run, and on how many rows (docs/design.md §3).
+
+    Outcome metrics (rewards, accuracy, loss, the update's ratio statistics, entropy, gradient norm, the
+    collapse checks) come with every step's work. The route instruments cost their own work: router scores
+    and route comparisons in every update, and the ratio split's extra no-grad forward. They run on the
+    steps that are multiples of `route_every`, and the split scores a seeded subsample of each update's rows.
+    """
+
+    route_every: int = 10
+    split_rows: int | None = 24
+
+
+@dataclass
 class TrainConfig:
     out_dir: str | None = None  # the run folder (a sweep's folder under -m); None: see run_dir()
     experiment: str = "default"
@@ -215,6 +229,7 @@ class TrainConfig:
     analysis: dict[str, Any] = field(default_factory=dict)
     signal: SignalConfig = field(default_factory=SignalConfig)
     pass_at_k: PassAtKConfig = field(default_factory=PassAtKConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def arm(self) -> str:
@@ -276,6 +291,26 @@ def _check_loss_params(algo: AlgoConfig) -> None:
     for key, value in algo.loss_kwargs().items():
         if key.startswith("tau") and value <= 0:
             raise ValueError(f"algo.{key}={value} must be > 0")
+
+
+def _check_metrics(metrics: MetricsConfig) -> None:
+    """`metrics.route_every` an integer >= 1 and `metrics.split_rows` one >= 1 or null (bools are refused:
+    YAML reads `yes` as true, which Python would count as 1)."""
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    every, rows = metrics.route_every, metrics.split_rows
+    if not whole(every) or every < 1:
+        raise ValueError(
+            f"metrics.route_every={every!r} must be an integer >= 1: the route instruments run on the steps "
+            "that are multiples of it (1: every step)"
+        )
+    if rows is not None and (not whole(rows) or rows < 1):
+        raise ValueError(
+            f"metrics.split_rows={rows!r} must be an integer >= 1 (rows of each update the ratio split scores) "
+            "or null (all of them)"
+        )
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -413,6 +448,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"pass_at_k.temperature={cfg.pass_at_k.temperature} must be > 0")
     if cfg.steps < 1:
         raise ValueError(f"steps={cfg.steps} must be >= 1")
+    _check_metrics(cfg.metrics)
     if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
         raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
     _one_of("cold_start.target_metric", cfg.cold_start.target_metric, COLD_START_TARGETS)

@@ -85,6 +85,15 @@ MEANINGS = {
     "collapse.accuracy_drop_frac": "`relative` definition and the entropy trigger: accuracy below this fraction of step 0's",
     "collapse.accuracy_patience": "`relative` definition and the entropy trigger: evaluations the accuracy drop must last",
     "pass_at_k.temperature": "sampling temperature of the pass@k samples",
+    "metrics.route_every": "the route instruments run on the steps that are multiples of this: every `route/*` key, "
+    "`ratio/split/*` (but `engine_var`) and `clip/flipped_share`, and the work only they need (router scores and "
+    "margins, route comparisons, the rollout's routes where no replay reads them, the split's extra forward). "
+    "Every other metric (rewards, accuracy, loss, the update's ratio statistics, entropy, gradient norm, the "
+    "collapse checks) is logged every step, bitwise as with 1. 1: every step (the experiment files pin it)",
+    "metrics.split_rows": "rows of each update's mini-batch the ratio split scores, drawn without replacement from "
+    "a generator of its own seeded by the run's seed and the step (the training's streams do not move); null: "
+    "all rows. At 24 of `compare`'s 32 every split key of every `compare` arm moves less between draws than "
+    "between seeds (`benchmarks/split_spread.py`, docs/performance.md)",
 }
 
 

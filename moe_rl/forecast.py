@@ -29,6 +29,7 @@ design points it was not fitted on (`moe_rl.analysis.forecast_report`, the repor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -86,6 +87,8 @@ def probe(cfg, steps: int) -> dict[str, Any]:
 
     if cfg.optim.updates_per_rollout < 2:
         raise ValueError("the movement is measured on off-policy updates: set optim.updates_per_rollout >= 2")
+    # the movement is a route instrument: measured on every probe step (`metrics.route_every`)
+    cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, route_every=1))
     trainer = Trainer(cfg)
     rollout, _, _ = trainer.rollout(1)
     old = trainer.old_pass(rollout)

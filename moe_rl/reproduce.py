@@ -26,8 +26,12 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from moe_rl.config import TrainConfig
 
 OUTCOMES = ("start_accuracy", "final_accuracy", "reward_auc", "token_var", "flip_rate")
 GROUP_EXCLUDE = ("run", "seed")
@@ -61,19 +65,29 @@ def choose(outcomes: pd.DataFrame, k: int, groups: list[str]) -> pd.DataFrame:
     return ranked.sort_values(["turn", *groups]).head(k).drop(columns="turn").reset_index(drop=True)
 
 
-def rerun(config_path: str, out_dir: str, cache_dir: str) -> str:
-    """One run from a recorded config.yaml into `out_dir` (runs in a fresh process: numerics pin there)."""
+def recorded_config(config_path: str | Path) -> TrainConfig:
+    """The TrainConfig of a recorded config.yaml (its folders aside). A run recorded before the `metrics`
+    section ran every route instrument on every step and row, so it gets those settings, not the defaults."""
     from omegaconf import OmegaConf
 
     from moe_rl.config import TrainConfig
-    from moe_rl.train import train
+    from moe_rl.run.identity import ADDED_DEFAULTS
 
     recorded = OmegaConf.to_container(OmegaConf.load(config_path))
     if not isinstance(recorded, dict):
         raise ValueError(f"{config_path} is not a run config (a mapping)")
     recorded = {k: v for k, v in recorded.items() if k not in ("out_dir", "results_dir")}
+    recorded.setdefault("metrics", dict(ADDED_DEFAULTS["metrics"]))
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), recorded))
     assert isinstance(cfg, TrainConfig)
+    return cfg
+
+
+def rerun(config_path: str, out_dir: str, cache_dir: str) -> str:
+    """One run from a recorded config.yaml into `out_dir` (runs in a fresh process: numerics pin there)."""
+    from moe_rl.train import train
+
+    cfg = recorded_config(config_path)
     cfg = dataclasses.replace(
         cfg,
         out_dir=out_dir,

@@ -16,7 +16,9 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
    constant from the router scores the passes recorded, and weights each token by the correction;
 5. metrics (`moe_rl.metrics.step`): each update's pooled over the processes, aggregated over the
    step (mean; `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins,
-   rollout vs old routes); route snapshots every `snapshot_every` steps.
+   rollout vs old routes); route snapshots every `snapshot_every` steps. The route instruments (route/*,
+   the ratio split) and the work only they need run on the steps `metrics.route_every` names, the split on
+   a seeded subsample of each update's rows (`metrics.split_rows`); every other number is the same either way.
 
 How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
 from configs and synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router
@@ -57,11 +59,22 @@ from moe_rl.metrics.names import (
     TIME_ROLLOUT_S,
     TIME_UPDATE_S,
 )
-from moe_rl.metrics.step import Split, step_finalize, step_parts, update_finalize, update_parts, update_routes
+from moe_rl.metrics.step import (
+    Split,
+    instruments_due,
+    local_positions,
+    split_seed,
+    split_subsample,
+    step_finalize,
+    step_parts,
+    update_finalize,
+    update_parts,
+    update_routes,
+)
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import RoutedPass, Routes, find_moe_layers
+from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
 from moe_rl.routing.modes import replay_mode
 from moe_rl.run.folder import (
@@ -190,6 +203,7 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         """One step, as the module docstring numbers it; returns the step's metrics."""
         cfg = self.cfg
+        instruments = instruments_due(step, cfg.metrics.route_every)  # the route instruments' steps
         t0 = time.perf_counter()
         sampled = self.rollout(step)  # 1.
         rollout = sampled.rollout
@@ -198,7 +212,7 @@ class Trainer:
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(sampled.rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards: CPU
         t1 = time.perf_counter()
-        old = self.old_pass(rollout)  # 2.
+        old = self.old_pass(rollout, instruments=instruments)  # 2.
         t2 = time.perf_counter()
         replay = self.replay_mode.pick(old=old.routes, rollout=rollout.routes)  # 3.
         batch = Batch(rollout, adv, old, replay, self.engine_gap(rollout, old))
@@ -214,6 +228,7 @@ class Trainer:
             rollout_routes=rollout.routes,
             r3_fallback=(rollout.routes, rollout.token_mask) if self.replay_mode.replays_rollout else None,
             correction=batch.correction,
+            instruments=instruments,
         )
         engine_part = self.rollout_policy is not self.policy or self.engine is not None  # else the trainer sampled
         pooled = step_finalize(
@@ -247,7 +262,7 @@ class Trainer:
             )
         else:
             rows = self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
-            record = cfg.rollout.record_routes and self.routed
+            record = cfg.rollout.record_routes and self.routed and self.uses_rollout_routes(step)
             rollout = generate(
                 self.rollout_policy,
                 self.tokenizer,
@@ -270,23 +285,43 @@ class Trainer:
             rollout, rewards, {REWARD_ZERO_VAR_GROUP_FRAC: zero_var, REWARD_ERRORS: float(scores.errors), **metrics}
         )
 
-    def old_pass(self, rollout: Rollout) -> OldPass:
+    def uses_rollout_routes(self, step: int) -> bool:
+        """Whether `step` reads the routes its rollout chose: R3 replays them on every step, the route
+        instruments (`route/rollout_vs_old/*`) and the route snapshots on their own steps."""
+        cfg = self.cfg
+        snapshot = bool(cfg.snapshot_every) and step % cfg.snapshot_every == 0
+        return self.replay_mode.replays_rollout or instruments_due(step, cfg.metrics.route_every) or snapshot
+
+    def old_pass(self, rollout: Rollout, *, instruments: bool = True) -> OldPass:
         """2. old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
         the combine weights the experts received when the replay mode forces them (`trr`); a dense model
-        has no routes (None), margins or scores (empty)."""
+        has no routes (None), margins or scores (empty). Margins and scores only feed the route instruments
+        (and RSPO's factor, which reads the scores): without `instruments` they are left empty too."""
         if not self.routed:
             with torch.no_grad():
                 old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
             return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
         mode = self.replay_mode
         replay = rollout.routes if mode.old_pass_replays else None
+        scores = instruments or self.cfg.algo.router_shift
         routed = RoutedPass(
-            self.policy, replay, margins=True, scores=True, weights=mode.weights, threshold=self.replay_threshold
+            self.policy,
+            replay,
+            margins=instruments,
+            scores=scores,
+            weights=mode.weights,
+            threshold=self.replay_threshold,
         )
         with torch.no_grad(), routed:
             old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
         native = routed.native.with_mask(rollout.token_mask)
-        return OldPass(old_logp, native, routed.margins, routed.scores, routed.weights if mode.weights else None)
+        return OldPass(
+            old_logp,
+            native,
+            routed.margins if instruments else torch.empty(0),
+            routed.scores if scores else torch.empty(0),
+            routed.weights if mode.weights else None,
+        )
 
     def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
         """3. The behaviour (rollout) / trainer gap's weight per token (`rollout.is_correction`, None: none),
@@ -299,42 +334,71 @@ class Trainer:
 
     def updates(self, step: int, batch: Batch) -> list[dict[str, float]]:
         """4. The N updates of `step`, on a seeded shuffle of the global batch into N mini-batches (this
-        rank's rows of each; all of them in a world of size 1); the ratio split every `replay.split_every`."""
+        rank's rows of each; all of them in a world of size 1). On the steps that run the route instruments
+        (`metrics.route_every`), the ratio split on every `replay.split_every`-th of them, on `metrics.split_rows`
+        rows of each mini-batch drawn from a generator of the split's own (`split_seed`)."""
         cfg = self.cfg
         B, N = self.dist.global_rows(len(batch.rollout)), cfg.optim.updates_per_rollout
         perm = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.seed * 7919 + step))
         first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
-        split = cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
+        instruments = instruments_due(step, cfg.metrics.route_every)
+        split = instruments and cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
+        minibatches = perm.chunk(N)
+        picks: list[torch.Tensor | None] = [None] * N
+        if split and cfg.metrics.split_rows is not None:
+            generator = torch.Generator().manual_seed(split_seed(cfg.seed, step))
+            picks = [split_subsample(len(rows), cfg.metrics.split_rows, generator) for rows in minibatches]
         self.policy.train()
-        chunks = self.dist.chunks(perm.chunk(N), first, len(batch.rollout))
-        metrics = [self.update(batch, rows, split=split) for rows in chunks]
+        chunks = self.dist.chunks(minibatches, first, len(batch.rollout))
+        metrics = []
+        for rows, minibatch, picked in zip(chunks, minibatches, picks):
+            scored = None if picked is None else local_positions(minibatch, picked, first, len(batch.rollout))
+            metrics.append(self.update(batch, rows, instruments=instruments, split=split, split_rows=scored))
         self.policy.eval()
         return metrics
 
-    def update(self, batch: Batch, rows: torch.Tensor, *, split: bool = False) -> dict[str, float]:
+    def update(
+        self,
+        batch: Batch,
+        rows: torch.Tensor,
+        *,
+        instruments: bool = True,
+        split: bool = False,
+        split_rows: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         """One optimizer update on mini-batch `rows` of `batch`; its metrics pooled over every rank's rows.
-        With `split`, the same weights also score the rows under the other routing (`other_routing_logp`)
+        With `instruments`, its route/ metrics; else the pass records only what the loss needs (RSPO's router
+        scores) and replays what the mode replays. With `split`, the same weights also score the rows at
+        positions `split_rows` of `rows` (None: all of them) under the other routing (`other_routing_logp`)
         for the ratio split (docs/design.md §3)."""
         cfg = self.cfg
         rollout, old = batch.rollout, batch.old
         mask, old_logp = rollout.response_mask[rows], old.logp[rows]
         replay = batch.replay[rows] if batch.replay is not None else None
         forced_weights = old.weights[rows] if old.weights is not None and replay is not None else None
-        routed: RoutedPass | None = (
+        recorded = old.routes is not None and (instruments or cfg.algo.router_shift)  # None: a dense model
+        routed = (
             RoutedPass(self.policy, replay, scores=True, threshold=self.replay_threshold, replay_weights=forced_weights)
-            if old.routes is not None  # None: a dense model, nothing to record or replay
+            if recorded
             else None
         )
-        with routed or contextlib.nullcontext():
+        # no record needed: the replay alone (the same hook the recorded pass runs), or the plain forward
+        replayed = (
+            RouteReplay(self.policy, replay, threshold=self.replay_threshold, weights=forced_weights)
+            if not recorded and replay is not None
+            else None
+        )
+        with routed or replayed or contextlib.nullcontext():
             logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         routes = None
-        if routed is not None and old.routes is not None:  # the route metrics' inputs
+        if routed is not None and old.routes is not None:  # the route metrics' (and RSPO's) inputs
             thresholded = self.replay_threshold is not None
-            old_rows = (old.routes[rows], old.scores[rows], old.margins[rows])
+            margins = old.margins[rows] if instruments else old.margins  # RSPO alone: no margins recorded
+            old_rows = (old.routes[rows], old.scores[rows], margins)
             routes = update_routes(routed, *old_rows, replay, rollout.token_mask[rows], thresholded=thresholded)
         other = None
         if split and routes is not None:  # a dense model has no routing to split
-            other = self.other_routing_logp(rollout, rows, replay, routes.old)
+            other = self.split_pass(rollout, rows, replay, routes.old, split_rows)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -379,14 +443,29 @@ class Trainer:
             logp=logp.detach(),
             old_logp=old_logp,
             mask=mask,
-            routes=routes,
-            split=Split(*other, loss_metrics.clipped) if other is not None else None,
+            routes=routes if instruments else None,
+            split=Split(other[0], other[1], loss_metrics.clipped, other[2]) if other is not None else None,
             prompt_len=rollout.prompt_len,
             position_bucket=cfg.position_bucket,
             max_new_tokens=cfg.task.max_new_tokens,
         )
         grad = scalars[1]
         return update_finalize(self.dist.merge(parts), list(loss_metrics), grad, position_bucket=cfg.position_bucket)
+
+    def split_pass(
+        self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes, scored: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Routes, torch.Tensor | None]:
+        """`other_routing_logp` on the rows at positions `scored` of `rows` (None: all), and those positions.
+        A process holding none of the subsample still runs the pass, on its first row, so that every process
+        joins the pass's collectives (FSDP); it then keeps none of it."""
+        if scored is None:
+            return (*self.other_routing_logp(rollout, rows, replay, old), None)
+        run = scored if scored.numel() else torch.zeros(1, dtype=torch.long)
+        logp, routes = self.other_routing_logp(
+            rollout, rows[run], replay[run] if replay is not None else None, old[run]
+        )
+        keep = slice(None) if scored.numel() else slice(0, 0)
+        return logp[keep], routes[keep], scored
 
     def other_routing_logp(
         self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes

@@ -48,6 +48,8 @@ BASE = [
     "optim.updates_per_rollout=2",
     "optim.lr=1e-3",
     "cold_start.mode=none",
+    "metrics.route_every=1",  # every route instrument on every step and row: the loop before `metrics`
+    "metrics.split_rows=null",
 ]
 RUNS: dict[str, tuple[int, list[str]]] = {
     "r2": (0, ["replay=r2"]),

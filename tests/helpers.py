@@ -25,6 +25,8 @@ TINY = (
     "optim.lr=1e-3",
     "cold_start.band=[0.15,1.0]",
     "cold_start.max_steps=200",
+    "metrics.route_every=1",  # every route instrument on every step and row, which the tests read
+    "metrics.split_rows=null",
 )
 
 # What some test files change: the loop tests' run (test_train, test_dense), the faults' (test_faults, test_runs).

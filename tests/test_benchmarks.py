@@ -69,6 +69,25 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     on_ms, off_ms, ratio = numbers_after("split on/off", out)  # a step with the ratio split's extra forward vs without
     rounding = 0.005 + (on_ms / off_ms) * (0.05 / on_ms + 0.05 / off_ms)
     assert on_ms > 0 and off_ms > 0 and ratio == pytest.approx(on_ms / off_ms, abs=rounding)
+    # the other blocks: a step between route steps (no split), the mean over K steps, and every step on all rows
+    other, mean, every = (out.split(header, 1)[1] for header in ("-- other steps", "-- mean step", "-- all rows, K=1"))
+    assert numbers_after("ratio split", other)[0] == 0.0 and numbers_after("route bookkeeping", other)[0] >= 0
+    for block in (other, mean, every):
+        assert numbers_after("step", block)[-1] > 0
+    for block in (mean, every):
+        assert numbers_after("split on/off", block)[-1] > 0
+    assert "(metrics.route_every=10, split_rows=24)" in out  # the config's defaults unless told otherwise
+
+
+def test_split_spread(capsys: pytest.CaptureFixture[str]) -> None:
+    load("split_spread").main(
+        f"--arms grpo_none --steps 2 --every 1 --sizes 1 --draws 2 --prompts 4 --group 2 --max-new-tokens 2 "
+        f"--cold-start-steps 1 --numerics native --results {ROOT / 'results' / 'compare'}".split()
+    )
+    out = capsys.readouterr().out
+    assert "== grpo_none: 2 steps (1..2, every 1), 2 rows per update, 2 draws per S" in out
+    seed_sd, all_steps = numbers_after("ratio/split/routing_share", out)[:2]
+    assert seed_sd > 0 and all_steps > 0  # the shipped compare seeds' spread at those steps and overall
 
 
 def test_numerics_cost(capsys: pytest.CaptureFixture[str]) -> None:

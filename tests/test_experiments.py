@@ -110,6 +110,20 @@ def test_every_combination_composes_and_validates(experiment: str) -> None:
     assert len(seen) == len(combos)  # every combination is a distinct run
 
 
+def test_every_experiment_logs_every_route_instrument_on_every_step_and_row() -> None:
+    """The shipped sweeps' claims and summaries read route/* and ratio/split/* keys at every step: each experiment
+    file pins the settings its runs logged them with (`metrics.route_every=1`, the split on all rows), not the
+    leaner defaults, so a rerun logs what the shipped run logged and keeps its identity."""
+    pinned = []
+    firsts = {experiment: _sweep(experiment)[0][0] for experiment in EXPERIMENTS}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for experiment, combo in firsts.items():
+            cfg = to_train_config(compose("config", overrides=[f"+preset={experiment}", *combo]))
+            pinned.append((experiment, cfg.metrics.route_every, cfg.metrics.split_rows))
+    assert pinned == [(experiment, 1, None) for experiment in EXPERIMENTS]
+    assert (TrainConfig().metrics.route_every, TrainConfig().metrics.split_rows) != (1, None)
+
+
 @pytest.mark.parametrize("adder", sorted(ADDS_TO))
 def test_added_seeds_are_runs_of_the_experiment_they_join(adder: str) -> None:
     """A run of `phase_edge` is the `phase` run of the same overrides: same config, so the same config

@@ -10,7 +10,7 @@ import re
 import pandas as pd
 import pytest
 import torch
-from helpers import RUN_KEY_HEAD, loop_config
+from helpers import RUN_KEY_HEAD, loop_config, run_values
 
 from moe_rl.config import TrainConfig, validate
 from moe_rl.metrics.names import defines
@@ -270,6 +270,11 @@ def test_aggregate_is_over_the_whole_step() -> None:
         ),
         (lambda c: setattr(c, "eval_every", 0), r"eval_every=0 must be >= 1"),
         (lambda c: setattr(c, "position_bucket", 0), r"position_bucket=0 must be >= 1"),
+        (lambda c: setattr(c.metrics, "route_every", 0), r"metrics.route_every=0 must be an integer >= 1"),
+        (lambda c: setattr(c.metrics, "route_every", 2.5), r"metrics.route_every=2.5 must be an integer >= 1"),
+        (lambda c: setattr(c.metrics, "route_every", True), r"metrics.route_every=True must be an integer >= 1"),
+        (lambda c: setattr(c.metrics, "split_rows", 0), r"metrics.split_rows=0 must be an integer >= 1 .* or null"),
+        (lambda c: setattr(c.metrics, "split_rows", 0.5), r"metrics.split_rows=0.5 must be an integer >= 1"),
     ],
 )
 def test_invalid_configs_are_rejected_naming_the_key(change, match: str) -> None:
@@ -530,3 +535,95 @@ def test_loop_labels_a_recovered_dip_completed_and_a_lasting_drop_collapsed(tmp_
     assert not grid["collapsed"].any() if recovers else grid["collapsed"].all()
     text = collapse_definitions_markdown({"loop": frame})
     assert ("recovered dip reward_below_start@27 (not a collapse)" in text) == recovers
+
+
+def _route_instrument(key: str) -> bool:
+    """A key the route instruments log (`metrics.route_every`); the engine part of the split is the step's own."""
+    return key.startswith(("route/", "ratio/split/", "clip/flipped_share")) and not key.startswith(
+        "ratio/split/engine_var"
+    )
+
+
+def test_route_instruments_run_every_kth_step_and_move_no_other_number(tmp_path, cache) -> None:
+    """`metrics.route_every=2`, `metrics.split_rows=3`: the route instruments and the ratio split on steps 2 and
+    4 only, the split on 3 of each update's 16 rows; every other value bitwise that of the run with every
+    instrument on every step and row, so skipping them, subsampling and its generator change nothing the
+    training computes. A rerun draws the same subsample (the run's seed and the step fix it)."""
+    values, status = {}, {}
+    for name, every, rows, steps in (("all", 1, None, 4), ("lean", 2, 3, 4), ("again", 2, 3, 2)):
+        cfg = loop_config(tmp_path, cache, replay="r2", steps=steps, name=name)
+        cfg.metrics.route_every, cfg.metrics.split_rows = every, rows
+        status[name] = train(cfg)["status"]
+        values[name] = run_values(tmp_path / name)
+    assert status["all"] == status["lean"]  # the collapse checks read outcome metrics only
+    full, lean = values["all"], values["lean"]
+    for step in range(1, 5):
+        here = set(lean.loc[lean["step"] == step, "key"])
+        routes = {k for k in here if _route_instrument(k)}
+        assert bool(routes) == (step % 2 == 0), step
+        every_step = {k for k in full.loc[full["step"] == step, "key"] if _route_instrument(k)}
+        assert routes <= every_step and (step % 2 or {k for k in every_step if k.startswith("route/")} <= routes)
+        assert ("ratio/split/routing_var" in here) == (step % 2 == 0)
+    merged = full.merge(lean, on=["step", "key"], how="inner", suffixes=("_all", "_lean"))
+    assert set(merged["key"]) >= {"loss", "reward/mean", "optim/grad_norm", "policy/entropy", "ratio/token_var"}
+    split = merged["key"].str.startswith(("ratio/split/", "clip/flipped_share"))
+    same = (merged["value_all"] == merged["value_lean"]) | (merged["value_all"].isna() & merged["value_lean"].isna())
+    assert same[~split].all(), merged[~split & ~same]
+    assert not same[merged["key"] == "ratio/split/weights_var"].all()  # 3 of 16 rows: another estimate
+    assert set(full["key"]) - set(lean["key"]) == set()  # every key still logged, on its own steps
+    again = values["again"]
+    first_two = lean[lean["step"] <= 2].reset_index(drop=True)
+    pd.testing.assert_frame_equal(again.reset_index(drop=True), first_two)
+
+
+def test_split_subsample_is_a_seeded_stream_of_its_own() -> None:
+    """The split's rows: deterministic given the run's seed and the step, distinct seeds and steps draw other
+    rows, the global RNG is untouched, and any world size scores the same rows of the global mini-batch."""
+    from moe_rl.metrics.step import local_positions, split_seed, split_subsample
+
+    def draws(seed: int, step: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(split_seed(seed, step))
+        picks = [split_subsample(16, 5, generator) for _ in range(4)]
+        assert all(p is not None for p in picks)
+        return [p for p in picks if p is not None]
+
+    state = torch.get_rng_state()
+    picks = draws(0, 3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(picks, draws(0, 3)))
+    assert all(len(p) == 5 and bool((p.diff() > 0).all()) and 0 <= p.min() and p.max() < 16 for p in picks)
+    assert len({tuple(p.tolist()) for p in picks}) > 1  # each update of a step its own rows
+    assert picks[0].tolist() != draws(1, 3)[0].tolist() and picks[0].tolist() != draws(0, 4)[0].tolist()
+    generator = torch.Generator().manual_seed(0)
+    assert split_subsample(16, None, generator) is None and split_subsample(16, 16, generator) is None
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(0).get_state())  # nothing drawn
+    minibatch = torch.randperm(32, generator=torch.Generator().manual_seed(1))[:16]  # global row ids
+    for world in (1, 2, 4):
+        count = 32 // world
+        scored = []
+        for rank in range(world):
+            first = rank * count
+            mine = minibatch[(minibatch >= first) & (minibatch < first + count)]  # local_rows' order
+            scored += mine[local_positions(minibatch, picks[0], first, count)].tolist()
+        assert sorted(scored) == sorted(minibatch[picks[0]].tolist()), world
+
+
+def test_lean_defaults_and_the_shipped_runs_identity() -> None:
+    """The defaults run the route instruments every 10th step, the split on 24 rows; every instrument on every step and
+    row (what the shipped runs logged, and the experiment files pin) keeps the shipped runs' identity."""
+    from moe_rl.config import config_hash, identity_spec
+
+    cfg = TrainConfig()
+    assert (cfg.metrics.route_every, cfg.metrics.split_rows) == (10, 24)
+    shipped = TrainConfig()
+    shipped.metrics.route_every, shipped.metrics.split_rows = 1, None
+    recorded = {k: v for k, v in shipped.to_dict().items() if k != "metrics"}  # a config.yaml from before
+    assert identity_spec(shipped.to_dict()) == identity_spec(recorded)
+    assert config_hash(cfg) != config_hash(shipped)
+    # a shipped run's recorded config reruns with every instrument on every step and row (moe_rl.reproduce)
+    from helpers import ROOT
+
+    from moe_rl.reproduce import recorded_config
+
+    rerun = recorded_config(ROOT / "results" / "compare" / "runs" / "algo=grpo,replay=none,seed=0" / "config.yaml")
+    assert (rerun.metrics.route_every, rerun.metrics.split_rows) == (1, None)

@@ -260,7 +260,8 @@ METRICS: tuple[Metric, ...] = (
         "population variance over valid response tokens of the routing part `rho = logp(native) - logp(replayed)`: "
         "one extra no-grad forward per update scores the same tokens with the same weights under the other routing "
         "(the router's own routes when the update replays, the replayed routes, R2's old-pass or R3's rollout "
-        "routes, when it does not), every `replay.split_every` steps",
+        "routes, when it does not), on the steps that run the route instruments (`metrics.route_every`; every "
+        "`replay.split_every`-th of them) and `metrics.split_rows` seeded rows of each update",
     ),
     Metric(
         RATIO_SPLIT_WEIGHTS_VAR,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -89,6 +89,8 @@ COUNT_PREFIX = FLIP_VS_MARGIN_PREFIX
 WEIGHT_SUFFIX = "@weight"
 
 
+_Rows = TypeVar("_Rows", Tensor, Routes)  # what a row selection applies to
+
 # --- one update -------------------------------------------------------------------------------
 
 
@@ -130,11 +132,43 @@ def update_routes(
 
 
 class Split(NamedTuple):
-    """The ratio split's other pass (`Trainer.other_routing_logp`) and the loss's clipping."""
+    """The ratio split's other pass (`Trainer.other_routing_logp`) on the rows it scored, and the loss's clipping."""
 
-    logp: Tensor  # (b, T) log pi_theta under the routing the update did not use
-    routes: Routes  # the routes that pass used
-    clipped: Tensor  # (b, T) the loss's clipped tokens
+    logp: Tensor  # (s, T) log pi_theta under the routing the update did not use, on the scored rows
+    routes: Routes  # the routes that pass used, on the scored rows
+    clipped: Tensor  # (b, T) the loss's clipped tokens, on all of the update's rows
+    rows: Tensor | None = None  # (s,) positions of the scored rows among the update's b rows; None: all of them
+
+
+def instruments_due(step: int, route_every: int) -> bool:
+    """Whether `step` runs the route instruments and the ratio split (`metrics.route_every`): the steps that
+    are multiples of `route_every`, as `snapshot_every` counts them (1: every step; step 0 is the evaluation)."""
+    return step % route_every == 0
+
+
+def split_seed(seed: int, step: int) -> int:
+    """Seed of `step`'s ratio-split subsample: a stream of its own, so that drawing it moves none of the
+    training's (prompt order, sampling, mini-batch shuffles) and every other logged number stays the same."""
+    return seed * 1_000_117 + step + 104_729
+
+
+def split_subsample(count: int, keep: int | None, generator: torch.Generator) -> Tensor | None:
+    """Ascending positions of the `keep` of a mini-batch's `count` rows that the ratio split scores, drawn
+    without replacement from `generator`; None (all rows, nothing drawn) when `keep` is None or >= `count`.
+    The split is a population statistic of the update's tokens, so a random subset of rows estimates it."""
+    if keep is None or keep >= count:
+        return None
+    return torch.randperm(count, generator=generator)[:keep].sort().values
+
+
+def local_positions(minibatch: Tensor, picked: Tensor, first: int, count: int) -> Tensor:
+    """Positions, among this process's rows of `minibatch` (global row ids; it holds rows [first, first +
+    count), in `minibatch`'s order, as `moe_rl.loop.distributed.local_rows` gives them), of the rows at
+    positions `picked` of `minibatch`: one subsample of the global mini-batch, whatever the world size."""
+    chosen = torch.zeros(len(minibatch), dtype=torch.bool)
+    chosen[picked] = True
+    mine = (minibatch >= first) & (minibatch < first + count)
+    return chosen[mine].nonzero().squeeze(1)
 
 
 def update_parts(
@@ -190,21 +224,27 @@ def update_parts(
         refilled, slots = routes.fallback.double()
         parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
     if split is not None:
-        # over the fully native pass and the replayed one (R2: the old routes, R3: the rollout's); a token's
-        # route changed where the two passes' routes differ
+        # over the fully native pass and the replayed one (R2: the old routes, R3: the rollout's), on the rows
+        # the split scored; a token's route changed where the two passes' routes differ
+        pick = split.rows
+
+        def scored(x: _Rows) -> _Rows:
+            return x if pick is None else x[pick]
+
         if routes.replay is None:
-            native_logp, replayed_logp, native_routes, replayed = logp, split.logp, native, old
+            native_logp, replayed_logp, native_routes, replayed = scored(logp), split.logp, scored(native), scored(old)
         else:
-            native_logp, replayed_logp, native_routes, replayed = split.logp, logp, split.routes, routes.replay
+            native_logp, replayed_logp = split.logp, scored(logp)
+            native_routes, replayed = split.routes, scored(routes.replay)
         parts.add(
             "split",
             ratio_split_parts(
                 native_logp=native_logp,
                 replayed_logp=replayed_logp,
-                old_logp=old_logp,
-                mask=mask,
-                flipped=route_overlap(native_routes, replayed) < native.top_k,  # (b, T, L): per MoE layer
-                clipped=split.clipped,
+                old_logp=scored(old_logp),
+                mask=scored(mask),
+                flipped=route_overlap(native_routes, replayed) < native.top_k,  # (s, T, L): per MoE layer
+                clipped=scored(split.clipped),
             ),
         )
     return parts
@@ -264,12 +304,14 @@ def step_parts(
     rollout_routes: Routes | None,
     r3_fallback: tuple[Routes, Tensor] | None,
     correction: tuple[Tensor, Tensor, Tensor] | None,
+    instruments: bool = True,
 ) -> Partial:
     """One process's partial statistics of a step: response lengths, rewards and reward errors, the
-    phases' seconds (maxima), the rollout policy's gap to the trainer, and for an MoE model the old
-    pass's margins and confidence, the share of tokens the rollout's routes leave to the live router
-    (`r3_fallback`: the rollout's routes and token mask, where the updates replay them) and rollout vs
-    old routes; the engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`).
+    phases' seconds (maxima), the rollout policy's gap to the trainer, and for an MoE model on a step that
+    runs the route instruments (`instruments`, `metrics.route_every`) the old pass's margins and
+    confidence, the share of tokens the rollout's routes leave to the live router (`r3_fallback`: the
+    rollout's routes and token mask, where the updates replay them) and rollout vs old routes; the
+    engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`).
     `old`: the old pass's (logp, routes, margins, scores, weights) (`moe_rl.train.OldPass`)."""
     old_logp, old_routes, margins, old_scores, _ = old
     parts = Partial(
@@ -283,7 +325,7 @@ def step_parts(
     )
     # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.stats.rollout_gap_stats)
     parts.add("gap", rollout_gap_parts(rollout_logp=rollout_logp, train_logp=old_logp, mask=mask))
-    if old_routes is not None:
+    if old_routes is not None and instruments:
         parts.add("margins", margin_parts(margins, old_routes.mask))
         parts.add("confidence", confidence_parts(old_scores, old_routes))
         if r3_fallback is not None:
@@ -297,7 +339,7 @@ def step_parts(
             "tokens": mask.sum().double(),
         }
         parts.add("is", Partial(sums=sums))
-    if rollout_routes is not None and old_routes is not None:
+    if rollout_routes is not None and old_routes is not None and instruments:
         parts.add("rollout_vs_old", compare_parts(rollout_routes, old_routes))
     return parts
 

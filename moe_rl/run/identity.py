@@ -56,9 +56,13 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
     "cold_start": {"mode": "auto", "patience": None, "target": None, "target_metric": "greedy"},
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
+    # the shipped runs ran every route instrument on every step and row; a run that does too shares their
+    # identity, a run at the leaner defaults (`moe_rl.config.MetricsConfig`) logs less and has its own
+    "metrics": {"route_every": 1, "split_rows": None},
 }
 ADDED_TOP = {"numerics": "native"}  # top-level keys added later, left out while at their default
-ADDED_SECTIONS = ("pass_at_k",)  # sections added later: left out entirely while every key is at its default
+# sections added later: left out entirely while every key is at its value in ADDED_DEFAULTS
+ADDED_SECTIONS = ("pass_at_k", "metrics")
 
 
 def identity_spec(cfg_dict: dict[str, Any]) -> dict[str, Any]:

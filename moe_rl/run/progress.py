@@ -72,13 +72,17 @@ class Progress:
     ) -> None:
         self.total, self.initial, self.every = total, initial, every
         self.accuracy = accuracy
+        self.flip: float | None = None  # the flip rate of the last step that ran the route instruments
         self.start = time.perf_counter()
         self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True) if bar else None
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
         if TASK_ACCURACY in metrics:
             self.accuracy = float(metrics[TASK_ACCURACY])
-        fields = progress_fields(metrics, self.accuracy)
+        if ROUTE_FLIP_RATE in metrics:  # logged every `metrics.route_every` steps: show the last one between
+            self.flip = float(metrics[ROUTE_FLIP_RATE])
+        shown = metrics if self.flip is None else {**metrics, ROUTE_FLIP_RATE: self.flip}
+        fields = progress_fields(shown, self.accuracy)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(fields)
