@@ -63,12 +63,18 @@ class TaskConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"
-    eps_low: float | None = None  # None: the paper default of the algorithm (losses that clip)
+    eps_low: float | None = None  # None: the loss's paper default (a ratio's or weight's clip; dppo: divergence bound)
     eps_high: float | None = None
     agg: str = "seq-mean-token-mean"
     beta: float = 0.0  # k3 KL to the cold-start policy
     tau_pos: float | None = None  # sapo: gate temperature for A > 0; None: the paper's 1.0
     tau_neg: float | None = None  # sapo: gate temperature for A <= 0; None: the paper's 1.05
+    kl_tau: float | None = None  # dppo_tv, dppo_kl: weight of a (log r)^2 term (prime-rl: 1e-3); None: the paper's 0
+    k_pos: float | None = None  # vespo: power k of phi(W) = W^k exp(lambda (1 - W)) for A >= 0; None: the paper's 2
+    lambda_pos: float | None = None  # vespo: decay lambda of phi for A >= 0; None: the paper's 3
+    k_neg: float | None = None  # vespo: power k of phi for A < 0; None: the paper's 3
+    lambda_neg: float | None = None  # vespo: decay lambda of phi for A < 0; None: the paper's 2
+    offpolicy_mask_delta: float | None = None  # any loss: drop A<0 sequences, mean log(pi_old/pi) > this; None: off
     router_shift: bool = False  # RSPO (arXiv 2510.23027): token ratio times sg[max(gamma_t, floor)] (token losses)
     router_shift_floor: float = 0.5  # lower bound of the router-shift factor (RSPO's floor)
 
@@ -78,11 +84,15 @@ class AlgoConfig:
         return kwargs["eps_low"], kwargs["eps_high"]
 
     def loss_kwargs(self) -> dict[str, float]:
-        """The loss's own hyperparameters (`Loss.defaults`, its paper's values), with the ones set here."""
-        return {
+        """The loss's own hyperparameters (`Loss.defaults`, its paper's values), with the ones set here, and
+        `offpolicy_mask_delta` when set (an option of every loss, applied by the `Loss` record)."""
+        kwargs = {
             k: default if getattr(self, k) is None else getattr(self, k)
             for k, default in get_loss(self.name).defaults.items()
         }
+        if self.offpolicy_mask_delta is not None:
+            kwargs["offpolicy_mask_delta"] = self.offpolicy_mask_delta
+        return kwargs
 
 
 @dataclass
@@ -233,12 +243,20 @@ class TrainConfig:
 
     @property
     def arm(self) -> str:
-        """`algo+replay`, then `+rspo` and the engine-gap correction when they are on."""
+        """`algo+replay`, then `+rspo`, the engine-gap correction and `+opsm=delta` (the off-policy sequence mask)
+        when they are on, and `+key=value` for each loss hyperparameter set away from its paper's value (e.g.
+        `sapo+none+tau_pos=5+tau_neg=5`), so that two arms of one loss never share a name."""
         parts = [self.algo.name, self.replay.mode]
         if self.algo.router_shift:
             parts.append("rspo")
         if self.rollout.is_correction != "none":
             parts.append(self.rollout.is_correction)
+        if self.algo.offpolicy_mask_delta is not None:
+            parts.append(f"opsm={self.algo.offpolicy_mask_delta:g}")
+        if self.algo.name in LOSSES:
+            defaults = get_loss(self.algo.name).defaults
+            moved = {k: getattr(self.algo, k) for k, v in defaults.items() if getattr(self.algo, k) not in (None, v)}
+            parts += [f"{k}={v:g}" for k, v in moved.items()]
         return "+".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -289,8 +307,16 @@ def _check_loss_params(algo: AlgoConfig) -> None:
         if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) is the default
             raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
     for key, value in algo.loss_kwargs().items():
-        if key.startswith("tau") and value <= 0:
+        if key.startswith(("tau", "lambda_")) and not value > 0:
             raise ValueError(f"algo.{key}={value} must be > 0")
+        if key in ("kl_tau", "k_pos", "k_neg") and not value >= 0:
+            raise ValueError(f"algo.{key}={value} must be >= 0")
+    delta = algo.offpolicy_mask_delta
+    if delta is not None and not delta >= 0:
+        raise ValueError(
+            f"algo.offpolicy_mask_delta={delta} must be >= 0: a negative-advantage sequence is dropped when its mean "
+            "log(pi_old / pi) per token exceeds it (null: no mask)"
+        )
 
 
 def _check_metrics(metrics: MetricsConfig) -> None:

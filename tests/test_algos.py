@@ -1,4 +1,5 @@
-"""Advantages and policy losses: hand-computed values, clip cases, gradients, GSPO == GSPO-token."""
+"""Advantages and policy losses: hand-computed values, clip cases, gradients, GSPO == GSPO-token, DPPO's trust
+regions, VESPO's kernel and the off-policy sequence mask."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from moe_rl.algos import (
     LOSSES,
     Loss,
     cispo_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
     get_loss,
     group_advantages,
     grpo_loss,
     gspo_loss,
     gspo_token_loss,
+    offpolicy_sequence_mask,
     sapo_loss,
+    vespo_loss,
 )
 from moe_rl.algos.corrections import engine_weight
 from moe_rl.algos.losses import SHARED_ARGS
@@ -129,18 +134,19 @@ def test_grpo_empty_sequence_and_garbage_at_masked_positions():
         assert grad[2].eq(0).all() and grad[1, 2] == 0
 
 
+@pytest.mark.parametrize("delta", [None, 0.1], ids=["no_mask", "offpolicy_mask"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("name", sorted(LOSSES))
-def test_masked_positions_never_leak(name, agg):
-    # Every loss, with a weight and (token losses) a ratio scale: garbage (inf / NaN / huge) in logp,
-    # weight and ratio_scale at masked positions, plus an all-masked row, gives bitwise the value and
-    # gradient of the clean batch, and a zero gradient at every masked position.
+def test_masked_positions_never_leak(name, agg, delta):
+    # Every loss, with a weight and (token losses) a ratio scale, with and without the off-policy sequence
+    # mask: garbage (inf / NaN / huge) in logp, weight and ratio_scale at masked positions, plus an all-masked
+    # row, gives bitwise the value and gradient of the clean batch, and a zero gradient at every masked position.
     logp, old_logp, adv, mask = _grpo_example()
     weight = _t([[2.0, 0.5, 1.0], [0.5, 1.0, 1.0]])
     scale = _t([[0.5, 1.0, 1.0], [1.0, 2.0, 1.0]]) if LOSSES[name].takes_ratio_scale else None
     if not LOSSES[name].weighs_tokens:
         weight = _t([[2.0, 2.0, 2.0], [0.5, 0.5, 0.5]])  # a sequence-level weight
-    kw = dict(agg=agg, beta=0.1)
+    kw = dict(agg=agg, beta=0.1, offpolicy_mask_delta=delta)
     clean, _ = LOSSES[name](
         logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=old_logp, weight=weight, ratio_scale=scale, **kw
     )
@@ -324,9 +330,10 @@ def test_gspo_equals_gspo_token_on_random_inputs(agg):
 
 
 def test_registry_records():
-    assert list(LOSSES) == ["grpo", "gspo", "gspo_token", "sapo", "cispo"]
+    assert list(LOSSES) == ["grpo", "gspo", "gspo_token", "sapo", "cispo", "dppo_tv", "dppo_kl", "vespo"]
     assert {name for name, loss in LOSSES.items() if loss.clip == "ratio"} == {"grpo", "gspo", "gspo_token"}
-    assert LOSSES["cispo"].clip == "weight" and LOSSES["sapo"].clip is None
+    assert {name for name, loss in LOSSES.items() if loss.clip == "divergence"} == {"dppo_tv", "dppo_kl"}
+    assert LOSSES["cispo"].clip == "weight" and LOSSES["sapo"].clip is None and LOSSES["vespo"].clip is None
     assert {name for name, loss in LOSSES.items() if loss.ratio_level == "sequence"} == {"gspo"}
     assert {name for name, loss in LOSSES.items() if loss.seq_mean_policy} == {"gspo", "gspo_token"}
     # the papers' values, read from the functions' keyword defaults
@@ -334,6 +341,10 @@ def test_registry_records():
     assert LOSSES["gspo"].defaults == LOSSES["gspo_token"].defaults == {"eps_low": 3e-4, "eps_high": 4e-4}
     assert LOSSES["sapo"].defaults == {"tau_pos": 1.0, "tau_neg": 1.05}  # arXiv 2511.20347
     assert LOSSES["cispo"].defaults == {"eps_low": 1.0, "eps_high": 0.28}  # no lower bound on the weight
+    # arXiv 2602.04879 (the authors' verl script): TV 0.15, binary KL 0.05; no (log r)^2 term
+    assert LOSSES["dppo_tv"].defaults == {"eps_low": 0.15, "eps_high": 0.15, "kl_tau": 0.0}
+    assert LOSSES["dppo_kl"].defaults == {"eps_low": 0.05, "eps_high": 0.05, "kl_tau": 0.0}
+    assert LOSSES["vespo"].defaults == {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
     for name, loss in LOSSES.items():
         assert get_loss(name) is loss
         params = inspect.signature(loss.fn).parameters
@@ -343,7 +354,7 @@ def test_registry_records():
         assert loss.takes_ratio_scale == loss.weighs_tokens == (loss.ratio_level == "token")
         with pytest.raises(TypeError):
             loss.defaults["eps_low"] = 0.5  # a record is read-only
-    with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: cispo, grpo, gspo, gspo_token, sapo"):
+    with pytest.raises(ValueError, match="unknown loss 'ppo'; valid: cispo, dppo_kl, dppo_tv, grpo, gspo, gspo_token"):
         get_loss("ppo")
 
 
@@ -392,6 +403,19 @@ def test_a_record_refuses_a_function_off_the_shared_signature():
         Loss(_formula, ratio_level="tokens", clip="ratio", seq_mean_policy=False)
 
 
+# an out-of-range own hyperparameter of each loss, and the error it raises
+OWN_PARAM_ERRORS = {
+    "grpo": ({"eps_low": 1.5}, "eps_low"),
+    "gspo": ({"eps_low": 1.5}, "eps_low"),
+    "gspo_token": ({"eps_low": 1.5}, "eps_low"),
+    "cispo": ({"eps_low": 1.5}, "eps_low"),
+    "dppo_tv": ({"kl_tau": -1.0}, "kl_tau >= 0"),
+    "dppo_kl": ({"eps_low": 1.5}, "eps_low"),
+    "sapo": ({"tau_pos": 0.0}, "tau_pos > 0"),
+    "vespo": ({"lambda_neg": 0.0}, "lambda_pos, lambda_neg > 0"),
+}
+
+
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_input_errors(name):
     fn = LOSSES[name]
@@ -411,12 +435,12 @@ def test_input_errors(name):
         fn(**ok, beta=0.1)
     with pytest.raises(ValueError, match=r"ref_logp shape"):
         fn(**ok, ref_logp=torch.zeros(2, 2))
-    if LOSSES[name].clip is not None:
-        with pytest.raises(ValueError, match="eps_low"):
-            fn(**ok, eps_low=1.5)
-    else:
-        with pytest.raises(ValueError, match="tau_pos > 0"):
-            fn(**ok, tau_pos=0.0)
+    assert set(OWN_PARAM_ERRORS) == set(LOSSES)
+    bad, match = OWN_PARAM_ERRORS[name]
+    with pytest.raises(ValueError, match=match):
+        fn(**ok, **bad)
+    with pytest.raises(ValueError, match=r"offpolicy_mask_delta=-0.1 must be >= 0"):
+        fn(**ok, offpolicy_mask_delta=-0.1)
     with pytest.raises(ValueError, match=r"weight shape \(2, 2\)"):
         fn(**ok, weight=torch.zeros(2, 2))
 
@@ -622,3 +646,310 @@ def test_engine_weight_errors():
         engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="is")
     with pytest.raises(ValueError, match="unknown level 'batch'; valid: token, sequence"):
         engine_weight(old_logp=old_logp, rollout_logp=rollout_logp, mask=mask, correction="tis", level="batch")
+
+
+# ---------------------------------------------------------------- DPPO by hand
+
+# Probabilities chosen so that the trust regions are easy to read (the ratio r = p / p_old):
+# seq 0, A = +1:  p_old 0.01 -> p 0.1 (r 10), 0.5 -> 0.7 (r 1.4), 0.8 -> 0.4 (r 0.5)
+# seq 1, A = -1:  p_old 0.9 -> p 0.72 (r 0.8), 0.2 -> 0.3 (r 1.5), then a masked position holding garbage
+DPPO_P_OLD = [[0.01, 0.5, 0.8], [0.9, 0.2, 0.5]]
+DPPO_P = [[0.1, 0.7, 0.4], [0.72, 0.3, float("nan")]]
+
+
+def _dppo_example():
+    old_logp = _t([[LN(p) for p in row] for row in DPPO_P_OLD])
+    logp = _t([[LN(p) if p == p else p for p in row] for row in DPPO_P]).requires_grad_(True)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    return logp, old_logp, _t([1.0, -1.0]), mask
+
+
+# TV, bound 0.15 on either side:
+#   seq 0 (A > 0, masked when p - p_old > 0.15): +0.09 kept (GRPO would clip r = 10 at 1.27), +0.2 masked,
+#         -0.4 kept (a fall is not what A > 0 pushes)                    -> terms -10, 0, -0.5
+#   seq 1 (A < 0, masked when p - p_old < -0.15): -0.18 masked (GRPO keeps r = 0.8, on its boundary),
+#         +0.1 kept                                                     -> terms 0, +1.5
+# token-mean (-10 - 0.5 + 1.5) / 5 = -1.8; seq-mean (-10.5 / 3 + 1.5 / 2) / 2 = -1.375
+# gradient -M r A / 5: seq 0 [-2, 0, -0.1], seq 1 [0, 0.3]
+@pytest.mark.parametrize(("agg", "expected"), [("token-mean", -1.8), ("seq-mean-token-mean", -1.375)])
+def test_dppo_tv_by_hand(agg, expected):
+    logp, old_logp, adv, mask = _dppo_example()
+    loss, m = dppo_tv_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["loss/policy"] == pytest.approx(expected, rel=1e-12)
+    assert m["ratio/clipfrac_high"] == pytest.approx(1 / 5) and m["ratio/clipfrac_low"] == pytest.approx(1 / 5)
+    assert m.clipped.tolist() == [[False, True, False], [True, False, False]]
+    if agg == "token-mean":
+        (grad,) = torch.autograd.grad(loss, logp)
+        torch.testing.assert_close(grad, _t([[-2.0, 0.0, -0.1], [0.0, 0.3, 0.0]]), rtol=1e-12, atol=0)
+
+
+# Binary KL D = p_old ln(p_old / p) + (1 - p_old) ln((1 - p_old) / (1 - p)), worked out:
+#   seq 0: 0.01 ln 0.1 + 0.99 ln(0.99 / 0.9) = -0.02303 + 0.09436 = 0.0713 (a rise);
+#          0.5 ln(5/7) + 0.5 ln(5/3) = -0.16824 + 0.25541 = 0.0872 (a rise); the third token fell (A > 0: kept)
+#   seq 1: 0.9 ln(0.9 / 0.72) + 0.1 ln(0.1 / 0.28) = 0.20083 - 0.10296 = 0.0979 (a fall); the second rose (kept)
+# bound 0.05 (the default): both rises of seq 0 and the fall of seq 1 are masked -> terms [0, 0, -0.5], [0, 1.5]:
+#   token-mean 1.0 / 5 = 0.2, gradient seq 0 [0, 0, -0.1], seq 1 [0, 0.3]; clip fractions 2/5 high, 1/5 low
+# bound 0.08: the 0.01 -> 0.1 token (D 0.0713) is kept, the rest as at 0.05 -> TV's terms, token-mean -1.8
+@pytest.mark.parametrize(("eps", "expected", "high"), [(None, 0.2, 2 / 5), (0.08, -1.8, 1 / 5)])
+def test_dppo_kl_by_hand(eps, expected, high):
+    logp, old_logp, adv, mask = _dppo_example()
+    kw = {} if eps is None else {"eps_low": eps, "eps_high": eps}
+    loss, m = dppo_kl_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", **kw)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["ratio/clipfrac_high"] == pytest.approx(high) and m["ratio/clipfrac_low"] == pytest.approx(1 / 5)
+    (grad,) = torch.autograd.grad(loss, logp)
+    first = 0.0 if eps is None else -2.0
+    torch.testing.assert_close(grad, _t([[first, 0.0, -0.1], [0.0, 0.3, 0.0]]), rtol=1e-12, atol=0)
+
+
+def test_binary_kl_by_hand_and_at_the_edges():
+    from moe_rl.algos.trust_regions import _binary_kl
+
+    old = _t([LN(0.01), LN(0.5), LN(0.9), 0.0, LN(0.5)])
+    new = _t([LN(0.1), LN(0.7), LN(0.72), 0.0, 0.0])
+    kl = _binary_kl(old, new)
+    hand = [
+        0.01 * LN(0.1) + 0.99 * LN(0.99 / 0.9),
+        0.5 * LN(5 / 7) + 0.5 * LN(5 / 3),
+        0.9 * LN(0.9 / 0.72) + 0.1 * LN(0.1 / 0.28),
+    ]
+    torch.testing.assert_close(kl[:3], _t(hand), rtol=1e-12, atol=0)
+    assert kl[3] == 0.0  # p_old = p = 1: 0 log 0 terms are 0, not NaN
+    assert kl[4] == float("inf")  # 0.5 -> 1: the rest of the vocabulary lost all its mass
+
+
+def test_dppo_kl_tau_term_by_hand():
+    # kl_tau adds tau * agg (log r)^2 over every valid token, masked or not; loss/policy leaves it out.
+    # token-mean over the 5 tokens of _dppo_example, tau 0.01:
+    #   0.01 * (ln^2 10 + ln^2 1.4 + ln^2 0.5 + ln^2 0.8 + ln^2 1.5) / 5, and its gradient 0.01 * 2 ln r / 5
+    logp, old_logp, adv, mask = _dppo_example()
+    loss, m = dppo_tv_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", kl_tau=0.01)
+    logs = [[LN(10), LN(1.4), LN(0.5)], [LN(0.8), LN(1.5), 0.0]]
+    term = 0.01 * sum(x * x for row in logs for x in row) / 5
+    assert loss.item() == pytest.approx(-1.8 + term, rel=1e-12)
+    assert m["loss/policy"] == pytest.approx(-1.8, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    policy = _t([[-2.0, 0.0, -0.1], [0.0, 0.3, 0.0]])
+    torch.testing.assert_close(grad, policy + 0.01 * 2 * _t(logs) / 5, rtol=1e-12, atol=1e-15)
+
+
+def _slow_dppo(logp, old_logp, adv, mask, eps_low, eps_high, divergence, agg):
+    """DPPO token by token, in plain Python floats for the decisions: sum of -M r A over valid tokens, then the
+    aggregation; the surrogate keeps logp's graph."""
+    terms, per_seq = [], []
+    for i in range(logp.shape[0]):
+        row = []
+        for t in range(logp.shape[1]):
+            if not mask[i, t]:
+                continue
+            p, p_old, a = math.exp(logp[i, t].item()), math.exp(old_logp[i, t].item()), adv[i].item()
+            if divergence == "tv":
+                up, down = p - p_old > eps_high, p - p_old < -eps_low
+            else:
+                d = p_old * LN(p_old / p) + (1 - p_old) * LN((1 - p_old) / (1 - p))
+                up, down = p > p_old and d > eps_high, p < p_old and d > eps_low
+            masked = (a > 0 and up) or (a < 0 and down)
+            r = torch.exp(logp[i, t] - old_logp[i, t])
+            row.append(0.0 * r if masked else -r * a)
+        terms += row
+        if row:
+            per_seq.append(sum(row) / len(row))
+    return sum(terms) / len(terms) if agg == "token-mean" else sum(per_seq) / len(per_seq)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize(("fn", "divergence"), [(dppo_tv_loss, "tv"), (dppo_kl_loss, "kl")])
+def test_dppo_equals_a_slow_loop_on_random_inputs(fn, divergence, agg):
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 7
+    old_logp = torch.log_softmax(torch.randn(B, T, 5, generator=g, dtype=DT) * 2, dim=-1)[..., 0]
+    logp = (old_logp + torch.randn(B, T, generator=g, dtype=DT) * 0.6).clamp(max=-1e-3).requires_grad_(True)
+    mask = torch.arange(T)[None, :] < torch.tensor([7, 3, 0, 5, 1, 6])[:, None]
+    adv = torch.randn(B, generator=g, dtype=DT)
+    eps = (0.1, 0.12) if divergence == "tv" else (0.03, 0.05)
+    loss, m = fn(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg, eps_low=eps[0], eps_high=eps[1])
+    slow = _slow_dppo(logp, old_logp, adv, mask, *eps, divergence, agg)
+    torch.testing.assert_close(loss, slow, rtol=1e-12, atol=1e-14)
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (loss, slow))
+    torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-14)
+    assert 0 < m["ratio/clipfrac_low"] + m["ratio/clipfrac_high"] < 1  # the batch has masked and kept tokens
+
+
+def test_dppo_on_policy_is_the_policy_gradient():
+    # at theta == theta_old nothing has moved, so nothing is masked and DPPO's gradient is GRPO's
+    logp, _, adv, mask = _grpo_example()
+    kw = dict(logp=logp, old_logp=logp.detach(), adv=adv, mask=mask)
+    for fn in (dppo_tv_loss, dppo_kl_loss):
+        a, m = fn(**kw)
+        b, _ = grpo_loss(**kw)
+        assert a.item() == b.item() and m["ratio/clipfrac_low"] == m["ratio/clipfrac_high"] == 0.0
+        ga, gb = (torch.autograd.grad(x, logp)[0] for x in (a, b))
+        torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- VESPO by hand
+
+# phi(W) = W^k exp(lambda (1 - W)) of the whole sequence ratio W = prod_t r_t (k 2 / lambda 3 for A >= 0,
+# k 3 / lambda 2 for A < 0); each token's term is -sg[phi] A (times pi / sg[pi]):
+# seq 0, A = +1, log r = [ln 2, 0] (third position masked, garbage): W = 2, phi = 4 e^-3
+# seq 1, A = -1, log r = [ln 1/2, 0]:                                  W = 1/2, phi = (1/8) e^1
+# seq 2, A = +2, log r = [ln 2, ln 1/2, 0]:                            W = 1, phi = 1
+# token-mean over 7 tokens: (-2 * 4 e^-3 + 2 * e / 8 - 3 * 2) / 7; gradient -phi A / 7 per valid token
+# (GSPO's s would be sqrt 2, 1 / sqrt 2 and 1: VESPO does not normalise by length)
+VESPO_PHI = [4 * math.exp(-3), math.exp(1) / 8, 1.0]
+
+
+def _vespo_example():
+    old_logp = _t([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0], [-0.2, -1.1, -0.9]])
+    delta = _t([[LN(2), 0.0, 40.0], [LN(0.5), 0.0, float("nan")], [LN(2), LN(0.5), 0.0]])
+    mask = torch.tensor([[True, True, False], [True, True, False], [True, True, True]])
+    return (old_logp + delta).requires_grad_(True), old_logp, _t([1.0, -1.0, 2.0]), mask
+
+
+def test_vespo_by_hand():
+    logp, old_logp, adv, mask = _vespo_example()
+    loss, m = vespo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    expected = (-2 * VESPO_PHI[0] + 2 * VESPO_PHI[1] - 3 * 2 * VESPO_PHI[2]) / 7
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert m["ratio/clipfrac_low"] == m["ratio/clipfrac_high"] == 0.0 and not m.clipped.any()
+    (grad,) = torch.autograd.grad(loss, logp)
+    g0, g1, g2 = (-VESPO_PHI[0] / 7, VESPO_PHI[1] / 7, -2 / 7)
+    torch.testing.assert_close(grad, _t([[g0, g0, 0.0], [g1, g1, 0.0], [g2, g2, g2]]), rtol=1e-12, atol=0)
+    # seq-mean-token-mean: each sequence's mean term is -phi A, then the mean over 3 sequences
+    loss, _ = vespo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask)
+    assert loss.item() == pytest.approx((-VESPO_PHI[0] + VESPO_PHI[1] - 2) / 3, rel=1e-12)
+
+
+def test_vespo_own_parameters_by_hand():
+    # k 1 / lambda 1 for both signs: phi(2) = 2 e^-1, phi(1/2) = e^(1/2) / 2
+    logp, old_logp, adv, mask = _vespo_example()
+    one = dict(k_pos=1.0, lambda_pos=1.0, k_neg=1.0, lambda_neg=1.0)
+    loss, _ = vespo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean", **one)
+    expected = (-2 * 2 * math.exp(-1) + 2 * math.exp(0.5) / 2 - 3 * 2) / 7
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_vespo_equals_a_slow_reinforce_loop():
+    # the REINFORCE form of the peers, -sum phi_i A_i logp_{i,t} / N with phi from plain floats, has the same
+    # gradient; phi is a constant (a weight that carried a gradient would add phi'(W) W A to every token)
+    g = torch.Generator().manual_seed(4)
+    B, T = 5, 6
+    old_logp = -torch.rand(B, T, generator=g, dtype=DT) * 2 - 0.1
+    logp = (old_logp + torch.randn(B, T, generator=g, dtype=DT) * 0.3).requires_grad_(True)
+    mask = torch.arange(T)[None, :] < torch.tensor([6, 2, 4, 0, 5])[:, None]
+    adv = _t([1.0, -0.5, 0.0, 2.0, -1.5])
+    loss, _ = vespo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg="token-mean")
+    slow, n = 0.0, int(mask.sum())
+    for i in range(B):
+        log_w = sum(logp[i, t].item() - old_logp[i, t].item() for t in range(T) if mask[i, t])
+        k, lam = (2.0, 3.0) if adv[i] >= 0 else (3.0, 2.0)
+        phi = math.exp(log_w) ** k * math.exp(lam * (1 - math.exp(log_w)))
+        for t in range(T):
+            if mask[i, t]:
+                slow = slow - phi * adv[i].item() * logp[i, t] / n
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (loss, slow))
+    torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-15)
+
+
+def test_vespo_on_policy_is_the_policy_gradient_and_far_ratios_vanish():
+    logp, _, adv, mask = _grpo_example()
+    kw = dict(logp=logp, old_logp=logp.detach(), adv=adv, mask=mask, agg="token-mean")
+    a, _ = vespo_loss(**kw)  # W = 1: phi = 1 whatever k and lambda
+    b, _ = grpo_loss(**kw)
+    assert a.item() == b.item()
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (a, b))
+    torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+    # a sequence ratio of e^30 (clamped to e^20) or e^-30 gives phi ~ 0, not NaN or inf
+    far = _t([[30.0], [-30.0]]).requires_grad_(True)
+    loss, _ = vespo_loss(logp=far, old_logp=_t([[0.0], [0.0]]), adv=_t([1.0, -1.0]), mask=torch.ones(2, 1).bool())
+    (grad,) = torch.autograd.grad(loss, far)
+    assert torch.isfinite(grad).all() and grad.abs().max() < 1e-20
+
+
+# ---------------------------------------------------------------- off-policy sequence mask by hand
+
+
+# On _grpo_example the mean log(pi_old / pi) per token is
+#   seq 0 (A = +1): -(ln 1.5 + ln 0.5 + 0) / 3 = ln(4/3) / 3 = 0.0959, never dropped (A > 0)
+#   seq 1 (A = -2): -(ln 1.5 + ln 0.5) / 2 = ln(4/3) / 2 = 0.1438: dropped at delta 0.1, kept at 0.2
+# Dropped, seq 1's terms [3, 1.6] become 0 and every denominator stays: token-mean (-1.27 - 0.5 - 1) / 5,
+# seq-mean (-2.77 / 3 + 0) / 2; the gradient is GRPO's with seq 1's row zeroed: [0, -0.1, -0.2], [0, 0].
+@pytest.mark.parametrize(
+    ("agg", "dropped"), [("token-mean", -2.77 / 5), ("seq-mean-token-mean", -2.77 / 3 / 2)], ids=["token", "seq"]
+)
+def test_offpolicy_mask_by_hand(agg, dropped):
+    logp, old_logp, adv, mask = _grpo_example()
+    kw = dict(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg)
+    loss, m = grpo_loss(**kw, offpolicy_mask_delta=0.1)
+    assert loss.item() == pytest.approx(dropped, rel=1e-12)
+    assert m["loss/offpolicy_seq_masked_frac"] == 0.5 and m.weights["loss/offpolicy_seq_masked_frac"] == 2
+    assert m["ratio/clipfrac_low"] == pytest.approx(1 / 5)  # the clip fractions still see every token
+    if agg == "token-mean":
+        (grad,) = torch.autograd.grad(loss, logp)
+        torch.testing.assert_close(grad, _t([[0.0, -0.1, -0.2], [0.0, 0.0, 0.0]]))
+    kept, m = grpo_loss(**kw, offpolicy_mask_delta=0.2)
+    plain, _ = grpo_loss(**kw)
+    assert kept.item() == plain.item() and m["loss/offpolicy_seq_masked_frac"] == 0.0
+    _, m = grpo_loss(**kw)
+    assert "loss/offpolicy_seq_masked_frac" not in m  # off by default
+
+
+def test_offpolicy_mask_function_by_hand():
+    # a per-token advantage drops only the negative tokens of a far sequence; empty rows are kept (mean 0)
+    logp, old_logp, _, mask = _grpo_example()
+    logp = torch.cat([logp.detach(), _t([[float("nan")] * 3])])
+    old_logp = torch.cat([old_logp, _t([[0.0] * 3])])
+    mask = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    adv = _t([[-1.0, -1.0, -1.0], [-1.0, 2.0, -1.0], [-1.0, -1.0, -1.0]])
+    keep, dropped = offpolicy_sequence_mask(logp=logp, old_logp=old_logp, adv=adv, mask=mask, delta=0.12)
+    # seq 0's mean 0.0959 <= 0.12: kept; seq 1's 0.1438 > 0.12: its A < 0 token dropped, its A > 0 token kept
+    assert keep.tolist() == [[True, True, True], [False, True, False], [False, False, False]]
+    assert dropped.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_offpolicy_mask_is_a_zero_weight_on_the_dropped_sequences(name):
+    # for every loss, the mask equals passing weight 0 on the dropped sequence (1 elsewhere), with any other
+    # weight multiplied in; garbage at masked positions and an inf weight on a dropped token stay out
+    logp, old_logp, adv, mask = _grpo_example()
+    weight = _t([[2.0, 2.0, 2.0], [float("inf"), float("inf"), float("nan")]])
+    kw = dict(logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=old_logp, beta=0.1)
+    loss, m = LOSSES[name](**kw, weight=weight, offpolicy_mask_delta=0.1)
+    reference, _ = LOSSES[name](**kw, weight=_t([[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]]))
+    assert loss.item() == reference.item() and m["loss/offpolicy_seq_masked_frac"] == 0.5
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (loss, reference))
+    assert torch.equal(ga, gb) and torch.isfinite(ga).all()
+
+
+def test_offpolicy_mask_metric_is_defined():
+    from moe_rl.metrics.names import LOSS_OFFPOLICY_SEQ_MASKED_FRAC, defines
+
+    assert LOSS_OFFPOLICY_SEQ_MASKED_FRAC == "loss/offpolicy_seq_masked_frac" and defines(
+        LOSS_OFFPOLICY_SEQ_MASKED_FRAC
+    )
+
+
+# ---------------------------------------------------------------- plain importance sampling (no trust region)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_grpo_with_the_clip_opened_is_plain_importance_sampling(agg):
+    # the is_none arm: eps_low 1, eps_high inf make clip(r, 0, inf) = r, so -min(r A, clip(r) A) = -r A in value
+    # and gradient (min's tie splits the gradient in halves, which add back up exactly); nothing is clipped
+    g = torch.Generator().manual_seed(5)
+    B, T = 6, 5
+    old_logp = -torch.rand(B, T, generator=g, dtype=DT) * 3
+    logp = (old_logp + torch.randn(B, T, generator=g, dtype=DT)).requires_grad_(True)
+    mask = torch.arange(T)[None, :] < torch.tensor([5, 2, 0, 4, 1, 3])[:, None]
+    adv = torch.randn(B, generator=g, dtype=DT)
+    loss, m = grpo_loss(logp=logp, old_logp=old_logp, adv=adv, mask=mask, agg=agg, eps_low=1.0, eps_high=math.inf)
+    r = torch.exp(torch.where(mask, logp - old_logp, 0.0))
+    terms = torch.where(mask, -r * adv[:, None], 0.0)
+    n = mask.sum(-1)
+    plain = terms.sum() / n.sum() if agg == "token-mean" else (terms.sum(-1)[n > 0] / n[n > 0]).mean()
+    torch.testing.assert_close(loss, plain, rtol=1e-14, atol=0)
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (loss, plain))
+    torch.testing.assert_close(ga, gb, rtol=1e-14, atol=0)
+    assert m["ratio/clipfrac_low"] == m["ratio/clipfrac_high"] == 0.0
+    assert r[mask].max() > 1.27 and r[mask].min() < 0.8  # GRPO's default range would have clipped this batch

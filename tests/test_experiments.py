@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -187,7 +188,82 @@ ARMS = {
     "grpo_tis": ("grpo+none+tis", lambda c: c.rollout.is_cap == 2.0 and c.rollout.is_level == "token"),
     "grpo_mis": ("grpo+none+mis", lambda c: c.rollout.is_cap == 2.0),
     "grpo_icepop": ("grpo+none+icepop", lambda c: (c.rollout.is_low, c.rollout.is_high) == (0.5, 5.0)),
+    "dppo_tv_none": (
+        "dppo_tv+none",
+        lambda c: c.algo.loss_kwargs() == {"eps_low": 0.15, "eps_high": 0.15, "kl_tau": 0.0},
+    ),
+    "dppo_kl_none": (
+        "dppo_kl+none",
+        lambda c: c.algo.loss_kwargs() == {"eps_low": 0.05, "eps_high": 0.05, "kl_tau": 0.0},
+    ),
+    "vespo_none": (
+        "vespo+none",
+        lambda c: (
+            c.algo.agg == "token-mean"
+            and c.algo.loss_kwargs() == {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+        ),
+    ),
+    "grpo_offpolicy_mask": (
+        "grpo+none+opsm=0.5",
+        lambda c: c.algo.loss_kwargs() == {"eps_low": 0.2, "eps_high": 0.27, "offpolicy_mask_delta": 0.5},
+    ),
+    "is_none": (
+        "grpo+none+eps_low=1+eps_high=inf",
+        lambda c: c.algo.eps() == (1.0, math.inf) and c.algo.agg == "seq-mean-token-mean",
+    ),
+    "sapo_tau5": ("sapo+none+tau_pos=5+tau_neg=5", lambda c: c.algo.loss_kwargs() == {"tau_pos": 5.0, "tau_neg": 5.0}),
+    "sapo_tau10": (
+        "sapo+none+tau_pos=10+tau_neg=10",
+        lambda c: c.algo.loss_kwargs() == {"tau_pos": 10.0, "tau_neg": 10.0},
+    ),
+    "cispo_verl": (
+        "cispo+none+eps_low=0.2+eps_high=0.2",
+        lambda c: c.algo.agg == "token-mean" and c.algo.eps() == (0.2, 0.2),
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    ("algo", "match"),
+    [
+        ({"name": "vespo", "lambda_pos": 0.0}, r"algo.lambda_pos=0.0 must be > 0"),
+        ({"name": "vespo", "k_neg": -1.0}, r"algo.k_neg=-1.0 must be >= 0"),
+        ({"name": "dppo_tv", "kl_tau": -1e-3}, r"algo.kl_tau=-0.001 must be >= 0"),
+        ({"name": "dppo_kl", "eps_low": 2.0}, r"algo.eps_low=2.0 must lie in \[0, 1\]"),
+        ({"name": "grpo", "kl_tau": 1e-3}, r"algo.kl_tau is not a parameter of algo.name='grpo'"),
+        ({"name": "sapo", "k_pos": 1.0}, r"algo.k_pos is not a parameter of algo.name='sapo'"),
+        ({"name": "vespo", "eps_high": 0.3}, r"algo.eps_high is not a parameter of algo.name='vespo'"),
+        ({"name": "gspo", "offpolicy_mask_delta": -0.5}, r"algo.offpolicy_mask_delta=-0.5 must be >= 0"),
+    ],
+)
+def test_loss_hyperparameters_are_checked_naming_the_key(algo: dict, match: str) -> None:
+    cfg = TrainConfig()
+    for key, value in algo.items():
+        setattr(cfg.algo, key, value)
+    with pytest.raises(ValueError, match=match):
+        validate(cfg)
+
+
+def test_arm_names_the_loss_hyperparameters_away_from_the_paper() -> None:
+    """Two arms of one loss never share a name; a value set to the paper's own leaves the name as it was."""
+    cfg = TrainConfig()
+    cfg.algo.eps_high = 0.27  # GRPO's default, set explicitly
+    assert cfg.arm == "grpo+none"
+    cfg.algo.eps_low, cfg.algo.offpolicy_mask_delta = 0.1, 0.25
+    assert cfg.arm == "grpo+none+opsm=0.25+eps_low=0.1"
+    assert cfg.algo.loss_kwargs() == {"eps_low": 0.1, "eps_high": 0.27, "offpolicy_mask_delta": 0.25}
+    cfg.algo.name = "not_a_loss"
+    assert cfg.arm == "not_a_loss+none+opsm=0.25"  # validate() names the bad key; the name must not fail first
+
+
+def test_new_loss_keys_leave_the_shipped_identity_alone() -> None:
+    """The algo keys DPPO, VESPO and the off-policy mask added are out of a run's identity while unset (the shipped
+    runs keep their config hash); set, they are in it."""
+    added = {"kl_tau", "k_pos", "lambda_pos", "k_neg", "lambda_neg", "offpolicy_mask_delta"}
+    assert not added & set(identity_spec(TrainConfig().to_dict())["algo"])
+    cfg = TrainConfig()
+    cfg.algo.offpolicy_mask_delta = 0.5
+    assert config_hash(cfg) != config_hash(TrainConfig())
 
 
 def test_every_loss_and_replay_mode_has_its_config_group_file() -> None:

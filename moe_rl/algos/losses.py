@@ -1,5 +1,7 @@
 """Policy-gradient losses: GRPO (arXiv 2402.03300), GSPO and GSPO-token (arXiv 2507.18071), SAPO
-(arXiv 2511.20347) and CISPO (arXiv 2506.13585).
+(arXiv 2511.20347), CISPO (arXiv 2506.13585), DPPO's binary TV and KL trust regions (arXiv 2602.04879)
+and VESPO (arXiv 2602.10693); and DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556), an
+option of every loss.
 
 Every loss is a pure function of tensors with one keyword signature and returns
 `(loss, metrics)`: `loss` is a scalar Tensor to call `.backward()` on, `metrics` a dict of floats.
@@ -15,8 +17,13 @@ Shared arguments (B sequences, T response positions):
     ratio_scale (B, T) optional constant factor on the token ratio before it is clipped or gated
                       (RSPO's floored router-shift ratio, `moe_rl.routing.compare.router_shift_ratio`);
                       token losses only
-Each loss's own hyperparameters (eps_low/eps_high, or SAPO's tau_pos/tau_neg) follow; their
-keyword defaults are the paper's values, and the only copy of them (`Loss.defaults` reads them).
+Each loss's own hyperparameters (eps_low/eps_high, SAPO's tau_pos/tau_neg, DPPO's kl_tau, VESPO's
+k_pos/lambda_pos/k_neg/lambda_neg) follow; their keyword defaults are the paper's values, and the only
+copy of them (`Loss.defaults` reads them).
+The off-policy sequence mask is not a loss's own argument: calling a `Loss` record with
+`offpolicy_mask_delta=delta` (None: off) zeroes the policy term of every sequence with a negative
+advantage whose mean log(pi_old / pi_theta) over its valid tokens exceeds delta
+(`offpolicy_sequence_mask`), in one place for every loss.
 Masked positions never enter a value or a gradient, whatever `logp`, `weight` or `ratio_scale`
 hold there (even inf/NaN).
 A sequence with no valid token contributes nothing: sequence means run over the non-empty
@@ -28,18 +35,25 @@ Metrics:
                          active on the low side: ratio < 1 - eps_low and adv < 0
     ratio/clipfrac_high  same on the high side: ratio > 1 + eps_high and adv > 0
                          (CISPO: tokens whose weight is truncated, whatever the advantage's sign;
-                         SAPO has no clipped branch, so both are 0)
+                         DPPO: tokens masked because their probability fell (adv < 0) or rose
+                         (adv > 0) past the divergence bound; SAPO and VESPO have no clipped branch,
+                         so both are 0)
     kl/ref_k3            k3 KL to the reference policy, aggregated like the loss (only with ref_logp)
+    loss/offpolicy_seq_masked_frac  fraction of the non-empty sequences the off-policy sequence mask
+                         drops (only with offpolicy_mask_delta)
 Each metric (and `loss`) is a mean; `metrics.weights` holds its denominator on these rows (valid
 tokens or non-empty sequences), so that means over several batches of rows pool exactly.
 
-Registry: `@_loss(...)` turns each loss function into its `Loss` record, which holds everything the
-harness knows about the loss (the level of its ratio, what its clip range bounds, whether its policy
-term is a mean over sequences, its paper defaults); calling the record runs the shared input checks,
-then the formula. `LOSSES` maps each `algo.name` to its record, and the config checks and the training
-loop read the record's facts instead of comparing loss names. Adding a loss is therefore:
-    1. its function here, under `@_loss(...)` with its facts (its own hyperparameters, with the paper's
-       values as keyword defaults, follow the shared arguments);
+Registry: `@_loss(...)` (`moe_rl.algos.loss_record`, with the record and the pieces every loss
+shares) turns each loss function into its `Loss` record, which holds everything the harness knows
+about the loss (the level of its ratio, what its clip range bounds, whether its policy term is a mean
+over sequences, its paper defaults); calling the record runs the shared input checks (and the
+off-policy sequence mask), then the formula. `LOSSES` maps each `algo.name` to its record, and the
+config checks and the training loop read the record's facts instead of comparing loss names. Adding
+a loss is therefore:
+    1. its function here or in a module beside it (DPPO and VESPO: `moe_rl.algos.trust_regions`),
+       under `@_loss(...)` with its facts (its own hyperparameters, with the paper's values as
+       keyword defaults, follow the shared arguments);
     2. its entry in `LOSSES`;
     3. its config group file `experiments/conf/algo/<name>.yaml` (`name: <name>`, plus any setting the
        paper fixes, e.g. CISPO's `agg: token-mean`).
@@ -48,243 +62,49 @@ A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Literal
-
 import torch
 from torch import Tensor
 
-from moe_rl.metrics.names import KL_REF_K3, LOSS, LOSS_POLICY, RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
+from moe_rl.algos.loss_record import (
+    AGG_MODES,
+    SHARED_ARGS,
+    Loss,
+    LossFn,
+    LossMetrics,
+    _add_kl,
+    _agg_count,
+    _aggregate,
+    _clipfracs,
+    _loss,
+    _masked_log_ratio,
+    _scaled,
+    _seq_mean,
+    _to_floats,
+    _token_adv,
+    _token_weight,
+    offpolicy_sequence_mask,
+)
+from moe_rl.algos.trust_regions import dppo_kl_loss, dppo_tv_loss, vespo_loss
+from moe_rl.metrics.names import RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
 
-AGG_MODES = ("seq-mean-token-mean", "token-mean")
-
-LossFn = Callable[..., tuple[Tensor, "LossMetrics"]]
-
-
-class LossMetrics(dict[str, float]):
-    """A loss's metrics (floats) with `weights`: the denominator of `loss` and of each metric, and
-    `clipped`: the (B, T) bool tokens on the clipped branch (GSPO: every valid token of a clipped sequence)."""
-
-    def __init__(self, values: dict[str, float], weights: dict[str, float], clipped: Tensor | None = None) -> None:
-        super().__init__(values)
-        self.weights = weights
-        self.clipped = clipped
-
-
-# The arguments every loss takes, in its one keyword signature; its other keyword arguments are its
-# own hyperparameters.
-SHARED_ARGS = ("logp", "old_logp", "adv", "mask", "ref_logp", "beta", "agg", "weight", "ratio_scale")
-
-
-@dataclass(frozen=True)
-class Loss:
-    """One policy loss: its function and every fact about it that the rest of the harness reads.
-
-    fn              the formula: keyword-only, `SHARED_ARGS` plus the loss's own hyperparameters, each
-                    with its paper's value as default; called on checked inputs (`mask` as bool)
-    ratio_level     "token": one ratio per token, so `adv` may be (B,) or (B, T), `ratio_scale`
-                    rescales each token's ratio and `weight` each token's term;
-                    "sequence": one ratio per sequence (GSPO), so `adv` is (B,), `ratio_scale` (a
-                    per-token reweighting) is refused and `weight` enters as its mean over each
-                    sequence, exact for a sequence-level weight only
-    clip            what eps_low / eps_high bound: "ratio": PPO's min(), a ratio outside
-                    [1 - eps_low, 1 + eps_high] loses its gradient, and the range may widen upward
-                    only (the config refuses eps_high < eps_low); "weight": CISPO's truncated importance
-                    weight, every gradient kept, eps_low 1 (no lower bound) its default; None: no clip
-                    range (SAPO's gate)
-    seq_mean_policy the policy term is a mean over sequences whatever `agg`, which then reduces only
-                    the KL term (a token-mean KL beside it has another denominator)
-    defaults        the loss's own hyperparameters at its paper's values: `fn`'s keyword defaults
-                    outside `SHARED_ARGS` (derived, so there is no copy to keep equal)
-    """
-
-    fn: LossFn
-    ratio_level: Literal["token", "sequence"]
-    clip: Literal["ratio", "weight"] | None
-    seq_mean_policy: bool
-    defaults: Mapping[str, float] = field(init=False, compare=False)
-    _signature: inspect.Signature = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        name = self.fn.__name__
-        signature = inspect.signature(self.fn)
-        params = signature.parameters
-        if any(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in params.values()):
-            raise TypeError(f"{name}: a loss takes keyword-only arguments")
-        missing = [a for a in SHARED_ARGS if a not in params]
-        if missing:
-            raise TypeError(f"{name} lacks the shared arguments {missing}")
-        own = {k: p.default for k, p in params.items() if k not in SHARED_ARGS}
-        if any(not isinstance(v, float) for v in own.values()):
-            raise TypeError(f"{name}: each of its own hyperparameters needs its paper's value as a float default")
-        if self.ratio_level not in ("token", "sequence"):
-            raise ValueError(f"{name}: ratio_level={self.ratio_level!r} must be 'token' or 'sequence'")
-        if (self.clip is not None) != ({"eps_low", "eps_high"} <= own.keys()):
-            raise ValueError(f"{name}: clip={self.clip!r} needs eps_low and eps_high exactly when it is not None")
-        object.__setattr__(self, "defaults", MappingProxyType(own))
-        object.__setattr__(self, "_signature", signature)
-
-    @property
-    def takes_ratio_scale(self) -> bool:
-        """Whether `ratio_scale` (a per-token factor on the ratio, e.g. RSPO's router shift) applies."""
-        return self.ratio_level == "token"
-
-    @property
-    def weighs_tokens(self) -> bool:
-        """Whether a per-token `weight` weighs each token (a sequence loss averages it per sequence)."""
-        return self.ratio_level == "token"
-
-    def __call__(self, **kwargs: Any) -> tuple[Tensor, LossMetrics]:
-        """`(loss, metrics)` of the shared and own arguments in `kwargs`, after the shared input checks."""
-        bound = self._signature.bind(**kwargs)
-        bound.apply_defaults()
-        bound.arguments["mask"] = self._check_inputs(**bound.arguments)
-        return self.fn(**bound.arguments)
-
-    def _check_inputs(
-        self,
-        *,
-        logp: Tensor,
-        old_logp: Tensor,
-        adv: Tensor,
-        mask: Tensor,
-        ref_logp: Tensor | None,
-        beta: float,
-        agg: str,
-        weight: Tensor | None,
-        ratio_scale: Tensor | None,
-        eps_low: float | None = None,
-        eps_high: float | None = None,
-        **_own: float,
-    ) -> Tensor:
-        """Validate shapes and options; return `mask` as bool."""
-        if ratio_scale is not None and not self.takes_ratio_scale:
-            raise ValueError(
-                f"{self.fn.__name__} is a sequence loss; ratio_scale (a per-token reweighting) needs a token loss"
-            )
-        if logp.dim() != 2:
-            raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
-        for name, x in (
-            ("old_logp", old_logp),
-            ("mask", mask),
-            ("ref_logp", ref_logp),
-            ("weight", weight),
-            ("ratio_scale", ratio_scale),
-        ):
-            if x is not None and x.shape != logp.shape:
-                raise ValueError(f"{name} shape {tuple(x.shape)} != logp shape {tuple(logp.shape)}")
-        allowed = [logp.shape[:1], logp.shape] if self.ratio_level == "token" else [logp.shape[:1]]
-        if adv.shape not in allowed:
-            want = " or ".join(str(tuple(s)) for s in allowed)
-            raise ValueError(f"adv shape {tuple(adv.shape)} must be {want} for logp shape {tuple(logp.shape)}")
-        if agg not in AGG_MODES:
-            raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
-        if beta != 0.0 and ref_logp is None:
-            raise ValueError(f"beta={beta} needs ref_logp")
-        if eps_low is not None and eps_high is not None and not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
-            raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-        return mask.to(torch.bool)
-
-
-def _loss(
-    *, ratio_level: Literal["token", "sequence"], clip: Literal["ratio", "weight"] | None, seq_mean_policy: bool
-) -> Callable[[LossFn], Loss]:
-    """Decorator: the loss function below becomes its `Loss` record with these facts."""
-
-    def record(fn: LossFn) -> Loss:
-        return Loss(fn, ratio_level=ratio_level, clip=clip, seq_mean_policy=seq_mean_policy)
-
-    return record
-
-
-def _token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor | None:
-    """The constant per-token weight, 0 at masked positions (None: no weight)."""
-    if weight is None:
-        return None
-    weight = weight.detach().to(like.dtype)
-    return torch.where(mask, weight, torch.zeros_like(weight))
-
-
-def _scaled(ratio: Tensor, ratio_scale: Tensor | None, mask: Tensor) -> Tensor:
-    """`ratio` times the constant `ratio_scale` (1 at masked positions), or `ratio` itself."""
-    if ratio_scale is None:
-        return ratio
-    scale = ratio_scale.detach().to(ratio.dtype)
-    return ratio * torch.where(mask, scale, torch.ones_like(scale))
-
-
-def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
-    """Reduce per-token values (B, T) to a scalar over valid tokens."""
-    x = torch.where(mask, x, torch.zeros_like(x))
-    if agg == "token-mean":
-        # sum_{i,t} x / sum_i |y_i|
-        return x.sum() / mask.sum().clamp(min=1)
-    # mean_{i: |y_i|>0} (1/|y_i|) sum_t x
-    seq_len = mask.sum(dim=-1)  # (B,)
-    seq_mean = x.sum(dim=-1) / seq_len.clamp(min=1)
-    return seq_mean.sum() / (seq_len > 0).sum().clamp(min=1)
-
-
-def _agg_count(mask: Tensor, agg: str) -> Tensor:
-    """The denominator of `_aggregate`: valid tokens (token-mean) or non-empty sequences."""
-    return mask.sum() if agg == "token-mean" else (mask.sum(dim=-1) > 0).sum()
-
-
-def _seq_mean(x: Tensor, valid: Tensor) -> Tensor:
-    """Mean of per-sequence values (B,) over the non-empty sequences."""
-    return torch.where(valid, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1)
-
-
-def _clipfracs(
-    ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Fractions of valid entries where min() picks the clipped (zero-gradient) branch, and those entries."""
-    n = valid.sum().clamp(min=1)
-    low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
-    high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
-    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}, (
-        low | high
-    ).detach()
-
-
-def _add_kl(
-    policy_loss: Tensor, *, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float, agg: str
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Add beta * k3 KL(pi_theta || pi_ref), aggregated by `agg`; return the total and its metrics."""
-    metrics = {LOSS_POLICY: policy_loss.detach()}
-    if ref_logp is None:
-        return policy_loss, metrics
-    log_ref_ratio = torch.where(mask, ref_logp.detach() - logp, torch.zeros_like(logp))
-    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3 = exp(ref - logp) - (ref - logp) - 1
-    kl = _aggregate(kl, mask, agg)
-    metrics[KL_REF_K3] = kl.detach()
-    return policy_loss + beta * kl, metrics
-
-
-def _to_floats(
-    metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str, clipped: Tensor
-) -> LossMetrics:
-    """The metrics as floats (one transfer) with their denominators: `policy` for the loss, `clip` for the
-    clip fractions, the KL term's by `agg`."""
-    counts = {LOSS: policy, LOSS_POLICY: policy, RATIO_CLIPFRAC_LOW: clip, RATIO_CLIPFRAC_HIGH: clip}
-    if KL_REF_K3 in metrics:
-        counts[KL_REF_K3] = _agg_count(mask, agg)
-    values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
-    return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])), clipped)
-
-
-def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
-    """Advantage per token (B, T), broadcasting a per-sequence (B,) advantage; constant."""
-    adv = adv.detach().to(logp.dtype)
-    return adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
-
-
-def _masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """log(pi_theta / pi_old) per token, 0 at masked positions so that exp() stays finite."""
-    return torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))
+__all__ = [
+    "AGG_MODES",
+    "LOSSES",
+    "SHARED_ARGS",
+    "Loss",
+    "LossFn",
+    "LossMetrics",
+    "cispo_loss",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "get_loss",
+    "grpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+    "offpolicy_sequence_mask",
+    "sapo_loss",
+    "vespo_loss",
+]
 
 
 @_loss(ratio_level="token", clip="ratio", seq_mean_policy=False)
@@ -503,6 +323,9 @@ LOSSES: dict[str, Loss] = {
     "gspo_token": gspo_token_loss,
     "sapo": sapo_loss,
     "cispo": cispo_loss,
+    "dppo_tv": dppo_tv_loss,
+    "dppo_kl": dppo_kl_loss,
+    "vespo": vespo_loss,
 }
 
 

@@ -123,6 +123,7 @@ POLICY_ENTROPY = "policy/entropy"
 OPTIM_GRAD_NORM = "optim/grad_norm"
 LOSS = "loss"
 LOSS_POLICY = "loss/policy"
+LOSS_OFFPOLICY_SEQ_MASKED_FRAC = "loss/offpolicy_seq_masked_frac"
 ROLLOUT_LOGP_GAP = "rollout/logp_gap"
 ROLLOUT_TOKEN_MULT_PROB_ERROR = "rollout/token_mult_prob_error"
 ROLLOUT_LOGP_GAP_OVER_LN2 = "rollout/logp_gap_over_ln2"
@@ -245,11 +246,13 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         RATIO_CLIPFRAC_LOW,
         "fraction of valid tokens (GSPO: sequences) on the clipped branch below `1 - eps_low` (CISPO: tokens "
-        "whose weight is truncated there, whatever the advantage; SAPO has no clip: 0)",
+        "whose weight is truncated there, whatever the advantage; DPPO: tokens with a negative advantage masked "
+        "because their probability fell past the divergence bound `eps_low`; SAPO and VESPO have no clip: 0)",
     ),
     Metric(
         RATIO_CLIPFRAC_HIGH,
-        "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high` (CISPO, SAPO: as above)",
+        "fraction of valid tokens (GSPO: sequences) on the clipped branch above `1 + eps_high` (DPPO: a positive "
+        "advantage, risen past `eps_high`; CISPO, SAPO, VESPO: as above)",
     ),
     Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
     Metric(
@@ -313,6 +316,12 @@ METRICS: tuple[Metric, ...] = (
         "the loss that was minimised (policy term plus `beta` times the KL term), averaged over the step's updates",
     ),
     Metric(LOSS_POLICY, "the clipped policy term alone, without the KL term"),
+    Metric(
+        LOSS_OFFPOLICY_SEQ_MASKED_FRAC,
+        "fraction of the update's non-empty sequences the off-policy sequence mask drops (DeepSeek-V3.2, arXiv "
+        "2512.02556 eq. 9): a negative advantage and a mean `log(pi_old / pi)` over its tokens above "
+        "`algo.offpolicy_mask_delta`; only when that is set",
+    ),
     Metric(ROLLOUT_LOGP_GAP, "mean `|rollout logp - old logp|` over completion tokens (the inference/training gap)"),
     Metric(ROLLOUT_RESPONSE_LEN, "mean completion length in tokens"),
     Metric(TIME_ROLLOUT_S, "wall seconds of the rollout (sampling, decoding, rewards, advantages)"),
