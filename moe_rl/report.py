@@ -113,27 +113,26 @@ def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
     csv = out / "leaderboard.csv"
     frames = [pooled.assign(cell="pooled")] + [t.assign(cell=f"lr {lr:g}, N = {n}") for (lr, n), t in cells]
     write_atomic(csv, lambda f: f.write(pd.concat(frames, ignore_index=True).to_csv(index=False).encode()))
-    arms = ", ".join(f"{a} {n}" for a, n in runs.groupby("arm").size().items())
-    section = [
-        "## Leaderboard: every arm against grpo+none",
-        "",
-        f"{len(runs)} finished runs, {runs['run'].isin(set(own['run'])).sum()} of them from `{runs_dir}`; "
-        f"{' and '.join(sorted(set(borrowed['arm'])))} are the {', '.join(f'{k}={v}' for k, v in keep.items())} runs of "
-        f"`{borrowed_dir}` (the same configs but the experiment name). Runs per arm: {arms}.",
-        "",
-        lb.__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
-        "",
-        f"Every arm starts from the same cold start ({100 * runs['start_accuracy'].mean():.1f}% held-out accuracy at "
-        "step 0): a late accuracy below it is a run that lost what the cold start had.",
-        "",
-        "Pooled over the cells (pairs by lr, N and seed):",
-        "",
-        lb.format_leaderboard_markdown(pooled),
-    ]
+    section = lb.bench_section(runs, own_runs=set(own["run"]), runs_dir=runs_dir, borrowed_dir=borrowed_dir, keep=keep)
+    section.append(lb.format_leaderboard_markdown(pooled))
     for (lr, n), table in cells:
         section += [f"lr {lr:g}, N = {n}:", "", lb.format_leaderboard_markdown(table)]
     _after_title(out / "summary.md", "\n".join(section))
     return [*written, csv]
+
+
+def _mechanism_report(runs_dir: Path, out: Path) -> list[Path]:
+    """The mechanism ladder: the usual report of its runs by rung, opened by the ladder (each rung's share
+    of the dense - moe gap, `moe_rl.analysis.mechanism`) as a table, a csv and a figure."""
+    from moe_rl.analysis.mechanism import REFERENCE, ladder_section
+
+    written = write_report(runs_dir, out, by=["rung"], reference=REFERENCE)
+    df = analysis.load_results(runs_dir)
+    table, text, fig = ladder_section(df[~df["status"].isin(INCOMPLETE_STATUSES)])
+    write_atomic(out / "ladder.csv", lambda f: f.write(table.to_csv(index=False).encode()))
+    write_atomic(out / "ladder.png", lambda f: fig.savefig(f, format="png", dpi=120))
+    _after_title(out / "summary.md", text)
+    return [*written, out / "ladder.csv", out / "ladder.png"]
 
 
 # result folders with a report of their own: name -> writer(runs_dir, out)
@@ -141,6 +140,7 @@ DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "drift_scaling": _with_provenance(_drift_report),
     "drift_forecast": _with_provenance(_forecast_report),
     "stabilizers": _stabilizers_report,
+    "mechanism": _with_provenance(_mechanism_report),
 }
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {

@@ -113,3 +113,27 @@ def format_leaderboard_markdown(table: pd.DataFrame, *, reference: str = REFEREN
             f"{_num(r['routing_share_mean'] * 100, '.1f')} | {_num(r['clip_frac_mean'] * 100, '.2f')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def bench_section(
+    runs: pd.DataFrame, *, own_runs: set[str], runs_dir: object, borrowed_dir: object, keep: dict[str, object]
+) -> list[str]:
+    """The opening lines of the stabilizer bench's leaderboard section (up to its pooled table): where its
+    runs come from, this module's rule, and the shared cold start."""
+    arms = ", ".join(f"{a} {n}" for a, n in runs.groupby("arm").size().items())
+    borrowed = sorted(set(runs.loc[~runs["run"].isin(own_runs), "arm"]))
+    return [
+        "## Leaderboard: every arm against grpo+none",
+        "",
+        f"{len(runs)} finished runs, {runs['run'].isin(own_runs).sum()} of them from `{runs_dir}`; "
+        f"{' and '.join(borrowed)} are the {', '.join(f'{k}={v}' for k, v in keep.items())} runs of "
+        f"`{borrowed_dir}` (the same configs but the experiment name). Runs per arm: {arms}.",
+        "",
+        (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
+        "",
+        f"Every arm starts from the same cold start ({100 * runs['start_accuracy'].mean():.1f}% held-out accuracy at "
+        "step 0): a late accuracy below it is a run that lost what the cold start had.",
+        "",
+        "Pooled over the cells (pairs by lr, N and seed):",
+        "",
+    ]

@@ -68,6 +68,16 @@ ROUTE_FLIP_RATE = route_key(OLD_VS_NEW, FLIP_RATE)
 ROUTE_EXPERT_FLIP_FRAC = route_key(OLD_VS_NEW, EXPERT_FLIP_FRAC)
 ROUTE_TOKEN_FLIP_RATE = route_key(OLD_VS_NEW, TOKEN_FLIP_RATE)
 ROUTE_USED_VS_CACHED_FLIP_RATE = route_key(USED_VS_CACHED, FLIP_RATE)
+# expert load and router statistics (moe_rl.routing.load)
+ROUTE_LOAD_ENTROPY = "route/load/entropy"
+ROUTE_LOAD_MAX_SHARE = "route/load/max_share"
+ROUTE_LOAD_DEAD_FRAC = "route/load/dead_frac"
+ROUTE_LOAD_SHIFT = "route/load/shift"
+ROUTE_ROUTER_LOGIT_RMS = "route/router/logit_rms"
+ROUTE_ROUTER_Z = "route/router/z"
+OPTIM_ROUTER_DRIFT = "optim/router_drift"
+OPTIM_EXPERT_STEP_RMS = "optim/expert_step/rms"
+OPTIM_EXPERT_STEP_LOW_OVER_HIGH = "optim/expert_step/low_over_high"
 ROUTE_REPLAY_REPLACE_RATE = "route/replay_replace_rate"
 ROUTE_R3_FALLBACK_FRAC = "route/r3_fallback_frac"
 ROUTE_CONFIDENCE = "route/confidence"
@@ -192,6 +202,42 @@ class Metric:
 
 
 METRICS: tuple[Metric, ...] = (
+    Metric(
+        ROUTE_LOAD_ENTROPY,
+        "normalised entropy `H(p_l) / log E` of the expert load `p_l(e)` (share of the update pass's valid (token, "
+        "slot) assignments expert e received at MoE layer l); 1 = balanced",
+        per_layer=True,
+    ),
+    Metric(
+        ROUTE_LOAD_MAX_SHARE,
+        "`max_e p_l(e)`: the busiest expert's share of the load (1/E when balanced)",
+        per_layer=True,
+    ),
+    Metric(ROUTE_LOAD_DEAD_FRAC, "share of experts whose load is under `1 / (10 E)`", per_layer=True),
+    Metric(
+        ROUTE_LOAD_SHIFT,
+        "total-variation distance `1/2 sum_e |p_old(e) - p_new(e)|` between the old pass's and the update's load",
+        per_layer=True,
+    ),
+    Metric(
+        ROUTE_ROUTER_LOGIT_RMS, "root mean square of the router logits over valid tokens and experts", per_layer=True
+    ),
+    Metric(
+        ROUTE_ROUTER_Z,
+        "ST-MoE's z statistic (arXiv 2202.08906): mean over valid tokens of `logsumexp(router logits)^2`",
+        per_layer=True,
+    ),
+    Metric(
+        OPTIM_ROUTER_DRIFT,
+        "relative Frobenius distance `||W_l - W_l(0)|| / ||W_l(0)||` of each router's weights from the cold start",
+        per_layer=True,
+    ),
+    Metric(OPTIM_EXPERT_STEP_RMS, "RMS of the optimizer's step on each expert's weights, mean over experts and layers"),
+    Metric(
+        OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
+        "mean step RMS of the experts that received fewer than the median tokens over the rest (1: AdamW steps "
+        "an expert as far whatever its tokens; below 1: step size grows with the tokens)",
+    ),
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
     Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),
     Metric(route_key("{pair}", TOKEN_FLIP_RATE), "mean over valid t of `1[exists l: S_a != S_b]`"),

@@ -1,0 +1,179 @@
+"""The mechanism ladder: which difference between the MoE model and its dense control closes the gap.
+
+At the edge cell the MoE model (`moe`) loses accuracy where its dense control (`dense`) holds. Each rung
+of the ladder (experiments/conf/rung/) changes one thing about `moe` (or about `dense`). Paired by
+(cold-start seed, seed), with accuracy change = late accuracy (mean of the last 3 evaluations) minus the
+step-0 accuracy, each measured from the run's own start:
+
+    share(rung) = mean(change_rung - change_moe) / mean(change_dense - change_moe)
+
+0 is the MoE model's outcome, 1 the dense model's; the interval is a paired bootstrap (BCa) over the pairs
+that hold all three runs. A rung "closes the gap" when its interval lies above 0.5, "opens it" when below 0.
+The table also gives each rung's start: step-0 held-out accuracy, and the first rollout's mean reward and
+entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from scipy import stats
+
+from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.stats import bootstrap_mean_ci
+from moe_rl.metrics.names import POLICY_ENTROPY, REWARD_MEAN
+
+REFERENCE, TARGET = "moe", "dense"
+PAIR = ["cold_seed", "seed"]
+
+
+def ladder_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a `load_results` frame with a `rung` column: its pairing keys, start and late
+    accuracy, accuracy change, and the first step's reward and entropy."""
+    keys = df.groupby("run")[["rung", *PAIR]].first()
+    first = df[df["step"] == df.loc[df["key"] == REWARD_MEAN, "step"].min()]
+    at_start = first[first["key"].isin([REWARD_MEAN, POLICY_ENTROPY])].pivot_table(
+        index="run", columns="key", values="value"
+    )
+    out = keys.assign(start_accuracy=start_accuracy(df), late_accuracy=late_accuracy(df))
+    out["change"] = out["late_accuracy"] - out["start_accuracy"]
+    out["start_reward"] = at_start.get(REWARD_MEAN)
+    out["start_entropy"] = at_start.get(POLICY_ENTROPY)
+    return out.reset_index()
+
+
+def paired_ratio_ci(x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of `mean(x) / mean(y)` over pairs resampled together: BCa, percentile where BCa
+    is undefined, the value itself where every pair is the same."""
+    if len(x) < 2:
+        return math.nan, math.nan
+    if np.ptp(x) == 0 and np.ptp(y) == 0:
+        return float(x.mean() / y.mean()), float(x.mean() / y.mean())
+    for method in ("BCa", "percentile"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns where BCa is undefined; the fallback handles it
+            res = stats.bootstrap(
+                (x, y),
+                lambda a, b, axis=-1: np.mean(a, axis=axis) / np.mean(b, axis=axis),
+                paired=True,
+                vectorized=True,
+                n_resamples=9999,
+                method=method,
+                rng=np.random.default_rng(seed),
+            )
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if np.isfinite(lo) and np.isfinite(hi):
+            return lo, hi
+    return math.nan, math.nan
+
+
+def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
+    """Per rung: runs, mean start (accuracy, reward, entropy), mean accuracy change with its interval, and
+    the share of the dense - moe gap it closes with its paired interval (NaN for the two ends' own rows)."""
+    change = runs.pivot_table(index=PAIR, columns="rung", values="change")
+    rows = []
+    for rung, g in runs.groupby("rung", sort=False):
+        mean, lo, hi = bootstrap_mean_ci(g["change"].to_numpy(), seed=seed)
+        row = {
+            "rung": rung,
+            "runs": len(g),
+            "start_accuracy": g["start_accuracy"].mean(),
+            "start_reward": g["start_reward"].mean(),
+            "start_entropy": g["start_entropy"].mean(),
+            "change": mean,
+            "change_lo": lo,
+            "change_hi": hi,
+            "pairs": 0,
+            "share": math.nan,
+            "share_lo": math.nan,
+            "share_hi": math.nan,
+        }
+        if {REFERENCE, TARGET, rung} <= set(change.columns):
+            both = change[list(dict.fromkeys([rung, REFERENCE, TARGET]))].dropna()
+            d = (both[rung] - both[REFERENCE]).to_numpy()
+            gap = (both[TARGET] - both[REFERENCE]).to_numpy()
+            row["pairs"] = len(both)
+            if len(both) and gap.mean() != 0:
+                row["share"] = float(d.mean() / gap.mean())
+                if rung not in (REFERENCE, TARGET):  # the ends are 0 and 1 by construction
+                    row["share_lo"], row["share_hi"] = paired_ratio_ci(d, gap, seed=seed)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    order = [REFERENCE, *sorted(set(table["rung"]) - {REFERENCE, TARGET}), TARGET]
+    return table.set_index("rung").loc[[r for r in order if r in set(table["rung"])]].reset_index()
+
+
+def verdict(row: pd.Series) -> str:
+    """What a rung does to the gap, by its share's interval."""
+    if row["rung"] in (REFERENCE, TARGET):
+        return "reference (0)" if row["rung"] == REFERENCE else "target (1)"
+    if not np.isfinite(row["share_lo"]):
+        return "too few pairs"
+    if row["share_lo"] > 0.5:
+        return "closes the gap"
+    if row["share_hi"] < 0:
+        return "opens the gap"
+    if row["share_lo"] > 0:
+        return "closes part of it"
+    return "no clear effect"
+
+
+def format_ladder_markdown(table: pd.DataFrame) -> str:
+    """The ladder as a markdown table, points as percentages of held-out accuracy."""
+    lines = [
+        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | share of gap [95% CI] | reads |",
+        "|:---|---:|---:|---:|---:|---:|---:|:---|",
+    ]
+    for _, r in table.iterrows():
+        share = (
+            f"{r['share']:+.2f} [{r['share_lo']:+.2f}, {r['share_hi']:+.2f}]"
+            if np.isfinite(r["share_lo"])
+            else (f"{r['share']:+.2f}" if np.isfinite(r["share"]) else "—")
+        )
+        lines.append(
+            f"| {r['rung']} | {r['runs']} | {100 * r['start_accuracy']:.1f}% | {r['start_reward']:.3f} | "
+            f"{r['start_entropy']:.3f} | {100 * r['change']:+.1f} [{100 * r['change_lo']:+.1f}, "
+            f"{100 * r['change_hi']:+.1f}] | {share} | {verdict(r)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_ladder(table: pd.DataFrame) -> Figure:
+    """Each rung's share of the dense - moe gap with its interval; 0 (moe) and 1 (dense) marked."""
+    fig = Figure(figsize=(7, 0.45 * len(table) + 1.2))
+    ax = fig.subplots()
+    y = np.arange(len(table))[::-1]
+    share = table["share"].to_numpy(float)
+    lo = np.where(np.isfinite(table["share_lo"]), table["share_lo"], share)
+    hi = np.where(np.isfinite(table["share_hi"]), table["share_hi"], share)
+    ax.errorbar(share, y, xerr=[share - lo, hi - share], fmt="o", capsize=3)
+    for x, label in ((0, REFERENCE), (1, TARGET)):
+        ax.axvline(x, color="grey", lw=0.8, ls="--")
+        ax.text(x, y.max() + 0.6, label, ha="center", va="bottom", fontsize=8, color="grey")
+    ax.set_yticks(y, table["rung"])
+    ax.set_xlabel("share of the dense - moe gap in accuracy change (paired, 95% CI)")
+    fig.tight_layout()
+    return fig
+
+
+def ladder_section(df: pd.DataFrame) -> tuple[pd.DataFrame, str, Figure]:
+    """The ladder of a `load_results` frame of finished runs: its table, the markdown section opening the
+    report (this module's rule, then the table and its figure) and the figure."""
+    table = ladder_table(ladder_runs(df))
+    rule = (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip()
+    text = "\n".join(
+        [
+            "## The ladder: which rung closes the dense - moe gap",
+            "",
+            rule,
+            "",
+            format_ladder_markdown(table),
+            "",
+            "![ladder](ladder.png)",
+        ]
+    )
+    return table, text, plot_ladder(table)

@@ -1,0 +1,114 @@
+"""Expert load and router statistics: every MoE practitioner's first plot, from routes and router logits.
+
+Pure functions of `Routes` and tensors (no hooks, no config); the loop decides when to call them.
+
+- load of layer l: the share of the (valid token, slot) assignments that went to each expert,
+  `p_l(e) = #{(t, j): S(t, l)_j = e} / (k * #valid t)`;
+- `route/load/entropy`: `H(p_l) / log E` (1 = balanced, 0 = one expert takes everything);
+- `route/load/max_share`: `max_e p_l(e)` (1/E when balanced);
+- `route/load/dead_frac`: share of experts with `p_l(e) < 1 / (10 E)` (a tenth of their balanced share);
+- `route/load/shift`: total-variation distance `1/2 sum_e |p_a(e) - p_b(e)|` between two passes' loads
+  (the rollout's routes and the update's);
+- `route/router/logit_rms`: root mean square of the router logits over valid tokens and experts;
+- `route/router/z`: ST-MoE's z statistic (arXiv 2202.08906), mean over valid tokens of `logsumexp(logits)^2`;
+- `optim/router_drift`: each router's relative distance from its cold-start weights;
+- `optim/expert_step/*`: how far the optimizer moved each expert against the tokens it received (AdamW
+  normalises each parameter's step, so an expert that saw few tokens may take a full-size step).
+Each is per MoE layer (`.../layer_{i}`, but the expert steps) and the mean over layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from moe_rl.metrics.names import (
+    OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
+    OPTIM_EXPERT_STEP_RMS,
+    OPTIM_ROUTER_DRIFT,
+    ROUTE_LOAD_DEAD_FRAC,
+    ROUTE_LOAD_ENTROPY,
+    ROUTE_LOAD_MAX_SHARE,
+    ROUTE_LOAD_SHIFT,
+    ROUTE_ROUTER_LOGIT_RMS,
+    ROUTE_ROUTER_Z,
+    layer_key,
+)
+from moe_rl.routing.routes import Routes
+
+DEAD_SHARE = 0.1  # an expert is dead below this fraction of its balanced share 1/E
+
+
+def expert_load(routes: Routes) -> Tensor:
+    """(L, E) float64 share of each layer's valid (token, slot) assignments that each expert received."""
+    B, T, L, k = routes.indices.shape
+    ids = routes.indices[routes.mask].long()  # (n, L, k)
+    counts = torch.zeros(L, routes.num_experts, dtype=torch.float64)
+    if ids.numel():
+        layer = torch.arange(L).view(1, L, 1).expand_as(ids)
+        counts.index_put_(
+            (layer.reshape(-1), ids.reshape(-1)), torch.ones(ids.numel(), dtype=torch.float64), accumulate=True
+        )
+    return counts / counts.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _per_layer(name: str, values: Tensor) -> dict[str, float]:
+    out = {layer_key(name, i): float(v) for i, v in enumerate(values.tolist())}
+    out[name] = float(values.mean())
+    return out
+
+
+def load_metrics(routes: Routes) -> dict[str, float]:
+    """`route/load/entropy`, `max_share` and `dead_frac`, per layer and their mean over layers."""
+    p = expert_load(routes)
+    E = routes.num_experts
+    plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    entropy = -plogp.sum(-1) / math.log(E) if E > 1 else torch.ones(p.shape[0], dtype=torch.float64)
+    return {
+        **_per_layer(ROUTE_LOAD_ENTROPY, entropy),
+        **_per_layer(ROUTE_LOAD_MAX_SHARE, p.max(-1).values),
+        **_per_layer(ROUTE_LOAD_DEAD_FRAC, (p < DEAD_SHARE / E).double().mean(-1)),
+    }
+
+
+def load_shift(a: Routes, b: Routes) -> dict[str, float]:
+    """`route/load/shift`: total-variation distance between the loads of two passes, per layer and mean."""
+    return _per_layer(ROUTE_LOAD_SHIFT, 0.5 * (expert_load(a) - expert_load(b)).abs().sum(-1))
+
+
+def router_logit_metrics(logits: Tensor, mask: Tensor) -> dict[str, float]:
+    """`route/router/logit_rms` and `route/router/z` from router logits (B, T, L, E) over the valid
+    positions `mask` (B, T), per layer and mean."""
+    x = logits[mask].double()  # (n, L, E)
+    if not x.numel():
+        return {}
+    rms = x.pow(2).mean(dim=(0, 2)).sqrt()
+    z = torch.logsumexp(x, dim=-1).pow(2).mean(0)
+    return {**_per_layer(ROUTE_ROUTER_LOGIT_RMS, rms), **_per_layer(ROUTE_ROUTER_Z, z)}
+
+
+def router_drift(weights: list[Tensor], start: list[Tensor]) -> dict[str, float]:
+    """`optim/router_drift`: `||W_l - W_l(0)||_F / ||W_l(0)||_F` per router, and the mean over layers."""
+    drift = torch.tensor(
+        [
+            float((w.double() - w0.double()).norm() / w0.double().norm().clamp(min=1e-30))
+            for w, w0 in zip(weights, start)
+        ],
+        dtype=torch.float64,
+    )
+    return _per_layer(OPTIM_ROUTER_DRIFT, drift)
+
+
+def expert_step_metrics(before: list[Tensor], after: list[Tensor], tokens: Tensor) -> dict[str, float]:
+    """How far the optimizer moved each expert against the tokens routed to it.
+
+    `before`/`after`: per MoE layer, the experts' weights stacked with the expert first (E, ...); `tokens`
+    (L, E): the (token, slot) assignments each expert received in the update. Logs the mean step RMS and the
+    mean step RMS of the experts below the layer's median token count over the rest."""
+    rms = torch.stack([(a.double() - b.double()).flatten(1).pow(2).mean(1).sqrt() for b, a in zip(before, after)])
+    median = torch.quantile(tokens.double(), 0.5, dim=-1, keepdim=True)
+    low, high = tokens.double() < median, tokens.double() >= median
+    ratio = rms[low].mean() / rms[high].mean() if low.any() and rms[high].mean() > 0 else torch.tensor(math.nan)
+    return {OPTIM_EXPERT_STEP_RMS: float(rms.mean()), OPTIM_EXPERT_STEP_LOW_OVER_HIGH: float(ratio)}
