@@ -15,6 +15,7 @@ from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
+from moe_rl.models.knobs import AUX_LOSS_FAMILIES, FLOAT64_ROUTER_FAMILIES, ROUTER_DTYPES, Z_LOSS_FAMILIES
 from moe_rl.routing.modes import mode_names, replay_mode
 from moe_rl.run.folder import NUMERICS
 from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for existing callers
@@ -40,6 +41,9 @@ class ModelConfig:
     experts_implementation: str | None = None  # None: fastest correct on the device
     checkpoint: str | None = None  # a save_pretrained directory or a hub id instead of a built model
     dtype: str = "float32"  # weights of the training policy, e.g. bfloat16 for a pretrained checkpoint
+    # RL-phase router knobs (moe_rl.models.knobs), set after the cold start; MoE models only
+    router_frozen: bool = False  # the routers take no gradient and keep the cold start's values (NeMo-RL, verl)
+    router_dtype: str = "float32"  # float32: the family's own; float64: router GEMM and softmax in float64 (NeMo-RL)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class AlgoConfig:
     eps_high: float | None = None
     agg: str = "seq-mean-token-mean"
     beta: float = 0.0  # k3 KL to the cold-start policy
+    aux_loss_coef: float = 0.0  # x the family's load-balancing loss (transformers' aux_loss; TRL: 0.001)
+    router_z_loss_coef: float = 0.0  # x ST-MoE's router z-loss (arXiv 2202.08906; ST-MoE: 0.001)
     tau_pos: float | None = None  # sapo: gate temperature for A > 0; None: the paper's 1.0
     tau_neg: float | None = None  # sapo: gate temperature for A <= 0; None: the paper's 1.05
     kl_tau: float | None = None  # dppo_tv, dppo_kl: weight of a (log r)^2 term (prime-rl: 1e-3); None: the paper's 0
@@ -125,6 +131,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates
+    router_lr_scale: float = 1.0  # the routers' lr is lr x this (NeMo Automodel: 0.1); MoE models only
+    expert_lr_scale: float = 1.0  # the routed experts' lr is lr x this; MoE models only
 
 
 COLD_START_TARGETS = ("greedy", "sampled")  # what cold_start.target is compared with (moe_rl.loop.cold_start)
@@ -339,6 +347,61 @@ def _check_metrics(metrics: MetricsConfig) -> None:
         )
 
 
+def _check_router_knobs(cfg: TrainConfig) -> None:
+    """The router and expert knobs (moe_rl.models.knobs) in range, and refused, naming the key, for a model
+    that lacks what they act on: a dense model has no router or experts, a family without a load-balancing
+    loss in transformers gets no `algo.aux_loss_coef`, and so on. A checkpoint of another family is checked
+    when it is loaded."""
+    m, o, a, family = cfg.model, cfg.optim, cfg.algo, cfg.model.family
+    _one_of("model.router_dtype", m.router_dtype, ROUTER_DTYPES)
+    for key, value in (("optim.router_lr_scale", o.router_lr_scale), ("optim.expert_lr_scale", o.expert_lr_scale)):
+        if not value > 0:
+            raise ValueError(f"{key}={value} must be > 0 (model.router_frozen=true freezes the routers)")
+    for key, value in (("algo.aux_loss_coef", a.aux_loss_coef), ("algo.router_z_loss_coef", a.router_z_loss_coef)):
+        if value < 0:
+            raise ValueError(f"{key}={value} must be >= 0 (0: off)")
+    if m.router_frozen and o.router_lr_scale != 1.0:
+        raise ValueError(
+            f"optim.router_lr_scale={o.router_lr_scale} scales the routers' updates, but model.router_frozen=true "
+            "gives them none; set one of the two"
+        )
+    knobs: tuple[tuple[str, object, object], ...] = (
+        ("model.router_frozen", m.router_frozen, False),
+        ("model.router_dtype", m.router_dtype, "float32"),
+        ("optim.router_lr_scale", o.router_lr_scale, 1.0),
+        ("optim.expert_lr_scale", o.expert_lr_scale, 1.0),
+        ("algo.aux_loss_coef", a.aux_loss_coef, 0.0),
+        ("algo.router_z_loss_coef", a.router_z_loss_coef, 0.0),
+    )
+    on = [(knob, setting, default) for knob, setting, default in knobs if setting != default]
+    if family in DENSE_FAMILIES and on:
+        knob, setting, default = on[0]
+        raise ValueError(
+            f"{knob}={setting!r} acts on the MoE layers' routers or experts, but model.family={family!r} is dense "
+            f"(no router, no experts); leave it at {default!r}"
+        )
+    known = family in FAMILIES or family in BACKENDS  # else a checkpoint's family: checked when it is loaded
+    why = {
+        "algo.aux_loss_coef": (
+            AUX_LOSS_FAMILIES,
+            "transformers' ForCausalLM of this family returns no load-balancing loss (aux_loss)",
+        ),
+        "algo.router_z_loss_coef": (
+            Z_LOSS_FAMILIES,
+            "ST-MoE's z-loss bounds the logits of a softmax router; this family's router is not one",
+        ),
+        "model.router_dtype": (
+            FLOAT64_ROUTER_FAMILIES,
+            "this family's router computes in float32 whatever its weights' dtype (or has no float64 kernel)",
+        ),
+    }
+    for knob, setting, _ in on:
+        if known and knob in why and family not in why[knob][0]:
+            raise ValueError(f"{knob}={setting!r} is not supported for model.family={family!r}: {why[knob][1]}")
+    if m.router_dtype == "float64" and cfg.rollout.engine != "hf":
+        raise ValueError("model.router_dtype=float64 runs on the transformers model with rollout.engine=hf only")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ValueError naming the first invalid key (ImportError for a logger whose package is
     missing); return `cfg` unchanged otherwise."""
@@ -484,6 +547,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ValueError(f"model.head_dim={cfg.model.head_dim} must be >= 1")
     if cfg.model.moe_intermediate_size is not None and cfg.model.moe_intermediate_size < 1:
         raise ValueError(f"model.moe_intermediate_size={cfg.model.moe_intermediate_size} must be >= 1")
-    if cfg.model.top_k >= cfg.model.num_experts:
-        raise ValueError(f"model.top_k={cfg.model.top_k} must be < model.num_experts={cfg.model.num_experts}")
+    if not 1 <= cfg.model.top_k <= cfg.model.num_experts:
+        raise ValueError(
+            f"model.top_k={cfg.model.top_k} must lie in [1, model.num_experts={cfg.model.num_experts}] "
+            "(top_k = num_experts: soft routing, every expert at its softmax weight)"
+        )
+    _check_router_knobs(cfg)
     return cfg

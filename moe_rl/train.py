@@ -22,8 +22,8 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
 
 How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
 from configs and synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router
-load-balancing loss (transformers' `output_router_logits` stays off), so nothing but the policy
-gradient moves the router; advantages use the population std of each group; AdamW with
+load-balancing loss or z-loss unless `algo.aux_loss_coef` or `algo.router_z_loss_coef` is set, so by
+default only the policy gradient moves the router; advantages use each group's population std; AdamW with
 betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
 model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`, where an in-process
 vLLM engine samples and routes the rollouts (moe_rl.rollout.engine) and gets the trainer's weights in place.
@@ -47,6 +47,7 @@ from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.cold_start import expected_key, get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.loop.policy import build_optimizer, set_router_knobs, update_forward, with_router_terms
 from moe_rl.metrics.collapse import HISTORY_KEYS as COLLAPSE_HISTORY_KEYS
 from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
@@ -156,6 +157,7 @@ class Trainer:
                 cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
             )
         self.policy.to(cfg.device)
+        set_router_knobs(self.policy, cfg.model, fsdp=self.dist.active and cfg.dist.strategy == "fsdp")
         self.replay_mode = replay_mode(cfg.replay.mode)
         self.replay_threshold = self.replay_mode.threshold_of(cfg.replay.threshold)
         # A dense model (no MoE layer) trains the same way with nothing to record or replay: its rows carry
@@ -179,13 +181,8 @@ class Trainer:
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
-        self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
-        )
-        warmup = cfg.optim.warmup_updates
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
+        self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
         self.loss_fn = get_loss(cfg.algo.name)
         # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
         self.loss_kwargs = {**cfg.algo.loss_kwargs(), "beta": cfg.algo.beta, "agg": cfg.algo.agg}
@@ -389,7 +386,8 @@ class Trainer:
             else None
         )
         with routed or replayed or contextlib.nullcontext():
-            logp, logits = forward_logp(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
+            forward = self.forward(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
+        logp, logits = forward[0], forward[1]
         routes = None
         if routed is not None and old.routes is not None:  # the route metrics' (and RSPO's) inputs
             thresholded = self.replay_threshold is not None
@@ -419,6 +417,7 @@ class Trainer:
             ratio_scale=shift_scale,
             **self.loss_kwargs,
         )
+        loss, loss_metrics = with_router_terms(loss, loss_metrics, forward, cfg.algo)  # + aux and z-loss terms if on
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)

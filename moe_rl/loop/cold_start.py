@@ -71,6 +71,11 @@ def load_tokenizer(path: str | Path, info: dict | None = None) -> PreTrainedToke
     return tokenizer
 
 
+# Model keys that do not change the cold-start weights: the experts kernel, and the RL-phase router knobs
+# (moe_rl.models.knobs), applied to the cold start's weights, so that every rung of an ablation starts alike.
+NOT_COLD_START = ("experts_implementation", "router_frozen", "router_dtype")
+
+
 def cold_start_key(
     model: ModelConfig,
     task: TaskConfig,
@@ -88,7 +93,7 @@ def cold_start_key(
 
     spec = identity_spec(
         {
-            "model": {k: v for k, v in asdict(model).items() if k != "experts_implementation"},
+            "model": {k: v for k, v in asdict(model).items() if k not in NOT_COLD_START},
             "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
             "cold_start": {k: v for k, v in asdict(cold).items() if k != "cache_dir"},
         }

@@ -134,6 +134,8 @@ OPTIM_GRAD_NORM = "optim/grad_norm"
 LOSS = "loss"
 LOSS_POLICY = "loss/policy"
 LOSS_OFFPOLICY_SEQ_MASKED_FRAC = "loss/offpolicy_seq_masked_frac"
+LOSS_AUX = "loss/aux"
+LOSS_ROUTER_Z = "loss/router_z"
 ROLLOUT_LOGP_GAP = "rollout/logp_gap"
 ROLLOUT_TOKEN_MULT_PROB_ERROR = "rollout/token_mult_prob_error"
 ROLLOUT_LOGP_GAP_OVER_LN2 = "rollout/logp_gap_over_ln2"
@@ -359,7 +361,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(OPTIM_GRAD_NORM, "gradient norm before clipping, per update, averaged over the step"),
     Metric(
         LOSS,
-        "the loss that was minimised (policy term plus `beta` times the KL term), averaged over the step's updates",
+        "the loss that was minimised (policy term plus `beta` times the KL term, plus the router terms `loss/aux` "
+        "and `loss/router_z` times their coefficients when they are on), averaged over the step's updates",
     ),
     Metric(LOSS_POLICY, "the clipped policy term alone, without the KL term"),
     Metric(
@@ -367,6 +370,17 @@ METRICS: tuple[Metric, ...] = (
         "fraction of the update's non-empty sequences the off-policy sequence mask drops (DeepSeek-V3.2, arXiv "
         "2512.02556 eq. 9): a negative advantage and a mean `log(pi_old / pi)` over its tokens above "
         "`algo.offpolicy_mask_delta`; only when that is set",
+    ),
+    Metric(
+        LOSS_AUX,
+        "the family's load-balancing loss (transformers' `aux_loss`, Switch Transformer arXiv 2101.03961) on the "
+        "update's tokens, unscaled; `loss` adds `algo.aux_loss_coef` times it (logged when that is > 0)",
+    ),
+    Metric(
+        LOSS_ROUTER_Z,
+        "ST-MoE's router z-loss (arXiv 2202.08906): mean over the update's tokens and MoE layers of "
+        "`logsumexp(router logits)^2`, unscaled; `loss` adds `algo.router_z_loss_coef` times it (logged when that "
+        "is > 0)",
     ),
     Metric(ROLLOUT_LOGP_GAP, "mean `|rollout logp - old logp|` over completion tokens (the inference/training gap)"),
     Metric(ROLLOUT_RESPONSE_LEN, "mean completion length in tokens"),

@@ -126,9 +126,12 @@ FAMILIES = {
 }
 
 # Dense controls: a dense family -> the MoE family it matches. Same hidden size, layers and attention;
-# one MLP of width top_k x expert width, so a token passes through as many parameters (the router aside).
-DENSE_FAMILIES = {"qwen3_dense": "qwen3_moe"}
-_DENSE_CONFIGS = {"qwen3_dense": Qwen3Config}
+# one MLP whose width is a number of experts (`_DENSE_EXPERTS`) times the expert width: `qwen3_dense` top_k
+# experts, so a token passes through as many parameters (the router aside); `qwen3_dense_total` all
+# num_experts, so the model holds as many parameters (the routers aside) and every one is active.
+DENSE_FAMILIES = {"qwen3_dense": "qwen3_moe", "qwen3_dense_total": "qwen3_moe"}
+_DENSE_CONFIGS = {"qwen3_dense": Qwen3Config, "qwen3_dense_total": Qwen3Config}
+_DENSE_EXPERTS = {"qwen3_dense": "top_k", "qwen3_dense_total": "num_experts"}
 # Keys of the MoE config a dense control reads (for its FFN width) or ignores: a model config written
 # for the MoE model builds its dense control unchanged.
 _DENSE_MATCH_KEYS = ("num_experts", "top_k", "moe_intermediate_size")
@@ -164,15 +167,19 @@ def default_experts_implementation(dtype: torch.dtype = torch.float32) -> str:
 
 def dense_config(family: str = "qwen3_dense", **overrides: Any) -> PretrainedConfig:
     """The dense control of `DENSE_FAMILIES[family]` under the same `overrides`: its hidden size, layers
-    and attention, and an MLP of width `top_k * moe_intermediate_size` (`num_experts` is unused).
+    and attention, and an MLP of width `top_k * moe_intermediate_size` (`qwen3_dense`: the MoE model's
+    active width) or `num_experts * moe_intermediate_size` (`qwen3_dense_total`: its total width); the
+    other of the two counts is unused.
 
     Built in one call, not patched after, so that per-layer fields (`layer_types`) follow the depth.
     """
     moe = FAMILIES[DENSE_FAMILIES[family]]()
-    top_k = overrides.pop("top_k", moe.num_experts_per_tok)
+    experts = {
+        "top_k": overrides.pop("top_k", moe.num_experts_per_tok),
+        "num_experts": overrides.pop("num_experts", moe.num_experts),
+    }[_DENSE_EXPERTS[family]]
     width = overrides.pop("moe_intermediate_size", moe.moe_intermediate_size)
-    overrides.pop("num_experts", None)
-    kwargs: dict[str, Any] = {**_BASE, "head_dim": moe.head_dim, "intermediate_size": top_k * width}
+    kwargs: dict[str, Any] = {**_BASE, "head_dim": moe.head_dim, "intermediate_size": experts * width}
     config_class = _DENSE_CONFIGS[family]
     known = config_class()
     for key, value in overrides.items():

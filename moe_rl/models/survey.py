@@ -201,20 +201,30 @@ def presets_markdown() -> list[str]:
         "attention, norms, routers, shared experts). `qwen3_dense` is the dense control of `qwen3_moe`: the same",
         "hidden size, layers and attention, and one MLP of width top_k x expert width (2 x 64 = 128), so its",
         "parameters equal `qwen3_moe`'s active ones less the routers (layers x experts x hidden = 2 x 8 x 64 = 1,024).",
+        "`qwen3_dense_total` is the same with an MLP of width num_experts x expert width (8 x 64 = 512): `qwen3_moe`'s",
+        "total parameters less the routers, every one active. `qwen3_moe (top-8)` is `model=qwen3_moe_soft`: the",
+        "default model routing every token to all 8 experts at the router's softmax weights (soft routing).",
         "",
         "| family | class | layers | MoE layers | experts, top-k | total parameters | active per token |",
         "|---|---|---:|---:|---|---:|---:|",
     ]
-    for family in [*FAMILIES, *DENSE_FAMILIES]:
-        model = build_model(family, vocab_size=vocab)
+    for label, family, overrides in [
+        *((family, family, {}) for family in [*FAMILIES, *DENSE_FAMILIES]),
+        ("qwen3_moe (top-8)", "qwen3_moe", SOFT_ROUTING),
+    ]:
+        model = build_model(family, vocab_size=vocab, **overrides)
         layers = find_moe_layers(model, required=False)
         total, active = param_counts(model)
         routing = f"{layers[0].num_experts}, top-{layers[0].top_k}" if layers else "dense"
         lines.append(
-            f"| {family} | {type(model).__name__} | {model.config.num_hidden_layers} | {len(layers)} | {routing} | "
+            f"| {label} | {type(model).__name__} | {model.config.num_hidden_layers} | {len(layers)} | {routing} | "
             f"{total:,} | {active:,} |"
         )
     return lines
+
+
+# experiments/conf/model/qwen3_moe_soft.yaml: the default model with top_k = num_experts
+SOFT_ROUTING = {"top_k": 8}
 
 
 def main(argv: list[str]) -> int:

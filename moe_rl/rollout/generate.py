@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -194,3 +195,27 @@ def forward_logp(
     mask = rollout.attention_mask[rows, :-1]
     logits = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids(mask)).logits
     return token_logp(logits, rollout.targets[rows], temperature), logits
+
+
+class RouterForward(NamedTuple):
+    """A teacher-forced pass with what the router loss terms read (`moe_rl.algos.router_losses`)."""
+
+    logp: Tensor  # (b, S-1)
+    logits: Tensor  # (b, S-1, V)
+    router_logits: tuple[Tensor, ...] | None  # per MoE layer (b * (S-1), E), batch-major rows
+    aux_loss: Tensor | None  # the family's load-balancing loss over the attention mask's tokens (None: it has none)
+    mask: Tensor  # (b, S-1) the attention mask of the pass
+
+
+def forward_logp_router(
+    model: PreTrainedModel, rollout: Rollout, rows: slice | Tensor | None = None, *, temperature: float = 1.0
+) -> RouterForward:
+    """`forward_logp` called with `output_router_logits=True`: also the MoE layers' router logits and the
+    load-balancing loss the family's ForCausalLM computes from them, over the tokens of the attention mask."""
+    rows = slice(None) if rows is None else rows
+    inputs = rollout.inputs[rows]
+    mask = rollout.attention_mask[rows, :-1]
+    out = model(input_ids=inputs, attention_mask=mask, position_ids=position_ids(mask), output_router_logits=True)
+    logp = token_logp(out.logits, rollout.targets[rows], temperature)
+    router_logits = out.get("router_logits")
+    return RouterForward(logp, out.logits, tuple(router_logits) if router_logits else None, out.get("aux_loss"), mask)

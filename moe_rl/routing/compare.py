@@ -278,7 +278,8 @@ def boundary_movement(
     sigma = sqrt(mean delta^2) over all valid (t, l) (float64 scalar), sigma_l, the same per layer (L,),
     and (n, flips) int64 per bin of x = g / sigma_l in `edges` (flip: the top-k set changed,
     `route_overlap` < k). Layers move at different rates (deeper ones more), hence the per-layer scale;
-    a layer that did not move (sigma_l = 0) puts its (t, l) at x = +inf.
+    a layer that did not move (sigma_l = 0) puts its (t, l) at x = +inf. With every expert chosen (k = E,
+    soft routing) there is no boundary: like an empty batch, NaN movement and empty bins.
     """
     _check_comparable(old, new)
     if old_scores.shape != new_scores.shape or old_scores.shape[:3] != old.shape[:3]:
@@ -286,10 +287,12 @@ def boundary_movement(
             f"score shapes {tuple(old_scores.shape)}, {tuple(new_scores.shape)} do not match routes {old.shape}"
         )
     valid = old.mask & new.mask.to(old.mask.device)  # (B, T)
-    gap, experts = boundary_gaps(old_scores[valid], old.top_k)  # (n, L), (n, L, 2)
-    p_new = new_scores[valid].double().gather(-1, experts).clamp(min=torch.finfo(torch.float64).tiny)
-    delta = (p_new[..., 0].log() - p_new[..., 1].log()) - gap  # (n, L)
     n_bins = len(edges) - 1
+    delta = torch.empty(0)
+    if old.top_k < old_scores.shape[-1]:  # else no top-k boundary to move
+        gap, experts = boundary_gaps(old_scores[valid], old.top_k)  # (n, L), (n, L, 2)
+        p_new = new_scores[valid].double().gather(-1, experts).clamp(min=torch.finfo(torch.float64).tiny)
+        delta = (p_new[..., 0].log() - p_new[..., 1].log()) - gap  # (n, L)
     if not delta.numel():
         nan = torch.tensor(float("nan"), dtype=torch.float64)
         zeros = torch.zeros(n_bins, dtype=torch.int64)
@@ -310,6 +313,8 @@ def movement_parts(
     it, and (n, flips) per gap/movement bin (binned with this process's per-layer movement)."""
     sigma, per_layer, n, flips = boundary_movement(old_scores, new_scores, old, new, overlap=overlap)
     count = (old.mask & new.mask.to(old.mask.device)).sum().double().cpu()
+    if old.top_k >= old_scores.shape[-1]:  # every expert chosen: no boundary, nothing counted
+        count = torch.zeros_like(count)
     sq = torch.nan_to_num(per_layer.cpu() ** 2) * count  # (L,)
     return Partial(sums={"sq": sq, "count": count, "n": n.cpu(), "flips": flips.cpu()})
 

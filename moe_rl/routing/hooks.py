@@ -289,8 +289,12 @@ def _along_time(masks: list[Tensor], passes: list[list[Any]]) -> Tensor:
 def router_margins(scores: Tensor, k: int) -> Tensor:
     """Gap between the k-th and (k+1)-th largest router score along the last dim.
 
-    Small margins predict route flips: a small update can swap the k-th and (k+1)-th expert.
+    Small margins predict route flips: a small update can swap the k-th and (k+1)-th expert. With every
+    expert chosen (k = E, soft routing) no route can flip; the (k+1)-th score counts as 0, so the margin is
+    the k-th score.
     """
+    if k >= scores.shape[-1]:
+        return scores.float().amin(dim=-1)
     top = scores.float().topk(k + 1, dim=-1).values
     return top[..., k - 1] - top[..., k]
 

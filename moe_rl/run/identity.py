@@ -32,7 +32,7 @@ NOT_IDENTITY = (
 # Keys added after runs were shipped: left out of the identity while at their default, so the
 # shipped runs keep theirs. Synthetic task kwargs at their defaults are left out for the same reason.
 ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"dtype": "float32", "head_dim": None},
+    "model": {"dtype": "float32", "head_dim": None, "router_frozen": False, "router_dtype": "float32"},
     "rollout": {
         "engine": "hf",
         "engine_sync_every": 1,
@@ -53,7 +53,10 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "k_neg": None,
         "lambda_neg": None,
         "offpolicy_mask_delta": None,
+        "aux_loss_coef": 0.0,
+        "router_z_loss_coef": 0.0,
     },
+    "optim": {"router_lr_scale": 1.0, "expert_lr_scale": 1.0},
     "replay": {"threshold": 0.5, "split_every": 1},
     "task": {
         "path": None,
