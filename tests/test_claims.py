@@ -636,3 +636,24 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
     assert "engine_mismatch_gentle (look 2, 16 runs)" in note and "the verdict counts 2 looks (p x 2)" in note
     # the declared cell alone: both arms collapse in 8 of 8 seeds, so no difference
     assert "(16 declared runs, one look): inconclusive" in note
+
+
+def test_ladder_claims_pair_on_cold_seed_and_seed_and_find_a_planted_effect() -> None:
+    """Claim 8 on planted ladder runs: 2 cold-start seeds x 4 seeds, the same seed under two cold starts is
+    two pairs (folded into one pairing id); moe (no aux loss) ends 10 points above aux1e-3 in every pair:
+    reproduced. Reversed: not reproduced."""
+    base = _pairs_frame(1, 8, acc_gain=0.1, collapse_w={"relative": 0}, arms=("aux1e-3", "moe"))
+    base = base.assign(
+        rung=base["arm"], arm="grpo+none", cold_seed=base["seed"] // 4, seed=base["seed"] % 4, start_reward=0.1
+    )
+    folded = C.ladder_pairs(base, ("moe", "aux1e-3"))
+    assert sorted(folded["seed"].unique()) == [0, 1, 2, 3, 1000, 1001, 1002, 1003]
+    assert len(C.ladder_pairs(base, ("moe",))) == 8 and C.ladder_pairs(base.drop(columns="rung")).equals(
+        base.drop(columns="rung")
+    )
+    c = C.judge_paired(C.AUX_HURTS, Path("unused"), runs=base)
+    assert (c.id, c.verdict) == (8, "reproduced") and "(8 pairs)" in c.statistic
+    flipped = base.assign(rung=base["rung"].map({"moe": "aux1e-3", "aux1e-3": "moe"}))
+    assert C.judge_paired(C.AUX_HURTS, Path("unused"), runs=flipped).verdict == "not reproduced"
+    frozen = C.judge_paired(C.FROZEN_ROUTER, Path("unused"), runs=base)
+    assert (frozen.id, frozen.verdict) == (9, "inconclusive") and "router_frozen" in frozen.reason

@@ -43,7 +43,7 @@ SWEEP_SIZES = {
     "phase_mixtral": 72,
     "stabilizers": 112,
     "engine_phase": 12,
-    "mechanism": 16,
+    "mechanism": 88,
 }
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {

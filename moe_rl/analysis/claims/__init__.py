@@ -52,6 +52,7 @@ from moe_rl.analysis.claims.arms import (
 from moe_rl.analysis.claims.cells import (
     degrading_cells,
     grid_definitions,
+    ladder_pairs,
     low_precision_large_n,
     offpolicy_runs,
     phase_outcomes,
@@ -74,9 +75,11 @@ from moe_rl.analysis.claims.paired import (
     own_start_drop,
 )
 from moe_rl.analysis.claims.paired_claims import (
+    AUX_HURTS,
     DENSE_CONTROL,
     DENSE_FAMILY,
     FAMILY_PHASES,
+    FROZEN_ROUTER,
     GSPO_STABLE,
     MOE_FAMILY,
     MOE_SPECIFIC,
@@ -130,6 +133,9 @@ __all__ = [
     "LEAD_MARGIN",
     "MOE_FAMILY",
     "MOE_SPECIFIC",
+    "AUX_HURTS",
+    "FROZEN_ROUTER",
+    "ladder_pairs",
     "NOT_REPRODUCED",
     "N_BOOT",
     "OFFPOLICY_GRPO",

@@ -98,3 +98,16 @@ def phase_cells(outcomes: pd.DataFrame) -> list[str]:
     (pairs never cross families: each has its own cold start)."""
     several = "family" in outcomes and outcomes["family"].nunique() > 1
     return [x for x in ("lr", "N") if x in outcomes] + (["family"] if several else [])
+
+
+LADDER_SEED_STRIDE = 1000  # a ladder run's pairing seed: cold-start seed x stride + seed
+
+
+def ladder_pairs(outcomes: pd.DataFrame, rungs: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A mechanism ladder's runs (those with a `rung`; of `rungs` where given), paired by cold-start seed and
+    seed: the two fold into the pairing `seed` (each rung trains its own cold start per cold-start seed).
+    Runs without a rung (another experiment's) pass unchanged."""
+    if "rung" not in outcomes or outcomes["rung"].isna().all():
+        return outcomes
+    out = outcomes[outcomes["rung"].isin(rungs)] if rungs else outcomes[outcomes["rung"].notna()]
+    return out.assign(seed=out["cold_seed"].astype(int) * LADDER_SEED_STRIDE + out["seed"].astype(int))

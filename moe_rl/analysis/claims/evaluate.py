@@ -9,7 +9,14 @@ from moe_rl.analysis.claims.claim_drift import claim_depth, claim_expert_drift
 from moe_rl.analysis.claims.claim_lead import claim_shift_leads
 from moe_rl.analysis.claims.declared import declared_analyses
 from moe_rl.analysis.claims.paired import PairedClaim, judge_paired
-from moe_rl.analysis.claims.paired_claims import GSPO_STABLE, MOE_SPECIFIC, OFFPOLICY_GRPO, R3_VS_R2
+from moe_rl.analysis.claims.paired_claims import (
+    AUX_HURTS,
+    FROZEN_ROUTER,
+    GSPO_STABLE,
+    MOE_SPECIFIC,
+    OFFPOLICY_GRPO,
+    R3_VS_R2,
+)
 from moe_rl.analysis.claims.rules import INCONCLUSIVE, Claim
 
 # in page order: a paired claim is a declaration (`paired_claims`), a claim with a statistic of its own a function
@@ -21,6 +28,8 @@ CLAIMS: tuple[PairedClaim | Callable[..., Claim], ...] = (
     R3_VS_R2,
     claim_shift_leads,
     MOE_SPECIFIC,
+    AUX_HURTS,
+    FROZEN_ROUTER,
 )
 DECLARED_BY = {claim_depth: "drift_scaling"}  # a claim function that reads its experiment file -> that file
 

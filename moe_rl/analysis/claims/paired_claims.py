@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from moe_rl.analysis.claims.cells import START_STEPS, load_experiment, low_precision_large_n, offpolicy_runs
+from moe_rl.analysis.claims.cells import (
+    START_STEPS,
+    ladder_pairs,
+    load_experiment,
+    low_precision_large_n,
+    offpolicy_runs,
+)
 from moe_rl.analysis.claims.paired import COLLAPSE_OUTCOMES, AlsoOn, PairedClaim
 from moe_rl.analysis.claims.rules import (
     ACCURACY_MARGIN,
@@ -148,6 +155,7 @@ R3_VS_R2 = PairedClaim(
 )
 
 DENSE_CONTROL = "dense_control"
+MECHANISM = "mechanism"  # the ladder (experiments/conf/preset/mechanism.yaml): rungs from matched starts
 MOE_FAMILY, DENSE_FAMILY = "qwen3_moe", "qwen3_dense"  # the default model and its dense control (moe_rl.models)
 MOE_SPECIFIC = PairedClaim(
     7,
@@ -175,6 +183,14 @@ MOE_SPECIFIC = PairedClaim(
     from_own_start=True,
     names={DENSE_FAMILY: "dense", MOE_FAMILY: "MoE"},
     per_cell=True,
+    runs=partial(ladder_pairs, rungs=("moe", "dense")),  # the ladder's moe and dense rungs, for the note below
+    also=(
+        AlsoOn(
+            MECHANISM,
+            "from matched starts (`mechanism`: rungs moe and dense, each warmed up to the same sampled reward, 2 "
+            "cold-start seeds x 4 seeds): **{verdict}** ({reason}); {statistic}",
+        ),
+    ),
     plain=(
         "We trained the dense control ({better}: the same attention and as many parameters per token, no "
         "routing) next to {worse} from its own cold start, with the same seeds, in the cells where the MoE "
@@ -188,4 +204,52 @@ MOE_SPECIFIC = PairedClaim(
     no_cell=(UNTESTABLE_HERE, f"{MOE_FAMILY} ends below its cold start in no cell with paired runs"),
 )
 
-PAIRED_CLAIMS = (OFFPOLICY_GRPO, GSPO_STABLE, R3_VS_R2, MOE_SPECIFIC)
+LADDER_RULE = (
+    "{better} vs {worse} on the `mechanism` ladder's runs (lr 3e-4, N = 8, grpo+none, matched starts), paired by "
+    "(cold-start seed, seed), measured from each run's own start: accuracy change (late accuracy, the mean of the "
+    "last 3 evaluations, minus step 0) and reward AUC (minus the mean reward of the first "
+    f"{START_STEPS} steps), sign-flip test and bootstrap interval, and time to collapse (log-rank stratified on "
+    "the pairs), Holm over the three. reproduced if one favours {favoured} at p < 0.05 and none the other; not "
+    f"reproduced if one favours the other, or the accuracy and reward AUC intervals lie inside ±{ACCURACY_MARGIN}; "
+    f"inconclusive otherwise; {UNTESTABLE_HERE} where the MoE model does not degrade"
+)
+AUX_HURTS = PairedClaim(
+    8,
+    "A load-balancing loss during GRPO hurts an MoE policy",
+    "NeMo-RL #3169 (against TRL's default aux loss 0.001)",
+    LADDER_RULE.format(
+        better="moe (no aux loss)", worse="moe with the family's aux loss at 1e-3", favoured="no aux loss"
+    ),
+    experiment=MECHANISM,
+    worse="aux1e-3",
+    better="moe",
+    compare_by="rung",
+    pairing=("lr", "N"),
+    degrading=("moe",),
+    from_own_start=True,
+    runs=partial(ladder_pairs, rungs=("moe", "aux1e-3")),
+    names={"aux1e-3": "aux 1e-3", "moe": "no aux"},
+    no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
+    no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
+    no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
+)
+FROZEN_ROUTER = PairedClaim(
+    9,
+    "Freezing the router stabilises GRPO on MoE",
+    "NeMo-RL's and verl's (Megatron) GRPO defaults",
+    LADDER_RULE.format(better="moe with a frozen router", worse="moe", favoured="the frozen router"),
+    experiment=MECHANISM,
+    worse="moe",
+    better="router_frozen",
+    compare_by="rung",
+    pairing=("lr", "N"),
+    degrading=("moe",),
+    from_own_start=True,
+    runs=partial(ladder_pairs, rungs=("moe", "router_frozen")),
+    names={"router_frozen": "frozen router", "moe": "learning router"},
+    no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
+    no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
+    no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
+)
+
+PAIRED_CLAIMS = (OFFPOLICY_GRPO, GSPO_STABLE, R3_VS_R2, MOE_SPECIFIC, AUX_HURTS, FROZEN_ROUTER)
