@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import transformers
@@ -45,10 +45,13 @@ import transformers
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.loop.cold_start import expected_key, get_cold_start
+from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, refuse_foreign_dir, restore_state, save_state
+from moe_rl.loop.cold_start import get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.loop.passes import old_pass
 from moe_rl.loop.policy import build_optimizer, set_router_knobs, update_forward, with_router_terms
-from moe_rl.metrics.collapse import HISTORY_KEYS as COLLAPSE_HISTORY_KEYS
+from moe_rl.loop.records import Batch, OldPass, Sampled
+from moe_rl.loop.split import other_routing_logp, split_pass
 from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
     LOSS,
@@ -73,20 +76,19 @@ from moe_rl.metrics.step import (
     update_routes,
 )
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
+from moe_rl.models.knobs import router_parameters
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
+from moe_rl.routing.load import INSTRUMENTS, instrument_finalize, router_drift
 from moe_rl.routing.modes import replay_mode
 from moe_rl.run.folder import (
     FINISHED,
     RunDirectoryError,
-    check_run_dir,
     note_meta,
     pin_numerics,
     read_status,
-    rng_state,
-    set_rng_state,
     status_on_failure,
 )
 from moe_rl.run.keys import run_keys
@@ -97,37 +99,10 @@ from moe_rl.tasks.setup import setup_task
 
 log = logging.getLogger(__name__)
 
-# The (step, value) series the loop keeps (and restores on resume): the collapse detector's and the verdict's.
-LOOP_HISTORY_KEYS = (*COLLAPSE_HISTORY_KEYS, REWARD_ZERO_VAR_GROUP_FRAC, REWARD_ERRORS)
 
-
-class Sampled(NamedTuple):
-    """What the rollout gives the step (1.)."""
-
-    rollout: Rollout
-    rewards: torch.Tensor  # (B,) on the CPU, this rank's rows
-    metrics: dict[str, float]  # this rank's reward/ (the step pools them over every rank) and engine's metrics
-
-
-class OldPass(NamedTuple):
-    """What the old-policy pass gives the updates (2.)."""
-
-    logp: torch.Tensor  # (B, T) old_logp
-    routes: Routes | None  # the old policy's native routes (None: a dense model)
-    margins: torch.Tensor  # (B, T, L) k-th vs (k+1)-th router probability gaps
-    scores: torch.Tensor  # (B, T, L, E) router selection probabilities
-    weights: torch.Tensor | None  # (B, T, L, k) float32 combine weights (replay modes that force them), else None
-
-
-class Batch(NamedTuple):
-    """What every update of a step reads (3.): the rollout, its advantages, the old pass, the routes the
-    updates replay (None: none) and the engine-gap correction (None: `rollout.is_correction=none`)."""
-
-    rollout: Rollout
-    adv: torch.Tensor  # (B,)
-    old: OldPass
-    replay: Routes | None
-    correction: EngineWeight | None = None
+def full(p: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: an FSDP2 shard gathered (`DTensor.full_tensor`, a collective every rank joins)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
 
 
 class Trainer:
@@ -180,6 +155,7 @@ class Trainer:
             if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
+        self.router_start = [p.detach().clone() for p in self.routers()]  # optim/router_drift's reference
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
@@ -227,12 +203,23 @@ class Trainer:
             correction=batch.correction,
             instruments=instruments,
         )
+        if old.instruments is not None:  # the old pass's expert load and router logits (route steps)
+            parts.add(INSTRUMENTS, old.instruments)
+        merged = self.dist.merge(parts)
         engine_part = self.rollout_policy is not self.policy or self.engine is not None  # else the trainer sampled
-        pooled = step_finalize(
-            self.dist.merge(parts), updates, group_size=cfg.rollout.group_size, engine_part=engine_part
-        )
+        pooled = step_finalize(merged, updates, group_size=cfg.rollout.group_size, engine_part=engine_part)
+        pooled.update(instrument_finalize(merged.sub(INSTRUMENTS)))
+        if instruments and self.router_start:  # each router's distance from the cold start
+            pooled.update(router_drift([full(p) for p in self.routers()], self.router_start))
         self.snapshot(step, rollout, old.routes)
         return {**sampled.metrics, **pooled}  # the rewards' metrics pooled over every rank's rows
+
+    def routers(self) -> list[torch.nn.Parameter]:
+        """The router weights (none for a dense model or a family whose routers the knobs cannot find)."""
+        try:
+            return router_parameters(self.policy) if self.routed else []
+        except ValueError:
+            return []
 
     def prompts_for(self, step: int) -> list[dict]:
         """The P examples of `step`: a seeded permutation, the same for every arm of a seed."""
@@ -290,34 +277,16 @@ class Trainer:
         return self.replay_mode.replays_rollout or instruments_due(step, cfg.metrics.route_every) or snapshot
 
     def old_pass(self, rollout: Rollout, *, instruments: bool = True) -> OldPass:
-        """2. old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and
-        the combine weights the experts received when the replay mode forces them (`trr`); a dense model
-        has no routes (None), margins or scores (empty). Margins and scores only feed the route instruments
-        (and RSPO's factor, which reads the scores): without `instruments` they are left empty too."""
-        if not self.routed:
-            with torch.no_grad():
-                old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-            return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
-        mode = self.replay_mode
-        replay = rollout.routes if mode.old_pass_replays else None
-        scores = instruments or self.cfg.algo.router_shift
-        routed = RoutedPass(
+        """2. The old-policy pass (`moe_rl.loop.passes.old_pass`) with this run's policy and replay mode."""
+        cfg = self.cfg
+        return old_pass(
             self.policy,
-            replay,
-            margins=instruments,
-            scores=scores,
-            weights=mode.weights,
+            rollout,
+            self.replay_mode if self.routed else None,
+            instruments=instruments,
+            scores=instruments or cfg.algo.router_shift,
             threshold=self.replay_threshold,
-        )
-        with torch.no_grad(), routed:
-            old_logp, _ = forward_logp(self.policy, rollout, temperature=self.cfg.rollout.temperature)
-        native = routed.native.with_mask(rollout.token_mask)
-        return OldPass(
-            old_logp,
-            native,
-            routed.margins if instruments else torch.empty(0),
-            routed.scores if scores else torch.empty(0),
-            routed.weights if mode.weights else None,
+            temperature=cfg.rollout.temperature,
         )
 
     def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
@@ -396,7 +365,7 @@ class Trainer:
             routes = update_routes(routed, *old_rows, replay, rollout.token_mask[rows], thresholded=thresholded)
         other = None
         if split and routes is not None:  # a dense model has no routing to split
-            other = self.split_pass(rollout, rows, replay, routes.old, split_rows)
+            other = split_pass(self.other_routing_logp, rollout, rows, replay, routes.old, split_rows)
         ref_logp = None
         if self.ref is not None:
             with torch.no_grad():
@@ -451,30 +420,11 @@ class Trainer:
         grad = scalars[1]
         return update_finalize(self.dist.merge(parts), list(loss_metrics), grad, position_bucket=cfg.position_bucket)
 
-    def split_pass(
-        self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes, scored: torch.Tensor | None
-    ) -> tuple[torch.Tensor, Routes, torch.Tensor | None]:
-        """`other_routing_logp` on the rows at positions `scored` of `rows` (None: all), and those positions.
-        A process holding none of the subsample still runs the pass, on its first row, so that every process
-        joins the pass's collectives (FSDP); it then keeps none of it."""
-        if scored is None:
-            return (*self.other_routing_logp(rollout, rows, replay, old), None)
-        run = scored if scored.numel() else torch.zeros(1, dtype=torch.long)
-        logp, routes = self.other_routing_logp(
-            rollout, rows[run], replay[run] if replay is not None else None, old[run]
-        )
-        keep = slice(None) if scored.numel() else slice(0, 0)
-        return logp[keep], routes[keep], scored
-
     def other_routing_logp(
         self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes
     ) -> tuple[torch.Tensor, Routes]:
-        """(log pi_theta, routes used) of `rows` with the current weights under the routing the update did
-        not use: the router's own routes when it replays `replay`, the old pass's routes `old` when it
-        does not. One extra forward, no grad, before the optimizer step."""
-        with torch.no_grad(), RoutedPass(self.policy, old if replay is None else None) as routed:
-            logp, _ = forward_logp(self.policy, rollout, rows, temperature=self.cfg.rollout.temperature)
-        return logp, routed.used.with_mask(rollout.token_mask[rows])
+        """The ratio split's pass with the current weights (`moe_rl.loop.split.other_routing_logp`)."""
+        return other_routing_logp(self.policy, rollout, rows, replay, old, temperature=self.cfg.rollout.temperature)
 
     def snapshot(self, step: int, rollout: Rollout, old_routes: Routes | None) -> None:
         """5. The old pass's and the rollout's routes of `step`, every `snapshot_every` steps (rank 0)."""
@@ -509,43 +459,12 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        """This world's checkpoint of `step` (`Dist.save`: one file, or one shard per rank)."""
-        self.dist.save(
-            self.writer.dir,
-            step,
-            self.policy,
-            self.optimizer,
-            self.ref,
-            {
-                "step": step,
-                "scheduler": self.scheduler.state_dict(),
-                "rng": rng_state(),
-                "events": self.writer.events,
-                "cold_start_key": self.cold_info.get("key"),
-                "config_hash": self.writer.config_hash,
-            },
-        )
+        """This world's checkpoint of `step` (`moe_rl.loop.checkpoint.save_state`)."""
+        save_state(self, step)
 
     def resume(self) -> int:
         """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
-        state = self.dist.load(
-            self.writer.dir,
-            self.policy,
-            self.optimizer,
-            self.ref,
-            config_hash=self.writer.config_hash,
-            cold_start_key=self.cold_info.get("key"),
-        )
-        if state is None:
-            self.writer.truncate_after(-1)  # parts of a run killed before its first checkpoint
-            return 0
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        self.writer.events = list(state["events"])
-        self.writer.truncate_after(state["step"])
-        self.history.update(self.dist.broadcast(self.writer.history(LOOP_HISTORY_KEYS)))  # only rank 0's writer reads
-        log.info("resuming %s after step %d", self.writer.dir, state["step"])
-        return state["step"]
+        return restore_state(self)
 
     def run(self) -> dict[str, Any]:
         """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""
@@ -649,16 +568,6 @@ class Trainer:
         if status in FINISHED and not cfg.keep_checkpoint:
             self.dist.remove_checkpoint(writer.dir)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
-
-
-def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
-    """RunDirectoryError when `cfg`'s run directory belongs to another run or another world (reads only)."""
-    check_run_dir(
-        run_dir(cfg),
-        config_hash=config_hash(cfg),
-        world_size=world_size,
-        cold_start_key=expected_key(cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics),
-    )
 
 
 def train(cfg: TrainConfig, *, checked: bool = False) -> dict[str, Any]:

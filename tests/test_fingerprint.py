@@ -58,8 +58,10 @@ def _fingerprint(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
 def test_the_reference_keeps_one_digest_per_verified_cpu() -> None:
     ref = json.loads(REFERENCE.read_text())
     assert set(ref) == {"r2_avx2", "r2_portable"}
-    assert {"AuthenticAMD AMD EPYC", "GenuineIntel Intel(R) Xeon(R) Processor"} <= set(ref["r2_avx2"])
-    # the pin is per vendor: the two verified CPUs do give different bits under numerics=avx2
+    assert "GenuineIntel Intel(R) Xeon(R) Processor" in ref["r2_avx2"] and set(ref["r2_portable"]) <= set(
+        ref["r2_avx2"]
+    )
+    # the pin is per vendor: CPUs verified under numerics=avx2 give bits of their own (docs/numerics.md)
     assert len(set(ref["r2_avx2"].values())) == len(ref["r2_avx2"])
     assert all(len(d) == 64 for digests in ref.values() for d in digests.values())
 

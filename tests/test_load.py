@@ -83,3 +83,34 @@ def test_router_drift_and_expert_steps_by_hand() -> None:
     got = expert_step_metrics(before, after, tokens)
     assert got["optim/expert_step/rms"] == pytest.approx(2.5)
     assert got["optim/expert_step/low_over_high"] == pytest.approx(((2 + 4) / 2) / ((1 + 3) / 2))
+
+
+def test_the_loops_partial_sums_pool_to_the_whole_batch() -> None:
+    """instrument_parts on two halves of a batch, added as processes add them, give the metrics of the whole:
+    the load by hand (`load_metrics`), the shift against the rollout's routes, and the router statistics."""
+    from moe_rl.metrics.partial import pool
+    from moe_rl.routing.load import instrument_finalize, instrument_parts
+
+    torch.manual_seed(0)
+    B, T, L, E = 4, 3, 2, 4
+    ids = torch.stack([torch.randperm(E)[:2].sort().values for _ in range(B * T * L)]).view(B, T, L, 2)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 0] = False
+    whole = Routes(indices=ids.to(torch.uint8), mask=mask, layer_map=(0, 1), num_experts=E)
+    rollout = Routes(indices=ids.roll(1, dims=0).to(torch.uint8), mask=mask, layer_map=(0, 1), num_experts=E)
+    logits = tuple(torch.randn(B * T, E) for _ in range(L))  # per layer, as transformers returns them
+
+    def half(rows: slice):
+        sub = Routes(indices=whole.indices[rows], mask=mask[rows], layer_map=(0, 1), num_experts=E)
+        sub_rollout = Routes(indices=rollout.indices[rows], mask=mask[rows], layer_map=(0, 1), num_experts=E)
+        sub_logits = tuple(g.view(B, T, E)[rows].reshape(-1, E) for g in logits)
+        return instrument_parts(sub, sub_logits, sub_rollout)
+
+    pooled = instrument_finalize(pool([half(slice(0, 2)), half(slice(2, 4))]))
+    alone = instrument_finalize(instrument_parts(whole, logits, rollout))
+    assert pooled.keys() == alone.keys() and all(pooled[k] == pytest.approx(alone[k], rel=1e-12) for k in alone)
+    for key, value in {**load_metrics(whole), **load_shift(rollout, whole)}.items():
+        assert alone[key] == pytest.approx(value, rel=1e-12), key
+    stacked = torch.stack([g.view(B, T, E) for g in logits], dim=2)  # (B, T, L, E)
+    for key, value in router_logit_metrics(stacked, mask).items():
+        assert alone[key] == pytest.approx(value, rel=1e-12), key

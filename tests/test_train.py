@@ -224,7 +224,7 @@ def test_aggregate_is_over_the_whole_step() -> None:
     [
         (
             lambda c: setattr(c.algo, "name", "ppo"),
-            r"algo.name='ppo' is not valid; valid: \['cispo', 'grpo', 'gspo', 'gspo_token', 'sapo'\]",
+            r"algo.name='ppo' is not valid; valid: \['cispo', 'dppo_kl', 'dppo_tv', 'grpo', 'gspo', 'gspo_token', 'sapo', 'vespo'\]",
         ),
         (
             lambda c: setattr(c.algo, "tau_pos", 1.0),

@@ -313,7 +313,7 @@ def step_parts(
     rollout's routes and token mask, where the updates replay them) and rollout vs old routes; the
     engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`).
     `old`: the old pass's (logp, routes, margins, scores, weights) (`moe_rl.train.OldPass`)."""
-    old_logp, old_routes, margins, old_scores, _ = old
+    old_logp, old_routes, margins, old_scores = old[:4]
     parts = Partial(
         sums={
             "length": mask.sum(-1).float().sum(),

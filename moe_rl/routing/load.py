@@ -36,8 +36,10 @@ from moe_rl.metrics.names import (
     ROUTE_ROUTER_Z,
     layer_key,
 )
+from moe_rl.metrics.partial import Partial
 from moe_rl.routing.routes import Routes
 
+INSTRUMENTS = "instruments"  # the loop's Partial family of these sums
 DEAD_SHARE = 0.1  # an expert is dead below this fraction of its balanced share 1/E
 
 
@@ -112,3 +114,62 @@ def expert_step_metrics(before: list[Tensor], after: list[Tensor], tokens: Tenso
     low, high = tokens.double() < median, tokens.double() >= median
     ratio = rms[low].mean() / rms[high].mean() if low.any() and rms[high].mean() > 0 else torch.tensor(math.nan)
     return {OPTIM_EXPERT_STEP_RMS: float(rms.mean()), OPTIM_EXPERT_STEP_LOW_OVER_HIGH: float(ratio)}
+
+
+# --- the loop's form: partial sums pooled over processes, then the metrics -------------------------------
+
+
+def _counts(routes: Routes) -> Tensor:
+    """(L, E) float64 (token, slot) assignments per expert over the valid positions."""
+    ids = routes.indices[routes.mask].long()  # (n, L, k)
+    L = routes.indices.shape[2]
+    counts = torch.zeros(L, routes.num_experts, dtype=torch.float64)
+    if ids.numel():
+        layer = torch.arange(L).view(1, L, 1).expand_as(ids).reshape(-1)
+        counts.index_put_((layer, ids.reshape(-1)), torch.ones(ids.numel(), dtype=torch.float64), accumulate=True)
+    return counts
+
+
+def instrument_parts(native: Routes, router_logits: tuple[Tensor, ...] | None, rollout: Routes | None) -> Partial:
+    """The old pass's instruments as sums a process adds to the others': expert counts of its native routes
+    (and of the rollout's routes, when recorded, for `route/load/shift`), and the router logits' squares and
+    squared logsumexp over the valid positions (`router_logits`: per MoE layer, (B*T, E) as transformers
+    returns them)."""
+    sums = {"counts": _counts(native)}
+    if rollout is not None:
+        sums["rollout_counts"] = _counts(rollout.with_mask(native.mask))
+    if router_logits:
+        B, T = native.mask.shape
+        x = torch.stack([g.reshape(B, T, -1) for g in router_logits], dim=2)[native.mask].double()  # (n, L, E)
+        sums["logit_sq"] = x.pow(2).sum(dim=(0, 2))
+        sums["lse_sq"] = torch.logsumexp(x, dim=-1).pow(2).sum(0)
+        sums["positions"] = torch.tensor([float(x.shape[0])], dtype=torch.float64)
+        sums["cells"] = torch.tensor([float(x.shape[0] * x.shape[-1])], dtype=torch.float64)  # logits per layer
+    return Partial(sums=sums)
+
+
+def _shares(counts: Tensor) -> Tensor:
+    return counts / counts.sum(-1, keepdim=True).clamp(min=1)
+
+
+def instrument_finalize(parts: Partial) -> dict[str, float]:
+    """The load and router metrics from pooled `instrument_parts` (every process's sums added)."""
+    s = parts.sums
+    if "counts" not in s:
+        return {}
+    p = _shares(s["counts"])
+    E = p.shape[-1]
+    plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    entropy = -plogp.sum(-1) / math.log(E) if E > 1 else torch.ones(p.shape[0], dtype=torch.float64)
+    out = {
+        **_per_layer(ROUTE_LOAD_ENTROPY, entropy),
+        **_per_layer(ROUTE_LOAD_MAX_SHARE, p.max(-1).values),
+        **_per_layer(ROUTE_LOAD_DEAD_FRAC, (p < DEAD_SHARE / E).double().mean(-1)),
+    }
+    if "rollout_counts" in s:
+        out.update(_per_layer(ROUTE_LOAD_SHIFT, 0.5 * (_shares(s["rollout_counts"]) - p).abs().sum(-1)))
+    if "positions" in s and float(s["positions"][0]) > 0:
+        n = float(s["positions"][0])
+        out.update(_per_layer(ROUTE_ROUTER_LOGIT_RMS, (s["logit_sq"] / float(s["cells"][0])).sqrt()))
+        out.update(_per_layer(ROUTE_ROUTER_Z, s["lse_sq"] / n))
+    return out

@@ -1,0 +1,56 @@
+"""The old-policy pass (step 2 of `moe_rl.train`): `old_logp`, the old policy's routes and, on the steps
+that run the route instruments, what the expert-load and router instruments need."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from moe_rl.loop.records import OldPass
+from moe_rl.metrics.partial import Partial
+from moe_rl.rollout.generate import Rollout, forward_logp, forward_logp_router
+from moe_rl.routing import RoutedPass
+from moe_rl.routing.load import instrument_parts
+from moe_rl.routing.modes import ReplayMode
+
+
+def old_pass(
+    policy: PreTrainedModel,
+    rollout: Rollout,
+    mode: ReplayMode | None,
+    *,
+    instruments: bool,
+    scores: bool,
+    threshold: float | None,
+    temperature: float,
+) -> OldPass:
+    """old_logp, the old policy's native routes, margins and router scores on the rollout tokens, and the
+    combine weights the experts received when the replay mode forces them (`trr`); a dense model (`mode`
+    None) has no routes (None), margins or scores (empty). Margins and scores only feed the route instruments
+    (and RSPO's factor, which reads the scores): without `instruments` they are left empty too. With
+    `instruments`, the pass also returns the router logits' and the expert load's partial sums
+    (`moe_rl.routing.load.instrument_parts`): the same forward, asked for its router logits."""
+    if mode is None:
+        with torch.no_grad():
+            old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
+        return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
+    replay = rollout.routes if mode.old_pass_replays else None
+    routed = RoutedPass(policy, replay, margins=instruments, scores=scores, weights=mode.weights, threshold=threshold)
+    parts: Partial | None = None
+    with torch.no_grad(), routed:
+        if instruments:
+            forward = forward_logp_router(policy, rollout, temperature=temperature)
+            old_logp, logits = forward.logp, forward.router_logits
+        else:
+            old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
+    native = routed.native.with_mask(rollout.token_mask)
+    if instruments:
+        parts = instrument_parts(native, logits, rollout.routes)
+    return OldPass(
+        old_logp,
+        native,
+        routed.margins if instruments else torch.empty(0),
+        routed.scores if scores else torch.empty(0),
+        routed.weights if mode.weights else None,
+        parts,
+    )
