@@ -36,12 +36,13 @@ from moe_rl.analysis.configs import group_checks, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
-from moe_rl.metrics.names import ROUTE_SHIFT_MEAN
+from moe_rl.metrics.names import ROUTE_LOAD_ENTROPY, ROUTE_SHIFT_MEAN
 from moe_rl.run.atomic import write_atomic
 
 FIGURES: dict[str, Callable[..., object]] = {
     "flip_rate.png": lambda df, by, events: analysis.plot_flip_rate(df, by=by),
     "layer_heatmap.png": lambda df, by, events: analysis.plot_layer_heatmap(df, by=by),
+    "load_entropy.png": lambda df, by, events: analysis.plot_layer_heatmap(df, by=by, key=ROUTE_LOAD_ENTROPY),
     "flip_by_position.png": lambda df, by, events: analysis.plot_flip_by_position(df, by=by),
     "ratio_variance.png": lambda df, by, events: analysis.plot_ratio_variance(df, by=by),
     "reward_accuracy.png": lambda df, by, events: analysis.plot_reward_accuracy(df, events=events, by=by),
