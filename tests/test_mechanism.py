@@ -40,6 +40,7 @@ def test_each_rung_gets_its_planted_share_of_the_gap() -> None:
     assert table.loc["worse", "share"] == pytest.approx(-0.5)
     assert table.loc["moe", "share"] == pytest.approx(0.0) and table.loc["dense", "share"] == pytest.approx(1.0)
     assert table.loc["half", "pairs"] == 8 and table.loc["half", "runs"] == 8
+    assert table.loc["half", "vs_moe"] == pytest.approx(0.10) and table.loc["worse", "vs_moe"] == pytest.approx(-0.10)
     assert table.loc["half", "change"] == pytest.approx(-0.10, abs=0.01)
     assert table.loc["half", "start_reward"] == 0.15 and table.loc["half", "start_entropy"] == 0.9
     reads = {rung: verdict(row) for rung, row in table.reset_index().set_index("rung", drop=False).iterrows()}

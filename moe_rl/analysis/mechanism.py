@@ -8,7 +8,8 @@ step-0 accuracy, each measured from the run's own start:
     share(rung) = mean(change_rung - change_moe) / mean(change_dense - change_moe)
 
 0 is the MoE model's outcome, 1 the dense model's; the interval is a paired bootstrap (BCa) over the pairs
-that hold all three runs. A rung "closes the gap" when its interval lies above 0.5, "opens it" when below 0.
+that hold all three runs. A ratio whose denominator is itself noisy has wide, skewed intervals, so the
+table also gives each rung's paired difference to `moe` in accuracy change, with its own interval. A rung "closes the gap" when its interval lies above 0.5, "opens it" when below 0.
 The table also gives each rung's start: step-0 held-out accuracy, and the first rollout's mean reward and
 entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
 """
@@ -88,6 +89,9 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
             "change_lo": lo,
             "change_hi": hi,
             "pairs": 0,
+            "vs_moe": math.nan,
+            "vs_moe_lo": math.nan,
+            "vs_moe_hi": math.nan,
             "share": math.nan,
             "share_lo": math.nan,
             "share_hi": math.nan,
@@ -97,6 +101,8 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
             d = (both[rung] - both[REFERENCE]).to_numpy()
             gap = (both[TARGET] - both[REFERENCE]).to_numpy()
             row["pairs"] = len(both)
+            if rung != REFERENCE:
+                row["vs_moe"], row["vs_moe_lo"], row["vs_moe_hi"] = bootstrap_mean_ci(d, seed=seed)
             if len(both) and gap.mean() != 0:
                 row["share"] = float(d.mean() / gap.mean())
                 if rung not in (REFERENCE, TARGET):  # the ends are 0 and 1 by construction
@@ -125,8 +131,8 @@ def verdict(row: pd.Series) -> str:
 def format_ladder_markdown(table: pd.DataFrame) -> str:
     """The ladder as a markdown table, points as percentages of held-out accuracy."""
     lines = [
-        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | share of gap [95% CI] | reads |",
-        "|:---|---:|---:|---:|---:|---:|---:|:---|",
+        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | vs moe, paired (pp) [95% CI] | share of gap [95% CI] | reads |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for _, r in table.iterrows():
         share = (
@@ -134,10 +140,15 @@ def format_ladder_markdown(table: pd.DataFrame) -> str:
             if np.isfinite(r["share_lo"])
             else (f"{r['share']:+.2f}" if np.isfinite(r["share"]) else "—")
         )
+        vs = (
+            f"{100 * r['vs_moe']:+.1f} [{100 * r['vs_moe_lo']:+.1f}, {100 * r['vs_moe_hi']:+.1f}]"
+            if np.isfinite(r["vs_moe"])
+            else "—"
+        )
         lines.append(
             f"| {r['rung']} | {r['runs']} | {100 * r['start_accuracy']:.1f}% | {r['start_reward']:.3f} | "
             f"{r['start_entropy']:.3f} | {100 * r['change']:+.1f} [{100 * r['change_lo']:+.1f}, "
-            f"{100 * r['change_hi']:+.1f}] | {share} | {verdict(r)} |"
+            f"{100 * r['change_hi']:+.1f}] | {vs} | {share} | {verdict(r)} |"
         )
     return "\n".join(lines)
 
