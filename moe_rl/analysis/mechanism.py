@@ -17,15 +17,13 @@ entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy import stats
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
-from moe_rl.analysis.stats import bootstrap_mean_ci
+from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci
 from moe_rl.metrics.names import POLICY_ENTROPY, REWARD_MEAN
 
 REFERENCE, TARGET = "moe", "dense"
@@ -48,28 +46,15 @@ def ladder_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_ratio_ci(x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of `mean(x) / mean(y)` over pairs resampled together: BCa, percentile where BCa
-    is undefined, the value itself where every pair is the same."""
-    if len(x) < 2:
-        return math.nan, math.nan
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        return float(x.mean() / y.mean()), float(x.mean() / y.mean())
-    for method in ("BCa", "percentile"):
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns where BCa is undefined; the fallback handles it
-            res = stats.bootstrap(
-                (x, y),
-                lambda a, b, axis=-1: np.mean(a, axis=axis) / np.mean(b, axis=axis),
-                paired=True,
-                vectorized=True,
-                n_resamples=9999,
-                method=method,
-                rng=np.random.default_rng(seed),
-            )
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if np.isfinite(lo) and np.isfinite(hi):
-            return lo, hi
-    return math.nan, math.nan
+    """95% bootstrap interval of `mean(x) / mean(y)` over pairs resampled together (`stats.bootstrap_ci`)."""
+    return bootstrap_ci(
+        (x, y),
+        lambda a, b, axis=-1: np.mean(a, axis=axis) / np.mean(b, axis=axis),
+        paired=True,
+        confidence=0.95,
+        n_resamples=9999,
+        seed=seed,
+    )
 
 
 def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:

@@ -155,10 +155,11 @@ def _finite(x: Sequence[float] | np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def _bootstrap_ci(
+def bootstrap_ci(
     data: tuple[np.ndarray, ...], statistic, *, paired: bool, confidence: float, n_resamples: int, seed: int
 ) -> tuple[float, float]:
-    """scipy's BCa interval; percentile where BCa is undefined (e.g. a constant sample)."""
+    """scipy's BCa interval of `statistic` over `data` (paired: resampled together); percentile where BCa is
+    undefined, the value itself where every sample is constant, NaN for fewer than 2 observations."""
     if len(data[0]) < 2:
         return math.nan, math.nan
     if all(np.ptp(d) == 0 for d in data):
@@ -190,7 +191,7 @@ def bootstrap_mean_ci(
     a = _finite(x)
     if not len(a):
         return math.nan, math.nan, math.nan
-    lo, hi = _bootstrap_ci(
+    lo, hi = bootstrap_ci(
         (a,),
         lambda v, axis=-1: np.mean(v, axis=axis),
         paired=False,
@@ -258,7 +259,7 @@ def paired_compare(
             "p_value": math.nan,
             "prob_improvement": math.nan,
         }
-    lo, hi = _bootstrap_ci(
+    lo, hi = bootstrap_ci(
         (d,),
         lambda v, axis=-1: np.mean(v, axis=axis),
         paired=False,

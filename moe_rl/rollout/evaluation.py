@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from moe_rl.metrics.names import TASK_ACCURACY, pass_at_key
-from moe_rl.rollout.generate import forward_logp, generate, token_entropy
+from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.tasks.setup import RLTask
 
 
@@ -33,20 +33,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def scored_batches(
+def sampled_batches(
     model: Any,
     tokenizer: Any,
     examples: list[dict[str, Any]],
-    task: RLTask,
     *,
     batch_size: int,
     n: int = 1,
     seed: int | None = None,
     **sampling: Any,
-) -> Iterator[list[float]]:
-    """The task's rewards of `n` completions per example (rows of one example adjacent), one list per
-    batch of `batch_size` examples. `sampling`: `generate`'s `greedy` or `temperature`, and
-    `max_new_tokens`; with `seed`, batch i of a seeded stream draws with `seed * 1_000_003 + i`."""
+) -> Iterator[tuple[list[dict[str, Any]], Rollout]]:
+    """(examples, rollout) per batch of `batch_size` examples, `n` completions per example (rows of one
+    example adjacent). `sampling`: `generate`'s `greedy` or `temperature`, and `max_new_tokens`; with `seed`,
+    batch i of a seeded stream draws with `seed * 1_000_003 + i`."""
     for i in range(0, len(examples), batch_size):
         chunk = examples[i : i + batch_size]
         out = generate(
@@ -58,6 +57,22 @@ def scored_batches(
             seed=None if seed is None else seed * 1_000_003 + i,
             **sampling,
         )
+        yield chunk, out
+
+
+def scored_batches(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    batch_size: int,
+    n: int = 1,
+    seed: int | None = None,
+    **sampling: Any,
+) -> Iterator[list[float]]:
+    """The task's rewards of `n` completions per example (`sampled_batches`), one list per batch."""
+    for chunk, out in sampled_batches(model, tokenizer, examples, batch_size=batch_size, n=n, seed=seed, **sampling):
         yield task.score(out.completions, [e for e in chunk for _ in range(n)]).rewards
 
 
@@ -96,18 +111,17 @@ def sampled_reward_entropy(
     the mean entropy (nats) of the policy at the sampled response tokens, from a seeded stream of their own."""
     rewards: list[float] = []
     entropy, tokens = 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        out = generate(
-            model,
-            tokenizer,
-            [e["prompt"] for e in chunk],
-            group_size=n,
-            record_routes=False,
-            seed=seed * 1_000_003 + i,
-            temperature=1.0,
-            max_new_tokens=max_new_tokens,
-        )
+    batches = sampled_batches(
+        model,
+        tokenizer,
+        examples,
+        batch_size=batch_size,
+        n=n,
+        seed=seed,
+        temperature=1.0,
+        max_new_tokens=max_new_tokens,
+    )
+    for chunk, out in batches:
         rewards += task.score(out.completions, [e for e in chunk for _ in range(n)]).rewards
         with torch.no_grad():
             _, logits = forward_logp(model, out)

@@ -213,43 +213,54 @@ LADDER_RULE = (
     f"reproduced if one favours the other, or the accuracy and reward AUC intervals lie inside ±{ACCURACY_MARGIN}; "
     f"inconclusive otherwise; {UNTESTABLE_HERE} where the MoE model does not degrade"
 )
-AUX_HURTS = PairedClaim(
+
+
+def ladder_claim(
+    id: int, claim: str, source: str, *, worse: str, better: str, words: dict[str, str], names: dict[str, str]
+) -> PairedClaim:
+    """A claim that rung `better` beats rung `worse` on the mechanism ladder (`LADDER_RULE`, `words` filling
+    its better / worse / favoured), paired by cold-start seed and seed, each run from its own start."""
+    return PairedClaim(
+        id,
+        claim,
+        source,
+        LADDER_RULE.format(**words),
+        experiment=MECHANISM,
+        worse=worse,
+        better=better,
+        compare_by="rung",
+        pairing=("lr", "N"),
+        degrading=("moe",),
+        from_own_start=True,
+        runs=partial(ladder_pairs, rungs=tuple(sorted({worse, better}))),
+        names=names,
+        no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
+        no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
+        no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
+    )
+
+
+AUX_HURTS = ladder_claim(
     8,
     "A load-balancing loss during GRPO hurts an MoE policy",
     "NeMo-RL #3169 (against TRL's default aux loss 0.001)",
-    LADDER_RULE.format(
-        better="moe (no aux loss)", worse="moe with the family's aux loss at 1e-3", favoured="no aux loss"
-    ),
-    experiment=MECHANISM,
     worse="aux1e-3",
     better="moe",
-    compare_by="rung",
-    pairing=("lr", "N"),
-    degrading=("moe",),
-    from_own_start=True,
-    runs=partial(ladder_pairs, rungs=("moe", "aux1e-3")),
+    words={
+        "better": "moe (no aux loss)",
+        "worse": "moe with the family's aux loss at 1e-3",
+        "favoured": "no aux loss",
+    },
     names={"aux1e-3": "aux 1e-3", "moe": "no aux"},
-    no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
-    no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
-    no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
 )
-FROZEN_ROUTER = PairedClaim(
+FROZEN_ROUTER = ladder_claim(
     9,
     "Freezing the router stabilises GRPO on MoE",
     "NeMo-RL's and verl's (Megatron) GRPO defaults",
-    LADDER_RULE.format(better="moe with a frozen router", worse="moe", favoured="the frozen router"),
-    experiment=MECHANISM,
     worse="moe",
     better="router_frozen",
-    compare_by="rung",
-    pairing=("lr", "N"),
-    degrading=("moe",),
-    from_own_start=True,
-    runs=partial(ladder_pairs, rungs=("moe", "router_frozen")),
+    words={"better": "moe with a frozen router", "worse": "moe", "favoured": "the frozen router"},
     names={"router_frozen": "frozen router", "moe": "learning router"},
-    no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
-    no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
-    no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
 )
 
 PAIRED_CLAIMS = (OFFPOLICY_GRPO, GSPO_STABLE, R3_VS_R2, MOE_SPECIFIC, AUX_HURTS, FROZEN_ROUTER)
