@@ -41,14 +41,14 @@ class Runs:
     def __init__(self, own: Path, borrow: list[Path]) -> None:
         self.own = own
         self.rows: dict[str, pd.DataFrame] = {}
-        borrowed = [fr_.per_run(analysis.load_results(d)) for d in borrow if d.is_dir()]
+        borrowed = [fr_.per_run(analysis.load_results(d, keys=fr_.KEYS)) for d in borrow if d.is_dir()]
         self.borrowed = pd.concat(borrowed, ignore_index=True) if borrowed else None
 
     def table(self) -> pd.DataFrame:
         if self.own.is_dir():
             for d in sorted(p for p in self.own.iterdir() if p.is_dir() and p.name.startswith("arm=")):
                 if d.name not in self.rows and _finished(d) and (d / "metrics.parquet").is_file():
-                    self.rows[d.name] = fr_.per_run(analysis.load_results(d))
+                    self.rows[d.name] = fr_.per_run(analysis.load_results(d, keys=fr_.KEYS))
         frames = [*self.rows.values(), *([self.borrowed] if self.borrowed is not None else [])]
         out = pd.concat(frames, ignore_index=True)
         out = out[~out["status"].isin(INCOMPLETE_STATUSES)]

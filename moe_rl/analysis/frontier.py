@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.load import INCOMPLETE_STATUSES
-from moe_rl.analysis.phase import run_outcomes
+from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, runs
+from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
-from moe_rl.metrics.names import RATIO_TOKEN_VAR
+from moe_rl.metrics.names import OFFPOLICY_SUFFIX, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY
 
 PRESET = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "preset" / "frontier.yaml"
 # folders whose runs of the same configs (but the experiment name) the frontier reads rather than reruns
@@ -29,6 +30,7 @@ THRESHOLD = -0.05  # mean accuracy change at or above which a point is stable
 MAX_COLLAPSED = 0.25  # share of a point's runs that may collapse at a stable point
 DRAWS = 2000
 REFERENCE = ("qwen3_moe", "grpo_none")
+PRICE_POINT = {"lr": 1e-4, "N": 8}  # where grpo+none gains +10 pp in the phase map (the preset's `price`)
 
 
 @dataclass(frozen=True)
@@ -84,17 +86,27 @@ def arm_file(run: str) -> str:
 
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run: family, arm file, lr, N, seed, accuracy change, collapse, reward AUC and the
-    off-policy token log-ratio variance."""
-    out = run_outcomes(df)
+    """One row per finished run: family, arm file, lr, N, seed, accuracy change (late accuracy, the mean of the
+    last 3 evaluations, minus step 0), collapse (the loop's own label), reward AUC and the off-policy token
+    log-ratio variance."""
+    out = runs(df).set_index("run", drop=False).rename_axis(None)
     out = out[~out["status"].isin(INCOMPLETE_STATUSES)].copy()
     out["arm_file"] = [arm_file(r) for r in out["run"]]
+    out["start_accuracy"] = start_accuracy(df)
+    out["late_accuracy"] = late_accuracy(df)
     out["change"] = out["late_accuracy"] - out["start_accuracy"]
-    out["collapsed"] = out["collapsed_in_loop"].astype(bool)
-    var = variant_per_run(df, RATIO_TOKEN_VAR, "offpolicy")
-    out["token_ratio_var"] = out["run"].map(var)
+    out["collapsed"] = (out["n_collapse_events"] > 0) | out["status"].isin(COLLAPSED_STATUSES)
+    rew = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]]
+    out["reward_auc"] = pd.Series(
+        {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}
+    )
+    out["token_ratio_var"] = variant_per_run(df, RATIO_TOKEN_VAR, "offpolicy")
     keep = ["run", "experiment", "family", "arm_file", "arm", "lr", "N", "seed", "status", "start_accuracy"]
     return out[[*keep, "late_accuracy", "change", "collapsed", "reward_auc", "token_ratio_var"]].reset_index(drop=True)
+
+
+# the metric keys `per_run` reads (loading only these keeps a few hundred runs quick)
+KEYS = (TASK_ACCURACY, REWARD_MEAN, RATIO_TOKEN_VAR, RATIO_TOKEN_VAR + OFFPOLICY_SUFFIX)
 
 
 def load_runs(roots: Iterable[Path]) -> pd.DataFrame:
@@ -107,7 +119,7 @@ def load_runs(roots: Iterable[Path]) -> pd.DataFrame:
         for source in SOURCES:
             for folder in (Path(root) / source / "runs", Path(root) / source):
                 if folder.is_dir() and any(folder.rglob("metrics.parquet")):
-                    frames.append(per_run(analysis.load_results(folder)))
+                    frames.append(per_run(analysis.load_results(folder, keys=KEYS)))
                     break
     if not frames:
         raise FileNotFoundError(f"no frontier runs under {[str(r) for r in roots]} (folders {SOURCES})")
@@ -211,7 +223,20 @@ def next_jobs(runs: pd.DataFrame, fr: Frontier) -> list[dict]:
                 "axis": axis.name,
             }
         )
-    return _unique(jobs)
+    return _unique(jobs + price_jobs(runs, fr))
+
+
+def price_jobs(runs: pd.DataFrame, fr: Frontier) -> list[dict]:
+    """Every row's missing probe seeds at the price point (lr 1e-4, N = 8, where every arm should learn): last in
+    the queue, so they fill the slots the edges leave idle while they wait on running probes."""
+    jobs = []
+    for family, arm in fr.rows:
+        at = runs[(runs["family"] == family) & (runs["arm_file"] == arm)]
+        at = at[np.isclose(at["lr"].astype(float), PRICE_POINT["lr"]) & (at["N"].astype(int) == PRICE_POINT["N"])]
+        missing = tuple(s for s in fr.seeds if s not in set(at["seed"].astype(int)))
+        if missing:
+            jobs.append({"family": family, "arm": arm, **PRICE_POINT, "seeds": missing, "axis": "price"})
+    return jobs
 
 
 def _unique(jobs: list[dict]) -> list[dict]:
@@ -226,20 +251,28 @@ def _unique(jobs: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def edge_index(axis_runs: pd.DataFrame, size: int, rng: np.random.Generator | None = None) -> int:
-    """The edge's grid index (-1: below the grid) from the probed points, each resampled over its seeds when
-    `rng` is given: the highest stable point below the lowest unstable one."""
-    stable = {}
-    for index, g in axis_runs.groupby("index", sort=True):
-        take = rng.integers(0, len(g), len(g)) if rng is not None else np.arange(len(g))
-        stable[int(index)] = is_stable(g["change"].to_numpy()[take], g["collapsed"].to_numpy()[take])
+def edge_index(axis_runs: pd.DataFrame, size: int) -> int:
+    """The edge's grid index (-1: below the grid) from the probed points: the highest stable point below the
+    lowest unstable one."""
+    stable = {
+        int(i): is_stable(g["change"].to_numpy(), g["collapsed"].to_numpy()) for i, g in axis_runs.groupby("index")
+    }
     return bracket(stable, size)[0]
 
 
 def edge_draws(axis_runs: pd.DataFrame, size: int, *, draws: int = DRAWS, seed: int = 0) -> np.ndarray:
-    """`draws` bootstrap edges (grid indices), each point's seeds resampled with replacement."""
+    """`draws` bootstrap edges (grid indices): each probed point's seeds resampled with replacement, every point
+    re-decided by the declared rule, the edge re-located as in `edge_index`."""
     rng = np.random.default_rng(seed)
-    return np.array([edge_index(axis_runs, size, rng) for _ in range(draws)])
+    groups = list(axis_runs.groupby("index", sort=True))
+    index = np.array([int(i) for i, _ in groups])
+    stable = np.empty((draws, len(groups)), dtype=bool)
+    for k, (_, g) in enumerate(groups):
+        change, collapsed = g["change"].to_numpy(float), g["collapsed"].to_numpy(float)
+        take = rng.integers(0, len(g), (draws, len(g)))
+        stable[:, k] = (change[take].mean(axis=1) >= THRESHOLD) & (collapsed[take].mean(axis=1) <= MAX_COLLAPSED)
+    hi = np.where(stable, size, index).min(axis=1, initial=size)
+    return np.where(stable & (index < hi[:, None]), index, -1).max(axis=1, initial=-1)
 
 
 def edge_value(axis: Axis, index: float) -> float:
@@ -271,3 +304,57 @@ def interval_label(axis: Axis, draws: np.ndarray) -> str:
 
 def seed_list(seeds: Sequence[int]) -> str:
     return ",".join(str(s) for s in seeds)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One row's edge on one axis: the point estimate (a grid index, -1 below the grid), whether the bisection
+    has located it (adjacent bracket with every edge seed, or the grid's end), its bootstrap draws and points."""
+
+    row: tuple[str, str]
+    axis: Axis
+    index: int
+    located: bool
+    draws: np.ndarray
+    points: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return edge_label(self.axis, self.index, self.located) if len(self.points) else "not probed"
+
+    @property
+    def interval(self) -> str:
+        return interval_label(self.axis, self.draws) if len(self.points) else "—"
+
+
+def edges(runs: pd.DataFrame, fr: Frontier, *, draws: int = DRAWS) -> dict[tuple[tuple[str, str], str], Edge]:
+    """Every row's edge on every axis, keyed by (row, axis name); bootstrap seeds fixed per key."""
+    out = {}
+    for a, axis in enumerate(fr.axes):
+        for r, row in enumerate(fr.rows):
+            axis_runs = on_axis(runs, axis, row)
+            size = len(axis.grid)
+            pts = points(axis_runs)
+            located = len(pts) > 0 and next_probe(axis, pts, fr) is None
+            index = edge_index(axis_runs, size) if len(pts) else -1
+            boot = edge_draws(axis_runs, size, draws=draws, seed=1000 * a + r) if len(pts) else np.array([])
+            out[(row, axis.name)] = Edge(row, axis, index, located, boot, pts)
+    return out
+
+
+def edge_ratio(a: Edge, b: Edge) -> tuple[float, float, float]:
+    """Edge of `a` over edge of `b` as axis values (headroom): point estimate and 95% bootstrap interval, the two
+    rows' draws paired by draw index (they are independent resamples). An edge below or past the grid counts one
+    grid step beyond it, so a ratio involving one is a bound."""
+    if not len(a.draws) or not len(b.draws):
+        return np.nan, np.nan, np.nan
+    ratio = np.array([edge_value(a.axis, i) / edge_value(b.axis, j) for i, j in zip(a.draws, b.draws)])
+    lo, hi = np.percentile(ratio, [2.5, 97.5])
+    return edge_value(a.axis, a.index) / edge_value(b.axis, b.index), float(lo), float(hi)
+
+
+def share_above(a: Edge, b: Edge, steps: int = 1) -> float:
+    """The share of bootstrap draws in which `a`'s edge lies at least `steps` grid points above `b`'s."""
+    if not len(a.draws) or not len(b.draws):
+        return np.nan
+    return float(np.mean(a.draws - b.draws >= steps))

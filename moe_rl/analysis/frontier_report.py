@@ -1,0 +1,163 @@
+"""The frontier table, its figure and its report section (`results/frontier/`).
+
+Per row (model, arm): the edge on each axis with its bracket and bootstrap interval, the headroom against
+grpo+none (edge ratio, with an interval), the price of stability (reward AUC where every arm learns, paired by
+seed against grpo+none) and the bench's outcome at its edge cell (lr 3e-4, N = 8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from moe_rl.analysis import frontier as fr_
+from moe_rl.analysis.stats import pair_by, paired_compare
+
+BENCH_CELL = {"lr": 3e-4, "N": 8}  # the stabilizer bench's edge cell
+
+
+def row_label(runs: pd.DataFrame, row: tuple[str, str]) -> str:
+    """The arm's name as runs log it (`sapo+none+tau_pos=5+tau_neg=5`), `(dense)` for the dense model."""
+    family, arm = row
+    found = runs.loc[(runs["family"] == family) & (runs["arm_file"] == arm), "arm"]
+    name = str(found.iloc[0]) if len(found) else arm
+    return name if family == fr_.REFERENCE[0] else f"{name} ({family.split('_')[-1]})"
+
+
+def _at(runs: pd.DataFrame, row: tuple[str, str], point: dict[str, float]) -> pd.DataFrame:
+    sel = (runs["family"] == row[0]) & (runs["arm_file"] == row[1])
+    for key, value in point.items():
+        sel &= np.isclose(runs[key].astype(float), value)
+    return runs[sel]
+
+
+def price(runs: pd.DataFrame, row: tuple[str, str]) -> tuple[float, float, float, int]:
+    """Reward AUC at the price point minus grpo+none's, paired by seed: (difference, lo, hi, pairs)."""
+    a, b = _at(runs, row, fr_.PRICE_POINT), _at(runs, fr_.REFERENCE, fr_.PRICE_POINT)
+    if row == fr_.REFERENCE or a.empty or b.empty:
+        return np.nan, np.nan, np.nan, 0
+    both = pd.concat([a.assign(side="a"), b.assign(side="b")])
+    pairs = pair_by(both, arm_col="side", a="a", b="b", value="reward_auc", on=("seed",))
+    if len(pairs) < 2:
+        return np.nan, np.nan, np.nan, len(pairs)
+    test = paired_compare(pairs["a"], pairs["b"], seed=0)
+    return test["mean_diff"], test["lo"], test["hi"], int(test["n"])
+
+
+def frontier_table(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = None) -> pd.DataFrame:
+    """One row per frontier row: edges, intervals, headroom against grpo+none, price and the bench cell."""
+    edges = edges if edges is not None else fr_.edges(runs, fr)
+    out = []
+    for row in fr.rows:
+        rec: dict = {"arm": row_label(runs, row), "family": row[0], "arm_file": row[1]}
+        for axis in fr.axes:
+            edge, ref = edges[(row, axis.name)], edges[(fr_.REFERENCE, axis.name)]
+            rec[f"{axis.name}_edge"] = edge.label
+            rec[f"{axis.name}_interval"] = edge.interval
+            rec[f"{axis.name}_runs"] = int(edge.points["n"].sum()) if len(edge.points) else 0
+            ratio = fr_.edge_ratio(edge, ref) if edge.located and ref.located else (np.nan,) * 3
+            rec[f"{axis.name}_headroom"], rec[f"{axis.name}_headroom_lo"], rec[f"{axis.name}_headroom_hi"] = ratio
+        rec["price_auc_diff"], rec["price_lo"], rec["price_hi"], rec["price_pairs"] = price(runs, row)
+        bench = _at(runs, row, BENCH_CELL)
+        rec["bench_change"] = float(bench["change"].mean()) if len(bench) else np.nan
+        rec["bench_survival"] = float(1 - bench["collapsed"].mean()) if len(bench) else np.nan
+        rec["bench_runs"] = len(bench)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _ratio(r: pd.Series, axis: str) -> str:
+    if r["arm_file"] == fr_.REFERENCE[1] and r["family"] == fr_.REFERENCE[0]:
+        return "ref"
+    if pd.isna(r[f"{axis}_headroom"]):
+        return "—"
+    return f"{r[f'{axis}_headroom']:.2g}x [{r[f'{axis}_headroom_lo']:.2g}, {r[f'{axis}_headroom_hi']:.2g}]"
+
+
+def _price(r: pd.Series) -> str:
+    if pd.isna(r["price_auc_diff"]):
+        return "ref" if (r["family"], r["arm_file"]) == fr_.REFERENCE else "—"
+    return f"{r['price_auc_diff']:+.3f} [{r['price_lo']:+.3f}, {r['price_hi']:+.3f}]"
+
+
+def format_frontier_markdown(table: pd.DataFrame, fr: fr_.Frontier) -> str:
+    """The frontier table as markdown: an edge is the last stable point (the first unstable in parentheses)."""
+    names = {a.name: ("lr at N = 8" if a.name == "lr" else f"N at lr {a.fixed.get('lr', 0):g}") for a in fr.axes}
+    head = ["arm"]
+    for a in fr.axes:
+        head += [f"{names[a.name]}: edge", "95% boot", "headroom vs grpo+none", "runs"]
+    head += ["price: Δ reward AUC at lr 1e-4, N = 8", "bench cell: Δ acc (pp), survival"]
+    lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * (len(head) - 1)]
+    for _, r in table.iterrows():
+        cells = [str(r["arm"])]
+        for a in fr.axes:
+            cells += [r[f"{a.name}_edge"], r[f"{a.name}_interval"], _ratio(r, a.name), str(r[f"{a.name}_runs"])]
+        cells.append(_price(r))
+        bench = "—" if not r["bench_runs"] else f"{100 * r['bench_change']:+.1f}, {100 * r['bench_survival']:.0f}%"
+        cells.append(f"{bench} ({r['bench_runs']})" if r["bench_runs"] else bench)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_frontier(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = None) -> Figure:
+    """Per axis a panel: each row's probed points (green stable, red unstable, size by runs, label the mean
+    accuracy change in pp) and its edge as a black bar between the last stable and the first unstable point."""
+    edges = edges if edges is not None else fr_.edges(runs, fr)
+    fig = Figure(figsize=(6.5 * len(fr.axes), 0.42 * len(fr.rows) + 1.6))
+    axes = fig.subplots(1, len(fr.axes), sharey=True, squeeze=False)[0]
+    labels = [row_label(runs, row) for row in fr.rows]
+    for ax, axis in zip(axes, fr.axes):
+        for y, row in enumerate(fr.rows):
+            edge = edges[(row, axis.name)]
+            for _, p in edge.points.iterrows():
+                color = "tab:green" if p["stable"] else "tab:red"
+                ax.scatter(p["index"], y, s=12 + 6 * p["n"], color=color, alpha=0.8, edgecolors="none")
+                ax.annotate(f"{100 * p['change']:+.0f}", (p["index"], y), fontsize=6, ha="center", va="center")
+            if len(edge.points):
+                ax.plot([edge.index + 0.5] * 2, [y - 0.4, y + 0.4], color="black", lw=2 if edge.located else 1)
+        ax.set_xticks(range(len(axis.grid)), [f"{g:g}" for g in axis.grid], rotation=45, fontsize=7)
+        ax.set_xlim(-0.8, len(axis.grid) - 0.2)
+        fixed = ", ".join(f"{k} = {v:g}" for k, v in axis.fixed.items())
+        ax.set_title(f"{axis.name} ({fixed}): stable (green) / unstable (red), edge |", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(fr.rows)), labels, fontsize=7)
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
+def gap_by_n(runs: pd.DataFrame, fr: fr_.Frontier, rows: list[tuple[str, str]]) -> pd.DataFrame:
+    """Per row and N on the staleness axis: the off-policy token log-ratio variance, mean over runs (claim 11's
+    rollout/update gap, descriptive)."""
+    axis = fr.axis("N")
+    frames = []
+    for row in rows:
+        sub = fr_.on_axis(runs, axis, row)
+        if len(sub):
+            g = sub.groupby("N")["token_ratio_var"].mean().rename(row_label(runs, row))
+            frames.append(g)
+    return pd.concat(frames, axis=1) if frames else pd.DataFrame()
+
+
+def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier | None = None) -> tuple[pd.DataFrame, str, Figure]:
+    """The frontier table, the markdown section that opens the report's summary, and its figure."""
+    fr = fr or fr_.load_frontier()
+    edges = fr_.edges(runs, fr)
+    table = frontier_table(runs, fr, edges)
+    located = sum(e.located for e in edges.values())
+    text = "\n".join(
+        [
+            "## The stability frontier",
+            "",
+            f"{len(runs)} finished runs read (this folder's and, for the same configs, those of "
+            f"{', '.join(s for s in fr_.SOURCES if s != 'frontier')}); {located} of {len(edges)} edges located.",
+            "",
+            (fr_.__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
+            "",
+            format_frontier_markdown(table, fr),
+            "![frontier](frontier.png)",
+            "",
+        ]
+    )
+    return table, text, plot_frontier(runs, fr, edges)

@@ -1,0 +1,151 @@
+"""The stability frontier: the declared rule at a point, bisection, edges and their bootstrap, claims 10 and 11."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moe_rl.analysis import frontier as fr_
+from moe_rl.analysis.claims import claim_frontier as cf
+from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+AXIS = fr_.Axis("N", {"lr": 3e-4}, (1.0, 2.0, 4.0, 8.0, 16.0, 32.0), 8.0)
+FR = fr_.Frontier(rows=(("qwen3_moe", "grpo_none"),), axes=(AXIS,), seeds=(0, 1, 2, 3), edge_seeds=tuple(range(8)))
+
+
+def planted(row: tuple[str, str], changes: dict[float, list[float]], collapsed: dict[float, list[bool]] | None = None):
+    """Runs of one row on the N axis: per N, one run per listed accuracy change (seeds 0, 1, ...)."""
+    rows = []
+    for n, values in changes.items():
+        for seed, change in enumerate(values):
+            down = (collapsed or {}).get(n, [False] * len(values))[seed]
+            rows.append(
+                {"run": f"arm={row[1]},n={n},seed={seed}", "family": row[0], "arm_file": row[1], "arm": row[1],
+                 "lr": 3e-4, "N": int(n), "seed": seed, "change": change, "collapsed": down, "reward_auc": 0.1,
+                 "token_ratio_var": 0.01 * n, "status": "completed"}
+            )  # fmt: skip
+    cols = [
+        "run",
+        "family",
+        "arm_file",
+        "arm",
+        "lr",
+        "N",
+        "seed",
+        "change",
+        "collapsed",
+        "reward_auc",
+        "token_ratio_var",
+    ]
+    return pd.DataFrame(rows, columns=[*cols, "status"])
+
+
+def test_rule_at_a_point_is_the_declared_one():
+    assert fr_.is_stable(np.array([-0.05, -0.05]), np.array([False, False]))  # mean change exactly -5 pp: stable
+    assert not fr_.is_stable(np.array([-0.04, -0.07]), np.array([False, False]))  # mean -5.5 pp
+    assert fr_.is_stable(np.zeros(4), np.array([True, False, False, False]))  # a quarter collapsed
+    assert not fr_.is_stable(np.zeros(4), np.array([True, True, False, False]))
+
+
+def test_bisection_starts_at_start_fills_partial_points_then_halves():
+    row = FR.rows[0]
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(planted(row, {}), AXIS, row)), FR) == (3, (0, 1, 2, 3))
+    partial = planted(row, {8: [0.0, 0.0]})
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(partial, AXIS, row)), FR) == (3, (2, 3))
+    unstable_at_8 = planted(row, {8: [-0.2] * 4})  # lo = -1, hi = 3: the middle of (-1, 3) is index 1 (N = 2)
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(unstable_at_8, AXIS, row)), FR) == (1, (0, 1, 2, 3))
+    stable_at_8 = planted(row, {8: [0.0] * 4})  # lo = 3, hi = 6 (past the grid): index 4 (N = 16)
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(stable_at_8, AXIS, row)), FR)[0] == 4
+
+
+def test_a_bracket_takes_every_edge_seed_at_both_points_then_is_located():
+    row = FR.rows[0]
+    runs = planted(row, {2: [0.0] * 4, 4: [-0.2] * 4, 8: [-0.3] * 4})
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(runs, AXIS, row)), FR) == (1, (4, 5, 6, 7))
+    runs = planted(row, {2: [0.0] * 8, 4: [-0.2] * 4, 8: [-0.3] * 4})
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(runs, AXIS, row)), FR) == (2, (4, 5, 6, 7))
+    runs = planted(row, {2: [0.0] * 8, 4: [-0.2] * 8, 8: [-0.3] * 4})
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(runs, AXIS, row)), FR) is None
+    below = planted(row, {1: [-0.2] * 8, 8: [-0.3] * 4})  # unstable at the grid's first point: below the grid
+    assert fr_.next_probe(AXIS, fr_.points(fr_.on_axis(below, AXIS, row)), FR) is None
+    assert fr_.edge_index(fr_.on_axis(below, AXIS, row), 6) == -1
+
+
+def test_edge_bootstrap_resamples_seeds_within_points():
+    row = FR.rows[0]
+    sure = fr_.on_axis(planted(row, {2: [0.0] * 8, 4: [-0.2] * 8}), AXIS, row)
+    assert set(fr_.edge_draws(sure, 6, draws=200)) == {1}  # no spread: every draw keeps the edge at N = 2
+    # at N = 4 one seed in eight loses 45 pp, the rest hold: mean -5.6 pp, unstable; draws without it are stable
+    split = fr_.on_axis(planted(row, {2: [0.0] * 8, 4: [0.0] * 7 + [-0.45], 8: [-0.3] * 8}), AXIS, row)
+    assert fr_.edge_index(split, 6) == 1
+    draws = fr_.edge_draws(split, 6, draws=4000, seed=1)
+    assert set(draws) == {1, 2}
+    # P(the resampled N = 4 point holds no copy of the bad seed) = (7/8)^8 = 0.344; with one copy the mean is
+    # -5.6 pp (unstable); so P(edge at N = 4) = 0.344, within 3 standard errors of 4000 draws
+    assert abs(np.mean(draws == 2) - (7 / 8) ** 8) < 3 * np.sqrt(0.344 * 0.656 / 4000)
+
+
+def test_edge_ratio_and_values():
+    assert fr_.edge_value(AXIS, -1) == 0.5 and fr_.edge_value(AXIS, 6) == 64.0 and fr_.edge_value(AXIS, 2) == 4.0
+    a = fr_.Edge(("m", "a"), AXIS, 3, True, np.array([3, 3, 4]), pd.DataFrame())
+    b = fr_.Edge(("m", "b"), AXIS, 1, True, np.array([1, 1, 1]), pd.DataFrame())
+    ratio, lo, hi = fr_.edge_ratio(a, b)
+    assert (
+        ratio == 4.0 and lo == pytest.approx(4.0) and hi == pytest.approx(4 + 4 * 0.95)
+    )  # numpy linear percentile of (4, 4, 8)
+    assert fr_.share_above(a, b, 2) == 1.0 and fr_.share_above(a, b, 3) == pytest.approx(1 / 3)
+
+
+def test_jobs_merge_the_shared_point_and_rows_first_come_first():
+    lr_axis = fr_.Axis("lr", {"N": 8}, (1e-4, 3e-4, 1e-3), 3e-4)
+    n_axis = fr_.Axis("N", {"lr": 3e-4}, (2.0, 8.0, 32.0), 8.0, rows_first=("b",))
+    fr = fr_.Frontier((("qwen3_moe", "a"), ("qwen3_moe", "b")), (lr_axis, n_axis), (0, 1), (0, 1, 2))
+    jobs = fr_.next_jobs(planted(("qwen3_moe", "a"), {}).iloc[:0], fr)
+    edge_jobs = [(j["arm"], j["lr"], j["N"]) for j in jobs if j["axis"] != "price"]
+    assert edge_jobs == [("b", 3e-4, 8), ("a", 3e-4, 8)]  # one job per point
+    assert [(j["arm"], j["lr"], j["N"], j["seeds"]) for j in jobs if j["axis"] == "price"] == [
+        ("a", 1e-4, 8, (0, 1)),
+        ("b", 1e-4, 8, (0, 1)),
+    ]
+
+
+def test_preset_declares_a_valid_frontier():
+    fr = fr_.load_frontier()
+    assert fr_.REFERENCE in fr.rows and len(set(fr.rows)) == len(fr.rows)
+    assert ("qwen3_moe", "grpo_r3_threshold") not in fr.rows  # the same computation as r2_threshold: listed once
+    assert set(fr.seeds) < set(fr.edge_seeds) and len(fr.seeds) >= 4 and len(fr.edge_seeds) >= 8
+    assert fr_.arm_file("arm=vespo_none,optim.lr=0.0003,optim.updates_per_rollout=8,seed=0") == "vespo_none"
+
+
+def _edges(draws: dict[tuple[str, str], list[int]]) -> dict:
+    return {(row, "N"): fr_.Edge(row, AXIS, d[0], True, np.array(d), pd.DataFrame()) for row, d in draws.items()}
+
+
+@pytest.mark.parametrize(
+    ("vespo", "grpo", "sapo", "verdict"),
+    [([4] * 100, [2] * 100, [1] * 100, REPRODUCED), ([3] * 100, [2] * 100, [1] * 100, INCONCLUSIVE),
+     ([2] * 100, [2] * 100, [1] * 100, NOT_REPRODUCED), ([4] * 96 + [2] * 4, [2] * 100, [2] * 100, REPRODUCED),
+     ([4] * 94 + [2] * 6, [2] * 100, [2] * 100, INCONCLUSIVE)],
+)  # fmt: skip
+def test_claim_10_reads_the_share_of_draws(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
+    (tmp_path / "frontier").mkdir()
+    edges = _edges({cf.VESPO: vespo, cf.GRPO: grpo, cf.SAPO: sapo})
+    monkeypatch.setattr(cf, "_frontier", lambda root: (pd.DataFrame(columns=["family", "arm_file", "arm"]), FR, edges))
+    assert cf.claim_vespo_staleness(tmp_path).verdict == verdict
+
+
+def test_claim_11_needs_all_four_pairs(monkeypatch, tmp_path):
+    (tmp_path / "frontier").mkdir()
+    runs = pd.DataFrame(columns=["family", "arm_file", "arm", "N", "lr", "token_ratio_var"])
+    ok = {cf.CISPO: [1] * 50, cf.PLAIN_IS: [0] * 50, cf.GRPO: [2] * 50, cf.DPPO: [3] * 50}
+    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, _edges(ok)))
+    assert cf.claim_no_trust_region(tmp_path).verdict == REPRODUCED
+    tie = {**ok, cf.CISPO: [2] * 50}  # CISPO's edge equals GRPO's in every draw: at or above one trust region
+    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, _edges(tie)))
+    assert cf.claim_no_trust_region(tmp_path).verdict == NOT_REPRODUCED
+    unlocated = _edges(ok)
+    unlocated[(cf.DPPO, "N")] = fr_.Edge(cf.DPPO, AXIS, 3, False, np.array([3] * 50), pd.DataFrame())
+    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, unlocated))
+    c = cf.claim_no_trust_region(tmp_path)
+    assert c.verdict == INCONCLUSIVE and "not located" in c.reason
