@@ -239,6 +239,12 @@ def test_a_declared_record_finds_the_planted_effect(outcomes: tuple[str, ...]) -
     else:  # final accuracy 1/4096 beats the CMH p; Holm doubles the smaller
         assert c.p_value == pytest.approx(2 / 4096) and c.reason == f"moe+aux better at Holm p = {2 / 4096:.3g}"
         assert c.statistic.startswith("collapsed moe 5 of 12 vs moe+aux 0 of 12; final accuracy moe+aux - moe")
+    # pooled over two cells: the same rule on each cell alone beside it (6 pairs, sign-flip 1/64 per cell)
+    cells = [n for n in c.notes if n.startswith("cell ")]
+    assert [n.split(" alone:")[0] for n in cells] == ["cell lr=0.001, N=8", "cell lr=0.002, N=8"]
+    assert all(n.endswith("the rule on this cell alone: reproduced") for n in cells)
+    assert "moe 40.0% -> 22.5% (6 of 6 below the start, 5 collapsed); moe+aux 40.0% -> 32.5% (6 of 6" in cells[0]
+    assert "moe+aux - moe final accuracy +10.0 pp [+10.0, +10.0] (6 pairs)" in cells[1]
 
 
 @pytest.mark.parametrize("outcomes", [C.ARMS_OUTCOMES, C.COLLAPSE_OUTCOMES])
@@ -384,7 +390,12 @@ def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_bre
         f"cell lr={lr}, N={n}" for lr in ("0.0003", "0.001") for n in (2, 8)
     ]
     assert [n.rsplit(": ", 1)[1] for n in cells] == ["reproduced"] * 2 + ["not reproduced"] * 2
-    assert "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start); dense - MoE accuracy change +25.0 pp" in cells[0]
+    assert (
+        "qwen3_dense 40.0% -> 48.3% (0 of 16 below the start, 0 collapsed); dense - MoE accuracy change +25.0 pp"
+        in (cells[0])
+    )
+    lead = c.notes.index(next(n for n in c.notes if n.startswith("per cell, descriptive")))
+    assert c.notes[lead + 1 : lead + 5] == cells  # the cells follow their lead, beside the pooled verdict
 
 
 def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) -> None:
@@ -614,6 +625,46 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
 
 
+def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() -> None:
+    """One engine cell, 8 seed pairs, evaluations at steps 0-40. R2 dips and recovers at its last evaluation
+    (0.4, 0.3, 0.1, 0.1, 0.25: last 0.25, mean of the last 3 0.15); R3 levels off (0.4, 0.3, 0.2, 0.2, 0.2: 0.20
+    and 0.20); in seeds 6 and 7 both arms run R3's course (ties). By the last evaluation R2 ends 5 points ahead in
+    6 pairs; by the claims' final accuracy R3 does: +5 points in 6 pairs, 0 in 2, mean +3.75, P(r3 > r2) = (6 +
+    2 / 2) / 8 with ties counting one half, sign-flip p = 1/64 (the ties' signs change nothing); no run collapses,
+    so the CMH test has no p and Holm leaves 1/64 alone: reproduced."""
+    from moe_rl.analysis.accuracy import final_accuracy, late_accuracy, start_accuracy
+
+    course = {"grpo+r2": (0.4, 0.3, 0.1, 0.1, 0.25), "grpo+r3": (0.4, 0.3, 0.2, 0.2, 0.2)}
+    runs = [(arm, seed) for arm in course for seed in range(8)]
+    evals = pd.DataFrame(
+        [
+            (f"{arm}_{seed}", 10 * i, "task/accuracy", v)
+            for arm, seed in runs
+            for i, v in enumerate(course["grpo+r3" if seed >= 6 else arm])
+        ],
+        columns=["run", "step", "key", "value"],
+    )
+    late, final = late_accuracy(evals), final_accuracy(evals)
+    assert late["grpo+r2_0"] == pytest.approx(0.15) and final["grpo+r2_0"] == 0.25
+    assert late["grpo+r3_0"] == pytest.approx(0.2) and final["grpo+r3_0"] == 0.2
+    outcomes = pd.DataFrame(
+        [{"run": f"{a}_{s}", "arm": a, "lr": 1e-3, "N": 8, "seed": s, "rollout_dtype": "bfloat16"} for a, s in runs]
+    )
+    outcomes = outcomes.assign(
+        start_accuracy=outcomes["run"].map(start_accuracy(evals)),
+        late_accuracy=outcomes["run"].map(late),
+        final_accuracy=outcomes["run"].map(final),
+        collapsed_relative=False,
+    )
+    c = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes)
+    assert (c.verdict, c.cells) == (C.REPRODUCED, "1 cell(s): lr=0.001, N=8")
+    assert c.p_value == pytest.approx(1 / 64) and c.reason == f"R3 better at Holm p = {1 / 64:.3g}"
+    assert "final accuracy r3 - r2 = +3.8 pp" in c.statistic and "(8 pairs, P(r3 > r2) = 0.88)" in c.statistic
+    # the last evaluation alone would have read the other way: R2 ahead in the same 6 pairs
+    by_last = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"]))
+    assert by_last.verdict == C.NOT_REPRODUCED and by_last.reason.startswith("R2 better at Holm p = ")
+
+
 def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> None:
     """A cell added after looking at claim 5 (an extension at look 2) doubles its p-values (Bonferroni), and
     the note says what the declared runs alone give."""
@@ -627,7 +678,7 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
     declared = C.Declared(
         "engine_mismatch",
         "engine_mismatch.yaml",
-        {"primary": ["final_accuracy", "collapse"]},
+        {"primary": ["late_accuracy", "collapse"]},
         [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
     )
     once, twice = (
@@ -658,6 +709,7 @@ def test_ladder_claims_pair_on_cold_seed_and_seed_and_find_a_planted_effect() ->
     )
     c = C.judge_paired(C.AUX_HURTS, Path("unused"), runs=base)
     assert (c.id, c.verdict) == (8, "reproduced") and "(8 pairs)" in c.statistic
+    assert not any(n.startswith(("per cell", "cell ")) for n in c.notes)  # one cell: nothing per cell
     flipped = base.assign(rung=base["rung"].map({"moe": "aux1e-3", "aux1e-3": "moe"}))
     assert C.judge_paired(C.AUX_HURTS, Path("unused"), runs=flipped).verdict == "not reproduced"
     frozen = C.judge_paired(C.FROZEN_ROUTER, Path("unused"), runs=base)

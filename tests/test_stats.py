@@ -114,6 +114,16 @@ def test_paired_compare_by_hand() -> None:
     assert stats.paired_compare([1, np.nan], [0, 0])["n"] == 1
 
 
+def test_prob_improvement_counts_a_tie_as_one_half() -> None:
+    """P(a > b) over pairs, by hand: a win counts 1, a tie 1/2, a loss 0 (the A statistic of paired data)."""
+    a, b = [3.0, 2.0, 2.0, 1.0, 5.0], [1.0, 2.0, 2.0, 2.0, 4.0]  # d = 2, 0, 0, -1, 1: 2 wins, 2 ties, 1 loss
+    assert stats.prob_improvement(np.subtract(a, b)) == pytest.approx((2 + 2 / 2) / 5)  # 0.6, not 0.4 or 0.8
+    assert stats.paired_compare(a, b)["prob_improvement"] == pytest.approx(0.6)
+    assert stats.paired_compare(b, a)["prob_improvement"] == pytest.approx(0.4)  # the two directions sum to 1
+    assert stats.prob_improvement([0.0, 0.0, 0.0]) == 0.5  # all ties: no effect
+    assert np.isnan(stats.prob_improvement([]))
+
+
 def test_pairing_by_seed_removes_between_seed_variance() -> None:
     rng = np.random.default_rng(0)
     seed_level = rng.normal(0, 1.0, 10)  # shared by both arms of a seed (same cold start and prompts)

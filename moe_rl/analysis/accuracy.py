@@ -3,8 +3,8 @@
 - `start_accuracy`: the first evaluation (step 0, the cold start's accuracy);
 - `final_accuracy`: the last evaluation;
 - `late_accuracy`: the mean of the last LATE_EVALS (3) evaluations: final accuracy as a measurement
-  (one evaluation has ~4 pp of sampling noise). The claims' primary outcome ("final accuracy" in
-  CLAIMS.md's prose) is this one.
+  (one evaluation has ~4 pp of sampling noise). Every claim and table of CLAIMS.md reads this one as
+  "final accuracy" (`moe_rl.analysis.claims.rules.ACCURACY`).
 
 Each takes a `load_results` frame and returns a Series indexed by run.
 """

@@ -228,6 +228,13 @@ def sign_flip_pvalue(d: Sequence[float] | np.ndarray, *, alternative: str = "two
     return float(res.pvalue)
 
 
+def prob_improvement(d: Sequence[float] | np.ndarray) -> float:
+    """P(a > b) from the paired differences d = a - b: the share of pairs where a is higher, a tie counting
+    one half (the A statistic, or common-language effect size, of paired data); 0.5 is no effect."""
+    x = np.asarray(d, dtype=float)
+    return float(np.mean((x > 0) + 0.5 * (x == 0))) if len(x) else math.nan
+
+
 def paired_compare(
     a: Sequence[float] | np.ndarray,
     b: Sequence[float] | np.ndarray,
@@ -241,8 +248,8 @@ def paired_compare(
 
     Returns n (complete pairs), mean_diff = mean(a - b) with a bootstrap (BCa) interval [lo, hi]
     over pairs, p_value of a sign-flip permutation test on the differences, and
-    prob_improvement = P(a_i > b_i) over pairs (ties count one half), the paired version of
-    rliable's probability of improvement.
+    prob_improvement = P(a_i > b_i) over pairs, a tie counting one half (`prob_improvement`), the paired
+    version of rliable's probability of improvement.
     """
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape:
@@ -273,7 +280,7 @@ def paired_compare(
         "lo": lo,
         "hi": hi,
         "p_value": sign_flip_pvalue(d, alternative=alternative),
-        "prob_improvement": float(np.mean((d > 0) + 0.5 * (d == 0))),
+        "prob_improvement": prob_improvement(d),
     }
 
 

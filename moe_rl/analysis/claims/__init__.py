@@ -27,6 +27,10 @@ than without" on a phase-style sweep::
         degrading=("grpo+none",),
     )
 
+Final accuracy is one definition in every claim, `rules.ACCURACY` (`late_accuracy`: the mean of a run's last 3
+evaluations). Where a paired claim is judged pooled over several cells, its notes give the same rule on each cell
+alone, descriptive, beside the pooled verdict, which decides.
+
 Other fields: `rivals` (comparisons that must not come out reproduced), `holds_start` (the better arm must
 not end below its own cold start), `outcomes=COLLAPSE_OUTCOMES` (collapse pooled over cells and final
 accuracy), `compare_by` (arms in another run column, e.g. the model family), `from_own_start`, `pairing`,
@@ -89,6 +93,7 @@ from moe_rl.analysis.claims.paired_claims import (
 )
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell, pooled_rate_difference
 from moe_rl.analysis.claims.rules import (
+    ACCURACY,
     ACCURACY_MARGIN,
     ALPHA,
     COLLAPSE_MARGIN,
@@ -110,6 +115,7 @@ from moe_rl.analysis.claims.rules import (
 from moe_rl.analysis.claims.scale import models_and_tasks
 
 __all__ = [
+    "ACCURACY",
     "ACCURACY_MARGIN",
     "ALPHA",
     "ARMS_OUTCOMES",

@@ -10,6 +10,7 @@ import pandas as pd
 
 from moe_rl.analysis.claims.cells import grid_definitions
 from moe_rl.analysis.claims.rules import (
+    ACCURACY,
     ALPHA,
     CONTINUOUS,
     INCONCLUSIVE,
@@ -102,8 +103,8 @@ def arm_verdict(
         return REPRODUCED, f"{names[best_pred]} favours the predicted arm ({corrected} p = {fmt_p(p_pred)})", p_pred
     if p_opp < ALPHA:
         return NOT_REPRODUCED, f"{names[best_opp]} favours the other arm ({corrected} p = {fmt_p(p_opp)})", p_pred
-    acc, auc = cont["late_accuracy"], cont["reward_auc"]
-    m_acc, m_auc = margins["late_accuracy"], margins["reward_auc"]
+    acc, auc = cont[ACCURACY], cont["reward_auc"]
+    m_acc, m_auc = margins[ACCURACY], margins["reward_auc"]
     if -m_acc < acc["lo"] and acc["hi"] < m_acc and -m_auc < auc["lo"] and auc["hi"] < m_auc:
         return (
             NOT_REPRODUCED,
@@ -172,7 +173,7 @@ def comparison_text(
 ) -> str:
     """One line of a comparison's outcomes; `accuracy`, `auc_name` and `qualifier` (after the arm names)
     word outcomes measured otherwise, e.g. from each arm's own start."""
-    acc, auc, s = cmp.cont["late_accuracy"], cmp.cont["reward_auc"], cmp.surv
+    acc, auc, s = cmp.cont[ACCURACY], cmp.cont["reward_auc"], cmp.surv
     return (
         f"{cmp.better} - {cmp.worse}{qualifier}: {accuracy} {100 * acc['mean_diff']:+.1f} pp "
         f"[{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}], {auc_name} {auc['mean_diff']:+.3f} "
@@ -199,7 +200,7 @@ def comparison_plain(c: Claim, cmp: Comparison, looks: int, without: str, second
     """The paragraph for a person of a claim decided by `cmp` (and a `second` comparison of the claimed arm
     against a rival): pairs, accuracy and collapse counts, the verdict over the grid of collapse definitions,
     the looks at the data (`without`: the verdict without the runs added after a look)."""
-    acc, s = cmp.cont["late_accuracy"], cmp.surv
+    acc, s = cmp.cont[ACCURACY], cmp.surv
     text = (
         f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
         f"phase map where runs lose accuracy. {cmp.better} ended {accuracy_points(acc['mean_diff'])} {cmp.worse} "
@@ -207,7 +208,7 @@ def comparison_plain(c: Claim, cmp: Comparison, looks: int, without: str, second
         f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition."
     )
     if second is not None:
-        a2 = second.cont["late_accuracy"]
+        a2 = second.cont[ACCURACY]
         auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
         text += (
             f" Against {second.better}, {second.worse} ended {accuracy_points(-a2['mean_diff'])} it "

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from moe_rl.analysis.claims.rules import ACCURACY
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, MAIN_DEFINITION, definition_grid
 from moe_rl.analysis.load import load_results
 from moe_rl.analysis.phase import cell_label, run_outcomes
@@ -72,11 +73,11 @@ def low_precision_large_n(outcomes: pd.DataFrame) -> pd.DataFrame:
 
 
 def degrading_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -> pd.DataFrame:
-    """Runs of `arms` in the cells where those arms' mean `late_accuracy` (the mean of a run's last 3
-    evaluations, `moe_rl.analysis.accuracy`) ends below their mean accuracy at step 0: a measured
-    selection of where instability shows, no label needed."""
+    """Runs of `arms` in the cells where those arms' mean final accuracy (ACCURACY, the mean of a run's last
+    evaluations) ends below their mean accuracy at step 0: a measured selection of where instability shows,
+    no label needed."""
     sub = outcomes[outcomes["arm"].isin(arms)]
-    return sub.groupby(cells).filter(lambda g: g["late_accuracy"].mean() < g["start_accuracy"].mean())
+    return sub.groupby(cells).filter(lambda g: g[ACCURACY].mean() < g["start_accuracy"].mean())
 
 
 def runs_in_cells(outcomes: pd.DataFrame, arms: list[str], cells: list[str]) -> pd.DataFrame:

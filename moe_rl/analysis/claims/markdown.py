@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_rl.analysis.claims.rules import (
+    ACCURACY,
+    ACCURACY_DEFINITION,
     ACCURACY_MARGIN,
     ALPHA,
     COLLAPSE_MARGIN,
@@ -64,7 +66,10 @@ def format_claims_markdown(claims: list[Claim], root: str | Path = "results") ->
             f"{GRID_DROP_FRACS[0]}-{GRID_DROP_FRACS[-1]}, patience {GRID_PATIENCES[0]}-{GRID_PATIENCES[-1]}, entropy "
             f"floors {GRID_ENTROPY_FLOORS[0]}-{GRID_ENTROPY_FLOORS[-1]} over 1 or 10 records; see "
             f"results/collapse_definitions.md). Primary outcomes are measurements (final accuracy, reward AUC, time to "
-            f'collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Counts read "k of n".'
+            f"collapse); collapse counts (`{MAIN_DEFINITION}` definition) are secondary. Final accuracy, in every "
+            f"claim and table of this page (late acc in the stabilizer leaderboard), is {ACCURACY_DEFINITION} "
+            f"(`{ACCURACY}`). P(a > b): the share of seed pairs in which a ends above b, a tie counting one half. "
+            'Counts read "k of n".'
         ),
         "",
         "| # | claim | experiment and cells | statistic [95% interval] | test | p | verdict | why |",

@@ -33,6 +33,7 @@ from moe_rl.analysis.claims.cells import all_runs, cell_list, phase_cells, phase
 from moe_rl.analysis.claims.declared import Declared, extension_of, looks_note
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell
 from moe_rl.analysis.claims.rules import (
+    ACCURACY,
     ALPHA,
     INCONCLUSIVE,
     MARGINS,
@@ -52,7 +53,7 @@ from moe_rl.analysis.phase import cell_label
 from moe_rl.analysis.stats import holm, looks_adjusted, paired_compare
 
 ARMS_OUTCOMES = tuple(PRIMARY)  # final accuracy, reward AUC, time to collapse: `compare_arms`
-COLLAPSE_OUTCOMES = ("final_accuracy", "collapse")  # collapse pooled over cells (exact CMH) and final accuracy
+COLLAPSE_OUTCOMES = (ACCURACY, "collapse")  # final accuracy and collapse pooled over cells (exact CMH)
 ARMS_TEST = "paired sign-flip (accuracy, reward AUC), log-rank on pairs (time to collapse); Holm"
 OWN_START_WORDS = {
     "accuracy": "accuracy change",
@@ -100,7 +101,6 @@ class PairedClaim:
     test: str = ""  # the test column; "" words the outcomes' test
     cells_text: str = ""  # "{n}" and "{cells}"; "" names the degrading arms
     agreement: bool = False  # note how the two collapse definitions agree per cell
-    per_cell: bool = False  # note each cell alone, descriptive (the pairing keys but the algorithm arm)
     also: tuple[AlsoOn, ...] = ()
     plain: str = ""  # the paragraph for a person as a template; "" the outcomes' own (or the page's fallback)
     describe: Callable[[Path], list[str]] | None = None  # notes of the claim's own, measured, not tested
@@ -118,8 +118,8 @@ class PairedClaim:
             raise ValueError(f"claim {self.id}: name the compared arms (worse, better)")
         if self.holds_start and not self.from_own_start:
             raise ValueError(f"claim {self.id}: holds_start measures from each run's own start (from_own_start)")
-        if (self.per_cell or self.agreement) and self.outcomes != ARMS_OUTCOMES:
-            raise ValueError(f"claim {self.id}: per-cell and agreement notes need the outcomes {ARMS_OUTCOMES}")
+        if self.agreement and self.outcomes != ARMS_OUTCOMES:
+            raise ValueError(f"claim {self.id}: agreement notes need the outcomes {ARMS_OUTCOMES}")
 
     @property
     def arms(self) -> list[str]:
@@ -148,6 +148,7 @@ class Result:
     test: str
     grid: dict[str, tuple[str, str]]  # collapse definition -> (verdict, counts-only verdict); {} where none
     notes: list[str]
+    accuracy: dict[str, float]  # final accuracy (ACCURACY), better - worse over pairs: `paired_compare`
     comparison: Comparison | None = None  # the arms test's measurements
 
 
@@ -183,6 +184,7 @@ def arms_result(
         ARMS_TEST + (f", x {looks} looks" if looks > 1 else ""),
         dict(cmp.grid),
         [counts_note(cmp)],
+        cmp.cont[ACCURACY],
         cmp,
     )
 
@@ -190,16 +192,16 @@ def arms_result(
 def collapse_result(
     sel: pd.DataFrame, worse: str, better: str, cells: list[str], looks: int, record: PairedClaim
 ) -> Result:
-    """Collapse under the main definition pooled over cells (exact CMH, one-sided) and `final_accuracy` (the
-    last evaluation) paired by cell and seed (sign-flip test, bootstrap interval), Holm over the two and the
-    p-values times `looks`: reproduced if either favours `better` and neither `worse`; not reproduced if either
-    favours `worse`, or both intervals lie inside their margins. The statistic writes the short names in lower
-    case."""
+    """Collapse under the main definition pooled over cells (exact CMH, one-sided) and final accuracy (ACCURACY,
+    the mean of a run's last evaluations) paired by cell and seed (sign-flip test, bootstrap interval), Holm
+    over the two and the p-values times `looks`: reproduced if either favours `better` and neither `worse`; not
+    reproduced if either favours `worse`, or both intervals lie inside their margins. The statistic writes the
+    short names in lower case."""
     w, b = record.name(worse), record.name(better)
     coll = compare_collapse(sel, worse, better, MAIN_DEFINITION, cells)  # worse collapses more: better is better
     on = [*cells, "seed"]
-    x = sel[sel["arm"] == better].set_index(on)["final_accuracy"]
-    y = sel[sel["arm"] == worse].set_index(on)["final_accuracy"]
+    x = sel[sel["arm"] == better].set_index(on)[ACCURACY]
+    y = sel[sel["arm"] == worse].set_index(on)[ACCURACY]
     joined = pd.concat([x.rename("b"), y.rename("w")], axis=1).dropna()
     acc = paired_compare(joined["b"], joined["w"], alternative="greater", n_resamples=N_BOOT)
     acc_rev = paired_compare(joined["b"], joined["w"], alternative="less", n_resamples=N_BOOT)
@@ -207,7 +209,7 @@ def collapse_result(
     favour_w = [looks_adjusted(p, looks) for p in holm([coll["p_less"], acc_rev["p_value"]])]
     best_b, best_w = np.nanmin(favour_b, initial=np.inf), np.nanmin(favour_w, initial=np.inf)
     _, clo, chi = coll["diff"]
-    m_acc, m_coll = record.margins["final_accuracy"], record.margins["collapse"]
+    m_acc, m_coll = record.margins[ACCURACY], record.margins["collapse"]
     if best_b < ALPHA and not best_w < ALPHA:
         verdict, reason = REPRODUCED, f"{b} better at Holm p = {fmt_p(float(best_b))}"
     elif best_w < ALPHA:
@@ -232,6 +234,7 @@ def collapse_result(
         + (f", x {looks} looks)" if looks > 1 else ")"),
         {},
         [],
+        acc,
     )
 
 
@@ -242,22 +245,24 @@ TESTS: dict[tuple[str, ...], Callable[..., Result]] = {ARMS_OUTCOMES: arms_resul
 
 
 def from_own_start(runs: pd.DataFrame) -> pd.DataFrame:
-    """`late_accuracy` minus `start_accuracy` (step 0) and `reward_auc` minus `start_reward` (the first steps),
-    the raw values kept as `late_accuracy_raw` and `reward_auc_raw`: arms with cold starts of their own are
+    """Final accuracy (ACCURACY) minus `start_accuracy` (step 0) and `reward_auc` minus `start_reward` (the first
+    steps), the raw values kept as `<ACCURACY>_raw` and `reward_auc_raw`: arms with cold starts of their own are
     compared on what they gained, so a head start cannot pass for stability."""
     return runs.assign(
-        late_accuracy_raw=runs["late_accuracy"],
-        reward_auc_raw=runs["reward_auc"],
-        late_accuracy=runs["late_accuracy"] - runs["start_accuracy"],
-        reward_auc=runs["reward_auc"] - runs["start_reward"],
+        **{
+            f"{ACCURACY}_raw": runs[ACCURACY],
+            "reward_auc_raw": runs["reward_auc"],
+            ACCURACY: runs[ACCURACY] - runs["start_accuracy"],
+            "reward_auc": runs["reward_auc"] - runs["start_reward"],
+        }
     )
 
 
 def own_start_drop(runs: pd.DataFrame) -> dict[str, float]:
-    """Late accuracy minus the run's own cold-start accuracy (a `from_own_start` frame's `late_accuracy`): mean
+    """Final accuracy minus the run's own cold-start accuracy (a `from_own_start` frame's ACCURACY): mean
     with a bootstrap interval over runs and a one-sided sign-flip p that it is below 0 (`p_value`); `below`
     counts the runs that end below their start."""
-    change = runs["late_accuracy"].to_numpy(float)
+    change = runs[ACCURACY].to_numpy(float)
     r = paired_compare(change, np.zeros_like(change), alternative="less", n_resamples=N_BOOT)
     return {**r, "below": int((change < 0).sum()), "runs": len(runs)}
 
@@ -341,30 +346,43 @@ def _without(record: PairedClaim, base: Decision | None) -> str:
 
 
 def _per_cell_notes(record: PairedClaim, sel: pd.DataFrame, cells: list[str]) -> list[str]:
-    """Descriptive, per cell (the pairing keys but the algorithm arm) over the rest: each arm's mean start ->
-    final accuracy and runs below the start, and the claim's rule on that cell alone (no correction over cells)."""
+    """Where the claim is judged pooled over several cells (the pairing keys but the algorithm arm, which pools
+    within a cell): the same rule on each cell alone, descriptive, beside the pooled verdict, which decides.
+    [] for a claim of one cell."""
     keys = [k for k in cells if k != "algo_arm"]
-    raw = "late_accuracy_raw" if record.from_own_start else "late_accuracy"
+    groups = [
+        (cell_label(keys, values), g)
+        for values, g in sel.groupby(keys, sort=True)
+        if not pair_runs(g, record.worse, record.better, cells).empty
+    ]
+    if len(groups) < 2:
+        return []
+    lead = (
+        "per cell, descriptive: the rule applied to each cell alone (main collapse definition, no correction over "
+        "cells or looks); the pooled verdict above decides"
+    )
+    return [lead, *(_cell_note(record, g, cells, label) for label, g in groups)]
+
+
+def _cell_note(record: PairedClaim, g: pd.DataFrame, cells: list[str], label: str) -> str:
+    """One cell alone: each arm's mean start -> final accuracy, its runs below the start and collapsed (main
+    definition), better - worse final accuracy over the cell's pairs, and the record's rule on this cell."""
+    raw = f"{ACCURACY}_raw" if record.from_own_start else ACCURACY
     outcome = OWN_START_WORDS["accuracy"] if record.from_own_start else "final accuracy"
-    notes = []
-    for values, g in sel.groupby(keys, sort=True):
-        if pair_runs(g, record.worse, record.better, cells).empty:
-            continue
-        got = measure(record, g, cells, 1)
-        parts = [
-            f"{arm} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h[raw].mean():.1f}% "
-            f"({int((h[raw] - h['start_accuracy'] < 0).sum())} of {len(h)} below the start)"
-            for arm, h in ((a, g[g["arm"] == a]) for a in (record.worse, record.better))
-        ]
-        cmp = got.results[0].comparison
-        assert cmp is not None
-        acc = cmp.cont["late_accuracy"]
-        notes.append(
-            f"cell {cell_label(keys, values)} alone: " + "; ".join(parts) + f"; {record.name(record.better)} - "
-            f"{record.name(record.worse)} {outcome} {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, "
-            f"{100 * acc['hi']:+.1f}] ({acc['n']} pairs); the rule on this cell alone: {got.verdict}"
-        )
-    return notes
+    collapsed = f"collapsed_{MAIN_DEFINITION}"
+    parts = [
+        f"{arm} {100 * h['start_accuracy'].mean():.1f}% -> {100 * h[raw].mean():.1f}% "
+        f"({int((h[raw] < h['start_accuracy']).sum())} of {len(h)} below the start, "
+        f"{int(h[collapsed].astype(bool).sum())} collapsed)"
+        for arm, h in ((a, g[g["arm"] == a]) for a in (record.worse, record.better))
+    ]
+    got = measure(record, g, cells, 1)
+    acc = got.results[0].accuracy
+    return (
+        f"cell {label} alone: " + "; ".join(parts) + f"; {record.name(record.better)} - {record.name(record.worse)} "
+        f"{outcome} {100 * acc['mean_diff']:+.1f} pp [{100 * acc['lo']:+.1f}, {100 * acc['hi']:+.1f}] "
+        f"({acc['n']} pairs); the rule on this cell alone: {got.verdict}"
+    )
 
 
 def _fill(template: str, **values: str) -> str:
@@ -377,8 +395,11 @@ def _fill(template: str, **values: str) -> str:
     return "; ".join(parts)
 
 
-def _judge(c: Claim, record: PairedClaim, raw: pd.DataFrame | None, declared: Declared | None) -> None:
-    """Fill `c` with the record's verdict on the per-run outcomes `raw` (None: no runs)."""
+def _judge(
+    c: Claim, record: PairedClaim, raw: pd.DataFrame | None, declared: Declared | None, per_cell: bool = True
+) -> None:
+    """Fill `c` with the record's verdict on the per-run outcomes `raw` (None: no runs); with `per_cell`, the
+    rule on each cell alone where there are several (`_per_cell_notes`)."""
     if raw is None:
         c.verdict, reason = record.no_data
         c.reason = reason.format(experiment=record.experiment)
@@ -412,6 +433,8 @@ def _judge(c: Claim, record: PairedClaim, raw: pd.DataFrame | None, declared: De
         c.statistic += "; " + "; ".join(_drop_text(arm, got.start[arm]) for arm in (record.better, record.worse))
         c.test += f"; one-sided sign-flip ({record.name(record.better)} below its cold start)"
     c.p_value = pred.p
+    if per_cell:
+        c.notes += _per_cell_notes(record, got.sel, cells)
     for r in got.results:
         c.notes += r.notes
     if record.agreement:
@@ -419,8 +442,6 @@ def _judge(c: Claim, record: PairedClaim, raw: pd.DataFrame | None, declared: De
             f"agreement of the {MAIN_DEFINITION} and {ALTERNATIVE_DEFINITION} definitions: "
             + kappa_by_cell(runs, cells)
         )
-    if record.per_cell:
-        c.notes += _per_cell_notes(record, got.sel, cells)
     if got.grid:
         set_robustness(c, {d: v for d, (v, _) in got.grid.items()}, {d: k for d, (_, k) in got.grid.items()})
     c.plain = _plain(record, c, got, looks, base.verdict if base is not None and looks > 1 else "")
@@ -435,7 +456,7 @@ def _plain(record: PairedClaim, c: Claim, got: Decision, looks: int, without: st
     if not record.plain:
         second = got.results[1].comparison if len(got.results) > 1 else None
         return comparison_plain(c, pred, looks, without, second=second)
-    acc, nan = pred.cont["late_accuracy"], float("nan")
+    acc, nan = got.results[0].accuracy, float("nan")
     own = {side: got.start.get(arm, {}) for side, arm in (("better", record.better), ("worse", record.worse))}
     return record.plain.format(
         better=record.better,
@@ -480,9 +501,9 @@ def judge_paired(
             continue
         sub = Claim(record.id, record.claim, record.source, record.rule, experiment=also.experiment)
         if also.pooled:
-            _judge(sub, record, pd.concat([raw, other], ignore_index=True), declared.get(record.experiment))
+            _judge(sub, record, pd.concat([raw, other], ignore_index=True), declared.get(record.experiment), False)
         else:
-            _judge(sub, record, other, declared.get(also.experiment))
+            _judge(sub, record, other, declared.get(also.experiment), False)
         families = ", ".join(sorted(set(raw["family"]))) if raw is not None and "family" in raw else ""
         c.notes.append(
             _fill(

@@ -14,6 +14,7 @@ from moe_rl.analysis.claims.cells import (
 )
 from moe_rl.analysis.claims.paired import COLLAPSE_OUTCOMES, AlsoOn, PairedClaim
 from moe_rl.analysis.claims.rules import (
+    ACCURACY_DEFINITION,
     ACCURACY_MARGIN,
     COLLAPSE_MARGIN,
     INCONCLUSIVE,
@@ -78,7 +79,7 @@ OFFPOLICY_GRPO = PairedClaim(
     "Off-policy (N >= 2), GRPO without replay is less stable than GRPO with R2",
     "GSPO 2507.18071; R3 2510.11370",
     "grpo+r2 vs grpo+none, paired by seed in the off-policy (lr, N) cells where the two arms' mean final "
-    "accuracy ends below the cold start's. Primary outcomes: final accuracy (mean of the last 3 evaluations) "
+    f"accuracy ends below the cold start's. Primary outcomes: final accuracy ({ACCURACY_DEFINITION}) "
     "and reward AUC (sign-flip test, bootstrap interval) and time to collapse (log-rank stratified on the "
     "pairs), Holm over the three and Bonferroni over the looks at the data. reproduced if one favours R2 at "
     "p < 0.05 and none favours no replay; not reproduced if one favours no replay, or the accuracy and reward "
@@ -123,9 +124,9 @@ R3_VS_R2 = PairedClaim(
     "With a train/inference gap and large N, R3 beats R2",
     "arXiv 2512.01374",
     "runs with rollouts from a real inference engine (vLLM in bfloat16, float32 training) and the largest N "
-    "(N >= 4 where present), in the cells where grpo+r2 and grpo+r3 end below their cold start on average (mean "
-    "of each run's last 3 evaluations, as claims 2 and 3): grpo+r3 vs grpo+r2 on collapse "
-    "(exact CMH over cells, one-sided) and final accuracy (paired by seed and cell: bootstrap interval, "
+    "(N >= 4 where present), in the cells where grpo+r2 and grpo+r3 end below their cold start on average: "
+    "grpo+r3 vs grpo+r2 on collapse (exact CMH over cells, one-sided) and final accuracy "
+    f"({ACCURACY_DEFINITION}, as in claims 2 and 3; paired by seed and cell: bootstrap interval, "
     "sign-flip test), Holm over the two and Bonferroni over the looks at the data (cells added by an extension "
     "of the experiment file). reproduced if either favours R3 at Holm p < 0.05 and neither favours "
     "R2; not reproduced if either favours R2 at Holm p < 0.05, or both intervals lie within their margins "
@@ -164,7 +165,8 @@ MOE_SPECIFIC = PairedClaim(
     f"{DENSE_FAMILY} (the dense control: same attention and active width, no routing) vs {MOE_FAMILY}, paired by "
     "(lr, N, algorithm arm, seed), in the cells where the MoE model's mean final accuracy ends below its cold "
     "start's. The three primary outcomes of claim 2, measured from each run's own start since each model has "
-    "its own cold start (accuracy change: final minus step-0 accuracy; reward AUC minus the mean reward of the "
+    f"its own cold start (accuracy change: final accuracy, {ACCURACY_DEFINITION}, minus step-0 accuracy; "
+    "reward AUC minus the mean reward of the "
     f"first {START_STEPS} steps: sign-flip test and bootstrap interval; time to collapse under the relative "
     "definition: log-rank stratified on the pairs; Holm over the three), and whether the dense runs end below "
     "their own cold start (accuracy change, one-sided sign-flip test). reproduced if "
@@ -182,7 +184,6 @@ MOE_SPECIFIC = PairedClaim(
     degrading=(MOE_FAMILY,),
     from_own_start=True,
     names={DENSE_FAMILY: "dense", MOE_FAMILY: "MoE"},
-    per_cell=True,
     runs=partial(ladder_pairs, rungs=("moe", "dense")),  # the ladder's moe and dense rungs, for the note below
     also=(
         AlsoOn(
@@ -206,8 +207,8 @@ MOE_SPECIFIC = PairedClaim(
 
 LADDER_RULE = (
     "{better} vs {worse} on the `mechanism` ladder's runs (lr 3e-4, N = 8, grpo+none, matched starts), paired by "
-    "(cold-start seed, seed), measured from each run's own start: accuracy change (late accuracy, the mean of the "
-    "last 3 evaluations, minus step 0) and reward AUC (minus the mean reward of the first "
+    "(cold-start seed, seed), measured from each run's own start: accuracy change (final accuracy, "
+    f"{ACCURACY_DEFINITION}, minus step 0) and reward AUC (minus the mean reward of the first "
     f"{START_STEPS} steps), sign-flip test and bootstrap interval, and time to collapse (log-rank stratified on "
     "the pairs), Holm over the three. reproduced if one favours {favoured} at p < 0.05 and none the other; not "
     f"reproduced if one favours the other, or the accuracy and reward AUC intervals lie inside ±{ACCURACY_MARGIN}; "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.accuracy import LATE_EVALS
 from moe_rl.analysis.collapse_definitions import GRID_DROP_FRACS, GRID_ENTROPY_FLOORS, GRID_PATIENCES
 
 # verdicts
@@ -24,17 +25,18 @@ DRIFT_MARGIN = 0.10  # relative to the shallow model's drift
 REWARD_MARGIN = 0.05  # reward AUC (a mean reward in [0, 1]) difference too small to matter
 LEAD_MARGIN = 0.01  # share of the clip fraction's next-step variance too small to matter
 N_BOOT = 4999
-# the margin of each outcome a paired claim compares (`paired.PairedClaim.margins`)
-MARGINS = {
-    "late_accuracy": ACCURACY_MARGIN,
-    "final_accuracy": ACCURACY_MARGIN,
-    "reward_auc": REWARD_MARGIN,
-    "collapse": COLLAPSE_MARGIN,
-}
 
-# the measured outcomes and their names on the page: `late_accuracy` (the mean of a run's last 3 evaluations,
-# `moe_rl.analysis.accuracy`) is what CLAIMS.md's prose calls final accuracy
-CONTINUOUS = {"late_accuracy": "final accuracy", "reward_auc": "reward AUC"}
+# A run's final accuracy, in every claim and table of CLAIMS.md: `late_accuracy`, the mean of its last LATE_EVALS
+# evaluations (`moe_rl.analysis.accuracy`; one evaluation alone carries ~4 points of sampling noise). The one
+# definition the claims read, and its words on the page.
+ACCURACY = "late_accuracy"
+ACCURACY_DEFINITION = f"the mean of a run's last {LATE_EVALS} evaluations"
+
+# the margin of each outcome a paired claim compares (`paired.PairedClaim.margins`)
+MARGINS = {ACCURACY: ACCURACY_MARGIN, "reward_auc": REWARD_MARGIN, "collapse": COLLAPSE_MARGIN}
+
+# the measured outcomes and their names on the page
+CONTINUOUS = {ACCURACY: "final accuracy", "reward_auc": "reward AUC"}
 PRIMARY = [*CONTINUOUS, "time_to_collapse"]  # what an experiment file's `analysis.primary` should declare
 
 
