@@ -136,12 +136,25 @@ def _mechanism_report(runs_dir: Path, out: Path) -> list[Path]:
     return [*written, out / "ladder.csv", out / "ladder.png"]
 
 
+def _frontier_report(runs_dir: Path, out: Path) -> list[Path]:
+    """The stability frontier: the table of every arm's edges (`moe_rl.analysis.frontier_report`), a csv and a
+    figure, from its runs and those of the same configs in the folders beside it."""
+    from moe_rl.analysis import frontier, frontier_report
+
+    table, text, fig = frontier_report.frontier_section(frontier.load_runs([out.parent, runs_dir.parent.parent]))
+    write_atomic(out / "frontier.csv", lambda f: f.write(table.to_csv(index=False).encode()))
+    write_atomic(out / "frontier.png", lambda f: fig.savefig(f, format="png", dpi=120))
+    write_atomic(out / "summary.md", lambda f: f.write(f"# frontier\n\n{text}".encode()))
+    return [out / "summary.md", out / "frontier.csv", out / "frontier.png"]
+
+
 # result folders with a report of their own: name -> writer(runs_dir, out)
 DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "drift_scaling": _with_provenance(_drift_report),
     "drift_forecast": _with_provenance(_forecast_report),
     "stabilizers": _stabilizers_report,
     "mechanism": _with_provenance(_mechanism_report),
+    "frontier": _with_provenance(_frontier_report),
 }
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
 VARIANT_TEXT = {

@@ -10,7 +10,8 @@ a margin too small to matter (collapse probability 0.10, accuracy 0.05, drift 10
 
 A claim that compares arms on paired runs (2, 3, 5, 7) is a `PairedClaim` declaration in `paired_claims`,
 judged by one engine, `paired.judge_paired`; a claim with a statistic of its own keeps a module
-(`claim_drift`: 1, the drift forecast, and 4, depth; `claim_lead`: 6, the lead test).
+(`claim_drift`: 1, the drift forecast, and 4, depth; `claim_lead`: 6, the lead test; `claim_frontier`: 10 and
+11, staleness edges on the stability frontier).
 
 Adding a paired claim: declare it in `paired_claims` and put it in `evaluate.CLAIMS` where it belongs on
 the page. The first five fields are the id, the claim, its source, the rule as the page states it and the
@@ -64,6 +65,7 @@ from moe_rl.analysis.claims.cells import (
     runs_in_cells,
 )
 from moe_rl.analysis.claims.claim_drift import PAPER_BAND, claim_depth, claim_expert_drift
+from moe_rl.analysis.claims.claim_frontier import claim_no_trust_region, claim_vespo_staleness
 from moe_rl.analysis.claims.claim_lead import claim_shift_leads, run_series, shift_before_collapse
 from moe_rl.analysis.claims.declared import EXPERIMENT_FILES, Declared, declared_analyses, extension_of
 from moe_rl.analysis.claims.evaluate import CLAIMS, DECLARED_BY, evaluate_claims
@@ -157,6 +159,8 @@ __all__ = [
     "arm_verdict",
     "claim_depth",
     "claim_expert_drift",
+    "claim_no_trust_region",
+    "claim_vespo_staleness",
     "claim_shift_leads",
     "combine",
     "compare_arms",

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moe_rl.analysis.claims.claim_drift import claim_depth, claim_expert_drift
+from moe_rl.analysis.claims.claim_frontier import claim_no_trust_region, claim_vespo_staleness
 from moe_rl.analysis.claims.claim_lead import claim_shift_leads
 from moe_rl.analysis.claims.declared import declared_analyses
 from moe_rl.analysis.claims.paired import PairedClaim, judge_paired
@@ -30,6 +31,8 @@ CLAIMS: tuple[PairedClaim | Callable[..., Claim], ...] = (
     MOE_SPECIFIC,
     AUX_HURTS,
     FROZEN_ROUTER,
+    claim_vespo_staleness,
+    claim_no_trust_region,
 )
 DECLARED_BY = {claim_depth: "drift_scaling"}  # a claim function that reads its experiment file -> that file
 
