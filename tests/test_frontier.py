@@ -104,6 +104,8 @@ def test_jobs_merge_the_shared_point_and_rows_first_come_first():
     jobs = fr_.next_jobs(planted(("qwen3_moe", "a"), {}).iloc[:0], fr)
     edge_jobs = [(j["arm"], j["lr"], j["N"]) for j in jobs if j["axis"] != "price"]
     assert edge_jobs == [("b", 3e-4, 8), ("a", 3e-4, 8)]  # one job per point
+    lr_first = fr_.Axis("lr", {"N": 8}, (1e-4, 3e-4, 1e-3), 3e-4, rows_first=("b", "qwen3_dense:a"))
+    assert fr_.first_rows(lr_first) == [("qwen3_moe", "b"), ("qwen3_dense", "a")]
     assert [(j["arm"], j["lr"], j["N"], j["seeds"]) for j in jobs if j["axis"] == "price"] == [
         ("a", 1e-4, 8, (0, 1)),
         ("b", 1e-4, 8, (0, 1)),

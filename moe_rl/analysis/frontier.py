@@ -195,19 +195,27 @@ def next_probe(axis: Axis, pts: pd.DataFrame, fr: Frontier) -> tuple[int, tuple[
     return None
 
 
-def _priority(axis: Axis, row: tuple[str, str]) -> int:
-    """0: a row the axis names first; 1: any row of an axis that names none; 2: the other rows."""
-    if not axis.rows_first:
-        return 1
-    return 0 if row[0] == REFERENCE[0] and row[1] in axis.rows_first else 2
+def first_rows(axis: Axis) -> list[tuple[str, str]]:
+    """The rows an axis probes first, in its order (`arm` for the MoE model, `family:arm` for another)."""
+    return [tuple(r.split(":", 1)) if ":" in r else (REFERENCE[0], r) for r in axis.rows_first]  # type: ignore[misc]
+
+
+def _priority(fr: Frontier, a: int, row: tuple[str, str]) -> tuple[int, int, int]:
+    """Rows an axis names first (axis by axis, in its order), then every row of an axis that names none, then the
+    other rows (axis by axis, in declaration order)."""
+    first = first_rows(fr.axes[a])
+    if row in first:
+        return 0, a, first.index(row)
+    return (1 if not first else 2), a, fr.rows.index(row)
 
 
 def next_jobs(runs: pd.DataFrame, fr: Frontier) -> list[dict]:
     """Every row's next probe on every axis, as jobs {family, arm, lr, N, seeds, axis}: the rows an axis names
     first, then every row of the axes that name none, then the rest (declaration order within each)."""
-    pairs = sorted(((a, r) for a in fr.axes for r in fr.rows), key=lambda p: _priority(*p))
+    pairs = sorted(((a, r) for a in range(len(fr.axes)) for r in fr.rows), key=lambda p: _priority(fr, *p))
     jobs = []
-    for axis, row in pairs:
+    for a, row in pairs:
+        axis = fr.axes[a]
         probe = next_probe(axis, points(on_axis(runs, axis, row)), fr)
         if probe is None:
             continue
