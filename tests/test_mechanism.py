@@ -42,6 +42,9 @@ def test_each_rung_gets_its_planted_share_of_the_gap() -> None:
     assert table.loc["half", "pairs"] == 8 and table.loc["half", "runs"] == 8
     assert table.loc["half", "vs_moe"] == pytest.approx(0.10) and table.loc["worse", "vs_moe"] == pytest.approx(-0.10)
     assert table.loc["half", "change"] == pytest.approx(-0.10, abs=0.01)
+    # 8 pairs, every difference the same sign: the exact sign-flip p is 2 / 2^8; Holm over the 3 rungs tested
+    assert table.loc["half", "vs_moe_p"] == pytest.approx(2 / 2**8) and pd.isna(table.loc["moe", "vs_moe_p"])
+    assert table.loc["worse", "vs_moe_holm"] == pytest.approx(3 * 2 / 2**8)
     assert table.loc["half", "start_reward"] == 0.15 and table.loc["half", "start_entropy"] == 0.9
     reads = {rung: verdict(row) for rung, row in table.reset_index().set_index("rung", drop=False).iterrows()}
     assert reads["worse"] == "opens the gap" and reads["moe"] == "reference (0)"

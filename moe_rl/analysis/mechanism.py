@@ -9,7 +9,9 @@ step-0 accuracy, each measured from the run's own start:
 
 0 is the MoE model's outcome, 1 the dense model's; the interval is a paired bootstrap (BCa) over the pairs
 that hold all three runs. A ratio whose denominator is itself noisy has wide, skewed intervals, so the
-table also gives each rung's paired difference to `moe` in accuracy change, with its own interval. A rung "closes the gap" when its interval lies above 0.5, "opens it" when below 0.
+table also gives each rung's paired difference to `moe` in accuracy change, with its own interval and a sign-flip
+p-value, Holm-corrected over the rungs. A rung "closes the gap" when its interval lies above 0.5, "opens it" when
+below 0.
 The table also gives each rung's start: step-0 held-out accuracy, and the first rollout's mean reward and
 entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
 """
@@ -23,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
-from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci
+from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci, holm, paired_compare
 from moe_rl.metrics.names import POLICY_ENTROPY, REWARD_MEAN
 
 REFERENCE, TARGET = "moe", "dense"
@@ -77,6 +79,7 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
             "vs_moe": math.nan,
             "vs_moe_lo": math.nan,
             "vs_moe_hi": math.nan,
+            "vs_moe_p": math.nan,
             "share": math.nan,
             "share_lo": math.nan,
             "share_hi": math.nan,
@@ -88,12 +91,16 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
             row["pairs"] = len(both)
             if rung != REFERENCE:
                 row["vs_moe"], row["vs_moe_lo"], row["vs_moe_hi"] = bootstrap_mean_ci(d, seed=seed)
+                row["vs_moe_p"] = paired_compare(both[rung], both[REFERENCE], seed=seed)["p_value"]
             if len(both) and gap.mean() != 0:
                 row["share"] = float(d.mean() / gap.mean())
                 if rung not in (REFERENCE, TARGET):  # the ends are 0 and 1 by construction
                     row["share_lo"], row["share_hi"] = paired_ratio_ci(d, gap, seed=seed)
         rows.append(row)
     table = pd.DataFrame(rows)
+    tested = table["vs_moe_p"].notna()
+    table["vs_moe_holm"] = math.nan
+    table.loc[tested, "vs_moe_holm"] = holm(table.loc[tested, "vs_moe_p"].to_numpy())  # over the rungs
     order = [REFERENCE, *sorted(set(table["rung"]) - {REFERENCE, TARGET}), TARGET]
     return table.set_index("rung").loc[[r for r in order if r in set(table["rung"])]].reset_index()
 
@@ -113,11 +120,15 @@ def verdict(row: pd.Series) -> str:
     return "no clear effect"
 
 
+def _p(row: pd.Series) -> str:
+    return f"{row['vs_moe_p']:.3f} ({row['vs_moe_holm']:.3f})" if np.isfinite(row["vs_moe_p"]) else "—"
+
+
 def format_ladder_markdown(table: pd.DataFrame) -> str:
     """The ladder as a markdown table, points as percentages of held-out accuracy."""
     lines = [
-        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | vs moe, paired (pp) [95% CI] | share of gap [95% CI] | reads |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|:---|",
+        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | vs moe, paired (pp) [95% CI] | p (Holm) | share of gap [95% CI] | reads |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
     for _, r in table.iterrows():
         share = (
@@ -133,7 +144,7 @@ def format_ladder_markdown(table: pd.DataFrame) -> str:
         lines.append(
             f"| {r['rung']} | {r['runs']} | {100 * r['start_accuracy']:.1f}% | {r['start_reward']:.3f} | "
             f"{r['start_entropy']:.3f} | {100 * r['change']:+.1f} [{100 * r['change_lo']:+.1f}, "
-            f"{100 * r['change_hi']:+.1f}] | {vs} | {share} | {verdict(r)} |"
+            f"{100 * r['change_hi']:+.1f}] | {vs} | {_p(r)} | {share} | {verdict(r)} |"
         )
     return "\n".join(lines)
 
