@@ -1,12 +1,13 @@
 """Run configuration: plain dataclasses, the single source of defaults (Hydra registers them too).
 
-`validate(cfg)` rejects bad input before any work starts, naming the key and the valid values.
+`validate(cfg)` rejects bad input before any work starts, naming the key and the valid values: each section's
+`check()` refuses its own bad values, then `validate` the keys that only make sense together.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,18 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence t
 ENGINES = ("hf", "vllm")
 
 
+def _one_of(key: str, value: Any, valid: Any) -> None:
+    if value not in valid:
+        raise ValueError(f"{key}={value!r} is not valid; valid: {sorted(valid)}")
+
+
+def _at_least(*checks: tuple[str, Any, int]) -> None:
+    """Each (key, value, low): refused when value < low."""
+    for key, value, low in checks:
+        if value < low:
+            raise ValueError(f"{key}={value} must be >= {low}")
+
+
 @dataclass
 class ModelConfig:
     family: str = "qwen3_moe"
@@ -44,6 +57,38 @@ class ModelConfig:
     # RL-phase router knobs (moe_rl.models.knobs), set after the cold start; MoE models only
     router_frozen: bool = False  # the routers take no gradient and keep the cold start's values (NeMo-RL, verl)
     router_dtype: str = "float32"  # float32: the family's own; float64: router GEMM and softmax in float64 (NeMo-RL)
+
+    def check(self) -> None:
+        if self.checkpoint:  # a checkpoint may be of any MoE family: its model_type must match model.family
+            _check_checkpoint(self.checkpoint, self.family)
+        else:
+            _one_of("model.family", self.family, [*FAMILIES, *DENSE_FAMILIES, *BACKENDS])
+        _one_of("model.dtype", self.dtype, DTYPES)
+        if self.experts_implementation is not None:
+            _one_of("model.experts_implementation", self.experts_implementation, EXPERTS_IMPLEMENTATIONS)
+        if self.head_dim is not None and self.head_dim < 1:
+            raise ValueError(f"model.head_dim={self.head_dim} must be >= 1")
+        if self.moe_intermediate_size is not None and self.moe_intermediate_size < 1:
+            raise ValueError(f"model.moe_intermediate_size={self.moe_intermediate_size} must be >= 1")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"model.top_k={self.top_k} must lie in [1, model.num_experts={self.num_experts}] "
+                "(top_k = num_experts: soft routing, every expert at its softmax weight)"
+            )
+
+
+def _check_checkpoint(path: str, family: str) -> None:
+    config = Path(path) / "config.json"
+    if not Path(path).exists() and "/" in path and not path.startswith((".", "/", "~")):
+        return  # a hub id: checked when loaded (moe_rl.models.load_model)
+    if not config.is_file():
+        raise ValueError(f"model.checkpoint={path!r} is not a save_pretrained directory (no config.json)")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type != family:
+        raise ValueError(
+            f"model.checkpoint={path!r} is a {model_type!r} model but model.family={family!r}; "
+            f"set model.family={model_type}"
+        )
 
 
 @dataclass
@@ -62,6 +107,24 @@ class TaskConfig:
     split: str = "train"  # split of a hub dataset
     chat_template: str = "auto"  # auto: the tokenizer's chat template when it has one; true; false
     reward: str = "exact"  # exact | numeric | math | package.module:function
+
+    def check(self) -> None:
+        _one_of("task.name", self.name, [*TASKS, "dataset"])
+        _one_of("task.chat_template", str(self.chat_template).lower(), CHAT_TEMPLATE_MODES)
+        if self.n_train is None and self.name != "dataset":
+            raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={self.name}")
+        if not 0 <= self.partial_credit < 1:
+            raise ValueError(
+                f"task.partial_credit={self.partial_credit} must lie in [0, 1): 1.0 marks a correct answer"
+            )
+        if self.name == "dataset" and not self.path:
+            raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
+        n_train = 1 if self.n_train is None else self.n_train
+        _at_least(
+            ("task.max_new_tokens", self.max_new_tokens, 1),
+            ("task.n_train", n_train, 1),
+            ("task.n_eval", self.n_eval, 1),
+        )
 
 
 @dataclass
@@ -100,12 +163,54 @@ class AlgoConfig:
             kwargs["offpolicy_mask_delta"] = self.offpolicy_mask_delta
         return kwargs
 
+    def check(self) -> None:
+        """The loss and its own hyperparameters in range; one set for another loss is refused, not ignored."""
+        _one_of("algo.name", self.name, LOSSES)
+        _one_of("algo.agg", self.agg, AGG_MODES)
+        loss = get_loss(self.name)
+        own = loss.defaults
+        for key in dict.fromkeys(k for other in LOSSES.values() for k in other.defaults):  # every loss's parameters
+            if key not in own and getattr(self, key) is not None:
+                raise ValueError(
+                    f"algo.{key} is not a parameter of algo.name={self.name!r}; its parameters: {sorted(own)}"
+                )
+        if loss.clip is not None:
+            eps_low, eps_high = self.eps()
+            if not 0 <= eps_low <= 1:
+                raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
+            if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) by default
+                raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
+        for key, value in self.loss_kwargs().items():
+            if key.startswith(("tau", "lambda_")) and not value > 0:
+                raise ValueError(f"algo.{key}={value} must be > 0")
+            if key in ("kl_tau", "k_pos", "k_neg") and not value >= 0:
+                raise ValueError(f"algo.{key}={value} must be >= 0")
+        delta = self.offpolicy_mask_delta
+        if delta is not None and not delta >= 0:
+            raise ValueError(
+                f"algo.offpolicy_mask_delta={delta} must be >= 0: a negative-advantage sequence is dropped when its mean "
+                "log(pi_old / pi) per token exceeds it (null: no mask)"
+            )
+        if self.router_shift and not loss.takes_ratio_scale:
+            raise ValueError(
+                f"algo.router_shift rescales token ratios; algo.name={self.name!r} has none. "
+                f"Use one of {[name for name, other in LOSSES.items() if other.takes_ratio_scale]}"
+            )
+        if not 0 < self.router_shift_floor <= 1:
+            raise ValueError(f"algo.router_shift_floor={self.router_shift_floor} must lie in (0, 1]")
+
 
 @dataclass
 class ReplayConfig:
     mode: str = "none"
     threshold: float = 0.5  # *_threshold modes: keep a replayed expert scoring >= this x the weakest live top-k
     split_every: int = 1  # ratio/split/* on every K-th of the route instruments' steps (metrics.route_every); 0: never
+
+    def check(self) -> None:
+        _one_of("replay.mode", self.mode, mode_names())
+        if self.threshold < 0:
+            raise ValueError(f"replay.threshold={self.threshold} must be >= 0")
+        _at_least(("replay.split_every", self.split_every, 0))
 
 
 @dataclass
@@ -123,6 +228,24 @@ class RolloutConfig:
     is_low: float = 0.5  # icepop: tokens whose ratio lies outside [is_low, is_high] are masked
     is_high: float = 5.0  # icepop: upper end of the band
 
+    def check(self) -> None:
+        _one_of("rollout.dtype", self.dtype, DTYPES)
+        _one_of("rollout.engine", self.engine, ENGINES)
+        if self.engine_sync_every < 1:
+            raise ValueError(f"rollout.engine_sync_every={self.engine_sync_every} must be >= 1")
+        if self.group_size < 2:
+            raise ValueError(f"rollout.group_size={self.group_size} must be >= 2 (group-normalised advantages)")
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature={self.temperature} must be > 0")
+        _one_of("rollout.is_correction", self.is_correction, ["none", *CORRECTIONS])
+        _one_of("rollout.is_level", self.is_level, LEVELS)
+        if not (self.is_cap > 0 and 0 <= self.is_low <= 1 <= self.is_high):
+            raise ValueError(
+                f"need rollout.is_cap > 0 and is_low <= 1 <= is_high, got is_cap={self.is_cap}, "
+                f"is_low={self.is_low}, is_high={self.is_high}"
+            )
+        _at_least(("rollout.prompts_per_step", self.prompts_per_step, 1))
+
 
 @dataclass
 class OptimConfig:
@@ -133,6 +256,11 @@ class OptimConfig:
     warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates
     router_lr_scale: float = 1.0  # the routers' lr is lr x this (NeMo Automodel: 0.1); MoE models only
     expert_lr_scale: float = 1.0  # the routed experts' lr is lr x this; MoE models only
+
+    def check(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0")
+        _at_least(("optim.warmup_updates", self.warmup_updates, 0))
 
 
 COLD_START_TARGETS = ("greedy", "sampled")  # what cold_start.target is compared with (moe_rl.loop.cold_start)
@@ -151,6 +279,20 @@ class ColdStartConfig:
     patience: int | None = None  # stop after this many evals with no new best (0: never; None: 10 for dataset, else 0)
     target: float | None = None  # matched starts: stop once `target_metric` reaches it (None: the band's low edge)
     target_metric: str = "greedy"  # greedy: held-out greedy accuracy; sampled: held-out mean reward at temperature 1
+
+    def check(self) -> None:
+        _one_of("cold_start.mode", self.mode, COLD_START_MODES)
+        _at_least(
+            ("cold_start.eval_every", self.eval_every, 1),
+            ("cold_start.batch_size", self.batch_size, 1),
+            ("cold_start.max_steps", self.max_steps, 1),
+            ("cold_start.patience", self.patience or 0, 0),
+        )
+        if len(self.band) != 2 or not 0 <= self.band[0] <= self.band[1] <= 1:
+            raise ValueError(f"cold_start.band={list(self.band)} must satisfy 0 <= low <= high <= 1")
+        _one_of("cold_start.target_metric", self.target_metric, COLD_START_TARGETS)
+        if self.target is not None and not 0 < self.target <= 1:
+            raise ValueError(f"cold_start.target={self.target} must lie in (0, 1] (a reward or an accuracy)")
 
 
 @dataclass
@@ -171,6 +313,9 @@ class CollapseConfig:
     accuracy_drop_frac: float = 0.5
     accuracy_patience: int = 2
 
+    def check(self) -> None:
+        _one_of("collapse.definition", self.definition, COLLAPSE_DEFINITIONS)
+
 
 @dataclass
 class DistConfig:
@@ -178,6 +323,9 @@ class DistConfig:
 
     strategy: str = "fsdp"  # fsdp: FSDP2 fully_shard per decoder layer, then the root; ddp: full replicas
     timeout_s: float = 1800.0  # a collective waiting this long for a dead peer raises instead of hanging
+
+    def check(self) -> None:
+        _one_of("dist.strategy", self.strategy, ("fsdp", "ddp"))
 
 
 @dataclass
@@ -187,6 +335,13 @@ class SignalConfig:
     no_signal_steps: int = 20  # this many straight steps (all, if fewer) of zero-variance groups: no_signal; 0: never
     max_reward_error_frac: float = 0.5  # the reward raised on more than this share of all completions: reward_failed
 
+    def check(self) -> None:
+        if self.no_signal_steps < 0 or not 0 <= self.max_reward_error_frac <= 1:
+            raise ValueError(
+                f"signal.no_signal_steps={self.no_signal_steps} must be >= 0 and "
+                f"signal.max_reward_error_frac={self.max_reward_error_frac} in [0, 1]"
+            )
+
 
 @dataclass
 class PassAtKConfig:
@@ -195,6 +350,12 @@ class PassAtKConfig:
     k: list[int] = field(default_factory=list)  # e.g. [1, 4]; empty: off
     n: int = 8  # samples per held-out prompt (n >= max k)
     temperature: float = 1.0
+
+    def check(self) -> None:
+        if self.k and (min(self.k) < 1 or max(self.k) > self.n):
+            raise ValueError(f"pass_at_k.k={list(self.k)} must lie in [1, pass_at_k.n={self.n}]")
+        if self.temperature <= 0:
+            raise ValueError(f"pass_at_k.temperature={self.temperature} must be > 0")
 
 
 @dataclass
@@ -209,6 +370,25 @@ class MetricsConfig:
 
     route_every: int = 10
     split_rows: int | None = 24
+
+    def check(self) -> None:
+        """`route_every` an integer >= 1 and `split_rows` one >= 1 or null (bools are refused: YAML reads `yes`
+        as true, which Python would count as 1)."""
+
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        every, rows = self.route_every, self.split_rows
+        if not whole(every) or every < 1:
+            raise ValueError(
+                f"metrics.route_every={every!r} must be an integer >= 1: the route instruments run on the steps "
+                "that are multiples of it (1: every step)"
+            )
+        if rows is not None and (not whole(rows) or rows < 1):
+            raise ValueError(
+                f"metrics.split_rows={rows!r} must be an integer >= 1 (rows of each update the ratio split scores) "
+                "or null (all of them)"
+            )
 
 
 @dataclass
@@ -282,71 +462,6 @@ def config_hash(cfg: TrainConfig) -> str:
     return identity_hash(cfg.to_dict())
 
 
-def _one_of(key: str, value: Any, valid: Any) -> None:
-    if value not in valid:
-        raise ValueError(f"{key}={value!r} is not valid; valid: {sorted(valid)}")
-
-
-def _check_checkpoint(path: str, family: str) -> None:
-    config = Path(path) / "config.json"
-    if not Path(path).exists() and "/" in path and not path.startswith((".", "/", "~")):
-        return  # a hub id: checked when loaded (moe_rl.models.load_model)
-    if not config.is_file():
-        raise ValueError(f"model.checkpoint={path!r} is not a save_pretrained directory (no config.json)")
-    model_type = json.loads(config.read_text()).get("model_type")
-    if model_type != family:
-        raise ValueError(
-            f"model.checkpoint={path!r} is a {model_type!r} model but model.family={family!r}; "
-            f"set model.family={model_type}"
-        )
-
-
-def _check_loss_params(algo: AlgoConfig) -> None:
-    """The loss's own hyperparameters in range; one set for another loss is refused, not ignored."""
-    loss = get_loss(algo.name)
-    own = loss.defaults
-    for key in dict.fromkeys(k for other in LOSSES.values() for k in other.defaults):  # every loss's parameters
-        if key not in own and getattr(algo, key) is not None:
-            raise ValueError(f"algo.{key} is not a parameter of algo.name={algo.name!r}; its parameters: {sorted(own)}")
-    if loss.clip is not None:
-        eps_low, eps_high = algo.eps()
-        if not 0 <= eps_low <= 1:
-            raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
-        if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) is the default
-            raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
-    for key, value in algo.loss_kwargs().items():
-        if key.startswith(("tau", "lambda_")) and not value > 0:
-            raise ValueError(f"algo.{key}={value} must be > 0")
-        if key in ("kl_tau", "k_pos", "k_neg") and not value >= 0:
-            raise ValueError(f"algo.{key}={value} must be >= 0")
-    delta = algo.offpolicy_mask_delta
-    if delta is not None and not delta >= 0:
-        raise ValueError(
-            f"algo.offpolicy_mask_delta={delta} must be >= 0: a negative-advantage sequence is dropped when its mean "
-            "log(pi_old / pi) per token exceeds it (null: no mask)"
-        )
-
-
-def _check_metrics(metrics: MetricsConfig) -> None:
-    """`metrics.route_every` an integer >= 1 and `metrics.split_rows` one >= 1 or null (bools are refused:
-    YAML reads `yes` as true, which Python would count as 1)."""
-
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    every, rows = metrics.route_every, metrics.split_rows
-    if not whole(every) or every < 1:
-        raise ValueError(
-            f"metrics.route_every={every!r} must be an integer >= 1: the route instruments run on the steps "
-            "that are multiples of it (1: every step)"
-        )
-    if rows is not None and (not whole(rows) or rows < 1):
-        raise ValueError(
-            f"metrics.split_rows={rows!r} must be an integer >= 1 (rows of each update the ratio split scores) "
-            "or null (all of them)"
-        )
-
-
 def _check_router_knobs(cfg: TrainConfig) -> None:
     """The router and expert knobs (moe_rl.models.knobs) in range, and refused, naming the key, for a model
     that lacks what they act on: a dense model has no router or experts, a family without a load-balancing
@@ -408,65 +523,48 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from moe_rl.run.loggers import check_loggers
 
     check_loggers(list(cfg.logger))
-    _one_of("algo.name", cfg.algo.name, LOSSES)
-    _one_of("replay.mode", cfg.replay.mode, mode_names())
-    if not cfg.model.checkpoint:  # a checkpoint may be of any MoE family (its model_type is checked below)
-        _one_of("model.family", cfg.model.family, [*FAMILIES, *DENSE_FAMILIES, *BACKENDS])
-    if cfg.model.family in DENSE_FAMILIES and replay_mode(cfg.replay.mode).replays:
+    for f in fields(cfg):  # each section's own keys, in the order TrainConfig declares the sections
+        if is_dataclass(f.default_factory):  # a section (the other fields are the run's own keys and `analysis`)
+            getattr(cfg, f.name).check()
+    _one_of("numerics", cfg.numerics, NUMERICS)
+    if cfg.steps < 1:
+        raise ValueError(f"steps={cfg.steps} must be >= 1")
+    _at_least(
+        ("checkpoint_every", cfg.checkpoint_every, 0),
+        ("snapshot_every", cfg.snapshot_every, 0),
+        ("eval_every", cfg.eval_every, 1),
+        ("eval_size", cfg.eval_size, 1),
+        ("position_bucket", cfg.position_bucket, 1),
+        ("log_every", cfg.log_every, 0),
+    )
+    # the keys that only make sense together
+    family, mode = cfg.model.family, cfg.replay.mode
+    if family in DENSE_FAMILIES and replay_mode(mode).replays:
         raise ValueError(
-            f"replay.mode={cfg.replay.mode!r} replays expert routes, but model.family={cfg.model.family!r} is "
+            f"replay.mode={mode!r} replays expert routes, but model.family={family!r} is "
             "dense (no MoE layer to route); use replay.mode=none"
         )
-    if cfg.model.family in DENSE_FAMILIES and cfg.algo.router_shift:
+    if family in DENSE_FAMILIES and cfg.algo.router_shift:
         raise ValueError(
-            f"algo.router_shift rescales ratios by the router's shift, but model.family={cfg.model.family!r} is "
+            f"algo.router_shift rescales ratios by the router's shift, but model.family={family!r} is "
             "dense (no router); use algo.router_shift=false"
         )
-    if cfg.model.family in BACKENDS and not cfg.device.startswith("cuda"):
-        raise ValueError(f"model.family={cfg.model.family!r} runs on CUDA only; set device=cuda")
-    if cfg.model.family in BACKENDS and cfg.rollout.dtype == "float16":
+    if family in BACKENDS and not cfg.device.startswith("cuda"):
+        raise ValueError(f"model.family={family!r} runs on CUDA only; set device=cuda")
+    if family in BACKENDS and cfg.rollout.dtype == "float16":
         raise ValueError(
             "model.family='megablocks' computes experts in bfloat16; rollout.dtype=float16 is not supported"
         )
-    if cfg.model.checkpoint:
-        _check_checkpoint(cfg.model.checkpoint, cfg.model.family)
-    _one_of("task.name", cfg.task.name, [*TASKS, "dataset"])
-    _one_of("model.dtype", cfg.model.dtype, DTYPES)
-    _one_of("numerics", cfg.numerics, NUMERICS)
     if cfg.numerics != "native" and cfg.device != "cpu":
         raise ValueError(f"numerics={cfg.numerics!r} pins CPU kernels; on device={cfg.device!r} use numerics=native")
-    if "float64" in (cfg.model.dtype, cfg.rollout.dtype) and (
-        cfg.model.family in BACKENDS or cfg.rollout.engine != "hf"
-    ):
+    if "float64" in (cfg.model.dtype, cfg.rollout.dtype) and (family in BACKENDS or cfg.rollout.engine != "hf"):
         raise ValueError(
             "float64 runs on the transformers model with rollout.engine=hf only (vLLM and MegaBlocks have no float64 kernels)"
         )
-    _one_of("cold_start.mode", cfg.cold_start.mode, COLD_START_MODES)
-    _one_of("task.chat_template", str(cfg.task.chat_template).lower(), CHAT_TEMPLATE_MODES)
-    if cfg.task.n_train is None and cfg.task.name != "dataset":
-        raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={cfg.task.name}")
-    if not 0 <= cfg.task.partial_credit < 1:
-        raise ValueError(
-            f"task.partial_credit={cfg.task.partial_credit} must lie in [0, 1): 1.0 marks a correct answer"
-        )
-    if cfg.task.name == "dataset" and not cfg.task.path:
-        raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
-    _one_of("algo.agg", cfg.algo.agg, AGG_MODES)
-    _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
-    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
-    if cfg.rollout.engine_sync_every < 1:
-        raise ValueError(f"rollout.engine_sync_every={cfg.rollout.engine_sync_every} must be >= 1")
     if cfg.rollout.engine == "vllm":
         from moe_rl.rollout.engine import check_engine_config
 
         check_engine_config(cfg)
-    _one_of("collapse.definition", cfg.collapse.definition, COLLAPSE_DEFINITIONS)
-    _one_of("dist.strategy", cfg.dist.strategy, ("fsdp", "ddp"))
-    if cfg.model.experts_implementation is not None:
-        _one_of("model.experts_implementation", cfg.model.experts_implementation, EXPERTS_IMPLEMENTATIONS)
-    _check_loss_params(cfg.algo)
-    if cfg.rollout.group_size < 2:
-        raise ValueError(f"rollout.group_size={cfg.rollout.group_size} must be >= 2 (group-normalised advantages)")
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     n = cfg.optim.updates_per_rollout
     if n < 1 or batch % n:
@@ -474,23 +572,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"optim.updates_per_rollout={n} must divide the rollout batch "
             f"rollout.prompts_per_step*rollout.group_size={batch}"
         )
-    if cfg.optim.lr <= 0:
-        raise ValueError(f"optim.lr={cfg.optim.lr} must be > 0")
-    if cfg.rollout.temperature <= 0:
-        raise ValueError(f"rollout.temperature={cfg.rollout.temperature} must be > 0")
-    if replay_mode(cfg.replay.mode).replays_rollout and not cfg.rollout.record_routes:
-        raise ValueError(
-            f"replay.mode={cfg.replay.mode!r} replays rollout routes, but rollout.record_routes=false records none"
-        )
-    if cfg.algo.router_shift and not get_loss(cfg.algo.name).takes_ratio_scale:
-        raise ValueError(
-            f"algo.router_shift rescales token ratios; algo.name={cfg.algo.name!r} has none. "
-            f"Use one of {[name for name, loss in LOSSES.items() if loss.takes_ratio_scale]}"
-        )
-    if not 0 < cfg.algo.router_shift_floor <= 1:
-        raise ValueError(f"algo.router_shift_floor={cfg.algo.router_shift_floor} must lie in (0, 1]")
-    _one_of("rollout.is_correction", cfg.rollout.is_correction, ["none", *CORRECTIONS])
-    _one_of("rollout.is_level", cfg.rollout.is_level, LEVELS)
+    if replay_mode(mode).replays_rollout and not cfg.rollout.record_routes:
+        raise ValueError(f"replay.mode={mode!r} replays rollout routes, but rollout.record_routes=false records none")
     if (
         cfg.rollout.is_correction != "none"
         and cfg.rollout.is_level == "token"
@@ -498,59 +581,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     ):
         raise ValueError(
             f"algo.name={cfg.algo.name!r} is a sequence loss: a token-level rollout.is_correction needs is_level=sequence"
-        )
-    if not (cfg.rollout.is_cap > 0 and 0 <= cfg.rollout.is_low <= 1 <= cfg.rollout.is_high):
-        raise ValueError(
-            f"need rollout.is_cap > 0 and is_low <= 1 <= is_high, got is_cap={cfg.rollout.is_cap}, "
-            f"is_low={cfg.rollout.is_low}, is_high={cfg.rollout.is_high}"
-        )
-    if cfg.replay.threshold < 0:
-        raise ValueError(f"replay.threshold={cfg.replay.threshold} must be >= 0")
-    for key, value, low in [
-        ("optim.warmup_updates", cfg.optim.warmup_updates, 0),
-        ("checkpoint_every", cfg.checkpoint_every, 0),
-        ("snapshot_every", cfg.snapshot_every, 0),
-        ("replay.split_every", cfg.replay.split_every, 0),
-        ("eval_every", cfg.eval_every, 1),
-        ("eval_size", cfg.eval_size, 1),
-        ("position_bucket", cfg.position_bucket, 1),
-        ("log_every", cfg.log_every, 0),
-        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1),
-        ("task.max_new_tokens", cfg.task.max_new_tokens, 1),
-        ("task.n_train", 1 if cfg.task.n_train is None else cfg.task.n_train, 1),
-        ("task.n_eval", cfg.task.n_eval, 1),
-        ("cold_start.eval_every", cfg.cold_start.eval_every, 1),
-        ("cold_start.batch_size", cfg.cold_start.batch_size, 1),
-        ("cold_start.max_steps", cfg.cold_start.max_steps, 1),
-        ("cold_start.patience", cfg.cold_start.patience or 0, 0),
-    ]:
-        if value < low:
-            raise ValueError(f"{key}={value} must be >= {low}")
-    if cfg.signal.no_signal_steps < 0 or not 0 <= cfg.signal.max_reward_error_frac <= 1:
-        raise ValueError(
-            f"signal.no_signal_steps={cfg.signal.no_signal_steps} must be >= 0 and "
-            f"signal.max_reward_error_frac={cfg.signal.max_reward_error_frac} in [0, 1]"
-        )
-    if cfg.pass_at_k.k and (min(cfg.pass_at_k.k) < 1 or max(cfg.pass_at_k.k) > cfg.pass_at_k.n):
-        raise ValueError(f"pass_at_k.k={list(cfg.pass_at_k.k)} must lie in [1, pass_at_k.n={cfg.pass_at_k.n}]")
-    if cfg.pass_at_k.temperature <= 0:
-        raise ValueError(f"pass_at_k.temperature={cfg.pass_at_k.temperature} must be > 0")
-    if cfg.steps < 1:
-        raise ValueError(f"steps={cfg.steps} must be >= 1")
-    _check_metrics(cfg.metrics)
-    if len(cfg.cold_start.band) != 2 or not 0 <= cfg.cold_start.band[0] <= cfg.cold_start.band[1] <= 1:
-        raise ValueError(f"cold_start.band={list(cfg.cold_start.band)} must satisfy 0 <= low <= high <= 1")
-    _one_of("cold_start.target_metric", cfg.cold_start.target_metric, COLD_START_TARGETS)
-    if cfg.cold_start.target is not None and not 0 < cfg.cold_start.target <= 1:
-        raise ValueError(f"cold_start.target={cfg.cold_start.target} must lie in (0, 1] (a reward or an accuracy)")
-    if cfg.model.head_dim is not None and cfg.model.head_dim < 1:
-        raise ValueError(f"model.head_dim={cfg.model.head_dim} must be >= 1")
-    if cfg.model.moe_intermediate_size is not None and cfg.model.moe_intermediate_size < 1:
-        raise ValueError(f"model.moe_intermediate_size={cfg.model.moe_intermediate_size} must be >= 1")
-    if not 1 <= cfg.model.top_k <= cfg.model.num_experts:
-        raise ValueError(
-            f"model.top_k={cfg.model.top_k} must lie in [1, model.num_experts={cfg.model.num_experts}] "
-            "(top_k = num_experts: soft routing, every expert at its softmax weight)"
         )
     _check_router_knobs(cfg)
     return cfg

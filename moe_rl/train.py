@@ -63,6 +63,7 @@ from moe_rl.metrics.names import (
     TIME_ROLLOUT_S,
     TIME_UPDATE_S,
 )
+from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
 from moe_rl.metrics.step import (
     Split,
     instruments_due,
@@ -83,14 +84,7 @@ from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
 from moe_rl.routing.load import INSTRUMENTS, instrument_finalize, router_drift
 from moe_rl.routing.modes import replay_mode
-from moe_rl.run.folder import (
-    FINISHED,
-    RunDirectoryError,
-    note_meta,
-    pin_numerics,
-    read_status,
-    status_on_failure,
-)
+from moe_rl.run.folder import RunDirectoryError, note_meta, pin_numerics, read_status, status_on_failure
 from moe_rl.run.keys import run_keys
 from moe_rl.run.loggers import open_loggers
 from moe_rl.run.progress import Progress, run_log
@@ -479,30 +473,13 @@ class Trainer:
         cfg, writer = self.cfg, self.writer
         start = time.perf_counter()
         prior = read_status(writer.dir)
-        status = "running"
+        status = RUNNING
         last = prior.get("steps_done", 0) if prior.get("config_hash") == writer.config_hash else 0
         progress = None
         try:
             step = last = done = self.resume()  # refuses a directory of another config before writing into it
-            writer.write_config(cfg.to_dict())
-            writer.write_meta(
-                cold_start=self.cold_info, resumed_after_step=done, numerics=cfg.numerics, **self.dist.meta()
-            )
-            if self.dist.is_writer:  # live backends on rank 0 only, like the run folder
-                writer.backends = open_loggers(
-                    cfg.logger,
-                    writer.dir,
-                    keys=writer.keys,
-                    config=cfg.to_dict(),
-                    results_dir=cfg.results_dir,
-                    resumed_after=done,
-                )
-            accuracy = None
-            if done == 0:
-                first = self.evaluate()
-                writer.log(0, first)
-                accuracy = first[TASK_ACCURACY]
-                self.history[TASK_ACCURACY].append((0, accuracy))  # the accuracy collapse trigger's baseline
+            self._open_folder(done)
+            accuracy = self._first_evaluation() if done == 0 else None
             seen_triggers = {e["trigger"] for e in writer.events}
             progress = Progress(
                 total=cfg.steps,
@@ -513,37 +490,20 @@ class Trainer:
                 accuracy=accuracy,
             )
             for step in range(done + 1, cfg.steps + 1):
-                metrics = self.step(step)
-                if step % cfg.eval_every == 0 or step == cfg.steps:
-                    metrics.update(self.evaluate())
-                writer.log(step, metrics)
+                metrics = self._logged_step(step)
                 last = step
-                for key in LOOP_HISTORY_KEYS:
-                    if key in metrics:  # task/accuracy only at evaluation steps
-                        self.history[key].append((step, metrics[key]))
-                # judged on the history so far: an event stands while performance has not recovered, so
-                # the label at the last step is the one the analysis recomputes from the whole run
-                judged = judge_collapse(self.history, **vars(cfg.collapse))
-                for event in judged.collapsed:
-                    if event.trigger not in seen_triggers:
-                        seen_triggers.add(event.trigger)
-                        log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
-                writer.events = [dataclasses.asdict(e) for e in judged.collapsed]  # as status.json records them
-                writer.recovered = [dataclasses.asdict(e) for e in judged.recovered]
+                self._judge_collapse(step, metrics, seen_triggers)
                 progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
-                    status = "diverged"
+                    status = DIVERGED
                     break
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                    writer.flush("running", step, time.perf_counter() - start)  # metrics first, then state
+                    writer.flush(RUNNING, step, time.perf_counter() - start)  # metrics first, then state
                     self.save(step)
             else:
-                status = "collapsed" if writer.events else "completed"
-            verdict = self.verdict() if status == "completed" else None
-            if verdict is not None:
-                status = verdict.status
-                log.warning("run %s: %s", status, verdict.reason)
-                note_meta(writer.dir / "meta.json", "warnings", f"{status}: {verdict.reason}")
+                status = COLLAPSED if writer.events else COMPLETED
+            verdict = self._signal_verdict() if status == COMPLETED else None
+            status = verdict.status if verdict is not None else status
             if cfg.keep_checkpoint:  # the final weights (every world: Dist.save), for `python -m moe_rl.export`
                 self.save(step)
             writer.flush(status, step, time.perf_counter() - start, reason=verdict.reason if verdict else None)
@@ -551,15 +511,15 @@ class Trainer:
             raise
         except Exception as err:  # resume, step-0 evaluation, a step (setup: see train()): failed, with why
             if self.dist.active and peer_lost(err):  # another rank was killed: interrupted, resumable
-                writer.flush("running", last, time.perf_counter() - start)
+                writer.flush(RUNNING, last, time.perf_counter() - start)
                 log.error("another process of this run died (%s); rerun the same command to resume", str(err)[:200])
                 raise
-            status = "failed"
+            status = FAILED
             writer.flush(status, last, time.perf_counter() - start, error=err)
             log.error("run failed: %s: %s (traceback in %s)", type(err).__name__, err, writer.dir / "train.log")
             raise
         except BaseException:  # interrupted (Ctrl-C, SIGTERM -> SystemExit): resumable
-            writer.flush("running", last, time.perf_counter() - start)
+            writer.flush(RUNNING, last, time.perf_counter() - start)
             raise
         finally:
             if progress is not None:
@@ -568,6 +528,58 @@ class Trainer:
         if status in FINISHED and not cfg.keep_checkpoint:
             self.dist.remove_checkpoint(writer.dir)
         return {"status": status, "steps_done": step, "events": writer.events, "dir": str(writer.dir)}
+
+    def _open_folder(self, done: int) -> None:
+        """config.yaml, meta.json and, on rank 0 like the run folder, the live logging backends."""
+        cfg, writer = self.cfg, self.writer
+        writer.write_config(cfg.to_dict())
+        writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, numerics=cfg.numerics, **self.dist.meta())
+        if self.dist.is_writer:
+            writer.backends = open_loggers(
+                cfg.logger,
+                writer.dir,
+                keys=writer.keys,
+                config=cfg.to_dict(),
+                results_dir=cfg.results_dir,
+                resumed_after=done,
+            )
+
+    def _first_evaluation(self) -> float:
+        """Step 0's evaluation, logged; its accuracy is the accuracy collapse trigger's baseline."""
+        first = self.evaluate()
+        self.writer.log(0, first)
+        self.history[TASK_ACCURACY].append((0, first[TASK_ACCURACY]))
+        return first[TASK_ACCURACY]
+
+    def _logged_step(self, step: int) -> dict[str, float]:
+        """One step, with the held-out evaluation every `eval_every` steps and at the last, logged."""
+        metrics = self.step(step)
+        if step % self.cfg.eval_every == 0 or step == self.cfg.steps:
+            metrics.update(self.evaluate())
+        self.writer.log(step, metrics)
+        return metrics
+
+    def _judge_collapse(self, step: int, metrics: dict[str, float], seen_triggers: set[str]) -> None:
+        """The step's outcomes into the history, and the collapse events judged on it so far (an event stands while
+        performance has not recovered: the last step's label is the whole run's); a trigger's first firing is logged."""
+        for key in LOOP_HISTORY_KEYS:
+            if key in metrics:  # task/accuracy only at evaluation steps
+                self.history[key].append((step, metrics[key]))
+        judged = judge_collapse(self.history, **vars(self.cfg.collapse))
+        for event in judged.collapsed:
+            if event.trigger not in seen_triggers:
+                seen_triggers.add(event.trigger)
+                log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
+        self.writer.events = [dataclasses.asdict(e) for e in judged.collapsed]  # as status.json records them
+        self.writer.recovered = [dataclasses.asdict(e) for e in judged.recovered]
+
+    def _signal_verdict(self) -> Verdict | None:
+        """A completed run's `no_signal` / `reward_failed` verdict, warned of and noted in meta.json; None: none."""
+        verdict = self.verdict()
+        if verdict is not None:
+            log.warning("run %s: %s", verdict.status, verdict.reason)
+            note_meta(self.writer.dir / "meta.json", "warnings", f"{verdict.status}: {verdict.reason}")
+        return verdict
 
 
 def train(cfg: TrainConfig, *, checked: bool = False) -> dict[str, Any]:

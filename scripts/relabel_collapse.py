@@ -39,10 +39,11 @@ import yaml
 from moe_rl.analysis.collapse_definitions import definition_grid, run_history
 from moe_rl.metrics.collapse import CollapseEvent, judge_collapse
 from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC, TASK_ACCURACY
+from moe_rl.metrics.status import COLLAPSED, COMPLETED, NO_SIGNAL, REWARD_FAILED
 from moe_rl.metrics.verdict import run_verdict
 from moe_rl.run.atomic import write_atomic
 
-RELABELLED = ("completed", "collapsed", "no_signal", "reward_failed")
+RELABELLED = (COMPLETED, COLLAPSED, NO_SIGNAL, REWARD_FAILED)
 # moe_rl.config.SignalConfig's defaults, for folders written before the `signal` section existed
 SIGNAL_DEFAULTS = {"no_signal_steps": 20, "max_reward_error_frac": 0.5}
 # the collapse keys added after runs were shipped, at the values those runs were labelled with (the
@@ -69,9 +70,9 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if judged.recovered:  # as the loop writes it: only when there are any
         new["recovered_events"] = [_record(e) for e in judged.recovered]
     if events:
-        if new["collapse_events"] != old.get("collapse_events", []) or old["status"] != "collapsed":
+        if new["collapse_events"] != old.get("collapse_events", []) or old["status"] != COLLAPSED:
             new.pop("reason", None)
-        new["status"] = "collapsed"
+        new["status"] = COLLAPSED
         return old, new
     new.pop("reason", None)
     wide = frame[frame["step"] >= 1].pivot_table(index="step", columns="key", values="value")
@@ -88,7 +89,7 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         max_reward_error_frac=signal["max_reward_error_frac"],
         cold_start=meta.get("cold_start"),
     )
-    new["status"] = verdict.status if verdict else "completed"
+    new["status"] = verdict.status if verdict else COMPLETED
     if verdict:
         new["reason"] = verdict.reason
     return old, new

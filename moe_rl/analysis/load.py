@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moe_rl.metrics.status import COLLAPSED, DIVERGED, FAILED, MISSING, RUNNING
+
 VALUE_COLUMNS = ("step", "key", "value")
 # columns added by load_results; everything else except VALUE_COLUMNS is a run key
 RUN_INFO_COLUMNS = ("status", "n_collapse_events", "first_collapse_step", "run_dir")
-INCOMPLETE_STATUSES = frozenset({"running", "failed", "missing"})
-COLLAPSED_STATUSES = frozenset({"collapsed", "diverged"})
+INCOMPLETE_STATUSES = frozenset({RUNNING, FAILED, MISSING})
+COLLAPSED_STATUSES = frozenset({COLLAPSED, DIVERGED})
 EVENT_COLUMNS = ("step", "trigger", "detail", "run_dir")
 
 
@@ -41,14 +43,14 @@ def _read_status(run_dir: Path) -> dict:
     """status.json as a dict; status "missing" when the file is absent or unreadable."""
     path = run_dir / "status.json"
     if not path.exists():
-        return {"status": "missing", "collapse_events": []}
+        return {"status": MISSING, "collapse_events": []}
     try:
         status = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         warnings.warn(f"unreadable {path} ({err}); treating the run as incomplete", stacklevel=3)
-        return {"status": "missing", "collapse_events": []}
+        return {"status": MISSING, "collapse_events": []}
     return {
-        "status": str(status.get("status", "missing")),
+        "status": str(status.get("status", MISSING)),
         "collapse_events": list(status.get("collapse_events") or []),
     }
 

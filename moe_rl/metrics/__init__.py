@@ -1,1 +1,1 @@
-"""What the loop measures: metric names, partial statistics, ratio and route statistics, collapse, verdicts."""
+"""What the loop measures: metric names, partial and ratio/route statistics, collapse, verdicts, run statuses."""

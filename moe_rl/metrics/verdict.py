@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC
+from moe_rl.metrics.status import NO_SIGNAL, REWARD_FAILED
 
 
 class Verdict(NamedTuple):
@@ -53,7 +54,7 @@ def run_verdict(
     failed = sum(errors)
     if failed > max_reward_error_frac * total:
         return Verdict(
-            "reward_failed",
+            REWARD_FAILED,
             (
                 f"the reward function raised on {failed:.0f} of {total} completions ({failed / total:.0%}, more than "
                 f"signal.max_reward_error_frac={max_reward_error_frac}); they scored 0. Likely cause: a bug in the reward "
@@ -69,7 +70,7 @@ def run_verdict(
     low, high = min(means), max(means)
     where = f"steps {steps[first]}-{steps[first + length - 1]}" if length > 1 else f"step {steps[first]}"
     return Verdict(
-        "no_signal",
+        NO_SIGNAL,
         (
             f"{where}: every prompt group's completions scored alike (reward/zero_var_group_frac 1.0, reward/mean "
             f"{_span(low, high)}), so every advantage was 0 and nothing was learned. Likely cause: "

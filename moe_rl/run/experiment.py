@@ -14,8 +14,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from moe_rl.config import TrainConfig, config_hash, validate
+from moe_rl.metrics.status import FINISHED, INVALID
 from moe_rl.run.atomic import write_atomic
-from moe_rl.run.folder import FINISHED, RunDirectoryError, read_status, write_status
+from moe_rl.run.folder import RunDirectoryError, read_status, write_status
 from moe_rl.run.progress import eta_seconds, format_duration
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
         train_cfg = validate(to_train_config(cfg))
     except Exception as err:  # Hydra already made the folder: say why it holds no run (never over a real run)
         if not read_status(out_dir) and not (Path(out_dir) / "metrics.parquet").exists():
-            write_status(out_dir, "invalid", error=err)
+            write_status(out_dir, INVALID, error=err)
         raise
     train_cfg.out_dir = out_dir
     if parallel_launcher(hydra_cfg):

@@ -7,8 +7,8 @@ Layout of one run:
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
     status.json           running | completed | collapsed | diverged | no_signal | reward_failed | failed |
-                          invalid, with collapse events, when failed the exception's type and message,
-                          and for no_signal / reward_failed the `reason`
+                          invalid (moe_rl.metrics.status), with collapse events, when failed the exception's
+                          type and message, and for no_signal / reward_failed the `reason`
     train.log             progress lines and, when a run fails, its traceback
     checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps); plain
                           data only, loaded with torch.load(weights_only=True): it cannot run code
@@ -36,23 +36,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from moe_rl.metrics.status import FAILED, RUNNING
 from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
-
-STATUSES = {
-    "running": "the run is in progress, or was killed (rerun the same command to resume)",
-    "completed": "all steps ran and no collapse trigger fired",
-    "collapsed": "all steps ran; a collapse trigger (reward drop, entropy collapse) fired on the way",
-    "no_signal": "all steps ran, but a stretch of them had every prompt group zero-variance: nothing was learned "
-    "(`reason` says where and the likely cause)",
-    "reward_failed": "all steps ran, but the reward function raised on more than its allowed share of completions "
-    "(`reason`)",
-    "diverged": "a non-finite loss, gradient or log-prob: the run stopped at that step",
-    "failed": "an exception other than divergence stopped the run: `error` in status.json, traceback in train.log",
-    "invalid": "the config was rejected by validation before any work (`error` says why)",
-}
-FINISHED = ("completed", "collapsed", "diverged", "no_signal", "reward_failed")
 
 
 class CorruptFileError(RuntimeError):
@@ -177,7 +164,7 @@ def status_on_failure(run_dir: str | Path, config_hash: str) -> Iterator[None]:
     prior = read_status(run_dir)
     ours = prior.get("config_hash") in (None, config_hash)  # else the trainer refuses the folder untouched
     if not prior:
-        write_status(run_dir, "running", config_hash=config_hash)
+        write_status(run_dir, RUNNING, config_hash=config_hash)
     try:
         yield
     except RunDirectoryError:
@@ -187,7 +174,7 @@ def status_on_failure(run_dir: str | Path, config_hash: str) -> Iterator[None]:
             raise
         write_status(
             run_dir,
-            "failed",
+            FAILED,
             steps_done=prior.get("steps_done", 0),
             events=prior.get("collapse_events"),
             config_hash=config_hash,

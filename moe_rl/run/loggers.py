@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, RUNNING
 from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ BACKENDS: dict[str, tuple[str, str] | None] = {
     "trackio": ("trackio", "trackio"),
 }
 IDS_FILE = "loggers.json"
+# the statuses the backends report as a run that ended well (W&B exit code 0, MLflow FINISHED)
+ENDED_WELL = (COMPLETED, COLLAPSED, DIVERGED)
 
 
 class Backend(Protocol):
@@ -134,7 +137,7 @@ class WandbBackend:
 
     def close(self, status: str) -> None:
         self.run.summary["status"] = status
-        self.run.finish(exit_code=0 if status in ("completed", "collapsed", "diverged") else 1)
+        self.run.finish(exit_code=0 if status in ENDED_WELL else 1)
 
 
 class MlflowBackend:
@@ -184,7 +187,7 @@ class MlflowBackend:
 
     def close(self, status: str) -> None:
         self.client.set_tag(self.run_id, "status", status)
-        state = {"completed": "FINISHED", "collapsed": "FINISHED", "diverged": "FINISHED", "running": "KILLED"}
+        state = {**dict.fromkeys(ENDED_WELL, "FINISHED"), RUNNING: "KILLED"}
         self.client.set_terminated(self.run_id, state.get(status, "FAILED"))
 
 
@@ -258,7 +261,7 @@ def open_loggers(
             backends.append(FACTORIES[name](run_dir, info))
     except BaseException:
         for backend in backends:
-            backend.close("failed")
+            backend.close(FAILED)
         raise
     write_atomic(ids_path, json.dumps(ids, indent=1))
     return backends
