@@ -127,12 +127,13 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
     kind, claims = world
     got = {c.id: (c.verdict, c.reason) for c in claims}
-    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    # the planted world holds no mechanism ladder: claims 8 and 9 (judged on planted ladders in
-    # test_ladder_claims_...) have nothing to judge here
+    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    # the planted world holds no mechanism ladder and no frontier: claims 8 and 9 (judged on planted ladders in
+    # test_ladder_claims_...) and 10 and 11 (planted edges in test_frontier.py) have nothing to judge here
     expected = {i: kind for i in got if i <= 7} | {8: "untestable here", 9: "untestable here"}
-    assert {i: v for i, (v, _) in got.items()} == expected, got
+    assert {i: v for i, (v, _) in got.items()} == expected | {10: "inconclusive", 11: "inconclusive"}, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"
+    assert got[10][1] == got[11][1] == "no data"
     assert all("failed" not in r for _, r in got.values())
 
 
@@ -347,7 +348,7 @@ def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
         ("untestable here", "no runs of dense_control"),
         ("untestable here", "no runs of mechanism"),
         ("untestable here", "no runs of mechanism"),
-    ]
+    ] + [("inconclusive", "no data")] * 2
     (tmp_path / "drift_scaling").mkdir()
     (tmp_path / "drift_scaling" / "fit.json").write_text("{not json")
     first = C.evaluate_claims(tmp_path)[0]
