@@ -45,11 +45,22 @@ def _runs() -> pd.DataFrame:
                     "late_accuracy": base,
                     "reward_auc": base / 2,
                     "survived": 0.0,
-                    "clip_frac": 0.01,
+                    "clip_frac": 0.02,  # equal outcomes, another computation
                     **common,
                 }
             )
     return pd.DataFrame(rows)
+
+
+def test_the_same_computation_is_listed_once_and_counted_once_in_holm() -> None:
+    runs = _runs()
+    copy = runs[runs["arm"] == "a"].assign(arm="a_again")  # bitwise the same outcomes as "a" in every pair
+    table = leaderboard(pd.concat([runs, copy], ignore_index=True))
+    assert table["arm"].tolist() == ["grpo+none", "a", "b"]
+    assert table.set_index("arm").loc["a", "same_as"] == "a_again"
+    alone = leaderboard(runs).set_index("arm")
+    assert table.set_index("arm")["late_accuracy_holm"].equals(alone["late_accuracy_holm"])  # two tests, not three
+    assert "(= a_again: the same computation, counted once)" in format_leaderboard_markdown(table)
 
 
 def test_paired_differences_survival_and_holm_by_hand() -> None:
@@ -105,9 +116,10 @@ def test_the_stabilizers_report_borrows_its_baselines_and_opens_with_the_leaderb
     assert "16 finished runs, 8 of them from" in text  # 4 seeds x (2 own arms + 2 borrowed), the dense runs left out
     table = pd.read_csv(out / "leaderboard.csv")
     pooled = table[table["cell"] == "pooled"].set_index("arm")
-    assert set(pooled.index) == {"grpo+none", "gspo+none", "grpo+r2", "sapo+none"}
-    assert pooled.loc["grpo+r2", "pairs"] == 4 and pooled.loc["sapo+none", "late_accuracy_diff"] < 0
-    assert pooled.loc["grpo+r2", "late_accuracy_diff"] == pytest.approx(0.0, abs=1e-12)  # same final accuracy
+    # the fake grpo+r2 runs log bitwise what the fake grpo+none runs do: the same computation, listed once
+    assert set(pooled.index) == {"grpo+none", "gspo+none", "sapo+none"}
+    assert pooled.loc["grpo+none", "same_as"] == "grpo+r2"
+    assert pooled.loc["sapo+none", "pairs"] == 4 and pooled.loc["sapo+none", "late_accuracy_diff"] < 0
     section = "\n".join(_leaderboard_section(tmp_path))
     assert section.startswith("## Stabilizer leaderboard") and "| sapo+none | 4 |" in section
     assert _leaderboard_section(tmp_path / "elsewhere") == []

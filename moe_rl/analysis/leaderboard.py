@@ -43,15 +43,34 @@ def per_run(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def same_computations(runs: pd.DataFrame, pair_on: Sequence[str] = PAIR_ON, keep: str = REFERENCE) -> dict[str, str]:
+    """Arm -> the arm it duplicates: the same (lr, N, seed) runs with bitwise equal outcomes in every primary and
+    descriptive column (e.g. thresholded R3 without an inference engine replays what thresholded R2 does). The
+    reference `keep` is always kept, otherwise the first arm in name order."""
+    arms, out = sorted(runs["arm"].unique(), key=lambda a: (a != keep, a)), {}
+    cols = [c for c in (*PRIMARY, *DESCRIPTIVE) if c in runs]
+    outcomes = {a: g.set_index(list(pair_on))[cols].sort_index() for a, g in runs.groupby("arm")}
+    for i, a in enumerate(arms):
+        for b in arms[i + 1 :]:
+            if a not in out and b not in out and len(outcomes[a]) and outcomes[a].equals(outcomes[b]):
+                out[b] = a
+    return out
+
+
 def leaderboard(
     runs: pd.DataFrame, *, reference: str = REFERENCE, pair_on: Sequence[str] = PAIR_ON, seed: int = 0
 ) -> pd.DataFrame:
-    """One row per arm of `runs` (from `per_run`), the reference first, then by paired late accuracy."""
+    """One row per arm of `runs` (from `per_run`), the reference first, then by paired late accuracy. An arm that
+    is the same computation as another (`same_computations`) is listed once, under the kept arm's `same_as`
+    column, and counted once in Holm's correction."""
+    dupes = same_computations(runs, pair_on, reference)
+    runs = runs[~runs["arm"].isin(dupes)]
     if reference not in set(runs["arm"]):
         raise KeyError(f"reference arm {reference!r} has no runs; arms: {sorted(runs['arm'].unique())}")
     rows = []
     for arm, g in runs.groupby("arm", sort=True):
         row: dict = {"arm": arm, "runs": len(g), "cells": g[["lr", "N"]].drop_duplicates().shape[0]}
+        row["same_as"] = ", ".join(d for d, kept in dupes.items() if kept == arm)
         row.update({f"{c}_mean": float(g[c].mean()) for c in (*PRIMARY, *DESCRIPTIVE)})
         if arm != reference:
             for col in ("late_accuracy", "reward_auc"):
@@ -105,6 +124,8 @@ def format_leaderboard_markdown(table: pd.DataFrame, *, reference: str = REFEREN
     lines = [head, "|:---|" + "---:|" * 13]
     for _, r in table.iterrows():
         name = f"**{r['arm']}** (ref)" if r["arm"] == reference else str(r["arm"])
+        if isinstance(r.get("same_as"), str) and r["same_as"]:  # read back from a csv, "no duplicate" is NaN
+            name += f" (= {r['same_as']}: the same computation, counted once)"
         lines.append(
             f"| {name} | {r['runs']} | {r['late_accuracy_mean'] * 100:.1f} | {_diff(r, 'late_accuracy', 100, '.1f')} | "
             f"{_p(r, 'late_accuracy')} | {r['reward_auc_mean']:.3f} | {_diff(r, 'reward_auc', 1, '.3f')} | "
