@@ -62,7 +62,7 @@ from typing import Any
 import torch
 import transformers
 
-import moe_rl.metrics.step as step_module
+import moe_rl.loop.step_metrics as step_module
 import moe_rl.train as train_module
 from moe_rl.config import TrainConfig
 from moe_rl.rollout.generate import position_ids, token_logp
@@ -96,7 +96,7 @@ FLOORED = {
     "optimizer": "optimizer",
 }
 # What the loop calls, booked by where it comes from: every function that `moe_rl.train` or its metric
-# assembly (`moe_rl.metrics.step`) imports from `moe_rl.routing` is route bookkeeping, every one from the
+# assembly (`moe_rl.loop.step_metrics`) imports from `moe_rl.routing` is route bookkeeping, every one from the
 # metric modules is metrics. Other helpers are named here, with the loop module that calls them; a name
 # missing there is an error (a refactor renamed it), not a phase that silently stops being timed.
 LOOP_MODULES = (train_module, step_module)

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from moe_rl.algos import AGG_MODES, LOSSES, get_loss
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
@@ -404,7 +406,7 @@ class TrainConfig:
     steps: int = 300
     eval_every: int = 25
     eval_size: int = 128
-    snapshot_every: int = 20  # route snapshots (Routes.save) every this many steps; 0: never
+    snapshot_every: int = 20  # route snapshots (routes/step_*.safetensors) every this many steps; 0: never
     position_bucket: int = 4  # response positions per bucket of route/*/flip_rate/pos_*
     checkpoint_every: int = 25  # save model/optimizer/RNG state and flush metrics every K steps; 0: never
     keep_checkpoint: bool = False  # keep checkpoint.pt, with the final step's weights, after the run (moe_rl.export)
@@ -460,6 +462,14 @@ def config_hash(cfg: TrainConfig) -> str:
     """Identity of what a run computes: resuming or skipping a run directory requires it to match
     (`moe_rl.run.identity.identity_hash` of the config's dict)."""
     return identity_hash(cfg.to_dict())
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """The typed config of Hydra's composed `cfg` (Hydra has already checked the types against the dataclasses)."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, TrainConfig):
+        raise TypeError(f"expected a TrainConfig-structured config, got {type(obj).__name__}")
+    return obj
 
 
 def _check_router_knobs(cfg: TrainConfig) -> None:

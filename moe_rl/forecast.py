@@ -64,8 +64,8 @@ def compose_config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from moe_rl.config import TrainConfig, validate
-    from moe_rl.run.experiment import refuse_old_preset_spelling, to_train_config
+    from moe_rl.config import TrainConfig, to_train_config, validate
+    from moe_rl.run.launch import refuse_old_preset_spelling
 
     refuse_old_preset_spelling(overrides)
     ConfigStore.instance().store(name="base_config", node=TrainConfig)

@@ -14,7 +14,7 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
    the combine weights as the mode says) while recording what the router would have chosen natively.
    The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
    constant from the router scores the passes recorded, and weights each token by the correction;
-5. metrics (`moe_rl.metrics.step`): each update's pooled over the processes, aggregated over the
+5. metrics (`moe_rl.loop.step_metrics`): each update's pooled over the processes, aggregated over the
    step (mean; `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins,
    rollout vs old routes); route snapshots every `snapshot_every` steps. The route instruments (route/*,
    the ratio split) and the work only they need run on the steps `metrics.route_every` names, the split on
@@ -48,10 +48,24 @@ from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, refuse_foreign_dir, restore_state, save_state
 from moe_rl.loop.cold_start import get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.loop.keys import run_keys
 from moe_rl.loop.passes import old_pass
 from moe_rl.loop.policy import build_optimizer, set_router_knobs, update_forward, with_router_terms
 from moe_rl.loop.records import Batch, OldPass, Sampled
 from moe_rl.loop.split import other_routing_logp, split_pass
+from moe_rl.loop.step_metrics import (
+    RouterShift,
+    Split,
+    instruments_due,
+    local_positions,
+    split_seed,
+    split_subsample,
+    step_finalize,
+    step_parts,
+    update_finalize,
+    update_parts,
+    update_routes,
+)
 from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
     LOSS,
@@ -64,18 +78,6 @@ from moe_rl.metrics.names import (
     TIME_UPDATE_S,
 )
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
-from moe_rl.metrics.step import (
-    Split,
-    instruments_due,
-    local_positions,
-    split_seed,
-    split_subsample,
-    step_finalize,
-    step_parts,
-    update_finalize,
-    update_parts,
-    update_routes,
-)
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
 from moe_rl.models.knobs import router_parameters
 from moe_rl.rollout.evaluation import held_out_metrics
@@ -84,8 +86,8 @@ from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
 from moe_rl.routing.load import INSTRUMENTS, instrument_finalize, router_drift
 from moe_rl.routing.modes import replay_mode
+from moe_rl.run.atomic import write_atomic
 from moe_rl.run.folder import RunDirectoryError, note_meta, pin_numerics, read_status, status_on_failure
-from moe_rl.run.keys import run_keys
 from moe_rl.run.loggers import open_loggers
 from moe_rl.run.progress import Progress, run_log
 from moe_rl.tasks.rewards import zero_variance_frac
@@ -188,12 +190,10 @@ class Trainer:
         parts = step_parts(  # 5.
             rewards=sampled.rewards,
             errors=sampled.metrics[REWARD_ERRORS],
-            mask=rollout.response_mask,
-            rollout_logp=rollout.rollout_logp,
+            rollout=rollout,
             old=old,
             seconds={TIME_ROLLOUT_S: t1 - t0, TIME_OLD_LOGP_S: t2 - t1, TIME_UPDATE_S: t3 - t2},
-            rollout_routes=rollout.routes,
-            r3_fallback=(rollout.routes, rollout.token_mask) if self.replay_mode.replays_rollout else None,
+            replays_rollout=self.replay_mode.replays_rollout,
             correction=batch.correction,
             instruments=instruments,
         )
@@ -353,10 +353,8 @@ class Trainer:
         logp, logits = forward[0], forward[1]
         routes = None
         if routed is not None and old.routes is not None:  # the route metrics' (and RSPO's) inputs
-            thresholded = self.replay_threshold is not None
-            margins = old.margins[rows] if instruments else old.margins  # RSPO alone: no margins recorded
-            old_rows = (old.routes[rows], old.scores[rows], margins)
-            routes = update_routes(routed, *old_rows, replay, rollout.token_mask[rows], thresholded=thresholded)
+            valid, thresholded = rollout.token_mask[rows], self.replay_threshold is not None
+            routes = update_routes(routed, old, rows, replay, valid, instruments=instruments, thresholded=thresholded)
         other = None
         if split and routes is not None:  # a dense model has no routing to split
             other = split_pass(self.other_routing_logp, rollout, rows, replay, routes.old, split_rows)
@@ -401,12 +399,12 @@ class Trainer:
             loss=scalars[0],
             entropy=scalars[2],
             tokens=scalars[3],
-            shift=(shift_scale, cfg.algo.router_shift_floor) if shift_scale is not None else None,
+            shift=RouterShift(shift_scale, cfg.algo.router_shift_floor) if shift_scale is not None else None,
             logp=logp.detach(),
             old_logp=old_logp,
             mask=mask,
             routes=routes if instruments else None,
-            split=Split(other[0], other[1], loss_metrics.clipped, other[2]) if other is not None else None,
+            split=Split(other.logp, other.routes, loss_metrics.clipped, other.rows) if other is not None else None,
             prompt_len=rollout.prompt_len,
             position_bucket=cfg.position_bucket,
             max_new_tokens=cfg.task.max_new_tokens,
@@ -425,11 +423,11 @@ class Trainer:
         cfg = self.cfg
         if old_routes is None or not cfg.snapshot_every or step % cfg.snapshot_every or not self.dist.is_writer:
             return
-        old_routes.save(self.writer.dir / "routes" / f"step_{step:05d}_old.safetensors", token_ids=rollout.inputs)
-        if rollout.routes is not None:
-            rollout.routes.save(
-                self.writer.dir / "routes" / f"step_{step:05d}_rollout.safetensors", token_ids=rollout.inputs
-            )
+        folder = self.writer.dir / "routes"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, routes in (("old", old_routes), ("rollout", rollout.routes)):
+            if routes is not None:
+                write_atomic(folder / f"step_{step:05d}_{name}.safetensors", routes.to_safetensors(rollout.inputs))
 
     def verdict(self) -> Verdict | None:
         """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.metrics.verdict)."""
@@ -587,8 +585,8 @@ def train(cfg: TrainConfig, *, checked: bool = False) -> dict[str, Any]:
 
     An invalid config raises before any folder is made; a failure in setup (cold start, data,
     model) leaves status.json `failed` with the exception, like a failure in the loop does.
-    `checked`: the caller has validated `cfg` and checked its run folder (`run_from_hydra`), which
-    happens once per launch.
+    `checked`: the caller has validated `cfg` and checked its run folder (experiments/train.py's
+    `run_from_hydra`), which happens once per launch.
     """
     if not checked:
         validate(cfg)

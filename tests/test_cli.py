@@ -14,13 +14,8 @@ from helpers import ROOT
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
-from moe_rl.config import TrainConfig
-from moe_rl.run.experiment import (
-    interrupted_line,
-    old_preset_spelling,
-    refuse_old_preset_spelling,
-    to_train_config,
-)
+from moe_rl.config import TrainConfig, to_train_config
+from moe_rl.run.launch import interrupted_line, old_preset_spelling, refuse_old_preset_spelling
 
 CONF = ROOT / "experiments" / "conf"
 ConfigStore.instance().store(name="base_config", node=TrainConfig)

@@ -408,7 +408,7 @@ def test_task_kwargs_need_no_plus():
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from moe_rl.run.experiment import to_train_config
+    from moe_rl.config import to_train_config
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
     dataset = ["task=dataset", f"task.path={ROOT / 'examples' / 'word_problems.jsonl'}", "task.prompt_field=question"]

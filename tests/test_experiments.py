@@ -16,8 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from moe_rl.config import TrainConfig, config_hash, identity_spec, validate
-from moe_rl.run.experiment import to_train_config
+from moe_rl.config import TrainConfig, config_hash, identity_spec, to_train_config, validate
 
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "preset").glob("*.yaml"))
@@ -331,7 +330,7 @@ def test_multirun_dry_run(experiment: str, tmp_path) -> None:
 
 
 def test_short_name_never_nests_and_keeps_values_apart() -> None:
-    from moe_rl.run.experiment import short_name
+    from moe_rl.run.launch import short_name
 
     a, b = short_name("model.checkpoint=/a/ckpt,seed=0"), short_name("model.checkpoint=/b/ckpt,seed=0")
     assert a == "model.checkpoint=%2Fa%2Fckpt,seed=0" and "/" not in b and a != b

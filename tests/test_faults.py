@@ -161,14 +161,15 @@ def test_local_checkpoint_is_a_starting_policy(tmp_path) -> None:
 
 
 def test_run_directory_of_another_config_is_refused(tmp_path, cache) -> None:
-    from moe_rl.run.experiment import finished_status
+    from moe_rl.config import config_hash
+    from moe_rl.run.launch import finished_status
 
     cfg = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, keep_checkpoint="true")
     train(cfg)
     other = tiny_config(tmp_path / "run", *FAULTS, cache=cache, steps=4, **{"optim.lr": 1e-4})
     with pytest.raises(ValueError, match="holds a finished run of another config"):
-        finished_status(tmp_path / "run", other)
-    assert finished_status(tmp_path / "run", cfg) in ("completed", "collapsed")
+        finished_status(tmp_path / "run", config_hash(other))
+    assert finished_status(tmp_path / "run", config_hash(cfg)) in ("completed", "collapsed")
     (tmp_path / "run" / "status.json").unlink()  # as if killed: a checkpoint (step 2) remains
     with pytest.raises(ValueError, match="belongs to a run with another config"):
         Trainer(other).run()

@@ -14,7 +14,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 
 from moe_rl.algos.losses import LossMetrics
 from moe_rl.algos.router_losses import add_router_terms, router_z_loss
-from moe_rl.config import ModelConfig, TrainConfig, validate
+from moe_rl.config import ModelConfig, TrainConfig, to_train_config, validate
 from moe_rl.loop.cold_start import expected_key
 from moe_rl.loop.policy import set_router_knobs
 from moe_rl.metrics.names import LOSS, LOSS_AUX, LOSS_POLICY, LOSS_ROUTER_Z, defines
@@ -32,7 +32,6 @@ from moe_rl.models.knobs import (
 from moe_rl.rollout.generate import forward_logp_router
 from moe_rl.rollout.sampler import position_ids
 from moe_rl.routing import RoutedPass, RouteRecorder, compare_routes, find_moe_layers
-from moe_rl.run.experiment import to_train_config
 from moe_rl.tasks import make_tokenizer
 from moe_rl.train import Batch, Trainer
 

@@ -9,10 +9,10 @@ import torch
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig, validate
 from moe_rl.loop.cold_start import cold_start_key, train_cold_start
+from moe_rl.loop.keys import run_keys
 from moe_rl.models import build_model
 from moe_rl.rollout.evaluation import sampled_reward_entropy
 from moe_rl.run.identity import identity_hash
-from moe_rl.run.keys import run_keys
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.setup import setup_task
 

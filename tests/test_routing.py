@@ -404,7 +404,7 @@ def test_routes_dtype_sorting_and_save_load(tmp_path) -> None:
     r = Routes.from_topk(torch.tensor([[[[5, 2]], [[7, 1]]]]), torch.tensor([[True, False]]), [3], 8)
     assert r.indices.dtype == torch.uint8 and r.indices.tolist() == [[[[2, 5]], [[1, 7]]]]
     assert r.bytes_per_token_layer() == 2
-    r.save(tmp_path / "r.safetensors")
+    (tmp_path / "r.safetensors").write_bytes(r.to_safetensors())
     back = Routes.load(tmp_path / "r.safetensors")
     assert torch.equal(back.indices, r.indices) and torch.equal(back.mask, r.mask)
     assert back.layer_map == (3,) and back.num_experts == 8
@@ -422,12 +422,12 @@ def test_routes_dtype_sorting_and_save_load(tmp_path) -> None:
     from moe_rl.routing import load_snapshot
 
     assert load_snapshot(tmp_path / "r.safetensors")[1] is None  # saved without token ids
-    r.save(tmp_path / "t.safetensors", token_ids=torch.tensor([[17, 4]]))
+    (tmp_path / "t.safetensors").write_bytes(r.to_safetensors(torch.tensor([[17, 4]])))
     routes, ids = load_snapshot(tmp_path / "t.safetensors")
     assert ids.tolist() == [[17, 4]] and torch.equal(routes.indices, r.indices)
     assert torch.equal(Routes.load(tmp_path / "t.safetensors").mask, r.mask)
     with pytest.raises(ValueError, match=r"token_ids of shape \(1, 3\) for routes of \(B, T\) \(1, 2\)"):
-        r.save(tmp_path / "u.safetensors", token_ids=torch.tensor([[1, 2, 3]]))
+        r.to_safetensors(torch.tensor([[1, 2, 3]]))
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

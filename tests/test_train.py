@@ -13,8 +13,8 @@ import torch
 from helpers import RUN_KEY_HEAD, loop_config, run_values
 
 from moe_rl.config import TrainConfig, validate
+from moe_rl.loop.step_metrics import aggregate
 from moe_rl.metrics.names import defines
-from moe_rl.metrics.step import aggregate
 from moe_rl.rollout.generate import forward_logp
 from moe_rl.routing import Routes, compare_routes
 from moe_rl.routing.modes import mode_names, replay_mode
@@ -579,7 +579,7 @@ def test_route_instruments_run_every_kth_step_and_move_no_other_number(tmp_path,
 def test_split_subsample_is_a_seeded_stream_of_its_own() -> None:
     """The split's rows: deterministic given the run's seed and the step, distinct seeds and steps draw other
     rows, the global RNG is untouched, and any world size scores the same rows of the global mini-batch."""
-    from moe_rl.metrics.step import local_positions, split_seed, split_subsample
+    from moe_rl.loop.step_metrics import local_positions, split_seed, split_subsample
 
     def draws(seed: int, step: int) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(split_seed(seed, step))

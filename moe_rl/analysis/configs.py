@@ -19,7 +19,7 @@ import yaml
 from moe_rl.analysis.load import run_key_columns, runs
 from moe_rl.run.identity import NOT_IDENTITY, identity_spec
 
-# config keys a run key column already shows (moe_rl.run.keys.run_keys)
+# config keys a run key column already shows (moe_rl.loop.keys.run_keys)
 SHOWN_BY_RUN_KEYS = {
     "experiment": "experiment",
     "algo.name": "algo",

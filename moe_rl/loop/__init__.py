@@ -1,1 +1,1 @@
-"""The pieces the training loop (`moe_rl.train`) composes: the cold start and the process group."""
+"""The pieces the training loop (`moe_rl.train`) composes: the cold start, the process group, the passes, the step's metric assembly and the run keys."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -13,18 +14,27 @@ from moe_rl.routing import RoutedPass, Routes
 Score = Callable[[Rollout, torch.Tensor, Routes | None, Routes], tuple[torch.Tensor, Routes]]
 
 
+class SplitPass(NamedTuple):
+    """What the split's pass gives the update's metrics (`moe_rl.loop.step_metrics.Split`)."""
+
+    logp: torch.Tensor  # (s, T) log pi_theta under the routing the update did not use, on the scored rows
+    routes: Routes  # the routes that pass used, on the scored rows
+    rows: torch.Tensor | None  # (s,) positions of the scored rows among the update's rows; None: all of them
+
+
 def split_pass(
     score: Score, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes, scored: torch.Tensor | None
-) -> tuple[torch.Tensor, Routes, torch.Tensor | None]:
+) -> SplitPass:
     """`score` (`other_routing_logp` with the loop's weights) on the rows at positions `scored` of `rows` (None:
     all), and those positions. A process holding none of the subsample still runs the pass, on its first row,
     so that every process joins the pass's collectives (FSDP); it then keeps none of it."""
     if scored is None:
-        return (*score(rollout, rows, replay, old), None)
+        logp, routes = score(rollout, rows, replay, old)
+        return SplitPass(logp, routes, None)
     run = scored if scored.numel() else torch.zeros(1, dtype=torch.long)
     logp, routes = score(rollout, rows[run], replay[run] if replay is not None else None, old[run])
     keep = slice(None) if scored.numel() else slice(0, 0)
-    return logp[keep], routes[keep], scored
+    return SplitPass(logp[keep], routes[keep], scored)
 
 
 def other_routing_logp(

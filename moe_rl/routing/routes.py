@@ -15,8 +15,6 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from moe_rl.run.atomic import write_atomic
-
 
 def index_dtype(num_experts: int) -> torch.dtype:
     """Smallest integer dtype that holds expert ids `< num_experts`."""
@@ -123,14 +121,13 @@ class Routes:
 
     # --- persistence -------------------------------------------------------------------------
 
-    def save(self, path: str | Path, *, token_ids: Tensor | None = None) -> None:
-        """Write a safetensors file atomically (temporary name, then rename).
+    def to_safetensors(self, token_ids: Tensor | None = None) -> bytes:
+        """The bytes of a routes file (safetensors), for its writer to write whole (the loop's route
+        snapshots: `moe_rl.run.atomic.write_atomic`); `load` and `load_snapshot` read it.
 
         `token_ids` (B, T), the input token at each routed position, travel with the routes so a
         reader can say which tokens were routed where (`load_snapshot`).
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         meta = {
             "format": "moe_rl.routes/1",
             "layer_map": json.dumps(self.layer_map),
@@ -143,7 +140,7 @@ class Routes:
                     f"token_ids of shape {tuple(token_ids.shape)} for routes of (B, T) {tuple(self.mask.shape)}"
                 )
             tensors["token_ids"] = token_ids.contiguous().cpu()
-        write_atomic(path, safetensors_bytes(tensors, metadata=meta))
+        return safetensors_bytes(tensors, metadata=meta)
 
     @classmethod
     def load(cls, path: str | Path) -> Routes:

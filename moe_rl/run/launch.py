@@ -1,11 +1,14 @@
-"""Glue between Hydra's composed config and the plain training function."""
+"""What a launch from the command line needs of the run layer (`experiments/train.py`, whose
+`run_from_hydra` is the glue between Hydra's composed config and `train(cfg)`; `python -m moe_rl.forecast`):
+the run folder's name (Hydra's `short_name` and `or_default` resolvers, registered on import), the old
+spelling of a preset refused, a finished folder recognised, the line an interrupted run ends with, and
+a sweep's progress (Hydra's callback `SweepProgress`, named in `experiments/conf/config.yaml`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +16,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from moe_rl.config import TrainConfig, config_hash, validate
-from moe_rl.metrics.status import FINISHED, INVALID
-from moe_rl.run.atomic import write_atomic
-from moe_rl.run.folder import RunDirectoryError, read_status, write_status
+from moe_rl.metrics.status import FINISHED
+from moe_rl.run.folder import RunDirectoryError, read_status
 from moe_rl.run.progress import eta_seconds, format_duration
 
 log = logging.getLogger(__name__)
@@ -81,18 +82,11 @@ def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:
     )
 
 
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """The typed config object (Hydra has already checked the types against the dataclasses)."""
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, TrainConfig):
-        raise TypeError(f"expected a TrainConfig-structured config, got {type(obj).__name__}")
-    return obj
-
-
-def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
+def finished_status(out_dir: str | Path, config_hash: str) -> str | None:
     """The status of a run directory whose outputs are complete, else None.
 
-    A finished directory of another config is an error, not a run to skip or overwrite.
+    A finished directory of another config (`config_hash`: `moe_rl.config.config_hash` of the launch's
+    config) is an error, not a run to skip or overwrite.
     """
     path = Path(out_dir) / "status.json"
     try:
@@ -102,65 +96,11 @@ def finished_status(out_dir: str | Path, cfg: TrainConfig) -> str | None:
         return None
     if status not in FINISHED or not (Path(out_dir) / "metrics.parquet").is_file():
         return None
-    if doc.get("config_hash") != config_hash(cfg):
+    if doc.get("config_hash") != config_hash:
         raise RunDirectoryError(
             f"{out_dir} holds a finished run of another config; choose another directory or delete it"
         )
     return status
-
-
-def parallel_launcher(hydra_cfg: Any) -> bool:
-    """Whether this job may run beside others on one terminal (a multirun with a non-basic launcher)."""
-    from hydra.types import RunMode
-
-    target = str(OmegaConf.select(hydra_cfg, "launcher._target_", default="") or "")
-    return hydra_cfg.mode == RunMode.MULTIRUN and not target.endswith("BasicLauncher")
-
-
-def write_hydra_record(out_dir: str | Path, cfg: DictConfig, hydra_cfg: Any) -> None:
-    """`.hydra/` (config.yaml, hydra.yaml, overrides.yaml) as Hydra writes it, written by the run itself
-    (`hydra.output_subdir: null`) once the folder is known to be its own, so a refused launch leaves the
-    record of the run that owns the folder as it was."""
-    folder = Path(out_dir) / ".hydra"
-    folder.mkdir(parents=True, exist_ok=True)
-    records = {
-        "config.yaml": cfg,
-        "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
-        "overrides.yaml": hydra_cfg.overrides.task,
-    }
-    for name, record in records.items():
-        write_atomic(folder / name, OmegaConf.to_yaml(record, resolve=False))
-
-
-def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
-    from moe_rl.loop.distributed import world_size_from_env
-    from moe_rl.train import refuse_foreign_dir, train
-
-    out_dir = hydra_cfg.runtime.output_dir
-    try:
-        train_cfg = validate(to_train_config(cfg))
-    except Exception as err:  # Hydra already made the folder: say why it holds no run (never over a real run)
-        if not read_status(out_dir) and not (Path(out_dir) / "metrics.parquet").exists():
-            write_status(out_dir, INVALID, error=err)
-        raise
-    train_cfg.out_dir = out_dir
-    if parallel_launcher(hydra_cfg):
-        train_cfg.progress = False  # bars of parallel runs garble one another: log lines instead
-    cache = Path(train_cfg.cold_start.cache_dir)
-    if not cache.is_absolute():  # shared by every job of a sweep, whatever the launcher's cwd
-        train_cfg.cold_start.cache_dir = str(Path(hydra_cfg.runtime.cwd) / cache)
-    if train_cfg.dry_run:
-        log.info("dry run %s: %s", train_cfg.arm, train_cfg.out_dir)
-        return "dry_run"
-    world_size = world_size_from_env()
-    refuse_foreign_dir(train_cfg, world_size)  # RunDirectoryError: the folder is left as it was
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_hydra_record(out_dir, cfg, hydra_cfg)
-    done = finished_status(train_cfg.out_dir, train_cfg)
-    if done is not None:
-        log.info("skipping %s: already %s", train_cfg.out_dir, done)
-        return done
-    return train(train_cfg, checked=True)["status"]  # validated and its folder checked: once per launch
 
 
 class SweepProgress(Callback):

@@ -16,6 +16,8 @@ from typing import NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
+from moe_rl.algos.corrections import EngineWeight
+from moe_rl.loop.records import OldPass
 from moe_rl.metrics.names import (
     EXPERT_FLIP_FRAC,
     FLIP_RATE,
@@ -60,6 +62,7 @@ from moe_rl.metrics.stats import (
     rollout_gap_finalize,
     rollout_gap_parts,
 )
+from moe_rl.rollout.generate import Rollout
 from moe_rl.routing.compare import (
     compare_finalize,
     compare_parts,
@@ -109,26 +112,35 @@ class UpdateRoutes(NamedTuple):
 
 def update_routes(
     routed: RoutedPass,
-    old: Routes,
-    old_scores: Tensor,
-    old_margins: Tensor,
+    old: OldPass,
+    rows: Tensor,
     replay: Routes | None,
     valid: Tensor,
     *,
+    instruments: bool,
     thresholded: bool,
 ) -> UpdateRoutes:
-    """What an update's recorded pass `routed` gives its route metrics (`valid`: the rows' real tokens),
-    beside the old pass's routes, scores and margins on the same rows."""
+    """What an update's recorded pass `routed` on the old pass's `rows` gives its route metrics (`valid`: the
+    rows' real tokens), beside the old pass's routes, scores and margins on the same rows (the margins are
+    recorded on the instruments' steps only: RSPO alone records none)."""
+    assert old.routes is not None  # an MoE model
     return UpdateRoutes(
         native=routed.native.with_mask(valid),
-        old=old,
+        old=old.routes[rows],
         scores=routed.scores,
-        old_scores=old_scores,
-        old_margins=old_margins,
+        old_scores=old.scores[rows],
+        old_margins=old.margins[rows] if instruments else old.margins,
         replay=replay,
         used=routed.used.with_mask(valid) if replay is not None else None,
         fallback=routed.fallback if thresholded else None,
     )
+
+
+class RouterShift(NamedTuple):
+    """RSPO's router-shift factor of an update's tokens (`algo.router_shift`) and the floor it was clamped at."""
+
+    scale: Tensor  # (b, T) max(gamma_t, floor), the factor on each token's ratio
+    floor: float  # `algo.router_shift_floor`
 
 
 class Split(NamedTuple):
@@ -178,7 +190,7 @@ def update_parts(
     loss: float,
     entropy: float,
     tokens: float,
-    shift: tuple[Tensor, float] | None,
+    shift: RouterShift | None,
     logp: Tensor,
     old_logp: Tensor,
     mask: Tensor,
@@ -189,17 +201,16 @@ def update_parts(
     max_new_tokens: int,
 ) -> Partial:
     """One process's partial statistics of an update: the loss's means (`loss_weights`: their denominators; `tokens`
-    valid tokens weigh the entropy and RSPO's `shift`: (factor, floor)), the ratio statistics, and for an
+    valid tokens weigh the entropy and RSPO's `shift`), the ratio statistics, and for an
     MoE model the old-vs-new, position, shift, margin-flip and movement comparisons, native vs replayed
     and used vs cached under replay, the threshold's fallback and the ratio split (rho = logp(native) -
     logp(replayed), docs/design.md §3)."""
     means = {**loss_metrics, LOSS: loss, POLICY_ENTROPY: entropy}
     weights = {**loss_weights, POLICY_ENTROPY: tokens}
     if shift is not None:
-        scale, floor = shift
-        valid_scale = scale[mask.bool()].double()
+        valid_scale = shift.scale[mask.bool()].double()
         n = max(valid_scale.numel(), 1)
-        floored = (valid_scale <= floor).sum().item() / n
+        floored = (valid_scale <= shift.floor).sum().item() / n
         means.update({RATIO_ROUTER_SHIFT_SCALE: valid_scale.sum().item() / n, RATIO_ROUTER_SHIFT_FLOOR_FRAC: floored})
         weights.update({RATIO_ROUTER_SHIFT_SCALE: tokens, RATIO_ROUTER_SHIFT_FLOOR_FRAC: tokens})
     parts = Partial().add("mean", mean_parts(means, weights))
@@ -297,23 +308,20 @@ def step_parts(
     *,
     rewards: Tensor,
     errors: float,
-    mask: Tensor,
-    rollout_logp: Tensor,
-    old: tuple[Tensor, Routes | None, Tensor, Tensor, Tensor | None],
+    rollout: Rollout,
+    old: OldPass,
     seconds: dict[str, float],
-    rollout_routes: Routes | None,
-    r3_fallback: tuple[Routes, Tensor] | None,
-    correction: tuple[Tensor, Tensor, Tensor] | None,
+    replays_rollout: bool,
+    correction: EngineWeight | None,
     instruments: bool = True,
 ) -> Partial:
     """One process's partial statistics of a step: response lengths, rewards and reward errors, the
-    phases' seconds (maxima), the rollout policy's gap to the trainer, and for an MoE model on a step that
-    runs the route instruments (`instruments`, `metrics.route_every`) the old pass's margins and
-    confidence, the share of tokens the rollout's routes leave to the live router (`r3_fallback`: the
-    rollout's routes and token mask, where the updates replay them) and rollout vs old routes; the
-    engine-gap correction's (weight, truncated, masked) (`moe_rl.algos.corrections.EngineWeight`).
-    `old`: the old pass's (logp, routes, margins, scores, weights) (`moe_rl.train.OldPass`)."""
-    old_logp, old_routes, margins, old_scores = old[:4]
+    phases' seconds (maxima), the rollout policy's gap to the trainer (`rollout` vs the `old` pass), and
+    for an MoE model on a step that runs the route instruments (`instruments`, `metrics.route_every`) the
+    old pass's margins and confidence, the share of tokens the rollout's routes leave to the live router
+    (where the updates replay them: `replays_rollout`) and rollout vs old routes; the engine-gap
+    `correction`'s weight and its truncated and masked tokens."""
+    mask, old_routes = rollout.response_mask, old.routes
     parts = Partial(
         sums={
             "length": mask.sum(-1).float().sum(),
@@ -324,23 +332,23 @@ def step_parts(
         rows={"rewards": rewards},
     )
     # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.stats.rollout_gap_stats)
-    parts.add("gap", rollout_gap_parts(rollout_logp=rollout_logp, train_logp=old_logp, mask=mask))
+    parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old.logp, mask=mask))
     if old_routes is not None and instruments:
-        parts.add("margins", margin_parts(margins, old_routes.mask))
-        parts.add("confidence", confidence_parts(old_scores, old_routes))
-        if r3_fallback is not None:
-            parts.add("fallback", fallback_parts(*r3_fallback))
+        parts.add("margins", margin_parts(old.margins, old_routes.mask))
+        parts.add("confidence", confidence_parts(old.scores, old_routes))
+        if replays_rollout:
+            assert rollout.routes is not None  # a mode that replays the rollout's routes records them
+            parts.add("fallback", fallback_parts(rollout.routes, rollout.token_mask))
     if correction is not None:
-        weight, truncated, masked = correction
         sums = {
-            "weight": (weight.double() * mask).sum(),
-            "truncated": truncated.sum(),
-            "masked": masked.sum(),
+            "weight": (correction.weight.double() * mask).sum(),
+            "truncated": correction.truncated.sum(),
+            "masked": correction.masked.sum(),
             "tokens": mask.sum().double(),
         }
         parts.add("is", Partial(sums=sums))
-    if rollout_routes is not None and old_routes is not None and instruments:
-        parts.add("rollout_vs_old", compare_parts(rollout_routes, old_routes))
+    if rollout.routes is not None and old_routes is not None and instruments:
+        parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
     return parts
 
 
