@@ -141,7 +141,9 @@ def _frontier_report(runs_dir: Path, out: Path) -> list[Path]:
     figure, from its runs and those of the same configs in the folders beside it."""
     from moe_rl.analysis import frontier, frontier_report
 
-    table, text, fig = frontier_report.frontier_section(frontier.load_runs([out.parent, runs_dir.parent.parent]))
+    table, text, fig = frontier_report.frontier_section(
+        frontier.load_runs(dict.fromkeys(p.resolve() for p in (out.parent, runs_dir.parent.parent)))
+    )
     write_atomic(out / "frontier.csv", lambda f: f.write(table.to_csv(index=False).encode()))
     write_atomic(out / "frontier.png", lambda f: fig.savefig(f, format="png", dpi=120))
     write_atomic(out / "summary.md", lambda f: f.write(f"# frontier\n\n{text}".encode()))

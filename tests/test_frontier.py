@@ -151,3 +151,22 @@ def test_claim_11_needs_all_four_pairs(monkeypatch, tmp_path):
     monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, unlocated))
     c = cf.claim_no_trust_region(tmp_path)
     assert c.verdict == INCONCLUSIVE and "not located" in c.reason
+
+
+def test_the_frontier_section_gives_edges_brackets_and_a_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from moe_rl.analysis.frontier_report import frontier_section
+
+    other = ("qwen3_moe", "vespo_none")
+    fr = fr_.Frontier((fr_.REFERENCE, other), (AXIS,), (0, 1, 2, 3), tuple(range(8)))
+    runs = pd.concat(
+        [planted(fr_.REFERENCE, {2: [0.0] * 8, 4: [-0.2] * 8}), planted(other, {8: [0.0] * 8, 16: [-0.3] * 8})]
+    )
+    table, text, fig = frontier_section(runs, fr)
+    rows = table.set_index("arm_file")
+    assert rows.loc["grpo_none", "N_edge"] == "2 (< 4)" and rows.loc["vespo_none", "N_edge"] == "8 (< 16)"
+    assert rows.loc["vespo_none", "N_headroom"] == 4.0  # 8 / 2, every draw the same
+    assert "| vespo_none | 8 (< 16) | [8, 8] | 4x [4, 4] | 16 |" in text and "2 of 2 edges located" in text
+    assert len(fig.axes) == 1
