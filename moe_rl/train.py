@@ -14,7 +14,8 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
    the combine weights as the mode says) while recording what the router would have chosen natively.
    The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
    constant from the router scores the passes recorded, and weights each token by the correction;
-5. metrics (`moe_rl.loop.step_metrics`): each update's pooled over the processes, aggregated over the
+5. metrics, emitted where they are computed (`moe_rl.loop.step_metrics`) into an update's or the step's
+   accumulator (`moe_rl.metrics.accumulator`): each update's pooled over the processes, aggregated over the
    step (mean; `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins,
    rollout vs old routes); route snapshots every `snapshot_every` steps. The route instruments (route/*,
    the ratio split) and the work only they need run on the steps `metrics.route_every` names, the split on
@@ -54,21 +55,26 @@ from moe_rl.loop.policy import build_optimizer, set_router_knobs, update_forward
 from moe_rl.loop.records import Batch, OldPass, Sampled
 from moe_rl.loop.split import other_routing_logp, split_pass
 from moe_rl.loop.step_metrics import (
-    RouterShift,
-    Split,
+    aggregate,
+    correction_metrics,
     instruments_due,
     local_positions,
+    old_pass_metrics,
+    rollout_metrics,
+    route_metrics,
+    router_shift_metrics,
+    seconds_metrics,
+    split_metrics,
     split_seed,
     split_subsample,
-    step_finalize,
-    step_parts,
-    update_finalize,
-    update_parts,
     update_routes,
 )
+from moe_rl.metrics.accumulator import Metrics
 from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
     LOSS,
+    OPTIM_GRAD_NORM,
+    POLICY_ENTROPY,
     REWARD_ERRORS,
     REWARD_ZERO_VAR_GROUP_FRAC,
     TASK_ACCURACY,
@@ -77,6 +83,8 @@ from moe_rl.metrics.names import (
     TIME_ROLLOUT_S,
     TIME_UPDATE_S,
 )
+from moe_rl.metrics.partial import mean_finalize, mean_parts
+from moe_rl.metrics.stats import ratio_finalize, ratio_parts
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
 from moe_rl.models.knobs import router_parameters
@@ -84,7 +92,7 @@ from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
-from moe_rl.routing.load import INSTRUMENTS, instrument_finalize, router_drift
+from moe_rl.routing.load import router_drift
 from moe_rl.routing.modes import replay_mode
 from moe_rl.run.atomic import write_atomic
 from moe_rl.run.folder import RunDirectoryError, note_meta, pin_numerics, read_status, status_on_failure
@@ -187,26 +195,19 @@ class Trainer:
         batch = Batch(rollout, adv, old, replay, self.engine_gap(rollout, old))
         updates = self.updates(step, batch)  # 4.
         t3 = time.perf_counter()
-        parts = step_parts(  # 5.
-            rewards=sampled.rewards,
-            errors=sampled.metrics[REWARD_ERRORS],
-            rollout=rollout,
-            old=old,
-            seconds={TIME_ROLLOUT_S: t1 - t0, TIME_OLD_LOGP_S: t2 - t1, TIME_UPDATE_S: t3 - t2},
-            replays_rollout=self.replay_mode.replays_rollout,
-            correction=batch.correction,
-            instruments=instruments,
-        )
-        if old.instruments is not None:  # the old pass's expert load and router logits (route steps)
-            parts.add(INSTRUMENTS, old.instruments)
-        merged = self.dist.merge(parts)
+        acc = Metrics()  # 5.
+        seconds_metrics(acc, {TIME_ROLLOUT_S: t1 - t0, TIME_OLD_LOGP_S: t2 - t1, TIME_UPDATE_S: t3 - t2})
         engine_part = self.rollout_policy is not self.policy or self.engine is not None  # else the trainer sampled
-        pooled = step_finalize(merged, updates, group_size=cfg.rollout.group_size, engine_part=engine_part)
-        pooled.update(instrument_finalize(merged.sub(INSTRUMENTS)))
+        errors, group = sampled.metrics[REWARD_ERRORS], cfg.rollout.group_size
+        rollout_metrics(acc, sampled.rewards, errors, rollout, old, group_size=group, engine_part=engine_part)
+        old_pass_metrics(acc, old, rollout, replays_rollout=self.replay_mode.replays_rollout, instruments=instruments)
+        if batch.correction is not None:
+            correction_metrics(acc, batch.correction, rollout.response_mask)
         if instruments and self.router_start:  # each router's distance from the cold start
-            pooled.update(router_drift([full(p) for p in self.routers()], self.router_start))
+            acc.put(router_drift([full(p) for p in self.routers()], self.router_start))
         self.snapshot(step, rollout, old.routes)
-        return {**sampled.metrics, **pooled}  # the rewards' metrics pooled over every rank's rows
+        # the rewards' metrics pooled over every rank's rows
+        return {**sampled.metrics, **aggregate(updates), **acc.finalize(self.dist.merge)}
 
     def routers(self) -> list[torch.nn.Parameter]:
         """The router weights (none for a dense model or a family whose routers the knobs cannot find)."""
@@ -351,10 +352,15 @@ class Trainer:
         with routed or replayed or contextlib.nullcontext():
             forward = self.forward(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         logp, logits = forward[0], forward[1]
+        acc = Metrics()
+        acc.add("ratio", ratio_parts(logp=logp.detach(), old_logp=old_logp, mask=mask), ratio_finalize)
         routes = None
         if routed is not None and old.routes is not None:  # the route metrics' (and RSPO's) inputs
             valid, thresholded = rollout.token_mask[rows], self.replay_threshold is not None
             routes = update_routes(routed, old, rows, replay, valid, instruments=instruments, thresholded=thresholded)
+            if instruments:
+                lengths = dict(prompt_len=rollout.prompt_len, max_new_tokens=cfg.task.max_new_tokens)
+                route_metrics(acc, routes, mask, position_bucket=cfg.position_bucket, **lengths)
         other = None
         if split and routes is not None:  # a dense model has no routing to split
             other = split_pass(self.other_routing_logp, rollout, rows, replay, routes.old, split_rows)
@@ -367,6 +373,7 @@ class Trainer:
             # sg[max(gamma_t, floor)] from the scores this pass already has
             gamma = router_shift_ratio(routes.old_scores, routes.scores, routes.old, mask)
             shift_scale = gamma.clamp(min=cfg.algo.router_shift_floor).to(logp.dtype)
+            router_shift_metrics(acc, shift_scale, mask, cfg.algo.router_shift_floor)
         weight = batch.correction.weight[rows] if batch.correction is not None else None
         loss, loss_metrics = self.loss_fn(
             logp=logp,
@@ -389,28 +396,16 @@ class Trainer:
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        scalars = torch.stack(
+        loss_value, grad, mean_entropy, tokens = torch.stack(
             [loss.detach().double(), grad_norm.double(), entropy.double(), mask.sum().double()]
         ).tolist()  # one transfer
-        assert other is None or loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
-        parts = update_parts(
-            loss_metrics=loss_metrics,
-            loss_weights=loss_metrics.weights,
-            loss=scalars[0],
-            entropy=scalars[2],
-            tokens=scalars[3],
-            shift=RouterShift(shift_scale, cfg.algo.router_shift_floor) if shift_scale is not None else None,
-            logp=logp.detach(),
-            old_logp=old_logp,
-            mask=mask,
-            routes=routes if instruments else None,
-            split=Split(other.logp, other.routes, loss_metrics.clipped, other.rows) if other is not None else None,
-            prompt_len=rollout.prompt_len,
-            position_bucket=cfg.position_bucket,
-            max_new_tokens=cfg.task.max_new_tokens,
-        )
-        grad = scalars[1]
-        return update_finalize(self.dist.merge(parts), list(loss_metrics), grad, position_bucket=cfg.position_bucket)
+        means = {**loss_metrics, LOSS: loss_value, POLICY_ENTROPY: mean_entropy}
+        acc.add("loss", mean_parts(means, {**loss_metrics.weights, POLICY_ENTROPY: tokens}), mean_finalize)
+        acc.put({OPTIM_GRAD_NORM: grad})
+        if other is not None and routes is not None:
+            assert loss_metrics.clipped is not None  # every loss of moe_rl.algos returns it
+            split_metrics(acc, routes, other, loss_metrics.clipped, logp.detach(), old_logp, mask)
+        return acc.finalize(self.dist.merge)
 
     def other_routing_logp(
         self, rollout: Rollout, rows: torch.Tensor, replay: Routes | None, old: Routes

@@ -15,7 +15,7 @@ Score = Callable[[Rollout, torch.Tensor, Routes | None, Routes], tuple[torch.Ten
 
 
 class SplitPass(NamedTuple):
-    """What the split's pass gives the update's metrics (`moe_rl.loop.step_metrics.Split`)."""
+    """What the split's pass gives the update's metrics (`moe_rl.loop.step_metrics.split_metrics`)."""
 
     logp: torch.Tensor  # (s, T) log pi_theta under the routing the update did not use, on the scored rows
     routes: Routes  # the routes that pass used, on the scored rows

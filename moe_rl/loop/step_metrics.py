@@ -1,16 +1,16 @@
-"""The loop's metric assembly: each update's and each step's metrics as parts/finalize pairs (pure).
+"""The loop's metrics, emitted where they are computed (pure functions of the tensors `moe_rl.train` computes).
 
-`moe_rl.train` computes the tensors (passes, loss, gradient); these functions turn them into the
-logged metrics in the two steps of `moe_rl.metrics.partial`: `*_parts` gathers a process's partial
-statistics, the loop pools them across processes (`Dist.merge`, the identity in a world of size 1),
-and `*_finalize` computes the metrics from the pooled statistics. `aggregate` then makes one step's
-metrics out of its N updates' (docs/design.md §1, §3).
+Each function here emits one or a few metric families into the update's or the step's accumulator
+(`moe_rl.metrics.accumulator.Metrics`): a family's partial statistics (`moe_rl.metrics.partial`) and the
+function that finalizes them once the loop has pooled them across processes (`Dist.merge`, the identity in
+a world of size 1). `aggregate` then makes one step's metrics out of its N updates' (docs/design.md §1, §3).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import NamedTuple, TypeVar
 
 import torch
@@ -18,16 +18,15 @@ from torch import Tensor
 
 from moe_rl.algos.corrections import EngineWeight
 from moe_rl.loop.records import OldPass
+from moe_rl.loop.split import SplitPass
+from moe_rl.metrics.accumulator import Finalize, Metrics
 from moe_rl.metrics.names import (
     EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MARGIN_PREFIX,
-    LOSS,
     NATIVE_VS_REPLAYED,
     OFFPOLICY_KEYS,
     OLD_VS_NEW,
-    OPTIM_GRAD_NORM,
-    POLICY_ENTROPY,
     RATIO_ROUTER_SHIFT_FLOOR_FRAC,
     RATIO_ROUTER_SHIFT_SCALE,
     RATIO_SPLIT_ENGINE_VAR,
@@ -46,7 +45,6 @@ from moe_rl.metrics.names import (
     ROUTE_REPLAY_FALLBACK_FRAC,
     ROUTE_REPLAY_REPLACE_RATE,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
-    TIME_PREFIX,
     offpolicy_key,
     route_key,
 )
@@ -54,8 +52,6 @@ from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts
 from moe_rl.metrics.stats import (
     margin_finalize,
     margin_parts,
-    ratio_finalize,
-    ratio_parts,
     ratio_split_finalize,
     ratio_split_parts,
     ratio_split_weights,
@@ -81,6 +77,7 @@ from moe_rl.routing.compare import (
     shift_summary,
 )
 from moe_rl.routing.hooks import RoutedPass
+from moe_rl.routing.load import INSTRUMENTS, instrument_finalize
 from moe_rl.routing.routes import Routes
 from moe_rl.tasks.rewards import zero_variance_frac
 
@@ -136,22 +133,6 @@ def update_routes(
     )
 
 
-class RouterShift(NamedTuple):
-    """RSPO's router-shift factor of an update's tokens (`algo.router_shift`) and the floor it was clamped at."""
-
-    scale: Tensor  # (b, T) max(gamma_t, floor), the factor on each token's ratio
-    floor: float  # `algo.router_shift_floor`
-
-
-class Split(NamedTuple):
-    """The ratio split's other pass (`Trainer.other_routing_logp`) on the rows it scored, and the loss's clipping."""
-
-    logp: Tensor  # (s, T) log pi_theta under the routing the update did not use, on the scored rows
-    routes: Routes  # the routes that pass used, on the scored rows
-    clipped: Tensor  # (b, T) the loss's clipped tokens, on all of the update's rows
-    rows: Tensor | None = None  # (s,) positions of the scored rows among the update's b rows; None: all of them
-
-
 def instruments_due(step: int, route_every: int) -> bool:
     """Whether `step` runs the route instruments and the ratio split (`metrics.route_every`): the steps that
     are multiples of `route_every`, as `snapshot_every` counts them (1: every step; step 0 is the evaluation)."""
@@ -183,217 +164,180 @@ def local_positions(minibatch: Tensor, picked: Tensor, first: int, count: int) -
     return chosen[mine].nonzero().squeeze(1)
 
 
-def update_parts(
-    *,
-    loss_metrics: Mapping[str, float],
-    loss_weights: Mapping[str, float],
-    loss: float,
-    entropy: float,
-    tokens: float,
-    shift: RouterShift | None,
-    logp: Tensor,
-    old_logp: Tensor,
-    mask: Tensor,
-    routes: UpdateRoutes | None,
-    split: Split | None,
-    prompt_len: int,
-    position_bucket: int,
-    max_new_tokens: int,
-) -> Partial:
-    """One process's partial statistics of an update: the loss's means (`loss_weights`: their denominators; `tokens`
-    valid tokens weigh the entropy and RSPO's `shift`), the ratio statistics, and for an
-    MoE model the old-vs-new, position, shift, margin-flip and movement comparisons, native vs replayed
-    and used vs cached under replay, the threshold's fallback and the ratio split (rho = logp(native) -
-    logp(replayed), docs/design.md §3)."""
-    means = {**loss_metrics, LOSS: loss, POLICY_ENTROPY: entropy}
-    weights = {**loss_weights, POLICY_ENTROPY: tokens}
-    if shift is not None:
-        valid_scale = shift.scale[mask.bool()].double()
-        n = max(valid_scale.numel(), 1)
-        floored = (valid_scale <= shift.floor).sum().item() / n
-        means.update({RATIO_ROUTER_SHIFT_SCALE: valid_scale.sum().item() / n, RATIO_ROUTER_SHIFT_FLOOR_FRAC: floored})
-        weights.update({RATIO_ROUTER_SHIFT_SCALE: tokens, RATIO_ROUTER_SHIFT_FLOOR_FRAC: tokens})
-    parts = Partial().add("mean", mean_parts(means, weights))
-    parts.add("ratio", ratio_parts(logp=logp, old_logp=old_logp, mask=mask))
-    if routes is None:
-        return parts
+def _named(name: Callable[[str], str], finalize: Callable[[Partial], Mapping[str, float]]) -> Finalize:
+    """`finalize` with each of its keys renamed by `name` (a family's metrics under a route/ prefix)."""
+    return lambda parts: {name(k): v for k, v in finalize(parts).items()}
+
+
+def router_shift_metrics(acc: Metrics, scale: Tensor, mask: Tensor, floor: float) -> None:
+    """RSPO's router-shift factor `scale` (b, T) = max(gamma_t, `floor`) on the update's valid tokens: its mean and
+    the share clamped at the floor (`algo.router_shift`), each weighed by the valid tokens."""
+    valid = scale[mask.bool()].double()
+    n, tokens = max(valid.numel(), 1), mask.sum().double().item()
+    means = {
+        RATIO_ROUTER_SHIFT_SCALE: valid.sum().item() / n,
+        RATIO_ROUTER_SHIFT_FLOOR_FRAC: (valid <= floor).sum().item() / n,
+    }
+    acc.add("router_shift", mean_parts(means, dict.fromkeys(means, tokens)), mean_finalize)
+
+
+def route_metrics(
+    acc: Metrics, routes: UpdateRoutes, mask: Tensor, *, prompt_len: int, position_bucket: int, max_new_tokens: int
+) -> None:
+    """An MoE update's route/ metrics: the old-vs-new, position, shift, margin-flip and movement comparisons, native
+    vs replayed and used vs cached under replay, and the threshold's fallback."""
     native, old = routes.native, routes.old
     overlap = route_overlap(native, old)  # (b, T, L), shared by the three old-vs-new metrics
+    old_vs_new = partial(route_key, OLD_VS_NEW)
+    acc.add("old_vs_new", compare_parts(native, old, overlap=overlap), _named(old_vs_new, compare_finalize))
     buckets = -(-max_new_tokens // position_bucket)
-    parts.add("old_vs_new", compare_parts(native, old, overlap=overlap))
-    parts.add(
-        "position", position_parts(native, old, mask, prompt_len - 1, position_bucket, buckets=buckets, overlap=overlap)
-    )
-    parts.add("shift", Partial(rows={"gaps": router_shift_gaps(routes.old_scores, routes.scores, old, mask)}))
-    parts.add("margin_flips", flip_margin_parts(old, native, routes.old_margins, overlap=overlap))
-    parts.add("move", movement_parts(routes.old_scores, routes.scores, old, native, overlap=overlap))
+    position = position_parts(native, old, mask, prompt_len - 1, position_bucket, buckets=buckets, overlap=overlap)
+    acc.add("position", position, _named(old_vs_new, partial(position_finalize, bucket=position_bucket)))
+    gaps = router_shift_gaps(routes.old_scores, routes.scores, old, mask)
+    acc.add("shift", Partial(rows={"gaps": gaps}), _named(old_vs_new, lambda p: shift_summary(p.rows["gaps"])))
+    margin_flips = flip_margin_parts(old, native, routes.old_margins, overlap=overlap)
+    acc.add("margin_flips", margin_flips, _named(ROUTE_PREFIX.__add__, flip_margin_finalize))
+    move = movement_parts(routes.old_scores, routes.scores, old, native, overlap=overlap)
+    acc.add("move", move, _named(ROUTE_PREFIX.__add__, movement_finalize))
     if routes.replay is not None:
         assert routes.used is not None  # recorded by every replayed pass
-        parts.add("native_vs_replayed", compare_parts(native, routes.replay))
-        parts.add("used_vs_cached", compare_parts(routes.used, routes.replay))
+        replayed = _named(partial(route_key, NATIVE_VS_REPLAYED), compare_finalize)
+        acc.add("native_vs_replayed", compare_parts(native, routes.replay), replayed)
+        acc.add("used_vs_cached", compare_parts(routes.used, routes.replay), _used_vs_cached)
     if routes.fallback is not None:
         refilled, slots = routes.fallback.double()
-        parts.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}))
-    if split is not None:
-        # over the fully native pass and the replayed one (R2: the old routes, R3: the rollout's), on the rows
-        # the split scored; a token's route changed where the two passes' routes differ
-        pick = split.rows
+        acc.add("fallback", Partial(sums={"refilled": refilled, "slots": slots}), _replay_fallback)
 
-        def scored(x: _Rows) -> _Rows:
-            return x if pick is None else x[pick]
 
-        if routes.replay is None:
-            native_logp, replayed_logp, native_routes, replayed = scored(logp), split.logp, scored(native), scored(old)
-        else:
-            native_logp, replayed_logp = split.logp, scored(logp)
-            native_routes, replayed = split.routes, scored(routes.replay)
-        parts.add(
-            "split",
-            ratio_split_parts(
-                native_logp=native_logp,
-                replayed_logp=replayed_logp,
-                old_logp=scored(old_logp),
-                mask=scored(mask),
-                flipped=route_overlap(native_routes, replayed) < native.top_k,  # (s, T, L): per MoE layer
-                clipped=scored(split.clipped),
-            ),
+def _used_vs_cached(parts: Partial) -> dict[str, float]:
+    pooled = compare_finalize(parts)
+    return {ROUTE_USED_VS_CACHED_FLIP_RATE: pooled[FLIP_RATE], ROUTE_REPLAY_REPLACE_RATE: pooled[EXPERT_FLIP_FRAC]}
+
+
+def _replay_fallback(parts: Partial) -> dict[str, float]:
+    return {ROUTE_REPLAY_FALLBACK_FRAC: (parts.sums["refilled"] / parts.sums["slots"].clamp(min=1)).item()}
+
+
+def split_metrics(
+    acc: Metrics, routes: UpdateRoutes, other: SplitPass, clipped: Tensor, logp: Tensor, old_logp: Tensor, mask: Tensor
+) -> None:
+    """The ratio split (rho = logp(native) - logp(replayed), docs/design.md §3) over the fully native pass and the
+    replayed one (R2: the old routes, R3: the rollout's), on the rows the split's pass `other` scored; a token's
+    route changed where the two passes' routes differ. `clipped`: the loss's clipped tokens on all the rows."""
+    pick = other.rows
+
+    def scored(x: _Rows) -> _Rows:
+        return x if pick is None else x[pick]
+
+    if routes.replay is None:
+        native_logp, replayed_logp, native, replayed = (
+            scored(logp),
+            other.logp,
+            scored(routes.native),
+            scored(routes.old),
         )
-    return parts
-
-
-def update_finalize(
-    parts: Partial, loss_keys: list[str], grad_norm: float, *, position_bucket: int
-) -> dict[str, float]:
-    """An update's metrics from its pooled partial statistics (`update_parts`): the loss's (`loss_keys`),
-    the ratio statistics, loss, gradient norm and entropy, and the route/ metrics of an MoE model."""
-    pooled = mean_finalize(parts.sub("mean"))
-    metrics = {k: pooled[k] for k in loss_keys}
-    metrics.update({k: pooled[k] for k in (RATIO_ROUTER_SHIFT_SCALE, RATIO_ROUTER_SHIFT_FLOOR_FRAC) if k in pooled})
-    metrics.update(ratio_finalize(parts.sub("ratio")))
-    metrics.update({LOSS: pooled[LOSS], OPTIM_GRAD_NORM: grad_norm, POLICY_ENTROPY: pooled[POLICY_ENTROPY]})
-    if "shift/gaps" in parts.rows:  # an MoE model
-        metrics.update(route_finalize(parts, position_bucket))
-    return metrics
-
-
-def route_finalize(parts: Partial, position_bucket: int) -> dict[str, float]:
-    """An update's route/ metrics (and the ratio split) from its pooled partial statistics."""
-    metrics = {route_key(OLD_VS_NEW, k): v for k, v in compare_finalize(parts.sub("old_vs_new")).items()}
-    metrics.update(
-        {route_key(OLD_VS_NEW, k): v for k, v in position_finalize(parts.sub("position"), position_bucket).items()}
+    else:
+        native_logp, replayed_logp, native, replayed = other.logp, scored(logp), other.routes, scored(routes.replay)
+    parts = ratio_split_parts(
+        native_logp=native_logp,
+        replayed_logp=replayed_logp,
+        old_logp=scored(old_logp),
+        mask=scored(mask),
+        flipped=route_overlap(native, replayed) < routes.native.top_k,  # (s, T, L): per MoE layer
+        clipped=scored(clipped),
     )
-    metrics.update({route_key(OLD_VS_NEW, k): v for k, v in shift_summary(parts.rows["shift/gaps"]).items()})
-    metrics.update({ROUTE_PREFIX + k: v for k, v in flip_margin_finalize(parts.sub("margin_flips")).items()})
-    metrics.update({ROUTE_PREFIX + k: v for k, v in movement_finalize(parts.sub("move")).items()})
-    if _has(parts, "native_vs_replayed"):
-        metrics.update(
-            {route_key(NATIVE_VS_REPLAYED, k): v for k, v in compare_finalize(parts.sub("native_vs_replayed")).items()}
-        )
-        used_vs_cached = compare_finalize(parts.sub("used_vs_cached"))
-        metrics[ROUTE_USED_VS_CACHED_FLIP_RATE] = used_vs_cached[FLIP_RATE]
-        metrics[ROUTE_REPLAY_REPLACE_RATE] = used_vs_cached[EXPERT_FLIP_FRAC]
-    if _has(parts, "fallback"):
-        fallback = parts.sub("fallback").sums
-        metrics[ROUTE_REPLAY_FALLBACK_FRAC] = (fallback["refilled"] / fallback["slots"].clamp(min=1)).item()
-    if _has(parts, "split"):
-        metrics.update(ratio_split_finalize(parts.sub("split")))
-        metrics.update({k + WEIGHT_SUFFIX: w for k, w in ratio_split_weights(parts.sub("split")).items()})
-    return metrics
+    acc.add("split", parts, _split_finalize)
+
+
+def _split_finalize(parts: Partial) -> dict[str, float]:
+    weights = {k + WEIGHT_SUFFIX: w for k, w in ratio_split_weights(parts).items()}
+    return {**ratio_split_finalize(parts), **weights}
 
 
 # --- one step ---------------------------------------------------------------------------------
 
 
-def step_parts(
-    *,
-    rewards: Tensor,
-    errors: float,
-    rollout: Rollout,
-    old: OldPass,
-    seconds: dict[str, float],
-    replays_rollout: bool,
-    correction: EngineWeight | None,
-    instruments: bool = True,
-) -> Partial:
-    """One process's partial statistics of a step: response lengths, rewards and reward errors, the
-    phases' seconds (maxima), the rollout policy's gap to the trainer (`rollout` vs the `old` pass), and
-    for an MoE model on a step that runs the route instruments (`instruments`, `metrics.route_every`) the
-    old pass's margins and confidence, the share of tokens the rollout's routes leave to the live router
-    (where the updates replay them: `replays_rollout`) and rollout vs old routes; the engine-gap
-    `correction`'s weight and its truncated and masked tokens."""
-    mask, old_routes = rollout.response_mask, old.routes
-    parts = Partial(
-        sums={
-            "length": mask.sum(-1).float().sum(),
-            "rows": torch.tensor(len(mask)),
-            "errors": torch.tensor(errors, dtype=torch.float64),
-        },
-        maxima={k: torch.tensor(v, dtype=torch.float64) for k, v in seconds.items()},
-        rows={"rewards": rewards},
+def rollout_metrics(
+    acc: Metrics, rewards: Tensor, errors: float, rollout: Rollout, old: OldPass, *, group_size: int, engine_part: bool
+) -> None:
+    """A step's response lengths, rewards and reward errors, and the rollout policy's (engine's) gap to the trainer
+    per completion token (`rollout` vs the `old` pass; moe_rl.metrics.stats.rollout_gap_stats). `engine_part`: the
+    rollout policy is not the trained one, so the gap has an engine part (`ratio/split/engine_var`)."""
+    mask = rollout.response_mask
+    sums = {
+        "length": mask.sum(-1).float().sum(),
+        "rows": torch.tensor(len(mask)),
+        "errors": torch.tensor(errors, dtype=torch.float64),
+    }
+    acc.add("rollout", Partial(sums=sums, rows={"rewards": rewards}), partial(_rollout_finalize, group_size))
+    gap = rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old.logp, mask=mask)
+    acc.add("gap", gap, rollout_gap_finalize if engine_part else _trainer_sampled_gap)
+
+
+def _rollout_finalize(group_size: int, parts: Partial) -> dict[str, float]:
+    sums, rewards = parts.sums, parts.rows["rewards"]
+    return {
+        REWARD_ZERO_VAR_GROUP_FRAC: zero_variance_frac(rewards, group_size),
+        REWARD_ERRORS: sums["errors"].item(),
+        REWARD_MEAN: rewards.mean().item(),
+        REWARD_STD: rewards.std(unbiased=False).item(),
+        ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
+    }
+
+
+def _trainer_sampled_gap(parts: Partial) -> dict[str, float]:
+    """The gap when the trainer sampled: no engine part to split off."""
+    gap = rollout_gap_finalize(parts)
+    del gap[RATIO_SPLIT_ENGINE_VAR]
+    return gap
+
+
+def seconds_metrics(acc: Metrics, seconds: Mapping[str, float]) -> None:
+    """The phases' wall-clock seconds, the slowest process's."""
+    maxima = {k: torch.tensor(v, dtype=torch.float64) for k, v in seconds.items()}
+    acc.add("time", Partial(maxima=maxima), lambda parts: {k: v.item() for k, v in parts.maxima.items()})
+
+
+def old_pass_metrics(acc: Metrics, old: OldPass, rollout: Rollout, *, replays_rollout: bool, instruments: bool) -> None:
+    """For an MoE model on a step that runs the route instruments (`instruments`, `metrics.route_every`): the old
+    pass's margins, confidence, expert load and router logits, the share of tokens the rollout's routes leave to
+    the live router (where the updates replay them: `replays_rollout`) and rollout vs old routes."""
+    if old.instruments is not None:  # the old pass's expert load and router logits (route steps)
+        acc.add(INSTRUMENTS, old.instruments, instrument_finalize)
+    if old.routes is None or not instruments:
+        return
+    acc.add("margins", margin_parts(old.margins, old.routes.mask), margin_finalize)
+    acc.add(
+        "confidence", confidence_parts(old.scores, old.routes), lambda p: {ROUTE_CONFIDENCE: confidence_finalize(p)}
     )
-    # the rollout policy's (engine's) gap to the trainer, per completion token (moe_rl.metrics.stats.rollout_gap_stats)
-    parts.add("gap", rollout_gap_parts(rollout_logp=rollout.rollout_logp, train_logp=old.logp, mask=mask))
-    if old_routes is not None and instruments:
-        parts.add("margins", margin_parts(old.margins, old_routes.mask))
-        parts.add("confidence", confidence_parts(old.scores, old_routes))
-        if replays_rollout:
-            assert rollout.routes is not None  # a mode that replays the rollout's routes records them
-            parts.add("fallback", fallback_parts(rollout.routes, rollout.token_mask))
-    if correction is not None:
-        sums = {
-            "weight": (correction.weight.double() * mask).sum(),
-            "truncated": correction.truncated.sum(),
-            "masked": correction.masked.sum(),
-            "tokens": mask.sum().double(),
-        }
-        parts.add("is", Partial(sums=sums))
-    if rollout.routes is not None and old_routes is not None and instruments:
-        parts.add("rollout_vs_old", compare_parts(rollout.routes, old_routes))
-    return parts
+    if replays_rollout:
+        assert rollout.routes is not None  # a mode that replays the rollout's routes records them
+        fallback = fallback_parts(rollout.routes, rollout.token_mask)
+        acc.add("fallback", fallback, lambda p: {ROUTE_R3_FALLBACK_FRAC: fallback_finalize(p)})
+    if rollout.routes is not None:
+        rollout_vs_old = _named(partial(route_key, ROLLOUT_VS_OLD), compare_finalize)
+        acc.add("rollout_vs_old", compare_parts(rollout.routes, old.routes), rollout_vs_old)
 
 
-def step_finalize(
-    parts: Partial, updates: list[dict[str, float]], *, group_size: int, engine_part: bool
-) -> dict[str, float]:
-    """A step's metrics: its updates' (`aggregate`) and those of its pooled partial statistics (`step_parts`);
-    `engine_part`: the rollout policy is not the trained one, so the ratio split has an engine part."""
-    metrics = aggregate(updates)
-    sums, all_rewards = parts.sums, parts.rows["rewards"]
-    if _has(parts, "rollout_vs_old"):
-        metrics.update(
-            {route_key(ROLLOUT_VS_OLD, k): v for k, v in compare_finalize(parts.sub("rollout_vs_old")).items()}
-        )
-    metrics.update(
-        {
-            REWARD_ZERO_VAR_GROUP_FRAC: zero_variance_frac(all_rewards, group_size),
-            REWARD_ERRORS: sums["errors"].item(),
-            REWARD_MEAN: all_rewards.mean().item(),
-            REWARD_STD: all_rewards.std(unbiased=False).item(),
-            **rollout_gap_finalize(parts.sub("gap")),
-            ROLLOUT_RESPONSE_LEN: (sums["length"] / sums["rows"]).item(),
-            **{k: v.item() for k, v in parts.maxima.items() if k.startswith(TIME_PREFIX)},
-        }
-    )
-    if _has(parts, "margins"):
-        metrics.update(
-            {**margin_finalize(parts.sub("margins")), ROUTE_CONFIDENCE: confidence_finalize(parts.sub("confidence"))}
-        )
-        if _has(parts, "fallback"):
-            metrics[ROUTE_R3_FALLBACK_FRAC] = fallback_finalize(parts.sub("fallback"))
-    if "is/tokens" in sums:
-        tokens = sums["is/tokens"].clamp(min=1).item()
-        metrics[ROLLOUT_IS_WEIGHT_MEAN] = sums["is/weight"].item() / tokens
-        metrics[ROLLOUT_IS_TRUNCATED_FRAC] = sums["is/truncated"].item() / tokens
-        metrics[ROLLOUT_IS_MASKED_FRAC] = sums["is/masked"].item() / tokens
-    if not engine_part:  # the trainer sampled
-        del metrics[RATIO_SPLIT_ENGINE_VAR]
-    return metrics
+def correction_metrics(acc: Metrics, correction: EngineWeight, mask: Tensor) -> None:
+    """The engine-gap correction's mean weight and its truncated and masked tokens' shares."""
+    sums = {
+        "weight": (correction.weight.double() * mask).sum(),
+        "truncated": correction.truncated.sum(),
+        "masked": correction.masked.sum(),
+        "tokens": mask.sum().double(),
+    }
+    acc.add("is", Partial(sums=sums), _correction_finalize)
 
 
-def _has(parts: Partial, prefix: str) -> bool:
-    """Whether `parts` holds a family under `prefix/` (the parts functions add only what applies)."""
-    start = f"{prefix}/"
-    return any(k.startswith(start) for d in (parts.sums, parts.maxima, parts.rows) for k in d)
+def _correction_finalize(parts: Partial) -> dict[str, float]:
+    sums = parts.sums
+    tokens = sums["tokens"].clamp(min=1).item()
+    return {
+        ROLLOUT_IS_WEIGHT_MEAN: sums["weight"].item() / tokens,
+        ROLLOUT_IS_TRUNCATED_FRAC: sums["truncated"].item() / tokens,
+        ROLLOUT_IS_MASKED_FRAC: sums["masked"].item() / tokens,
+    }
 
 
 # --- the step's updates -----------------------------------------------------------------------
