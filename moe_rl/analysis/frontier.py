@@ -1,10 +1,13 @@
 """The stability frontier: where each arm stops being stable along learning rate and staleness.
 
 Declared in `experiments/conf/preset/frontier.yaml` before its runs. A point (an arm at one value of an axis,
-the other axis fixed) is stable when the mean accuracy change over its seeds (late accuracy minus step 0) is
->= -5 pp and at most a quarter of its runs collapsed. Points are probed by bisection over the axis' grid
-(`next_jobs`, which `experiments/frontier.py` runs round by round); the edge is the last stable point, bracketed
-by the first unstable one, and its interval a bootstrap over seeds (`edge_draws`). Pure pandas and numpy.
+the other axis fixed) is stable when the mean accuracy change over its seeds (late accuracy, the mean of the last
+3 evaluations, minus step 0) is >= -5 pp and at most a quarter of its runs collapsed. Points are probed by
+bisection over the axis' grid (`python experiments/frontier.py`), 4 seeds each and 8 at the two points that
+bracket an edge; the edge is the last stable point, bracketed by the first unstable one, and its 95% interval a
+bootstrap over seeds (each probed point resampled and re-decided). Headroom is an arm's edge over grpo+none's on
+the same axis, with the same bootstrap. An edge whose bisection has not finished reads "open", with what the
+probed points bracket so far; a row's figure marks each probed point stable (green) or not (red).
 """
 
 from __future__ import annotations
@@ -328,11 +331,22 @@ class Edge:
 
     @property
     def label(self) -> str:
-        return edge_label(self.axis, self.index, self.located) if len(self.points) else "not probed"
+        """`2e-4 (< 2.5e-4)` once located; while the bisection is open, what the probed points bracket so far."""
+        if not len(self.points):
+            return "not probed"
+        if self.located:
+            return edge_label(self.axis, self.index, True)
+        g, size = self.axis.grid, len(self.axis.grid)
+        lo, hi = bracket({int(r["index"]): bool(r["stable"]) for _, r in self.points.iterrows()}, size)
+        if lo < 0 and hi < size:
+            return f"open: < {g[hi]:g}"
+        if hi >= size:
+            return f"open: >= {g[lo]:g}"
+        return f"open: {g[lo]:g} to {g[hi]:g}"
 
     @property
     def interval(self) -> str:
-        return interval_label(self.axis, self.draws) if len(self.points) else "—"
+        return interval_label(self.axis, self.draws) if len(self.points) and self.located else "—"
 
 
 def edges(runs: pd.DataFrame, fr: Frontier, *, draws: int = DRAWS) -> dict[tuple[tuple[str, str], str], Edge]:
