@@ -33,6 +33,7 @@ from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
 from moe_rl.analysis.configs import group_checks, with_config
+from moe_rl.analysis.frontier_report import claims_section as frontier_claims_section
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
@@ -453,7 +454,7 @@ def write_claims(root: Path, out: Path | None = None) -> Path:
     path = (out or root) / "CLAIMS.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = analysis.format_claims_markdown(analysis.evaluate_claims(root), root)
-    sections = [*_leaderboard_section(root), *_provenance_section(root)]
+    sections = [*_leaderboard_section(root), *frontier_claims_section(root), *_provenance_section(root)]
     text = text.rstrip("\n") + "\n\n" + "\n".join(sections) + "\n"
     write_atomic(path, lambda f: f.write(text.encode()))
     return path

@@ -170,3 +170,17 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
     assert rows.loc["vespo_none", "N_headroom"] == 4.0  # 8 / 2, every draw the same
     assert "| vespo_none | 8 (< 16) | [8, 8] | 4x [4, 4] | 16 |" in text and "2 of 2 edges located" in text
     assert len(fig.axes) == 1
+
+
+def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):
+    from moe_rl.analysis import frontier_report as fr_report
+
+    assert fr_report.claims_section(tmp_path) == []
+    other = ("qwen3_moe", "vespo_none")
+    fr = fr_.Frontier((fr_.REFERENCE, other), (AXIS,), (0, 1, 2, 3), tuple(range(8)))
+    runs = pd.concat([planted(fr_.REFERENCE, {2: [0.0] * 8, 4: [-0.2] * 8}), planted(other, {8: [0.0] * 4})])
+    (tmp_path / "frontier").mkdir()
+    fr_report.frontier_table(runs, fr).to_csv(tmp_path / "frontier" / "frontier.csv", index=False)
+    monkeypatch.setattr(fr_, "load_frontier", lambda: fr)
+    text = "\n".join(fr_report.claims_section(tmp_path))
+    assert "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text and "| vespo_none | open: >= 8 | — | — | 4 |" in text

@@ -7,6 +7,8 @@ seed against grpo+none) and the bench's outcome at its edge cell (lr 3e-4, N = 8
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -161,3 +163,18 @@ def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier | None = None) -> tupl
         ]
     )
     return table, text, plot_frontier(runs, fr, edges)
+
+
+def claims_section(root: Path) -> list[str]:
+    """The frontier table (its report's frontier.csv) for CLAIMS.md; none without it."""
+    csv = Path(root) / "frontier" / "frontier.csv"
+    if not csv.is_file():
+        return []
+    return [
+        "## Stability frontier",
+        "",
+        "Each method's edge along lr (N = 8) and staleness N (lr 3e-4), found by bisection; the table claims 10 "
+        "and 11 read their staleness edges from. Rule, intervals and figure: `frontier/summary.md`.",
+        "",
+        format_frontier_markdown(pd.read_csv(csv, keep_default_na=False, na_values=[""]), fr_.load_frontier()),
+    ]
