@@ -24,7 +24,6 @@ import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis import frontier as fr_
-from moe_rl.analysis.load import INCOMPLETE_STATUSES
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,9 +49,7 @@ class Runs:
                 if d.name not in self.rows and _finished(d) and (d / "metrics.parquet").is_file():
                     self.rows[d.name] = fr_.per_run(analysis.load_results(d, keys=fr_.KEYS))
         frames = [*self.rows.values(), *([self.borrowed] if self.borrowed is not None else [])]
-        out = pd.concat(frames, ignore_index=True)
-        out = out[~out["status"].isin(INCOMPLETE_STATUSES)]
-        return out.drop_duplicates(["family", "arm_file", "lr", "N", "seed"], keep="first").reset_index(drop=True)
+        return fr_.combine(frames)
 
 
 def command(job: dict, results_dir: Path, cache: Path) -> list[str]:

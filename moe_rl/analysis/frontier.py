@@ -126,7 +126,13 @@ def load_runs(roots: Iterable[Path]) -> pd.DataFrame:
                     break
     if not frames:
         raise FileNotFoundError(f"no frontier runs under {[str(r) for r in roots]} (folders {SOURCES})")
-    runs = pd.concat(frames, ignore_index=True)
+    return combine(frames)
+
+
+def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """`per_run` frames as one: a run present twice (the same config under two experiment names) counted once,
+    the first found."""
+    runs = pd.concat(list(frames), ignore_index=True)
     return runs.drop_duplicates(["family", "arm_file", "lr", "N", "seed"], keep="first").reset_index(drop=True)
 
 
@@ -140,6 +146,14 @@ def on_axis(runs: pd.DataFrame, axis: Axis, row: tuple[str, str]) -> pd.DataFram
     out = runs[sel].copy()
     out["index"] = [int(np.argmin([abs(v - g) for g in axis.grid])) for v in out[axis.name].astype(float)]
     return out
+
+
+def at_point(runs: pd.DataFrame, row: tuple[str, str], point: dict[str, float]) -> pd.DataFrame:
+    """The runs of one row at one point ({"lr": ..., "N": ...})."""
+    sel = (runs["family"] == row[0]) & (runs["arm_file"] == row[1])
+    for key, value in point.items():
+        sel &= np.isclose(runs[key].astype(float), float(value))
+    return runs[sel]
 
 
 def is_stable(change: np.ndarray, collapsed: np.ndarray) -> bool:
@@ -160,13 +174,9 @@ def points(axis_runs: pd.DataFrame) -> pd.DataFrame:
                 "change": float(change.mean()),
                 "collapsed": float(collapsed.mean()),
                 "stable": is_stable(change, collapsed),
-                "token_ratio_var": float(g["token_ratio_var"].mean()),
-                "reward_auc": float(g["reward_auc"].mean()),
             }
         )
-    return pd.DataFrame(
-        rows, columns=["index", "n", "seeds", "change", "collapsed", "stable", "token_ratio_var", "reward_auc"]
-    )
+    return pd.DataFrame(rows, columns=["index", "n", "seeds", "change", "collapsed", "stable"])
 
 
 def bracket(stable: dict[int, bool], size: int) -> tuple[int, int]:
@@ -242,9 +252,8 @@ def price_jobs(runs: pd.DataFrame, fr: Frontier) -> list[dict]:
     the queue, so they fill the slots the edges leave idle while they wait on running probes."""
     jobs = []
     for family, arm in fr.rows:
-        at = runs[(runs["family"] == family) & (runs["arm_file"] == arm)]
-        at = at[np.isclose(at["lr"].astype(float), PRICE_POINT["lr"]) & (at["N"].astype(int) == PRICE_POINT["N"])]
-        missing = tuple(s for s in fr.seeds if s not in set(at["seed"].astype(int)))
+        have = set(at_point(runs, (family, arm), PRICE_POINT)["seed"].astype(int))
+        missing = tuple(s for s in fr.seeds if s not in have)
         if missing:
             jobs.append({"family": family, "arm": arm, **PRICE_POINT, "seeds": missing, "axis": "price"})
     return jobs

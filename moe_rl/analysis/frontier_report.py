@@ -27,16 +27,9 @@ def row_label(runs: pd.DataFrame, row: tuple[str, str]) -> str:
     return name if family == fr_.REFERENCE[0] else f"{name} ({family.split('_')[-1]})"
 
 
-def _at(runs: pd.DataFrame, row: tuple[str, str], point: dict[str, float]) -> pd.DataFrame:
-    sel = (runs["family"] == row[0]) & (runs["arm_file"] == row[1])
-    for key, value in point.items():
-        sel &= np.isclose(runs[key].astype(float), value)
-    return runs[sel]
-
-
 def price(runs: pd.DataFrame, row: tuple[str, str]) -> tuple[float, float, float, int]:
     """Reward AUC at the price point minus grpo+none's, paired by seed: (difference, lo, hi, pairs)."""
-    a, b = _at(runs, row, fr_.PRICE_POINT), _at(runs, fr_.REFERENCE, fr_.PRICE_POINT)
+    a, b = fr_.at_point(runs, row, fr_.PRICE_POINT), fr_.at_point(runs, fr_.REFERENCE, fr_.PRICE_POINT)
     if row == fr_.REFERENCE or a.empty or b.empty:
         return np.nan, np.nan, np.nan, 0
     both = pd.concat([a.assign(side="a"), b.assign(side="b")])
@@ -61,7 +54,7 @@ def frontier_table(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = No
             ratio = fr_.edge_ratio(edge, ref) if edge.located and ref.located else (np.nan,) * 3
             rec[f"{axis.name}_headroom"], rec[f"{axis.name}_headroom_lo"], rec[f"{axis.name}_headroom_hi"] = ratio
         rec["price_auc_diff"], rec["price_lo"], rec["price_hi"], rec["price_pairs"] = price(runs, row)
-        bench = _at(runs, row, BENCH_CELL)
+        bench = fr_.at_point(runs, row, BENCH_CELL)
         rec["bench_change"] = float(bench["change"].mean()) if len(bench) else np.nan
         rec["bench_survival"] = float(1 - bench["collapsed"].mean()) if len(bench) else np.nan
         rec["bench_runs"] = len(bench)

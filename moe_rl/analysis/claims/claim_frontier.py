@@ -40,12 +40,21 @@ def _claim(id_: int, claim: str, source: str, rule: str) -> Claim:
     return Claim(id_, claim, source, rule, experiment="frontier", cells="the N axis at lr 3e-4 (N = 1 ... 32)")
 
 
-def _missing(c: Claim, edges: list[fr_.Edge]) -> Claim | None:
-    unlocated = [e.row[1] for e in edges if not e.located]
+def _edges(
+    c: Claim, root: Path, rows: list[tuple[str, str]]
+) -> tuple[list[fr_.Edge], pd.DataFrame, fr_.Frontier] | None:
+    """The staleness edges of `rows`, the frontier's runs and declaration, with the claim's statistic set to the edges; None
+    (the claim left inconclusive, with its reason) without a frontier folder or while an edge is not located."""
+    if not (Path(root) / "frontier").is_dir():
+        return None
+    runs, fr, edges = _frontier(str(root))
+    found = [edges[(row, "N")] for row in rows]
+    c.statistic = "; ".join(_edge_text(runs, e) for e in found)
+    unlocated = [e.row[1] for e in found if not e.located]
     if unlocated:
         c.reason = f"edges not located yet: {', '.join(unlocated)} (run `python experiments/frontier.py`)"
-        return c
-    return None
+        return None
+    return found, runs, fr
 
 
 def claim_vespo_staleness(root: Path) -> Claim:
@@ -56,13 +65,10 @@ def claim_vespo_staleness(root: Path) -> Claim:
         "on the N axis, vespo+none's edge at least two grid points (4x in N) above both grpo+none's and "
         "sapo+none's in 95% of the bootstrap draws: reproduced; at or below either one's in 95%: not reproduced",
     )
-    if not (Path(root) / "frontier").is_dir():
+    found = _edges(c, root, [VESPO, GRPO, SAPO])
+    if found is None:
         return c
-    runs, _, edges = _frontier(str(root))
-    v, g, s = (edges[(row, "N")] for row in (VESPO, GRPO, SAPO))
-    c.statistic = "; ".join(_edge_text(runs, e) for e in (v, g, s))
-    if _missing(c, [v, g, s]):
-        return c
+    v, g, s = found[0]
     far = float(np.mean((v.draws - g.draws >= 2) & (v.draws - s.draws >= 2)))
     below = max(float(np.mean(v.draws <= g.draws)), float(np.mean(v.draws <= s.draws)))
     c.test = f"share of draws with vespo two points past both {far:.3f}; at or below one of them {below:.3f}"
@@ -84,18 +90,16 @@ def claim_no_trust_region(root: Path) -> Claim:
         "on the N axis, the edges of cispo+none and plain IS both below those of grpo+none and dppo_tv+none in "
         "95% of the bootstrap draws (all four pairs): reproduced; either at or above either in 95%: not reproduced",
     )
-    if not (Path(root) / "frontier").is_dir():
-        return c
-    runs, fr, edges = _frontier(str(root))
     rows = [*NO_TRUST_REGION, *TRUST_REGION]
-    c.statistic = "; ".join(_edge_text(runs, edges[(row, "N")]) for row in rows)
-    if _missing(c, [edges[(row, "N")] for row in rows]):
+    found = _edges(c, root, rows)
+    if found is None:
         return c
-    below = np.ones_like(edges[(GRPO, "N")].draws, dtype=bool)
+    edges, runs, fr = dict(zip(rows, found[0])), found[1], found[2]
+    below = np.ones_like(edges[GRPO].draws, dtype=bool)
     at_or_above = 0.0
     for a in NO_TRUST_REGION:
         for b in TRUST_REGION:
-            da, db = edges[(a, "N")].draws, edges[(b, "N")].draws
+            da, db = edges[a].draws, edges[b].draws
             below &= da < db
             at_or_above = max(at_or_above, float(np.mean(da >= db)))
     c.test = f"share of draws with both below both {np.mean(below):.3f}; largest share of one at or above one {at_or_above:.3f}"
