@@ -28,6 +28,7 @@ from pathlib import Path
 
 import matplotlib
 import pandas as pd
+from matplotlib.figure import Figure
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import runs_folder
@@ -38,6 +39,7 @@ from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
 from moe_rl.metrics.names import ROUTE_LOAD_ENTROPY, ROUTE_SHIFT_MEAN
+from moe_rl.metrics.status import NO_SIGNAL, REWARD_FAILED
 from moe_rl.run.atomic import write_atomic
 
 FIGURES: dict[str, Callable[..., object]] = {
@@ -57,9 +59,7 @@ def _drift_report(runs_dir: Path, out: Path) -> list[Path]:
     `python -m moe_rl.drift_report` writes); keep the wall time it quotes."""
     from moe_rl.analysis import drift_scaling_report
 
-    old = out / "summary.md"
-    found = WALL_LINE.search(old.read_text()) if old.is_file() else None
-    return drift_scaling_report.write_report(runs_dir, out, wall=found.group(1) if found else None)
+    return drift_scaling_report.write_report(runs_dir, out, wall=_kept_wall(out))
 
 
 def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
@@ -67,10 +67,15 @@ def _forecast_report(runs_dir: Path, out: Path) -> list[Path]:
     `python -m moe_rl.forecast --fit` writes), wall time kept."""
     from moe_rl.analysis import forecast_report
 
+    forecast_report.run_fit(runs_dir, out, _kept_wall(out))
+    return [out / n for n in forecast_report.FILES]
+
+
+def _kept_wall(out: Path) -> str | None:
+    """The sweep's wall time that out/summary.md quotes, if it is there."""
     old = out / "summary.md"
     found = WALL_LINE.search(old.read_text()) if old.is_file() else None
-    forecast_report.run_fit(runs_dir, out, found.group(1) if found else None)
-    return [out / n for n in forecast_report.FILES]
+    return found.group(1) if found else None
 
 
 def _after_title(summary: Path, text: str) -> None:
@@ -112,9 +117,8 @@ def _stabilizers_report(runs_dir: Path, out: Path) -> list[Path]:
     runs = runs[~runs["status"].isin(INCOMPLETE_STATUSES)]
     pooled = lb.leaderboard(runs)
     cells = [(cell, lb.leaderboard(g)) for cell, g in runs.groupby(["lr", "N"], sort=True)]
-    csv = out / "leaderboard.csv"
     frames = [pooled.assign(cell="pooled")] + [t.assign(cell=f"lr {lr:g}, N = {n}") for (lr, n), t in cells]
-    write_atomic(csv, lambda f: f.write(pd.concat(frames, ignore_index=True).to_csv(index=False).encode()))
+    csv = _csv(out / "leaderboard.csv", pd.concat(frames, ignore_index=True))
     section = lb.bench_section(runs, own_runs=set(own["run"]), runs_dir=runs_dir, borrowed_dir=borrowed_dir, keep=keep)
     section.append(lb.format_leaderboard_markdown(pooled))
     for (lr, n), table in cells:
@@ -130,11 +134,20 @@ def _mechanism_report(runs_dir: Path, out: Path) -> list[Path]:
 
     written = write_report(runs_dir, out, by=["rung"], reference=REFERENCE)
     df = analysis.load_results(runs_dir)
-    table, text, fig = ladder_section(df[~df["status"].isin(INCOMPLETE_STATUSES)])
-    write_atomic(out / "ladder.csv", lambda f: f.write(table.to_csv(index=False).encode()))
-    write_atomic(out / "ladder.png", lambda f: fig.savefig(f, format="png", dpi=120))
+    files, text = ladder_section(df[~df["status"].isin(INCOMPLETE_STATUSES)])
+    written += [_png(out / name, v) if isinstance(v, Figure) else _csv(out / name, v) for name, v in files.items()]
     _after_title(out / "summary.md", text)
-    return [*written, out / "ladder.csv", out / "ladder.png"]
+    return written
+
+
+def _csv(path: Path, table: pd.DataFrame) -> Path:
+    write_atomic(path, lambda f: f.write(table.to_csv(index=False).encode()))
+    return path
+
+
+def _png(path: Path, fig: Figure) -> Path:
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    return path
 
 
 def _frontier_report(runs_dir: Path, out: Path) -> list[Path]:
@@ -145,10 +158,8 @@ def _frontier_report(runs_dir: Path, out: Path) -> list[Path]:
     table, text, fig = frontier_report.frontier_section(
         frontier.load_runs(dict.fromkeys(p.resolve() for p in (out.parent, runs_dir.parent.parent)))
     )
-    write_atomic(out / "frontier.csv", lambda f: f.write(table.to_csv(index=False).encode()))
-    write_atomic(out / "frontier.png", lambda f: fig.savefig(f, format="png", dpi=120))
     write_atomic(out / "summary.md", lambda f: f.write(f"# frontier\n\n{text}".encode()))
-    return [out / "summary.md", out / "frontier.csv", out / "frontier.png"]
+    return [out / "summary.md", _csv(out / "frontier.csv", table), _png(out / "frontier.png", fig)]
 
 
 # result folders with a report of their own: name -> writer(runs_dir, out)
@@ -156,7 +167,7 @@ DEDICATED_REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "drift_scaling": _with_provenance(_drift_report),
     "drift_forecast": _with_provenance(_forecast_report),
     "stabilizers": _stabilizers_report,
-    "mechanism": _with_provenance(_mechanism_report),
+    **dict.fromkeys(("mechanism", "mechanism_gentle", "mechanism_fine"), _with_provenance(_mechanism_report)),
     "frontier": _with_provenance(_frontier_report),
 }
 SHIPPED_COLLAPSE_FOLDERS = ("stress", "compare")
@@ -178,14 +189,13 @@ def _runs_line(df: pd.DataFrame, by: list[str], root: Path) -> str:
         f"{len(table)} runs from `{root}`: {len(per_group)} group(s) by {', '.join(by)}, "
         f"{count} run(s) each (seeds {seeds})."
     )
-    incomplete = table[table["status"].isin(INCOMPLETE_STATUSES)]
-    if len(incomplete):
-        listed = ", ".join(f"`{r}` ({s})" for r, s in zip(incomplete["run"], incomplete["status"]))
-        line += f" Incomplete (running, failed or no status.json): {listed}."
-    useless = table[table["status"].isin(("no_signal", "reward_failed"))]
-    if len(useless):
-        listed = ", ".join(f"`{r}` ({s})" for r, s in zip(useless["run"], useless["status"]))
-        line += f" Learned nothing (see each run's status.json `reason`): {listed}."
+    for statuses, what in (
+        (INCOMPLETE_STATUSES, "Incomplete (running, failed or no status.json)"),
+        ((NO_SIGNAL, REWARD_FAILED), "Learned nothing (see each run's status.json `reason`)"),
+    ):
+        some = table[table["status"].isin(statuses)]
+        if len(some):
+            line += f" {what}: " + ", ".join(f"`{r}` ({s})" for r, s in zip(some["run"], some["status"])) + "."
     return line
 
 
@@ -421,13 +431,10 @@ def write_report(
         lines, phase_figs, phase = _phase_section(outcomes, tuple(phase_axes), REFERENCE_ARM)
         extra += lines
         figs.update(phase_figs)
-        write_atomic(out / "phase_map.csv", lambda f: f.write(phase.to_csv(index=False).encode()))
-        written.append(out / "phase_map.csv")
-    for name, fig in figs.items():
-        write_atomic(out / name, lambda f, fig=fig: fig.savefig(f, format="png", dpi=120))
-        written.append(out / name)
-    write_atomic(out / "summary.csv", lambda f: f.write(summary.to_csv(index=False).encode()))
-    write_atomic(out / "tests.csv", lambda f: f.write(tests.to_csv(index=False).encode()))
+        written.append(_csv(out / "phase_map.csv", phase))
+    written += [_png(out / name, fig) for name, fig in figs.items()]
+    _csv(out / "summary.csv", summary)
+    _csv(out / "tests.csv", tests)
     grouping_line = _grouping_line(by, added, pooled)
     if checks:
         grouping_line += (
@@ -550,6 +557,13 @@ def main(argv: list[str] | None = None) -> int:
     by = [c for item in args.by for c in item.split(",") if c]
     pool = [c for item in args.pool for c in item.split(",") if c]
 
+    def report_one(out: Path, runs_dir: Path) -> list[Path]:
+        """The report of the runs under `runs_dir` into `out`; a folder with a report of its own (e.g.
+        results/stabilizers) writes it whatever the options."""
+        if out.name in DEDICATED_REPORTS:
+            return DEDICATED_REPORTS[out.name](runs_dir, out)
+        return write_report(runs_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref)
+
     if args.claims or args.collapse_definitions or args.all:
         root = args.results_dir or Path("results")
         written: list[Path | None] = []
@@ -557,13 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             folders = [runs_folder(root, p.name) for p in sorted(root.iterdir()) if p.is_dir()]
             for runs_dir in [f for f in folders if any(f.rglob("metrics.parquet"))]:
                 try:
-                    out = runs_dir.parent if runs_dir.name == "runs" else runs_dir
-                    if out.name in DEDICATED_REPORTS:
-                        written += DEDICATED_REPORTS[out.name](runs_dir, out)
-                    else:
-                        written += write_report(
-                            runs_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref
-                        )
+                    written += report_one(runs_dir.parent if runs_dir.name == "runs" else runs_dir, runs_dir)
                 except (FileNotFoundError, KeyError) as err:
                     print(f"skipped {runs_dir}: {err}", file=sys.stderr)
         if args.all or args.collapse_definitions:
@@ -577,12 +585,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.results_dir is None:
         parser.error("RESULTS_DIR is required (or pass --claims / --collapse-definitions / --all)")
-    out = args.out or args.results_dir
     try:
-        if out.name in DEDICATED_REPORTS:  # e.g. results/stabilizers: its own report, whatever the options
-            written = DEDICATED_REPORTS[out.name](args.results_dir, out)
-        else:
-            written = write_report(args.results_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref)
+        written = report_one(args.out or args.results_dir, args.results_dir)
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -51,7 +51,15 @@ from moe_rl.loop.cold_start import get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.keys import run_keys
 from moe_rl.loop.passes import old_pass
-from moe_rl.loop.policy import build_optimizer, set_router_knobs, update_forward, with_router_terms
+from moe_rl.loop.policy import (
+    build_optimizer,
+    experts_snapshot,
+    full,
+    routers,
+    set_router_knobs,
+    update_forward,
+    with_router_terms,
+)
 from moe_rl.loop.records import Batch, OldPass, Sampled
 from moe_rl.loop.split import other_routing_logp, split_pass
 from moe_rl.loop.step_metrics import (
@@ -87,12 +95,11 @@ from moe_rl.metrics.partial import mean_finalize, mean_parts
 from moe_rl.metrics.stats import ratio_finalize, ratio_parts
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
-from moe_rl.models.knobs import router_parameters
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
-from moe_rl.routing.load import router_drift
+from moe_rl.routing.load import EXPERT_STEP, expert_step_finalize, expert_step_parts, expert_step_rms, router_drift
 from moe_rl.routing.modes import replay_mode
 from moe_rl.run.atomic import write_atomic
 from moe_rl.run.folder import RunDirectoryError, note_meta, pin_numerics, read_status, status_on_failure
@@ -102,11 +109,6 @@ from moe_rl.tasks.rewards import zero_variance_frac
 from moe_rl.tasks.setup import setup_task
 
 log = logging.getLogger(__name__)
-
-
-def full(p: torch.Tensor) -> torch.Tensor:
-    """A parameter whole: an FSDP2 shard gathered (`DTensor.full_tensor`, a collective every rank joins)."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
 
 
 class Trainer:
@@ -159,7 +161,9 @@ class Trainer:
             if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
-        self.router_start = [p.detach().clone() for p in self.routers()]  # optim/router_drift's reference
+        self.router_start = (
+            [p.detach().clone() for p in routers(self.policy)] if self.routed else []
+        )  # optim/router_drift's reference
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
@@ -193,6 +197,7 @@ class Trainer:
         t2 = time.perf_counter()
         replay = self.replay_mode.pick(old=old.routes, rollout=rollout.routes)  # 3.
         batch = Batch(rollout, adv, old, replay, self.engine_gap(rollout, old))
+        experts = experts_snapshot(self.policy) if instruments and self.routed else None  # optim/expert_step's
         updates = self.updates(step, batch)  # 4.
         t3 = time.perf_counter()
         acc = Metrics()  # 5.
@@ -204,17 +209,14 @@ class Trainer:
         if batch.correction is not None:
             correction_metrics(acc, batch.correction, rollout.response_mask)
         if instruments and self.router_start:  # each router's distance from the cold start
-            acc.put(router_drift([full(p) for p in self.routers()], self.router_start))
+            acc.put(router_drift([full(p) for p in routers(self.policy)], self.router_start))
+        if experts is not None and old.routes is not None:  # each expert's step against the tokens it was routed
+            rms = expert_step_rms(experts, experts_snapshot(self.policy) or [])
+            followed = old.routes if replay is None else replay.with_mask(old.routes.mask)
+            acc.add(EXPERT_STEP, expert_step_parts(rms, followed, owner=self.dist.is_writer), expert_step_finalize)
         self.snapshot(step, rollout, old.routes)
         # the rewards' metrics pooled over every rank's rows
         return {**sampled.metrics, **aggregate(updates), **acc.finalize(self.dist.merge)}
-
-    def routers(self) -> list[torch.nn.Parameter]:
-        """The router weights (none for a dense model or a family whose routers the knobs cannot find)."""
-        try:
-            return router_parameters(self.policy) if self.routed else []
-        except ValueError:
-            return []
 
     def prompts_for(self, step: int) -> list[dict]:
         """The P examples of `step`: a seeded permutation, the same for every arm of a seed."""

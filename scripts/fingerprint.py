@@ -7,6 +7,7 @@ sha256 per item (metrics without the `time/` keys, sorted by step and key; the p
 
     python scripts/fingerprint.py --write runs/fingerprint_before.json   # before a change
     python scripts/fingerprint.py --check runs/fingerprint_before.json   # after: exit 1 on any difference
+    python scripts/fingerprint.py --check runs/fingerprint_before.json --without optim/new_metric  # a new metric
 
 The digests hold on the machine (and kernels) they were written on. `--pinned` fingerprints only the R2
 run, once under each pinned numerics mode (`numerics=avx2`, `numerics=portable`), and keys each digest by
@@ -59,10 +60,11 @@ RUNS: dict[str, tuple[int, list[str]]] = {
 }
 
 
-def metrics_digest(run: Path) -> str:
-    """sha256 of a run's logged values (wall-clock keys aside), in a fixed order."""
+def metrics_digest(run: Path, without: tuple[str, ...] = ()) -> str:
+    """sha256 of a run's logged values (wall-clock keys and keys starting with any of `without` aside), in a
+    fixed order."""
     frame = pd.read_parquet(run / "metrics.parquet")
-    frame = frame[~frame["key"].str.startswith("time/")].sort_values(["step", "key"])
+    frame = frame[~frame["key"].str.startswith(("time/", *without))].sort_values(["step", "key"])
     rows = "\n".join(f"{s}\t{k}\t{v!r}" for s, k, v in frame[["step", "key", "value"]].itertuples(index=False))
     return hashlib.sha256(rows.encode()).hexdigest()
 
@@ -80,7 +82,7 @@ def launch(run: Path, nproc: int, overrides: list[str]) -> None:
         raise SystemExit(f"{run.name} failed:\n{out.stderr[-3000:]}")
 
 
-def fingerprint(scratch: Path, *, pinned: bool = False) -> dict[str, str]:
+def fingerprint(scratch: Path, *, pinned: bool = False, without: tuple[str, ...] = ()) -> dict[str, str]:
     digests: dict[str, str] = {}
     pins = {f"r2_{mode}": (0, [*RUNS["r2"][1], f"numerics={mode}"]) for mode in PINNED_ENV}
     runs = pins if pinned else RUNS
@@ -89,7 +91,7 @@ def fingerprint(scratch: Path, *, pinned: bool = False) -> dict[str, str]:
             print("engine: skipped (vllm not installed)", file=sys.stderr)
             continue
         launch(scratch / name, nproc, overrides)
-        digests[name] = metrics_digest(scratch / name)
+        digests[name] = metrics_digest(scratch / name, without)
         print(f"{name}: {digests[name][:16]}", file=sys.stderr)
     if pinned:
         return digests
@@ -112,11 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", type=Path, help="write the digests to this JSON file")
     mode.add_argument("--check", type=Path, help="compare with the digests in this JSON file")
     parser.add_argument("--pinned", action="store_true", help="only the R2 run, under numerics=avx2")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="leave out keys starting with PREFIX (a change that adds metrics: every other number stays bitwise)",
+    )
     args = parser.parse_args(argv)
     if args.pinned and args.check and not _known_here(args.check):
         return _per_cpu({}, write=None, check=args.check)
     with tempfile.TemporaryDirectory() as scratch:
-        digests = fingerprint(Path(scratch), pinned=args.pinned)
+        digests = fingerprint(Path(scratch), pinned=args.pinned, without=tuple(args.without))
     if args.pinned:
         return _per_cpu(digests, write=args.write, check=args.check)
     if args.write:

@@ -44,6 +44,7 @@ SWEEP_SIZES = {
     "engine_phase": 12,
     "mechanism": 88,
     "mechanism_gentle": 110,
+    "mechanism_fine": 20,
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on

@@ -24,6 +24,7 @@ from moe_rl.models.knobs import (
     FLOAT64_ROUTER_FAMILIES,
     Z_LOSS_FAMILIES,
     expert_parameters,
+    expert_weights,
     freeze_routers,
     param_groups,
     router_parameters,
@@ -32,6 +33,7 @@ from moe_rl.models.knobs import (
 from moe_rl.rollout.generate import forward_logp_router
 from moe_rl.rollout.sampler import position_ids
 from moe_rl.routing import RoutedPass, RouteRecorder, compare_routes, find_moe_layers
+from moe_rl.routing.load import expert_step_rms
 from moe_rl.tasks import make_tokenizer
 from moe_rl.train import Batch, Trainer
 
@@ -62,6 +64,30 @@ def test_routers_and_experts_are_found_through_the_moe_layers() -> None:
             find(dense)
 
 
+def test_expert_weights_stack_one_row_per_expert_packed_or_as_modules() -> None:
+    """A planted move of one expert shows in its row only, for packed experts (transformers v5) and for a
+    list of expert modules alike; a dense model has none."""
+    model = build_model("qwen3_moe", vocab_size=V)
+    before = expert_weights(model)
+    experts = model.model.layers[1].mlp.experts
+    E, two_i, H = experts.gate_up_proj.shape
+    assert [s.shape for s in before] == [(E, two_i * H + experts.down_proj[0].numel())] * 2
+    with torch.no_grad():
+        experts.down_proj[3] += 1.0
+    moved = [(a - b).abs().amax(dim=1) for a, b in zip(expert_weights(model), before)]
+    assert moved[0].tolist() == [0.0] * E
+    assert moved[1].tolist() == [1.0 if e == 3 else 0.0 for e in range(E)]
+
+    layer = find_moe_layers(model)[0]
+    listed = torch.nn.ModuleList(torch.nn.Linear(2, 3) for _ in range(layer.num_experts))
+    model.get_submodule(layer.name.rsplit(".", 1)[0]).experts = listed
+    rows = expert_weights(model)[0]
+    assert rows.shape == (layer.num_experts, 2 * 3 + 3)
+    assert torch.equal(rows[5], torch.cat([listed[5].weight.detach().reshape(-1), listed[5].bias.detach()]))
+    with pytest.raises(ValueError, match="has none"):
+        expert_weights(build_model("qwen3_dense", vocab_size=V))
+
+
 def test_param_groups_are_one_group_at_the_defaults_and_scale_each_part_otherwise() -> None:
     model = build_model("qwen3_moe", vocab_size=V)
     (group,) = param_groups(model, 1e-3)
@@ -81,19 +107,27 @@ def test_param_groups_are_one_group_at_the_defaults_and_scale_each_part_otherwis
         param_groups(build_model("qwen3_dense", vocab_size=V), 1e-3, router_lr_scale=0.1)
 
 
+FINE = {"num_experts": 64, "top_k": 8, "num_layers": 4, "moe_intermediate_size": 16}  # conf/model/qwen3_*_fine.yaml
+
+
 def test_parameter_counts_of_the_ladders_models() -> None:
     counts = {
         "qwen3_moe": param_counts(build_model("qwen3_moe", vocab_size=V)),
         "qwen3_dense": param_counts(build_model("qwen3_dense", vocab_size=V)),
         "qwen3_dense_total": param_counts(build_model("qwen3_dense_total", vocab_size=V)),
         "qwen3_moe_soft": param_counts(build_model("qwen3_moe", vocab_size=V, top_k=8)),
+        "qwen3_moe_fine": param_counts(build_model("qwen3_moe", vocab_size=V, **FINE)),
+        "qwen3_dense_fine": param_counts(build_model("qwen3_dense", vocab_size=V, **FINE)),
     }
     assert counts == {
         "qwen3_moe": (229376, 81920),
         "qwen3_dense": (80896, 80896),
         "qwen3_dense_total": (228352, 228352),
         "qwen3_moe_soft": (229376, 229376),
+        "qwen3_moe_fine": (859456, 171328),
+        "qwen3_dense_fine": (154944, 154944),
     }
+    assert counts["qwen3_moe_fine"][1] - counts["qwen3_dense_fine"][1] == 4 * 64 * 64  # the routers
     total = build_model("qwen3_dense_total", vocab_size=V)
     assert type(total).__name__ == "Qwen3ForCausalLM" and total.config.intermediate_size == 8 * 64
     assert (
@@ -283,7 +317,7 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
 
     def knobs(c: TrainConfig) -> dict[str, object]:
         model, optim, algo = (
-            ("family", "top_k", "router_frozen", "router_dtype"),
+            ("family", "num_experts", "top_k", "num_layers", "moe_intermediate_size", "router_frozen", "router_dtype"),
             ("router_lr_scale", "expert_lr_scale"),
             (
                 "aux_loss_coef",
@@ -313,9 +347,9 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
         "zloss1e-3": {"router_z_loss_coef": 0.001},
     }
     keys = {rung: expected_key(c.model, c.task, c.cold_start) for rung, c in configs.items()}
-    shared = {r for r in RUNGS if r not in ("dense", "dense_total", "soft")}
-    assert len({keys[r] for r in shared}) == 1
-    assert len({keys[r] for r in ("moe", "dense", "dense_total", "soft")}) == 4
+    own = ("dense", "dense_total", "soft")  # a model of its own: its own cold start
+    assert len({keys[r] for r in RUNGS if r not in own}) == 1
+    assert len({keys[r] for r in ("moe", *own)}) == 4
 
 
 # --- in the loop -------------------------------------------------------------------------------------------
@@ -367,6 +401,25 @@ def test_lr_scales_set_each_parts_first_adam_step(tmp_path) -> None:
         name: max((p.detach() - b).abs().max().item() for p, b in zip(parts[name], before[name])) for name in parts
     }
     assert moved == pytest.approx({"rest": 1e-3, "routers": 1e-4, "experts": 5e-4}, rel=1e-3)
+
+
+def test_a_step_logs_each_experts_move_against_the_tokens_it_was_routed(tmp_path, monkeypatch) -> None:
+    """optim/expert_step over one step equals the move of the expert weights from before to after it, counted
+    against the routes the updates followed (the old pass's, no replay here). Planted rewards (every other
+    sample of a group scores 1) give a built model a learning signal."""
+    from moe_rl.tasks.setup import RLTask, Scores
+
+    monkeypatch.setattr(
+        RLTask, "score", lambda self, completions, examples: Scores([float(i % 2) for i in range(len(completions))], 0)
+    )
+    trainer = _trainer(tmp_path, "steps", "metrics.route_every=2", "optim.updates_per_rollout=2")
+    assert "optim/expert_step/rms" not in trainer.step(1)  # not a step of the instruments
+    before = expert_weights(trainer.policy)
+    metrics = trainer.step(2)
+    rms = expert_step_rms(before, expert_weights(trainer.policy))
+    assert (rms > 0).all()
+    assert metrics["optim/expert_step/rms"] == pytest.approx(float(rms.mean()), rel=1e-12)
+    assert math.isfinite(metrics["optim/expert_step/low_over_high"])
 
 
 def test_a_checkpoint_of_grouped_optimizer_state_resumes(tmp_path) -> None:

@@ -9,7 +9,10 @@ import torch
 
 from moe_rl.routing.load import (
     expert_load,
+    expert_step_finalize,
     expert_step_metrics,
+    expert_step_parts,
+    expert_step_rms,
     load_metrics,
     load_shift,
     router_drift,
@@ -80,9 +83,23 @@ def test_router_drift_and_expert_steps_by_hand() -> None:
     before = [torch.zeros(4, 3)]
     after = [torch.tensor([[1.0, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]])]  # step RMS 1, 2, 3, 4 by expert
     tokens = torch.tensor([[10, 1, 20, 2]])  # median 6: experts 1 and 3 are below it
-    got = expert_step_metrics(before, after, tokens)
+    rms = expert_step_rms(before, after)
+    assert rms.tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    got = expert_step_metrics(rms, tokens)
     assert got["optim/expert_step/rms"] == pytest.approx(2.5)
     assert got["optim/expert_step/low_over_high"] == pytest.approx(((2 + 4) / 2) / ((1 + 3) / 2))
+
+
+def test_expert_steps_pool_over_processes_with_the_weights_counted_once() -> None:
+    """Two processes' rows of one step: the tokens add, the step RMS (the same weights on both) counts once."""
+    from moe_rl.metrics.partial import pool
+
+    rms = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
+    a = _routes([[[0, 2]], [[0, 2]]], [True, True])  # expert 0 and 2 twice on this process
+    b = _routes([[[0, 2]], [[1, 3]]], [True, False])  # once more each; the masked position is not counted
+    pooled = expert_step_finalize(pool([expert_step_parts(rms, a, owner=True), expert_step_parts(rms, b, owner=False)]))
+    assert pooled == expert_step_metrics(rms, torch.tensor([[3, 0, 3, 0]]))
+    assert pooled["optim/expert_step/low_over_high"] == pytest.approx(((2 + 4) / 2) / ((1 + 3) / 2))
 
 
 def test_the_loops_partial_sums_pool_to_the_whole_batch() -> None:

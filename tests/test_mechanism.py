@@ -8,7 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moe_rl.analysis.mechanism import format_ladder_markdown, ladder_runs, ladder_table, plot_ladder, verdict
+from moe_rl.analysis.mechanism import (
+    format_ladder_markdown,
+    instrument_table,
+    ladder_runs,
+    ladder_section,
+    ladder_table,
+    plot_ladder,
+    verdict,
+)
 
 # planted accuracy change per rung (pp of held-out accuracy): moe loses 20, dense holds, "half" closes half
 CHANGE = {"moe": -0.20, "dense": 0.0, "half": -0.10, "worse": -0.30}
@@ -74,3 +82,33 @@ def test_the_ladder_renders() -> None:
     text = format_ladder_markdown(table)
     assert text.count("\n") == len(table) + 1 and "| half | 8 | 40.0% | 0.150 | 0.900 | " in text
     assert plot_ladder(table).axes
+
+
+def test_instruments_are_each_rungs_mean_over_steps_and_the_drift_its_last_value() -> None:
+    """Planted per-step values: a run's load entropy is its mean over steps, its router drift the last step's;
+    a rung's value the mean over its runs; a rung without routers (dense) shows NaN."""
+    frame = _frame()
+    rows = []
+    for run, rung in frame.groupby("run")["rung"].first().items():
+        if rung == "dense":
+            continue
+        seed = int(run.rsplit("-", 1)[1])
+        for step in (1, 2, 3):
+            rows.append(
+                {"run": run, "rung": rung, "step": step, "key": "route/load/entropy", "value": 0.5 + 0.1 * step}
+            )
+            rows.append(
+                {"run": run, "rung": rung, "step": step, "key": "optim/router_drift", "value": step * (1 + seed)}
+            )
+    table = instrument_table(pd.concat([frame, pd.DataFrame(rows)], ignore_index=True))
+    assert list(table.index) == ["moe", "half", "worse", "dense"]
+    assert list(table.columns) == ["route/load/entropy", "optim/router_drift"]  # the INSTRUMENTS order
+    assert table.loc["half", "route/load/entropy"] == pytest.approx(0.7)
+    assert table.loc["half", "optim/router_drift"] == pytest.approx(
+        3 * 2.5
+    )  # the last step (3) x mean(1 + seed) over seeds 0..3; the mean over steps: 5
+    assert table.loc["dense"].isna().all()
+    files, text = ladder_section(pd.concat([frame, pd.DataFrame(rows)], ignore_index=True))
+    assert sorted(files) == ["instruments.csv", "instruments.png", "ladder.csv", "ladder.png"]
+    assert "| half | 0.7 | 7.5 |" in text and "| dense | — | — |" in text
+    assert sorted(ladder_section(frame)[0]) == ["ladder.csv", "ladder.png"]  # runs that logged no instrument

@@ -110,6 +110,9 @@ def test_short_run_per_arm(tmp_path, cache, algo: str, replay: str) -> None:
         "ratio/split/flipped_mass/offpolicy",
         "rollout/k3_kl",
         "rollout/logp_gap_over_ln5",
+        "route/load/entropy",
+        "optim/router_drift",
+        "optim/expert_step/rms",
     ):
         assert metrics.loc[1:, key].map(math.isfinite).all(), key
     # the two shares of the split add to 1, so the routing share of a real spread lies in [0, 1] only

@@ -26,10 +26,32 @@ from matplotlib.figure import Figure
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
 from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci, holm, paired_compare
-from moe_rl.metrics.names import POLICY_ENTROPY, REWARD_MEAN
+from moe_rl.metrics.names import (
+    OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
+    OPTIM_EXPERT_STEP_RMS,
+    OPTIM_ROUTER_DRIFT,
+    POLICY_ENTROPY,
+    REWARD_MEAN,
+    ROUTE_LOAD_DEAD_FRAC,
+    ROUTE_LOAD_ENTROPY,
+    ROUTE_LOAD_MAX_SHARE,
+    ROUTE_ROUTER_Z,
+)
 
 REFERENCE, TARGET = "moe", "dense"
 PAIR = ["cold_seed", "seed"]
+# What each rung does to the routers and experts (moe_rl.routing.load), as the report shows it: the mean over a
+# run's logged steps, but the router's drift from the cold start, read at the run's last logged step.
+INSTRUMENTS = {
+    ROUTE_LOAD_ENTROPY: "load entropy",
+    ROUTE_LOAD_MAX_SHARE: "max expert share",
+    ROUTE_LOAD_DEAD_FRAC: "dead experts",
+    ROUTE_ROUTER_Z: "router z",
+    OPTIM_ROUTER_DRIFT: "router drift (end)",
+    OPTIM_EXPERT_STEP_RMS: "expert step RMS",
+    OPTIM_EXPERT_STEP_LOW_OVER_HIGH: "step, few / many tokens",
+}
+LAST = (OPTIM_ROUTER_DRIFT,)
 
 
 def ladder_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -167,20 +189,75 @@ def plot_ladder(table: pd.DataFrame) -> Figure:
     return fig
 
 
-def ladder_section(df: pd.DataFrame) -> tuple[pd.DataFrame, str, Figure]:
-    """The ladder of a `load_results` frame of finished runs: its table, the markdown section opening the
-    report (this module's rule, then the table and its figure) and the figure."""
+def instrument_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rung (rows in the ladder's order), each instrument of `INSTRUMENTS` a run logged: the mean over its
+    runs of the run's mean over steps (`LAST`: its value at the last logged step). A rung without routers
+    (a dense one) or runs that predate an instrument show NaN."""
+    sub = df[df["key"].isin(INSTRUMENTS)]
+    if sub.empty:
+        return pd.DataFrame()
+    rung = df.groupby("run")["rung"].first()
+    by_run = sub.groupby(["run", "key"])["value"]
+    last = sub.sort_values("step").groupby(["run", "key"])["value"].last()
+    per_run = by_run.mean().where(~by_run.mean().index.get_level_values("key").isin(LAST), last).unstack("key")
+    table = per_run.groupby(rung.reindex(per_run.index)).mean()
+    order = [REFERENCE, *sorted(set(rung) - {REFERENCE, TARGET}), TARGET]
+    return table.reindex([r for r in order if r in set(rung)])[[k for k in INSTRUMENTS if k in table]]
+
+
+def format_instruments_markdown(table: pd.DataFrame) -> str:
+    """`instrument_table` as markdown: one row per rung, — where a rung logged nothing."""
+    lines = [
+        "| rung | " + " | ".join(INSTRUMENTS[k] for k in table.columns) + " |",
+        "|:---|" + "---:|" * len(table.columns),
+    ]
+    for rung, row in table.iterrows():
+        cells = [f"{v:.3g}" if np.isfinite(v) else "—" for v in row.to_numpy(float)]
+        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_instruments(df: pd.DataFrame, table: pd.DataFrame) -> Figure:
+    """One panel per instrument in `table`: its mean over each rung's runs by step."""
+    keys = list(table.columns)
+    fig = Figure(figsize=(4.2 * min(len(keys), 4), 3.2 * math.ceil(len(keys) / 4)))
+    axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / 4), min(len(keys), 4))).ravel()
+    rung = df.groupby("run")["rung"].first()
+    for ax, key in zip(axes, keys):
+        sub = df[df["key"] == key]
+        curves = sub.assign(rung=sub["run"].map(rung)).groupby(["rung", "step"])["value"].mean()
+        for name in table.index:
+            if name in curves.index.get_level_values("rung"):
+                ax.plot(curves[name].index, curves[name].to_numpy(), label=name, lw=1)
+        ax.set_title(INSTRUMENTS[key], fontsize=9)
+        ax.set_xlabel("step")
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def ladder_section(df: pd.DataFrame) -> tuple[dict[str, pd.DataFrame | Figure], str]:
+    """The ladder of a `load_results` frame of finished runs: the files of its section (the table and figure,
+    and those of the instruments when the runs logged any: {file name: table or figure}) and the markdown
+    section opening the report (this module's rule, the table, the instruments)."""
     table = ladder_table(ladder_runs(df))
     rule = (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip()
-    text = "\n".join(
-        [
-            "## The ladder: which rung closes the dense - moe gap",
+    heading = "## The ladder: which rung closes the dense - moe gap"
+    lines = [heading, "", rule, "", format_ladder_markdown(table), "", "![ladder](ladder.png)"]
+    files: dict[str, pd.DataFrame | Figure] = {"ladder.csv": table, "ladder.png": plot_ladder(table)}
+    instruments = instrument_table(df)
+    if not instruments.empty:  # what each rung does to the load, the routers and the expert steps
+        lines += [
             "",
-            rule,
+            "### Load, routers and expert steps by rung",
             "",
-            format_ladder_markdown(table),
+            "Means over each run's logged steps (router drift: at its last one), averaged over the rung's runs.",
             "",
-            "![ladder](ladder.png)",
+            format_instruments_markdown(instruments),
+            "",
+            "![instruments](instruments.png)",
         ]
-    )
-    return table, text, plot_ladder(table)
+        files |= {"instruments.csv": instruments.reset_index(), "instruments.png": plot_instruments(df, instruments)}
+    return files, "\n".join(lines)

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from moe_rl.algos.losses import LossMetrics
 from moe_rl.algos.router_losses import add_router_terms
 from moe_rl.config import AlgoConfig, ModelConfig, OptimConfig
-from moe_rl.models.knobs import freeze_routers, param_groups, set_router_dtype
+from moe_rl.models.knobs import expert_weights, freeze_routers, param_groups, router_parameters, set_router_dtype
 from moe_rl.rollout.generate import Rollout, RouterForward, forward_logp, forward_logp_router
 
 
@@ -79,3 +79,28 @@ def with_router_terms(
         aux_coef=cfg.aux_loss_coef,
         z_coef=cfg.router_z_loss_coef,
     )
+
+
+# --- what the step's optimizer instruments read --------------------------------------------------------
+
+
+def full(p: Tensor) -> Tensor:
+    """A parameter whole: an FSDP2 shard gathered (`DTensor.full_tensor`, a collective every rank joins)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+
+
+def routers(model: nn.Module) -> list[nn.Parameter]:
+    """The router weights (none for a dense model or a family whose routers the knobs cannot find)."""
+    try:
+        return router_parameters(model)
+    except ValueError:
+        return []
+
+
+def experts_snapshot(model: nn.Module) -> list[Tensor] | None:
+    """Copies of every MoE layer's expert weights, one row per expert, made whole (`optim/expert_step`'s
+    before and after); None for a dense model or experts `expert_weights` cannot stack."""
+    try:
+        return expert_weights(model, full)
+    except ValueError:
+        return None

@@ -234,11 +234,15 @@ METRICS: tuple[Metric, ...] = (
         "relative Frobenius distance `||W_l - W_l(0)|| / ||W_l(0)||` of each router's weights from the cold start",
         per_layer=True,
     ),
-    Metric(OPTIM_EXPERT_STEP_RMS, "RMS of the optimizer's step on each expert's weights, mean over experts and layers"),
+    Metric(
+        OPTIM_EXPERT_STEP_RMS,
+        "RMS of each expert's move over the step (its N optimizer updates), mean over experts and layers",
+    ),
     Metric(
         OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
-        "mean step RMS of the experts that received fewer than the median tokens over the rest (1: AdamW steps "
-        "an expert as far whatever its tokens; below 1: step size grows with the tokens)",
+        "mean move RMS of the experts that were routed fewer than their layer's median (token, slot) assignments "
+        "in the step (the routes the updates followed) over that of the rest (1: AdamW moves an expert as far "
+        "whatever its tokens; below 1: the move grows with the tokens)",
     ),
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
     Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),

@@ -16,6 +16,7 @@ before any work; the functions here raise the same way for a model from a checkp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +62,26 @@ def router_parameters(model: nn.Module, knob: str = "the router knobs") -> list[
 def expert_parameters(model: nn.Module, knob: str = "the expert knobs") -> list[nn.Parameter]:
     """Every parameter of every MoE layer's routed experts, in model order (ValueError for a dense model)."""
     return [p for layer in _moe_layers(model, knob) for p in _experts_of(model, layer).parameters()]
+
+
+def expert_weights(model: nn.Module, gather: Callable[[Tensor], Tensor] = Tensor.detach) -> list[Tensor]:
+    """Per MoE layer, copies of its routed experts' weights, one row per expert: (E, n).
+
+    Packed experts (transformers v5: `gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) are split along their
+    first dimension; a list of expert modules (one per expert) gives each module's parameters as a row.
+    `gather` makes a parameter whole (an FSDP2 shard gathered). ValueError for experts held otherwise."""
+    stacks = []
+    for layer in _moe_layers(model, "optim/expert_step"):
+        experts, E = _experts_of(model, layer), layer.num_experts
+        packed = list(experts.parameters(recurse=False))
+        modules = [m for m in experts.children() if any(True for _ in m.parameters())]
+        if packed and not modules and all(p.shape[0] == E for p in packed):
+            stacks.append(torch.cat([gather(p).reshape(E, -1) for p in packed], dim=1))
+        elif not packed and len(modules) == E:
+            stacks.append(torch.stack([torch.cat([gather(p).reshape(-1) for p in m.parameters()]) for m in modules]))
+        else:
+            raise ValueError(f"{layer.name}: its experts are neither packed (E, ...) tensors nor {E} modules")
+    return stacks
 
 
 def freeze_routers(model: nn.Module) -> list[nn.Parameter]:

@@ -103,13 +103,18 @@ def router_drift(weights: list[Tensor], start: list[Tensor]) -> dict[str, float]
     return _per_layer(OPTIM_ROUTER_DRIFT, drift)
 
 
-def expert_step_metrics(before: list[Tensor], after: list[Tensor], tokens: Tensor) -> dict[str, float]:
+def expert_step_rms(before: list[Tensor], after: list[Tensor]) -> Tensor:
+    """(L, E): the RMS of each expert's step, from its weights before and after (`models.knobs.expert_weights`:
+    per MoE layer, one row per expert)."""
+    return torch.stack([(a.double() - b.double()).pow(2).mean(1).sqrt() for b, a in zip(before, after)])
+
+
+def expert_step_metrics(rms: Tensor, tokens: Tensor) -> dict[str, float]:
     """How far the optimizer moved each expert against the tokens routed to it.
 
-    `before`/`after`: per MoE layer, the experts' weights stacked with the expert first (E, ...); `tokens`
-    (L, E): the (token, slot) assignments each expert received in the update. Logs the mean step RMS and the
-    mean step RMS of the experts below the layer's median token count over the rest."""
-    rms = torch.stack([(a.double() - b.double()).flatten(1).pow(2).mean(1).sqrt() for b, a in zip(before, after)])
+    `rms` (L, E): each expert's step RMS (`expert_step_rms`); `tokens` (L, E): the (token, slot) assignments
+    each expert received. Logs the mean step RMS, and the mean step RMS of the experts below their layer's
+    median token count over that of the rest."""
     median = torch.quantile(tokens.double(), 0.5, dim=-1, keepdim=True)
     low, high = tokens.double() < median, tokens.double() >= median
     ratio = rms[low].mean() / rms[high].mean() if low.any() and rms[high].mean() > 0 else torch.tensor(math.nan)
@@ -173,3 +178,18 @@ def instrument_finalize(parts: Partial) -> dict[str, float]:
         out.update(_per_layer(ROUTE_ROUTER_LOGIT_RMS, (s["logit_sq"] / float(s["cells"][0])).sqrt()))
         out.update(_per_layer(ROUTE_ROUTER_Z, s["lse_sq"] / n))
     return out
+
+
+EXPERT_STEP = "expert_step"  # the loop's Partial family of the expert steps
+
+
+def expert_step_parts(rms: Tensor, routes: Routes, *, owner: bool) -> Partial:
+    """The step's expert steps as sums a process adds to the others': the expert counts of its rows' `routes`
+    (the routes the updates followed), and the step RMS from the one process that `owner`s it (the weights,
+    and so their steps, are the same on every process)."""
+    return Partial(sums={"rms": rms if owner else torch.zeros_like(rms), "tokens": _counts(routes)})
+
+
+def expert_step_finalize(parts: Partial) -> dict[str, float]:
+    """`optim/expert_step/*` from pooled `expert_step_parts`."""
+    return expert_step_metrics(parts.sums["rms"], parts.sums["tokens"]) if "rms" in parts.sums else {}

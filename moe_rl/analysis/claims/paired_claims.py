@@ -157,6 +157,12 @@ R3_VS_R2 = PairedClaim(
 
 DENSE_CONTROL = "dense_control"
 MECHANISM = "mechanism"  # the ladder (experiments/conf/preset/mechanism.yaml): rungs from matched starts
+MECHANISM_GENTLE = "mechanism_gentle"  # the same ladder at the gentler cell lr 3e-4, N = 4
+MECHANISM_FINE = "mechanism_fine"  # its moe and dense rungs at the fine-grained geometry (64 experts, top-8)
+GENTLE_NOTE = (
+    "at the gentler cell (`mechanism_gentle`: lr 3e-4, N = 4, matched starts, 2 cold-start seeds x 5 seeds), "
+    "reported beside: **{verdict}** ({reason}); {statistic}"
+)
 MOE_FAMILY, DENSE_FAMILY = "qwen3_moe", "qwen3_dense"  # the default model and its dense control (moe_rl.models)
 MOE_SPECIFIC = PairedClaim(
     7,
@@ -190,6 +196,12 @@ MOE_SPECIFIC = PairedClaim(
             MECHANISM,
             "from matched starts (`mechanism`: rungs moe and dense, each warmed up to the same sampled reward, 2 "
             "cold-start seeds x 4 seeds): **{verdict}** ({reason}); {statistic}",
+        ),
+        AlsoOn(MECHANISM_GENTLE, GENTLE_NOTE),
+        AlsoOn(
+            MECHANISM_FINE,
+            "with many small experts (`mechanism_fine`: 64 experts of width 16, top-8, 4 layers, and the dense twin, "
+            "lr 3e-4, N = 8, matched starts, 10 pairs), reported beside: **{verdict}** ({reason}); {statistic}",
         ),
     ),
     plain=(
@@ -238,6 +250,7 @@ def ladder_claim(
         no_data=(UNTESTABLE_HERE, "no runs of {experiment}"),
         no_arms=(INCONCLUSIVE, "no runs of rung(s) {missing} in {experiment}"),
         no_cell=(UNTESTABLE_HERE, "the MoE model ends above its cold start: no degrading cell"),
+        also=(AlsoOn(MECHANISM_GENTLE, GENTLE_NOTE),),
     )
 
 
