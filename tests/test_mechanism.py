@@ -112,3 +112,20 @@ def test_instruments_are_each_rungs_mean_over_steps_and_the_drift_its_last_value
     assert sorted(files) == ["instruments.csv", "instruments.png", "ladder.csv", "ladder.png"]
     assert "| half | 0.7 | 7.5 |" in text and "| dense | — | — |" in text
     assert sorted(ladder_section(frame)[0]) == ["ladder.csv", "ladder.png"]  # runs that logged no instrument
+
+
+def test_without_a_gap_no_rung_is_read_and_runaway_bounds_are_capped() -> None:
+    """dense = moe (no gap): the shares are ratios over noise, so the table reads no rung, and the bounds a
+    near-zero denominator sends far out print as beyond +-100."""
+    frame = _frame(noise=0.05)
+    frame.loc[(frame["rung"] == "dense") & (frame["step"] > 0) & (frame["key"] == "task/accuracy"), "value"] -= 0.2
+    rng = np.random.default_rng(2)
+    late = (frame["rung"] == "dense") & (frame["step"] > 0) & (frame["key"] == "task/accuracy")
+    frame.loc[late, "value"] += np.repeat(rng.normal(0, 0.05, late.sum() // 3), 3)
+    table = ladder_table(ladder_runs(frame))
+    text = format_ladder_markdown(table)
+    assert "no gap to share" in text and "closes the gap" not in text and "opens the gap" not in text
+    assert "| reference (0) |" in text and "| target (1) |" in text
+    from moe_rl.analysis.mechanism import _bounded
+
+    assert _bounded(3.0e16) == ">+100" and _bounded(-250.0) == "<-100" and _bounded(-0.57) == "-0.57"

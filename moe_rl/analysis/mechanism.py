@@ -11,7 +11,7 @@ step-0 accuracy, each measured from the run's own start:
 that hold all three runs. A ratio whose denominator is itself noisy has wide, skewed intervals, so the
 table also gives each rung's paired difference to `moe` in accuracy change, with its own interval and a sign-flip
 p-value, Holm-corrected over the rungs. A rung "closes the gap" when its interval lies above 0.5, "opens it" when
-below 0.
+below 0; where the dense - moe difference's own interval spans 0 there is no gap to share, and no rung is read.
 The table also gives each rung's start: step-0 held-out accuracy, and the first rollout's mean reward and
 entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
 """
@@ -127,10 +127,19 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
     return table.set_index("rung").loc[[r for r in order if r in set(table["rung"])]].reset_index()
 
 
-def verdict(row: pd.Series) -> str:
-    """What a rung does to the gap, by its share's interval."""
+def gap_established(table: pd.DataFrame) -> bool:
+    """Whether the ladder has a gap to share: the dense - moe paired interval excludes 0 (a share of a gap
+    that may be 0 is a ratio over noise, whatever its interval says)."""
+    dense = table.loc[table["rung"] == TARGET]
+    return bool(len(dense)) and bool((dense["vs_moe_lo"] > 0).iloc[0] or (dense["vs_moe_hi"] < 0).iloc[0])
+
+
+def verdict(row: pd.Series, gap: bool = True) -> str:
+    """What a rung does to the gap, by its share's interval; nothing where there is no gap (`gap_established`)."""
     if row["rung"] in (REFERENCE, TARGET):
         return "reference (0)" if row["rung"] == REFERENCE else "target (1)"
+    if not gap:
+        return "no gap to share"
     if not np.isfinite(row["share_lo"]):
         return "too few pairs"
     if row["share_lo"] > 0.5:
@@ -146,15 +155,21 @@ def _p(row: pd.Series) -> str:
     return f"{row['vs_moe_p']:.3f} ({row['vs_moe_holm']:.3f})" if np.isfinite(row["vs_moe_p"]) else "—"
 
 
+def _bounded(x: float, limit: float = 100.0) -> str:
+    """A share bound as +x.xx, or beyond ±`limit` as such (a near-zero gap sends a ratio's bounds to ±inf)."""
+    return f"{x:+.2f}" if abs(x) <= limit else f"{'>' if x > 0 else '<'}{'+' if x > 0 else '-'}{limit:g}"
+
+
 def format_ladder_markdown(table: pd.DataFrame) -> str:
     """The ladder as a markdown table, points as percentages of held-out accuracy."""
     lines = [
         "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | vs moe, paired (pp) [95% CI] | p (Holm) | share of gap [95% CI] | reads |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
+    gap = gap_established(table)
     for _, r in table.iterrows():
         share = (
-            f"{r['share']:+.2f} [{r['share_lo']:+.2f}, {r['share_hi']:+.2f}]"
+            f"{r['share']:+.2f} [{_bounded(r['share_lo'])}, {_bounded(r['share_hi'])}]"
             if np.isfinite(r["share_lo"])
             else (f"{r['share']:+.2f}" if np.isfinite(r["share"]) else "—")
         )
@@ -166,7 +181,7 @@ def format_ladder_markdown(table: pd.DataFrame) -> str:
         lines.append(
             f"| {r['rung']} | {r['runs']} | {100 * r['start_accuracy']:.1f}% | {r['start_reward']:.3f} | "
             f"{r['start_entropy']:.3f} | {100 * r['change']:+.1f} [{100 * r['change_lo']:+.1f}, "
-            f"{100 * r['change_hi']:+.1f}] | {vs} | {_p(r)} | {share} | {verdict(r)} |"
+            f"{100 * r['change_hi']:+.1f}] | {vs} | {_p(r)} | {share} | {verdict(r, gap)} |"
         )
     return "\n".join(lines)
 
