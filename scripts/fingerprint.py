@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         help="leave out keys starting with PREFIX (a change that adds metrics: every other number stays bitwise)",
     )
     args = parser.parse_args(argv)
+    if any(not prefix for prefix in args.without):
+        parser.error("--without needs a non-empty key prefix (an empty one leaves every key out)")
     if args.pinned and args.check and not _known_here(args.check):
         return _per_cpu({}, write=None, check=args.check)
     with tempfile.TemporaryDirectory() as scratch:

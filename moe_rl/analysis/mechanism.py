@@ -156,7 +156,7 @@ def _p(row: pd.Series) -> str:
 
 
 def _bounded(x: float, limit: float = 100.0) -> str:
-    """A share bound as +x.xx, or beyond ±`limit` as such (a near-zero gap sends a ratio's bounds to ±inf)."""
+    """A share bound as +x.xx, or beyond ±`limit` as such (a near-zero gap sends a ratio's bounds far out)."""
     return f"{x:+.2f}" if abs(x) <= limit else f"{'>' if x > 0 else '<'}{'+' if x > 0 else '-'}{limit:g}"
 
 
@@ -211,7 +211,7 @@ def instrument_table(df: pd.DataFrame) -> pd.DataFrame:
     sub = df[df["key"].isin(INSTRUMENTS)]
     if sub.empty:
         return pd.DataFrame()
-    rung = df.groupby("run")["rung"].first()
+    rung = df.groupby("run")["rung"].first().dropna()  # runs of the ladder only
     by_run = sub.groupby(["run", "key"])["value"]
     last = sub.sort_values("step").groupby(["run", "key"])["value"].last()
     per_run = by_run.mean().where(~by_run.mean().index.get_level_values("key").isin(LAST), last).unstack("key")
@@ -237,7 +237,7 @@ def plot_instruments(df: pd.DataFrame, table: pd.DataFrame) -> Figure:
     keys = list(table.columns)
     fig = Figure(figsize=(4.2 * min(len(keys), 4), 3.2 * math.ceil(len(keys) / 4)))
     axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / 4), min(len(keys), 4))).ravel()
-    rung = df.groupby("run")["rung"].first()
+    rung = df.groupby("run")["rung"].first().dropna()  # runs of the ladder only
     for ax, key in zip(axes, keys):
         sub = df[df["key"] == key]
         curves = sub.assign(rung=sub["run"].map(rung)).groupby(["rung", "step"])["value"].mean()

@@ -236,12 +236,13 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         OPTIM_EXPERT_STEP_RMS,
-        "RMS of each expert's move over the step (its N optimizer updates), mean over experts and layers",
+        "RMS of each expert's move over the step (its N optimizer updates), mean over experts and layers; an "
+        "instrumented step holds a whole copy of the expert weights on every rank (under FSDP too)",
     ),
     Metric(
         OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
         "mean move RMS of the experts that were routed fewer than their layer's median (token, slot) assignments "
-        "in the step (the routes the updates followed) over that of the rest (1: AdamW moves an expert as far "
+        "in the step (the replayed routes, else the old pass's: the updates' own routes differ by the flips within the step) over that of the rest (1: AdamW moves an expert as far "
         "whatever its tokens; below 1: the move grows with the tokens)",
     ),
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),

@@ -106,7 +106,7 @@ def router_drift(weights: list[Tensor], start: list[Tensor]) -> dict[str, float]
 def expert_step_rms(before: list[Tensor], after: list[Tensor]) -> Tensor:
     """(L, E): the RMS of each expert's step, from its weights before and after (`models.knobs.expert_weights`:
     per MoE layer, one row per expert)."""
-    return torch.stack([(a.double() - b.double()).pow(2).mean(1).sqrt() for b, a in zip(before, after)])
+    return torch.stack([(a.double() - b.double()).pow(2).mean(1).sqrt() for b, a in zip(before, after)]).cpu()
 
 
 def expert_step_metrics(rms: Tensor, tokens: Tensor) -> dict[str, float]:
