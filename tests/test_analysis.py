@@ -303,6 +303,7 @@ def test_notebook_executes(
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MOE_RL_RESULTS", str(results))
     monkeypatch.setenv("MOE_RL_DRIFT", str(tmp_path / "no_drift_results"))
+    monkeypatch.setenv("MOE_RL_MECHANISM", str(tmp_path / "no_ladder_results"))
     root = tmp_path / "results_root"  # a phase sweep, or nothing: the notebook must run either way
     root.mkdir()
     if with_phase:
