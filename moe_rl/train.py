@@ -161,9 +161,8 @@ class Trainer:
             if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
             else copy.deepcopy(self.policy).to(self.rollout_dtype)
         )
-        self.router_start = (
-            [p.detach().clone() for p in routers(self.policy)] if self.routed else []
-        )  # optim/router_drift's reference
+        # optim/router_drift's reference
+        self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
         self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss

@@ -19,6 +19,7 @@ entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -123,8 +124,18 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
     tested = table["vs_moe_p"].notna()
     table["vs_moe_holm"] = math.nan
     table.loc[tested, "vs_moe_holm"] = holm(table.loc[tested, "vs_moe_p"].to_numpy())  # over the rungs
-    order = [REFERENCE, *sorted(set(table["rung"]) - {REFERENCE, TARGET}), TARGET]
-    return table.set_index("rung").loc[[r for r in order if r in set(table["rung"])]].reset_index()
+    return table.set_index("rung").loc[_in_ladder_order(table["rung"])].reset_index()
+
+
+def _in_ladder_order(rungs: Iterable[str]) -> list[str]:
+    """The distinct `rungs`, moe first, dense last, the others sorted between."""
+    present = set(rungs)
+    return [r for r in (REFERENCE, *sorted(present - {REFERENCE, TARGET}), TARGET) if r in present]
+
+
+def _rung_of(df: pd.DataFrame) -> pd.Series:
+    """Each run's rung, for the runs of a `load_results` frame that have one."""
+    return df.groupby("run")["rung"].first().dropna()
 
 
 def gap_established(table: pd.DataFrame) -> bool:
@@ -211,13 +222,12 @@ def instrument_table(df: pd.DataFrame) -> pd.DataFrame:
     sub = df[df["key"].isin(INSTRUMENTS)]
     if sub.empty:
         return pd.DataFrame()
-    rung = df.groupby("run")["rung"].first().dropna()  # runs of the ladder only
-    by_run = sub.groupby(["run", "key"])["value"]
+    rung = _rung_of(df)
+    mean = sub.groupby(["run", "key"])["value"].mean()
     last = sub.sort_values("step").groupby(["run", "key"])["value"].last()
-    per_run = by_run.mean().where(~by_run.mean().index.get_level_values("key").isin(LAST), last).unstack("key")
+    per_run = mean.where(~mean.index.get_level_values("key").isin(LAST), last).unstack("key")
     table = per_run.groupby(rung.reindex(per_run.index)).mean()
-    order = [REFERENCE, *sorted(set(rung) - {REFERENCE, TARGET}), TARGET]
-    return table.reindex([r for r in order if r in set(rung)])[[k for k in INSTRUMENTS if k in table]]
+    return table.reindex(_in_ladder_order(rung))[[k for k in INSTRUMENTS if k in table]]
 
 
 def format_instruments_markdown(table: pd.DataFrame) -> str:
@@ -237,7 +247,7 @@ def plot_instruments(df: pd.DataFrame, table: pd.DataFrame) -> Figure:
     keys = list(table.columns)
     fig = Figure(figsize=(4.2 * min(len(keys), 4), 3.2 * math.ceil(len(keys) / 4)))
     axes = np.atleast_1d(fig.subplots(math.ceil(len(keys) / 4), min(len(keys), 4))).ravel()
-    rung = df.groupby("run")["rung"].first().dropna()  # runs of the ladder only
+    rung = _rung_of(df)
     for ax, key in zip(axes, keys):
         sub = df[df["key"] == key]
         curves = sub.assign(rung=sub["run"].map(rung)).groupby(["rung", "step"])["value"].mean()

@@ -242,8 +242,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
         "mean move RMS of the experts that were routed fewer than their layer's median (token, slot) assignments "
-        "in the step (the replayed routes, else the old pass's: the updates' own routes differ by the flips within the step) over that of the rest (1: AdamW moves an expert as far "
-        "whatever its tokens; below 1: the move grows with the tokens)",
+        "in the step (the replayed routes, else the old pass's: the updates' own routes differ by the flips "
+        "within the step) over that of the rest (1: AdamW moves an expert as far whatever its tokens; below 1: "
+        "the move grows with the tokens)",
     ),
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
     Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),

@@ -40,6 +40,7 @@ from moe_rl.metrics.partial import Partial
 from moe_rl.routing.routes import Routes
 
 INSTRUMENTS = "instruments"  # the loop's Partial family of these sums
+EXPERT_STEP = "expert_step"  # the loop's Partial family of the expert steps
 DEAD_SHARE = 0.1  # an expert is dead below this fraction of its balanced share 1/E
 
 
@@ -178,9 +179,6 @@ def instrument_finalize(parts: Partial) -> dict[str, float]:
         out.update(_per_layer(ROUTE_ROUTER_LOGIT_RMS, (s["logit_sq"] / float(s["cells"][0])).sqrt()))
         out.update(_per_layer(ROUTE_ROUTER_Z, s["lse_sq"] / n))
     return out
-
-
-EXPERT_STEP = "expert_step"  # the loop's Partial family of the expert steps
 
 
 def expert_step_parts(rms: Tensor, routes: Routes, *, owner: bool) -> Partial:
