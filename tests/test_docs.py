@@ -3,12 +3,14 @@
 Checks: every relative link of README.md and docs/*.md reaches a file of this repository; the README
 stays at most `README_MAX_LINES` lines; its claims table gives the verdicts of results/CLAIMS.md; the
 config groups listed in docs/experiments.md and the arms of docs/papers.md are the files of
-experiments/conf/; no page promises bitwise reruns across CPU vendors.
+experiments/conf/; no page promises bitwise reruns across CPU vendors; LOG.md is a dated record, every entry
+headed `## YYYY-MM-DD name` and the dates in order.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from moe_rl.routing.modes import REPLAY_MODES
 README_MAX_LINES = 200
 CONF = ROOT / "experiments" / "conf"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+LOG_ENTRY = re.compile(r"^## (\d{4}-\d{2}-\d{2}) .+")
 VERDICT = re.compile(r"\*\*(reproduced|not reproduced|inconclusive|fragile|untestable here)\*\*")
 
 
@@ -72,6 +75,18 @@ def verdicts(text: str) -> dict[int, str]:
         if number and found:
             assert len(set(found)) == 1, f"a claim row with two verdicts: {row[:120]}"
             out[int(number.group(1))] = found[0]
+    return out
+
+
+def log_dates(text: str) -> list[date]:
+    """The date of every `## ` entry of LOG.md, in file order; a heading of another form is an error."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            entry = LOG_ENTRY.match(line)
+            if entry is None:
+                raise ValueError(f"LOG.md: an entry heading without its date first: {line!r}")
+            out.append(date.fromisoformat(entry.group(1)))
     return out
 
 
@@ -154,3 +169,18 @@ def test_no_page_promises_bits_across_cpu_vendors() -> None:
         text = " ".join(page.read_text().split())
         assert "on any x86 CPU" not in text, page
         assert "bitwise reruns across CPUs" not in text, page
+
+
+def test_log_is_a_dated_record_in_date_order() -> None:
+    dates = log_dates((ROOT / "LOG.md").read_text())
+    assert dates, "LOG.md has no entries"
+    earlier = [f"{b} after {a}" for a, b in zip(dates, dates[1:]) if b < a]
+    assert earlier == [], "LOG.md: an entry dated before the one above it (append new entries at the end)"
+
+
+def test_log_dates_reads_entry_headings() -> None:
+    text = "# Log\n\nwhat it is\n\n## 2026-11-30 phase (results/phase/)\n### a detail\n## 2026-12-01 a change\n"
+    assert log_dates(text) == [date(2026, 11, 30), date(2026, 12, 1)]
+    for heading in ("## Claims", "## 2026-11-30: a colon", "## compare (2026-12-02)", "## 2026-13-01 no month"):
+        with pytest.raises(ValueError):
+            log_dates(heading + "\n")
