@@ -1,15 +1,15 @@
 """The one stateful loop: cold start, rollouts, old-policy pass, N updates with replay, logging.
 
 Per step (`Trainer.step`; docs/design.md §1, §3):
-1. rollout: sample G completions for each of P prompts with the rollout policy (a copy in
-   `rollout.dtype` when that differs from training), recording rollout log-probs and routes (R3);
-   score them, and take group-normalised advantages of the rewards;
+1. rollout: sample G completions for each of P (x S, `rollout.staleness`) prompts with the rollout policy (a copy in
+   `rollout.dtype`, or of the weights k steps before: `rollout.policy_lag`; `moe_rl.loop.staleness`), recording
+   rollout log-probs and routes (R3); score them, and take group-normalised advantages of the rewards;
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
    policy's routes (R2). Under R3 this pass already replays the rollout routes;
 3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old
-   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`), a constant
-   weight per token from the rollout's and the old pass's log-probs;
-4. N updates on a seeded shuffle of the batch into N mini-batches; updates 2..N are off-policy.
+   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`; under a lag, the decoupled
+   loss's behaviour weight), a constant weight per token from the rollout's and the old pass's log-probs;
+4. N (x S) updates on a seeded shuffle of the batch into as many mini-batches; updates 2.. are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (thresholded or with
    the combine weights as the mode says) while recording what the router would have chosen natively.
    The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
