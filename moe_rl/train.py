@@ -159,11 +159,10 @@ class Trainer:
             engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
             self.engine = EngineRollouts(engine, cfg.rollout.engine_sync_every)
         self.lag = PolicyLag(cfg.rollout.policy_lag) if cfg.rollout.policy_lag else None  # the last k steps' weights
-        self.rollout_policy = (
-            self.policy
-            if (self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None) and not self.lag
-            else copy.deepcopy(self.policy).to(self.rollout_dtype)
+        shared = self.engine is not None or (
+            self.rollout_dtype == next(self.policy.parameters()).dtype and not self.lag
         )
+        self.rollout_policy = self.policy if shared else copy.deepcopy(self.policy).to(self.rollout_dtype)
         # optim/router_drift's reference
         self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)

@@ -195,3 +195,26 @@ def test_each_axis_runs_from_the_command_line(tmp_path, cache, axis: str) -> Non
     launch(train_command(tiny_overrides("steps=2", "eval_every=2", axis), run, cache))
     values = run_values(run)
     assert sorted(values["step"].unique()) == [0, 1, 2] and values["value"].notna().any()
+
+
+@pytest.mark.slow
+def test_a_lagged_stale_run_logs_on_two_ranks_what_it_logs_on_one(tmp_path, cache) -> None:
+    """Lag 2 and S = 2 under torchrun (FSDP, 2 ranks, float64): every rank samples with the same lagged weights and
+    its own rows of the grown rollout, so the run logs what one process logs: the rewards bitwise, continuous values
+    within summation order (test_distributed's bounds); the move bins' totals equal (a move near a bin edge may
+    change bins, as there)."""
+    overrides = tiny_overrides("model.dtype=float64", "rollout.dtype=float64", "eval_every=3", "steps=3",
+                               "rollout.policy_lag=2", "rollout.staleness=2", "replay.mode=r3")  # fmt: skip
+    for name, nproc in (("one", 0), ("two", 2)):
+        launch(train_command(overrides, tmp_path / name, cache, nproc=nproc))
+    both = run_values(tmp_path / "one").merge(run_values(tmp_path / "two"), on=["step", "key"], suffixes=("_1", "_2"))
+    binned = both["key"].str.startswith("route/flip_vs_margin/")
+    kind = both.loc[binned, "key"].str.replace(r"/bin_\d+$", "", regex=True)
+    totals = both[binned].groupby([both.loc[binned, "step"], kind])[["value_1", "value_2"]].sum()
+    assert len(totals) and (totals["value_1"] == totals["value_2"]).all()
+    both = both[~binned]
+    exact = both["key"].str.match(r"(reward/|task/accuracy|rollout/response_len)")
+    assert exact.sum() >= 9
+    pd.testing.assert_series_equal(both.loc[exact, "value_1"], both.loc[exact, "value_2"], check_names=False)
+    close = both[~exact]
+    assert ((close["value_1"] - close["value_2"]).abs() / (1 + close["value_1"].abs())).max() <= 1e-8
