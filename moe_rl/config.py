@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_rl.algos import AGG_MODES, LOSSES, get_loss
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
+from moe_rl.loop.staleness import check_staleness
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
@@ -229,10 +230,13 @@ class RolloutConfig:
     is_cap: float = 2.0  # tis / mis: truncate at / drop above this ratio
     is_low: float = 0.5  # icepop: tokens whose ratio lies outside [is_low, is_high] are masked
     is_high: float = 5.0  # icepop: upper end of the band
+    staleness: int = 1  # S: S x prompts_per_step prompts per rollout, one pass in S x N updates (VESPO's staleness)
+    policy_lag: int = 0  # k: each rollout sampled by the policy of k steps before (AReaL's decoupled loss)
 
     def check(self) -> None:
         _one_of("rollout.dtype", self.dtype, DTYPES)
         _one_of("rollout.engine", self.engine, ENGINES)
+        check_staleness(self.staleness, self.policy_lag, engine=self.engine)
         if self.engine_sync_every < 1:
             raise ValueError(f"rollout.engine_sync_every={self.engine_sync_every} must be >= 1")
         if self.group_size < 2:
@@ -252,7 +256,7 @@ class RolloutConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-4
-    updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy
+    updates_per_rollout: int = 4  # N mini-batches per rollout batch; updates 2..N are off-policy (Qwen's off-policy N)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates

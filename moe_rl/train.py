@@ -1,15 +1,15 @@
 """The one stateful loop: cold start, rollouts, old-policy pass, N updates with replay, logging.
 
 Per step (`Trainer.step`; docs/design.md §1, §3):
-1. rollout: sample G completions for each of P prompts with the rollout policy (a copy in
-   `rollout.dtype` when that differs from training), recording rollout log-probs and routes (R3);
-   score them, and take group-normalised advantages of the rewards;
+1. rollout: sample G completions for each of P (x S, `rollout.staleness`) prompts with the rollout policy (a copy in
+   `rollout.dtype`, or of the weights k steps before: `rollout.policy_lag`; `moe_rl.loop.staleness`), recording
+   rollout log-probs and routes (R3); score them, and take group-normalised advantages of the rewards;
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
    policy's routes (R2). Under R3 this pass already replays the rollout routes;
 3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old
-   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`), a constant
-   weight per token from the rollout's and the old pass's log-probs;
-4. N updates on a seeded shuffle of the batch into N mini-batches; updates 2..N are off-policy.
+   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`; under a lag, the decoupled
+   loss's behaviour weight), a constant weight per token from the rollout's and the old pass's log-probs;
+4. N (x S) updates on a seeded shuffle of the batch into as many mini-batches; updates 2.. are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (thresholded or with
    the combine weights as the mode says) while recording what the router would have chosen natively.
    The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
@@ -62,6 +62,7 @@ from moe_rl.loop.policy import (
 )
 from moe_rl.loop.records import Batch, OldPass, Sampled
 from moe_rl.loop.split import other_routing_logp, split_pass
+from moe_rl.loop.staleness import PolicyLag, behaviour_weight_kwargs, minibatch_count, rollout_prompts
 from moe_rl.loop.step_metrics import (
     aggregate,
     correction_metrics,
@@ -121,7 +122,8 @@ class Trainer:
         self.cfg = cfg = dataclasses.replace(cfg, out_dir=run_dir(cfg))
         pin_numerics(cfg.numerics)  # before torch computes anything
         self.dist = Dist(cfg.dist.strategy, cfg.dist.timeout_s, cfg.device)  # a world of size 1 without torchrun
-        self.dist.check(cfg.rollout.prompts_per_step, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
+        self.prompts = rollout_prompts(cfg.rollout.prompts_per_step, cfg.rollout.staleness)  # one rollout's
+        self.dist.check(self.prompts, algo=cfg.algo.name, agg=cfg.algo.agg, beta=cfg.algo.beta)
         if not checked:
             refuse_foreign_dir(cfg, self.dist.world_size)  # before anything is written or logged
         cfg.progress = cfg.progress and self.dist.is_writer
@@ -156,11 +158,11 @@ class Trainer:
 
             engine = VllmEngine(self.policy, dtype=cfg.rollout.dtype, seed=cfg.seed)
             self.engine = EngineRollouts(engine, cfg.rollout.engine_sync_every)
-        self.rollout_policy = (
-            self.policy
-            if self.rollout_dtype == next(self.policy.parameters()).dtype or self.engine is not None
-            else copy.deepcopy(self.policy).to(self.rollout_dtype)
+        self.lag = PolicyLag(cfg.rollout.policy_lag) if cfg.rollout.policy_lag else None  # the last k steps' weights
+        shared = self.engine is not None or (
+            self.rollout_dtype == next(self.policy.parameters()).dtype and not self.lag
         )
+        self.rollout_policy = self.policy if shared else copy.deepcopy(self.policy).to(self.rollout_dtype)
         # optim/router_drift's reference
         self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
@@ -218,8 +220,8 @@ class Trainer:
         return {**sampled.metrics, **aggregate(updates), **acc.finalize(self.dist.merge)}
 
     def prompts_for(self, step: int) -> list[dict]:
-        """The P examples of `step`: a seeded permutation, the same for every arm of a seed."""
-        P = self.cfg.rollout.prompts_per_step
+        """The P (x `rollout.staleness`) examples of `step`: a seeded permutation, the same for every arm of a seed."""
+        P = self.prompts
         n = len(self.order)
         return [self.train_examples[self.order[(step * P + i) % n]] for i in range(P)]
 
@@ -227,7 +229,8 @@ class Trainer:
         """1. This rank's rollouts of `step`, their rewards and the rewards' (and engine's) metrics."""
         cfg = self.cfg
         if self.rollout_policy is not self.policy:  # the "inference engine" syncs weights each step
-            self.rollout_policy.load_state_dict(self.dist.full_state_dict(self.policy))
+            live = self.dist.full_state_dict(self.policy)
+            self.rollout_policy.load_state_dict(live if self.lag is None else self.lag.behaviour(live))
         examples = self.dist.shard(self.prompts_for(step))  # this rank's whole groups (all in a world of size 1)
         prompts, metrics = [e["prompt"] for e in examples], {}
         sampling = dict(
@@ -241,7 +244,7 @@ class Trainer:
                 self.policy, self.tokenizer, prompts, step=step, seed=cfg.seed, record_routes=record, **sampling
             )
         else:
-            rows = self.dist.batch_rows(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+            rows = self.dist.batch_rows(self.prompts, cfg.rollout.group_size)
             record = cfg.rollout.record_routes and self.routed and self.uses_rollout_routes(step)
             rollout = generate(
                 self.rollout_policy,
@@ -287,22 +290,25 @@ class Trainer:
 
     def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
         """3. The behaviour (rollout) / trainer gap's weight per token (`rollout.is_correction`, None: none),
-        constant over the updates."""
+        constant over the updates; under a lag without one, the plain pi_prox / pi_behav (`behaviour_weight_kwargs`)."""
         c = self.cfg.rollout
-        if c.is_correction == "none":
+        if c.is_correction == "none" and self.lag is None:
             return None
         kwargs = dict(correction=c.is_correction, level=c.is_level, cap=c.is_cap, low=c.is_low, high=c.is_high)
+        if c.is_correction == "none":
+            kwargs = behaviour_weight_kwargs(token_loss=get_loss(self.cfg.algo.name).weighs_tokens)
         return engine_weight(old_logp=old.logp, rollout_logp=rollout.rollout_logp, mask=rollout.response_mask, **kwargs)
 
     def updates(self, step: int, batch: Batch) -> list[dict[str, float]]:
-        """4. The N updates of `step`, on a seeded shuffle of the global batch into N mini-batches (this
-        rank's rows of each; all of them in a world of size 1). On the steps that run the route instruments
+        """4. The N x S (`rollout.staleness`) updates of `step`, on a seeded shuffle of the global batch into as many
+        mini-batches (this rank's rows of each; all of them in a world of size 1). On the route instruments' steps
         (`metrics.route_every`), the ratio split on every `replay.split_every`-th of them, on `metrics.split_rows`
         rows of each mini-batch drawn from a generator of the split's own (`split_seed`)."""
         cfg = self.cfg
-        B, N = self.dist.global_rows(len(batch.rollout)), cfg.optim.updates_per_rollout
+        B = self.dist.global_rows(len(batch.rollout))
+        N = minibatch_count(cfg.optim.updates_per_rollout, cfg.rollout.staleness)
         perm = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.seed * 7919 + step))
-        first = self.dist.first_row(cfg.rollout.prompts_per_step, cfg.rollout.group_size)
+        first = self.dist.first_row(self.prompts, cfg.rollout.group_size)
         instruments = instruments_due(step, cfg.metrics.route_every)
         split = instruments and cfg.replay.split_every > 0 and step % cfg.replay.split_every == 0
         minibatches = perm.chunk(N)
@@ -430,7 +436,7 @@ class Trainer:
         cfg = self.cfg
         return history_verdict(
             self.history,
-            completions_per_step=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+            completions_per_step=self.prompts * cfg.rollout.group_size,
             no_signal_steps=cfg.signal.no_signal_steps,
             max_reward_error_frac=cfg.signal.max_reward_error_frac,
             cold_start=self.cold_info,

@@ -36,6 +36,8 @@ def save_state(trainer: Trainer, step: int) -> None:
             "events": trainer.writer.events,
             "cold_start_key": trainer.cold_info.get("key"),
             "config_hash": trainer.writer.config_hash,
+            # rollout.policy_lag: the weights the next k steps sample with (moe_rl.loop.staleness.PolicyLag)
+            **({"policy_lag": trainer.lag.state()} if trainer.lag is not None else {}),
         },
     )
 
@@ -57,6 +59,8 @@ def restore_state(trainer: Trainer) -> int:
         return 0
     trainer.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
+    if trainer.lag is not None:
+        trainer.lag.restore(state["policy_lag"], next(trainer.policy.parameters()).device)
     writer.events = list(state["events"])
     writer.truncate_after(state["step"])
     trainer.history.update(trainer.dist.broadcast(writer.history(LOOP_HISTORY_KEYS)))  # only rank 0's writer reads

@@ -17,11 +17,15 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
     """Columns that identify a run in every metrics row (analysis groups on them).
 
     Depth and expert count are read off the model, which a local checkpoint may set; a dense model
-    has 0 MoE layers, experts and k. A run of an ablation ladder (`rung` set) adds its rung and cold-start seed.
+    has 0 MoE layers, experts and k. A run of an ablation ladder (`rung` set) adds its rung and cold-start seed; a run
+    with `rollout.staleness` or `rollout.policy_lag` set adds `S` or `lag`.
     """
     layers = find_moe_layers(model, required=False)
     # a ladder's runs pair on the cold start's seed too (each rung trains its own per seed)
     ladder = {"rung": cfg.rung, "cold_seed": cfg.cold_start.seed} if cfg.rung is not None else {}
+    # the staleness axes besides N (moe_rl.loop.staleness), where a run sets them
+    stale = {"S": cfg.rollout.staleness} if cfg.rollout.staleness != 1 else {}
+    stale |= {"lag": cfg.rollout.policy_lag} if cfg.rollout.policy_lag else {}
     return {
         "run": Path(cfg.out_dir).name,
         "experiment": cfg.experiment,
@@ -39,4 +43,5 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
         "num_experts": layers[0].num_experts if layers else 0,
         "top_k": layers[0].top_k if layers else 0,
         **ladder,
+        **stale,
     }

@@ -478,7 +478,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         ROLLOUT_IS_WEIGHT_MEAN,
         "`rollout.is_correction` set: mean over valid completion tokens of the engine-gap weight applied to "
-        "each token's policy term (the behaviour/trainer ratio `exp(old logp - rollout logp)`, corrected)",
+        "each token's policy term (the behaviour/trainer ratio `exp(old logp - rollout logp)`, corrected); under "
+        "`rollout.policy_lag` > 0 without one, the plain pi_prox / pi_behav of the decoupled loss",
     ),
     Metric(
         ROLLOUT_IS_TRUNCATED_FRAC,

@@ -41,6 +41,8 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "is_cap": 2.0,
         "is_low": 0.5,
         "is_high": 5.0,
+        "staleness": 1,
+        "policy_lag": 0,
     },
     "algo": {
         "tau_pos": None,
