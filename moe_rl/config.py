@@ -25,7 +25,7 @@ from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for 
 from moe_rl.run.identity import identity_hash
 from moe_rl.run.identity import identity_spec as identity_spec
 from moe_rl.tasks import TASKS
-from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
+from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES, DATASET_TASK
 
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence tests bound by rounding
@@ -111,15 +111,15 @@ class TaskConfig:
     reward: str = "exact"  # exact | numeric | math | package.module:function
 
     def check(self) -> None:
-        _one_of("task.name", self.name, [*TASKS, "dataset"])
+        _one_of("task.name", self.name, [*TASKS, DATASET_TASK])
         _one_of("task.chat_template", str(self.chat_template).lower(), CHAT_TEMPLATE_MODES)
-        if self.n_train is None and self.name != "dataset":
+        if self.n_train is None and self.name != DATASET_TASK:
             raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={self.name}")
         if not 0 <= self.partial_credit < 1:
             raise ValueError(
                 f"task.partial_credit={self.partial_credit} must lie in [0, 1): 1.0 marks a correct answer"
             )
-        if self.name == "dataset" and not self.path:
+        if self.name == DATASET_TASK and not self.path:
             raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
         n_train = 1 if self.n_train is None else self.n_train
         _at_least(

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
-from moe_rl.tasks.dataset import read_rows, render_examples, split_examples
+from moe_rl.tasks.dataset import DATASET_TASK, read_rows, render_examples, split_examples
 from moe_rl.tasks.rewards import RewardFn, Scorer, resolve_reward
 from moe_rl.tasks.splits import load_task
 from moe_rl.tasks.synthetic import get_task
@@ -91,7 +91,7 @@ class RLTask:
 def setup_task(task_cfg: TaskSpec, seed: int) -> RLTask:
     """The task `task_cfg` names: a synthetic task drawn with `seed`, or the rows of `task.path`
     split into train and held-out examples by `seed`, with the configured reward."""
-    if task_cfg.name == "dataset":
+    if task_cfg.name == DATASET_TASK:
         path = str(task_cfg.path)
         rows, digest = read_rows(path, split=task_cfg.split)
         train, evals = split_examples(
@@ -104,7 +104,7 @@ def setup_task(task_cfg: TaskSpec, seed: int) -> RLTask:
             seed=seed,
         )
         return RLTask(
-            "dataset",
+            DATASET_TASK,
             train,
             evals,
             resolve_reward(task_cfg.reward),
