@@ -176,17 +176,12 @@ class AlgoConfig:
                 raise ValueError(
                     f"algo.{key} is not a parameter of algo.name={self.name!r}; its parameters: {sorted(own)}"
                 )
-        if loss.clip is not None:
+        if outside := loss.out_of_range(self.loss_kwargs()):  # each in its range (`Loss.ranges`)
+            raise ValueError(f"algo.{outside}")
+        if loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) by default
             eps_low, eps_high = self.eps()
-            if not 0 <= eps_low <= 1:
-                raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
-            if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) by default
+            if eps_high < eps_low:
                 raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
-        for key, value in self.loss_kwargs().items():
-            if key.startswith(("tau", "lambda_")) and not value > 0:
-                raise ValueError(f"algo.{key}={value} must be > 0")
-            if key in ("kl_tau", "k_pos", "k_neg") and not value >= 0:
-                raise ValueError(f"algo.{key}={value} must be >= 0")
         delta = self.offpolicy_mask_delta
         if delta is not None and not delta >= 0:
             raise ValueError(
