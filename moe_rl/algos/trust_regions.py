@@ -113,9 +113,11 @@ def dppo_tv_loss(
     low (A < 0), high (A > 0).
     Read to confirm: verl `compute_policy_loss_dppo_tv` and the authors' `_compute_token_mask_for_policy_loss`
     (sail-sg/Stable-RL): the same mask; they back-propagate through -A sg[min(r, c)] M log pi, whose
-    gradient is this one's up to their truncation of r at `clip_ratio_c` (verl falls back to 20, the
-    authors' run script sets 1e4, and the paper (Sec. 5.4) warns the truncation biases): none here; the
-    value -M r A is the surrogate's. prime-rl's `default_loss_fn` (same mask, gradient A r, (log r)^2 term)
+    gradient is this one's up to their truncation of r at c = `clip_ratio_c`. verl's 20 is only the fallback
+    for a config without the key: its stock actor config (verl 0.9.1) sets `clip_ratio_c: 3.0`, the dual-clip
+    constant, so a stock verl DPPO run caps r at 3; the authors' run script sets 1e4, and the paper (Sec.
+    5.4) warns the truncation biases. This harness, like the paper, caps nothing; the value -M r A is the
+    surrogate's. prime-rl's `default_loss_fn` (same mask, gradient A r, (log r)^2 term)
     agrees, with the mask's boundary at A = 0 on the low side (that token's term is 0 anyway).
     """
     return _dppo(
@@ -215,13 +217,14 @@ def vespo_loss(
     W -> inf (decay lambda), a soft trust region on the sequence without GSPO's length normalisation.
     Paper defaults k 2 / lambda 3 for A >= 0 and k 3 / lambda 2 for A < 0, aggregated by token-mean (the
     config group sets it). log W is clamped to [-20, 20] before phi (phi there is below 1e-16, so only NaN
-    is avoided). `weight` multiplies each token's term (an engine correction there, not inside W), `adv`
+    is avoided); no token's log-ratio is clamped. `weight` multiplies each token's term (an engine correction there, not inside W), `adv`
     may be per token (the sign then picks k, lambda per token). Both clip fractions are 0.
     Read to confirm: TRL `GRPOTrainer.get_gamma_weights` (`loss_type="vespo"`) and the authors'
     `compute_policy_loss_vespo` (FloyedShen/VESPO): the same phi, detached, times -A log pi, the sign test
     A >= 0, token-mean, defaults 2/3/3/2 (the authors' docstring lists 1.5/4/2.5, their code and run
-    scripts 2/3/3/2). They clamp each token's log-ratio to [-20, 20] too, and fold an engine (TIS)
-    correction into W, where this harness's `weight` multiplies the term.
+    scripts 2/3/3/2). They also clamp each token's log-ratio to [-20, 20] before the sum (TRL then log W
+    to [log 1e-8, 20]), which this harness does not: a token with |log r| > 20 moves W here and not there;
+    and they fold an engine (TIS) correction into W, where this harness's `weight` multiplies the term.
     """
     adv = token_adv(adv, logp)  # (B, T)
     with torch.no_grad():
