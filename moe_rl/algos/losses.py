@@ -59,7 +59,8 @@ Adding a loss is therefore:
     2. its entry in `LOSSES`;
     3. its config group file `experiments/conf/algo/<name>.yaml` (`name: <name>`, plus any setting the
        paper fixes, e.g. CISPO's `agg: token-mean`).
-A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the paper default).
+A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the paper default) and, so
+that the shipped runs keep their identity, its None in `moe_rl.run.identity.ADDED_DEFAULTS` (a test checks).
 """
 
 from __future__ import annotations
