@@ -8,8 +8,10 @@
 Defaults live in the dataclasses of `moe_rl.config` (registered below); config groups and
 presets in `experiments/conf/preset/` hold only deltas (`+preset=NAME experiment=MINE` names a run
 from a preset). A run whose directory already holds a finished `status.json` is skipped, so rerunning
-an interrupted multirun completes it. What the launch needs of the run layer (the run folder's name,
-a finished folder, the sweep's progress) is `moe_rl.run.launch`.
+an interrupted multirun completes it. A config that validation refuses, or data or a reward that cannot be
+read, ends the command with one line (`error: <why>`, exit status 1; `HYDRA_FULL_ERROR=1`: the traceback).
+What the launch needs of the run layer (the run folder's name, a finished folder, the sweep's progress) is
+`moe_rl.run.launch`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from moe_rl.tasks.rewards import TaskInputError
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
 log = logging.getLogger(__name__)
+
+
+class RejectedConfig(Exception):
+    """The composed config failed validation: a value out of range (its key and why) or a missing extra."""
 
 
 def parallel_launcher(hydra_cfg: Any) -> bool:
@@ -70,6 +76,8 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
     except Exception as err:  # Hydra already made the folder: say why it holds no run (never over a real run)
         if not read_status(out_dir) and not (Path(out_dir) / "metrics.parquet").exists():
             write_status(out_dir, INVALID, error=err)
+        if isinstance(err, (ValueError, ImportError)):  # validate()'s refusals name the key or the extra
+            raise RejectedConfig(err) from err
         raise
     train_cfg.out_dir = out_dir
     if parallel_launcher(hydra_cfg):
@@ -95,8 +103,10 @@ def run_from_hydra(cfg: DictConfig, hydra_cfg: Any) -> str:
 def main(cfg: DictConfig) -> str:
     try:
         return run_from_hydra(cfg, HydraConfig.get())
-    except TaskInputError as err:  # the user's data or reward: one line (status.json and train.log keep the rest)
-        sys.exit(f"error: {err}")
+    except (RejectedConfig, TaskInputError) as err:  # a config value, the user's data or reward: one line
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the traceback on request, Hydra's switch
+            raise
+        sys.exit(f"error: {err}")  # status.json (and a run's train.log) keep the rest
     except KeyboardInterrupt:  # one line, not a traceback from inside transformers
         sys.exit(interrupted_line(HydraConfig.get().runtime.output_dir, cfg.checkpoint_every))
 

@@ -26,7 +26,7 @@ from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for 
 from moe_rl.run.identity import identity_hash
 from moe_rl.run.identity import identity_spec as identity_spec
 from moe_rl.tasks import TASKS
-from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES
+from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES, DATASET_TASK
 
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence tests bound by rounding
@@ -112,15 +112,15 @@ class TaskConfig:
     reward: str = "exact"  # exact | numeric | math | package.module:function
 
     def check(self) -> None:
-        _one_of("task.name", self.name, [*TASKS, "dataset"])
+        _one_of("task.name", self.name, [*TASKS, DATASET_TASK])
         _one_of("task.chat_template", str(self.chat_template).lower(), CHAT_TEMPLATE_MODES)
-        if self.n_train is None and self.name != "dataset":
+        if self.n_train is None and self.name != DATASET_TASK:
             raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={self.name}")
         if not 0 <= self.partial_credit < 1:
             raise ValueError(
                 f"task.partial_credit={self.partial_credit} must lie in [0, 1): 1.0 marks a correct answer"
             )
-        if self.name == "dataset" and not self.path:
+        if self.name == DATASET_TASK and not self.path:
             raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
         n_train = 1 if self.n_train is None else self.n_train
         _at_least(
@@ -177,17 +177,12 @@ class AlgoConfig:
                 raise ValueError(
                     f"algo.{key} is not a parameter of algo.name={self.name!r}; its parameters: {sorted(own)}"
                 )
-        if loss.clip is not None:
+        if outside := loss.out_of_range(self.loss_kwargs()):  # each in its range (`Loss.ranges`)
+            raise ValueError(f"algo.{outside}")
+        if loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) by default
             eps_low, eps_high = self.eps()
-            if not 0 <= eps_low <= 1:
-                raise ValueError(f"algo.eps_low={eps_low} must lie in [0, 1]")
-            if eps_high < eps_low and loss.clip == "ratio":  # a clipped weight: no lower bound (eps_low 1) by default
+            if eps_high < eps_low:
                 raise ValueError(f"algo.eps_high={eps_high} < algo.eps_low={eps_low}")
-        for key, value in self.loss_kwargs().items():
-            if key.startswith(("tau", "lambda_")) and not value > 0:
-                raise ValueError(f"algo.{key}={value} must be > 0")
-            if key in ("kl_tau", "k_pos", "k_neg") and not value >= 0:
-                raise ValueError(f"algo.{key}={value} must be >= 0")
         delta = self.offpolicy_mask_delta
         if delta is not None and not delta >= 0:
             raise ValueError(

@@ -46,7 +46,7 @@ import transformers
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, refuse_foreign_dir, restore_state, save_state
+from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, RunState, refuse_foreign_dir, restore_state, save_state
 from moe_rl.loop.cold_start import get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.keys import run_keys
@@ -454,11 +454,18 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """This world's checkpoint of `step` (`moe_rl.loop.checkpoint.save_state`)."""
-        save_state(self, step)
+        save_state(self.dist, self.run_state(), step)
 
     def resume(self) -> int:
         """Restore the last checkpoint if there is one; return the last completed step (0: none)."""
-        return restore_state(self)
+        return restore_state(self.dist, self.run_state())
+
+    def run_state(self) -> RunState:
+        """What a checkpoint saves and restores of this run, the RNG aside."""
+        cold_start_key = self.cold_info.get("key")
+        return RunState(
+            self.policy, self.optimizer, self.scheduler, self.ref, self.writer, self.history, cold_start_key, self.lag
+        )
 
     def run(self) -> dict[str, Any]:
         """Resume or start, run the remaining steps, and leave a truthful status.json whatever happens."""

@@ -1,5 +1,6 @@
-"""What the tests share: the repo root, one tiny-config builder, a run's metrics, and the launchers of
-`experiments/train.py` (plain python and torchrun). Fixtures (the cold-start cache) are in conftest.py."""
+"""What the tests share: the repo root, one tiny-config builder, a run's metrics, the launchers of
+`experiments/train.py` (plain python and torchrun), and routes (planted ids, or random ones for a model).
+Fixtures (the cold-start cache) are in conftest.py."""
 
 from __future__ import annotations
 
@@ -147,6 +148,17 @@ def random_routes(model, B: int, T: int, seed: int = 1):
     E, k = layers[0].num_experts, layers[0].top_k
     topk = torch.rand(B, T, len(layers), E, generator=torch.Generator().manual_seed(seed)).argsort(-1)[..., :k]
     return Routes.from_topk(topk, None, [layer.decoder_layer for layer in layers], E)
+
+
+def planted_routes(ids, mask=None, num_experts: int = 8):
+    """Routes of planted expert ids: `ids` (B, T, L, k) as nested lists or a tensor, in any slot order, `mask`
+    (B, T) (None: every position real); MoE layer l is decoder layer l."""
+    import torch
+
+    from moe_rl.routing import Routes
+
+    ids = torch.as_tensor(ids)
+    return Routes.from_topk(ids, None if mask is None else torch.as_tensor(mask), range(ids.shape[2]), num_experts)
 
 
 def generated_and_forced(model, prompts: list[list[int]], new_tokens: int):

@@ -26,6 +26,7 @@ from moe_rl.algos import (
     vespo_loss,
 )
 from moe_rl.algos.corrections import engine_weight
+from moe_rl.algos.loss_record import ABOVE_0, AT_LEAST_0, EPS_RANGES, UNIT, Range
 from moe_rl.algos.losses import SHARED_ARGS
 
 LN = math.log
@@ -376,7 +377,7 @@ def _formula(
 
 
 def test_a_record_refuses_a_function_off_the_shared_signature():
-    Loss(_formula, ratio_level="token", clip="ratio", seq_mean_policy=False)  # fits
+    Loss(_formula, ratio_level="token", clip="ratio", seq_mean_policy=False, ranges=EPS_RANGES)  # fits
 
     def positional(
         logp, *, old_logp, adv, mask, ref_logp=None, beta=0.0, agg="token-mean", weight=None, ratio_scale=None
@@ -398,21 +399,47 @@ def test_a_record_refuses_a_function_off_the_shared_signature():
     with pytest.raises(TypeError, match="float default"):
         Loss(int_default, ratio_level="token", clip=None, seq_mean_policy=False)
     with pytest.raises(ValueError, match="needs eps_low and eps_high"):
-        Loss(_formula, ratio_level="token", clip=None, seq_mean_policy=False)  # it has a clip range
+        Loss(_formula, ratio_level="token", clip=None, seq_mean_policy=False, ranges=EPS_RANGES)  # it has a clip range
     with pytest.raises(ValueError, match="ratio_level='tokens'"):
-        Loss(_formula, ratio_level="tokens", clip="ratio", seq_mean_policy=False)
+        Loss(_formula, ratio_level="tokens", clip="ratio", seq_mean_policy=False, ranges=EPS_RANGES)
+    with pytest.raises(
+        ValueError, match=r"ranges names \['eps_low'\]; its own hyperparameters are \['eps_high', 'eps_low'\]"
+    ):
+        Loss(_formula, ratio_level="token", clip="ratio", seq_mean_policy=False, ranges={"eps_low": UNIT})
+    with pytest.raises(ValueError, match=r"_formula: its paper's value eps_high=0.2 must lie in \[0, 0.1\]"):
+        Loss(
+            _formula,
+            ratio_level="token",
+            clip="ratio",
+            seq_mean_policy=False,
+            ranges={**EPS_RANGES, "eps_high": Range(0.0, 0.1)},
+        )
+
+
+def test_ranges_by_hand():
+    assert (0.0 in AT_LEAST_0, 0.0 in ABOVE_0, 1e-9 in ABOVE_0, math.inf in AT_LEAST_0) == (True, False, True, True)
+    assert (0.0 in UNIT, 1.0 in UNIT, 1.5 in UNIT, -0.1 in UNIT, math.nan in UNIT) == (True, True, False, False, False)
+    assert [str(r) for r in (AT_LEAST_0, ABOVE_0, UNIT, Range(0.0, 1.0, closed=False))] == [
+        "be >= 0",
+        "be > 0",
+        "lie in [0, 1]",
+        "lie in (0, 1]",
+    ]
+    for name, loss in LOSSES.items():  # every own hyperparameter has a range, and its paper's value lies in it
+        assert set(loss.ranges) == set(loss.defaults), name
+        assert loss.out_of_range(loss.defaults) is None
 
 
 # an out-of-range own hyperparameter of each loss, and the error it raises
 OWN_PARAM_ERRORS = {
-    "grpo": ({"eps_low": 1.5}, "eps_low"),
-    "gspo": ({"eps_low": 1.5}, "eps_low"),
-    "gspo_token": ({"eps_low": 1.5}, "eps_low"),
-    "cispo": ({"eps_low": 1.5}, "eps_low"),
-    "dppo_tv": ({"kl_tau": -1.0}, "kl_tau >= 0"),
-    "dppo_kl": ({"eps_low": 1.5}, "eps_low"),
-    "sapo": ({"tau_pos": 0.0}, "tau_pos > 0"),
-    "vespo": ({"lambda_neg": 0.0}, "lambda_pos, lambda_neg > 0"),
+    "grpo": ({"eps_low": 1.5}, r"grpo_loss: eps_low=1.5 must lie in \[0, 1\]"),
+    "gspo": ({"eps_high": -0.1}, "gspo_loss: eps_high=-0.1 must be >= 0"),
+    "gspo_token": ({"eps_low": 1.5}, r"gspo_token_loss: eps_low=1.5 must lie in \[0, 1\]"),
+    "cispo": ({"eps_low": float("nan")}, r"cispo_loss: eps_low=nan must lie in \[0, 1\]"),
+    "dppo_tv": ({"kl_tau": -1.0}, "dppo_tv_loss: kl_tau=-1.0 must be >= 0"),
+    "dppo_kl": ({"eps_low": 1.5}, r"dppo_kl_loss: eps_low=1.5 must lie in \[0, 1\]"),
+    "sapo": ({"tau_pos": 0.0}, "sapo_loss: tau_pos=0.0 must be > 0"),
+    "vespo": ({"lambda_neg": 0.0}, "vespo_loss: lambda_neg=0.0 must be > 0"),
 }
 
 

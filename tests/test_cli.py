@@ -1,5 +1,5 @@
 """The command line: a run named without a file or from a preset, the old preset spelling refused, and what an
-interrupted run says."""
+interrupted run and a bad config value say."""
 
 from __future__ import annotations
 
@@ -68,3 +68,48 @@ def test_interrupted_line_says_what_a_rerun_does(tmp_path) -> None:
         f"interrupted after step 6, before its first checkpoint (checkpoint_every=25): rerunning the same command "
         f"starts the run over ({tmp_path})"
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["rollout.group_size=1"], "rollout.group_size=1 must be >= 2 (group-normalised advantages)"),
+        (
+            ["algo.k_pos=-1"],
+            "algo.k_pos is not a parameter of algo.name='grpo'; its parameters: ['eps_high', 'eps_low']",
+        ),
+        (["algo=vespo", "algo.k_pos=-1"], "algo.k_pos=-1.0 must be >= 0"),
+        (
+            ["replay.mode=r3", "model=qwen3_dense"],
+            "replay.mode='r3' replays expert routes, but model.family='qwen3_dense' is dense (no MoE layer to route); "
+            "use replay.mode=none",
+        ),
+    ],
+)
+def test_a_bad_config_value_ends_with_its_one_line(overrides: list[str], line: str, tmp_path) -> None:
+    """As a new user types it: the reason in one line and exit status 1, not a traceback under Hydra's banner."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", *overrides, f"results_dir={tmp_path}"],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1 and out.stderr.strip() == f"error: {line}", out.stderr[-2000:]
+
+
+def test_the_trace_of_a_bad_config_value_on_request(tmp_path) -> None:
+    out = subprocess.run(
+        [sys.executable, "experiments/train.py", "rollout.group_size=1", f"results_dir={tmp_path}"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1 and "Traceback (most recent call last)" in out.stderr
+    assert "ValueError: rollout.group_size=1 must be >= 2" in out.stderr  # the check that raised it, in the trace

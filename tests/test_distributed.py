@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import ROOT, launch, run_values, tiny_overrides, train_command, train_env
+from helpers import ROOT, launch, planted_routes, run_values, tiny_overrides, train_command, train_env
 
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.loop.distributed import Dist, SilentWriter, group_block, local_rows
@@ -40,7 +40,7 @@ from moe_rl.metrics.stats import (
 from moe_rl.models import build_model
 from moe_rl.rollout.generate import generate
 from moe_rl.rollout.sampler import GlobalRows
-from moe_rl.routing import Routes, compare_routes
+from moe_rl.routing import compare_routes
 from moe_rl.routing.compare import (
     compare_finalize,
     compare_parts,
@@ -49,13 +49,6 @@ from moe_rl.routing.compare import (
     position_parts,
 )
 from moe_rl.tasks import make_tokenizer
-
-
-def _routes(B: int, T: int, seed: int, L: int = 3, E: int = 8, k: int = 2) -> Routes:
-    g = torch.Generator().manual_seed(seed)
-    topk = torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k]
-    mask = torch.rand(B, T, generator=g) > 0.2
-    return Routes.from_topk(topk, mask, list(range(L)), E)
 
 
 def _split(B: int, parts: list[int]) -> list[slice]:
@@ -152,7 +145,9 @@ def test_pooled_metrics_are_the_one_process_metrics_of_the_union() -> None:
         assert got[key] == pytest.approx(reference[key], rel=1e-12, abs=1e-15), key
     assert ratio_stats(logp=logp, old_logp=logp, mask=mask)["ratio/token_var"] == 0.0
     # routes: counts are integers, so a flip rate of the union is the same float32 ratio
-    a, b = _routes(B, T, seed=2), _routes(B, T, seed=3)
+    L, E, k = 3, 8, 2
+    g = torch.Generator().manual_seed(2)
+    a, b = (planted_routes(torch.rand(B, T, L, E, generator=g).argsort(-1)[..., :k], mask, E) for _ in range(2))
     assert _pooled(lambda x, y: compare_parts(x, y), compare_finalize, splits, a, b) == compare_routes(a, b)
     response = torch.zeros(B, T, dtype=torch.bool)
     response[:, 2:] = True

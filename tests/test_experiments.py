@@ -272,6 +272,34 @@ def test_new_loss_keys_leave_the_shipped_identity_alone() -> None:
     assert config_hash(cfg) != config_hash(TrainConfig())
 
 
+# Keys added after the oldest shipped runs that stay in a run's identity at their default: most shipped runs
+# were made after `model.moe_intermediate_size` came and hash it at null, so leaving it out at null would move
+# their identity; only the oldest folders (stress, offpolicy, mismatch) lack it.
+HASHED_AT_DEFAULT = {"model.moe_intermediate_size"}
+
+
+def test_every_key_added_since_the_oldest_shipped_config_has_its_default_in_identity() -> None:
+    """A config key that a shipped run's config.yaml lacks is in `run/identity.py`'s ADDED_DEFAULTS (or ADDED_TOP), so
+    the shipped runs keep their identity: a new key cannot forget its second home. One config per shipped folder
+    (a folder's runs share their schema); the oldest, results/stress, lacks the most."""
+    from moe_rl.run.identity import ADDED_DEFAULTS, ADDED_TOP, NOT_IDENTITY
+
+    def keys(cfg: dict) -> set[str]:
+        return {f"{k}.{kk}" for k, v in cfg.items() if isinstance(v, dict) for kk in v} | {
+            k for k, v in cfg.items() if not isinstance(v, dict)
+        }
+
+    now = {k for k in keys(TrainConfig().to_dict()) if k.split(".")[0] not in NOT_IDENTITY}
+    homes = set(ADDED_TOP) | {f"{section}.{k}" for section, defaults in ADDED_DEFAULTS.items() for k in defaults}
+    assert homes <= keys(TrainConfig().to_dict()), "ADDED_DEFAULTS names a key the config no longer has"
+    shipped = {path.parent.parent.parent.name: path for path in sorted(ROOT.glob("results/*/runs/*/config.yaml"))}
+    assert len(shipped) >= 15 and "stress" in shipped
+    missing = {folder: now - keys(OmegaConf.to_container(OmegaConf.load(path))) for folder, path in shipped.items()}
+    homeless = {folder: sorted(lacks - homes - HASHED_AT_DEFAULT) for folder, lacks in missing.items()}
+    assert {folder: lacks for folder, lacks in homeless.items() if lacks} == {}
+    assert max(missing.values(), key=len) == missing["stress"]  # the oldest
+
+
 def test_every_loss_and_replay_mode_has_its_config_group_file() -> None:
     from moe_rl.algos import LOSSES
     from moe_rl.routing.modes import REPLAY_MODES

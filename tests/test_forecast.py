@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT
+from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT, planted_routes
 
 from moe_rl.analysis.forecast import (
     SIGMA_KEY,
@@ -32,13 +32,7 @@ from moe_rl.analysis.forecast import (
     window_points,
 )
 from moe_rl.metrics.bins import MOVE_EDGES
-from moe_rl.routing import Routes
 from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
-
-
-def _routes(scores: torch.Tensor, k: int, mask: torch.Tensor) -> Routes:
-    B, T, L, E = scores.shape
-    return Routes.from_topk(scores.topk(k, dim=-1).indices, mask, range(L), E)
 
 
 def test_boundary_gaps_by_hand() -> None:
@@ -61,7 +55,7 @@ def test_boundary_movement_matches_a_loop() -> None:
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, 3:] = False
     mask[2, 0] = False
-    old, new = _routes(old_scores, k, mask), _routes(new_scores, k, mask)
+    old, new = (planted_routes(scores.topk(k, dim=-1).indices, mask, E) for scores in (old_scores, new_scores))
     sigma, sigma_layer, n, flips = boundary_movement(old_scores, new_scores, old, new)
 
     deltas, gaps, flipped = [[] for _ in range(L)], [[] for _ in range(L)], [[] for _ in range(L)]
@@ -100,7 +94,7 @@ def test_boundary_movement_matches_a_loop() -> None:
 
 def test_no_movement_puts_every_pair_at_infinite_x() -> None:
     scores = torch.softmax(torch.randn(2, 3, 2, 5, generator=torch.Generator().manual_seed(1)), -1)
-    routes = _routes(scores, 2, torch.ones(2, 3, dtype=torch.bool))
+    routes = planted_routes(scores.topk(2, dim=-1).indices, num_experts=5)
     sigma, sigma_layer, n, flips = boundary_movement(scores, scores.clone(), routes, routes)
     assert sigma.item() == 0.0 and sigma_layer.tolist() == [0.0, 0.0]
     assert n.tolist() == [0] * (len(MOVE_EDGES) - 2) + [12] and flips.sum().item() == 0

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import planted_routes
 
 from moe_rl.routing.load import (
     expert_load,
@@ -20,20 +21,9 @@ from moe_rl.routing.load import (
 )
 from moe_rl.routing.routes import Routes
 
-
-def _routes(ids: list[list[list[int]]], mask: list[bool], num_experts: int = 4) -> Routes:
-    """One row: positions x layers x k planted ids."""
-    return Routes(
-        indices=torch.tensor([ids], dtype=torch.uint8),
-        mask=torch.tensor([mask]),
-        layer_map=tuple(range(len(ids[0]))),
-        num_experts=num_experts,
-    )
-
-
 # 3 positions (the last a pad), 2 layers, k = 2, E = 4. Layer 0: experts {0,1}, {0,2} -> load (2,1,1,0)/4;
 # layer 1: {1,2}, {1,2} -> (0,2,2,0)/4. The pad routes to {3,3} and never counts.
-PLANTED = _routes([[[0, 1], [1, 2]], [[0, 2], [1, 2]], [[3, 3], [3, 3]]], [True, True, False])
+PLANTED = planted_routes([[[[0, 1], [1, 2]], [[0, 2], [1, 2]], [[3, 3], [3, 3]]]], [[True, True, False]], 4)
 
 
 def test_load_shares_by_hand() -> None:
@@ -52,13 +42,15 @@ def test_load_metrics_by_hand() -> None:
     assert got["route/load/max_share/layer_0"] == 0.5 and got["route/load/max_share"] == 0.5
     # dead: load under 1/(10 E) = 0.025: one expert in layer 0, two in layer 1
     assert got["route/load/dead_frac/layer_0"] == 0.25 and got["route/load/dead_frac/layer_1"] == 0.5
-    balanced = _routes([[[0, 1]], [[2, 3]]], [True, True])
+    balanced = planted_routes([[[[0, 1]], [[2, 3]]]], [[True, True]], 4)
     assert load_metrics(balanced)["route/load/entropy"] == pytest.approx(1.0)
     assert load_metrics(balanced)["route/load/dead_frac"] == 0.0
 
 
 def test_load_shift_is_the_total_variation_distance() -> None:
-    other = _routes([[[0, 1], [0, 1]], [[0, 1], [0, 1]], [[2, 2], [2, 2]]], [True, True, False])  # (.5,.5,0,0) twice
+    other = planted_routes(
+        [[[[0, 1], [0, 1]], [[0, 1], [0, 1]], [[2, 2], [2, 2]]]], [[True, True, False]], 4
+    )  # (.5,.5,0,0) twice
     got = load_shift(PLANTED, other)
     assert got["route/load/shift/layer_0"] == pytest.approx(0.25)  # |0| + |-.25| + |.25| + 0, halved
     assert got["route/load/shift/layer_1"] == pytest.approx(0.5)  # .5 + 0 + .5 + 0, halved
@@ -95,8 +87,8 @@ def test_expert_steps_pool_over_processes_with_the_weights_counted_once() -> Non
     from moe_rl.metrics.partial import pool
 
     rms = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=torch.float64)
-    a = _routes([[[0, 2]], [[0, 2]]], [True, True])  # expert 0 and 2 twice on this process
-    b = _routes([[[0, 2]], [[1, 3]]], [True, False])  # once more each; the masked position is not counted
+    a = planted_routes([[[[0, 2]], [[0, 2]]]], [[True, True]], 4)  # expert 0 and 2 twice on this process
+    b = planted_routes([[[[0, 2]], [[1, 3]]]], [[True, False]], 4)  # once more each; the masked position is not counted
     pooled = expert_step_finalize(pool([expert_step_parts(rms, a, owner=True), expert_step_parts(rms, b, owner=False)]))
     assert pooled == expert_step_metrics(rms, torch.tensor([[3, 0, 3, 0]]))
     assert pooled["optim/expert_step/low_over_high"] == pytest.approx(((2 + 4) / 2) / ((1 + 3) / 2))

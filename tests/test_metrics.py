@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from helpers import planted_routes
 
 from moe_rl.metrics.stats import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
 
@@ -491,15 +492,6 @@ def test_ratio_split_per_layer_by_hand() -> None:
         ratio_split(**args, flipped=per_layer[:, :3])
 
 
-def _routes(indices, mask, num_experts=4):
-    from moe_rl.routing import Routes
-
-    indices = torch.tensor(indices, dtype=torch.uint8)
-    return Routes(
-        indices=indices, mask=torch.tensor(mask), layer_map=tuple(range(indices.shape[2])), num_experts=num_experts
-    )
-
-
 def test_routing_confidence_by_hand() -> None:
     from moe_rl.routing.compare import confidence_finalize, confidence_parts
 
@@ -513,10 +505,10 @@ def test_routing_confidence_by_hand() -> None:
             ]
         ]
     )
-    routes = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[True, True, False]])
+    routes = planted_routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[True, True, False]], 4)
     # selected mass per valid (t, l): 0.8, 0.5, 0.7, 0.8 -> mean 2.8 / 4 = 0.7
     assert confidence_finalize(confidence_parts(scores, routes)) == pytest.approx(0.7, abs=1e-7)  # float32 scores
-    none = _routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[False, False, False]])
+    none = planted_routes([[[[0, 1], [2, 3]], [[2, 3], [0, 3]], [[1, 2], [1, 2]]]], [[False, False, False]], 4)
     assert math.isnan(confidence_finalize(confidence_parts(scores, none)))
 
 
@@ -525,7 +517,7 @@ def test_r3_fallback_frac_by_hand() -> None:
 
     # 2 rows x 3 positions; real input tokens: 5 (row 1's first is a left pad); replayed routes missing at
     # row 0 position 1 and row 1 position 2 (prefix-cached -1 positions), and at the pad (not counted)
-    replayed = _routes([[[[0, 1]]] * 3] * 2, [[True, False, True], [False, True, False]])
+    replayed = planted_routes([[[[0, 1]]] * 3] * 2, [[True, False, True], [False, True, False]], 4)
     valid = torch.tensor([[True, True, True], [False, True, True]])
     assert fallback_finalize(fallback_parts(replayed, valid)) == 2 / 5
     assert math.isnan(fallback_finalize(fallback_parts(replayed, torch.zeros_like(valid))))

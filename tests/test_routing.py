@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import PROMPTS, generated_and_forced, random_routes, replayed_loss, token_ids
+from helpers import PROMPTS, generated_and_forced, planted_routes, random_routes, replayed_loss, token_ids
 
 from moe_rl.models import FAMILIES, build_model
 from moe_rl.routing import (
@@ -341,15 +341,10 @@ def test_generic_router_rule_and_its_check() -> None:
 # --- compare_routes and Routes ----------------------------------------------------------------
 
 
-def _routes(sets, mask=None, E=8) -> Routes:
-    t = torch.tensor(sets)  # (B, T, L, k)
-    return Routes.from_topk(t, None if mask is None else torch.tensor(mask), list(range(t.shape[2])), E)
-
-
 def test_compare_routes_hand_built() -> None:
     # B=1, T=3, L=2, k=2. Position 0: identical; 1: layer 0 swaps one expert; 2: layer 1 swaps both.
-    a = _routes([[[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[4, 5], [6, 7]]]])
-    b = _routes([[[[1, 0], [2, 3]], [[0, 2], [2, 3]], [[4, 5], [0, 1]]]])
+    a = planted_routes([[[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[4, 5], [6, 7]]]])
+    b = planted_routes([[[[1, 0], [2, 3]], [[0, 2], [2, 3]], [[4, 5], [0, 1]]]])
     m = compare_routes(a, b)
     assert m["flip_rate"] == pytest.approx(2 / 6)
     assert m["expert_flip_frac"] == pytest.approx((0.5 + 1.0) / 6)
@@ -358,7 +353,7 @@ def test_compare_routes_hand_built() -> None:
     assert m["flip_rate/layer_1"] == pytest.approx(1 / 3)
     assert m["expert_flip_frac/layer_1"] == pytest.approx(1 / 3)
     # Masking out position 2 in either argument removes its flip.
-    masked = compare_routes(a, _routes(b.indices.tolist(), [[True, True, False]]))
+    masked = compare_routes(a, planted_routes(b.indices.tolist(), [[True, True, False]]))
     assert masked["flip_rate"] == pytest.approx(1 / 4)
     assert masked["token_flip_rate"] == pytest.approx(1 / 2)
 
@@ -394,8 +389,8 @@ def test_compare_routes_against_slow_loop() -> None:
 
 
 def test_compare_routes_shape_mismatch() -> None:
-    a = _routes([[[[0, 1]]]])
-    b = _routes([[[[0, 1]], [[0, 1]]]])
+    a = planted_routes([[[[0, 1]]]])
+    b = planted_routes([[[[0, 1]], [[0, 1]]]])
     with pytest.raises(ValueError, match="shapes differ"):
         compare_routes(a, b)
 
@@ -539,7 +534,7 @@ def test_engine_routes_replay_keeps_the_live_router_at_masked_positions() -> Non
 
 def test_router_shift_hand_computed() -> None:
     # B=1, T=2, L=2, k=1, E=4. Token 0: layer 0's old expert keeps p=0.5, layer 1's goes 0.4 -> 0.2.
-    old = _routes([[[[0], [1]], [[2], [3]]]], E=4)
+    old = planted_routes([[[[0], [1]], [[2], [3]]]], num_experts=4)
     p_old = torch.tensor([[[[0.5, 0.2, 0.2, 0.1], [0.3, 0.4, 0.2, 0.1]], [[0.1, 0.1, 0.7, 0.1], [0.1, 0.1, 0.1, 0.7]]]])
     p_new = p_old.clone()
     p_new[0, 0, 1] = torch.tensor([0.3, 0.2, 0.4, 0.1])  # layer 1, token 0: expert 1 at 0.2
@@ -559,14 +554,14 @@ def test_router_shift_hand_computed() -> None:
 
 def test_flip_margin_counts_hand_built() -> None:
     # B=1, T=3, L=2, k=1; flips at (t=0, l=1) and (t=2, l=0).
-    old = _routes([[[[0], [1]], [[2], [3]], [[1], [1]]]], E=4)
-    new = _routes([[[[0], [2]], [[2], [3]], [[3], [1]]]], E=4)
+    old = planted_routes([[[[0], [1]], [[2], [3]], [[1], [1]]]], num_experts=4)
+    new = planted_routes([[[[0], [2]], [[2], [3]], [[3], [1]]]], num_experts=4)
     margins = torch.tensor([[[0.5, 5e-5], [2e-3, 2e-3], [5e-5, 0.02]]])
     n, flips = flip_margin_counts(old, new, margins, edges=(0.0, 1e-4, 1e-2, float("inf")))
     assert n.tolist() == [2, 2, 2]
     assert flips.tolist() == [2, 0, 0]
     # A masked position leaves every bin.
-    new_masked = _routes(new.indices.tolist(), [[True, True, False]], E=4)
+    new_masked = planted_routes(new.indices.tolist(), [[True, True, False]], 4)
     n, flips = flip_margin_counts(old, new_masked, margins, edges=(0.0, 1e-4, 1e-2, float("inf")))
     assert n.tolist() == [1, 2, 1] and flips.tolist() == [1, 0, 0]
     # Default edges: counts add up to the valid (t, l) and the flips to compare_routes' flip rate.

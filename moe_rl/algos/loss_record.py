@@ -1,12 +1,14 @@
-"""The `Loss` record and what every policy loss shares: the keyword signature, the input checks, the
-aggregation, the KL term, the metrics and their denominators, and DeepSeek-V3.2's off-policy sequence
-mask (arXiv 2512.02556), which the record applies to any loss. The losses themselves, and how to add
-one: `moe_rl.algos.losses`.
+"""The `Loss` record and what every policy loss shares: the keyword signature, the input checks (the
+hyperparameters' ranges among them), the aggregation, the KL term, the metrics and their denominators, the
+ending every token loss shares (`finish_token_loss`), and DeepSeek-V3.2's off-policy sequence mask (arXiv
+2512.02556), which the record applies to any loss. The losses themselves, and how to add one:
+`moe_rl.algos.losses`.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -39,6 +41,32 @@ class LossMetrics(dict[str, float]):
         self.clipped = clipped
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a loss's own hyperparameter may take: from `low` (itself included when `closed`) to `high`.
+    NaN lies in none."""
+
+    low: float
+    high: float = math.inf
+    closed: bool = True
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.closed else value > self.low
+        return above and value <= self.high
+
+    def __str__(self) -> str:
+        """What a value must do to lie in it, as an error message says it: "be > 0", "lie in [0, 1]"."""
+        if self.high == math.inf:
+            return f"be {'>=' if self.closed else '>'} {self.low:g}"
+        return f"lie in {'[' if self.closed else '('}{self.low:g}, {self.high:g}]"
+
+
+AT_LEAST_0 = Range(0.0)
+ABOVE_0 = Range(0.0, closed=False)
+UNIT = Range(0.0, 1.0)
+EPS_RANGES = {"eps_low": UNIT, "eps_high": AT_LEAST_0}  # a clip range: eps_low <= 1 keeps 1 - eps_low >= 0
+
+
 # The arguments every loss takes, in its one keyword signature; its other keyword arguments are its
 # own hyperparameters.
 SHARED_ARGS = ("logp", "old_logp", "adv", "mask", "ref_logp", "beta", "agg", "weight", "ratio_scale")
@@ -68,7 +96,7 @@ def offpolicy_sequence_mask(
     mask = mask.to(torch.bool)
     log_old_over_new = torch.where(mask, old_logp.detach() - logp.detach(), torch.zeros_like(logp))
     mean_kl = log_old_over_new.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (B,)
-    negative = _token_adv(adv, logp) < 0  # (B, T)
+    negative = token_adv(adv, logp) < 0  # (B, T)
     drop = (mean_kl > delta)[:, None] & negative & mask
     return mask & ~drop, drop.any(dim=-1)
 
@@ -94,6 +122,9 @@ class Loss:
                     binary KL) in the direction its advantage pushes before the token loses its gradient
     seq_mean_policy the policy term is a mean over sequences whatever `agg`, which then reduces only
                     the KL term (a token-mean KL beside it has another denominator)
+    ranges          each of the loss's own hyperparameters and the `Range` it must lie in (every one has
+                    one; its paper's value lies in it): the record refuses a value outside it, and so
+                    does the config (`algo.<key>`), before any work
     defaults        the loss's own hyperparameters at its paper's values: `fn`'s keyword defaults
                     outside `SHARED_ARGS` (derived, so there is no copy to keep equal)
     """
@@ -102,6 +133,7 @@ class Loss:
     ratio_level: Literal["token", "sequence"]
     clip: Literal["ratio", "weight", "divergence"] | None
     seq_mean_policy: bool
+    ranges: Mapping[str, Range] = field(default_factory=dict)
     defaults: Mapping[str, float] = field(init=False, compare=False)
     _signature: inspect.Signature = field(init=False, repr=False, compare=False)
 
@@ -121,8 +153,21 @@ class Loss:
             raise ValueError(f"{name}: ratio_level={self.ratio_level!r} must be 'token' or 'sequence'")
         if (self.clip is not None) != ({"eps_low", "eps_high"} <= own.keys()):
             raise ValueError(f"{name}: clip={self.clip!r} needs eps_low and eps_high exactly when it is not None")
+        if set(self.ranges) != set(own):
+            raise ValueError(f"{name}: ranges names {sorted(self.ranges)}; its own hyperparameters are {sorted(own)}")
+        if outside := self.out_of_range(own):
+            raise ValueError(f"{name}: its paper's value {outside}")
+        object.__setattr__(self, "ranges", MappingProxyType(dict(self.ranges)))
         object.__setattr__(self, "defaults", MappingProxyType(own))
         object.__setattr__(self, "_signature", signature)
+
+    def out_of_range(self, values: Mapping[str, float]) -> str | None:
+        """The first of `values` (own hyperparameters by name) outside its range, as "key=value must be > 0";
+        None: all lie in theirs."""
+        for key, allowed in self.ranges.items():
+            if key in values and values[key] not in allowed:
+                return f"{key}={values[key]} must {allowed}"
+        return None
 
     @property
     def takes_ratio_scale(self) -> bool:
@@ -176,11 +221,9 @@ class Loss:
         agg: str,
         weight: Tensor | None,
         ratio_scale: Tensor | None,
-        eps_low: float | None = None,
-        eps_high: float | None = None,
-        **_own: float,
+        **own: float,
     ) -> Tensor:
-        """Validate shapes and options; return `mask` as bool."""
+        """Validate shapes, options and the own hyperparameters' ranges; return `mask` as bool."""
         if ratio_scale is not None and not self.takes_ratio_scale:
             raise ValueError(
                 f"{self.fn.__name__} is a sequence loss; ratio_scale (a per-token reweighting) needs a token loss"
@@ -204,26 +247,27 @@ class Loss:
             raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
         if beta != 0.0 and ref_logp is None:
             raise ValueError(f"beta={beta} needs ref_logp")
-        if eps_low is not None and eps_high is not None and not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
-            raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+        if outside := self.out_of_range(own):
+            raise ValueError(f"{self.fn.__name__}: {outside}")
         return mask.to(torch.bool)
 
 
-def _loss(
+def as_loss(
     *,
     ratio_level: Literal["token", "sequence"],
     clip: Literal["ratio", "weight", "divergence"] | None,
     seq_mean_policy: bool,
+    ranges: Mapping[str, Range],
 ) -> Callable[[LossFn], Loss]:
     """Decorator: the loss function below becomes its `Loss` record with these facts."""
 
     def record(fn: LossFn) -> Loss:
-        return Loss(fn, ratio_level=ratio_level, clip=clip, seq_mean_policy=seq_mean_policy)
+        return Loss(fn, ratio_level=ratio_level, clip=clip, seq_mean_policy=seq_mean_policy, ranges=ranges)
 
     return record
 
 
-def _token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor | None:
+def token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor | None:
     """The constant per-token weight, 0 at masked positions (None: no weight)."""
     if weight is None:
         return None
@@ -231,7 +275,7 @@ def _token_weight(weight: Tensor | None, mask: Tensor, like: Tensor) -> Tensor |
     return torch.where(mask, weight, torch.zeros_like(weight))
 
 
-def _scaled(ratio: Tensor, ratio_scale: Tensor | None, mask: Tensor) -> Tensor:
+def scaled_ratio(ratio: Tensor, ratio_scale: Tensor | None, mask: Tensor) -> Tensor:
     """`ratio` times the constant `ratio_scale` (1 at masked positions), or `ratio` itself."""
     if ratio_scale is None:
         return ratio
@@ -239,7 +283,7 @@ def _scaled(ratio: Tensor, ratio_scale: Tensor | None, mask: Tensor) -> Tensor:
     return ratio * torch.where(mask, scale, torch.ones_like(scale))
 
 
-def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
+def aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
     """Reduce per-token values (B, T) to a scalar over valid tokens."""
     x = torch.where(mask, x, torch.zeros_like(x))
     if agg == "token-mean":
@@ -251,29 +295,31 @@ def _aggregate(x: Tensor, mask: Tensor, agg: str) -> Tensor:
     return seq_mean.sum() / (seq_len > 0).sum().clamp(min=1)
 
 
-def _agg_count(mask: Tensor, agg: str) -> Tensor:
-    """The denominator of `_aggregate`: valid tokens (token-mean) or non-empty sequences."""
+def agg_count(mask: Tensor, agg: str) -> Tensor:
+    """The denominator of `aggregate`: valid tokens (token-mean) or non-empty sequences."""
     return mask.sum() if agg == "token-mean" else (mask.sum(dim=-1) > 0).sum()
 
 
-def _seq_mean(x: Tensor, valid: Tensor) -> Tensor:
+def seq_mean(x: Tensor, valid: Tensor) -> Tensor:
     """Mean of per-sequence values (B,) over the non-empty sequences."""
     return torch.where(valid, x, torch.zeros_like(x)).sum() / valid.sum().clamp(min=1)
 
 
-def _clipfracs(
-    ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Fractions of valid entries where min() picks the clipped (zero-gradient) branch, and those entries."""
-    n = valid.sum().clamp(min=1)
+def ratio_clipped(ratio: Tensor, adv: Tensor, valid: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """`(low, high)`: the valid entries where PPO's min() picks the clipped (zero-gradient) branch, below
+    (ratio < 1 - eps_low, adv < 0) and above (ratio > 1 + eps_high, adv > 0)."""
     low = (ratio < 1.0 - eps_low) & (adv < 0) & valid
     high = (ratio > 1.0 + eps_high) & (adv > 0) & valid
-    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}, (
-        low | high
-    ).detach()
+    return low, high
 
 
-def _add_kl(
+def clip_fractions(low: Tensor, high: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """`ratio/clipfrac_low` and `_high`: the fractions of the valid entries in `low` and in `high`."""
+    n = valid.sum().clamp(min=1)
+    return {RATIO_CLIPFRAC_LOW: low.sum().double() / n, RATIO_CLIPFRAC_HIGH: high.sum().double() / n}
+
+
+def add_kl(
     policy_loss: Tensor, *, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float, agg: str
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Add beta * k3 KL(pi_theta || pi_ref), aggregated by `agg`; return the total and its metrics."""
@@ -282,29 +328,57 @@ def _add_kl(
         return policy_loss, metrics
     log_ref_ratio = torch.where(mask, ref_logp.detach() - logp, torch.zeros_like(logp))
     kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3 = exp(ref - logp) - (ref - logp) - 1
-    kl = _aggregate(kl, mask, agg)
+    kl = aggregate(kl, mask, agg)
     metrics[KL_REF_K3] = kl.detach()
     return policy_loss + beta * kl, metrics
 
 
-def _to_floats(
+def as_floats(
     metrics: dict[str, Tensor], *, policy: Tensor, clip: Tensor, mask: Tensor, agg: str, clipped: Tensor
 ) -> LossMetrics:
     """The metrics as floats (one transfer) with their denominators: `policy` for the loss, `clip` for the
     clip fractions, the KL term's by `agg`."""
     counts = {LOSS: policy, LOSS_POLICY: policy, RATIO_CLIPFRAC_LOW: clip, RATIO_CLIPFRAC_HIGH: clip}
     if KL_REF_K3 in metrics:
-        counts[KL_REF_K3] = _agg_count(mask, agg)
+        counts[KL_REF_K3] = agg_count(mask, agg)
     values = torch.stack([v.detach().to(torch.float64) for v in [*metrics.values(), *counts.values()]]).tolist()
     return LossMetrics(dict(zip(metrics, values)), dict(zip(counts, values[len(metrics) :])), clipped)
 
 
-def _token_adv(adv: Tensor, logp: Tensor) -> Tensor:
+def finish_token_loss(
+    pg_loss: Tensor,
+    *,
+    low: Tensor,
+    high: Tensor,
+    logp: Tensor,
+    mask: Tensor,
+    weight: Tensor | None,
+    ref_logp: Tensor | None,
+    beta: float,
+    agg: str,
+    policy_agg: str | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """The ending every token loss shares: its per-token policy term `pg_loss` (B, T) times the constant
+    `weight`, reduced by `policy_agg` (None: `agg`), plus beta * k3 KL reduced by `agg`; the clip fractions
+    of the tokens in `low` and `high` (B, T) bool (no clipped branch: all False), which are also the
+    `clipped` tokens; the metrics as floats with their denominators."""
+    w = token_weight(weight, mask, pg_loss)
+    pg_loss = pg_loss if w is None else pg_loss * w
+    policy_agg = agg if policy_agg is None else policy_agg
+    loss, metrics = add_kl(
+        aggregate(pg_loss, mask, policy_agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg
+    )
+    metrics.update(clip_fractions(low, high, mask))
+    policy = agg_count(mask, policy_agg)
+    return loss, as_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg, clipped=low | high)
+
+
+def token_adv(adv: Tensor, logp: Tensor) -> Tensor:
     """Advantage per token (B, T), broadcasting a per-sequence (B,) advantage; constant."""
     adv = adv.detach().to(logp.dtype)
     return adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
 
 
-def _masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+def masked_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """log(pi_theta / pi_old) per token, 0 at masked positions so that exp() stays finite."""
     return torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))

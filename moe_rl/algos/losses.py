@@ -44,20 +44,23 @@ Metrics:
 Each metric (and `loss`) is a mean; `metrics.weights` holds its denominator on these rows (valid
 tokens or non-empty sequences), so that means over several batches of rows pool exactly.
 
-Registry: `@_loss(...)` (`moe_rl.algos.loss_record`, with the record and the pieces every loss
+Registry: `@as_loss(...)` (`moe_rl.algos.loss_record`, with the record and the pieces every loss
 shares) turns each loss function into its `Loss` record, which holds everything the harness knows
 about the loss (the level of its ratio, what its clip range bounds, whether its policy term is a mean
-over sequences, its paper defaults); calling the record runs the shared input checks (and the
-off-policy sequence mask), then the formula. `LOSSES` maps each `algo.name` to its record, and the
-config checks and the training loop read the record's facts instead of comparing loss names. Adding
-a loss is therefore:
+over sequences, its paper defaults and the range each of its own hyperparameters must lie in); calling
+the record runs the shared input checks (and the off-policy sequence mask), then the formula. A token
+loss computes its per-token policy term and which tokens took a clipped branch, and ends with
+`finish_token_loss` (weight, aggregation, KL term, metrics). `LOSSES` maps each `algo.name` to its record,
+and the config checks and the training loop read the record's facts instead of comparing loss names.
+Adding a loss is therefore:
     1. its function here or in a module beside it (DPPO and VESPO: `moe_rl.algos.trust_regions`),
-       under `@_loss(...)` with its facts (its own hyperparameters, with the paper's values as
-       keyword defaults, follow the shared arguments);
+       under `@as_loss(...)` with its facts (its own hyperparameters, with the paper's values as
+       keyword defaults, follow the shared arguments; `ranges` gives each its `Range`);
     2. its entry in `LOSSES`;
     3. its config group file `experiments/conf/algo/<name>.yaml` (`name: <name>`, plus any setting the
        paper fixes, e.g. CISPO's `agg: token-mean`).
-A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the paper default).
+A hyperparameter no loss had before also needs its `AlgoConfig` field (None: the paper default) and, so
+that the shipped runs keep their identity, its None in `moe_rl.run.identity.ADDED_DEFAULTS` (a test checks).
 """
 
 from __future__ import annotations
@@ -66,26 +69,28 @@ import torch
 from torch import Tensor
 
 from moe_rl.algos.loss_record import (
+    ABOVE_0,
     AGG_MODES,
+    EPS_RANGES,
     SHARED_ARGS,
     Loss,
     LossFn,
     LossMetrics,
-    _add_kl,
-    _agg_count,
-    _aggregate,
-    _clipfracs,
-    _loss,
-    _masked_log_ratio,
-    _scaled,
-    _seq_mean,
-    _to_floats,
-    _token_adv,
-    _token_weight,
+    Range,
+    add_kl,
+    as_floats,
+    as_loss,
+    clip_fractions,
+    finish_token_loss,
+    masked_log_ratio,
     offpolicy_sequence_mask,
+    ratio_clipped,
+    scaled_ratio,
+    seq_mean,
+    token_adv,
+    token_weight,
 )
 from moe_rl.algos.trust_regions import dppo_kl_loss, dppo_tv_loss, vespo_loss
-from moe_rl.metrics.names import RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
 
 __all__ = [
     "AGG_MODES",
@@ -94,6 +99,7 @@ __all__ = [
     "Loss",
     "LossFn",
     "LossMetrics",
+    "Range",
     "cispo_loss",
     "dppo_kl_loss",
     "dppo_tv_loss",
@@ -107,7 +113,7 @@ __all__ = [
 ]
 
 
-@_loss(ratio_level="token", clip="ratio", seq_mean_policy=False)
+@as_loss(ratio_level="token", clip="ratio", seq_mean_policy=False, ranges=EPS_RANGES)
 def grpo_loss(
     *,
     logp: Tensor,
@@ -129,27 +135,25 @@ def grpo_loss(
     agg "seq-mean-token-mean" is the paper's mean_i (1/|y_i|) sum_t; "token-mean" is
     sum_{i,t} / sum_i |y_i| (DAPO-style).
     """
-    adv = _token_adv(adv, logp)  # (B, T)
-    ratio = torch.exp(_masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
-    ratio = _scaled(ratio, ratio_scale, mask)
+    adv = token_adv(adv, logp)  # (B, T)
+    ratio = torch.exp(masked_log_ratio(logp, old_logp, mask))  # r = exp(logp - old_logp), (B, T)
+    ratio = scaled_ratio(ratio, ratio_scale, mask)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(r A, clip(r) A)
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    fracs, clipped = _clipfracs(ratio, adv, mask, eps_low, eps_high)
-    metrics.update(fracs)
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    low, high = ratio_clipped(ratio, adv, mask, eps_low, eps_high)
+    return finish_token_loss(
+        pg_loss, low=low, high=high, logp=logp, mask=mask, weight=weight, ref_logp=ref_logp, beta=beta, agg=agg
+    )
 
 
 def _seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Length-normalised sequence log-ratio (1/|y_i|) sum_t log(pi_theta/pi_old), and |y_i| > 0."""
     seq_len = mask.sum(dim=-1)  # (B,)
-    return _masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / seq_len.clamp(min=1), seq_len > 0
+    return masked_log_ratio(logp, old_logp, mask).sum(dim=-1) / seq_len.clamp(min=1), seq_len > 0
 
 
-@_loss(ratio_level="sequence", clip="ratio", seq_mean_policy=True)
+@as_loss(ratio_level="sequence", clip="ratio", seq_mean_policy=True, ranges=EPS_RANGES)
 def gspo_loss(
     *,
     logp: Tensor,
@@ -179,17 +183,17 @@ def gspo_loss(
     pg_loss1 = -adv * seq_ratio
     pg_loss2 = -adv * torch.clamp(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s A, clip(s) A), (B,)
-    w = _token_weight(weight, mask, pg_loss)
+    w = token_weight(weight, mask, pg_loss)
     if w is not None:
         pg_loss = pg_loss * (w.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1))  # mean weight of each sequence
-    loss, metrics = _add_kl(_seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    fracs, clipped = _clipfracs(seq_ratio, adv, valid, eps_low, eps_high)
-    metrics.update(fracs)
-    clipped = clipped[:, None] & mask  # (B, T): the tokens of the clipped sequences
-    return loss, _to_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg, clipped=clipped)
+    loss, metrics = add_kl(seq_mean(pg_loss, valid), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
+    low, high = ratio_clipped(seq_ratio, adv, valid, eps_low, eps_high)  # (B,)
+    metrics.update(clip_fractions(low, high, valid))
+    clipped = (low | high)[:, None] & mask  # (B, T): the tokens of the clipped sequences
+    return loss, as_floats(metrics, policy=valid.sum(), clip=valid.sum(), mask=mask, agg=agg, clipped=clipped)
 
 
-@_loss(ratio_level="token", clip="ratio", seq_mean_policy=True)
+@as_loss(ratio_level="token", clip="ratio", seq_mean_policy=True, ranges=EPS_RANGES)
 def gspo_token_loss(
     *,
     logp: Tensor,
@@ -213,26 +217,31 @@ def gspo_token_loss(
     seq-mean-token-mean; `agg` only reduces the KL term. Clip fractions count tokens.
     `adv` may be (B,) or (B, T). `ratio_scale` multiplies s_{i,t}, `weight` each token's term.
     """
-    adv = _token_adv(adv, logp)  # (B, T)
+    adv = token_adv(adv, logp)  # (B, T)
     seq_log_ratio, _ = _seq_log_ratio(logp, old_logp, mask)
     seq_ratio = torch.exp(seq_log_ratio).detach()  # sg[s_i], (B,)
     live_logp = torch.where(mask, logp, torch.zeros_like(logp))
     ratio = seq_ratio[:, None] * torch.exp(live_logp - live_logp.detach())  # s_{i,t}, (B, T)
-    ratio = _scaled(ratio, ratio_scale, mask)
+    ratio = scaled_ratio(ratio, ratio_scale, mask)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)  # -min(s_t A_t, clip(s_t) A_t)
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    policy_loss = _aggregate(pg_loss, mask, "seq-mean-token-mean")
-    loss, metrics = _add_kl(policy_loss, logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    fracs, clipped = _clipfracs(ratio, adv, mask, eps_low, eps_high)
-    metrics.update(fracs)
-    policy = _agg_count(mask, "seq-mean-token-mean")
-    return loss, _to_floats(metrics, policy=policy, clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    low, high = ratio_clipped(ratio, adv, mask, eps_low, eps_high)
+    return finish_token_loss(
+        pg_loss,
+        low=low,
+        high=high,
+        policy_agg="seq-mean-token-mean",
+        logp=logp,
+        mask=mask,
+        weight=weight,
+        ref_logp=ref_logp,
+        beta=beta,
+        agg=agg,
+    )
 
 
-@_loss(ratio_level="token", clip=None, seq_mean_policy=False)
+@as_loss(ratio_level="token", clip=None, seq_mean_policy=False, ranges={"tau_pos": ABOVE_0, "tau_neg": ABOVE_0})
 def sapo_loss(
     *,
     logp: Tensor,
@@ -259,23 +268,17 @@ def sapo_loss(
     gradient, so this follows the paper's objective). Both clip fractions are 0: there is no clipped
     branch.
     """
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"need tau_pos > 0 and tau_neg > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
-    adv = _token_adv(adv, logp)  # (B, T)
-    ratio = _scaled(torch.exp(_masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask)  # (B, T)
+    adv = token_adv(adv, logp)  # (B, T)
+    ratio = scaled_ratio(torch.exp(masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask)  # (B, T)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)  # f(r)
-    pg_loss = -gate * adv
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    zero = torch.zeros((), dtype=torch.float64)
-    metrics.update({RATIO_CLIPFRAC_LOW: zero, RATIO_CLIPFRAC_HIGH: zero})
-    clipped = torch.zeros_like(mask, dtype=torch.bool)  # the gate never clips
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    never = torch.zeros_like(mask, dtype=torch.bool)  # the gate never clips
+    return finish_token_loss(
+        -gate * adv, low=never, high=never, logp=logp, mask=mask, weight=weight, ref_logp=ref_logp, beta=beta, agg=agg
+    )
 
 
-@_loss(ratio_level="token", clip="weight", seq_mean_policy=False)
+@as_loss(ratio_level="token", clip="weight", seq_mean_policy=False, ranges=EPS_RANGES)
 def cispo_loss(
     *,
     logp: Tensor,
@@ -300,20 +303,16 @@ def cispo_loss(
     Trinity-RFT's default (read to confirm the formula). The paper aggregates by token-mean (the
     config group sets it). Clip fractions count tokens whose weight is truncated below / above.
     """
-    adv = _token_adv(adv, logp)  # (B, T)
-    ratio = _scaled(torch.exp(_masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask).detach()  # (B, T)
+    adv = token_adv(adv, logp)  # (B, T)
+    ratio = scaled_ratio(torch.exp(masked_log_ratio(logp, old_logp, mask)), ratio_scale, mask).detach()  # (B, T)
     is_weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # sg[clip(r)]
     live_logp = torch.where(mask, logp, torch.zeros_like(logp))
     pg_loss = -adv * is_weight * torch.exp(live_logp - live_logp.detach())  # value -w A, grad -w A d logp
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    n = mask.sum().clamp(min=1)
+    # the tokens whose weight is truncated (their gradient is kept, scaled)
     low, high = (ratio < 1.0 - eps_low) & mask, (ratio > 1.0 + eps_high) & mask
-    metrics[RATIO_CLIPFRAC_LOW] = low.sum().double() / n
-    metrics[RATIO_CLIPFRAC_HIGH] = high.sum().double() / n
-    clipped = low | high  # tokens whose weight is truncated (their gradient is kept, scaled)
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    return finish_token_loss(
+        pg_loss, low=low, high=high, logp=logp, mask=mask, weight=weight, ref_logp=ref_logp, beta=beta, agg=agg
+    )
 
 
 # Each `algo.name` and its loss (the order `docs/config.md` lists them in).

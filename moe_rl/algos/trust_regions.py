@@ -12,18 +12,19 @@ import torch
 from torch import Tensor
 
 from moe_rl.algos.loss_record import (
+    ABOVE_0,
+    AT_LEAST_0,
+    EPS_RANGES,
     LossMetrics,
-    _add_kl,
-    _agg_count,
-    _aggregate,
-    _loss,
-    _masked_log_ratio,
-    _scaled,
-    _to_floats,
-    _token_adv,
-    _token_weight,
+    aggregate,
+    as_loss,
+    finish_token_loss,
+    masked_log_ratio,
+    scaled_ratio,
+    token_adv,
 )
-from moe_rl.metrics.names import RATIO_CLIPFRAC_HIGH, RATIO_CLIPFRAC_LOW
+
+DPPO_RANGES = {**EPS_RANGES, "kl_tau": AT_LEAST_0}  # eps_low / eps_high bound a divergence here
 
 
 def _binary_kl(old_logp: Tensor, logp: Tensor) -> Tensor:
@@ -51,11 +52,9 @@ def _dppo(
     divergence: Literal["tv", "kl"],
 ) -> tuple[Tensor, LossMetrics]:
     """DPPO's masked surrogate with the binary TV or binary KL trust region (see `dppo_tv_loss`)."""
-    if not kl_tau >= 0:
-        raise ValueError(f"need kl_tau >= 0, got kl_tau={kl_tau}")
-    adv = _token_adv(adv, logp)  # (B, T)
-    log_ratio = _masked_log_ratio(logp, old_logp, mask)  # log r, 0 at masked positions, with grad
-    ratio = _scaled(torch.exp(log_ratio), ratio_scale, mask)
+    adv = token_adv(adv, logp)  # (B, T)
+    log_ratio = masked_log_ratio(logp, old_logp, mask)  # log r, 0 at masked positions, with grad
+    ratio = scaled_ratio(torch.exp(log_ratio), ratio_scale, mask)
     with torch.no_grad():  # the trust region reads the two policies' probabilities of the sampled token
         new = torch.where(mask, logp.detach(), torch.zeros_like(logp))
         old = torch.where(mask, old_logp.detach().to(logp.dtype), torch.zeros_like(logp))
@@ -69,19 +68,16 @@ def _dppo(
         low = down & (adv < 0) & mask  # pushed down and already fallen past it
         keep = ~(high | low)
     pg_loss = torch.where(keep, -adv * ratio, torch.zeros_like(ratio))  # -M r A
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    if kl_tau:
-        loss = loss + kl_tau * _aggregate(log_ratio.square(), mask, agg)  # every valid token, masked or not
-    n = mask.sum().clamp(min=1)
-    metrics[RATIO_CLIPFRAC_LOW] = low.sum().double() / n
-    metrics[RATIO_CLIPFRAC_HIGH] = high.sum().double() / n
-    clipped = low | high  # the masked tokens: no policy gradient
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    # the masked tokens (no policy gradient) are the clipped ones
+    loss, metrics = finish_token_loss(
+        pg_loss, low=low, high=high, logp=logp, mask=mask, weight=weight, ref_logp=ref_logp, beta=beta, agg=agg
+    )
+    if kl_tau:  # outside loss/policy
+        loss = loss + kl_tau * aggregate(log_ratio.square(), mask, agg)  # every valid token, masked or not
+    return loss, metrics
 
 
-@_loss(ratio_level="token", clip="divergence", seq_mean_policy=False)
+@as_loss(ratio_level="token", clip="divergence", seq_mean_policy=False, ranges=DPPO_RANGES)
 def dppo_tv_loss(
     *,
     logp: Tensor,
@@ -117,9 +113,11 @@ def dppo_tv_loss(
     low (A < 0), high (A > 0).
     Read to confirm: verl `compute_policy_loss_dppo_tv` and the authors' `_compute_token_mask_for_policy_loss`
     (sail-sg/Stable-RL): the same mask; they back-propagate through -A sg[min(r, c)] M log pi, whose
-    gradient is this one's up to their truncation of r at `clip_ratio_c` (verl falls back to 20, the
-    authors' run script sets 1e4, and the paper (Sec. 5.4) warns the truncation biases): none here; the
-    value -M r A is the surrogate's. prime-rl's `default_loss_fn` (same mask, gradient A r, (log r)^2 term)
+    gradient is this one's up to their truncation of r at c = `clip_ratio_c`. verl's 20 is only the fallback
+    for a config without the key: its stock actor config (verl 0.9.1) sets `clip_ratio_c: 3.0`, the dual-clip
+    constant, so a stock verl DPPO run caps r at 3; the authors' run script sets 1e4, and the paper (Sec.
+    5.4) warns the truncation biases. This harness, like the paper, caps nothing; the value -M r A is the
+    surrogate's. prime-rl's `default_loss_fn` (same mask, gradient A r, (log r)^2 term)
     agrees, with the mask's boundary at A = 0 on the low side (that token's term is 0 anyway).
     """
     return _dppo(
@@ -139,7 +137,7 @@ def dppo_tv_loss(
     )
 
 
-@_loss(ratio_level="token", clip="divergence", seq_mean_policy=False)
+@as_loss(ratio_level="token", clip="divergence", seq_mean_policy=False, ranges=DPPO_RANGES)
 def dppo_kl_loss(
     *,
     logp: Tensor,
@@ -186,7 +184,12 @@ def dppo_kl_loss(
     )
 
 
-@_loss(ratio_level="token", clip=None, seq_mean_policy=False)
+@as_loss(
+    ratio_level="token",
+    clip=None,
+    seq_mean_policy=False,
+    ranges={"k_pos": AT_LEAST_0, "lambda_pos": ABOVE_0, "k_neg": AT_LEAST_0, "lambda_neg": ABOVE_0},
+)
 def vespo_loss(
     *,
     logp: Tensor,
@@ -214,22 +217,18 @@ def vespo_loss(
     W -> inf (decay lambda), a soft trust region on the sequence without GSPO's length normalisation.
     Paper defaults k 2 / lambda 3 for A >= 0 and k 3 / lambda 2 for A < 0, aggregated by token-mean (the
     config group sets it). log W is clamped to [-20, 20] before phi (phi there is below 1e-16, so only NaN
-    is avoided). `weight` multiplies each token's term (an engine correction there, not inside W), `adv`
+    is avoided); no token's log-ratio is clamped. `weight` multiplies each token's term (an engine correction there, not inside W), `adv`
     may be per token (the sign then picks k, lambda per token). Both clip fractions are 0.
     Read to confirm: TRL `GRPOTrainer.get_gamma_weights` (`loss_type="vespo"`) and the authors'
     `compute_policy_loss_vespo` (FloyedShen/VESPO): the same phi, detached, times -A log pi, the sign test
     A >= 0, token-mean, defaults 2/3/3/2 (the authors' docstring lists 1.5/4/2.5, their code and run
-    scripts 2/3/3/2). They clamp each token's log-ratio to [-20, 20] too, and fold an engine (TIS)
-    correction into W, where this harness's `weight` multiplies the term.
+    scripts 2/3/3/2). They also clamp each token's log-ratio to [-20, 20] before the sum (TRL then log W
+    to [log 1e-8, 20]), which this harness does not: a token with |log r| > 20 moves W here and not there;
+    and they fold an engine (TIS) correction into W, where this harness's `weight` multiplies the term.
     """
-    if not (k_pos >= 0 and k_neg >= 0 and lambda_pos > 0 and lambda_neg > 0):
-        raise ValueError(
-            f"need k_pos, k_neg >= 0 and lambda_pos, lambda_neg > 0, got k_pos={k_pos}, lambda_pos={lambda_pos}, "
-            f"k_neg={k_neg}, lambda_neg={lambda_neg}"
-        )
-    adv = _token_adv(adv, logp)  # (B, T)
+    adv = token_adv(adv, logp)  # (B, T)
     with torch.no_grad():
-        log_ratio = _masked_log_ratio(logp, old_logp, mask)
+        log_ratio = masked_log_ratio(logp, old_logp, mask)
         if ratio_scale is not None:
             scale = ratio_scale.detach().to(logp.dtype)
             log_ratio = log_ratio + torch.where(mask, scale.log(), torch.zeros_like(scale))
@@ -240,10 +239,7 @@ def vespo_loss(
         phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # W^k exp(lambda (1 - W)), (B, T)
     live_logp = torch.where(mask, logp, torch.zeros_like(logp))
     pg_loss = -adv * phi * torch.exp(live_logp - live_logp.detach())  # value -phi A, grad -phi A d logp
-    w = _token_weight(weight, mask, pg_loss)
-    pg_loss = pg_loss if w is None else pg_loss * w
-    loss, metrics = _add_kl(_aggregate(pg_loss, mask, agg), logp=logp, ref_logp=ref_logp, mask=mask, beta=beta, agg=agg)
-    zero = torch.zeros((), dtype=torch.float64)
-    metrics.update({RATIO_CLIPFRAC_LOW: zero, RATIO_CLIPFRAC_HIGH: zero})
-    clipped = torch.zeros_like(mask, dtype=torch.bool)  # a kernel, no clip
-    return loss, _to_floats(metrics, policy=_agg_count(mask, agg), clip=mask.sum(), mask=mask, agg=agg, clipped=clipped)
+    never = torch.zeros_like(mask, dtype=torch.bool)  # a kernel, no clip
+    return finish_token_loss(
+        pg_loss, low=never, high=never, logp=logp, mask=mask, weight=weight, ref_logp=ref_logp, beta=beta, agg=agg
+    )

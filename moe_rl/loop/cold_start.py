@@ -32,7 +32,7 @@ from moe_rl.models import build_model, load_model
 from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy
 from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
-from moe_rl.tasks.dataset import data_hash
+from moe_rl.tasks.dataset import DATASET_TASK, data_hash
 from moe_rl.tasks.setup import setup_task
 from moe_rl.tasks.tokenizer import data_alphabet
 
@@ -141,7 +141,7 @@ def _start(
         model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
         return model, load_tokenizer(model_cfg.checkpoint), {"tokenizer": "checkpoint"}
     overrides: dict = {}
-    if task_cfg.name == "dataset":
+    if task_cfg.name == DATASET_TASK:
         tokenizer = make_tokenizer(alphabet=data_alphabet(texts))
         longest = max(len(t) for t in texts) + task_cfg.max_new_tokens + 2
         overrides["max_position_embeddings"] = max(256, 1 << (longest - 1).bit_length())
@@ -161,7 +161,7 @@ def _start(
         **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
         **({"head_dim": model_cfg.head_dim} if model_cfg.head_dim else {}),
     )
-    info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name == "dataset" else {}
+    info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name == DATASET_TASK else {}
     return model, tokenizer, info
 
 
@@ -291,7 +291,7 @@ def cold_start_patience(cold: ColdStartConfig, task_cfg: TaskConfig) -> int:
     """
     if cold.patience is not None:
         return cold.patience
-    return 10 if task_cfg.name == "dataset" else 0
+    return 10 if task_cfg.name == DATASET_TASK else 0
 
 
 def cold_start_stop(accuracies: list[float], low: float, patience: int) -> str | None:
@@ -348,4 +348,4 @@ def get_cold_start(
 
 
 def data_hash_of(task_cfg: TaskConfig) -> str | None:
-    return data_hash(str(task_cfg.path), task_cfg.split) if task_cfg.name == "dataset" else None
+    return data_hash(str(task_cfg.path), task_cfg.split) if task_cfg.name == DATASET_TASK else None

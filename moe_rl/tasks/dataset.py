@@ -20,6 +20,7 @@ from moe_rl.tasks.rewards import TaskInputError
 
 log = logging.getLogger(__name__)
 
+DATASET_TASK = "dataset"  # task.name of the user's own data (this module's task kind)
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 CHAT_TEMPLATE_MODES = ("auto", "true", "false")
 

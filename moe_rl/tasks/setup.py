@@ -10,15 +10,29 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from moe_rl.tasks.dataset import read_rows, render_examples, split_examples
+from moe_rl.tasks.dataset import DATASET_TASK, read_rows, render_examples, split_examples
 from moe_rl.tasks.rewards import RewardFn, Scorer, resolve_reward
 from moe_rl.tasks.splits import load_task
 from moe_rl.tasks.synthetic import get_task
 
-if TYPE_CHECKING:
-    from moe_rl.config import TaskConfig
+
+class TaskSpec(Protocol):
+    """The task keys `setup_task` reads (`moe_rl.config.TaskConfig` has them, the `task.*` config group)."""
+
+    name: str
+    n_train: int | None
+    n_eval: int
+    partial_credit: float
+    kwargs: dict[str, Any]
+    path: str | None
+    prompt_field: str
+    answer_field: str
+    system_prompt: str | None
+    split: str
+    chat_template: str
+    reward: str
 
 
 class Scores(NamedTuple):
@@ -74,10 +88,10 @@ class RLTask:
         return Scores(rewards, self.scorer.errors - before)
 
 
-def setup_task(task_cfg: TaskConfig, seed: int) -> RLTask:
+def setup_task(task_cfg: TaskSpec, seed: int) -> RLTask:
     """The task `task_cfg` names: a synthetic task drawn with `seed`, or the rows of `task.path`
     split into train and held-out examples by `seed`, with the configured reward."""
-    if task_cfg.name == "dataset":
+    if task_cfg.name == DATASET_TASK:
         path = str(task_cfg.path)
         rows, digest = read_rows(path, split=task_cfg.split)
         train, evals = split_examples(
@@ -90,7 +104,7 @@ def setup_task(task_cfg: TaskConfig, seed: int) -> RLTask:
             seed=seed,
         )
         return RLTask(
-            "dataset",
+            DATASET_TASK,
             train,
             evals,
             resolve_reward(task_cfg.reward),
