@@ -166,7 +166,7 @@ class Trainer:
         # optim/router_drift's reference
         self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
-        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
+        self.optimizer, self.scheduler, self.expert_step = build_optimizer(self.policy, cfg.optim)  # + the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
         self.loss_fn = get_loss(cfg.algo.name)
         # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
@@ -355,7 +355,7 @@ class Trainer:
             if not recorded and replay is not None
             else None
         )
-        with routed or replayed or contextlib.nullcontext():
+        with routed or replayed or contextlib.nullcontext(), self.expert_step.counting():
             forward = self.forward(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         logp, logits = forward[0], forward[1]
         acc = Metrics()
@@ -395,8 +395,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+        scaled = self.expert_step.scaled(self.dist.total)  # load_aware: the tokens counted over every process
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
-            self.optimizer.step()
+            with scaled:
+                self.optimizer.step()
         self.scheduler.step()
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
