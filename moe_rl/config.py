@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_rl.algos import AGG_MODES, LOSSES, get_loss
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
+from moe_rl.algos.optimizers import check_optim
 from moe_rl.loop.staleness import check_staleness
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
@@ -257,11 +258,13 @@ class OptimConfig:
     warmup_updates: int = 0  # linear learning-rate warm-up over this many optimizer updates
     router_lr_scale: float = 1.0  # the routers' lr is lr x this (NeMo Automodel: 0.1); MoE models only
     expert_lr_scale: float = 1.0  # the routed experts' lr is lr x this; MoE models only
+    mlp_lr_scale: float = 1.0  # a dense model's MLP lr is lr x this (muP: 128 / MLP width); dense models only
+    name: str = "adamw"  # adamw | sign: sign-SGD with decoupled weight decay (prime-rl; moe_rl/algos/optimizers.py)
+    eps: float = 1e-8  # AdamW's eps; 1e-6 or 1e-5 make rarely used experts' steps SGD-like
+    expert_step: str = "plain"  # plain; load_aware: each expert's step x min(1, n_e / mean n), n_e its tokens
 
     def check(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr={self.lr} must be > 0")
-        _at_least(("optim.warmup_updates", self.warmup_updates, 0))
+        check_optim(**vars(self))
 
 
 COLD_START_TARGETS = ("greedy", "sampled")  # what cold_start.target is compared with (moe_rl.loop.cold_start)
@@ -478,9 +481,6 @@ def _check_router_knobs(cfg: TrainConfig) -> None:
     when it is loaded."""
     m, o, a, family = cfg.model, cfg.optim, cfg.algo, cfg.model.family
     _one_of("model.router_dtype", m.router_dtype, ROUTER_DTYPES)
-    for key, value in (("optim.router_lr_scale", o.router_lr_scale), ("optim.expert_lr_scale", o.expert_lr_scale)):
-        if not value > 0:
-            raise ValueError(f"{key}={value} must be > 0 (model.router_frozen=true freezes the routers)")
     for key, value in (("algo.aux_loss_coef", a.aux_loss_coef), ("algo.router_z_loss_coef", a.router_z_loss_coef)):
         if value < 0:
             raise ValueError(f"{key}={value} must be >= 0 (0: off)")
@@ -494,6 +494,7 @@ def _check_router_knobs(cfg: TrainConfig) -> None:
         ("model.router_dtype", m.router_dtype, "float32"),
         ("optim.router_lr_scale", o.router_lr_scale, 1.0),
         ("optim.expert_lr_scale", o.expert_lr_scale, 1.0),
+        ("optim.expert_step", o.expert_step, "plain"),
         ("algo.aux_loss_coef", a.aux_loss_coef, 0.0),
         ("algo.router_z_loss_coef", a.router_z_loss_coef, 0.0),
     )
@@ -505,6 +506,8 @@ def _check_router_knobs(cfg: TrainConfig) -> None:
             f"(no router, no experts); leave it at {default!r}"
         )
     known = family in FAMILIES or family in BACKENDS  # else a checkpoint's family: checked when it is loaded
+    if known and o.mlp_lr_scale != 1.0:
+        raise ValueError(f"optim.mlp_lr_scale acts on a dense model's MLPs; model.family={family!r} has experts")
     why = {
         "algo.aux_loss_coef": (
             AUX_LOSS_FAMILIES,

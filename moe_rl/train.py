@@ -5,10 +5,12 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
    `rollout.dtype`, or of the weights k steps before: `rollout.policy_lag`; `moe_rl.loop.staleness`), recording
    rollout log-probs and routes (R3); score them, and take group-normalised advantages of the rewards;
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
-   policy's routes (R2). Under R3 this pass already replays the rollout routes;
+   policy's routes (R2). Under R3 this pass already replays the rollout routes; anchored, it replays the
+   routes of a no-grad pass of the cold start, which the rollout took token by token (`routing.anchored`);
 3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old
-   pass's, R3 the rollout's) and the engine-gap correction (`rollout.is_correction`; under a lag, the decoupled
-   loss's behaviour weight), a constant weight per token from the rollout's and the old pass's log-probs;
+   pass's, R3 the rollout's, anchored the cold start's) and the engine-gap correction (`rollout.is_correction`;
+   under a lag, the decoupled loss's behaviour weight), a constant weight per token from the rollout's and the
+   old pass's log-probs;
 4. N (x S) updates on a seeded shuffle of the batch into as many mini-batches; updates 2.. are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (thresholded or with
    the combine weights as the mode says) while recording what the router would have chosen natively.
@@ -50,7 +52,7 @@ from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, RunState, refuse_foreign_d
 from moe_rl.loop.cold_start import get_cold_start
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.keys import run_keys
-from moe_rl.loop.passes import old_pass
+from moe_rl.loop.passes import anchor_routes, old_pass
 from moe_rl.loop.policy import (
     build_optimizer,
     experts_snapshot,
@@ -98,7 +100,7 @@ from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISH
 from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
-from moe_rl.routing import RoutedPass, RouteReplay, Routes, find_moe_layers
+from moe_rl.routing import RoutedPass, RouteReplay, Routes, anchored_by, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
 from moe_rl.routing.load import EXPERT_STEP, expert_step_finalize, expert_step_parts, expert_step_rms, router_drift
 from moe_rl.routing.modes import replay_mode
@@ -151,6 +153,7 @@ class Trainer:
                 f"replay.mode={cfg.replay.mode!r} needs MoE layers; the model has none (use replay.mode=none)"
             )
         self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.beta > 0 else None
+        self.anchor = (self.ref or copy.deepcopy(self.policy).eval()) if self.replay_mode.anchored else None  # frozen
         self.rollout_dtype = getattr(torch, cfg.rollout.dtype)  # one of config.DTYPES
         self.engine: Any = None  # rollout.engine=vllm: the engine and its sync schedule (moe_rl.rollout.engine)
         if cfg.rollout.engine == "vllm":
@@ -166,7 +169,7 @@ class Trainer:
         # optim/router_drift's reference
         self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
-        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim)  # AdamW and the lr warm-up
+        self.optimizer, self.scheduler, self.expert_step = build_optimizer(self.policy, cfg.optim)  # + the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
         self.loss_fn = get_loss(cfg.algo.name)
         # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
@@ -194,9 +197,10 @@ class Trainer:
                 next(p for n, p in self.policy.named_parameters() if "gate" in n or "router" in n).fill_(float("nan"))
         adv = group_advantages(sampled.rewards, group_size=cfg.rollout.group_size).to(cfg.device)  # rewards: CPU
         t1 = time.perf_counter()
-        old = self.old_pass(rollout, instruments=instruments)  # 2.
+        anchor = anchor_routes(self.anchor, rollout, temperature=cfg.rollout.temperature)  # 2. (None: not anchored)
+        old = self.old_pass(rollout, instruments=instruments, anchor=anchor)
         t2 = time.perf_counter()
-        replay = self.replay_mode.pick(old=old.routes, rollout=rollout.routes)  # 3.
+        replay = self.replay_mode.pick(old=old.routes, rollout=rollout.routes, anchor=anchor)  # 3.
         batch = Batch(rollout, adv, old, replay, self.engine_gap(rollout, old))
         experts = experts_snapshot(self.policy) if instruments and self.routed else None  # optim/expert_step's
         updates = self.updates(step, batch)  # 4.
@@ -246,15 +250,16 @@ class Trainer:
         else:
             rows = self.dist.batch_rows(self.prompts, cfg.rollout.group_size)
             record = cfg.rollout.record_routes and self.routed and self.uses_rollout_routes(step)
-            rollout = generate(
-                self.rollout_policy,
-                self.tokenizer,
-                prompts,
-                seed=cfg.seed * 1_000_003 + step,
-                record_routes=record,
-                rows=rows,
-                **sampling,
-            )
+            with anchored_by(self.anchor, self.rollout_policy):  # anchored: each token takes the cold start's routes
+                rollout = generate(
+                    self.rollout_policy,
+                    self.tokenizer,
+                    prompts,
+                    seed=cfg.seed * 1_000_003 + step,
+                    record_routes=record,
+                    rows=rows,
+                    **sampling,
+                )
         group = [e for e in examples for _ in range(cfg.rollout.group_size)]
         scores = self.task.score(rollout.completions, group)
         rewards = torch.tensor(scores.rewards)
@@ -275,8 +280,8 @@ class Trainer:
         snapshot = bool(cfg.snapshot_every) and step % cfg.snapshot_every == 0
         return self.replay_mode.replays_rollout or instruments_due(step, cfg.metrics.route_every) or snapshot
 
-    def old_pass(self, rollout: Rollout, *, instruments: bool = True) -> OldPass:
-        """2. The old-policy pass (`moe_rl.loop.passes.old_pass`) with this run's policy and replay mode."""
+    def old_pass(self, rollout: Rollout, *, instruments: bool = True, anchor: Routes | None = None) -> OldPass:
+        """2. The old-policy pass (`moe_rl.loop.passes.old_pass`) with this run's policy, replay mode and `anchor`."""
         cfg = self.cfg
         return old_pass(
             self.policy,
@@ -286,6 +291,7 @@ class Trainer:
             scores=instruments or cfg.algo.router_shift,
             threshold=self.replay_threshold,
             temperature=cfg.rollout.temperature,
+            anchor=anchor,
         )
 
     def engine_gap(self, rollout: Rollout, old: OldPass) -> EngineWeight | None:
@@ -356,7 +362,7 @@ class Trainer:
             if not recorded and replay is not None
             else None
         )
-        with routed or replayed or contextlib.nullcontext():
+        with routed or replayed or contextlib.nullcontext(), self.expert_step.counting():
             forward = self.forward(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         logp, logits = forward[0], forward[1]
         acc = Metrics()
@@ -396,8 +402,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+        scaled = self.expert_step.scaled(self.dist.total)  # load_aware: the tokens counted over every process
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
-            self.optimizer.step()
+            with scaled:
+                self.optimizer.step()
         self.scheduler.step()
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
@@ -443,11 +451,12 @@ class Trainer:
         )
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out examples, and pass@k where `pass_at_k.k` asks for it."""
+        """Greedy accuracy on the held-out examples, and pass@k where `pass_at_k.k` asks for it (anchored: as sampled)."""
         t, cfg, p = time.perf_counter(), self.cfg, self.cfg.pass_at_k
         passes = dict(ks=list(p.k), n=p.n, temperature=p.temperature, seed=cfg.seed)
         args = (self.policy, self.tokenizer, self.eval_examples, self.task)
-        metrics = held_out_metrics(*args, max_new_tokens=cfg.task.max_new_tokens, **passes)
+        with anchored_by(self.anchor, self.policy):
+            metrics = held_out_metrics(*args, max_new_tokens=cfg.task.max_new_tokens, **passes)
         return {**metrics, TIME_EVAL_S: time.perf_counter() - t}
 
     # --- the loop -----------------------------------------------------------------------------

@@ -188,3 +188,10 @@ def test_gpu_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     module.main(f"--out {tmp_path} --batch 8 --seq 32 --repeats 1 --backends qwen3_moe".split())
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["backends"]["qwen3_moe"]["self_replay_bitwise"] is True
+
+
+def test_anchored_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = "cold_start.mode=none rollout.prompts_per_step=2 rollout.group_size=2 task.max_new_tokens=2"
+    load("anchored_cost").main(f"--steps 2 --modes none,anchored {tiny} optim.updates_per_rollout=2".split())
+    step, low, high, rollout, old, update = numbers_after("anchored / none: step", capsys.readouterr().out)
+    assert 0 < low <= step <= high and min(rollout, old, update) > 0

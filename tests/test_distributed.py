@@ -561,3 +561,18 @@ def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path) -> 
     assert ((loss["value_1"] - loss["value_2"]).abs() < 1e-5).all()
     close = both[new]
     assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), close
+
+
+def test_two_ranks_anchor_and_scale_expert_steps_as_one_rank(tmp_path) -> None:
+    """Anchored routing (each rank's anchor a whole copy of the cold start) with the load-aware expert step (the
+    tokens per expert summed over the ranks, FSDP2's sharded experts scaled row by row): 2 ranks end at the
+    weights 1 rank ends at, within the bound of `test_two_ranks_log_what_one_rank_logs`."""
+    cache = tmp_path / "cold_start"
+    extra = ("steps=3", "replay=anchored", "optim.expert_step=load_aware", "keep_checkpoint=true")
+    for n in (1, 2):
+        _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
+    one, two = run_values(tmp_path / "run_1"), run_values(tmp_path / "run_2")
+    assert one[["step", "key"]].equals(two[["step", "key"]])
+    a, b = _params(tmp_path / "run_1"), _params(tmp_path / "run_2")
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-8

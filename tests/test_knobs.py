@@ -116,6 +116,10 @@ def test_parameter_counts_of_the_ladders_models() -> None:
         "qwen3_dense": param_counts(build_model("qwen3_dense", vocab_size=V)),
         "qwen3_dense_total": param_counts(build_model("qwen3_dense_total", vocab_size=V)),
         "qwen3_moe_soft": param_counts(build_model("qwen3_moe", vocab_size=V, top_k=8)),
+        "qwen3_moe_soft_narrow": param_counts(
+            build_model("qwen3_moe", vocab_size=V, top_k=8, moe_intermediate_size=16)
+        ),
+        "qwen3_dense_w256": param_counts(build_model("qwen3_dense", vocab_size=V, moe_intermediate_size=128)),
         "qwen3_moe_fine": param_counts(build_model("qwen3_moe", vocab_size=V, **FINE)),
         "qwen3_dense_fine": param_counts(build_model("qwen3_dense", vocab_size=V, **FINE)),
     }
@@ -124,6 +128,8 @@ def test_parameter_counts_of_the_ladders_models() -> None:
         "qwen3_dense": (80896, 80896),
         "qwen3_dense_total": (228352, 228352),
         "qwen3_moe_soft": (229376, 229376),
+        "qwen3_moe_soft_narrow": (81920, 81920),
+        "qwen3_dense_w256": (130048, 130048),
         "qwen3_moe_fine": (859456, 171328),
         "qwen3_dense_fine": (154944, 154944),
     }
@@ -313,12 +319,12 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for rung in RUNGS:
             configs[rung] = validate(to_train_config(compose("config", overrides=[f"+rung={rung}"])))
-    assert len(RUNGS) == 11
+    assert len(RUNGS) == 16
 
     def knobs(c: TrainConfig) -> dict[str, object]:
         model, optim, algo = (
             ("family", "num_experts", "top_k", "num_layers", "moe_intermediate_size", "router_frozen", "router_dtype"),
-            ("router_lr_scale", "expert_lr_scale"),
+            ("router_lr_scale", "expert_lr_scale", "mlp_lr_scale"),
             (
                 "aux_loss_coef",
                 "router_z_loss_coef",
@@ -345,11 +351,27 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
         "expert_lr_quarter": {"expert_lr_scale": 0.25},
         "aux1e-3": {"aux_loss_coef": 0.001},
         "zloss1e-3": {"router_z_loss_coef": 0.001},
+        "soft_narrow": {"top_k": 8, "moe_intermediate_size": 16},
+        "dense_mlp_lr_quarter": {"family": "qwen3_dense", "mlp_lr_scale": 0.25},
+        "dense_w256": {"family": "qwen3_dense", "moe_intermediate_size": 128},
+        "dense_w256_mup": {"family": "qwen3_dense", "moe_intermediate_size": 128, "mlp_lr_scale": 0.5},
+        "dense_total_mup": {"family": "qwen3_dense_total", "mlp_lr_scale": 0.25},
     }
     keys = {rung: expected_key(c.model, c.task, c.cold_start) for rung, c in configs.items()}
-    own = ("dense", "dense_total", "soft")  # a model of its own: its own cold start
-    assert len({keys[r] for r in RUNGS if r not in own}) == 1
-    assert len({keys[r] for r in ("moe", *own)}) == 4
+    # a model of its own has its own cold start; a knob acts after it, so its rung shares its model's
+    models = {
+        "moe": [
+            r for r in RUNGS if r not in set_keys or not {"family", "top_k", "moe_intermediate_size"} & set(set_keys[r])
+        ],
+        "dense": ["dense", "dense_mlp_lr_quarter"],
+        "dense_total": ["dense_total", "dense_total_mup"],
+        "dense_w256": ["dense_w256", "dense_w256_mup"],
+        "soft": ["soft"],
+        "soft_narrow": ["soft_narrow"],
+    }
+    assert sorted(r for rungs in models.values() for r in rungs) == RUNGS
+    assert all(len({keys[r] for r in rungs}) == 1 for rungs in models.values())
+    assert len({keys[rungs[0]] for rungs in models.values()}) == len(models)
 
 
 # --- in the loop -------------------------------------------------------------------------------------------

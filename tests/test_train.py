@@ -13,6 +13,7 @@ import torch
 from helpers import RUN_KEY_HEAD, loop_config, run_values
 
 from moe_rl.config import TrainConfig, validate
+from moe_rl.loop.passes import anchor_routes
 from moe_rl.loop.step_metrics import aggregate
 from moe_rl.metrics.names import defines
 from moe_rl.rollout.generate import forward_logp
@@ -26,11 +27,12 @@ def test_first_minibatch_loss_is_identical_with_and_without_replay(tmp_path, cac
     for replay in mode_names():
         trainer = Trainer(loop_config(tmp_path, cache, replay=replay))
         rollout, rewards, _ = trainer.rollout(step=1)
-        old = trainer.old_pass(rollout)
+        anchor = anchor_routes(trainer.anchor, rollout, temperature=1.0)  # anchored: the cold start's (theta's)
+        old = trainer.old_pass(rollout, anchor=anchor)
         from moe_rl.algos import group_advantages
 
         adv = group_advantages(rewards, group_size=trainer.cfg.rollout.group_size)
-        replay_routes = replay_mode(replay).pick(old=old.routes, rollout=rollout.routes)
+        replay_routes = replay_mode(replay).pick(old=old.routes, rollout=rollout.routes, anchor=anchor)
         rows = torch.arange(len(rollout))[:16]
         results[replay] = trainer.update(Batch(rollout, adv, old, replay_routes), rows)
     # theta == theta_old and fp32 rollouts: rollout, old and replayed routes coincide (and so do the

@@ -275,7 +275,7 @@ def test_version_gate_and_argument_errors(tmp_path) -> None:
         algo_args("ppo")
     with pytest.raises(ValueError, match="valid"):
         make_trainer(tmp_path, "r4")
-    # the thresholded modes and Total Router Recall run in the harness's own loop only
-    for mode in ("r2_threshold", "r3_threshold", "trr"):
+    # the thresholded modes, Total Router Recall and anchored routing run in the harness's own loop only
+    for mode in ("r2_threshold", "r3_threshold", "trr", "anchored"):
         with pytest.raises(ValueError, match=rf"routing_replay='{mode}' is not valid; valid: \['none', 'r2', 'r3'\]"):
             make_trainer(tmp_path, mode)

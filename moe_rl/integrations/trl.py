@@ -83,8 +83,8 @@ from moe_rl.routing.modes import mode_names, replay_mode  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
 
 # The replay modes this integration runs: those that force ids alone, as given (the thresholded
-# modes and Total Router Recall run in the harness's own loop, `moe_rl.train`).
-REPLAY_MODES = mode_names(ids_only=True)
+# modes, Total Router Recall and anchored routing run in the harness's own loop, `moe_rl.train`).
+REPLAY_MODES = mode_names(ids_only=True, anchored=False)
 
 
 def _trl_args(loss: Loss) -> dict[str, Any]:

@@ -257,6 +257,12 @@ class Dist:
         )
         return pool(everyone)
 
+    def total(self, x: Tensor) -> Tensor:
+        """`x` summed over every rank (a stand-in mini-batch row adds nothing); a world of size 1 returns `x`."""
+        if not self.active:
+            return x
+        return self._all_reduce(torch.zeros_like(x) if self.dummy else x, dist.ReduceOp.SUM)
+
     def _all_reduce(self, x: Tensor, op: Any) -> Tensor:
         x = x.to(self.comm_device)
         dist.all_reduce(x, op=op)

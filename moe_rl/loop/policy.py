@@ -2,7 +2,8 @@
 optimizer over its parameter groups with the learning-rate schedule, and the updates' forward with the
 router loss terms. Every piece is the loop's plain behaviour at the defaults (bitwise: one AdamW group,
 the plain teacher-forced forward, no extra term); the knobs are `model.router_frozen`,
-`model.router_dtype`, `optim.router_lr_scale`, `optim.expert_lr_scale` (moe_rl.models.knobs),
+`model.router_dtype`, `optim.router_lr_scale`, `optim.expert_lr_scale`, `optim.mlp_lr_scale` (moe_rl.models.knobs),
+`optim.name` and `optim.eps` (moe_rl.algos.optimizers),
 `algo.aux_loss_coef` and `algo.router_z_loss_coef` (moe_rl.algos.router_losses).
 """
 
@@ -15,8 +16,10 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from moe_rl.algos.losses import LossMetrics
+from moe_rl.algos.optimizers import get_optimizer
 from moe_rl.algos.router_losses import add_router_terms
 from moe_rl.config import AlgoConfig, ModelConfig, OptimConfig
+from moe_rl.loop.expert_step import ExpertStep
 from moe_rl.models.knobs import expert_weights, freeze_routers, param_groups, router_parameters, set_router_dtype
 from moe_rl.rollout.generate import Rollout, RouterForward, forward_logp, forward_logp_router
 
@@ -44,17 +47,20 @@ def set_router_knobs(model: nn.Module, cfg: ModelConfig, *, fsdp: bool = False) 
         freeze_routers(model)
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW with betas (0.9, 0.99) over `param_groups` (one group unless `optim.router_lr_scale` or
-    `optim.expert_lr_scale` say otherwise), and the linear warm-up over `optim.warmup_updates` updates,
-    which scales every group's learning rate alike."""
-    groups = param_groups(model, cfg.lr, router_lr_scale=cfg.router_lr_scale, expert_lr_scale=cfg.expert_lr_scale)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, ExpertStep]:
+    """`optim.name` (AdamW with betas (0.9, 0.99) and `optim.eps`, or sign-SGD) over `param_groups` (one group
+    unless a `optim.*_lr_scale` says otherwise), the linear warm-up over `optim.warmup_updates` updates, which
+    scales every group's learning rate alike, and `optim.expert_step` (moe_rl.loop.expert_step)."""
+    scales = dict(router_lr_scale=cfg.router_lr_scale, expert_lr_scale=cfg.expert_lr_scale)
+    groups = param_groups(model, cfg.lr, **scales, mlp_lr_scale=cfg.mlp_lr_scale)
+    optimizer = get_optimizer(cfg.name)(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.eps)
     warmup = cfg.warmup_updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
-    return optimizer, scheduler
+    return optimizer, scheduler, ExpertStep(model, cfg.expert_step)
 
 
 def update_forward(cfg: AlgoConfig) -> Forward:

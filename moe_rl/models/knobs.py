@@ -8,7 +8,10 @@ discovery (`moe_rl.routing.find_moe_layers`), not by parameter names:
 
 - the routers: every parameter of each MoE layer's router module;
 - the experts: every parameter of the `experts` module beside each router (the routed experts; a
-  shared expert, like Qwen2-MoE's, counts with the rest: every token passes through it).
+  shared expert, like Qwen2-MoE's, counts with the rest: every token passes through it), addressable one
+  expert at a time when they are packed (E, ...) tensors or E modules (`expert_rows`);
+- a dense model's MLPs: every parameter of each decoder layer's `mlp` module (the dense control's
+  counterpart of the experts, `optim.mlp_lr_scale`).
 
 `moe_rl.config.validate` refuses a knob for a family that lacks its piece (a dense model has no router)
 before any work; the functions here raise the same way for a model from a checkpoint.
@@ -64,24 +67,63 @@ def expert_parameters(model: nn.Module, knob: str = "the expert knobs") -> list[
     return [p for layer in _moe_layers(model, knob) for p in _experts_of(model, layer).parameters()]
 
 
+def _expert_layout(model: nn.Module, layer: MoeLayer, knob: str) -> tuple[list[nn.Parameter], list[nn.Module]]:
+    """`layer`'s routed experts as packed (E, ...) parameters (transformers v5: `gate_up_proj` (E, 2I, H),
+    `down_proj` (E, H, I)) or as E expert modules (the other list empty); ValueError naming `knob` otherwise."""
+    experts, E = _experts_of(model, layer), layer.num_experts
+    packed = list(experts.parameters(recurse=False))
+    modules = [m for m in experts.children() if any(True for _ in m.parameters())]
+    if packed and not modules and all(p.shape[0] == E for p in packed):
+        return packed, []
+    if not packed and len(modules) == E:
+        return [], modules
+    raise ValueError(
+        f"{knob} cannot address {layer.name}'s experts one by one: {type(experts).__name__} holds neither "
+        f"packed (E, ...) tensors nor {E} expert modules"
+    )
+
+
 def expert_weights(model: nn.Module, gather: Callable[[Tensor], Tensor] = Tensor.detach) -> list[Tensor]:
     """Per MoE layer, copies of its routed experts' weights, one row per expert: (E, n).
 
-    Packed experts (transformers v5: `gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) are split along their
-    first dimension; a list of expert modules (one per expert) gives each module's parameters as a row.
-    `gather` makes a parameter whole (an FSDP2 shard gathered). ValueError for experts held otherwise."""
+    Packed experts are split along their first dimension; a list of expert modules (one per expert) gives
+    each module's parameters as a row. `gather` makes a parameter whole (an FSDP2 shard gathered).
+    ValueError for experts held otherwise."""
     stacks = []
     for layer in _moe_layers(model, "optim/expert_step"):
-        experts, E = _experts_of(model, layer), layer.num_experts
-        packed = list(experts.parameters(recurse=False))
-        modules = [m for m in experts.children() if any(True for _ in m.parameters())]
-        if packed and not modules and all(p.shape[0] == E for p in packed):
+        packed, modules = _expert_layout(model, layer, "optim/expert_step")
+        E = layer.num_experts
+        if packed:
             stacks.append(torch.cat([gather(p).reshape(E, -1) for p in packed], dim=1))
-        elif not packed and len(modules) == E:
-            stacks.append(torch.stack([torch.cat([gather(p).reshape(-1) for p in m.parameters()]) for m in modules]))
         else:
-            raise ValueError(f"{layer.name}: its experts are neither packed (E, ...) tensors nor {E} modules")
+            stacks.append(torch.stack([torch.cat([gather(p).reshape(-1) for p in m.parameters()]) for m in modules]))
     return stacks
+
+
+def expert_rows(model: nn.Module, knob: str = "optim.expert_step") -> list[list[tuple[nn.Parameter, int | None]]]:
+    """Per MoE layer, each routed-expert parameter with the expert it belongs to: None for a packed (E, ...)
+    tensor (its row e is expert e's), e for a parameter of expert module e. ValueError naming `knob` for a
+    dense model or experts held otherwise."""
+    rows = []
+    for layer in _moe_layers(model, knob):
+        packed, modules = _expert_layout(model, layer, knob)
+        row: list[tuple[nn.Parameter, int | None]] = [(p, None) for p in packed]
+        rows.append(row + [(p, e) for e, m in enumerate(modules) for p in m.parameters()])
+    return rows
+
+
+def mlp_parameters(model: nn.Module, knob: str = "optim.mlp_lr_scale") -> list[nn.Parameter]:
+    """Every parameter of a dense model's MLPs (each decoder layer's `mlp` module), in model order; ValueError
+    naming `knob` for a model with MoE layers (its MLPs are experts and routers) or without `mlp` modules."""
+    if find_moe_layers(model, required=False):
+        raise ValueError(
+            f"{knob} scales a dense model's MLPs; {type(model).__name__} routes its MLPs to experts "
+            "(use optim.expert_lr_scale and optim.router_lr_scale)"
+        )
+    params = [p for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "mlp" for p in m.parameters()]
+    if not params:
+        raise ValueError(f"{knob}: {type(model).__name__} has no `mlp` module in its decoder layers")
+    return params
 
 
 def freeze_routers(model: nn.Module) -> list[nn.Parameter]:
@@ -94,22 +136,33 @@ def freeze_routers(model: nn.Module) -> list[nn.Parameter]:
 
 
 def param_groups(
-    model: nn.Module, lr: float, *, router_lr_scale: float = 1.0, expert_lr_scale: float = 1.0
+    model: nn.Module,
+    lr: float,
+    *,
+    router_lr_scale: float = 1.0,
+    expert_lr_scale: float = 1.0,
+    mlp_lr_scale: float = 1.0,
 ) -> list[dict[str, Any]]:
-    """AdamW parameter groups at `lr` x each part's scale: routers, experts, the rest.
+    """Optimizer parameter groups at `lr` x each part's scale: routers, experts, a dense model's MLPs, the rest.
 
-    Both scales 1.0: one group of every parameter in model order, the optimizer the loop always built
-    (so default runs and their checkpoints are unchanged). Otherwise up to three groups, named
-    `rest`, `routers` and `experts` (an empty one is left out); a scheduler scales every group's lr.
+    Every scale 1.0: one group of every parameter in model order, the optimizer the loop always built
+    (so default runs and their checkpoints are unchanged). Otherwise groups named `rest`, `routers` and
+    `experts` (when a router or expert scale is set) and `mlp` (when `mlp_lr_scale` is), an empty one left
+    out; a scheduler scales every group's lr.
     """
-    if router_lr_scale == 1.0 and expert_lr_scale == 1.0:
+    parts: dict[str, tuple[float, Callable[[nn.Module, str], list[nn.Parameter]], str]] = {}
+    if router_lr_scale != 1.0 or expert_lr_scale != 1.0:
+        parts["routers"] = (router_lr_scale, router_parameters, "optim.router_lr_scale")
+        parts["experts"] = (expert_lr_scale, expert_parameters, "optim.expert_lr_scale")
+    if mlp_lr_scale != 1.0:
+        parts["mlp"] = (mlp_lr_scale, mlp_parameters, "optim.mlp_lr_scale")
+    if not parts:
         return [{"params": list(model.parameters()), "lr": lr}]
-    routers = {id(p) for p in router_parameters(model, "optim.router_lr_scale")}
-    experts = {id(p) for p in expert_parameters(model, "optim.expert_lr_scale")}
-    groups: dict[str, list[nn.Parameter]] = {"rest": [], "routers": [], "experts": []}
+    owner = {id(p): name for name, (_, find, knob) in parts.items() for p in find(model, knob)}
+    groups: dict[str, list[nn.Parameter]] = {"rest": [], **{name: [] for name in parts}}
     for p in model.parameters():
-        groups["routers" if id(p) in routers else "experts" if id(p) in experts else "rest"].append(p)
-    scale = {"rest": 1.0, "routers": router_lr_scale, "experts": expert_lr_scale}
+        groups[owner.get(id(p), "rest")].append(p)
+    scale = {"rest": 1.0, **{name: s for name, (s, _, _) in parts.items()}}
     return [{"params": ps, "lr": lr * scale[name], "name": name} for name, ps in groups.items() if ps]
 
 

@@ -51,6 +51,7 @@ from moe_rl.metrics.names import (
 )
 from moe_rl.rollout.generate import Rollout, position_ids, token_logp
 from moe_rl.routing import RoutedPass, Routes, find_moe_layers, route_overlap
+from moe_rl.routing.modes import replay_mode
 
 MIN_HEAD_DIM = 32  # vLLM's CPU attention kernel refuses head_dim 16 (32, 64, 80, ... work)
 BLOCK_SIZE = 32  # the CPU backend's KV-cache block sizes are multiples of 32
@@ -120,6 +121,8 @@ def check_engine_config(cfg: Any) -> None:
     """Refuse a `rollout.engine=vllm` run the engine cannot serve, saying what to change."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("rollout.engine=vllm runs one in-process engine per run; it does not run under torchrun")
+    if replay_mode(cfg.replay.mode).anchored:
+        raise ValueError("replay.mode='anchored' forces the reference's routes while sampling: use rollout.engine=hf")
     if cfg.model.family == "megablocks":
         raise ValueError("rollout.engine=vllm serves transformers families, not model.family='megablocks'")
     head_dim = engine_head_dim(cfg.model)

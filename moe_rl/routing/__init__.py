@@ -7,10 +7,12 @@ One job per module:
   (`UnsupportedRouterError`);
 - `rules`: each family's gate-weight rule, and the check that picks the one a router computes;
 - `hooks`: `RouteRecorder`, `RouteReplay` and `RoutedPass`, the context managers that use them;
-- `compare`: route metrics between two `Routes` (flip rates, overlap, router shift, margins).
+- `compare`: route metrics between two `Routes` (flip rates, overlap, router shift, margins);
+- `anchored`: every pass of a model takes the routes a frozen anchor model picks for the same tokens.
 Nothing here imports `moe_rl.models`: models depend on routing, not the reverse.
 """
 
+from moe_rl.routing.anchored import AnchoredRouting, anchored_by
 from moe_rl.routing.compare import (
     MARGIN_EDGES,
     compare_routes,
@@ -27,12 +29,14 @@ __all__ = [
     "MARGIN_EDGES",
     "flip_margin_counts",
     "router_shift",
+    "AnchoredRouting",
     "MoeLayer",
     "RoutedPass",
     "RouteRecorder",
     "RouteReplay",
     "Routes",
     "UnsupportedRouterError",
+    "anchored_by",
     "compare_routes",
     "find_moe_layers",
     "index_dtype",

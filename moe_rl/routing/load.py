@@ -125,7 +125,7 @@ def expert_step_metrics(rms: Tensor, tokens: Tensor) -> dict[str, float]:
 # --- the loop's form: partial sums pooled over processes, then the metrics -------------------------------
 
 
-def _counts(routes: Routes) -> Tensor:
+def expert_counts(routes: Routes) -> Tensor:
     """(L, E) float64 (token, slot) assignments per expert over the valid positions."""
     ids = routes.indices[routes.mask].long()  # (n, L, k)
     L = routes.indices.shape[2]
@@ -141,9 +141,9 @@ def instrument_parts(native: Routes, router_logits: tuple[Tensor, ...] | None, r
     (and of the rollout's routes, when recorded, for `route/load/shift`), and the router logits' squares and
     squared logsumexp over the valid positions (`router_logits`: per MoE layer, (B*T, E) as transformers
     returns them)."""
-    sums = {"counts": _counts(native)}
+    sums = {"counts": expert_counts(native)}
     if rollout is not None:
-        sums["rollout_counts"] = _counts(rollout.with_mask(native.mask))
+        sums["rollout_counts"] = expert_counts(rollout.with_mask(native.mask))
     if router_logits:
         B, T = native.mask.shape
         x = torch.stack([g.reshape(B, T, -1) for g in router_logits], dim=2)[native.mask].double()  # (n, L, E)
@@ -185,7 +185,7 @@ def expert_step_parts(rms: Tensor, routes: Routes, *, owner: bool) -> Partial:
     """The step's expert steps as sums a process adds to the others': the expert counts of its rows' `routes`
     (the routes the updates followed), and the step RMS from the one process that `owner`s it (the weights,
     and so their steps, are the same on every process)."""
-    return Partial(sums={"rms": rms if owner else torch.zeros_like(rms), "tokens": _counts(routes)})
+    return Partial(sums={"rms": rms if owner else torch.zeros_like(rms), "tokens": expert_counts(routes)})
 
 
 def expert_step_finalize(parts: Partial) -> dict[str, float]:

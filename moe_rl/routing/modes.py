@@ -13,7 +13,12 @@ instead of comparing mode names; adding a mode is a row here and a file in `expe
   weights, in float32, forced in every update. The recorded weights are constants, so the router
   gets no gradient through them (its only path to the loss here): under `trr` the router does not
   learn from the policy gradient. The weights come from the old-policy pass because the engines
-  export ids only.
+  export ids only;
+- `anchored`: the routes the frozen reference policy (the cold start) gives the same tokens, forced in
+  the rollout (each decoded token's, from the reference's own pass alongside the sampler's:
+  `moe_rl.routing.anchored`), in the old-policy pass and in every update (from a no-grad teacher-forced
+  pass of the reference), so route drift from the start is zero by construction; the gate weights come
+  from the live router, as under R2/R3.
 Pure and torch-free.
 """
 
@@ -24,13 +29,14 @@ from typing import TypeVar
 
 OLD = "old"  # the old-policy pass's routes
 ROLLOUT = "rollout"  # the rollout's (generation's) routes
+ANCHOR = "anchor"  # the frozen reference policy's routes on the same tokens, in the rollout too
 
 R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class ReplayMode:
-    """What a replay mode forces: `source` (OLD, ROLLOUT or None: nothing), whether replayed experts
+    """What a replay mode forces: `source` (OLD, ROLLOUT, ANCHOR or None: nothing), whether replayed experts
     pass the live router's score threshold, and whether the recorded combine weights are forced too."""
 
     source: str | None
@@ -53,9 +59,14 @@ class ReplayMode:
         return self.source == ROLLOUT
 
     @property
+    def anchored(self) -> bool:
+        """Every pass, the rollout's included, takes the frozen reference policy's routes."""
+        return self.source == ANCHOR
+
+    @property
     def old_pass_replays(self) -> bool:
-        """The old-policy pass replays too (only the rollout's routes exist before it)."""
-        return self.replays_rollout
+        """The old-policy pass replays too (the rollout's or the reference's routes exist before it)."""
+        return self.source in (ROLLOUT, ANCHOR)
 
     @property
     def ids_only(self) -> bool:
@@ -66,9 +77,9 @@ class ReplayMode:
         """`replay.threshold` where this mode applies it, else None (no threshold)."""
         return threshold if self.threshold else None
 
-    def pick(self, *, old: R, rollout: R) -> R | None:
-        """The routes this mode forces in the updates, of the old pass's and the rollout's."""
-        return {OLD: old, ROLLOUT: rollout, None: None}[self.source]
+    def pick(self, *, old: R, rollout: R, anchor: R | None = None) -> R | None:
+        """The routes this mode forces in the updates, of the old pass's, the rollout's and the reference's."""
+        return {OLD: old, ROLLOUT: rollout, ANCHOR: anchor, None: None}[self.source]
 
 
 REPLAY_MODES: dict[str, ReplayMode] = {
@@ -78,6 +89,7 @@ REPLAY_MODES: dict[str, ReplayMode] = {
     "r2_threshold": ReplayMode(OLD, threshold=True),
     "r3_threshold": ReplayMode(ROLLOUT, threshold=True),
     "trr": ReplayMode(OLD, weights=True),
+    "anchored": ReplayMode(ANCHOR),
 }
 
 

@@ -58,7 +58,14 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "aux_loss_coef": 0.0,
         "router_z_loss_coef": 0.0,
     },
-    "optim": {"router_lr_scale": 1.0, "expert_lr_scale": 1.0},
+    "optim": {
+        "router_lr_scale": 1.0,
+        "expert_lr_scale": 1.0,
+        "mlp_lr_scale": 1.0,
+        "name": "adamw",
+        "eps": 1e-8,
+        "expert_step": "plain",
+    },
     "replay": {"threshold": 0.5, "split_every": 1},
     "task": {
         "path": None,
