@@ -16,7 +16,7 @@ from moe_rl import analysis, studies
 from moe_rl.analysis import claims as C
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
-from moe_rl.studies import drift_claims, mechanism_claims
+from moe_rl.studies import drift_claims, engine, mechanism_claims
 from moe_rl.studies import phase as phase_study
 
 STEPS = 30
@@ -600,7 +600,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
         gap = frame[frame["key"] == frame["key"].iloc[0]].copy()
         gap["key"], gap["value"] = "rollout/logp_gap", 0.01 if i % 2 == 0 else 0.03
         pd.concat([frame, gap]).to_parquet(run / "metrics.parquet", index=False)
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
     assert (claim.verdict, claim.experiment) == (C.REPRODUCED, "engine_mismatch")
     assert "collapsed r2 6 of 8 vs r3 0 of 8" in claim.statistic
     emulated = next(n for n in claim.notes if n.startswith("emulated gap"))
@@ -613,7 +613,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
 def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     """A stability claim needs cells where training breaks: runs that all end above their start decide nothing."""
     make_fake_grid(tmp_path, experiment="engine_mismatch", **MISMATCH_GRID, final_acc=lambda *_: 0.6)
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
     assert claim.verdict == C.UNTESTABLE_HERE
     assert claim.reason == "grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell (lr=0.0001, N=8)"
     # one cell that degrades (both arms collapse in 6 of 8 seeds) is tested, the one that holds is not
@@ -624,7 +624,7 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
         n_collapse=lambda a, lr, N, L: 6 if lr == 1e-3 else 0,
         final_acc=lambda *_: 0.6,
     )
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path / "mixed")
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path / "mixed")
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
 
 
@@ -659,12 +659,14 @@ def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() ->
         final_accuracy=outcomes["run"].map(final),
         collapsed_relative=False,
     )
-    c = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes)
+    c = C.judge_paired(engine.R3_VS_R2, Path("unused"), runs=outcomes)
     assert (c.verdict, c.cells) == (C.REPRODUCED, "1 cell(s): lr=0.001, N=8")
     assert c.p_value == pytest.approx(1 / 64) and c.reason == f"R3 better at Holm p = {1 / 64:.3g}"
     assert "final accuracy r3 - r2 = +3.8 pp" in c.statistic and "(8 pairs, P(r3 > r2) = 0.88)" in c.statistic
     # the last evaluation alone would have read the other way: R2 ahead in the same 6 pairs
-    by_last = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"]))
+    by_last = C.judge_paired(
+        engine.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"])
+    )
     assert by_last.verdict == C.NOT_REPRODUCED and by_last.reason.startswith("R2 better at Holm p = ")
 
 
@@ -685,8 +687,8 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
         [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
     )
     once, twice = (
-        C.judge_paired(C.R3_VS_R2, tmp_path),
-        C.judge_paired(C.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
+        C.judge_paired(engine.R3_VS_R2, tmp_path),
+        C.judge_paired(engine.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
     )
     assert once.cells == twice.cells == "2 cell(s): lr=0.00065, N=8; lr=0.001, N=8"
     assert 0 < once.p_value < 0.5 and twice.p_value == pytest.approx(2 * once.p_value)
