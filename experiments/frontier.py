@@ -1,4 +1,4 @@
-"""Run the stability frontier by bisection (`experiments/conf/preset/frontier.yaml`, `moe_rl.analysis.frontier`).
+"""Run the stability frontier by bisection (`experiments/conf/preset/frontier.yaml`, `moe_rl.studies.frontier`).
 
     python experiments/frontier.py                         # runs into results/frontier, reads results/<source>
     python experiments/frontier.py --dry-run               # print the next probes and stop
@@ -23,15 +23,18 @@ from pathlib import Path
 import pandas as pd
 
 from moe_rl import analysis
-from moe_rl.analysis import frontier as fr_
+from moe_rl.metrics.status import RUNNING
+from moe_rl.run.folder import read_status
+from moe_rl.studies import frontier as fr_
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
 def _finished(run_dir: Path) -> bool:
-    status = run_dir / "status.json"
-    return status.is_file() and '"running"' not in status.read_text()
+    """The run wrote its status.json and no longer runs (a finished run, or one that stopped for good)."""
+    status = read_status(run_dir).get("status")
+    return status is not None and status != RUNNING
 
 
 class Runs:
@@ -79,8 +82,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="probes at a time (each one process, one thread)")
     ap.add_argument("--max-minutes", type=float, default=float("inf"), help="submit no probe after this long")
     ap.add_argument("--dry-run", action="store_true", help="print the next probes and stop")
+    ap.add_argument("--presets", type=Path, default=HERE / "conf" / "preset", help="where frontier.yaml declares it")
     args = ap.parse_args()
-    fr = fr_.load_frontier()
+    fr = fr_.load_frontier(args.presets)
     own = args.runs / "frontier" / "runs" if (args.runs / "frontier" / "runs").is_dir() else args.runs / "frontier"
     borrow = [args.borrow / s / "runs" for s in fr_.SOURCES if s != "frontier"]
     runs = Runs(own, borrow)

@@ -14,7 +14,7 @@ updates and decays as training goes on, so the forecast is for a stated window o
 fit runs, for a 3-step probe; other probe lengths get no window forecast). It predicts the mean
 per-update flip rate, share of activated experts changed and share of tokens with a changed layer
 over the window two ways: with the fitted curve F(gap / movement)
-(`moe_rl.analysis.forecast.predict_flips`), and with a gaussian model in which every router logit
+(`moe_rl.studies.forecast.predict_flips`), and with a gaussian model in which every router logit
 moves by that amount (`simulate_flips`), which also covers movements large enough to change several
 experts of a router at once. Validation on the held-out design points of `drift_forecast`, from each
 run's own steps 1-3 to its steps 11-40: forecast / measured flip rate 0.52-1.11, 4 of 5 within
@@ -23,7 +23,7 @@ run's drift was 1.03-1.89x. The probe's own forecast and measured drift are prin
 check, and the factor on the probe's movement at which the gaussian model reaches the GSPO paper's
 ~10% of activated experts. `--fit` fits the curve on a sweep that logs
 `route/flip_vs_margin/move/*` (experiment `drift_forecast`), the decay, and validates both on
-design points it was not fitted on (`moe_rl.analysis.forecast_report`, the report it writes).
+design points it was not fitted on (`moe_rl.studies.forecast_report`, the report it writes).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.forecast import (
+from moe_rl.run.atomic import write_atomic
+from moe_rl.studies.forecast import (
     EXPERT_KEY,
     FLIP_KEY,
     SIGMA_KEY,
@@ -50,17 +51,17 @@ from moe_rl.analysis.forecast import (
     sigma_for_rate,
     simulate_flips,
 )
-from moe_rl.analysis.forecast_report import run_fit
-from moe_rl.run.atomic import write_atomic
+from moe_rl.studies.forecast_report import run_fit
 
 log = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CURVE = ROOT / "results" / "drift_forecast" / "curve.csv"
+# from the repository root, where `python -m moe_rl.forecast` runs (as experiments/train.py and the report do)
+DEFAULT_CURVE = Path("results") / "drift_forecast" / "curve.csv"
+DEFAULT_CONF = Path("experiments") / "conf"
 PAPER_LEVEL = 0.10  # GSPO paper: ~10% of activated experts change per update (Qwen3-30B-A3B)
 
 
-def compose_config(overrides: list[str]):
-    """The TrainConfig of Hydra `overrides` on experiments/conf (as `experiments/train.py` composes it)."""
+def compose_config(overrides: list[str], conf: Path = DEFAULT_CONF):
+    """The TrainConfig of Hydra `overrides` on the config folder `conf` (as `experiments/train.py` composes it)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
@@ -69,7 +70,7 @@ def compose_config(overrides: list[str]):
 
     refuse_old_preset_spelling(overrides)
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
-    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(Path(conf).resolve()), version_base="1.3"):
         return validate(to_train_config(compose("config", overrides=overrides)))
 
 
@@ -116,7 +117,9 @@ def probe(cfg, steps: int) -> dict[str, Any]:
     }
 
 
-def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: Path) -> dict[str, Any]:
+def forecast(
+    overrides: list[str], *, lr: float | None, steps: int, curve_path: Path, conf: Path = DEFAULT_CONF
+) -> dict[str, Any]:
     """Forecast for the policy of `overrides` at learning rate `lr` (None: the config's)."""
     curve = pd.read_csv(curve_path)
     curve_p = curve["p"].fillna(0.0).to_numpy(float)
@@ -124,7 +127,7 @@ def forecast(overrides: list[str], *, lr: float | None, steps: int, curve_path: 
     experts_per_flip = fit.get("experts_per_flip", {}).get("mean", 1.0)
     extra = [f"optim.lr={lr}"] if lr is not None else []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose_config([*overrides, *extra, f"out_dir={tmp}/probe", "progress=false", "logger=[parquet]"])
+        cfg = compose_config([*overrides, *extra, f"out_dir={tmp}/probe", "progress=false", "logger=[parquet]"], conf)
         result = probe(cfg, steps)
     flip, token = predict_flips(result["gaps"], result["sigma"], curve_p)
     k = result["top_k"]
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe-steps", type=int, default=3, help="real RL steps that measure the movement")
     parser.add_argument("--curve", type=Path, default=DEFAULT_CURVE, help="curve.csv written by --fit")
     parser.add_argument("--json", type=Path, default=None, help="also write the forecast as JSON here")
+    parser.add_argument("--conf", type=Path, default=DEFAULT_CONF, help=f"the config folder (default {DEFAULT_CONF})")
     parser.add_argument("--fit", type=Path, default=None, metavar="RUNS_DIR", help="fit the curve on these runs")
     parser.add_argument("--out", type=Path, default=None, help="with --fit: where to write the report")
     parser.add_argument("--wall", default=None, help="with --fit: the sweep's wall time, quoted in summary.md")
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--probe-steps must be >= 1")
     if not args.curve.is_file():
         parser.error(f"{args.curve} not found: fit a curve first (python -m moe_rl.forecast --fit RUNS_DIR)")
-    doc = forecast(args.overrides, lr=args.lr, steps=args.probe_steps, curve_path=args.curve)
+    doc = forecast(args.overrides, lr=args.lr, steps=args.probe_steps, curve_path=args.curve, conf=args.conf)
     print(forecast_text(doc))
     if args.json is not None:
         write_atomic(args.json, (json.dumps(doc, indent=1) + "\n").encode())

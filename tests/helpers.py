@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+PRESETS = ROOT / "experiments" / "conf" / "preset"  # the presets folder the report and the claims read
 
 # The tiny run the tests start from, as Hydra overrides; a test names only what it changes.
 TINY = (

@@ -10,12 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from fake_results import make_fake_grid, write_fake_fit
-from helpers import ROOT
+from helpers import PRESETS, ROOT
 
-from moe_rl import analysis
+from moe_rl import analysis, studies
 from moe_rl.analysis import claims as C
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
+from moe_rl.studies import drift_claims, engine, mechanism_claims
+from moe_rl.studies import phase as phase_study
 
 STEPS = 30
 
@@ -121,7 +123,7 @@ def _world(root: Path, kind: str) -> Path:
 @pytest.fixture(scope="module", params=["reproduced", "not reproduced", "inconclusive"])
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[C.Claim]]:
     root = _world(tmp_path_factory.mktemp(request.param.replace(" ", "_")), request.param)
-    return request.param, C.evaluate_claims(root, experiment_files=root / "no_declarations")
+    return request.param, studies.claims(root, root / "no_declarations")
 
 
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
@@ -298,7 +300,7 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
         {"primary": ["late_accuracy"]},
         [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}],
     )
-    c = C.judge_paired(C.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out)
+    c = C.judge_paired(phase_study.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out)
     assert c.verdict == "fragile" and c.robustness == {
         "relative:d0.5:p2": "reproduced",
         "absolute:d0.5": "not reproduced",
@@ -332,18 +334,18 @@ def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="orphan.yaml extends 'nothing'"):
         C.declared_analyses(tmp_path)
     # the shipped experiment files: phase with its two extensions, added at looks 2 and 3
-    phase = C.declared_analyses()["phase"]
+    phase = C.declared_analyses(PRESETS)["phase"]
     assert {e["name"]: e["look"] for e in phase.extensions} == {"phase_edge": 2, "phase_band": 3}
     edge = next(e for e in phase.extensions if e["name"] == "phase_edge")["runs"]
     assert edge == {"seed": [float(s) for s in range(8, 24)], "lr": [3e-4], "N": [8.0]}
-    depth = C.declared_analyses()["drift_scaling"].extensions
+    depth = C.declared_analyses(PRESETS)["drift_scaling"].extensions
     assert [(e["name"], e["look"], e["runs"]) for e in depth] == [
         ("drift_scaling_depth", 2, {"seed": [3.0, 4.0, 5.0, 6.0, 7.0]})
     ]
 
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
-    claims = C.evaluate_claims(tmp_path / "nothing")
+    claims = studies.claims(tmp_path / "nothing", PRESETS)
     assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 6 + [
         ("untestable here", "no runs of dense_control"),
         ("untestable here", "no runs of mechanism"),
@@ -351,7 +353,7 @@ def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
     ] + [("inconclusive", "no data")] * 2
     (tmp_path / "drift_scaling").mkdir()
     (tmp_path / "drift_scaling" / "fit.json").write_text("{not json")
-    first = C.evaluate_claims(tmp_path)[0]
+    first = studies.claims(tmp_path, PRESETS)[0]
     assert first.verdict == "inconclusive" and "unreadable" in first.reason
 
 
@@ -360,14 +362,14 @@ def test_moe_specific_needs_a_dense_control_that_holds_its_cold_start(tmp_path: 
     (here 40% -> 33%, against the MoE model's 40% -> 15%) says the degradation needs no routing. Where the
     MoE model does not degrade there is nothing to explain."""
     _dense_control(tmp_path / "less", lambda a, lr, N, L, s: 0.1, lambda a, lr, N, L, s: 0.32)
-    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path / "less")
+    c = C.judge_paired(mechanism_claims.MOE_SPECIFIC, tmp_path / "less")
     assert c.verdict == "not reproduced" and c.reason.startswith("dense vs MoE: reproduced")
     assert (
         "ends below its cold start: yes (p = 6.1e-05)" in c.reason
     )  # 16 of 16 runs below: 1 / 2^14, the resampled floor
     assert "qwen3_dense final - its cold start -6.7 pp" in c.statistic and "accuracy change +18.3 pp" in c.statistic
     _dense_control(tmp_path / "stable", lambda a, lr, N, L, s: 0.5, lambda a, lr, N, L, s: 0.5)
-    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path / "stable")
+    c = C.judge_paired(mechanism_claims.MOE_SPECIFIC, tmp_path / "stable")
     assert (c.verdict, c.reason) == (
         "untestable here",
         "qwen3_moe ends below its cold start in no cell with paired runs",
@@ -384,7 +386,7 @@ def test_moe_specific_per_cell_notes_separate_a_cell_where_the_dense_control_bre
         lrs=(3e-4, 1e-3),
         Ns=(2, 8),
     )
-    c = C.judge_paired(C.MOE_SPECIFIC, tmp_path)
+    c = C.judge_paired(mechanism_claims.MOE_SPECIFIC, tmp_path)
     assert c.verdict == "not reproduced" and c.cells.startswith("8 cell(s) where qwen3_moe degrades")
     cells = [n for n in c.notes if n.startswith("cell ")]
     assert [n.split(" alone:")[0] for n in cells] == [
@@ -417,7 +419,7 @@ def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) ->
             log_shift=False,
             n_collapse=lambda a, lr, N, L, k=k: k.get(a, 0),
         )
-    claims = {c.id: c for c in C.evaluate_claims(tmp_path, experiment_files=tmp_path / "none")}
+    claims = {c.id: c for c in studies.claims(tmp_path, tmp_path / "none")}
     assert claims[2].verdict == "reproduced"
     alone = next(n for n in claims[2].notes if n.startswith("mixtral alone (phase_mixtral): "))
     pooled = next(n for n in claims[2].notes if n.startswith("qwen3_moe and mixtral pooled"))
@@ -435,7 +437,7 @@ def test_fit_rules_at_their_edges(tmp_path: Path) -> None:
     ]  # 11x wide
     for ci, r2, verdict in cases:
         write_fake_fit(tmp_path, ci=ci, r2_holdout=r2)
-        assert C.claim_expert_drift(tmp_path).verdict == verdict, (ci, r2)
+        assert drift_claims.claim_expert_drift(tmp_path).verdict == verdict, (ci, r2)
 
 
 def test_token_share_is_never_reported_above_one(tmp_path: Path) -> None:
@@ -448,7 +450,7 @@ def test_token_share_is_never_reported_above_one(tmp_path: Path) -> None:
     doc["metrics"]["route/old_vs_new/token_flip_rate/offpolicy"].update(predicted=1.173, ci=[1.031, 1.387])
     doc["token_flip_from_layer_rate"] = {"predicted": 0.88, "ci": [0.85, 0.92]}
     path.write_text(json.dumps(doc))
-    notes = " ".join(C.claim_expert_drift(tmp_path).notes)
+    notes = " ".join(drift_claims.claim_expert_drift(tmp_path).notes)
     assert "token_flip_rate: 88.0% [85.0%, 92.0%] from the per-layer rate" in notes
     assert "power law in L alone gives 117.3%" in notes
 
@@ -598,7 +600,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
         gap = frame[frame["key"] == frame["key"].iloc[0]].copy()
         gap["key"], gap["value"] = "rollout/logp_gap", 0.01 if i % 2 == 0 else 0.03
         pd.concat([frame, gap]).to_parquet(run / "metrics.parquet", index=False)
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
     assert (claim.verdict, claim.experiment) == (C.REPRODUCED, "engine_mismatch")
     assert "collapsed r2 6 of 8 vs r3 0 of 8" in claim.statistic
     emulated = next(n for n in claim.notes if n.startswith("emulated gap"))
@@ -611,7 +613,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
 def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     """A stability claim needs cells where training breaks: runs that all end above their start decide nothing."""
     make_fake_grid(tmp_path, experiment="engine_mismatch", **MISMATCH_GRID, final_acc=lambda *_: 0.6)
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
     assert claim.verdict == C.UNTESTABLE_HERE
     assert claim.reason == "grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell (lr=0.0001, N=8)"
     # one cell that degrades (both arms collapse in 6 of 8 seeds) is tested, the one that holds is not
@@ -622,7 +624,7 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
         n_collapse=lambda a, lr, N, L: 6 if lr == 1e-3 else 0,
         final_acc=lambda *_: 0.6,
     )
-    claim = C.judge_paired(C.R3_VS_R2, tmp_path / "mixed")
+    claim = C.judge_paired(engine.R3_VS_R2, tmp_path / "mixed")
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
 
 
@@ -657,12 +659,14 @@ def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() ->
         final_accuracy=outcomes["run"].map(final),
         collapsed_relative=False,
     )
-    c = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes)
+    c = C.judge_paired(engine.R3_VS_R2, Path("unused"), runs=outcomes)
     assert (c.verdict, c.cells) == (C.REPRODUCED, "1 cell(s): lr=0.001, N=8")
     assert c.p_value == pytest.approx(1 / 64) and c.reason == f"R3 better at Holm p = {1 / 64:.3g}"
     assert "final accuracy r3 - r2 = +3.8 pp" in c.statistic and "(8 pairs, P(r3 > r2) = 0.88)" in c.statistic
     # the last evaluation alone would have read the other way: R2 ahead in the same 6 pairs
-    by_last = C.judge_paired(C.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"]))
+    by_last = C.judge_paired(
+        engine.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"])
+    )
     assert by_last.verdict == C.NOT_REPRODUCED and by_last.reason.startswith("R2 better at Holm p = ")
 
 
@@ -683,8 +687,8 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
         [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
     )
     once, twice = (
-        C.judge_paired(C.R3_VS_R2, tmp_path),
-        C.judge_paired(C.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
+        C.judge_paired(engine.R3_VS_R2, tmp_path),
+        C.judge_paired(engine.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
     )
     assert once.cells == twice.cells == "2 cell(s): lr=0.00065, N=8; lr=0.001, N=8"
     assert 0 < once.p_value < 0.5 and twice.p_value == pytest.approx(2 * once.p_value)
@@ -708,10 +712,10 @@ def test_ladder_claims_pair_on_cold_seed_and_seed_and_find_a_planted_effect() ->
     assert len(C.ladder_pairs(base, ("moe",))) == 8 and C.ladder_pairs(base.drop(columns="rung")).equals(
         base.drop(columns="rung")
     )
-    c = C.judge_paired(C.AUX_HURTS, Path("unused"), runs=base)
+    c = C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=base)
     assert (c.id, c.verdict) == (8, "reproduced") and "(8 pairs)" in c.statistic
     assert not any(n.startswith(("per cell", "cell ")) for n in c.notes)  # one cell: nothing per cell
     flipped = base.assign(rung=base["rung"].map({"moe": "aux1e-3", "aux1e-3": "moe"}))
-    assert C.judge_paired(C.AUX_HURTS, Path("unused"), runs=flipped).verdict == "not reproduced"
-    frozen = C.judge_paired(C.FROZEN_ROUTER, Path("unused"), runs=base)
+    assert C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=flipped).verdict == "not reproduced"
+    frozen = C.judge_paired(mechanism_claims.FROZEN_ROUTER, Path("unused"), runs=base)
     assert (frozen.id, frozen.verdict) == (9, "inconclusive") and "router_frozen" in frozen.reason

@@ -10,7 +10,7 @@ import pytest
 from helpers import DRIFT_BASE, DRIFT_VARIED
 from scipy import stats
 
-from moe_rl.analysis.drift import DRIFT_KEYS, drift_per_run, fit_drift, flip_vs_margin, holdout_check
+from moe_rl.studies.drift import DRIFT_KEYS, drift_per_run, fit_drift, flip_vs_margin, holdout_check
 
 KEY = DRIFT_KEYS[0]
 TRUE = {"intercept": -1.0, "log_E": 0.5, "log_k": -0.3, "log_L": 0.4, "log_lr": 0.8}

@@ -15,7 +15,9 @@ import pytest
 import torch
 from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT, planted_routes
 
-from moe_rl.analysis.forecast import (
+from moe_rl.metrics.bins import MOVE_EDGES
+from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
+from moe_rl.studies.forecast import (
     SIGMA_KEY,
     bin_index,
     fit_decay,
@@ -31,8 +33,6 @@ from moe_rl.analysis.forecast import (
     window_forecast,
     window_points,
 )
-from moe_rl.metrics.bins import MOVE_EDGES
-from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
 
 
 def test_boundary_gaps_by_hand() -> None:
@@ -278,7 +278,7 @@ def test_window_forecast_of_planted_runs() -> None:
 
 
 def test_fit_window_fits_the_decay_on_the_fit_runs_only() -> None:
-    from moe_rl.analysis.forecast_report import fit_window
+    from moe_rl.studies.forecast_report import fit_window
 
     curve = pd.DataFrame({"bin": range(len(CURVE_P)), "p": CURVE_P})
     probe = (0.04, {6: (1000, 80)})
@@ -356,7 +356,7 @@ def test_gaussian_model_against_the_normal_cdf() -> None:
     """Two experts, top-1, gap g: the gap moves by N(0, sigma^2), so P(flip) = Phi(-g / sigma)."""
     from scipy.stats import norm
 
-    from moe_rl.analysis.forecast import scale_for_level, simulate_flips
+    from moe_rl.studies.forecast import scale_for_level, simulate_flips
 
     gaps = np.array([0.0, 0.5, 1.0, 2.0])
     logits = np.stack([np.stack([gaps, np.zeros(4)], -1)] * 2000).reshape(-1, 1, 2)  # (8000, 1, 2)
@@ -407,19 +407,19 @@ def _write_forecast(root: Path, ratio_range: tuple[float, float], factor: float)
 def test_claim_one_from_the_forecast(tmp_path: Path) -> None:
     from fake_results import write_fake_fit
 
-    from moe_rl.analysis import claims as C
+    from moe_rl.studies import drift_claims
 
     write_fake_fit(tmp_path, ci=(0.21, 0.5))  # the power law alone says "not reproduced"
-    assert C.claim_expert_drift(tmp_path).verdict == "not reproduced"
+    assert drift_claims.claim_expert_drift(tmp_path).verdict == "not reproduced"
     _write_forecast(tmp_path, (0.85, 1.2), 16.0)
-    c = C.claim_expert_drift(tmp_path)
+    c = drift_claims.claim_expert_drift(tmp_path)
     assert c.verdict == "untestable at this scale" and c.experiment == "drift_forecast"
     # 16x the movement at lr^0.5 is 16^2 = 256x the lr: 1e-4 * 256
     assert "16x that movement (0.32 logits), i.e. lr ~0.026 for our models" in c.statistic
     assert any("not reproduced" in n for n in c.notes)  # the power law's verdict stays visible
     _write_forecast(tmp_path, (0.6, 1.2), 16.0)
-    assert C.claim_expert_drift(tmp_path).verdict == "inconclusive"
+    assert drift_claims.claim_expert_drift(tmp_path).verdict == "inconclusive"
     _write_forecast(tmp_path, (0.9, 1.1), math.inf)
-    assert "more than any movement" in C.claim_expert_drift(tmp_path).statistic
+    assert "more than any movement" in drift_claims.claim_expert_drift(tmp_path).statistic
     (tmp_path / "drift_forecast" / "fit.json").write_text("{}")
-    assert "lacks" in C.claim_expert_drift(tmp_path).reason
+    assert "lacks" in drift_claims.claim_expert_drift(tmp_path).reason

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import PRESETS
 
-from moe_rl.analysis import frontier as fr_
-from moe_rl.analysis.claims import claim_frontier as cf
 from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from moe_rl.studies import frontier as fr_
+from moe_rl.studies import frontier_claims as cf
 
 AXIS = fr_.Axis("N", {"lr": 3e-4}, (1.0, 2.0, 4.0, 8.0, 16.0, 32.0), 8.0)
 FR = fr_.Frontier(rows=(("qwen3_moe", "grpo_none"),), axes=(AXIS,), seeds=(0, 1, 2, 3), edge_seeds=tuple(range(8)))
@@ -113,7 +114,7 @@ def test_jobs_merge_the_shared_point_and_rows_first_come_first():
 
 
 def test_preset_declares_a_valid_frontier():
-    fr = fr_.load_frontier()
+    fr = fr_.load_frontier(PRESETS)
     assert fr_.REFERENCE in fr.rows and len(set(fr.rows)) == len(fr.rows)
     assert ("qwen3_moe", "grpo_r3_threshold") not in fr.rows  # the same computation as r2_threshold: listed once
     assert set(fr.seeds) < set(fr.edge_seeds) and len(fr.seeds) >= 4 and len(fr.edge_seeds) >= 8
@@ -133,23 +134,25 @@ def _edges(draws: dict[tuple[str, str], list[int]]) -> dict:
 def test_claim_10_reads_the_share_of_draws(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
     (tmp_path / "frontier").mkdir()
     edges = _edges({cf.VESPO: vespo, cf.GRPO: grpo, cf.SAPO: sapo})
-    monkeypatch.setattr(cf, "_frontier", lambda root: (pd.DataFrame(columns=["family", "arm_file", "arm"]), FR, edges))
-    assert cf.claim_vespo_staleness(tmp_path).verdict == verdict
+    monkeypatch.setattr(
+        cf, "_frontier", lambda root, presets: (pd.DataFrame(columns=["family", "arm_file", "arm"]), FR, edges)
+    )
+    assert cf.claim_vespo_staleness(tmp_path, PRESETS).verdict == verdict
 
 
 def test_claim_11_needs_all_four_pairs(monkeypatch, tmp_path):
     (tmp_path / "frontier").mkdir()
     runs = pd.DataFrame(columns=["family", "arm_file", "arm", "N", "lr", "token_ratio_var"])
     ok = {cf.CISPO: [1] * 50, cf.PLAIN_IS: [0] * 50, cf.GRPO: [2] * 50, cf.DPPO: [3] * 50}
-    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, _edges(ok)))
-    assert cf.claim_no_trust_region(tmp_path).verdict == REPRODUCED
+    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, _edges(ok)))
+    assert cf.claim_no_trust_region(tmp_path, PRESETS).verdict == REPRODUCED
     tie = {**ok, cf.CISPO: [2] * 50}  # CISPO's edge equals GRPO's in every draw: at or above one trust region
-    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, _edges(tie)))
-    assert cf.claim_no_trust_region(tmp_path).verdict == NOT_REPRODUCED
+    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, _edges(tie)))
+    assert cf.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
     unlocated = _edges(ok)
     unlocated[(cf.DPPO, "N")] = fr_.Edge(cf.DPPO, AXIS, 3, False, np.array([3] * 50), pd.DataFrame())
-    monkeypatch.setattr(cf, "_frontier", lambda root: (runs, FR, unlocated))
-    c = cf.claim_no_trust_region(tmp_path)
+    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, unlocated))
+    c = cf.claim_no_trust_region(tmp_path, PRESETS)
     assert c.verdict == INCONCLUSIVE and "not located" in c.reason
 
 
@@ -157,7 +160,7 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
     import matplotlib
 
     matplotlib.use("Agg")
-    from moe_rl.analysis.frontier_report import frontier_section
+    from moe_rl.studies.frontier_report import frontier_section
 
     other = ("qwen3_moe", "vespo_none")
     fr = fr_.Frontier((fr_.REFERENCE, other), (AXIS,), (0, 1, 2, 3), tuple(range(8)))
@@ -173,14 +176,14 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
 
 
 def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):
-    from moe_rl.analysis import frontier_report as fr_report
+    from moe_rl.studies import frontier_report as fr_report
 
-    assert fr_report.claims_section(tmp_path) == []
+    assert fr_report.claims_section(tmp_path, PRESETS) == []
     other = ("qwen3_moe", "vespo_none")
     fr = fr_.Frontier((fr_.REFERENCE, other), (AXIS,), (0, 1, 2, 3), tuple(range(8)))
     runs = pd.concat([planted(fr_.REFERENCE, {2: [0.0] * 8, 4: [-0.2] * 8}), planted(other, {8: [0.0] * 4})])
     (tmp_path / "frontier").mkdir()
     fr_report.frontier_table(runs, fr).to_csv(tmp_path / "frontier" / "frontier.csv", index=False)
-    monkeypatch.setattr(fr_, "load_frontier", lambda: fr)
-    text = "\n".join(fr_report.claims_section(tmp_path))
+    monkeypatch.setattr(fr_, "load_frontier", lambda presets: fr)
+    text = "\n".join(fr_report.claims_section(tmp_path, PRESETS))
     assert "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text and "| vespo_none | open: >= 8 | — | — | 4 |" in text

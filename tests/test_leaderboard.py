@@ -7,8 +7,9 @@ import re
 
 import pandas as pd
 import pytest
+from helpers import PRESETS
 
-from moe_rl.analysis.leaderboard import format_leaderboard_markdown, leaderboard
+from moe_rl.studies.stabilizers import format_leaderboard_markdown, leaderboard
 
 
 def _runs() -> pd.DataFrame:
@@ -101,7 +102,8 @@ def test_the_stabilizers_report_borrows_its_baselines_and_opens_with_the_leaderb
     matplotlib.use("Agg")
     from fake_results import make_fake_grid
 
-    from moe_rl.report import DEDICATED_REPORTS, _leaderboard_section
+    from moe_rl.report import main
+    from moe_rl.studies.stabilizers import claims_section
 
     cell = {"lrs": (3e-4,), "Ns": (8,), "seeds": tuple(range(4)), "acc_noise": 0.0}
     # the baselines live in dense_control (with a dense family the leaderboard must leave out)
@@ -110,7 +112,7 @@ def test_the_stabilizers_report_borrows_its_baselines_and_opens_with_the_leaderb
     acc = {"grpo+r2": 0.45, "sapo+none": 0.15}
     make_fake_grid(tmp_path, experiment="stabilizers", arms=tuple(acc), final_acc=lambda arm, *_: acc[arm], **cell)
     out = tmp_path / "stabilizers"
-    DEDICATED_REPORTS["stabilizers"](out / "runs", out)
+    assert main([str(out / "runs"), "--out", str(out)]) == 0  # the runs' study (its registry row) picks the report
     text = (out / "summary.md").read_text()
     assert text.startswith("# Results: stabilizers\n\n## Leaderboard: every arm against grpo+none")
     assert "16 finished runs, 8 of them from" in text  # 4 seeds x (2 own arms + 2 borrowed), the dense runs left out
@@ -120,6 +122,10 @@ def test_the_stabilizers_report_borrows_its_baselines_and_opens_with_the_leaderb
     assert set(pooled.index) == {"grpo+none", "gspo+none", "sapo+none"}
     assert pooled.loc["grpo+none", "same_as"] == "grpo+r2"
     assert pooled.loc["sapo+none", "pairs"] == 4 and pooled.loc["sapo+none", "late_accuracy_diff"] < 0
-    section = "\n".join(_leaderboard_section(tmp_path))
+    section = "\n".join(claims_section(tmp_path, PRESETS))
     assert section.startswith("## Stabilizer leaderboard") and "| sapo+none | 4 |" in section
-    assert _leaderboard_section(tmp_path / "elsewhere") == []
+    assert claims_section(tmp_path / "elsewhere", PRESETS) == []
+    # the study is found from its runs, not from the output folder's name
+    elsewhere = tmp_path / "report_elsewhere"
+    assert main([str(out / "runs"), "--out", str(elsewhere)]) == 0
+    assert (elsewhere / "leaderboard.csv").read_bytes() == (out / "leaderboard.csv").read_bytes()

@@ -68,6 +68,7 @@ LAYERS: dict[str, set[str]] = {
     "loop": {"algos", "config", "metrics", "models", "rollout", "routing", "run", "tasks"},
     "integrations": {"algos", "metrics", "models", "rollout", "routing", "tasks"},
     "analysis": {"metrics", "run"},
+    "studies": {"analysis", "metrics", "run"},
 }
 
 

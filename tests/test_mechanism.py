@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moe_rl.analysis.mechanism import (
+from moe_rl.studies.mechanism import (
     format_ladder_markdown,
     instrument_table,
     ladder_runs,
@@ -126,6 +126,6 @@ def test_without_a_gap_no_rung_is_read_and_runaway_bounds_are_capped() -> None:
     text = format_ladder_markdown(table)
     assert "no gap to share" in text and "closes the gap" not in text and "opens the gap" not in text
     assert "| reference (0) |" in text and "| target (1) |" in text
-    from moe_rl.analysis.mechanism import _bounded
+    from moe_rl.studies.mechanism import _bounded
 
     assert _bounded(3.0e16) == ">+100" and _bounded(-250.0) == "<-100" and _bounded(-0.57) == "-0.57"

@@ -6,7 +6,7 @@ import pandas as pd
 
 
 def test_counts_that_move_between_collapse_definitions_are_listed() -> None:
-    from moe_rl.report import _moved_counts
+    from moe_rl.analysis.folder_report import _moved_counts
 
     main = pd.DataFrame({"lr": [1e-3, 3e-4], "arm": ["a", "a"], "k": [8, 5], "n": [8, 24], "p_collapse": [1.0, 5 / 24]})
     alt = main.assign(k=[0, 6], p_collapse=[0.0, 6 / 24])

@@ -1,5 +1,6 @@
-"""Analysis of result folders: load runs, statistics, tables across seeds, collapse definitions,
-phase maps, claims, figures (returned, never saved)."""
+"""The torch-free toolkit for result folders: load runs, statistics, tables across seeds, collapse definitions,
+phase maps, the claims' verdict engine, figures (returned, never saved), a folder's report and the results
+root's pages. What one study computes lives in `moe_rl.studies`."""
 
 from moe_rl.analysis import stats
 from moe_rl.analysis.claims import Claim, evaluate_claims, format_claims_markdown
@@ -10,7 +11,6 @@ from moe_rl.analysis.collapse_definitions import (
     collapse_events,
 )
 from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
-from moe_rl.analysis.drift import drift_per_run, fit_drift, flip_vs_margin, plot_drift_scaling, plot_flip_vs_margin
 from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs, to_wide
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 from moe_rl.analysis.plots import (
@@ -39,11 +39,6 @@ from moe_rl.analysis.tables import (
 __all__ = [
     "COLLAPSE_DEFINITIONS",
     "MAIN_DEFINITION",
-    "drift_per_run",
-    "fit_drift",
-    "flip_vs_margin",
-    "plot_drift_scaling",
-    "plot_flip_vs_margin",
     "SUMMARY_METRICS",
     "Claim",
     "arm_tests",

@@ -81,3 +81,34 @@ def commits(frame: pd.DataFrame) -> list[str]:
     """The distinct commits (short) behind the runs, recorded or shipped-in."""
     shas = pd.concat([frame["git_sha"], frame["shipped_in"]]).dropna().astype(str).str[:7]
     return sorted(set(shas))
+
+
+RUN_COLUMNS = ["run", "experiment", "seed", "cold_start", "status", "wall_s"]
+
+
+def run_records(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run folder under `results_dir` (a folder holding meta.json): the experiment and seed its
+    meta.json records, its cold start (the cached start's key), and its status.json status and wall seconds."""
+    rows = []
+    root = Path(results_dir)
+    for meta_path in sorted(root.rglob("meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            status = json.loads((meta_path.parent / "status.json").read_text())
+        except (OSError, ValueError):
+            status = {}
+        keys = meta.get("run_keys") or {}
+        rows.append(
+            {
+                "run": meta_path.parent.relative_to(root).as_posix(),
+                "experiment": keys.get("experiment"),
+                "seed": keys.get("seed", meta.get("seed")),
+                "cold_start": (meta.get("cold_start") or {}).get("key"),
+                "status": status.get("status"),
+                "wall_s": status.get("wall_s"),
+            }
+        )
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)

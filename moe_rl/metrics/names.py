@@ -283,8 +283,7 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         margin_bin_key("flips", "{b}"),
-        "those of them whose top-k set flipped; "
-        "`moe_rl.analysis.drift.flip_vs_margin` pools both into P(flip | margin)",
+        "those of them whose top-k set flipped; `moe_rl.studies.drift.flip_vs_margin` pools both into P(flip | margin)",
     ),
     Metric(
         RATIO_TOKEN_VAR,

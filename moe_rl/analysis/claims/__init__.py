@@ -1,26 +1,26 @@
-"""The papers' claims, each with a verdict computed from the result folders (docs/design.md §7).
+"""The verdict engine of the papers' claims (docs/design.md §7); the claims themselves are declared by the
+studies that decide them (`moe_rl.studies`).
 
-`evaluate_claims(results_root)` reads the folders named below (a missing folder gives
-`inconclusive` with reason "no data") and `format_claims_markdown` writes results/CLAIMS.md with
-the verdict rules next to the table. Every verdict follows one pattern: **reproduced** when the
-predicted direction is significant (alpha 0.05; Holm where a claim runs several tests), **not
-reproduced** when the opposite direction is significant or the interval of the effect lies inside
-a margin too small to matter (collapse probability 0.10, accuracy 0.05, drift 10% of its level),
-**inconclusive** otherwise.
+`evaluate_claims(results_root, claims, presets)` reads the folders each claim names (a missing folder gives
+`inconclusive` with reason "no data") and `format_claims_markdown` writes results/CLAIMS.md with the verdict
+rules next to the table. Every verdict follows one pattern: **reproduced** when the predicted direction is
+significant (alpha 0.05; Holm where a claim runs several tests), **not reproduced** when the opposite direction
+is significant or the interval of the effect lies inside a margin too small to matter (collapse probability
+0.10, accuracy 0.05, drift 10% of its level), **inconclusive** otherwise.
 
-A claim that compares arms on paired runs (2, 3, 5, 7) is a `PairedClaim` declaration in `paired_claims`,
-judged by one engine, `paired.judge_paired`; a claim with a statistic of its own keeps a module
-(`claim_drift`: 1, the drift forecast, and 4, depth; `claim_lead`: 6, the lead test; `claim_frontier`: 10 and
-11, staleness edges on the stability frontier).
+A claim that compares arms on paired runs (2, 3, 5, 7, 8, 9) is a `PairedClaim` declaration in its study's
+module, judged by one engine, `paired.judge_paired`; a claim with a statistic of its own is a function of the
+results root and the presets folder in its study's module (1 and 4: `studies.drift_claims`; 6:
+`studies.shift`; 10 and 11: `studies.frontier_claims`).
 
-Adding a paired claim: declare it in `paired_claims` and put it in `evaluate.CLAIMS` where it belongs on
-the page. The first five fields are the id, the claim, its source, the rule as the page states it and the
-experiment (the result folder; its preset's `analysis` block gives the claims and outcomes it declares and
-the extensions added after a look, which the verdict counts); then `worse` and `better`, the arm predicted
-to win. The defaults compare final accuracy, reward AUC and time to collapse (Holm over the three, the grid
-of collapse definitions for robustness) in the cells where both arms end below their cold start, paired by
-the phase map's cells and seed. Say only what differs, e.g. for "MoE with the auxiliary loss is more stable
-than without" on a phase-style sweep::
+Adding a paired claim: declare it in its study's module and add it to the study's row in `moe_rl.studies`
+(the claims it decides, by id). The first five fields are the id, the claim, its source, the rule as the page
+states it and the experiment (the result folder; its preset's `analysis` block gives the claims and outcomes
+it declares and the extensions added after a look, which the verdict counts); then `worse` and `better`, the
+arm predicted to win. The defaults compare final accuracy, reward AUC and time to collapse (Holm over the
+three, the grid of collapse definitions for robustness) in the cells where both arms end below their cold
+start, paired by the phase map's cells and seed. Say only what differs, e.g. for "MoE with the auxiliary loss
+is more stable than without" on a phase-style sweep::
 
     AUX_LOSS = PairedClaim(
         8, "The load-balancing loss stabilizes RL", "its source", "the rule, in words",
@@ -40,8 +40,8 @@ accuracy), `compare_by` (arms in another run column, e.g. the model family), `fr
 Modules by job: `rules` (labels, margins, the Claim row, shared verdict rules and wording), `cells`
 (the runs and cells a claim reads), `declared` (the experiment files' declared analyses and their
 extensions), `pooled` (collapse pooled over cells), `arms` (paired arm comparisons and their wording),
-`paired` (the record and its engine), `paired_claims` (the paired claims), `claim_drift` and `claim_lead`,
-`evaluate` (all claims), `scale` (the scale paragraph) and `markdown` (the page).
+`paired` (the record and its engine), `evaluate` (the claims' verdicts), `scale` (the scale paragraph) and
+`markdown` (the page).
 """
 
 from __future__ import annotations
@@ -64,11 +64,8 @@ from moe_rl.analysis.claims.cells import (
     runs_folder,
     runs_in_cells,
 )
-from moe_rl.analysis.claims.claim_drift import PAPER_BAND, claim_depth, claim_expert_drift
-from moe_rl.analysis.claims.claim_frontier import claim_no_trust_region, claim_vespo_staleness
-from moe_rl.analysis.claims.claim_lead import claim_shift_leads, run_series, shift_before_collapse
-from moe_rl.analysis.claims.declared import EXPERIMENT_FILES, Declared, declared_analyses, extension_of
-from moe_rl.analysis.claims.evaluate import CLAIMS, DECLARED_BY, evaluate_claims
+from moe_rl.analysis.claims.declared import Declared, declared_analyses, declared_or_none, extension_of
+from moe_rl.analysis.claims.evaluate import ClaimItem, evaluate_claims
 from moe_rl.analysis.claims.markdown import format_claims_markdown
 from moe_rl.analysis.claims.paired import (
     ARMS_OUTCOMES,
@@ -79,19 +76,6 @@ from moe_rl.analysis.claims.paired import (
     from_own_start,
     judge_paired,
     own_start_drop,
-)
-from moe_rl.analysis.claims.paired_claims import (
-    AUX_HURTS,
-    DENSE_CONTROL,
-    DENSE_FAMILY,
-    FAMILY_PHASES,
-    FROZEN_ROUTER,
-    GSPO_STABLE,
-    MOE_FAMILY,
-    MOE_SPECIFIC,
-    OFFPOLICY_GRPO,
-    PAIRED_CLAIMS,
-    R3_VS_R2,
 )
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell, pooled_rate_difference
 from moe_rl.analysis.claims.rules import (
@@ -122,52 +106,34 @@ __all__ = [
     "ALPHA",
     "ARMS_OUTCOMES",
     "AlsoOn",
-    "CLAIMS",
     "COLLAPSE_MARGIN",
     "COLLAPSE_OUTCOMES",
     "CONTINUOUS",
     "Claim",
+    "ClaimItem",
     "Comparison",
-    "DECLARED_BY",
-    "DENSE_CONTROL",
-    "DENSE_FAMILY",
     "DRIFT_MARGIN",
     "Declared",
-    "EXPERIMENT_FILES",
-    "FAMILY_PHASES",
     "FRAGILE",
-    "GSPO_STABLE",
     "INCONCLUSIVE",
     "LEAD_MARGIN",
-    "MOE_FAMILY",
-    "MOE_SPECIFIC",
-    "AUX_HURTS",
-    "FROZEN_ROUTER",
     "ladder_pairs",
     "NOT_REPRODUCED",
     "N_BOOT",
-    "OFFPOLICY_GRPO",
-    "PAIRED_CLAIMS",
-    "PAPER_BAND",
     "PRIMARY",
     "PairedClaim",
-    "R3_VS_R2",
     "REPRODUCED",
     "REWARD_MARGIN",
     "UNTESTABLE",
     "UNTESTABLE_HERE",
     "arm_verdict",
-    "claim_depth",
-    "claim_expert_drift",
-    "claim_no_trust_region",
-    "claim_vespo_staleness",
-    "claim_shift_leads",
     "combine",
     "compare_arms",
     "compare_collapse",
     "continuous_compare",
     "count_verdict",
     "declared_analyses",
+    "declared_or_none",
     "degrading_cells",
     "direction_verdict",
     "evaluate_claims",
@@ -183,9 +149,7 @@ __all__ = [
     "own_start_drop",
     "phase_outcomes",
     "pooled_rate_difference",
-    "run_series",
     "runs_folder",
     "runs_in_cells",
-    "shift_before_collapse",
     "survival_compare",
 ]

@@ -10,7 +10,6 @@ import pandas as pd
 
 from moe_rl.analysis.claims.rules import PRIMARY, Claim
 
-EXPERIMENT_FILES = Path(__file__).resolve().parents[3] / "experiments" / "conf" / "preset"
 SWEEP_KEYS = {"seed": "seed", "optim.lr": "lr", "optim.updates_per_rollout": "N", "arm": "arm"}  # sweep -> run key
 
 
@@ -31,13 +30,13 @@ def _sweep_values(key: str, text: object) -> list:
     return [float(v) for v in values]
 
 
-def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
+def declared_analyses(folder: str | Path) -> dict[str, Declared]:
     """experiment -> its declared analysis, from the `analysis` blocks of the experiment files in
-    `folder` (default experiments/conf/preset). A file whose block says `extends: NAME` and
+    `folder` (the presets, experiments/conf/preset). A file whose block says `extends: NAME` and
     `look: K` added runs to NAME after K - 1 looks at its results; its sweep parameters say which runs."""
     import yaml
 
-    folder = EXPERIMENT_FILES if folder is None else Path(folder)
+    folder = Path(folder)
     docs = (
         {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
     )
@@ -46,7 +45,7 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
         block = doc.get("analysis")
         if isinstance(block, dict) and "extends" not in block:
             exp = str(doc.get("experiment", name))
-            out[exp] = Declared(exp, f"experiments/conf/preset/{name}.yaml", block)
+            out[exp] = Declared(exp, (folder / f"{name}.yaml").as_posix(), block)
     for name, doc in docs.items():
         block = doc.get("analysis")
         if not (isinstance(block, dict) and "extends" in block):
@@ -58,6 +57,14 @@ def declared_analyses(folder: str | Path | None = None) -> dict[str, Declared]:
         runs = {SWEEP_KEYS[k]: _sweep_values(SWEEP_KEYS[k], v) for k, v in params.items() if k in SWEEP_KEYS}
         base.extensions.append({"name": name, "look": int(block["look"]), "runs": runs})
     return out
+
+
+def declared_or_none(folder: str | Path, experiment: str) -> Declared | None:
+    """The declared analysis of `experiment` in `folder`; None where there is none or the files cannot be read."""
+    try:
+        return declared_analyses(folder).get(experiment)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def extension_of(outcomes: pd.DataFrame, declared: Declared | None) -> pd.Series:

@@ -39,9 +39,10 @@ def _plain_fallback(c: Claim) -> str:
     )
 
 
-def format_claims_markdown(claims: list[Claim], root: str | Path = "results") -> str:
-    """results/CLAIMS.md: the scale, a paragraph per claim, the table, then per claim the rule, the reason and the notes."""
-    scale = models_and_tasks(root)
+def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders: tuple[str, ...]) -> str:
+    """results/CLAIMS.md: the scale (of the runs in `scale_folders`), a paragraph per claim, the table, then per
+    claim the rule, the reason and the notes."""
+    scale = models_and_tasks(root, scale_folders)
     lines = ["# Claims and verdicts", ""]
     if scale:
         lines += [scale, ""]

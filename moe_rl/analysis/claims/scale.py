@@ -7,19 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from moe_rl.analysis.claims.cells import runs_folder
-from moe_rl.analysis.claims.paired_claims import DENSE_CONTROL, FAMILY_PHASES
 
-SCALE_EXPERIMENTS = (
-    "phase",
-    "phase_mismatch",
-    "drift_scaling",
-    "drift_forecast",
-    "engine_mismatch",
-    "engine_mismatch_stable",
-    DENSE_CONTROL,
-    *FAMILY_PHASES,
-    "stabilizers",  # the leaderboard at the end of the page
-)
 PAPER_SCALE = (
     "Qwen3-30B-A3B (hidden size 2048, 48 MoE layers, 128 experts, top-8) trained on mathematics and code (GSPO, R3)"
 )
@@ -32,7 +20,7 @@ def _span(values: pd.Series, fmt: str = "g") -> str:
     return f"{vals[0]:{fmt}}" if len(vals) == 1 else f"{vals[0]:{fmt}}-{vals[-1]:{fmt}}"
 
 
-def models_and_tasks(root: str | Path, experiments: tuple[str, ...] = SCALE_EXPERIMENTS) -> str:
+def models_and_tasks(root: str | Path, experiments: tuple[str, ...]) -> str:
     """A sentence naming the models and tasks behind the verdicts, read from the runs' config.yaml."""
     import yaml
 

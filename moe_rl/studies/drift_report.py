@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.drift import (
+from moe_rl.analysis.folder_report import kept_wall
+from moe_rl.analysis.load import load_results
+from moe_rl.analysis.tables import mean_ci95
+from moe_rl.run.atomic import write_atomic
+from moe_rl.studies.drift import (
     AXES,
     DRIFT_KEYS,
     GEOMETRY,
@@ -30,9 +34,6 @@ from moe_rl.analysis.drift import (
     plot_drift_scaling,
     plot_flip_vs_margin,
 )
-from moe_rl.analysis.load import load_results
-from moe_rl.analysis.tables import mean_ci95
-from moe_rl.run.atomic import write_atomic
 
 CENTRE = {"num_experts": 64, "top_k": 8, "num_moe_layers": 4, "lr": 1e-4}
 # Qwen3-30B-A3B (GSPO paper's model): 128 experts, top-8, 48 MoE layers. Learning rates of a 30B
@@ -281,3 +282,9 @@ def write_report(root: Path, out: Path, *, wall: str | None = None, n_boot: int 
         fig.savefig(buf, format="png", dpi=110)
         write_atomic(out / name, buf.getvalue())
     return [out / n for n in FILES]
+
+
+def write_folder_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """results/drift_scaling: the fits and the extrapolation (what `python -m moe_rl.drift_report` writes),
+    keeping the wall time its summary.md quotes; `presets` is not read."""
+    return write_report(runs_dir, out, wall=kept_wall(out))

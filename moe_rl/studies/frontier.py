@@ -26,7 +26,7 @@ from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
 from moe_rl.metrics.names import OFFPOLICY_SUFFIX, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY
 
-PRESET = Path(__file__).resolve().parents[2] / "experiments" / "conf" / "preset" / "frontier.yaml"
+PRESET = "frontier.yaml"  # the declaration, in the presets folder
 # folders whose runs of the same configs (but the experiment name) the frontier reads rather than reruns
 SOURCES = ("frontier", "phase", "phase_edge", "phase_band", "stabilizers", "dense_control")
 THRESHOLD = -0.05  # mean accuracy change at or above which a point is stable
@@ -56,9 +56,9 @@ class Frontier:
         return next(a for a in self.axes if a.name == name)
 
 
-def load_frontier(path: Path = PRESET) -> Frontier:
-    """The frontier declared in the preset's `analysis.frontier`."""
-    spec = yaml.safe_load(Path(path).read_text())["analysis"]["frontier"]
+def load_frontier(presets: Path) -> Frontier:
+    """The frontier declared in the `analysis.frontier` block of its preset in the presets folder `presets`."""
+    spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["frontier"]
     axes = tuple(
         Axis(
             name=name,

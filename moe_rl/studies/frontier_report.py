@@ -13,8 +13,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis import frontier as fr_
+from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.analysis.stats import pair_by, paired_compare
+from moe_rl.run.atomic import write_atomic
+from moe_rl.studies import frontier as fr_
 
 BENCH_CELL = {"lr": 3e-4, "N": 8}  # the stabilizer bench's edge cell
 
@@ -135,9 +137,8 @@ def gap_by_n(runs: pd.DataFrame, fr: fr_.Frontier, rows: list[tuple[str, str]]) 
     return pd.concat(frames, axis=1) if frames else pd.DataFrame()
 
 
-def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier | None = None) -> tuple[pd.DataFrame, str, Figure]:
+def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier) -> tuple[pd.DataFrame, str, Figure]:
     """The frontier table, the markdown section that opens the report's summary, and its figure."""
-    fr = fr or fr_.load_frontier()
     edges = fr_.edges(runs, fr)
     table = frontier_table(runs, fr, edges)
     located = sum(e.located for e in edges.values())
@@ -158,7 +159,16 @@ def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier | None = None) -> tupl
     return table, text, plot_frontier(runs, fr, edges)
 
 
-def claims_section(root: Path) -> list[str]:
+def write_frontier_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """results/frontier: the table of every arm's edges, a csv and a figure, from its runs and those of the same
+    configs in the folders beside it (`frontier.SOURCES`), as the preset in `presets` declares them."""
+    runs = fr_.load_runs(dict.fromkeys(p.resolve() for p in (out.parent, runs_dir.parent.parent)))
+    table, text, fig = frontier_section(runs, fr_.load_frontier(presets))
+    write_atomic(out / "summary.md", f"# frontier\n\n{text}".encode())
+    return [out / "summary.md", write_csv(out / "frontier.csv", table), write_png(out / "frontier.png", fig)]
+
+
+def claims_section(root: Path, presets: Path) -> list[str]:
     """The frontier table (its report's frontier.csv) for CLAIMS.md; none without it."""
     csv = Path(root) / "frontier" / "frontier.csv"
     if not csv.is_file():
@@ -169,5 +179,5 @@ def claims_section(root: Path) -> list[str]:
         "Each method's edge along lr (N = 8) and staleness N (lr 3e-4), found by bisection; the table claims 10 "
         "and 11 read their staleness edges from. Rule, intervals and figure: `frontier/summary.md`.",
         "",
-        format_frontier_markdown(pd.read_csv(csv, keep_default_na=False, na_values=[""]), fr_.load_frontier()),
+        format_frontier_markdown(pd.read_csv(csv, keep_default_na=False, na_values=[""]), fr_.load_frontier(presets)),
     ]

@@ -16,8 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.drift import GEOMETRY
-from moe_rl.analysis.forecast import (
+from moe_rl.analysis.folder_report import kept_wall
+from moe_rl.analysis.load import load_results
+from moe_rl.run.atomic import write_atomic
+from moe_rl.studies.drift import GEOMETRY
+from moe_rl.studies.forecast import (
     EXPERT_KEY,
     FLIP_KEY,
     PROBE_STEPS,
@@ -35,8 +38,6 @@ from moe_rl.analysis.forecast import (
     window_forecast,
     window_points,
 )
-from moe_rl.analysis.load import load_results
-from moe_rl.run.atomic import write_atomic
 
 CENTRE = {"num_experts": 64, "top_k": 8, "num_moe_layers": 4}
 FILES = ("summary.md", "fit.json", "curve.csv", "points.csv", "runs.csv", "window.csv")
@@ -321,3 +322,10 @@ def run_fit(runs_dir: Path, out: Path, wall: str | None) -> dict[str, Any]:
     write_atomic(out / "fit.json", (json.dumps(result["summary"], indent=1) + "\n").encode())
     write_atomic(out / "summary.md", fit_markdown(result, wall).encode())
     return result
+
+
+def write_folder_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """results/drift_forecast: the curve fit and its validation (what `python -m moe_rl.forecast --fit` writes),
+    keeping the wall time its summary.md quotes; `presets` is not read."""
+    run_fit(runs_dir, out, kept_wall(out))
+    return [out / n for n in FILES]

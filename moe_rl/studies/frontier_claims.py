@@ -1,4 +1,4 @@
-"""Claims 10 and 11: staleness edges on the stability frontier (`moe_rl.analysis.frontier`).
+"""Claims 10 and 11: staleness edges on the stability frontier (`moe_rl.studies.frontier`).
 
 Both are decided on the N axis by the bootstrap over seeds of each arm's edge (the preset's `claims_rules`):
 a claim is reproduced when its ordering of edges holds in at least 95% of the draws, not reproduced when the
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis import frontier as fr_
 from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim, would_change
+from moe_rl.studies import frontier as fr_
 
 SURE = 0.95  # the share of bootstrap draws an ordering must hold in
 GRPO, SAPO, VESPO = ("qwen3_moe", "grpo_none"), ("qwen3_moe", "sapo_none"), ("qwen3_moe", "vespo_none")
@@ -23,15 +23,15 @@ NO_TRUST_REGION, TRUST_REGION = (CISPO, PLAIN_IS), (GRPO, DPPO)
 
 
 @lru_cache(maxsize=2)
-def _frontier(root: str) -> tuple[pd.DataFrame, fr_.Frontier, dict]:
+def _frontier(root: str, presets: str) -> tuple[pd.DataFrame, fr_.Frontier, dict]:
     """The frontier's runs (its folder and the sources it borrows) and every edge, once per results root."""
-    fr = fr_.load_frontier()
+    fr = fr_.load_frontier(Path(presets))
     runs = fr_.load_runs([Path(root)])
     return runs, fr, fr_.edges(runs, fr)
 
 
 def _edge_text(runs: pd.DataFrame, edge: fr_.Edge) -> str:
-    from moe_rl.analysis.frontier_report import row_label
+    from moe_rl.studies.frontier_report import row_label
 
     return f"{row_label(runs, edge.row)} {edge.label} {edge.interval}"
 
@@ -41,13 +41,13 @@ def _claim(id_: int, claim: str, source: str, rule: str) -> Claim:
 
 
 def _edges(
-    c: Claim, root: Path, rows: list[tuple[str, str]]
+    c: Claim, root: Path, presets: Path, rows: list[tuple[str, str]]
 ) -> tuple[list[fr_.Edge], pd.DataFrame, fr_.Frontier] | None:
     """The staleness edges of `rows`, the frontier's runs and declaration, with the claim's statistic set to the edges; None
     (the claim left inconclusive, with its reason) without a frontier folder or while an edge is not located."""
     if not (Path(root) / "frontier").is_dir():
         return None
-    runs, fr, edges = _frontier(str(root))
+    runs, fr, edges = _frontier(str(root), str(presets))
     found = [edges[(row, "N")] for row in rows]
     c.statistic = "; ".join(_edge_text(runs, e) for e in found)
     unlocated = [e.row[1] for e in found if not e.located]
@@ -57,7 +57,7 @@ def _edges(
     return found, runs, fr
 
 
-def claim_vespo_staleness(root: Path) -> Claim:
+def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
     c = _claim(
         10,
         "VESPO stays stable far past the staleness where GRPO and SAPO collapse",
@@ -65,7 +65,7 @@ def claim_vespo_staleness(root: Path) -> Claim:
         "on the N axis, vespo+none's edge at least two grid points (4x in N) above both grpo+none's and "
         "sapo+none's in 95% of the bootstrap draws: reproduced; at or below either one's in 95%: not reproduced",
     )
-    found = _edges(c, root, [VESPO, GRPO, SAPO])
+    found = _edges(c, root, presets, [VESPO, GRPO, SAPO])
     if found is None:
         return c
     v, g, s = found[0]
@@ -82,7 +82,7 @@ def claim_vespo_staleness(root: Path) -> Claim:
     return c
 
 
-def claim_no_trust_region(root: Path) -> Claim:
+def claim_no_trust_region(root: Path, presets: Path) -> Claim:
     c = _claim(
         11,
         "Methods without a trust region collapse as the mismatch grows",
@@ -91,7 +91,7 @@ def claim_no_trust_region(root: Path) -> Claim:
         "95% of the bootstrap draws (all four pairs): reproduced; either at or above either in 95%: not reproduced",
     )
     rows = [*NO_TRUST_REGION, *TRUST_REGION]
-    found = _edges(c, root, rows)
+    found = _edges(c, root, presets, rows)
     if found is None:
         return c
     edges, runs, fr = dict(zip(rows, found[0])), found[1], found[2]
@@ -105,7 +105,7 @@ def claim_no_trust_region(root: Path) -> Claim:
     c.test = f"share of draws with both below both {np.mean(below):.3f}; largest share of one at or above one {at_or_above:.3f}"
     c.verdict = REPRODUCED if np.mean(below) >= SURE else NOT_REPRODUCED if at_or_above >= SURE else INCONCLUSIVE
     c.reason = c.test
-    from moe_rl.analysis.frontier_report import gap_by_n
+    from moe_rl.studies.frontier_report import gap_by_n
 
     gap = gap_by_n(runs, fr, rows)
     if not gap.empty:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.folder_report import after_title, write_csv, write_png, write_report
+from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
 from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci, holm, paired_compare
 from moe_rl.metrics.names import (
     OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
@@ -286,3 +289,16 @@ def ladder_section(df: pd.DataFrame) -> tuple[dict[str, pd.DataFrame | Figure], 
         ]
         files |= {"instruments.csv": instruments.reset_index(), "instruments.png": plot_instruments(df, instruments)}
     return files, "\n".join(lines)
+
+
+def write_mechanism_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """A mechanism ladder's folder: the usual report of its runs by rung, opened by the ladder (each rung's
+    share of the dense - moe gap) as a table, a csv and a figure; `presets` is not read."""
+    written = write_report(runs_dir, out, by=["rung"], reference=REFERENCE)
+    df = load_results(runs_dir)
+    files, text = ladder_section(df[~df["status"].isin(INCOMPLETE_STATUSES)])
+    written += [
+        write_png(out / name, v) if isinstance(v, Figure) else write_csv(out / name, v) for name, v in files.items()
+    ]
+    after_title(out / "summary.md", text)
+    return written

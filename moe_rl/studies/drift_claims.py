@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.claims.cells import load_experiment
-from moe_rl.analysis.claims.declared import Declared, extension_of, looks_note
+from moe_rl.analysis.claims.declared import declared_or_none, extension_of, looks_note
 from moe_rl.analysis.claims.rules import (
     ALPHA,
     DRIFT_MARGIN,
@@ -226,7 +226,9 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
 
 
-def claim_depth(root: Path, declared: Declared | None = None) -> Claim:
+def claim_depth(root: Path, presets: Path) -> Claim:
+    """Claim 4 on the drift_scaling runs, with the analysis its preset in `presets` declares."""
+    declared = declared_or_none(presets, "drift_scaling")
     key = offpolicy_key(ROUTE_FLIP_RATE)
     c = Claim(
         4,

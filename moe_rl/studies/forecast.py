@@ -25,7 +25,6 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.drift import GEOMETRY, fit_drift
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.metrics.bins import MOVE_EDGES
 from moe_rl.metrics.names import (
@@ -39,6 +38,7 @@ from moe_rl.metrics.names import (
     TOKEN_FLIP_RATE,
     offpolicy_key,
 )
+from moe_rl.studies.drift import GEOMETRY, fit_drift
 
 MOVE_COUNT = rf"^{re.escape(FLIP_VS_MOVE_PREFIX)}(?P<kind>n|flips)/bin_(?P<bin>\d+)$"
 SIGMA_KEY = offpolicy_key(ROUTE_MOVE_RMS)

@@ -12,10 +12,14 @@ part's share of it and the clip fraction, per-run means over the run, then means
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.claims import runs_folder
+from moe_rl.analysis.folder_report import after_title, write_csv, write_report
+from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
 from moe_rl.analysis.phase import run_outcomes
 from moe_rl.analysis.stats import holm, mcnemar_exact, pair_by, paired_compare
 from moe_rl.analysis.tables import per_run_mean, variant_per_run
@@ -157,4 +161,52 @@ def bench_section(
         "",
         "Pooled over the cells (pairs by lr, N and seed):",
         "",
+    ]
+
+
+# the runs this folder's report reads from another folder: (folder, the run keys it keeps)
+BORROWS: tuple[str, dict[str, object]] = ("dense_control", {"family": "qwen3_moe"})
+
+
+def write_stabilizers_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """The stabilizer bench: the usual report of its own runs, opened by the leaderboard of every arm against
+    grpo+none, whose runs (and gspo+none's) it borrows from `dense_control` beside its folder (the same configs
+    but the name); `presets` is not read."""
+    written = write_report(runs_dir, out, by=["arm"])
+    folder, keep = BORROWS
+    own = load_results(runs_dir)
+    beside = (runs_dir.parent if runs_dir.name == "runs" else runs_dir).parent  # the results root
+    borrowed_dir = runs_folder(beside, folder)
+    borrowed = load_results(borrowed_dir)
+    for key, value in keep.items():
+        borrowed = borrowed[borrowed[key] == value]
+    borrowed = borrowed[~borrowed["arm"].isin(set(own["arm"]))]
+    runs = per_run(pd.concat([own, borrowed], ignore_index=True))
+    runs = runs[~runs["status"].isin(INCOMPLETE_STATUSES)]
+    pooled = leaderboard(runs)
+    cells = [(cell, leaderboard(g)) for cell, g in runs.groupby(["lr", "N"], sort=True)]
+    frames = [pooled.assign(cell="pooled")] + [t.assign(cell=f"lr {lr:g}, N = {n}") for (lr, n), t in cells]
+    csv = write_csv(out / "leaderboard.csv", pd.concat(frames, ignore_index=True))
+    section = bench_section(runs, own_runs=set(own["run"]), runs_dir=runs_dir, borrowed_dir=borrowed_dir, keep=keep)
+    section.append(format_leaderboard_markdown(pooled))
+    for (lr, n), table in cells:
+        section += [f"lr {lr:g}, N = {n}:", "", format_leaderboard_markdown(table)]
+    after_title(out / "summary.md", "\n".join(section))
+    return [*written, csv]
+
+
+def claims_section(root: Path, presets: Path) -> list[str]:
+    """The bench's pooled leaderboard (its report's leaderboard.csv), for CLAIMS.md; none without it."""
+    csv = root / "stabilizers" / "leaderboard.csv"
+    if not csv.is_file():
+        return []
+    table = pd.read_csv(csv)
+    return [
+        "## Stabilizer leaderboard",
+        "",
+        "Every published stabilizer against grpo+none on the default model in the two cells of the phase map "
+        "where it degrades (lr 3e-4 with N = 8, lr 1e-3 with N = 2), 8 seeds each, paired by cell and seed; "
+        "not a claim of the papers, so no verdict. Per cell and with the rules: `stabilizers/summary.md`.",
+        "",
+        format_leaderboard_markdown(table[table["cell"] == "pooled"]),
     ]

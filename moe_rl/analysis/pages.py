@@ -1,0 +1,61 @@
+"""The pages of a results root: CLAIMS.md (the verdicts, the sections studies add, the provenance of every
+folder) and collapse_definitions.md; each written to a temporary name and renamed into place."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from moe_rl import analysis
+from moe_rl.analysis.claims import Claim, format_claims_markdown, runs_folder
+from moe_rl.analysis.provenance import commits, load_provenance
+from moe_rl.run.atomic import write_atomic
+
+
+def write_claims_page(
+    root: Path, claims: list[Claim], sections: list[str], scale_folders: tuple[str, ...], out: Path | None = None
+) -> Path:
+    """RESULTS_ROOT/CLAIMS.md: the verdicts of `claims` on the folders under root, the scale paragraph from
+    `scale_folders`, then `sections` (what studies add) and the provenance of every folder."""
+    path = (out or root) / "CLAIMS.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = format_claims_markdown(claims, root, scale_folders)
+    text = text.rstrip("\n") + "\n\n" + "\n".join([*sections, *provenance_section(root)]) + "\n"
+    write_atomic(path, text.encode())
+    return path
+
+
+def provenance_section(root: Path) -> list[str]:
+    """The commits each result folder's runs came from (their meta.json), for CLAIMS.md."""
+    lines = [
+        "## Provenance",
+        "",
+        "The commits each folder's runs were made by (meta.json; runs that recorded none name the commit that "
+        "shipped them). A rerun agrees bitwise on a CPU of the same vendor and model for runs with `numerics=avx2` "
+        "(on one of the same kernel set for `native` runs), and lies within seed variation elsewhere; see "
+        "docs/reproducing.md.",
+        "",
+        "| folder | runs | commits |",
+        "|---|---|---|",
+    ]
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        frame = load_provenance(folder)
+        if len(frame):
+            lines.append(f"| {folder.name} | {len(frame)} | {', '.join(f'`{c}`' for c in commits(frame)) or '—'} |")
+    return lines
+
+
+def write_collapse_definitions(root: Path, folders: tuple[str, ...], out: Path | None = None) -> Path | None:
+    """RESULTS_ROOT/collapse_definitions.md: which runs each collapse definition flags, and why."""
+    frames = {}
+    for name in folders:
+        runs_dir = runs_folder(root, name)
+        if runs_dir.is_dir() and any(runs_dir.rglob("metrics.parquet")):
+            frames[f"{root.name}/{runs_dir.relative_to(root).as_posix()}"] = analysis.load_results(runs_dir)
+    if not frames:
+        print(f"skipped collapse_definitions.md: none of {list(folders)} under {root}", file=sys.stderr)
+        return None
+    path = (out or root) / "collapse_definitions.md"
+    text = analysis.collapse_definitions_markdown(frames)
+    write_atomic(path, text.encode())
+    return path

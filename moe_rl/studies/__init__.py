@@ -1,0 +1,217 @@
+"""The shipped studies: one row each in `STUDIES`, in page order (the main job first).
+
+A study is a results folder, the presets whose runs it holds, the question it answers, its report (None: the
+folder report of `moe_rl.analysis.folder_report`, by arm), the claims it decides and the folders its report
+borrows runs from. A study's own analysis, report and claims live in its modules here (`frontier`,
+`frontier_report`, `frontier_claims`, ...); `moe_rl.analysis` is the generic toolkit they build on. A new
+study is its module, its preset (experiments/conf/preset/) and one row below.
+
+The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
+here reads the checkout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moe_rl.analysis.claims import Claim, ClaimItem, evaluate_claims
+from moe_rl.analysis.folder_report import StudyReport, with_provenance
+from moe_rl.analysis.pages import write_claims_page
+from moe_rl.analysis.provenance import run_records
+from moe_rl.studies import (
+    drift_claims,
+    drift_report,
+    engine,
+    forecast_report,
+    frontier,
+    frontier_claims,
+    frontier_report,
+    mechanism,
+    mechanism_claims,
+    phase,
+    shift,
+    stabilizers,
+)
+
+
+def _expert_drift(root: Path, presets: Path) -> Claim:
+    """Claim 1 (drift_claims.claim_expert_drift) reads no preset."""
+    return drift_claims.claim_expert_drift(root)
+
+
+def _shift_leads(root: Path, presets: Path) -> Claim:
+    """Claim 6 (shift.claim_shift_leads) reads no preset."""
+    return shift.claim_shift_leads(root)
+
+
+@dataclass(frozen=True)
+class Study:
+    """One results folder: what it asks, which presets fill it, how it is reported and what it decides."""
+
+    folder: str  # results/<folder>
+    presets: tuple[str, ...]  # experiments/conf/preset/<name>.yaml whose runs it holds (their `experiment` key)
+    question: str
+    report: StudyReport | None = None  # (runs_dir, out, presets) -> files; None: the folder report by arm
+    claims: Mapping[int, ClaimItem] = field(default_factory=dict)  # the claims it decides, by id
+    borrows: tuple[str, ...] = ()  # folders beside it whose runs its report also reads
+    claims_section: Callable[[Path, Path], list[str]] | None = None  # (root, presets) -> its section of CLAIMS.md
+
+
+_MECHANISM_REPORT = with_provenance(mechanism.write_mechanism_report)
+STUDIES: tuple[Study, ...] = (
+    Study(
+        "compare",
+        ("compare",),
+        "The main job: does R2 or a sequence-level ratio keep routing and training stable? GRPO+R2, GRPO, GSPO, "
+        "GSPO+R2 from one shared cold start, 3 seeds.",
+    ),
+    Study(
+        "phase",
+        ("phase", "phase_band", "phase_edge"),
+        "Where does GRPO without replay break? grpo+none, grpo+r2 and gspo+none over lr x N, with the edge cell "
+        "and the band where collapse is a coin flip seeded further; does router shift lead clip bursts?",
+        claims={2: phase.OFFPOLICY_GRPO, 3: phase.GSPO_STABLE, 6: _shift_leads},
+    ),
+    Study(
+        "phase_mixtral",
+        ("phase_mixtral",),
+        "Does the phase map's edge hold for Mixtral's routing rule (softmax over the selected top-2)?",
+    ),
+    Study(
+        "phase_mismatch",
+        ("phase_mismatch",),
+        "With bf16 rollouts and N = 8, does R3 keep GRPO more stable than R2?",
+    ),
+    Study(
+        "offpolicy",
+        ("offpolicy",),
+        "How do flips, ratio variance and collapses grow with updates per rollout N in {1, 2, 4, 8}?",
+    ),
+    Study(
+        "stress",
+        ("stress",),
+        "With large, stale updates (lr 3e-4, N = 8), does GRPO without replay collapse where R2 or GSPO hold?",
+    ),
+    Study(
+        "mismatch",
+        ("mismatch",),
+        "With bfloat16 rollouts and float32 training, does R3 beat R2 and none?",
+    ),
+    Study(
+        "engine_phase",
+        ("engine_phase",),
+        "Where does the engine model (vLLM bfloat16 rollouts) break? A pilot scan of grpo+none over lr x N.",
+    ),
+    Study(
+        "engine_mismatch",
+        ("engine_mismatch", "engine_mismatch_gentle"),
+        "With real engine rollouts (vLLM, bfloat16) and float32 training, where GRPO breaks, does R3 on the "
+        "engine's own routes beat R2, and do the engine-gap corrections TIS and IcePop help?",
+        claims={5: engine.R3_VS_R2},
+    ),
+    Study(
+        "engine_mismatch_stable",
+        ("engine_mismatch_stable",),
+        "The first engine sweep, kept as the stable reference: grpo+none/r2/r3 where every run ends above its "
+        "cold start.",
+    ),
+    Study(
+        "drift_scaling",
+        ("drift_scaling", "drift_scaling_depth"),
+        "How does per-update drift scale with experts, top-k, MoE depth and lr, and where does the GSPO paper's "
+        "~10% begin?",
+        report=with_provenance(drift_report.write_folder_report),
+        claims={4: drift_claims.claim_depth},
+    ),
+    Study(
+        "drift_forecast",
+        ("drift_forecast",),
+        "Is the per-update flip rate one curve of margin / router-logit movement across E, k, L and lr?",
+        report=with_provenance(forecast_report.write_folder_report),
+        claims={1: _expert_drift},
+    ),
+    Study(
+        "dense_control",
+        ("dense_control",),
+        "Is the instability at this scale specific to MoE? The dense control next to the MoE model, each from "
+        "its own cold start, in two cells where the MoE model degrades.",
+        claims={7: mechanism_claims.MOE_SPECIFIC},
+    ),
+    Study(
+        "mechanism",
+        ("mechanism",),
+        "What in the MoE model breaks where its dense control holds (lr 3e-4, N = 8)? A ladder of rungs from "
+        "matched starts, each changing one difference between the two.",
+        report=_MECHANISM_REPORT,
+        claims={8: mechanism_claims.AUX_HURTS, 9: mechanism_claims.FROZEN_ROUTER},
+    ),
+    Study(
+        "mechanism_gentle",
+        ("mechanism_gentle",),
+        "Does the ladder read the same at a gentler cell (lr 3e-4, N = 4), where the MoE model degrades less?",
+        report=_MECHANISM_REPORT,
+    ),
+    Study(
+        "mechanism_fine",
+        ("mechanism_fine",),
+        "Does the MoE-specific gap hold with many small experts (64 experts, top-8)?",
+        report=_MECHANISM_REPORT,
+    ),
+    Study(
+        "stabilizers",
+        ("stabilizers",),
+        "Does any published stabilizer keep GRPO from degrading where it degrades? A leaderboard against grpo+none.",
+        report=stabilizers.write_stabilizers_report,
+        borrows=(stabilizers.BORROWS[0],),
+        claims_section=stabilizers.claims_section,
+    ),
+    Study(
+        "frontier",
+        ("frontier",),
+        "Where does each method stop being stable? Each arm's edge along lr and along staleness N, by bisection.",
+        report=with_provenance(frontier_report.write_frontier_report),
+        claims={10: frontier_claims.claim_vespo_staleness, 11: frontier_claims.claim_no_trust_region},
+        borrows=tuple(s for s in frontier.SOURCES if s != "frontier"),
+        claims_section=frontier_report.claims_section,
+    ),
+    Study(
+        "gpu_check",
+        (),
+        "Do the GPU tests and the MegaBlocks backend pass on a GPU (scripts/gpu_check.sh; no runs)?",
+    ),
+)
+# the folders the scale paragraph of CLAIMS.md reads, in its order, and those of collapse_definitions.md
+SCALE_FOLDERS = (
+    "phase",
+    "phase_mismatch",
+    "drift_scaling",
+    "drift_forecast",
+    "engine_mismatch",
+    "engine_mismatch_stable",
+    "dense_control",
+    *phase.FAMILY_PHASES,
+    "stabilizers",  # the leaderboard at the end of the page
+)
+COLLAPSE_FOLDERS = ("stress", "compare")
+CLAIMS: dict[int, ClaimItem] = dict(sorted((i, c) for s in STUDIES for i, c in s.claims.items()))
+
+
+def study_of_runs(runs_dir: Path) -> Study | None:
+    """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records); None
+    when no row names them all."""
+    experiments = set(run_records(runs_dir)["experiment"].dropna())
+    found = [s for s in STUDIES if experiments and experiments <= set(s.presets)]
+    return found[0] if found else None
+
+
+def claims(root: Path, presets: Path) -> list[Claim]:
+    """Every study's claims, judged on the result folders under `root`, in id order."""
+    return evaluate_claims(root, CLAIMS, presets)
+
+
+def write_claims(root: Path, presets: Path, out: Path | None = None) -> Path:
+    """RESULTS_ROOT/CLAIMS.md: the verdicts, the sections the studies add (in page order), the provenance."""
+    sections = [line for s in STUDIES if s.claims_section for line in s.claims_section(root, presets)]
+    return write_claims_page(root, claims(root, presets), sections, SCALE_FOLDERS, out)

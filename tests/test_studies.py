@@ -1,0 +1,88 @@
+"""The study registry: one row per shipped results folder, every claim decided once, the generated results index."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+from helpers import PRESETS, ROOT
+
+from moe_rl import studies
+from moe_rl.analysis.claims import PairedClaim
+from moe_rl.studies.index import index_markdown, seed_ranges, verdicts, wall
+
+
+def test_every_results_folder_has_one_row_and_every_row_its_presets() -> None:
+    folders = [s.folder for s in studies.STUDIES]
+    assert len(folders) == len(set(folders))
+    assert folders[0] == "compare"  # the main job first
+    assert set(folders) == {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
+    shipped = {p.stem for p in PRESETS.glob("*.yaml")}
+    assert {p for s in studies.STUDIES for p in s.presets} <= shipped
+    named = [p for s in studies.STUDIES for p in s.presets]
+    assert len(named) == len(set(named)), "a preset fills one folder"
+    assert {b for s in studies.STUDIES for b in s.borrows} <= set(folders) | set(named)  # a folder, or a sweep's own
+
+
+def test_every_claim_is_decided_by_one_study_in_id_order() -> None:
+    ids = [i for s in studies.STUDIES for i in s.claims]
+    assert sorted(ids) == list(range(1, 12)) and len(ids) == len(set(ids))
+    assert list(studies.CLAIMS) == list(range(1, 12))
+    assert all(c.id == i for i, c in studies.CLAIMS.items() if isinstance(c, PairedClaim))
+
+
+def test_the_study_of_runs_is_read_from_their_meta_json(tmp_path: Path) -> None:
+    def run(name: str, experiment: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"run_keys": {"experiment": experiment, "seed": 0}}))
+
+    run("a", "mechanism_gentle")
+    assert studies.study_of_runs(tmp_path).folder == "mechanism_gentle"
+    run("b", "phase_edge")  # runs of two studies: no study's report, the folder report
+    assert studies.study_of_runs(tmp_path) is None
+    assert studies.study_of_runs(tmp_path / "nothing") is None
+
+
+def test_nothing_in_the_package_reads_the_checkout() -> None:
+    """The presets and configs are passed in (`--presets`, `--conf`): no module resolves a path into experiments/."""
+    found = {
+        str(p.relative_to(ROOT)): line.strip()
+        for p in sorted((ROOT / "moe_rl").rglob("*.py"))
+        for line in p.read_text().splitlines()
+        if re.search(r"parents\[\d\].*experiments|/ \"experiments\"", line)
+    }
+    assert found == {}
+
+
+def test_results_index_is_current() -> None:
+    page = ROOT / "results" / "README.md"
+    assert page.read_text() == index_markdown(ROOT / "results", PRESETS), (
+        "results/README.md is stale: run `python -m moe_rl.report --index results`"
+    )
+    text = page.read_text()
+    assert text.index("[compare](compare/summary.md)") < text.index("[phase](phase/summary.md)")
+    assert "| 2: not reproduced; 3: not reproduced; 6: not reproduced |" in text
+
+
+def test_index_helpers() -> None:
+    assert seed_ranges([5, 0, 1, 2, 6]) == "0-2, 5-6" and seed_ranges([]) == "—"
+    assert wall(0) == "—" and wall(125) == "2 min" and wall(3 * 3600 + 300) == "3 h 05 min"
+    found = verdicts(ROOT / "results" / "CLAIMS.md")
+    assert sorted(found) == list(range(1, 12)) and set(found.values()) <= {
+        "not reproduced",
+        "inconclusive",
+        "reproduced",
+    }
+
+
+def test_the_frontier_launcher_reads_run_status_with_the_status_module(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("frontier_launcher", ROOT / "experiments" / "frontier.py")
+    assert spec is not None and spec.loader is not None
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    assert not launcher._finished(tmp_path)  # no status.json yet
+    for status, finished in (("running", False), ("completed", True), ("collapsed", True), ("failed", True)):
+        (tmp_path / "status.json").write_text(json.dumps({"status": status, "reason": "not running any more"}))
+        assert launcher._finished(tmp_path) is finished, status
