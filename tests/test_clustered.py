@@ -110,3 +110,48 @@ def test_intraclass_correlation_by_hand() -> None:
     assert clustered.intraclass_correlation([1, 3, 1, 3], [0, 0, 1, 1]) == -1.0
     # MSB = 2 * ((2-3)^2 + (4-3)^2) / 1 = 4, MSW = (0.5 + 0.5) / 2 = 0.5, m0 = 2: (4 - 0.5) / 4.5
     assert clustered.intraclass_correlation([1.5, 2.5, 3.5, 4.5], [0, 0, 1, 1]) == pytest.approx(3.5 / 4.5)
+
+
+def _outcomes(n_starts: int, seeds: int) -> pd.DataFrame:
+    rows = []
+    for start in range(n_starts):
+        for seed in range(seeds):
+            for arm, shift in (("grpo+none", 0.02 * (start + 1)), ("grpo+r2", 0.0)):
+                acc = 0.4 + 0.05 * start + 0.01 * seed + shift
+                rows.append({"arm": arm, "seed": start * 100 + seed, "start": f"s{start}", "final_accuracy": acc})
+    frame = pd.DataFrame(rows)
+    return frame.assign(reward_auc=frame["final_accuracy"], collapsed_in_loop=False)
+
+
+def test_arm_tests_take_the_start_as_the_unit() -> None:
+    from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
+
+    decided = arm_tests(_outcomes(6, 2), groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
+    assert (decided["final_accuracy_starts"], decided["final_accuracy_pairs"]) == (6, 12)
+    assert decided["final_accuracy_diff"] == pytest.approx(0.07)  # mean of 0.02 .. 0.12 over starts
+    assert decided["final_accuracy_p"] == 2 / 64  # six starts, all improving: one sign per start
+    assert 0.02 <= decided["final_accuracy_lo"] < 0.07 < decided["final_accuracy_hi"] <= 0.12
+    few = arm_tests(_outcomes(1, 3), groups=["arm"], pair_on=["seed"])
+    row = few.set_index("arm").loc["grpo+none"]
+    assert row["final_accuracy_starts"] == 1 and row["final_accuracy_diff"] == pytest.approx(0.02)
+    assert math.isnan(row["final_accuracy_lo"]) and math.isnan(row["final_accuracy_p"])
+    text = format_arm_tests_markdown(few, groups=["arm"])
+    assert "| 1 × 3 | +2.0 (descriptive) | — | — |" in text
+
+
+def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:
+    import json
+
+    from moe_rl.analysis.configs import run_starts
+
+    for name, meta, config in (
+        ("a", {"cold_start": {"key": "cb1e"}}, "seed: 0\n"),
+        ("b", {}, "cold_start:\n  seed: 3\n"),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+        (tmp_path / name / "config.yaml").write_text(config)
+    df = pd.DataFrame(
+        {"run": ["a", "b"], "seed": [0, 0], "step": [0, 0], "key": ["k", "k"], "value": [1.0, 1.0]}
+    ).assign(run_dir=[str(tmp_path / "a"), str(tmp_path / "b")])
+    assert run_starts(df).to_dict() == {"a": "cb1e", "b": "cold_seed=3"}

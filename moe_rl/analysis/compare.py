@@ -2,8 +2,10 @@
 
 Collapse counts: k of n with Wilson intervals and Boschloo's exact test. Continuous outcomes
 (final accuracy, the last evaluation as `moe_rl.analysis.accuracy` defines it; reward AUC): paired
-by seed (and any pooled key) — arms of a seed share the cold start and the prompts — with a
-bootstrap interval of the mean difference, a sign-flip p-value and the probability of improvement.
+by seed (and any pooled key) — arms of a seed share the cold start and the prompts — with the cold
+start as the unit (`moe_rl.analysis.clustered`): the mean over starts of the mean paired difference,
+a hierarchical bootstrap interval, a sign-flip p with one sign per start and the share of starts
+that improve. Below `clustered.MIN_UNITS` starts the difference is descriptive: no interval, no p.
 Holm over each column's tests.
 """
 
@@ -15,7 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.stats import collapse_test, holm, paired_compare, wilson_interval
+from moe_rl.analysis import clustered
+from moe_rl.analysis.stats import collapse_test, holm, wilson_interval
 
 CONTINUOUS = ("final_accuracy", "reward_auc")
 
@@ -34,12 +37,14 @@ def arm_tests(
     reference: str | None = None,
     collapse_cols: Sequence[str] = ("collapsed_in_loop",),
     pair_on: Sequence[str] = ("seed",),
-    seed: int = 0,
+    start_col: str = "start",
 ) -> pd.DataFrame:
     """One row per group (`groups`, which include `compare`): collapse k, n, Wilson interval and p vs the
     reference group of the same stratum for each of `collapse_cols`; for CONTINUOUS outcomes the
-    paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`). `*_holm` columns
-    hold Holm-adjusted p over the table's rows. The reference row has NaN tests.
+    paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`, and `_starts`, `_pairs`:
+    the independent starts and the pairs behind it; `paired_by_start`). `*_holm` columns hold Holm-adjusted p
+    over the table's rows. The reference row has NaN tests. `start_col`: each run's cold start (outcomes
+    without it count every pair as its own start).
     """
     groups = list(groups)
     strata = [g for g in groups if g != compare]
@@ -62,19 +67,19 @@ def arm_tests(
                 else math.nan
             )
         for name in CONTINUOUS:
-            res = {
-                "mean_diff": math.nan,
-                "lo": math.nan,
-                "hi": math.nan,
-                "p_value": math.nan,
-                "prob_improvement": math.nan,
-                "n": 0,
-            }
+            res: dict = {"mean_diff": math.nan, "lo": math.nan, "hi": math.nan, "p_value": math.nan}
+            res.update(prob_improvement=math.nan, n_starts=0, n=0)
             if not row["is_reference"] and len(ref) and name in g:
                 on = [c for c in pair_on if c in g]
-                joined = g[[*on, name]].merge(ref[[*on, name]], on=on, suffixes=("", "_ref"))
+                cols = [*on, name, *([start_col] if start_col in g else [])]
+                joined = g[cols].merge(ref[cols], on=on, suffixes=("", "_ref"))
                 if len(joined) and not joined.duplicated(on).any():
-                    res = paired_compare(joined[name], joined[f"{name}_ref"], seed=seed)
+                    starts = (
+                        joined[start_col].astype(str) + " | " + joined[f"{start_col}_ref"].astype(str)
+                        if start_col in g
+                        else pd.Series(range(len(joined)))
+                    )
+                    res = paired_by_start(joined[name], joined[f"{name}_ref"], starts)
             row.update(
                 {
                     f"{name}_diff": res["mean_diff"],
@@ -82,6 +87,7 @@ def arm_tests(
                     f"{name}_hi": res["hi"],
                     f"{name}_p": res["p_value"],
                     f"{name}_poi": res["prob_improvement"],
+                    f"{name}_starts": res["n_starts"],
                     f"{name}_pairs": res["n"],
                 }
             )
@@ -93,6 +99,23 @@ def arm_tests(
     return table
 
 
+def paired_by_start(a: pd.Series, b: pd.Series, starts: pd.Series) -> dict:
+    """a - b paired, each pair labelled by its cold start(s): n (pairs), n_starts, mean_diff (mean of the starts'
+    means), and below `clustered.MIN_UNITS` starts nothing more; else lo, hi (hierarchical bootstrap), p_value
+    (one sign per start) and prob_improvement (share of starts whose mean difference is above 0, a tie one half)."""
+    x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    d, units = x[keep] - y[keep], starts.to_numpy()[keep]
+    means = clustered.cluster_means(d, units)
+    out = {"n": len(d), "n_starts": len(means), "mean_diff": float(means.mean()) if len(means) else math.nan}
+    out.update(lo=math.nan, hi=math.nan, p_value=math.nan, prob_improvement=math.nan)
+    if clustered.descriptive_reason(len(means)) is None:
+        _, out["lo"], out["hi"] = clustered.hierarchical_bootstrap(d, units)
+        out["p_value"] = clustered.cluster_sign_flip_pvalue(d, units)
+        out["prob_improvement"] = float(np.mean((means > 0) + 0.5 * (means == 0)))
+    return out
+
+
 def _p(p: float, p_holm: float) -> str:
     return "—" if not np.isfinite(p) else f"{p:.3g} ({p_holm:.3g})"
 
@@ -100,6 +123,14 @@ def _p(p: float, p_holm: float) -> str:
 def _signed(x: float, s: str = ".1f", k: float = 100) -> str:
     """`k * x` with its sign in format `s` (default: percentage points to 0.1), or a dash when not finite."""
     return "—" if not np.isfinite(x) else f"{k * x:+{s}}"
+
+
+def _interval(r: pd.Series, name: str, s: str = ".1f", k: float = 100) -> str:
+    """`diff [lo, hi]`, or `diff (descriptive)` where too few starts stand behind it for an interval."""
+    diff = _signed(r[f"{name}_diff"], s, k)
+    if np.isfinite(r[f"{name}_lo"]):
+        return f"{diff} [{_signed(r[f'{name}_lo'], s, k)}, {_signed(r[f'{name}_hi'], s, k)}]"
+    return diff if diff == "—" else f"{diff} (descriptive)"
 
 
 def format_arm_tests_markdown(
@@ -110,7 +141,8 @@ def format_arm_tests_markdown(
     head = [*groups]
     for name in collapse_cols.values():
         head += [f"{name} [95% Wilson]", "p vs ref (Holm)"]
-    head += ["Δ final acc (pp) [95% boot]", "p (Holm)", "P(better)", "Δ reward AUC [95% boot]", "p (Holm)"]
+    head += ["starts × seeds", "Δ final acc (pp) [95% boot]", "p (Holm)", "P(better)", "Δ reward AUC [95% boot]"]
+    head += ["p (Holm)"]
     lines = ["| " + " | ".join(head) + " |", "|" + ":---|" * len(groups) + "---:|" * (len(head) - len(groups))]
     for _, r in table.iterrows():
         cells = [str(r[g]).replace("|", "\\|") for g in groups]
@@ -118,15 +150,16 @@ def format_arm_tests_markdown(
             cells.append(f"{int(r[f'{col}_k'])} of {int(r[f'{col}_n'])} [{r[f'{col}_lo']:.2f}, {r[f'{col}_hi']:.2f}]")
             cells.append("ref" if r["is_reference"] else _p(r[f"{col}_p"], r[f"{col}_p_holm"]))
         if r["is_reference"]:
-            cells += ["ref", "—", "—", "ref", "—"]
+            cells += ["—", "ref", "—", "—", "ref", "—"]
         else:
             a, auc = "final_accuracy", "reward_auc"
-            fmt = _signed
+            n_starts, n_pairs = int(r[f"{a}_starts"]), int(r[f"{a}_pairs"])
             cells += [
-                f"{fmt(r[f'{a}_diff'])} [{fmt(r[f'{a}_lo'])}, {fmt(r[f'{a}_hi'])}]",
+                f"{n_starts} × {n_pairs / n_starts:.3g}" if n_starts else "—",
+                _interval(r, a),
                 _p(r[f"{a}_p"], r[f"{a}_p_holm"]),
                 "—" if not np.isfinite(r[f"{a}_poi"]) else f"{r[f'{a}_poi']:.2f}",
-                f"{fmt(r[f'{auc}_diff'], '.3f', 1)} [{fmt(r[f'{auc}_lo'], '.3f', 1)}, {fmt(r[f'{auc}_hi'], '.3f', 1)}]",
+                _interval(r, auc, ".3f", 1),
                 _p(r[f"{auc}_p"], r[f"{auc}_p_holm"]),
             ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -9,6 +9,7 @@ no run key already shows; `group_checks` flags groups whose runs repeat a seed o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,25 @@ def group_checks(df: pd.DataFrame, groups: Sequence[str]) -> list[str]:
 
 def _value(value: Any) -> str:
     return "null" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+
+
+def run_starts(df: pd.DataFrame) -> pd.Series:
+    """Per run, the cold start it began from, the unit of replication (`moe_rl.analysis.clustered`): the key
+    its meta.json records (`cold_start.key`, the cached warm-up's config hash, or the checkpoint's
+    fingerprint); where a run has none, its cold-start seed (`cold_seed`, else `cold_start.seed` in its config)."""
+    out = {}
+    for _, row in runs(df).iterrows():
+        run_dir = Path(str(row["run_dir"]))
+        key = None
+        meta = run_dir / "meta.json"
+        if meta.is_file():
+            key = (json.loads(meta.read_text()).get("cold_start") or {}).get("key")
+        if key is None:
+            seed = row.get("cold_seed")
+            if seed is None or pd.isna(seed):
+                path = run_dir / "config.yaml"
+                config = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+                seed = (config.get("cold_start") or {}).get("seed", 0)
+            key = f"cold_seed={int(seed)}"
+        out[row["run"]] = str(key)
+    return pd.Series(out, name="start", dtype=object)

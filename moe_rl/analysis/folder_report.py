@@ -18,8 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl import analysis
+from moe_rl.analysis.clustered import MIN_UNITS
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
-from moe_rl.analysis.configs import group_checks, with_config
+from moe_rl.analysis.configs import group_checks, run_starts, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import load_provenance, provenance_line
@@ -124,9 +125,12 @@ def _tests_section(tests: pd.DataFrame, groups: list[str], compare: str) -> list
             f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
             f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
             f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
-            "(same cold start and prompts), mean difference with a 95% bootstrap (BCa) interval, p from a sign-flip "
-            "permutation test, P(better) = share of seeds where the arm beats the reference. Holm-adjusted p in "
-            "parentheses, over each column's tests. Reward AUC: area under the mean-reward curve divided by the steps "
+            "(same cold start and prompts), with the cold start as the unit: the mean over starts of the mean paired "
+            "difference, a 95% hierarchical bootstrap interval (starts, then seeds within), p from a sign-flip test "
+            "with one sign per start, P(better) = share of starts where the arm beats the reference. Below "
+            f"{MIN_UNITS} independent starts a Δ is descriptive: no interval and no p (runs from one start say nothing "
+            "about another). Holm-adjusted p in parentheses, over each column's tests. Reward AUC: area under the "
+            "mean-reward curve divided by the steps "
             "(a mean reward)."
         ),
         "",
@@ -287,6 +291,7 @@ def write_report(
     for line in checks:
         print(f"warning: {line[2:]}", file=sys.stderr)
     outcomes = analysis.run_outcomes(df)
+    outcomes["start"] = outcomes["run"].map(run_starts(df))  # the unit of replication of every Δ
     compare = by[0]
     tests = analysis.arm_tests(
         outcomes,
