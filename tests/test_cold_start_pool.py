@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import run_metrics, tiny_config
+from helpers import ROOT, run_metrics, tiny_config
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig, config_hash, validate
 from moe_rl.loop.cold_start import COVARIATES, cold_start_key, expected_key, member_config, pool_member
@@ -117,3 +117,18 @@ def test_a_pool_of_one_is_todays_run_and_a_member_carries_its_covariates(tmp_pat
     again = run("again", "cold_start.pool=2", "seed=5")["cold_start"]
     assert again["key"] == cold["key"] and again["covariates"] == cold["covariates"]
     assert stored.stat().st_mtime_ns == written
+
+
+def test_the_pool_group_gives_every_study_six_starts() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import to_train_config
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+        cfg = validate(to_train_config(compose("config", overrides=["cold_start=pool", "seed=7"])))
+        matched = validate(to_train_config(compose("config", overrides=["cold_start=matched", "cold_start.pool=6"])))
+    assert (cfg.cold_start.pool, cfg.cold_start.mode, pool_member(cfg.cold_start, cfg.seed)) == (6, "auto", 1)
+    assert (matched.cold_start.pool, matched.cold_start.target_metric) == (6, "sampled")
+    assert TrainConfig().cold_start.pool == 1  # a plain run: one start

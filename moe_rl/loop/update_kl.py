@@ -17,7 +17,9 @@ def update_kl_seed(seed: int, step: int) -> int:
     return seed * 1_000_151 + step + 130_363
 
 
-def kl_rows(keep: int | None, seed: int, step: int, minibatches: tuple[Tensor, ...], first: int, count: int) -> list:
+def kl_rows(
+    keep: int | None, seed: int, step: int, minibatches: tuple[Tensor, ...], first: int, count: int
+) -> list[Tensor | None]:
     """Per mini-batch (global row ids), the positions among this process's rows (it holds [first, first + count)) of
     the `keep` rows `kl/update_k3` scores, drawn from `update_kl_seed`; every row with `keep` None; None (nothing
     scored) with `keep` 0. One subsample of the global mini-batch, whatever the world size."""
