@@ -30,7 +30,7 @@ import pandas as pd
 
 from moe_rl.metrics.names import KL_UPDATE_K3
 from moe_rl.run.atomic import write_atomic
-from moe_rl.run.identity import spec_hash
+from moe_rl.run.identity import NOT_IDENTITY, spec_hash
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -71,9 +71,14 @@ def lr_at(a: float, b: float, target: float) -> float:
 
 def calibration_key(arm: str, model: str, target: float, metric: str, steps: int, overrides: list[str]) -> str:
     """The cache key: the arm, the model, the target and the metric, and a hash of the pilots' settings but their lr
-    (the other overrides, the number of steps; the lrs of the grid only move the fit, not what it calibrates)."""
-    settings = spec_hash({"overrides": sorted(overrides), "steps": steps, "metric": metric})
+    (the overrides that change what a run computes, the number of steps; the lrs of the grid only move the fit)."""
+    settings = spec_hash({"overrides": sorted(computing(overrides)), "steps": steps, "metric": metric})
     return f"{arm}|{model}|{metric}={target:g}|{settings}"
+
+
+def computing(overrides: list[str]) -> list[str]:
+    """The overrides that change what a run computes (not where it writes, its threads or its cache folder)."""
+    return [o for o in overrides if o.partition("=")[0].lstrip("+") not in (*NOT_IDENTITY, "cold_start.cache_dir")]
 
 
 def cached_lr(
@@ -134,11 +139,11 @@ def calibrate(
     pilots = []
     for lr in lrs:
         run = pilot(arm, model, lr, folder / f"lr_{lr:g}", list(overrides), steps)
-        pilots.append({"lr": lr, **measured(run, metric), "run": str(run)})
+        pilots.append({"lr": lr, **measured(run, metric), "run": str(run.relative_to(runs))})
     a, b = fit_power_law([p["lr"] for p in pilots], [p["early"] for p in pilots])
     lr = lr_at(a, b, target)
     held = pilot(arm, model, lr, folder / f"heldout_lr_{lr:.4g}", list(overrides), steps)
-    holdout = {"lr": lr, **measured(held, metric), "run": str(held)}
+    holdout = {"lr": lr, **measured(held, metric), "run": str(held.relative_to(runs))}
     entry = {
         "arm": arm,
         "model": model,
@@ -148,7 +153,7 @@ def calibrate(
         "extrapolated": not min(lrs) <= lr <= max(lrs),
         "fit": {"a": a, "b": b, "model": f"log early KL = a + b log lr, least squares over {len(lrs)} pilots"},
         "steps": steps,
-        "overrides": list(overrides),
+        "overrides": computing(list(overrides)),
         "pilots": pilots,
         "holdout": {**holdout, "predicted": target, "measured_over_predicted": holdout["early"] / target},
         "seconds": time.perf_counter() - start,

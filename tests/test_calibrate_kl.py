@@ -45,6 +45,8 @@ def test_the_key_holds_what_the_calibration_depends_on() -> None:
     key = ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"])
     assert key.startswith("grpo_none|qwen3_moe|kl/update_k3=0.02|")
     assert key == ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"])
+    runtime = ["cold_start.cache_dir=/elsewhere", "threads=1", "progress=false", "optim.updates_per_rollout=8"]
+    assert key == ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, runtime)  # no other run
     for other in (
         ck.calibration_key("sapo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"]),
         ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=4"]),
