@@ -71,8 +71,9 @@ def lr_at(a: float, b: float, target: float) -> float:
 
 def calibration_key(arm: str, model: str, target: float, metric: str, steps: int, overrides: list[str]) -> str:
     """The cache key: the arm, the model, the target and the metric, and a hash of the pilots' settings but their lr
-    (the overrides that change what a run computes, the number of steps; the lrs of the grid only move the fit)."""
-    settings = spec_hash({"overrides": sorted(computing(overrides)), "steps": steps, "metric": metric})
+    (the overrides that change what a run computes, the number of steps; the lrs of the grid only move the fit), which
+    also names the pilots' folder: a calibration to another target or metric reads the same pilots."""
+    settings = spec_hash({"overrides": sorted(computing(overrides)), "steps": steps})
     return f"{arm}|{model}|{metric}={target:g}|{settings}"
 
 
