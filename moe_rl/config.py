@@ -283,6 +283,7 @@ class ColdStartConfig:
     patience: int | None = None  # stop after this many evals with no new best (0: never; None: 10 for dataset, else 0)
     target: float | None = None  # matched starts: stop once `target_metric` reaches it (None: the band's low edge)
     target_metric: str = "greedy"  # greedy: held-out greedy accuracy; sampled: held-out mean reward at temperature 1
+    pool: int = 1
 
     def check(self) -> None:
         _one_of("cold_start.mode", self.mode, COLD_START_MODES)
@@ -291,6 +292,7 @@ class ColdStartConfig:
             ("cold_start.batch_size", self.batch_size, 1),
             ("cold_start.max_steps", self.max_steps, 1),
             ("cold_start.patience", self.patience or 0, 0),
+            ("cold_start.pool", self.pool, 1),
         )
         if len(self.band) != 2 or not 0 <= self.band[0] <= self.band[1] <= 1:
             raise ValueError(f"cold_start.band={list(self.band)} must satisfy 0 <= low <= high <= 1")
@@ -374,6 +376,7 @@ class MetricsConfig:
 
     route_every: int = 10
     split_rows: int | None = 24
+    update_kl_rows: int | None = 8
 
     def check(self) -> None:
         """`route_every` an integer >= 1 and `split_rows` one >= 1 or null (bools are refused: YAML reads `yes`
@@ -383,6 +386,7 @@ class MetricsConfig:
             return isinstance(value, int) and not isinstance(value, bool)
 
         every, rows = self.route_every, self.split_rows
+        _at_least(("metrics.update_kl_rows", self.update_kl_rows or 0, 0))
         if not whole(every) or every < 1:
             raise ValueError(
                 f"metrics.route_every={every!r} must be an integer >= 1: the route instruments run on the steps "

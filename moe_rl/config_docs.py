@@ -73,6 +73,8 @@ MEANINGS = {
     "cold_start.eval_every": "held-out accuracy every this many warm-up steps (and the stopping checks)",
     "cold_start.seed": "seed of the warm-up, the model's initialisation and the data split",
     "cold_start.cache_dir": "where warm-ups are cached, keyed by everything that determines them",
+    "cold_start.pool": "cold starts per model: a run starts from member `seed` mod `pool`, the warm-up at cold-start "
+    "seed `cold_start.seed + member`, cached like any cold start, with its covariates (docs/design.md §4); 1: one start",
     "replay.split_every": "score each update's tokens also under the other routing (native vs replayed), one "
     "extra no-grad forward, every this many steps, for `ratio/split/*` and `clip/flipped_share`; 0: never",
     "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",
@@ -94,6 +96,9 @@ MEANINGS = {
     "a generator of its own seeded by the run's seed and the step (the training's streams do not move); null: "
     "all rows. At 24 of `compare`'s 32 every split key of every `compare` arm moves less between draws than "
     "between seeds (`benchmarks/split_spread.py`, docs/performance.md)",
+    "metrics.update_kl_rows": "rows of each update's mini-batch that `kl/update_k3` scores after the optimizer step, "
+    "drawn like the split's from a generator of their own; null: all rows; 0: off. One no-grad forward per update "
+    "(two under replay): about 1.04x a step's CPU time at N = 1, 1.11x at N = 4, 1.18x at N = 8 (default model)",
 }
 
 

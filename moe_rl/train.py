@@ -49,7 +49,7 @@ from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, RunState, refuse_foreign_dir, restore_state, save_state
-from moe_rl.loop.cold_start import get_cold_start
+from moe_rl.loop.cold_start import get_cold_start, member_config
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.keys import run_keys
 from moe_rl.loop.passes import anchor_routes, old_pass
@@ -80,6 +80,7 @@ from moe_rl.loop.step_metrics import (
     split_subsample,
     update_routes,
 )
+from moe_rl.loop.update_kl import kl_rows, update_kl
 from moe_rl.metrics.accumulator import Metrics
 from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
@@ -136,10 +137,11 @@ class Trainer:
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.task = setup_task(cfg.task, cfg.cold_start.seed)  # data and reward checked before the cold start
+        cold = member_config(cfg.cold_start, cfg.seed)  # the run's member of the cold-start pool (docs/design.md §4)
+        self.task = setup_task(cfg.task, cold.seed)  # data and reward checked before the cold start
         with self.dist.writer_first():  # one process trains a missing cold start; the others load it
             self.policy, self.tokenizer, self.cold_info = get_cold_start(
-                cfg.model, cfg.task, cfg.cold_start, numerics=cfg.numerics
+                cfg.model, cfg.task, cold, numerics=cfg.numerics
             )
         self.policy.to(cfg.device)
         set_router_knobs(self.policy, cfg.model, fsdp=self.dist.active and cfg.dist.strategy == "fsdp")
@@ -322,12 +324,13 @@ class Trainer:
         if split and cfg.metrics.split_rows is not None:
             generator = torch.Generator().manual_seed(split_seed(cfg.seed, step))
             picks = [split_subsample(len(rows), cfg.metrics.split_rows, generator) for rows in minibatches]
+        kls = kl_rows(cfg.metrics.update_kl_rows, cfg.seed, step, minibatches, first, len(batch.rollout))
         self.policy.train()
         chunks = self.dist.chunks(minibatches, first, len(batch.rollout))
         metrics = []
-        for rows, minibatch, picked in zip(chunks, minibatches, picks):
+        for rows, minibatch, picked, kl in zip(chunks, minibatches, picks, kls):
             scored = None if picked is None else local_positions(minibatch, picked, first, len(batch.rollout))
-            metrics.append(self.update(batch, rows, instruments=instruments, split=split, split_rows=scored))
+            metrics.append(self.update(batch, rows, instruments=instruments, split=split, split_rows=scored, kl=kl))
         self.policy.eval()
         return metrics
 
@@ -339,12 +342,13 @@ class Trainer:
         instruments: bool = True,
         split: bool = False,
         split_rows: torch.Tensor | None = None,
+        kl: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer update on mini-batch `rows` of `batch`; its metrics pooled over every rank's rows.
         With `instruments`, its route/ metrics; else the pass records only what the loss needs (RSPO's router
         scores) and replays what the mode replays. With `split`, the same weights also score the rows at
         positions `split_rows` of `rows` (None: all of them) under the other routing (`other_routing_logp`)
-        for the ratio split (docs/design.md §3)."""
+        for the ratio split (docs/design.md §3). The rows at positions `kl` also give `kl/update_k3` (None: none)."""
         cfg = self.cfg
         rollout, old = batch.rollout, batch.old
         mask, old_logp = rollout.response_mask[rows], old.logp[rows]
@@ -399,6 +403,7 @@ class Trainer:
             **self.loss_kwargs,
         )
         loss, loss_metrics = with_router_terms(loss, loss_metrics, forward, cfg.algo)  # + aux and z-loss terms if on
+        step_kl = update_kl(self.policy, rollout, rows, kl, logp, replay is not None, cfg.rollout.temperature)
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
@@ -407,6 +412,8 @@ class Trainer:
             with scaled:
                 self.optimizer.step()
         self.scheduler.step()
+        if step_kl is not None:  # the update's own step (docs/design.md §3)
+            step_kl.emit(acc, mask)
         with torch.no_grad():
             entropy = (token_entropy(logits, cfg.rollout.temperature) * mask).sum() / mask.sum().clamp(min=1)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a replicated DTensor

@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
 from moe_rl.models import build_model, load_model
-from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy
+from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy, start_covariates
+from moe_rl.run.atomic import write_atomic
 from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.dataset import DATASET_TASK, data_hash
@@ -39,6 +40,8 @@ from moe_rl.tasks.tokenizer import data_alphabet
 log = logging.getLogger(__name__)
 SAMPLED_N = 4  # temperature-1 samples per held-out prompt for cold_start.target_metric=sampled
 TARGET_KEYS = {"greedy": "accuracy", "sampled": "sampled_reward"}  # each target metric's entry in the history
+COVARIATES = "covariates.json"  # beside a cached cold start: what RL starts from (`start_covariates`)
+COVARIATE_SAMPLES = 8  # temperature-1 samples per held-out prompt of the covariates (the default group size)
 
 
 def checkpoint_fingerprint(path: str) -> str:
@@ -95,7 +98,8 @@ def cold_start_key(
         {
             "model": {k: v for k, v in asdict(model).items() if k not in NOT_COLD_START},
             "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
-            "cold_start": {k: v for k, v in asdict(cold).items() if k != "cache_dir"},
+            # the one warm-up `cold` names at its seed (a run's pool member: member_config)
+            "cold_start": {k: v for k, v in asdict(cold).items() if k not in ("cache_dir", "pool")},
         }
     )
     spec["vocab"] = make_tokenizer().get_vocab()
@@ -274,11 +278,35 @@ def _train_cold_start(
     return model, tokenizer, info
 
 
+def pool_member(cold: ColdStartConfig, seed: int) -> int:
+    """The member of the cold-start pool a run of RL seed `seed` starts from: `seed` mod `cold_start.pool` (seeds
+    0..2K-1 give K starts x 2 seeds). The run keeps its own seed, so no two runs of an arm share a stream."""
+    return seed % cold.pool
+
+
+def member_config(cold: ColdStartConfig, seed: int) -> ColdStartConfig:
+    """The cold start of that member: the warm-up at cold-start seed `cold.seed + member` (the pool's size never
+    enters its key), so member m of a pool is the cached cold start of `cold_start.seed=cold.seed + m`."""
+    return replace(cold, seed=cold.seed + pool_member(cold, seed))
+
+
+def _as_is(model_cfg: ModelConfig, cold: ColdStartConfig) -> bool:
+    """Whether the run starts from `model.checkpoint` as it is (no warm-up); refused for a pool of starts."""
+    if not (model_cfg.checkpoint and cold.mode in ("auto", "none")):
+        return False
+    if cold.pool > 1:
+        raise ValueError(
+            f"cold_start.pool={cold.pool} needs a warm-up per member, but model.checkpoint with "
+            f"cold_start.mode={cold.mode} starts every run from the checkpoint itself (use cold_start=sft)"
+        )
+    return True
+
+
 def expected_key(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, *, numerics: str = "native"
 ) -> str:
     """The `key` that `get_cold_start` will record for this config, computed without loading anything."""
-    if model_cfg.checkpoint and cold.mode in ("auto", "none"):
+    if _as_is(model_cfg, cold):
         return f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}"
     return cold_start_key(model_cfg, task_cfg, cold, data_hash_of(task_cfg), numerics=numerics)
 
@@ -313,7 +341,7 @@ def get_cold_start(
     """The starting policy and its tokenizer: a checkpoint as it is (`cold_start.mode` auto or none),
     else the cached warm-up (trained once, under a file lock shared by parallel runs)."""
     dtype = getattr(torch, model_cfg.dtype)
-    if model_cfg.checkpoint and cold.mode in ("auto", "none"):
+    if _as_is(model_cfg, cold):
         model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
         return (
             model,
@@ -342,9 +370,36 @@ def get_cold_start(
             tokenizer.save_pretrained(tmp)
             (tmp / "cold_start.json").write_text(json.dumps({**info, "key": key, "data": data_hash}, indent=1))
             os.replace(tmp, path)
-    info = json.loads((path / "cold_start.json").read_text())
-    model = load_model(path, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
-    return model, load_tokenizer(path, info), {**info, "path": str(path)}
+        info = json.loads((path / "cold_start.json").read_text())
+        model = load_model(path, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
+        tokenizer = load_tokenizer(path, info)
+        if not (path / COVARIATES).is_file():  # once per cold start (also for one cached before covariates were)
+            covariates = {**cold_start_covariates(model, tokenizer, task_cfg, cold), "sft_steps": info["steps"]}
+            write_atomic(path / COVARIATES, json.dumps(covariates, indent=1))
+    covariates = json.loads((path / COVARIATES).read_text())
+    return model, tokenizer, {**info, "path": str(path), "covariates": covariates}
+
+
+def cold_start_covariates(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task_cfg: TaskConfig, cold: ColdStartConfig
+) -> dict:
+    """The start's covariates on its held-out split (`moe_rl.rollout.evaluation.start_covariates`), on one
+    thread and from a stream seeded by the cold start's seed, so they do not depend on which run computed them."""
+    task = setup_task(task_cfg, cold.seed).render(tokenizer)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return start_covariates(
+            model,
+            tokenizer,
+            task.eval,
+            task,
+            n=COVARIATE_SAMPLES,
+            max_new_tokens=task_cfg.max_new_tokens,
+            seed=cold.seed,
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 def data_hash_of(task_cfg: TaskConfig) -> str | None:

@@ -24,6 +24,7 @@ from moe_rl.metrics.names import (
     EXPERT_FLIP_FRAC,
     FLIP_RATE,
     FLIP_VS_MARGIN_PREFIX,
+    KL_UPDATE_K3,
     NATIVE_VS_REPLAYED,
     OFFPOLICY_KEYS,
     OLD_VS_NEW,
@@ -179,6 +180,19 @@ def router_shift_metrics(acc: Metrics, scale: Tensor, mask: Tensor, floor: float
         RATIO_ROUTER_SHIFT_FLOOR_FRAC: (valid <= floor).sum().item() / n,
     }
     acc.add("router_shift", mean_parts(means, dict.fromkeys(means, tokens)), mean_finalize)
+
+
+def update_kl_metrics(acc: Metrics, before: Tensor, after: Tensor, mask: Tensor) -> None:
+    """The update's own step as a divergence (`kl/update_k3`): k3 of KL(pi_before || pi_after) on its tokens,
+    `exp(d) - 1 - d` with `d = after - before` (b, T) the log-probs after and before the optimizer step, averaged
+    over the valid tokens `mask` (b, T), pooled over processes as a sum and a count."""
+    d = torch.where(mask.bool(), after.double() - before.double(), 0.0)  # pads never reach a sum (0 * inf is nan)
+    sums = {"k3": (torch.expm1(d) - d).sum(), "tokens": mask.double().sum()}
+    acc.add("update_kl", Partial(sums=sums), _update_kl_finalize)
+
+
+def _update_kl_finalize(parts: Partial) -> dict[str, float]:
+    return {KL_UPDATE_K3: (parts.sums["k3"] / parts.sums["tokens"].clamp(min=1)).item()}
 
 
 def route_metrics(

@@ -114,6 +114,9 @@ RATIO_CLIPFRAC_LOW = "ratio/clipfrac_low"
 RATIO_CLIPFRAC_HIGH = "ratio/clipfrac_high"
 KL_K3 = "kl/k3"
 KL_REF_K3 = "kl/ref_k3"
+KL_UPDATE_K3 = (
+    "kl/update_k3"  # the realised per-update divergence: the calibration's axis (experiments/calibrate_kl.py)
+)
 # the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.stats.ratio_split_parts)
 RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
 RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
@@ -308,6 +311,15 @@ METRICS: tuple[Metric, ...] = (
         "advantage, risen past `eps_high`; CISPO, SAPO, VESPO: as above)",
     ),
     Metric(KL_K3, "`mean(exp(-delta) - 1 + delta)`: the k3 estimate of the old/new policy gap"),
+    Metric(
+        KL_UPDATE_K3,
+        "per-update KL: k3 estimate of `KL(pi_before || pi_after)` across each optimizer update, on that update's own "
+        "tokens: mean over its valid response tokens of `exp(d) - 1 - d`, `d = logp_after - logp_before`, both under "
+        "the policy's own routing (the router's choice, also under replay); a step logs the mean over its updates. One "
+        "extra no-grad forward of the update's rows after the optimizer step (under replay one more before it, for the "
+        "native `logp_before`). Unlike `kl/k3`, which measures how far update u has drifted from the rollout's policy, "
+        "this is each update's own step, nonzero at N = 1",
+    ),
     Metric(
         KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"
     ),

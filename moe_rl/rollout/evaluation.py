@@ -109,6 +109,25 @@ def sampled_reward_entropy(
 ) -> tuple[float, float]:
     """What GRPO's first rollouts would see: the mean reward of `n` temperature-1 samples per example and
     the mean entropy (nats) of the policy at the sampled response tokens, from a seeded stream of their own."""
+    rewards, entropy = _sampled_rewards_entropy(
+        model, tokenizer, examples, task, n=n, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size
+    )
+    return float(np.mean(rewards)), entropy
+
+
+def _sampled_rewards_entropy(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    n: int,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+) -> tuple[list[float], float]:
+    """The rewards of `n` temperature-1 samples per example (those of one example adjacent) and the mean
+    entropy (nats) at the sampled response tokens."""
     rewards: list[float] = []
     entropy, tokens = 0.0, 0
     batches = sampled_batches(
@@ -128,7 +147,37 @@ def sampled_reward_entropy(
         mask = out.response_mask
         entropy += float((token_entropy(logits) * mask).sum())
         tokens += int(mask.sum())
-    return float(np.mean(rewards)), entropy / max(tokens, 1)
+    return rewards, entropy / max(tokens, 1)
+
+
+def start_covariates(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, Any]],
+    task: RLTask,
+    *,
+    n: int,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """What a policy starts RL from, on the held-out `examples`: greedy accuracy, the mean reward and entropy
+    (nats) of `n` temperature-1 samples per example (`sampled_reward_entropy`'s stream), and the pass-rate
+    histogram: `pass_counts[c]` examples with c of their n samples correct (c = 0 and c = n: no GRPO signal)."""
+    accuracy = greedy_accuracy(model, tokenizer, examples, task, max_new_tokens=max_new_tokens)
+    rewards, entropy = _sampled_rewards_entropy(
+        model, tokenizer, examples, task, n=n, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size
+    )
+    counts = [0] * (n + 1)
+    for j in range(0, len(rewards), n):
+        counts[sum(r == 1.0 for r in rewards[j : j + n])] += 1
+    return {
+        "greedy_accuracy": accuracy,
+        "sampled_reward": float(np.mean(rewards)),
+        "sampled_entropy": entropy,
+        "pass_counts": counts,
+        "samples": n,
+    }
 
 
 def pass_at_k_eval(

@@ -76,12 +76,19 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "chat_template": "auto",
         "reward": "exact",
     },
-    "cold_start": {"mode": "auto", "patience": None, "target": None, "target_metric": "greedy"},
+    "cold_start": {
+        "mode": "auto",
+        "patience": None,
+        "target": None,
+        "target_metric": "greedy",
+        "pool": 1,
+    },
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
     # the shipped runs ran every route instrument on every step and row; a run that does too shares their
     # identity, a run at the leaner defaults (`moe_rl.config.MetricsConfig`) logs less and has its own
-    "metrics": {"route_every": 1, "split_rows": None},
+    # (kl/update_k3 reads the weights and moves no other number: a run at its default shares the shipped identity)
+    "metrics": {"route_every": 1, "split_rows": None, "update_kl_rows": 8},
 }
 ADDED_TOP = {"numerics": "native"}  # top-level keys added later, left out while at their default
 # sections added later: left out entirely while every key is at its value in ADDED_DEFAULTS

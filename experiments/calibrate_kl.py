@@ -1,0 +1,210 @@
+"""Calibrate the learning rate to a target per-update KL, per arm and model, from a few short pilots.
+
+    python experiments/calibrate_kl.py --arm grpo_none --target 0.02                # the default model
+    python experiments/calibrate_kl.py --arm grpo_none,sapo_none --model qwen3_dense --target 0.02 \\
+        -- optim.updates_per_rollout=8 numerics=avx2                               # the study's own settings
+
+The early per-update KL (`kl/update_k3`, mean over steps <= 20: `kl_summary`) grows with the learning rate as a
+power law over the range that matters, so each arm gets `--lrs` pilots (default 3, a decade on a log grid) of
+`--steps` steps (default 20) from one start (seed 0), a least-squares fit `log KL = a + b log lr` over them, and the lr
+where the fit meets `--target`. One more pilot at that lr (held out of the fit) says how well the fit predicts:
+its measured early KL over the predicted one. Each result is cached in `--cache` (json) under the arm, the model,
+the target, the metric and the hash of every setting of the pilots but the lr (`calibration_key`), so a study reads
+it (`cached_lr`) and a rerun skips it; pilot runs are resumed like any run (a finished folder is not rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.metrics.names import KL_UPDATE_K3
+from moe_rl.run.atomic import write_atomic
+from moe_rl.run.identity import NOT_IDENTITY, spec_hash
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CACHE = ROOT / "results" / "calibration" / "kl.json"
+EARLY_STEPS = 20  # the early window of the per-update KL: steps 1..20
+LRS = (1e-4, 3e-4, 1e-3)
+# every pilot: scored on all rows (the calibration's own precision), evaluated only at its last step
+PILOT = ("metrics.update_kl_rows=null", "snapshot_every=0", "checkpoint_every=0", "progress=false", "seed=0")
+
+
+def kl_summary(frame: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> dict[str, float]:
+    """A run's per-update KL: `early`, the mean of its per-step values over steps 1..`early_steps`, and `mean`, over
+    every step (`frame`: the run's long-format metrics, columns step, key, value); NaN where none is logged."""
+    values = frame.loc[(frame["key"] == key) & (frame["step"] >= 1), ["step", "value"]]
+    early = values.loc[values["step"] <= early_steps, "value"]
+    return {
+        "early": float(early.mean()) if len(early) else math.nan,
+        "mean": float(values["value"].mean()) if len(values) else math.nan,
+    }
+
+
+def fit_power_law(lrs: list[float], kls: list[float]) -> tuple[float, float]:
+    """(a, b) of the least-squares line `log KL = a + b log lr` through the pilots."""
+    if len(lrs) < 2 or len(set(lrs)) < 2:
+        raise ValueError(f"a fit needs pilots at 2 or more learning rates, got {lrs}")
+    if not all(k > 0 and math.isfinite(k) for k in kls):
+        raise ValueError(f"every pilot's KL must be finite and > 0 to fit in logs, got {kls}")
+    b, a = np.polyfit(np.log(lrs), np.log(kls), 1)
+    return float(a), float(b)
+
+
+def lr_at(a: float, b: float, target: float) -> float:
+    """The lr where the fit `log KL = a + b log lr` meets `target` (b must be > 0: KL grows with the lr)."""
+    if not b > 0:
+        raise ValueError(f"the fit's slope b={b:.3g} is not > 0: the pilots' KL does not grow with the lr")
+    return math.exp((math.log(target) - a) / b)
+
+
+def calibration_key(arm: str, model: str, target: float, metric: str, steps: int, overrides: list[str]) -> str:
+    """The cache key: the arm, the model, the target and the metric, and a hash of the pilots' settings but their lr
+    (the overrides that change what a run computes, the number of steps; the lrs of the grid only move the fit), which
+    also names the pilots' folder: a calibration to another target or metric reads the same pilots."""
+    settings = spec_hash({"overrides": sorted(computing(overrides)), "steps": steps})
+    return f"{arm}|{model}|{metric}={target:g}|{settings}"
+
+
+def computing(overrides: list[str]) -> list[str]:
+    """The overrides that change what a run computes (not where it writes, its threads or its cache folder)."""
+    return [o for o in overrides if o.partition("=")[0].lstrip("+") not in (*NOT_IDENTITY, "cold_start.cache_dir")]
+
+
+def cached_lr(
+    arm: str,
+    model: str,
+    target: float,
+    *,
+    overrides: tuple[str, ...] = (),
+    steps: int = EARLY_STEPS,
+    metric: str = KL_UPDATE_K3,
+    cache: Path = CACHE,
+) -> float | None:
+    """The calibrated lr of `arm` on `model` at `target`, or None when it has not been calibrated."""
+    if not cache.is_file():
+        return None
+    entry = json.loads(cache.read_text()).get(calibration_key(arm, model, target, metric, steps, list(overrides)))
+    return None if entry is None else float(entry["lr"])
+
+
+def pilot(arm: str, model: str, lr: float, folder: Path, overrides: list[str], steps: int) -> Path:
+    """One pilot run of `arm` on `model` at `lr` into `folder` (`experiments/train.py`; a finished one is skipped)."""
+    group = "arm" if any(o.startswith("+preset=") for o in overrides) else "+arm"  # a preset may name an arm already
+    cmd = [sys.executable, str(HERE / "train.py"), *overrides, *PILOT, f"{group}={arm}", f"model={model}"]
+    cmd += [f"optim.lr={lr:g}", f"steps={steps}", f"eval_every={steps}", "experiment=calibrate_kl"]
+    cmd += [f"hydra.run.dir={folder}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0 or not (folder / "metrics.parquet").is_file():
+        raise SystemExit(f"pilot {folder} failed:\n{out.stderr[-3000:]}")
+    return folder
+
+
+def measured(folder: Path, metric: str) -> dict[str, float]:
+    """A pilot's early and run-mean KL."""
+    return kl_summary(pd.read_parquet(folder / "metrics.parquet"), key=metric)
+
+
+def calibrate(
+    arm: str,
+    model: str,
+    target: float,
+    *,
+    lrs: tuple[float, ...] = LRS,
+    steps: int = EARLY_STEPS,
+    metric: str = KL_UPDATE_K3,
+    overrides: tuple[str, ...] = (),
+    runs: Path = ROOT / "runs",
+    cache: Path = CACHE,
+    force: bool = False,
+) -> dict[str, Any]:
+    """The calibration of `arm` on `model` (cached: read from `cache` unless `force`)."""
+    key = calibration_key(arm, model, target, metric, steps, list(overrides))
+    table = json.loads(cache.read_text()) if cache.is_file() else {}
+    if key in table and not force:
+        return {**table[key], "cached": True}
+    start = time.perf_counter()
+    folder = runs / "calibrate_kl" / model / arm / key.rsplit("|", 1)[1]
+    pilots = []
+    for lr in lrs:
+        run = pilot(arm, model, lr, folder / f"lr_{lr:g}", list(overrides), steps)
+        pilots.append({"lr": lr, **measured(run, metric), "run": str(run.relative_to(runs))})
+    a, b = fit_power_law([p["lr"] for p in pilots], [p["early"] for p in pilots])
+    lr = lr_at(a, b, target)
+    held = pilot(arm, model, lr, folder / f"heldout_lr_{lr:.4g}", list(overrides), steps)
+    holdout = {"lr": lr, **measured(held, metric), "run": str(held.relative_to(runs))}
+    entry = {
+        "arm": arm,
+        "model": model,
+        "metric": metric,
+        "target": target,
+        "lr": lr,
+        "extrapolated": not min(lrs) <= lr <= max(lrs),
+        "fit": {"a": a, "b": b, "model": f"log early KL = a + b log lr, least squares over {len(lrs)} pilots"},
+        "steps": steps,
+        "overrides": computing(list(overrides)),
+        "pilots": pilots,
+        "holdout": {**holdout, "predicted": target, "measured_over_predicted": holdout["early"] / target},
+        "seconds": time.perf_counter() - start,
+    }
+    table = json.loads(cache.read_text()) if cache.is_file() else {}  # another calibration may have written meanwhile
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(cache, json.dumps({**table, key: entry}, indent=1, sort_keys=True) + "\n")
+    return {**entry, "cached": False}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", required=True, help="arm files (experiments/conf/arm/), comma-separated")
+    parser.add_argument("--model", default="qwen3_moe", help="a model file (experiments/conf/model/)")
+    parser.add_argument("--target", type=float, required=True, help="the early per-update KL to reach")
+    parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in LRS), help="the pilots' lrs, comma-separated")
+    parser.add_argument("--steps", type=int, default=EARLY_STEPS, help="steps per pilot (the early window's)")
+    parser.add_argument("--metric", default=KL_UPDATE_K3, help="the KL the target is in (kl/k3: the drift within N)")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs", help="the pilots go to RUNS/calibrate_kl/")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="the calibrations' json")
+    parser.add_argument("--force", action="store_true", help="calibrate again even where the cache has a result")
+    parser.add_argument(
+        "overrides", nargs="*", help="the study's settings, after `--` (e.g. optim.updates_per_rollout=8)"
+    )
+    args = parser.parse_args(argv)
+    if not args.target > 0:
+        parser.error(f"--target={args.target} must be > 0")
+    lrs = tuple(float(x) for x in args.lrs.split(","))
+    for arm in args.arm.split(","):
+        out = calibrate(
+            arm,
+            args.model,
+            args.target,
+            lrs=lrs,
+            steps=args.steps,
+            metric=args.metric,
+            overrides=tuple(args.overrides),
+            runs=args.runs,
+            cache=args.cache,
+            force=args.force,
+        )
+        held = out["holdout"]
+        print(
+            f"{arm} on {args.model}: lr {out['lr']:.3g} for early {args.metric} {args.target:g}"
+            f"{' (extrapolated)' if out['extrapolated'] else ''}; fit b = {out['fit']['b']:.2f}; held-out pilot "
+            f"{held['early']:.4g} ({held['measured_over_predicted']:.2f}x predicted)"
+            + (" [cached]" if out["cached"] else f" [{out['seconds']:.0f} s]")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

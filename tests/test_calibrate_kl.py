@@ -1,0 +1,76 @@
+"""experiments/calibrate_kl.py: the lr that reaches a target early per-update KL, from pilots, cached."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pandas as pd
+import pytest
+from helpers import ROOT, tiny_overrides
+
+from moe_rl.metrics.names import KL_UPDATE_K3
+
+_spec = importlib.util.spec_from_file_location("calibrate_kl", ROOT / "experiments" / "calibrate_kl.py")
+assert _spec is not None and _spec.loader is not None
+ck = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ck)
+
+
+def test_kl_summary_gives_the_early_and_the_run_mean() -> None:
+    """Steps 1..20 make the early mean, every step the run mean; step 0 (the evaluation) and other keys are not read."""
+    rows = [(s, KL_UPDATE_K3, float(s)) for s in range(1, 31)] + [(0, KL_UPDATE_K3, 99.0), (5, "kl/k3", 7.0)]
+    frame = pd.DataFrame(rows, columns=["step", "key", "value"])
+    assert ck.kl_summary(frame) == {"early": 10.5, "mean": 15.5}
+    assert ck.kl_summary(frame, early_steps=2)["early"] == 1.5
+    assert all(math.isnan(v) for v in ck.kl_summary(frame, key="absent").values())
+
+
+def test_the_power_law_fit_and_its_inverse() -> None:
+    """KL = 5 lr^2 exactly: the fit recovers a = log 5, b = 2, and the lr at a target is its inverse."""
+    lrs = [1e-4, 3e-4, 1e-3]
+    a, b = ck.fit_power_law(lrs, [5 * lr**2 for lr in lrs])
+    assert a == pytest.approx(math.log(5)) and b == pytest.approx(2)
+    assert ck.lr_at(a, b, 5 * 2e-4**2) == pytest.approx(2e-4)
+    with pytest.raises(ValueError, match="2 or more"):
+        ck.fit_power_law([1e-4, 1e-4], [1.0, 2.0])
+    with pytest.raises(ValueError, match="> 0"):
+        ck.fit_power_law(lrs, [0.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="does not grow"):
+        ck.lr_at(0.0, -1.0, 0.1)
+
+
+def test_the_key_holds_what_the_calibration_depends_on() -> None:
+    key = ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"])
+    assert key.startswith("grpo_none|qwen3_moe|kl/update_k3=0.02|")
+    assert key == ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"])
+    runtime = ["cold_start.cache_dir=/elsewhere", "threads=1", "progress=false", "optim.updates_per_rollout=8"]
+    assert key == ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, runtime)  # no other run
+    for other in (
+        ck.calibration_key("sapo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"]),
+        ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=4"]),
+        ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 10, ["optim.updates_per_rollout=8"]),
+    ):
+        assert other != key
+
+
+@pytest.mark.slow
+def test_a_tiny_calibration_runs_its_pilots_and_is_cached(tmp_path, cache) -> None:
+    """Two 2-step pilots and the held-out one on the tiny config: the cache holds the lr, the fit and the held-out
+    pilot's measured vs predicted KL; a second call reads it without running anything."""
+    overrides = (*tiny_overrides(), f"cold_start.cache_dir={cache}")
+    table = tmp_path / "kl.json"
+    kwargs = dict(lrs=(1e-3, 1e-2), steps=2, overrides=overrides, runs=tmp_path / "runs", cache=table)
+    out = ck.calibrate("grpo_none", "qwen3_moe", 1e-3, **kwargs)
+    assert not out["cached"] and out["fit"]["b"] > 0 and out["lr"] > 0
+    assert [p["lr"] for p in out["pilots"]] == [1e-3, 1e-2] and all(p["early"] > 0 for p in out["pilots"])
+    held = out["holdout"]
+    assert held["early"] > 0 and held["measured_over_predicted"] == pytest.approx(held["early"] / 1e-3)
+    assert len(json.loads(table.read_text())) == 1
+    runs = sorted((tmp_path / "runs").rglob("metrics.parquet"))
+    assert len(runs) == 3
+    again = ck.calibrate("grpo_none", "qwen3_moe", 1e-3, **kwargs)
+    assert again["cached"] and again["lr"] == out["lr"]
+    assert ck.cached_lr("grpo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) == out["lr"]
+    assert ck.cached_lr("sapo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) is None

@@ -1,0 +1,134 @@
+"""The cold-start pool: a run's member from its seed, each member one cached cold start with its covariates, and
+a pool of one that is today's run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from helpers import ROOT, run_metrics, tiny_config
+
+from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig, config_hash, validate
+from moe_rl.loop.cold_start import COVARIATES, cold_start_key, expected_key, member_config, pool_member
+from moe_rl.loop.keys import run_keys
+from moe_rl.models import build_model
+from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy, start_covariates
+from moe_rl.tasks import make_tokenizer
+from moe_rl.tasks.setup import setup_task
+from moe_rl.train import train
+
+TASK = TaskConfig(n_train=64, n_eval=8)
+
+
+def test_a_run_starts_from_member_seed_mod_pool() -> None:
+    """Seeds 0..2K-1 give K members x 2 seeds; member m is the cold start at the pool's seed + m; a pool of one is
+    the plain cold start of every seed."""
+    pool = ColdStartConfig(pool=3, seed=10)
+    assert [pool_member(pool, s) for s in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert [member_config(pool, s).seed for s in range(6)] == [10, 11, 12, 10, 11, 12]
+    assert member_config(ColdStartConfig(), 7) == ColdStartConfig()
+
+
+def test_a_member_is_the_cached_cold_start_of_its_seed() -> None:
+    """Member m of a pool has the key of the plain cold start at seed + m (pool and member never enter a key), and
+    a pool of one leaves every key and run identity where it was."""
+    pool = ColdStartConfig(pool=6)
+    assert cold_start_key(ModelConfig(), TASK, member_config(pool, 7)) == cold_start_key(
+        ModelConfig(), TASK, ColdStartConfig(seed=1)
+    )
+    assert cold_start_key(ModelConfig(), TASK, pool) == cold_start_key(ModelConfig(), TASK, ColdStartConfig())
+    assert config_hash(TrainConfig(cold_start=ColdStartConfig(pool=1))) == config_hash(TrainConfig())
+    assert config_hash(TrainConfig(cold_start=ColdStartConfig(pool=6))) != config_hash(TrainConfig())
+
+
+def test_a_bad_pool_is_refused(tmp_path) -> None:
+    """A pool below 1 by validate; a pool of a checkpoint that starts as it is (no warm-up per member) before the
+    run's folder is touched, naming the fix."""
+    with pytest.raises(ValueError, match=r"cold_start.pool=0 must be >= 1"):
+        validate(TrainConfig(cold_start=ColdStartConfig(pool=0)))
+    model = ModelConfig(checkpoint=str(tmp_path))
+    with pytest.raises(ValueError, match=r"starts every run from the checkpoint itself \(use cold_start=sft\)"):
+        expected_key(model, TASK, ColdStartConfig(pool=2))
+    assert expected_key(model, TASK, ColdStartConfig(pool=2, mode="sft")) != expected_key(
+        model, TASK, ColdStartConfig()
+    )
+
+
+def test_a_pooled_run_is_keyed_by_its_member_and_its_seed() -> None:
+    model = build_model("qwen3_moe", vocab_size=len(make_tokenizer()))
+    cfg = TrainConfig(out_dir="/tmp/x", seed=7, cold_start=ColdStartConfig(pool=6))
+    keys = run_keys(cfg, model)
+    assert (keys["cold_member"], keys["cold_seed"], keys["seed"]) == (1, 1, 7)
+    plain = run_keys(TrainConfig(out_dir="/tmp/x", seed=7), model)
+    assert "cold_member" not in plain and "cold_seed" not in plain  # a pool of one keeps today's columns
+    ladder = run_keys(dataclasses.replace(cfg, rung="moe"), model)
+    assert (ladder["rung"], ladder["cold_seed"], ladder["cold_member"]) == ("moe", 1, 1)
+
+
+def test_start_covariates_of_a_built_model() -> None:
+    """The histogram counts every prompt once and agrees with the mean sampled reward (no partial credit); greedy
+    accuracy, sampled reward and entropy are those of their own functions on the same stream."""
+    tokenizer = make_tokenizer()
+    model = build_model("qwen3_moe", vocab_size=len(tokenizer)).eval()
+    task = setup_task(TASK, 0).render(tokenizer)
+    cov = start_covariates(model, tokenizer, task.eval, task, n=4, max_new_tokens=4, seed=0)
+    assert sum(cov["pass_counts"]) == len(task.eval) and len(cov["pass_counts"]) == 5 and cov["samples"] == 4
+    correct = sum(c * count for c, count in enumerate(cov["pass_counts"]))
+    assert cov["sampled_reward"] == pytest.approx(correct / (4 * len(task.eval)))
+    assert cov["greedy_accuracy"] == greedy_accuracy(model, tokenizer, task.eval, task, max_new_tokens=4)
+    reward, entropy = sampled_reward_entropy(model, tokenizer, task.eval, task, n=4, max_new_tokens=4, seed=0)
+    assert (cov["sampled_reward"], cov["sampled_entropy"]) == (reward, entropy)
+    assert 0 < entropy <= torch.log(torch.tensor(float(len(tokenizer)))).item() + 1e-6
+
+
+def test_a_pool_of_one_is_todays_run_and_a_member_carries_its_covariates(tmp_path, cache) -> None:
+    """A pooled run of member 0 logs bitwise the run without a pool; a run of seed 3 in a pool of 2 starts from
+    member 1 (the cold start of seed 1), whose covariates, computed once beside the cached checkpoint, are in its
+    meta.json beside the member (its run keys); a second run of that member reads them, not recomputes them."""
+
+    def run(name: str, *changes: str) -> dict:
+        cfg = tiny_config(tmp_path / name, "steps=2", "eval_every=2", *changes, cache=cache)
+        train(cfg)
+        return json.loads((tmp_path / name / "meta.json").read_text())
+
+    plain, member0 = run("plain"), run("member0", "cold_start.pool=2")
+    columns = ["step", "key", "value"]
+    assert run_metrics(tmp_path / "plain")[columns].equals(run_metrics(tmp_path / "member0")[columns])
+    assert "cold_member" not in plain["run_keys"] and member0["run_keys"]["cold_member"] == 0
+    assert member0["cold_start"]["key"] == plain["cold_start"]["key"]
+    meta = run("member1", "cold_start.pool=2", "seed=3")
+    cold = meta["cold_start"]
+    assert (meta["run_keys"]["cold_member"], meta["run_keys"]["cold_seed"], meta["seed"]) == (1, 1, 3)
+    seed1 = tiny_config(tmp_path / "x", "cold_start.seed=1", cache=cache)
+    assert cold["key"] == expected_key(seed1.model, seed1.task, seed1.cold_start) != plain["cold_start"]["key"]
+    stored = cache / cold["key"] / COVARIATES
+    assert cold["covariates"] == json.loads(stored.read_text())
+    assert set(cold["covariates"]) == {
+        "greedy_accuracy",
+        "sampled_reward",
+        "sampled_entropy",
+        "pass_counts",
+        "samples",
+    } | {"sft_steps"}
+    assert cold["covariates"]["sft_steps"] == cold["steps"] > 0
+    written = stored.stat().st_mtime_ns
+    again = run("again", "cold_start.pool=2", "seed=5")["cold_start"]
+    assert again["key"] == cold["key"] and again["covariates"] == cold["covariates"]
+    assert stored.stat().st_mtime_ns == written
+
+
+def test_the_pool_group_gives_every_study_six_starts() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import to_train_config
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+        cfg = validate(to_train_config(compose("config", overrides=["cold_start=pool", "seed=7"])))
+        matched = validate(to_train_config(compose("config", overrides=["cold_start=matched", "cold_start.pool=6"])))
+    assert (cfg.cold_start.pool, cfg.cold_start.mode, pool_member(cfg.cold_start, cfg.seed)) == (6, "auto", 1)
+    assert (matched.cold_start.pool, matched.cold_start.target_metric) == (6, "sampled")
+    assert TrainConfig().cold_start.pool == 1  # a plain run: one start
