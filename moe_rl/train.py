@@ -48,9 +48,10 @@ import transformers
 from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
-from moe_rl.loop.checkpoint import LOOP_HISTORY_KEYS, RunState, refuse_foreign_dir, restore_state, save_state
+from moe_rl.loop.checkpoint import RunState, refuse_foreign_dir, restore_state, save_state
 from moe_rl.loop.cold_start import get_cold_start, member_config
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
+from moe_rl.loop.judging import judge_step, signal_verdict
 from moe_rl.loop.keys import run_keys
 from moe_rl.loop.passes import anchor_routes, old_pass
 from moe_rl.loop.policy import (
@@ -82,7 +83,6 @@ from moe_rl.loop.step_metrics import (
 )
 from moe_rl.loop.update_kl import kl_rows, update_kl
 from moe_rl.metrics.accumulator import Metrics
-from moe_rl.metrics.collapse import judge_collapse
 from moe_rl.metrics.names import (
     LOSS,
     OPTIM_GRAD_NORM,
@@ -98,7 +98,7 @@ from moe_rl.metrics.names import (
 from moe_rl.metrics.partial import mean_finalize, mean_parts
 from moe_rl.metrics.stats import ratio_finalize, ratio_parts
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
-from moe_rl.metrics.verdict import Verdict, history_verdict, no_signal_warning
+from moe_rl.metrics.verdict import no_signal_warning
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, RouteReplay, Routes, anchored_by, find_moe_layers
@@ -446,17 +446,6 @@ class Trainer:
             if routes is not None:
                 write_atomic(folder / f"step_{step:05d}_{name}.safetensors", routes.to_safetensors(rollout.inputs))
 
-    def verdict(self) -> Verdict | None:
-        """`no_signal` / `reward_failed` with the reason, from the steps' reward statistics (moe_rl.metrics.verdict)."""
-        cfg = self.cfg
-        return history_verdict(
-            self.history,
-            completions_per_step=self.prompts * cfg.rollout.group_size,
-            no_signal_steps=cfg.signal.no_signal_steps,
-            max_reward_error_frac=cfg.signal.max_reward_error_frac,
-            cold_start=self.cold_info,
-        )
-
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out examples, and pass@k where `pass_at_k.k` asks for it (anchored: as sampled)."""
         t, cfg, p = time.perf_counter(), self.cfg, self.cfg.pass_at_k
@@ -515,7 +504,7 @@ class Trainer:
             for step in range(done + 1, cfg.steps + 1):
                 metrics = self._logged_step(step)
                 last = step
-                self._judge_collapse(step, metrics, seen_triggers)
+                judge_step(self.history, writer, cfg.collapse, step, metrics, seen_triggers)
                 progress.update(step, metrics)
                 if "nonfinite" in seen_triggers:
                     status = DIVERGED
@@ -525,7 +514,17 @@ class Trainer:
                     self.save(step)
             else:
                 status = COLLAPSED if writer.events else COMPLETED
-            verdict = self._signal_verdict() if status == COMPLETED else None
+            verdict = (
+                None
+                if status != COMPLETED
+                else signal_verdict(
+                    self.history,
+                    writer,
+                    cfg.signal,
+                    completions_per_step=self.prompts * cfg.rollout.group_size,
+                    cold_start=self.cold_info,
+                )
+            )
             status = verdict.status if verdict is not None else status
             if cfg.keep_checkpoint:  # the final weights (every world: Dist.save), for `python -m moe_rl.export`
                 self.save(step)
@@ -581,28 +580,6 @@ class Trainer:
             metrics.update(self.evaluate())
         self.writer.log(step, metrics)
         return metrics
-
-    def _judge_collapse(self, step: int, metrics: dict[str, float], seen_triggers: set[str]) -> None:
-        """The step's outcomes into the history, and the collapse events judged on it so far (an event stands while
-        performance has not recovered: the last step's label is the whole run's); a trigger's first firing is logged."""
-        for key in LOOP_HISTORY_KEYS:
-            if key in metrics:  # task/accuracy only at evaluation steps
-                self.history[key].append((step, metrics[key]))
-        judged = judge_collapse(self.history, **vars(self.cfg.collapse))
-        for event in judged.collapsed:
-            if event.trigger not in seen_triggers:
-                seen_triggers.add(event.trigger)
-                log.warning("collapse at step %d: %s (%s)", event.step, event.trigger, event.detail)
-        self.writer.events = [dataclasses.asdict(e) for e in judged.collapsed]  # as status.json records them
-        self.writer.recovered = [dataclasses.asdict(e) for e in judged.recovered]
-
-    def _signal_verdict(self) -> Verdict | None:
-        """A completed run's `no_signal` / `reward_failed` verdict, warned of and noted in meta.json; None: none."""
-        verdict = self.verdict()
-        if verdict is not None:
-            log.warning("run %s: %s", verdict.status, verdict.reason)
-            note_meta(self.writer.dir / "meta.json", "warnings", f"{verdict.status}: {verdict.reason}")
-        return verdict
 
 
 def train(cfg: TrainConfig, *, checked: bool = False) -> dict[str, Any]:
