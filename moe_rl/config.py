@@ -26,8 +26,9 @@ from moe_rl.run.folder import NUMERICS
 from moe_rl.run.identity import NOT_IDENTITY as NOT_IDENTITY  # re-exported for existing callers
 from moe_rl.run.identity import identity_hash
 from moe_rl.run.identity import identity_spec as identity_spec
-from moe_rl.tasks import TASKS
+from moe_rl.tasks import TASKS, GymConfig, check_new_tokens, sized_new_tokens
 from moe_rl.tasks.dataset import CHAT_TEMPLATE_MODES, DATASET_TASK
+from moe_rl.tasks.gym import GYM_TASK
 
 COLD_START_MODES = ("auto", "sft", "none")
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: equivalence tests bound by rounding
@@ -101,8 +102,9 @@ class TaskConfig:
     n_train: int | None = 4000  # None (task=dataset only): every row not held out for evaluation
     n_eval: int = 128
     partial_credit: float = 0.0
-    max_new_tokens: int = 8
+    max_new_tokens: int | None = 8
     kwargs: dict[str, Any] = field(default_factory=dict)
+    gym: GymConfig = field(default_factory=GymConfig)
     # task=dataset: the user's own data (moe_rl.tasks.dataset) and reward (moe_rl.tasks.rewards)
     path: str | None = None  # jsonl/json/parquet/csv file, or a hub dataset name when online
     prompt_field: str = "prompt"
@@ -112,8 +114,11 @@ class TaskConfig:
     chat_template: str = "auto"  # auto: the tokenizer's chat template when it has one; true; false
     reward: str = "exact"  # exact | numeric | math | package.module:function
 
+    def __post_init__(self) -> None:
+        self.max_new_tokens = sized_new_tokens(self.name, self.kwargs, self.max_new_tokens)
+
     def check(self) -> None:
-        _one_of("task.name", self.name, [*TASKS, DATASET_TASK])
+        _one_of("task.name", self.name, [*TASKS, DATASET_TASK, GYM_TASK])
         _one_of("task.chat_template", str(self.chat_template).lower(), CHAT_TEMPLATE_MODES)
         if self.n_train is None and self.name != DATASET_TASK:
             raise ValueError(f"task.n_train=null (every row not held out) needs task=dataset, not task={self.name}")
@@ -123,12 +128,10 @@ class TaskConfig:
             )
         if self.name == DATASET_TASK and not self.path:
             raise ValueError("task=dataset needs task.path (a jsonl/json/parquet/csv file or a hub dataset name)")
+        self.gym.check(self.name)
+        check_new_tokens(self.name, self.kwargs, self.max_new_tokens)
         n_train = 1 if self.n_train is None else self.n_train
-        _at_least(
-            ("task.max_new_tokens", self.max_new_tokens, 1),
-            ("task.n_train", n_train, 1),
-            ("task.n_eval", self.n_eval, 1),
-        )
+        _at_least(("task.n_train", n_train, 1), ("task.n_eval", self.n_eval, 1))
 
 
 @dataclass

@@ -48,11 +48,15 @@ MEANINGS = {
     "model.num_experts": "experts per MoE layer",
     "model.top_k": "experts each token is routed to",
     "model.hidden_size": "hidden size of the built model",
-    "task.name": "reversal | sorting | addition | countdown | dataset (the user's own file: `task.path`)",
+    "task.name": "reversal | sorting | running_sum | addition | countdown | dataset (the user's own file: "
+    "`task.path`) | gym (a reasoning-gym task: `task.gym.name`)",
     "task.n_eval": "held-out examples (never trained on)",
     "task.partial_credit": "reward of a well-formed wrong answer in the synthetic tasks (below 1)",
-    "task.max_new_tokens": "longest completion sampled",
+    "task.max_new_tokens": "longest completion sampled; null (task=running_sum): the longest answer the task's "
+    "kwargs can draw, and eos",
     "task.kwargs": "arguments of a synthetic task's example generator, e.g. `task.kwargs.max_len=8`",
+    "task.gym.name": "task=gym: a reasoning-gym task (`reasoning_gym.factory.DATASETS`), e.g. number_sorting",
+    "task.gym.kwargs": "task=gym: that task's own config keys, e.g. `+task.gym.kwargs.min_numbers=4`",
     "task.prompt_field": "column of the data file holding the prompt",
     "task.answer_field": "column holding the reference answer",
     "task.system_prompt": "system message (chat template) or text before the prompt",
@@ -106,11 +110,7 @@ def _comments() -> dict[str, str]:
     """`section.key` (or `key` for TrainConfig) -> the comment on the field's line in moe_rl/config.py."""
     source = inspect.getsource(config)
     lines = source.splitlines()
-    sections = {
-        f.type if isinstance(f.type, str) else f.type.__name__: f.name
-        for f in dataclasses.fields(config.TrainConfig)
-        if dataclasses.is_dataclass(f.default_factory)
-    }
+    sections = _sections(config.TrainConfig, "")
     out: dict[str, str] = {}
     for node in ast.parse(source).body:
         if not isinstance(node, ast.ClassDef):
@@ -127,15 +127,28 @@ def _comments() -> dict[str, str]:
     return out
 
 
-def config_keys() -> list[tuple[str, Any]]:
-    """(dotted key, default) of every leaf of TrainConfig, in declaration order."""
+def _sections(cls: Any, prefix: str) -> dict[str, str]:
+    """Class name -> dotted key of each section of `cls`, nested ones (`task.gym`) included."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            out[f.default_factory.__name__] = f"{prefix}{f.name}"
+            out.update(_sections(f.default_factory, f"{prefix}{f.name}."))
+    return out
+
+
+def config_keys(obj: Any = None, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, default) of every leaf of TrainConfig, nested sections included, in declaration order."""
     out: list[tuple[str, Any]] = []
-    for f in dataclasses.fields(config.TrainConfig):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            out += [(f"{f.name}.{sub.name}", getattr(default, sub.name)) for sub in dataclasses.fields(default)]
+    for f in dataclasses.fields(obj if obj is not None else config.TrainConfig):
+        if obj is not None:
+            default = getattr(obj, f.name)
         else:
-            out.append((f.name, default))
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out += config_keys(default, f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", default))
     return out
 
 

@@ -22,6 +22,7 @@ REV = {"prompt": "R3071=", "answer": "1703", "digits": "3071"}
 SORT = {"prompt": "S3071=", "answer": "0137", "digits": "3071"}
 ADD = {"prompt": "A57+968=", "answer": "1025", "a": 57, "b": 968}
 CD = {"prompt": "C3,5,7>22:", "answer": "3*5+7", "numbers": [3, 5, 7], "target": 22}
+RSUM = {"prompt": "P3071=", "answer": "3301", "digits": "3071"}
 
 MALFORMED = ["", "   ", "abc", "1/0", "((((", "9" * 10_000, "(3*5+7" * 1000, "<eos>", None]
 
@@ -29,6 +30,7 @@ MALFORMED = ["", "   ", "abc", "1/0", "((((", "9" * 10_000, "(3*5+7" * 1000, "<e
 CASES = [
     ("reversal", REV, "1703", "3071", ["170", "17034", "17a3", "1703=", "17 03", "١٧٠٣"]),
     ("sorting", SORT, "0137", "7310", ["013", "01377", "0-37"]),
+    ("running_sum", RSUM, "3301", "3071", ["330", "33011", "33-1"]),
     ("addition", ADD, "1025", "1024", ["10250", "+1025", "1,025", "57+968", "-3"]),
     ("countdown", CD, "3*5+7", "3+5+7", ["3*5+", "3*5+7=22", "3*5+7)", "3 5 7", "-3+5*5", "3^5"]),
 ]
@@ -95,8 +97,8 @@ def test_demonstrations_score_one(name, kwargs):
 
 
 def test_task_examples_and_prefixes():
-    assert sorted(TASKS) == ["addition", "countdown", "reversal", "sorting"]
-    assert len({t.prefix for t in TASKS.values()}) == 4
+    assert sorted(TASKS) == ["addition", "countdown", "reversal", "running_sum", "sorting"]
+    assert len({t.prefix for t in TASKS.values()}) == 5
     ex = get_task("countdown").make_example(random.Random(0))
     assert set(ex) == {"prompt", "answer", "numbers", "target"}
     assert len(ex["numbers"]) == 3 and all(1 <= n <= 9 for n in ex["numbers"]) and ex["target"] > 0
@@ -109,6 +111,31 @@ def test_task_examples_and_prefixes():
         get_task("reversal").make_example(random.Random(0), min_len=5, max_len=2)
     with pytest.raises(TypeError):
         get_task("reversal").make_example(random.Random(0), n_numbers=3)
+
+
+def test_running_sum_by_hand_and_at_length():
+    task = get_task("running_sum")
+    assert task.solve("3071") == "3301" and task.solve("99999") == "98765" and task.solve("0") == "0"
+    ex = task.make_example(random.Random(0), min_len=48, max_len=48)
+    digits, answer = ex["digits"], ex["answer"]
+    assert len(answer) == 48 and ex["prompt"] == f"P{digits}="
+    assert all(int(answer[t]) == sum(map(int, digits[: t + 1])) % 10 for t in range(48))
+    # an error at one position carries into every later digit: one wrong digit, one wrong answer
+    assert task.reward(answer[:-1] + str((int(answer[-1]) + 1) % 10), ex) == 0.0
+    assert task.longest_answer(min_len=48, max_len=48) == 48 and get_task("addition").longest_answer() is None
+
+
+def test_max_new_tokens_sized_to_the_answers():
+    from moe_rl.config import TaskConfig
+
+    length = {"min_len": 48, "max_len": 48}
+    assert TaskConfig(name="running_sum", max_new_tokens=None, kwargs=length).max_new_tokens == 49  # and eos
+    assert TaskConfig(name="running_sum", max_new_tokens=None).max_new_tokens == 7  # the defaults: up to 6 digits
+    TaskConfig(name="running_sum", max_new_tokens=48, kwargs=length).check()
+    with pytest.raises(ValueError, match=r"task.max_new_tokens=8 cannot hold task=running_sum's answers of up to 48"):
+        TaskConfig(name="running_sum", kwargs=length).check()
+    with pytest.raises(ValueError, match="task.max_new_tokens=null sizes completions"):
+        TaskConfig(name="addition", max_new_tokens=None).check()
 
 
 def test_load_task_deterministic_and_held_out():
@@ -207,3 +234,48 @@ def test_tokenizer_save_load(tmp_path, add_bos):
     assert loaded.padding_side == "left"
     assert loaded.decode(loaded(s)["input_ids"], skip_special_tokens=True) == s
     assert loaded(["R1=", "R123="], padding=True)["input_ids"][0][:2] == [0, 0]
+
+
+def test_built_model_positions_fit_the_longest_prompt_and_completion(tmp_path):
+    """A built model keeps its 256 positions unless a prompt, its completion, bos and eos need more."""
+    from helpers import tiny_config
+
+    from moe_rl.loop.cold_start import get_cold_start
+
+    def positions(*changes: str) -> int:
+        cfg = tiny_config(tmp_path, "cold_start.mode=none", "task.n_train=8", "task.n_eval=4", *changes, cache=tmp_path)
+        model, _, _ = get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+        return model.config.max_position_embeddings
+
+    assert positions() == 256
+    long = ("task.name=running_sum", "task.kwargs.min_len=200", "task.kwargs.max_len=200", "task.max_new_tokens=null")
+    assert positions(*long) == 512  # 202 + 201 + 2 = 405
+
+
+def test_checkpoint_too_short_for_the_length_is_refused(tmp_path):
+    from helpers import tiny_config
+
+    from moe_rl.loop.cold_start import get_cold_start
+    from moe_rl.models import build_model
+
+    build_model("qwen3_moe", vocab_size=len(make_tokenizer()), max_position_embeddings=64).save_pretrained(tmp_path)
+    length = ("task.name=running_sum", "task.kwargs.min_len=48", "task.kwargs.max_len=48", "task.max_new_tokens=null")
+    cfg = tiny_config(tmp_path, f"model.checkpoint={tmp_path}", "task.n_train=8", "task.n_eval=4", *length)
+    with pytest.raises(ValueError, match=r"need 101 positions, more than the model's max_position_embeddings=64"):
+        get_cold_start(cfg.model, cfg.task, cfg.cold_start)
+
+
+def test_running_sum_length_composes_from_the_command_line():
+    """`task=running_sum task.kwargs.min_len=L task.kwargs.max_len=L` sizes task.max_new_tokens to L and eos."""
+    from helpers import ROOT
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig, to_train_config, validate
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+        cfg = to_train_config(
+            compose("config", overrides=["task=running_sum", *(f"task.kwargs.{k}=48" for k in ("min_len", "max_len"))])
+        )
+    assert validate(cfg).task.max_new_tokens == 49 and cfg.task.kwargs == {"min_len": 48, "max_len": 48}

@@ -34,7 +34,8 @@ from moe_rl.run.atomic import write_atomic
 from moe_rl.run.progress import eta_seconds, format_duration
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.dataset import DATASET_TASK, data_hash
-from moe_rl.tasks.setup import setup_task
+from moe_rl.tasks.gym import GYM_TASK, gym_data_hash
+from moe_rl.tasks.setup import RLTask, setup_task
 from moe_rl.tasks.tokenizer import data_alphabet
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def load_tokenizer(path: str | Path, info: dict | None = None) -> PreTrainedToke
 # Model keys that do not change the cold-start weights: the experts kernel, and the RL-phase router knobs
 # (moe_rl.models.knobs), applied to the cold start's weights, so that every rung of an ablation starts alike.
 NOT_COLD_START = ("experts_implementation", "router_frozen", "router_dtype")
+# Tasks whose built model gets a character tokenizer over the data's own characters (the others: the fixed alphabet).
+DATA_ALPHABET_TASKS = (DATASET_TASK, GYM_TASK)
 
 
 def cold_start_key(
@@ -139,16 +142,17 @@ def _start(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, texts: list[str]
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """The model and tokenizer the warm-up starts from: the checkpoint's own, or a built tiny model
-    with a character tokenizer (over the data's own characters for a dataset task)."""
+    with a character tokenizer (over the data's own characters for a dataset or gym task)."""
     dtype = getattr(torch, model_cfg.dtype)
     if model_cfg.checkpoint:
         model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
         return model, load_tokenizer(model_cfg.checkpoint), {"tokenizer": "checkpoint"}
-    overrides: dict = {}
-    if task_cfg.name == DATASET_TASK:
+    assert task_cfg.max_new_tokens is not None, "sized by TaskConfig"
+    # positions for the longest text, its completion, bos and eos (256, the tiny models' own, unless they need more)
+    longest = max(len(t) for t in texts) + task_cfg.max_new_tokens + 2
+    overrides: dict = {"max_position_embeddings": max(256, 1 << (longest - 1).bit_length())}
+    if task_cfg.name in DATA_ALPHABET_TASKS:
         tokenizer = make_tokenizer(alphabet=data_alphabet(texts))
-        longest = max(len(t) for t in texts) + task_cfg.max_new_tokens + 2
-        overrides["max_position_embeddings"] = max(256, 1 << (longest - 1).bit_length())
     else:
         tokenizer = make_tokenizer()
     model = build_model(
@@ -165,7 +169,7 @@ def _start(
         **({"moe_intermediate_size": model_cfg.moe_intermediate_size} if model_cfg.moe_intermediate_size else {}),
         **({"head_dim": model_cfg.head_dim} if model_cfg.head_dim else {}),
     )
-    info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name == DATASET_TASK else {}
+    info = {"tokenizer": "char", "alphabet": tokenizer.alphabet} if task_cfg.name in DATA_ALPHABET_TASKS else {}
     return model, tokenizer, info
 
 
@@ -192,6 +196,7 @@ def _train_cold_start(
     task = setup_task(task_cfg, cold.seed)
     model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts())
     task = task.render(tokenizer)
+    check_positions(model, tokenizer, task, task_cfg)
     low, high = cold.band
     if cold.mode == "none":
         model.eval()
@@ -302,6 +307,23 @@ def _as_is(model_cfg: ModelConfig, cold: ColdStartConfig) -> bool:
     return True
 
 
+def check_positions(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: RLTask, task_cfg: TaskConfig
+) -> None:
+    """Refuse a task whose longest prompt and completion (`task.max_new_tokens`, bos and eos) exceed the model's
+    positions: a checkpoint's are its own (a built model's are sized to fit)."""
+    assert task_cfg.max_new_tokens is not None, "sized by TaskConfig"
+    prompts = tokenizer([e["prompt"] for e in task.train + task.eval], add_special_tokens=False)["input_ids"]
+    longest = max(map(len, prompts)) + task_cfg.max_new_tokens + 2
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and longest > limit:
+        raise ValueError(
+            f"task {task.name!r}: its longest prompt ({longest - task_cfg.max_new_tokens - 2} tokens) and "
+            f"task.max_new_tokens={task_cfg.max_new_tokens} need {longest} positions, more than the model's "
+            f"max_position_embeddings={limit}; use shorter answers (task.kwargs) or a model with more positions"
+        )
+
+
 def expected_key(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, *, numerics: str = "native"
 ) -> str:
@@ -314,12 +336,12 @@ def expected_key(
 def cold_start_patience(cold: ColdStartConfig, task_cfg: TaskConfig) -> int:
     """Evaluations without a new best held-out accuracy after which the warm-up stops (0: never).
 
-    `cold_start.patience=null` (default) means 10 for a dataset task, where accuracy can plateau
+    `cold_start.patience=null` (default) means 10 for a dataset or gym task, where accuracy can plateau
     below the band for good, and never for the synthetic tasks, whose warm-ups run to the band.
     """
     if cold.patience is not None:
         return cold.patience
-    return 10 if task_cfg.name == DATASET_TASK else 0
+    return 10 if task_cfg.name in (DATASET_TASK, GYM_TASK) else 0
 
 
 def cold_start_stop(accuracies: list[float], low: float, patience: int) -> str | None:
@@ -343,9 +365,11 @@ def get_cold_start(
     dtype = getattr(torch, model_cfg.dtype)
     if _as_is(model_cfg, cold):
         model = load_model(model_cfg.checkpoint, experts_implementation=model_cfg.experts_implementation, dtype=dtype)
+        tokenizer = load_tokenizer(model_cfg.checkpoint)
+        check_positions(model, tokenizer, setup_task(task_cfg, cold.seed).render(tokenizer), task_cfg)
         return (
             model,
-            load_tokenizer(model_cfg.checkpoint),
+            tokenizer,
             {
                 "path": model_cfg.checkpoint,
                 "key": f"checkpoint:{checkpoint_fingerprint(model_cfg.checkpoint)}",
@@ -403,4 +427,6 @@ def cold_start_covariates(
 
 
 def data_hash_of(task_cfg: TaskConfig) -> str | None:
+    if task_cfg.name == GYM_TASK:
+        return gym_data_hash()
     return data_hash(str(task_cfg.path), task_cfg.split) if task_cfg.name == DATASET_TASK else None

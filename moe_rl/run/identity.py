@@ -75,6 +75,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "split": "train",
         "chat_template": "auto",
         "reward": "exact",
+        "gym": {"name": None, "kwargs": {}},
     },
     "cold_start": {
         "mode": "auto",

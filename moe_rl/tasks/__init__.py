@@ -11,15 +11,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from moe_rl.tasks.expr import parse_expression
+from moe_rl.tasks.gym import GymConfig
 from moe_rl.tasks.synthetic import (
     TASKS,
     AdditionTask,
     CountdownTask,
     ReversalTask,
+    RunningSumTask,
     SortingTask,
     Task,
+    check_new_tokens,
     explicit_task_kwargs,
     get_task,
+    sized_new_tokens,
 )
 
 if TYPE_CHECKING:
@@ -51,13 +55,17 @@ __all__ = [
     "VOCAB",
     "AdditionTask",
     "CountdownTask",
+    "GymConfig",
     "ReversalTask",
+    "RunningSumTask",
     "SortingTask",
     "Task",
+    "check_new_tokens",
     "explicit_task_kwargs",
     "get_task",
     "load_task",
     "make_tokenizer",
     "parse_expression",
     "score_completions",
+    "sized_new_tokens",
 ]

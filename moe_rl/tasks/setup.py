@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
 from moe_rl.tasks.dataset import DATASET_TASK, read_rows, render_examples, split_examples
+from moe_rl.tasks.gym import GYM_TASK, GymConfig, gym_data_hash, load_gym_task
 from moe_rl.tasks.rewards import RewardFn, Scorer, resolve_reward
 from moe_rl.tasks.splits import load_task
 from moe_rl.tasks.synthetic import get_task
@@ -33,6 +34,7 @@ class TaskSpec(Protocol):
     split: str
     chat_template: str
     reward: str
+    gym: GymConfig
 
 
 class Scores(NamedTuple):
@@ -89,8 +91,9 @@ class RLTask:
 
 
 def setup_task(task_cfg: TaskSpec, seed: int) -> RLTask:
-    """The task `task_cfg` names: a synthetic task drawn with `seed`, or the rows of `task.path`
-    split into train and held-out examples by `seed`, with the configured reward."""
+    """The task `task_cfg` names: a synthetic task drawn with `seed`, the rows of `task.path` split into
+    train and held-out examples by `seed` with the configured reward, or a reasoning-gym task drawn with
+    `seed` and scored by its own scorer."""
     if task_cfg.name == DATASET_TASK:
         path = str(task_cfg.path)
         rows, digest = read_rows(path, split=task_cfg.split)
@@ -112,6 +115,17 @@ def setup_task(task_cfg: TaskSpec, seed: int) -> RLTask:
             digest,
             chat=(task_cfg.system_prompt, str(task_cfg.chat_template)),
         )
+    if task_cfg.name == GYM_TASK:
+        assert task_cfg.gym.name and task_cfg.n_train is not None, "checked by moe_rl.config.validate"
+        train, evals, score = load_gym_task(
+            task_cfg.gym.name,
+            n_train=task_cfg.n_train,
+            n_eval=task_cfg.n_eval,
+            seed=seed,
+            kwargs=dict(task_cfg.gym.kwargs),
+        )
+        chat = (task_cfg.system_prompt, str(task_cfg.chat_template))
+        return RLTask(GYM_TASK, train, evals, score, f"gym:{task_cfg.gym.name}", gym_data_hash(), chat=chat)
     task = get_task(task_cfg.name)
     assert task_cfg.n_train is not None, "task.n_train=null is for task=dataset (moe_rl.config.validate)"
     data = load_task(task_cfg.name, n_train=task_cfg.n_train, n_eval=task_cfg.n_eval, seed=seed, **task_cfg.kwargs)

@@ -1,4 +1,4 @@
-"""The four synthetic tasks: digit reversal, digit sorting, addition, countdown (docs/design.md §4).
+"""The synthetic tasks: digit reversal, digit sorting, running sum, addition, countdown (docs/design.md §4).
 
 Every prompt is `<prefix letter><instance><separator>` over the tokenizer alphabet, so tasks are
 told apart by their first character; the answer is the demonstration completion without eos.
@@ -40,6 +40,10 @@ class Task(ABC):
     def reward(self, completion: str, example: dict[str, Any], *, partial_credit: float = 0.0) -> float:
         """1.0 if correct, `partial_credit` if well-formed but wrong, else 0.0."""
 
+    def longest_answer(self, **kwargs: Any) -> int | None:
+        """Characters in the longest answer `make_example(rng, **kwargs)` can draw; None where not bounded here."""
+        return None
+
 
 def _check_range(lo: int, hi: int, floor: int, what: str) -> None:
     if not floor <= lo <= hi:
@@ -53,6 +57,10 @@ class _DigitStringTask(Task):
     @abstractmethod
     def solve(self, digits: str) -> str:
         """The exact answer for `digits`."""
+
+    def longest_answer(self, *, min_len: int = 3, max_len: int = 6) -> int:
+        """As long as the longest digit string."""
+        return max_len
 
     def make_example(self, rng: random.Random, *, min_len: int = 3, max_len: int = 6) -> dict[str, Any]:
         """Digits of length uniform in [min_len, max_len], e.g. {"prompt": "R3071=", "answer": "1703"}."""
@@ -90,6 +98,30 @@ class SortingTask(_DigitStringTask):
 
     def solve(self, digits: str) -> str:
         return "".join(sorted(digits))
+
+
+@dataclass(frozen=True)
+class RunningSumTask(_DigitStringTask):
+    """The running sum mod 10 of a digit string: "P3071=" -> "3301" (3, 3+0, 3+0+7, 3+0+7+1, mod 10).
+
+    A task whose response length is the controlled variable (`min_len = max_len = L`): output digit t
+    is `(y_{t-1} + x_t) mod 10`, so every position, at any length, needs the same two steps (find input
+    t, add it to the previous output digit) and depends on every earlier input; an error anywhere
+    carries into every later digit. A copy (reversal) needs only the first step, which a small model
+    learns near-perfectly per token, so its sequence accuracy saturates at length. Carry-dependent
+    addition was the other candidate; its carry makes a digit depend on the later (less significant)
+    digits when the sum is written most significant first, a difficulty that differs by position.
+    """
+
+    name: str = "running_sum"
+    prefix: str = "P"
+
+    def solve(self, digits: str) -> str:
+        total, out = 0, []
+        for d in digits:
+            total = (total + int(d)) % 10
+            out.append(str(total))
+        return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -196,7 +228,9 @@ def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[str, int
     return f"{left_text}{op}{right_text}", value, prec
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (ReversalTask(), SortingTask(), AdditionTask(), CountdownTask())}
+TASKS: dict[str, Task] = {
+    task.name: task for task in (ReversalTask(), SortingTask(), RunningSumTask(), AdditionTask(), CountdownTask())
+}
 
 
 def get_task(name: str) -> Task:
@@ -204,6 +238,29 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: {sorted(TASKS)}")
     return TASKS[name]
+
+
+def sized_new_tokens(name: str, kwargs: dict[str, Any], max_new_tokens: int | None) -> int | None:
+    """`task.max_new_tokens`, where null (None) means the longest answer synthetic task `name` can draw with
+    `kwargs`, and eos (left None for a task without that bound: `check_new_tokens` refuses it)."""
+    longest = TASKS[name].longest_answer(**kwargs) if max_new_tokens is None and name in TASKS else None
+    return max_new_tokens if longest is None else longest + 1
+
+
+def check_new_tokens(name: str, kwargs: dict[str, Any], max_new_tokens: int | None) -> None:
+    """Refuse `task.max_new_tokens` below 1, null for a task without a known longest answer, or too short for it."""
+    if max_new_tokens is None:
+        raise ValueError(
+            f"task.max_new_tokens=null sizes completions to a synthetic task's answers; set it for task={name}"
+        )
+    if max_new_tokens < 1:
+        raise ValueError(f"task.max_new_tokens={max_new_tokens} must be >= 1")
+    longest = TASKS[name].longest_answer(**kwargs) if name in TASKS else None
+    if longest is not None and max_new_tokens < longest:
+        raise ValueError(
+            f"task.max_new_tokens={max_new_tokens} cannot hold task={name}'s answers of up to {longest} characters "
+            f"(task.kwargs={dict(kwargs)}); set task.max_new_tokens=null (the longest answer and eos) or >= {longest}"
+        )
 
 
 def explicit_task_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
