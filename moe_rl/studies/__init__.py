@@ -177,6 +177,12 @@ STUDIES: tuple[Study, ...] = (
         claims_section=frontier_report.claims_section,
     ),
     Study(
+        "calibration",
+        (),
+        "Which lr reaches a target early per-update KL, per arm and model (experiments/calibrate_kl.py's cache of "
+        "its pilots and fits, kl.json; no runs kept)?",
+    ),
+    Study(
         "gpu_check",
         (),
         "Do the GPU tests and the MegaBlocks backend pass on a GPU (scripts/gpu_check.sh; no runs)?",

@@ -9,6 +9,7 @@ Rewards are exact: 1.0 for a correct completion, `partial_credit` for a well-for
 from __future__ import annotations
 
 import random
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -248,7 +249,9 @@ def sized_new_tokens(name: str, kwargs: dict[str, Any], max_new_tokens: int | No
 
 
 def check_new_tokens(name: str, kwargs: dict[str, Any], max_new_tokens: int | None) -> None:
-    """Refuse `task.max_new_tokens` below 1, null for a task without a known longest answer, or too short for it."""
+    """Refuse `task.max_new_tokens` below 1 or null for a task without a known longest answer; warn where it is too
+    short for the longest answers (a cap is a legitimate setting, as TRL's max_completion_length: the benchmarks cap
+    at 2 tokens; but a run at the default cap on long answers would score 0 on every one of them)."""
     if max_new_tokens is None:
         raise ValueError(
             f"task.max_new_tokens=null sizes completions to a synthetic task's answers; set it for task={name}"
@@ -257,9 +260,11 @@ def check_new_tokens(name: str, kwargs: dict[str, Any], max_new_tokens: int | No
         raise ValueError(f"task.max_new_tokens={max_new_tokens} must be >= 1")
     longest = TASKS[name].longest_answer(**kwargs) if name in TASKS else None
     if longest is not None and max_new_tokens < longest:
-        raise ValueError(
+        warnings.warn(
             f"task.max_new_tokens={max_new_tokens} cannot hold task={name}'s answers of up to {longest} characters "
-            f"(task.kwargs={dict(kwargs)}); set task.max_new_tokens=null (the longest answer and eos) or >= {longest}"
+            f"(task.kwargs={dict(kwargs)}): longer answers are cut and score 0; set task.max_new_tokens=null (the "
+            f"longest answer and eos) or >= {longest}",
+            stacklevel=2,
         )
 
 
