@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -16,16 +17,21 @@ import pandas as pd
 COLUMNS = ["run", "git_sha", "git_dirty", "shipped_in", "cpu", "capability", "numerics", "torch", "transformers"]
 
 
+def _metas(root: Path) -> Iterator[tuple[Path, dict]]:
+    """Every readable meta.json under `root`, in path order, with its parsed contents (unreadable ones skipped)."""
+    for meta_path in sorted(root.rglob("meta.json")):
+        try:
+            yield meta_path, json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+
+
 def load_provenance(results_dir: str | Path) -> pd.DataFrame:
     """One row per run folder under `results_dir` (a folder holding meta.json) with what made it; runs
     written before a field was recorded have None there."""
     rows = []
     root = Path(results_dir)
-    for meta_path in sorted(root.rglob("meta.json")):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue
+    for meta_path, meta in _metas(root):
         cpu = meta.get("cpu") or {}
         env = cpu.get("env") or {}
         versions = meta.get("versions") or {}
@@ -91,11 +97,7 @@ def run_records(results_dir: str | Path) -> pd.DataFrame:
     meta.json records, its cold start (the cached start's key), and its status.json status and wall seconds."""
     rows = []
     root = Path(results_dir)
-    for meta_path in sorted(root.rglob("meta.json")):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            continue
+    for meta_path, meta in _metas(root):
         try:
             status = json.loads((meta_path.parent / "status.json").read_text())
         except (OSError, ValueError):
