@@ -193,22 +193,35 @@ def clustered_compare(
         if side.duplicated(keys).any():
             raise ValueError(f"arm {arm!r} has several runs per ({start_col}, {seed_col})")
     pairs = left.merge(right, on=keys, how="inner")
-    pairs = pairs[np.isfinite(pairs["a"]) & np.isfinite(pairs["b"])]
-    d, starts = (pairs["a"] - pairs["b"]).to_numpy(), pairs[start_col].to_numpy()
-    means = cluster_means(d, starts)
+    out = paired_by_start(pairs["a"] - pairs["b"], pairs[start_col], confidence=confidence, min_units=min_units)
+    out["n_seeds"] = out.pop("n_pairs")
+    return out
+
+
+def paired_by_start(
+    d: Sequence[float] | np.ndarray | pd.Series,
+    starts: Sequence[object] | np.ndarray | pd.Series,
+    *,
+    confidence: float = 0.95,
+    min_units: int = MIN_UNITS,
+) -> dict[str, object]:
+    """Paired differences d = a - b, each labelled by its cold start: n_pairs and n_starts (finite d only),
+    mean_diff (the mean of the starts' means), prob_improvement (share of start means above 0, a tie one
+    half), `descriptive` (None, or why there is no interval or p: fewer than `min_units` starts), and where
+    decided lo, hi (hierarchical bootstrap) and p_value (one sign per start); NaN where descriptive."""
+    x, units = np.asarray(d, dtype=float), np.asarray(starts, dtype=object)
+    keep = np.isfinite(x)
+    x, units = x[keep], units[keep]
+    means = cluster_means(x, units)
     reason = descriptive_reason(len(means), min_units)
-    estimate, lo, hi = hierarchical_bootstrap(d, starts, confidence=confidence) if len(d) else (math.nan,) * 3
-    decided = reason is None
-    return {
-        "n_starts": len(means),
-        "n_seeds": len(d),
-        "mean_diff": estimate,
-        "lo": lo if decided else math.nan,
-        "hi": hi if decided else math.nan,
-        "p_value": cluster_sign_flip_pvalue(d, starts) if decided else math.nan,
-        "prob_improvement": float(np.mean((means > 0) + 0.5 * (means == 0))) if len(means) else math.nan,
-        "descriptive": reason,
-    }
+    out: dict[str, object] = {"n_pairs": len(x), "n_starts": len(means), "descriptive": reason}
+    out["mean_diff"] = float(means.mean()) if len(means) else math.nan
+    out["prob_improvement"] = float(np.mean((means > 0) + 0.5 * (means == 0))) if len(means) else math.nan
+    out["lo"] = out["hi"] = out["p_value"] = math.nan
+    if reason is None:
+        _, out["lo"], out["hi"] = hierarchical_bootstrap(x, units, confidence=confidence)
+        out["p_value"] = cluster_sign_flip_pvalue(x, units)
+    return out
 
 
 def intraclass_correlation(values: Sequence[float] | np.ndarray, clusters: Sequence[object] | np.ndarray) -> float:

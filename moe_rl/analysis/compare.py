@@ -42,7 +42,7 @@ def arm_tests(
     """One row per group (`groups`, which include `compare`): collapse k, n, Wilson interval and p vs the
     reference group of the same stratum for each of `collapse_cols`; for CONTINUOUS outcomes the
     paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`, and `_starts`, `_pairs`:
-    the independent starts and the pairs behind it; `paired_by_start`). `*_holm` columns hold Holm-adjusted p
+    the independent starts and the pairs behind it; `clustered.paired_by_start`). `*_holm` columns hold Holm-adjusted p
     over the table's rows. The reference row has NaN tests. `start_col`: each run's cold start (outcomes
     without it count every pair as its own start).
     """
@@ -79,7 +79,10 @@ def arm_tests(
                         if start_col in g
                         else pd.Series(range(len(joined)))
                     )
-                    res = paired_by_start(joined[name], joined[f"{name}_ref"], starts)
+                    res = clustered.paired_by_start(joined[name] - joined[f"{name}_ref"], starts)
+                    res["n"] = res.pop("n_pairs")
+                    if res["descriptive"] is not None:  # below 5 starts only the difference itself is shown
+                        res["prob_improvement"] = math.nan
             row.update(
                 {
                     f"{name}_diff": res["mean_diff"],
@@ -97,23 +100,6 @@ def arm_tests(
         table[f"{col}_holm"] = holm(table[col].to_numpy())
     table.attrs.update(reference=reference, compare=compare)
     return table
-
-
-def paired_by_start(a: pd.Series, b: pd.Series, starts: pd.Series) -> dict:
-    """a - b paired, each pair labelled by its cold start(s): n (pairs), n_starts, mean_diff (mean of the starts'
-    means), and below `clustered.MIN_UNITS` starts nothing more; else lo, hi (hierarchical bootstrap), p_value
-    (one sign per start) and prob_improvement (share of starts whose mean difference is above 0, a tie one half)."""
-    x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y)
-    d, units = x[keep] - y[keep], starts.to_numpy()[keep]
-    means = clustered.cluster_means(d, units)
-    out = {"n": len(d), "n_starts": len(means), "mean_diff": float(means.mean()) if len(means) else math.nan}
-    out.update(lo=math.nan, hi=math.nan, p_value=math.nan, prob_improvement=math.nan)
-    if clustered.descriptive_reason(len(means)) is None:
-        _, out["lo"], out["hi"] = clustered.hierarchical_bootstrap(d, units)
-        out["p_value"] = clustered.cluster_sign_flip_pvalue(d, units)
-        out["prob_improvement"] = float(np.mean((means > 0) + 0.5 * (means == 0)))
-    return out
 
 
 def _p(p: float, p_holm: float) -> str:
