@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.dose import EARLY_STEPS, kl_summary
 from moe_rl.metrics.names import KL_UPDATE_K3
 from moe_rl.run.atomic import write_atomic
 from moe_rl.run.identity import NOT_IDENTITY, spec_hash
@@ -35,21 +36,9 @@ from moe_rl.run.identity import NOT_IDENTITY, spec_hash
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CACHE = ROOT / "results" / "calibration" / "kl.json"
-EARLY_STEPS = 20  # the early window of the per-update KL: steps 1..20
 LRS = (1e-4, 3e-4, 1e-3)
 # every pilot: scored on all rows (the calibration's own precision), evaluated only at its last step
 PILOT = ("metrics.update_kl_rows=null", "snapshot_every=0", "checkpoint_every=0", "progress=false", "seed=0")
-
-
-def kl_summary(frame: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> dict[str, float]:
-    """A run's per-update KL: `early`, the mean of its per-step values over steps 1..`early_steps`, and `mean`, over
-    every step (`frame`: the run's long-format metrics, columns step, key, value); NaN where none is logged."""
-    values = frame.loc[(frame["key"] == key) & (frame["step"] >= 1), ["step", "value"]]
-    early = values.loc[values["step"] <= early_steps, "value"]
-    return {
-        "early": float(early.mean()) if len(early) else math.nan,
-        "mean": float(values["value"].mean()) if len(values) else math.nan,
-    }
 
 
 def fit_power_law(lrs: list[float], kls: list[float]) -> tuple[float, float]:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from helpers import ROOT, tiny_overrides
 
+from moe_rl.analysis.dose import kl_summary
 from moe_rl.metrics.names import KL_UPDATE_K3
 
 _spec = importlib.util.spec_from_file_location("calibrate_kl", ROOT / "experiments" / "calibrate_kl.py")
@@ -22,9 +23,9 @@ def test_kl_summary_gives_the_early_and_the_run_mean() -> None:
     """Steps 1..20 make the early mean, every step the run mean; step 0 (the evaluation) and other keys are not read."""
     rows = [(s, KL_UPDATE_K3, float(s)) for s in range(1, 31)] + [(0, KL_UPDATE_K3, 99.0), (5, "kl/k3", 7.0)]
     frame = pd.DataFrame(rows, columns=["step", "key", "value"])
-    assert ck.kl_summary(frame) == {"early": 10.5, "mean": 15.5}
-    assert ck.kl_summary(frame, early_steps=2)["early"] == 1.5
-    assert all(math.isnan(v) for v in ck.kl_summary(frame, key="absent").values())
+    assert kl_summary(frame) == {"early": 10.5, "mean": 15.5}
+    assert kl_summary(frame, early_steps=2)["early"] == 1.5
+    assert all(math.isnan(v) for v in kl_summary(frame, key="absent").values())
 
 
 def test_the_power_law_fit_and_its_inverse() -> None:

@@ -46,10 +46,11 @@ SWEEP_SIZES = {
     "mechanism_gentle": 110,
     "mechanism_fine": 20,
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
+    "divergence": 1,  # its runs come from experiments/divergence.py, one multirun per row
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults
-LEAN = {"frontier"}
+LEAN = {"frontier", "divergence"}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {
     "phase_edge": "phase",
@@ -65,7 +66,7 @@ def _sweep(experiment: str) -> tuple[list[list[str]], object]:
     """Every override combination of an experiment's sweep."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"+preset={experiment}"], return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params else {}  # none: one run
     axes = [[f"{k}={v.strip()}" for v in str(values).split(",")] for k, values in params.items()]
     return [list(c) for c in itertools.product(*axes)], cfg
 

@@ -135,10 +135,7 @@ def run_starts(df: pd.DataFrame) -> pd.Series:
     out = {}
     for _, row in runs(df).iterrows():
         run_dir = Path(str(row["run_dir"]))
-        key = None
-        meta = run_dir / "meta.json"
-        if meta.is_file():
-            key = (json.loads(meta.read_text()).get("cold_start") or {}).get("key")
+        key = cold_start_meta(run_dir).get("key")
         if key is None:
             seed = row.get("cold_seed")
             if seed is None or pd.isna(seed):
@@ -148,3 +145,26 @@ def run_starts(df: pd.DataFrame) -> pd.Series:
             key = f"cold_seed={int(seed)}"
         out[row["run"]] = str(key)
     return pd.Series(out, name="start", dtype=object)
+
+
+def cold_start_meta(run_dir: Path) -> dict[str, Any]:
+    """The `cold_start` block of a run's meta.json (its key, SFT steps, covariates, ...); {} without one."""
+    meta = Path(run_dir) / "meta.json"
+    return (json.loads(meta.read_text()).get("cold_start") or {}) if meta.is_file() else {}
+
+
+COVARIATES = ("greedy_accuracy", "sampled_reward", "sampled_entropy", "sft_steps")
+
+
+def start_covariates(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (family, start) of a per-run table (columns family, start, run_dir, and cold_seed where the runs
+    log it): the start's covariates as its runs' meta.json records them (greedy held-out accuracy, sampled reward
+    and entropy at temperature 1, SFT steps; NaN where none were recorded) and how many runs began from it."""
+    rows = []
+    for (family, start), g in runs.groupby(["family", "start"], sort=True):
+        covariates = cold_start_meta(Path(str(g["run_dir"].iloc[0]))).get("covariates") or {}
+        seed = g["cold_seed"].iloc[0] if "cold_seed" in g else None
+        rec = {"family": family, "start": start, "cold_seed": "—" if seed is None or pd.isna(seed) else int(seed)}
+        rec.update({k: covariates.get(k, float("nan")) for k in COVARIATES})
+        rows.append({**rec, "runs": len(g)})
+    return pd.DataFrame(rows, columns=["family", "start", "cold_seed", *COVARIATES, "runs"])

@@ -21,6 +21,7 @@ from moe_rl.analysis.folder_report import StudyReport, with_provenance
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
 from moe_rl.studies import (
+    divergence_report,
     drift_claims,
     drift_report,
     engine,
@@ -175,6 +176,14 @@ STUDIES: tuple[Study, ...] = (
         claims={10: frontier_claims.claim_vespo_staleness, 11: frontier_claims.claim_no_trust_region},
         borrows=tuple(s for s in frontier.SOURCES if s != "frontier"),
         claims_section=frontier_report.claims_section,
+    ),
+    Study(
+        "divergence",
+        ("divergence",),
+        "At equal per-update divergence, which methods stay stable? Each method's accuracy change against its "
+        "realised per-update KL over three lrs, from a pool of 6 cold starts; the KL where each crosses -5 pp, and "
+        "whether lr^2 x N sets the outcome.",
+        report=with_provenance(divergence_report.write_divergence_report),
     ),
     Study(
         "calibration",

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, runs
 from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
@@ -89,7 +90,7 @@ def arm_file(run: str) -> str:
 
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run: family, arm file, lr, N, seed, accuracy change (late accuracy, the mean of the
+    """One row per finished run: family, arm file, lr, N, seed, cold start (`start`), accuracy change (late accuracy, the mean of the
     last 3 evaluations, minus step 0), collapse (the loop's own label), reward AUC and the off-policy token
     log-ratio variance."""
     out = runs(df).set_index("run", drop=False).rename_axis(None)
@@ -104,7 +105,8 @@ def per_run(df: pd.DataFrame) -> pd.DataFrame:
         {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}
     )
     out["token_ratio_var"] = variant_per_run(df, RATIO_TOKEN_VAR, "offpolicy")
-    keep = ["run", "experiment", "family", "arm_file", "arm", "lr", "N", "seed", "status", "start_accuracy"]
+    out["start"] = run_starts(df[df["run"].isin(out.index)])
+    keep = ["run", "experiment", "family", "arm_file", "arm", "lr", "N", "seed", "start", "status", "start_accuracy"]
     return out[[*keep, "late_accuracy", "change", "collapsed", "reward_auc", "token_ratio_var"]].reset_index(drop=True)
 
 
@@ -130,10 +132,10 @@ def load_runs(roots: Iterable[Path]) -> pd.DataFrame:
 
 
 def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
-    """`per_run` frames as one: a run present twice (the same config under two experiment names) counted once,
-    the first found."""
+    """`per_run` frames as one: a run present twice (the same config and cold start under two experiment names)
+    counted once, the first found; runs of the same config from different cold starts are two runs."""
     runs = pd.concat(list(frames), ignore_index=True)
-    return runs.drop_duplicates(["family", "arm_file", "lr", "N", "seed"], keep="first").reset_index(drop=True)
+    return runs.drop_duplicates(["family", "arm_file", "lr", "N", "seed", "start"], keep="first").reset_index(drop=True)
 
 
 def on_axis(runs: pd.DataFrame, axis: Axis, row: tuple[str, str]) -> pd.DataFrame:

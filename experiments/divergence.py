@@ -1,0 +1,55 @@
+"""Run the divergence frontier (`experiments/conf/preset/divergence.yaml`, `moe_rl.studies.divergence`).
+
+    python experiments/divergence.py                      # runs into results/divergence/runs, rows in the preset's order
+    python experiments/divergence.py --dry-run            # print the multiruns and stop
+    python experiments/divergence.py --jobs 2 --runs runs # 2 runs at a time, into runs/divergence/runs
+
+One Hydra multirun of `experiments/train.py` (`+preset=divergence`) per row: the row's lrs x the preset's seeds at
+its N, then the lr^2 N block (the law's rows at its N). Rerunning resumes: a finished run is read, not rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from moe_rl.studies import divergence as dv
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def command(job: dv.Job, results_dir: Path, jobs: int) -> list[str]:
+    cmd = [sys.executable, str(HERE / "train.py"), "-m", "+preset=divergence", f"out_dir={results_dir}/divergence/runs"]
+    cmd += ["progress=false", "threads=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+    cmd.append(f"arm={job.arm}")
+    if job.family != dv.REFERENCE[0]:
+        cmd.append(f"model={job.family}")  # the model file of each family the study runs is named after it
+    cmd.append("optim.lr=" + ",".join(f"{lr:g}" for lr in job.lrs))
+    if job.N != job.default_N:
+        cmd.append(f"optim.updates_per_rollout={job.N}")
+    cmd.append("seed=" + ",".join(str(s) for s in job.seeds))
+    return cmd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=Path, default=ROOT / "results", help="runs land in <runs>/divergence/runs")
+    ap.add_argument("--presets", type=Path, default=HERE / "conf" / "preset")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    spec = dv.load_spec(args.presets)
+    for job in dv.jobs(spec):
+        cmd = command(job, args.runs, args.jobs)
+        print(" ".join(cmd[1:]), flush=True)
+        if not args.dry_run:
+            code = subprocess.run(cmd, cwd=ROOT).returncode
+            if code != 0:
+                sys.exit(f"divergence: the multirun of {job.family}:{job.arm} at N = {job.N} exited {code}")
+
+
+if __name__ == "__main__":
+    main()

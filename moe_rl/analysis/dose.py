@@ -1,0 +1,129 @@
+"""Dose-response against the realised per-update divergence: a run's KL summary, a monotone fit of outcome on log KL,
+the KL where the fit crosses a threshold, and its bootstrap over cold starts.
+
+The dose is a run's early per-update KL (`kl/update_k3`, k3 between the policy before and after each update on the
+update's tokens, mean over steps 1..20: `kl_summary`), the outcome its accuracy change. The fit is isotonic
+(non-increasing in log KL, `scipy.optimize.isotonic_regression`): more divergence per update never helps in it, and
+nothing else about the curve's shape is assumed. A logistic in log KL would need the change's lower and upper
+asymptotes, which differ by arm and are not reached inside a grid of three lrs; the isotonic fit needs neither. The
+crossing is where the fit first falls below the threshold, interpolated in log KL between the two runs on either
+side; a fit that never falls below it is right-censored (+inf: the crossing lies past the largest KL seen), one
+already below at the smallest KL left-censored (0). Intervals resample cold starts, then seeds within each drawn
+start (`moe_rl.analysis.clustered`'s scheme, its seed and resample count), with the same draws for every row, so a
+ratio of two rows' crossings is paired on starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import isotonic_regression
+
+from moe_rl.analysis.clustered import N_RESAMPLES, SEED
+from moe_rl.metrics.names import KL_UPDATE_K3
+
+EARLY_STEPS = 20  # the early window of the per-update KL: steps 1..20
+
+
+def kl_summary(frame: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> dict[str, float]:
+    """A run's per-update KL: `early`, the mean of its per-step values over steps 1..`early_steps`, and `mean`, over
+    every step (`frame`: the run's long-format metrics, columns step, key, value); NaN where none is logged."""
+    values = frame.loc[(frame["key"] == key) & (frame["step"] >= 1), ["step", "value"]]
+    early = values.loc[values["step"] <= early_steps, "value"]
+    return {
+        "early": float(early.mean()) if len(early) else math.nan,
+        "mean": float(values["value"].mean()) if len(values) else math.nan,
+    }
+
+
+def kl_per_run(df: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> pd.DataFrame:
+    """`kl_summary` of every run of a long-format frame (column run): index run, columns kl_early, kl_mean."""
+    rows = {run: kl_summary(x, key, early_steps) for run, x in df.groupby("run")}
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=["early", "mean"])
+    return out.rename(columns={"early": "kl_early", "mean": "kl_mean"})
+
+
+def isotonic_fit(log_kl: np.ndarray, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x, fit): the points sorted by log KL and the non-increasing least-squares fit of change on them."""
+    order = np.argsort(log_kl, kind="stable")
+    x, y = np.asarray(log_kl, float)[order], np.asarray(change, float)[order]
+    return x, np.asarray(isotonic_regression(y, increasing=False).x)
+
+
+def crossing(kl: Sequence[float] | np.ndarray, change: Sequence[float] | np.ndarray, threshold: float) -> float:
+    """The KL at which the isotonic fit of `change` on log `kl` first falls below `threshold` (log-linear between the
+    last point at or above it and the first below); +inf if it never does, 0 if it is below from the first point,
+    NaN with no finite point."""
+    kl, change = np.asarray(kl, float), np.asarray(change, float)
+    keep = np.isfinite(kl) & (kl > 0) & np.isfinite(change)
+    if not keep.any():
+        return math.nan
+    x, fit = isotonic_fit(np.log(kl[keep]), change[keep])
+    below = np.flatnonzero(fit < threshold)
+    if len(below) == 0:
+        return math.inf
+    i = int(below[0])
+    if i == 0:
+        return 0.0
+    t = (fit[i - 1] - threshold) / (fit[i - 1] - fit[i])
+    return float(math.exp(x[i - 1] + t * (x[i] - x[i - 1])))
+
+
+def start_draws(
+    units: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = SEED
+) -> list[list[tuple[object, object]]]:
+    """Hierarchical resamples of (start, seed) units (`units`: columns start, seed): per replicate, starts drawn with
+    replacement, then within each drawn start as many of its seeds as it has, with replacement. The same draws serve
+    every row that shares the starts and seeds (a paired bootstrap)."""
+    seeds = {s: sorted(set(g["seed"])) for s, g in units.groupby("start", sort=True)}
+    starts = list(seeds)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        replicate = []
+        for s in rng.choice(len(starts), len(starts)):
+            own = seeds[starts[s]]
+            replicate += [(starts[s], own[k]) for k in rng.integers(0, len(own), len(own))]
+        draws.append(replicate)
+    return draws
+
+
+def bootstrap(
+    runs: pd.DataFrame,
+    statistic: Callable[[pd.DataFrame], float],
+    draws: list[list[tuple[object, object]]],
+    confidence: float = 0.95,
+) -> tuple[float, float, float, float]:
+    """(estimate, low, high, share_nan): `statistic` of `runs` (columns start, seed) and its percentile interval over
+    the drawn replicates (each the runs of its drawn (start, seed) units, repeated as drawn); infinite values
+    (censored crossings) take part in the quantiles, NaN ones are dropped and their share returned."""
+    estimate = float(statistic(runs))
+    by_unit = {k: np.asarray(i) for k, i in runs.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
+    values = []
+    for replicate in draws:
+        parts = [by_unit[u] for u in replicate if u in by_unit]
+        values.append(float(statistic(runs.iloc[np.concatenate(parts)])) if parts else math.nan)
+    arr = np.array(values)
+    finite = arr[~np.isnan(arr)]
+    if len(finite) == 0:
+        return estimate, math.nan, math.nan, 1.0
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(finite, [alpha, 1 - alpha], method="inverted_cdf")
+    return estimate, float(lo), float(hi), float(1 - len(finite) / len(arr))
+
+
+def law_exponent(frame: pd.DataFrame, y: str = "log_kl") -> float:
+    """b / c of the least-squares fit `y = a_row + b log lr + c log N` (frame: columns row, lr, N and y): how many
+    powers of N one power of lr is worth; lr^2 x N reads 2. NaN where N or lr does not vary."""
+    rows = pd.get_dummies(frame["row"], dtype=float).to_numpy()
+    X = np.column_stack([rows, np.log(frame["lr"].to_numpy(float)), np.log(frame["N"].to_numpy(float))])
+    target = frame[y].to_numpy(float)
+    keep = np.isfinite(target)
+    if keep.sum() <= X.shape[1] or np.linalg.matrix_rank(X[keep]) < X.shape[1]:
+        return math.nan
+    coef, *_ = np.linalg.lstsq(X[keep], target[keep], rcond=None)
+    b, c = coef[-2], coef[-1]
+    return float(b / c) if c != 0 else math.nan

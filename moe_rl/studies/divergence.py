@@ -1,0 +1,223 @@
+"""The divergence frontier: each method's accuracy change against its realised per-update KL, from a pool of starts.
+
+Declared in `experiments/conf/preset/divergence.yaml` before its runs (`python experiments/divergence.py`).
+
+Each run's dose is its early per-update KL (`kl/update_k3`, k3 between the policy before and after each update on
+the update's tokens, mean over steps 1..20) and its outcome its accuracy change (late accuracy, the mean of the last
+3 evaluations, minus step 0). Per row, an isotonic (non-increasing) fit of change on log KL over every run of the row
+at the study's N, and the crossing: the KL where the fit first falls below -5 pp (`moe_rl.analysis.dose`), "> max"
+where it never does within the KLs seen, "< min" where it is below from the first. Intervals resample cold starts,
+then seeds within each (9999 draws, one seed for every row, so headroom, a row's crossing over grpo+none's, is
+paired on starts); with fewer than 5 starts a row is descriptive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from moe_rl.analysis.clustered import descriptive_reason, paired_by_start
+from moe_rl.analysis.dose import bootstrap, crossing, kl_per_run, law_exponent, start_draws
+from moe_rl.analysis.load import runs
+from moe_rl.metrics.names import KL_UPDATE_K3
+from moe_rl.studies import frontier as fr_
+
+PRESET = "divergence.yaml"  # the declaration, in the presets folder
+REFERENCE = ("qwen3_moe", "grpo_none")
+KEYS = (*fr_.KEYS, KL_UPDATE_K3)  # the metric keys the study reads
+
+
+@dataclass(frozen=True)
+class Spec:
+    rows: tuple[tuple[str, str], ...]  # (model family, arm file), in run order
+    lrs: tuple[float, ...]
+    lrs_by_family: dict[str, tuple[float, ...]]
+    N: int
+    seeds: tuple[int, ...]
+    law_N: int
+    law_rows: tuple[str, ...]
+    law_lrs: tuple[float, ...]
+    threshold: float
+
+    def row_lrs(self, family: str) -> tuple[float, ...]:
+        return self.lrs_by_family.get(family, self.lrs)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One multirun: a row's lrs x seeds at one N."""
+
+    family: str
+    arm: str
+    lrs: tuple[float, ...]
+    N: int
+    seeds: tuple[int, ...]
+    default_N: int  # the preset's N (a job at another N overrides it)
+
+
+def load_spec(presets: Path) -> Spec:
+    """The study declared in the `analysis.divergence` block of its preset in the presets folder `presets`."""
+    spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["divergence"]
+    law = spec["law"]
+    return Spec(
+        rows=tuple((str(f), str(a)) for f, a in spec["rows"]),
+        lrs=tuple(float(v) for v in spec["lrs"]),
+        lrs_by_family={str(k): tuple(float(v) for v in vs) for k, vs in spec.get("lrs_by_family", {}).items()},
+        N=int(spec["N"]),
+        seeds=tuple(int(s) for s in spec["seeds"]),
+        law_N=int(law["N"]),
+        law_rows=tuple(str(a) for a in law["rows"]),
+        law_lrs=tuple(float(v) for v in law["lrs"]),
+        threshold=float(spec["threshold"]),
+    )
+
+
+def jobs(spec: Spec) -> list[Job]:
+    """The study's multiruns in run order: the MoE rows, the lr^2 N block, then the rows of other families."""
+    main = [Job(f, a, spec.row_lrs(f), spec.N, spec.seeds, spec.N) for f, a in spec.rows]
+    law = [Job(REFERENCE[0], a, spec.law_lrs, spec.law_N, spec.seeds, spec.N) for a in spec.law_rows]
+    own = [j for j in main if j.family == REFERENCE[0]]
+    return own + law + [j for j in main if j.family != REFERENCE[0]]
+
+
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per finished run: the frontier's columns (family, arm file, lr, N, seed, change, collapsed, ...), its
+    cold start (`start`, the unit of replication) and its realised per-update KL (kl_early, kl_mean)."""
+    out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
+    out = out.join(kl_per_run(df[df["run"].isin(out.index)]))
+    info = runs(df).set_index("run")
+    out["run_dir"] = info["run_dir"]
+    out["cold_seed"] = info["cold_seed"] if "cold_seed" in info else np.nan
+    out["row"] = [row_name(f, a) for f, a in zip(out["family"], out["arm_file"], strict=True)]
+    return out.reset_index(drop=True)
+
+
+def row_name(family: str, arm: str) -> str:
+    return arm if family == REFERENCE[0] else f"{family}:{arm}"
+
+
+def load_runs(folder: Path) -> pd.DataFrame:
+    """`per_run` of every run under `folder` (the study's runs)."""
+    from moe_rl import analysis
+
+    return per_run(analysis.load_results(folder, keys=KEYS))
+
+
+def _crossing_of(threshold: float) -> Callable[[pd.DataFrame], float]:
+    return lambda runs: crossing(runs["kl_early"], runs["change"], threshold)
+
+
+def _ratio_of(row: str, threshold: float) -> Callable[[pd.DataFrame], float]:
+    """The crossing of `row` over the reference's, both from the same drawn runs."""
+
+    def ratio(runs: pd.DataFrame) -> float:
+        own = crossing(*_pts(runs, row), threshold)
+        ref = crossing(*_pts(runs, REFERENCE[1]), threshold)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float64(own) / np.float64(ref))
+
+    return ratio
+
+
+def _pts(runs: pd.DataFrame, row: str) -> tuple[pd.Series, pd.Series]:
+    sel = runs[runs["row"] == row]
+    return sel["kl_early"], sel["change"]
+
+
+def frontier_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.DataFrame:
+    """One row per declared row at the study's N: runs, starts and seeds, the crossing KL with its interval (starts,
+    then seeds, resampled) and the headroom over grpo+none (paired on the same draws); the median early KL and
+    the mean change at each lr. Below `MIN_UNITS` starts a row is descriptive: no interval."""
+    at_n = runs[runs["N"].astype(float) == spec.N]
+    draws = draws if draws is not None else start_draws(at_n[["start", "seed"]])
+    records = []
+    for family, arm in spec.rows:
+        name = row_name(family, arm)
+        own = at_n[at_n["row"] == name]
+        n_starts = own["start"].nunique()
+        reason = descriptive_reason(n_starts)
+        per_start = own.groupby("start")["seed"].nunique()
+        seeds = int(per_start.max()) if len(per_start) else 0  # seeds per start (the most any start has)
+        rec: dict[str, object] = {"row": name, "runs": len(own), "starts": n_starts, "seeds": seeds}
+        rec["descriptive"] = reason or ""
+        rec["collapsed"] = float(own["collapsed"].mean()) if len(own) else math.nan
+        cross = crossing(own["kl_early"], own["change"], spec.threshold) if len(own) else math.nan
+        rec["crossing"], rec["crossing_lo"], rec["crossing_hi"] = cross, math.nan, math.nan
+        rec["headroom"], rec["headroom_lo"], rec["headroom_hi"] = math.nan, math.nan, math.nan
+        if reason is None:
+            _, rec["crossing_lo"], rec["crossing_hi"], _ = bootstrap(own, _crossing_of(spec.threshold), draws)
+            if name != REFERENCE[1]:
+                both = at_n[at_n["row"].isin([name, REFERENCE[1]])]
+                rec["headroom"], rec["headroom_lo"], rec["headroom_hi"], _ = bootstrap(
+                    both, _ratio_of(name, spec.threshold), draws
+                )
+        for lr, g in own.groupby("lr"):
+            rec[f"kl@{lr:g}"] = float(g["kl_early"].median())
+            rec[f"change@{lr:g}"] = float(g["change"].mean())
+        records.append(rec)
+    return pd.DataFrame(records)
+
+
+def law_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.DataFrame:
+    """The lr^2 N test on the law's rows (runs at both Ns): the exponent b / c of `log KL = row + b log lr +
+    c log N` and of `change = row + b log lr + c log N`, each with its interval over starts; and the paired change
+    between points of equal lr^2 N and of equal lr x N (the same start and seed at both)."""
+    sel = runs[runs["arm_file"].isin(spec.law_rows) & (runs["family"] == REFERENCE[0])].copy()
+    sel = sel[sel["N"].astype(float).isin([spec.N, spec.law_N])]
+    sel["log_kl"] = np.log(sel["kl_early"].where(sel["kl_early"] > 0))
+    if sel.empty or sel["N"].nunique() < 2:
+        return pd.DataFrame()
+    draws = draws if draws is not None else start_draws(sel[["start", "seed"]])
+    out = []
+    for y, label in (("log_kl", "early per-update KL"), ("change", "accuracy change")):
+        est, lo, hi, _ = bootstrap(sel, partial(law_exponent, y=y), draws)
+        out.append({"outcome": label, "b_over_c": est, "lo": lo, "hi": hi, "runs": len(sel)})
+    return pd.DataFrame(out)
+
+
+def matched_pairs(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
+    """Pairs of (lr, N) points of the law's rows at equal lr^2 N or equal lr x N across the two Ns: the paired
+    change and early-KL ratio (same start and seed), from `paired_by_start`."""
+    sel = runs[runs["arm_file"].isin(spec.law_rows) & (runs["family"] == REFERENCE[0])]
+    lo_n, hi_n = sorted((spec.law_N, spec.N))
+    out = []
+    points = sorted({(float(lr), int(n)) for lr, n in zip(sel["lr"], sel["N"], strict=True)})
+    for lr_a, n_a in [p for p in points if p[1] == lo_n]:
+        for lr_b, n_b in [p for p in points if p[1] == hi_n]:
+            for law, power in (("lr^2 N", 2), ("lr N", 1)):
+                if not np.isclose(lr_a**power * n_a, lr_b**power * n_b, rtol=1e-6, atol=0):
+                    continue
+                a = sel[np.isclose(sel["lr"], lr_a, atol=0) & (sel["N"] == n_a)].set_index(
+                    ["arm_file", "start", "seed"]
+                )
+                b = sel[np.isclose(sel["lr"], lr_b, atol=0) & (sel["N"] == n_b)].set_index(
+                    ["arm_file", "start", "seed"]
+                )
+                both = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+                starts = both.index.get_level_values("start")
+                d = paired_by_start(both["change_a"] - both["change_b"], starts)
+                r = paired_by_start(np.log(both["kl_early_a"] / both["kl_early_b"]), starts)
+                out.append(
+                    {
+                        "equal": law,
+                        "a": f"lr {lr_a:g}, N {n_a}",
+                        "b": f"lr {lr_b:g}, N {n_b}",
+                        "pairs": d["n_pairs"],
+                        "starts": d["n_starts"],
+                        "change_diff": d["mean_diff"],
+                        "change_lo": d["lo"],
+                        "change_hi": d["hi"],
+                        "kl_ratio": float(np.exp(float(r["mean_diff"]))),  # type: ignore[arg-type]
+                        "kl_ratio_lo": float(np.exp(float(r["lo"]))),  # type: ignore[arg-type]
+                        "kl_ratio_hi": float(np.exp(float(r["hi"]))),  # type: ignore[arg-type]
+                        "descriptive": d["descriptive"] or "",
+                    }
+                )
+    return pd.DataFrame(out)

@@ -1,0 +1,190 @@
+"""The divergence frontier's report (`results/divergence/`): the crossings table, the lr^2 N test, the starts, figures.
+
+Per row: every run's accuracy change against its early per-update KL, the isotonic fit and the KL where it crosses
+-5 pp, with an interval over cold starts (then seeds); headroom as the ratio of a row's crossing to grpo+none's, on
+the same draws. The lr^2 N test and the pool's start covariates follow. A row with fewer than 5 starts is
+descriptive (no interval).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from moe_rl.analysis.configs import start_covariates
+from moe_rl.analysis.dose import isotonic_fit, start_draws
+from moe_rl.analysis.folder_report import write_csv, write_png
+from moe_rl.run.atomic import write_atomic
+from moe_rl.studies import divergence as dv
+
+
+def _kl(v: float) -> str:
+    if not np.isfinite(v):
+        return "> max" if v == math.inf else "—"
+    return "< min" if v == 0 else f"{v:.2g}"
+
+
+def _interval(lo: float, hi: float, fmt=_kl) -> str:
+    if not (np.isfinite(lo) or lo == math.inf) or (isinstance(hi, float) and math.isnan(hi)):
+        return "—"
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _ratio(v: float) -> str:
+    if math.isnan(v):
+        return "—"
+    return "inf" if v == math.inf else f"{v:.2f}"
+
+
+def format_table(table: pd.DataFrame, spec: dv.Spec) -> str:
+    """The crossings table in markdown: one line per declared row."""
+    lines = [
+        "| row | runs (starts x seeds per start) | crossing KL [95%] | headroom [95%] | early KL by lr | change by lr (pp) | "
+        "collapsed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        lrs = sorted(float(c.split("@")[1]) for c in table.columns if c.startswith("kl@") and pd.notna(r[c]))
+        kls = ", ".join(f"{r[f'kl@{lr:g}']:.2g}" for lr in lrs) or "—"
+        changes = ", ".join(f"{100 * r[f'change@{lr:g}']:+.1f}" for lr in lrs) or "—"
+        lr_head = "/".join(f"{lr:g}" for lr in lrs)
+        cross = _kl(r["crossing"]) + (
+            f" {_interval(r['crossing_lo'], r['crossing_hi'])}" if not r["descriptive"] else ""
+        )
+        head = "—" if r["row"] == dv.REFERENCE[1] else _ratio(r["headroom"])
+        if r["row"] != dv.REFERENCE[1] and not r["descriptive"]:
+            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]"
+        if not r["runs"]:
+            lines.append(f"| {r['row']} | not run yet | | | | | |")
+            continue
+        note = f" ({r['descriptive']})" if r["descriptive"] else ""
+        coll = f"{100 * r['collapsed']:.0f}%" if pd.notna(r["collapsed"]) else "—"
+        lines.append(
+            f"| {r['row']} | {r['runs']} ({r['starts']} x {r['seeds']}){note} | {cross} | {head} | "
+            f"{kls} (lr {lr_head}) | {changes} | {coll} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_rows(runs: pd.DataFrame, table: pd.DataFrame, spec: dv.Spec) -> Figure:
+    """A panel per row: each run's accuracy change (pp) against its early per-update KL (log scale), coloured by lr
+    (N = spec.N), the isotonic fit, the -5 pp line and the crossing with its interval."""
+    names = list(table["row"])
+    cols = 3
+    nrows = max(1, math.ceil(len(names) / cols))
+    fig = Figure(figsize=(4.2 * cols, 3.1 * nrows))
+    axes = fig.subplots(nrows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    at_n = runs[runs["N"].astype(float) == spec.N]
+    lrs = sorted(at_n["lr"].unique())
+    colors = dict(zip(lrs, ["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown"], strict=False))
+    for ax, name in zip(axes, names, strict=False):
+        own = at_n[(at_n["row"] == name) & (at_n["kl_early"] > 0)]
+        for lr, g in own.groupby("lr"):
+            ax.scatter(g["kl_early"], 100 * g["change"], s=14, color=colors.get(lr, "grey"), label=f"lr {lr:g}")
+        if len(own):
+            x, fit = isotonic_fit(np.log(own["kl_early"].to_numpy(float)), own["change"].to_numpy(float))
+            ax.plot(np.exp(x), 100 * fit, color="black", lw=1.2)
+        ax.axhline(100 * spec.threshold, color="grey", ls="--", lw=0.8)
+        rec = table[table["row"] == name].iloc[0]
+        if np.isfinite(rec["crossing"]) and rec["crossing"] > 0:
+            ax.axvline(rec["crossing"], color="black", ls=":", lw=1)
+        lo, hi = rec["crossing_lo"], rec["crossing_hi"]
+        if np.isfinite(lo) and lo > 0 and np.isfinite(hi):
+            ax.axvspan(lo, hi, color="grey", alpha=0.15)
+        ax.set_xscale("log")
+        ax.set_title(f"{name} ({rec['starts']} starts)", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(names) :]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel("accuracy change (pp)", fontsize=8)
+    for ax in axes[-cols:]:
+        ax.set_xlabel("early per-update KL (k3, steps <= 20)", fontsize=8)
+    if len(names):
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def format_law(law: pd.DataFrame, pairs: pd.DataFrame) -> str:
+    if law.empty:
+        return "No runs at the law's second N yet.\n"
+    lines = ["| outcome | b / c [95%] | runs |", "|---|---|---|"]
+    for _, r in law.iterrows():
+        lines.append(f"| {r['outcome']} | {r['b_over_c']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | {r['runs']} |")
+    lines += [
+        "",
+        "| equal | a | b | pairs (starts) | change a - b (pp) [95%] | early KL a / b [95%] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in pairs.iterrows():
+        ci = (
+            f" [{100 * r['change_lo']:+.1f}, {100 * r['change_hi']:+.1f}]"
+            if not r["descriptive"]
+            else f" ({r['descriptive']})"
+        )
+        kci = f" [{r['kl_ratio_lo']:.2f}, {r['kl_ratio_hi']:.2f}]" if not r["descriptive"] else ""
+        lines.append(
+            f"| {r['equal']} | {r['a']} | {r['b']} | {r['pairs']} ({r['starts']}) | {100 * r['change_diff']:+.1f}{ci} "
+            f"| {r['kl_ratio']:.2f}{kci} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def format_starts(starts: pd.DataFrame) -> str:
+    if starts.empty:
+        return "No start covariates recorded.\n"
+    lines = [
+        "| family | start | cold seed | SFT steps | greedy accuracy | sampled reward | entropy (nats) | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in starts.iterrows():
+        lines.append(
+            f"| {r['family']} | {r['start']} | {r['cold_seed']} | {r['sft_steps']} | {r['greedy_accuracy']:.3f} | "
+            f"{r['sampled_reward']:.3f} | {r['sampled_entropy']:.2f} | {r['runs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+    """results/divergence: divergence.csv (the crossings), law.csv and pairs.csv (the lr^2 N test), runs.csv (one
+    line per run), starts.csv (the pool's covariates), divergence.png and summary.md."""
+    spec = dv.load_spec(presets)
+    runs = dv.load_runs(runs_dir)
+    draws = start_draws(runs[runs["N"].astype(float) == spec.N][["start", "seed"]])
+    table = dv.frontier_table(runs, spec, draws)
+    law, pairs = dv.law_table(runs, spec), dv.matched_pairs(runs, spec)
+    starts = start_covariates(runs)
+    text = [
+        "# divergence",
+        "",
+        "## The divergence frontier",
+        "",
+        f"{len(runs)} finished runs, N = {spec.N}, lrs {', '.join(f'{v:g}' for v in spec.lrs)} "
+        f"({', '.join(f'{k}: ' + ', '.join(f'{v:g}' for v in vs) for k, vs in spec.lrs_by_family.items())}); "
+        f"{runs['start'].nunique()} cold starts.",
+        "",
+        (dv.__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
+        "",
+        format_table(table, spec),
+        "![divergence](divergence.png)",
+        "",
+        f"## Does lr^2 x N set the outcome? ({', '.join(spec.law_rows)} at N = {spec.law_N} and {spec.N})",
+        "",
+        "b / c of `y = row + b log lr + c log N`: 2 if lr^2 x N is what matters, 1 if lr x N. Pairs of points at "
+        "equal lr^2 N should agree; at equal lr x N they should not if the law holds.",
+        "",
+        format_law(law, pairs),
+        "## The starts (the unit of replication)",
+        "",
+        format_starts(starts),
+    ]
+    write_atomic(out / "summary.md", "\n".join(text).encode())
+    fig = plot_rows(runs, table, spec)
+    written = [out / "summary.md", write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
+    written += [write_csv(out / "law.csv", law), write_csv(out / "pairs.csv", pairs)]
+    return [*written, write_csv(out / "runs.csv", runs), write_csv(out / "starts.csv", starts)]
