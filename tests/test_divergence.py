@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from helpers import PRESETS, ROOT
 
-from moe_rl.analysis.dose import bootstrap, crossing, isotonic_fit, law_exponent, start_draws
+from moe_rl.analysis.clustered import bootstrap, start_draws
+from moe_rl.analysis.dose import crossing, isotonic_fit, law_exponent
 from moe_rl.studies import divergence as dv
 from moe_rl.studies import divergence_report as dr
 from moe_rl.studies import frontier as fr_

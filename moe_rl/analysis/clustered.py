@@ -13,6 +13,8 @@ comparison that spans starts goes through the one routine here:
   together): the exact permutation test at the level of the start.
 - `cluster_permutation_pvalue`: two groups of starts (e.g. two models, each with its own pool),
   the starts' means permuted between the groups.
+- `start_draws` and `bootstrap`: the same two-stage scheme for any statistic of a table of runs (a crossing, a
+  fitted exponent, a ratio of two rows), the draws shared by every row that has the same starts and seeds.
 - `clustered_compare`: arm a vs arm b paired within (start, seed), all of the above in one row,
   with the number of starts and seeds behind it and, below `MIN_UNITS` starts, no interval or p at
   all: the row is descriptive and says why.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -238,3 +240,46 @@ def intraclass_correlation(values: Sequence[float] | np.ndarray, clusters: Seque
     m0 = (N - sum(len(g) ** 2 for g in groups) / N) / (C - 1)
     denom = msb + (m0 - 1) * msw
     return float((msb - msw) / denom) if denom > 0 else math.nan
+
+
+def start_draws(
+    units: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = SEED
+) -> list[list[tuple[object, object]]]:
+    """Hierarchical resamples of (start, seed) units (`units`: columns start, seed): per replicate, starts drawn with
+    replacement, then within each drawn start as many of its seeds as it has, with replacement. The same draws serve
+    every row that shares the starts and seeds (a paired bootstrap)."""
+    seeds = {s: sorted(set(g["seed"])) for s, g in units.groupby("start", sort=True)}
+    starts = list(seeds)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_resamples):
+        replicate = []
+        for s in rng.choice(len(starts), len(starts)):
+            own = seeds[starts[s]]
+            replicate += [(starts[s], own[k]) for k in rng.integers(0, len(own), len(own))]
+        draws.append(replicate)
+    return draws
+
+
+def bootstrap(
+    runs: pd.DataFrame,
+    statistic: Callable[[pd.DataFrame], float],
+    draws: list[list[tuple[object, object]]],
+    confidence: float = 0.95,
+) -> tuple[float, float, float, float]:
+    """(estimate, low, high, share_nan): `statistic` of `runs` (columns start, seed) and its percentile interval over
+    the drawn replicates (each the runs of its drawn (start, seed) units, repeated as drawn); infinite values
+    (censored crossings) take part in the quantiles, NaN ones are dropped and their share returned."""
+    estimate = float(statistic(runs))
+    by_unit = {k: np.asarray(i) for k, i in runs.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
+    values = []
+    for replicate in draws:
+        parts = [by_unit[u] for u in replicate if u in by_unit]
+        values.append(float(statistic(runs.iloc[np.concatenate(parts)])) if parts else math.nan)
+    arr = np.array(values)
+    finite = arr[~np.isnan(arr)]
+    if len(finite) == 0:
+        return estimate, math.nan, math.nan, 1.0
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(finite, [alpha, 1 - alpha], method="inverted_cdf")
+    return estimate, float(lo), float(hi), float(1 - len(finite) / len(arr))

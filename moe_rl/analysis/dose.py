@@ -9,20 +9,19 @@ asymptotes, which differ by arm and are not reached inside a grid of three lrs; 
 crossing is where the fit first falls below the threshold, interpolated in log KL between the two runs on either
 side; a fit that never falls below it is right-censored (+inf: the crossing lies past the largest KL seen), one
 already below at the smallest KL left-censored (0). Intervals resample cold starts, then seeds within each drawn
-start (`moe_rl.analysis.clustered`'s scheme, its seed and resample count), with the same draws for every row, so a
-ratio of two rows' crossings is paired on starts.
+start (`moe_rl.analysis.clustered.start_draws` and `bootstrap`), with the same draws for every row, so a ratio of
+two rows' crossings is paired on starts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
-from moe_rl.analysis.clustered import N_RESAMPLES, SEED
 from moe_rl.metrics.names import KL_UPDATE_K3
 
 EARLY_STEPS = 20  # the early window of the per-update KL: steps 1..20
@@ -70,49 +69,6 @@ def crossing(kl: Sequence[float] | np.ndarray, change: Sequence[float] | np.ndar
         return 0.0
     t = (fit[i - 1] - threshold) / (fit[i - 1] - fit[i])
     return float(math.exp(x[i - 1] + t * (x[i] - x[i - 1])))
-
-
-def start_draws(
-    units: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = SEED
-) -> list[list[tuple[object, object]]]:
-    """Hierarchical resamples of (start, seed) units (`units`: columns start, seed): per replicate, starts drawn with
-    replacement, then within each drawn start as many of its seeds as it has, with replacement. The same draws serve
-    every row that shares the starts and seeds (a paired bootstrap)."""
-    seeds = {s: sorted(set(g["seed"])) for s, g in units.groupby("start", sort=True)}
-    starts = list(seeds)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_resamples):
-        replicate = []
-        for s in rng.choice(len(starts), len(starts)):
-            own = seeds[starts[s]]
-            replicate += [(starts[s], own[k]) for k in rng.integers(0, len(own), len(own))]
-        draws.append(replicate)
-    return draws
-
-
-def bootstrap(
-    runs: pd.DataFrame,
-    statistic: Callable[[pd.DataFrame], float],
-    draws: list[list[tuple[object, object]]],
-    confidence: float = 0.95,
-) -> tuple[float, float, float, float]:
-    """(estimate, low, high, share_nan): `statistic` of `runs` (columns start, seed) and its percentile interval over
-    the drawn replicates (each the runs of its drawn (start, seed) units, repeated as drawn); infinite values
-    (censored crossings) take part in the quantiles, NaN ones are dropped and their share returned."""
-    estimate = float(statistic(runs))
-    by_unit = {k: np.asarray(i) for k, i in runs.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
-    values = []
-    for replicate in draws:
-        parts = [by_unit[u] for u in replicate if u in by_unit]
-        values.append(float(statistic(runs.iloc[np.concatenate(parts)])) if parts else math.nan)
-    arr = np.array(values)
-    finite = arr[~np.isnan(arr)]
-    if len(finite) == 0:
-        return estimate, math.nan, math.nan, 1.0
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(finite, [alpha, 1 - alpha], method="inverted_cdf")
-    return estimate, float(lo), float(hi), float(1 - len(finite) / len(arr))
 
 
 def law_exponent(frame: pd.DataFrame, y: str = "log_kl") -> float:

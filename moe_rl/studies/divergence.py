@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import descriptive_reason, paired_by_start
-from moe_rl.analysis.dose import bootstrap, crossing, kl_per_run, law_exponent, start_draws
+from moe_rl.analysis.clustered import bootstrap, descriptive_reason, paired_by_start, start_draws
+from moe_rl.analysis.dose import crossing, kl_per_run, law_exponent
 from moe_rl.analysis.load import runs
 from moe_rl.metrics.names import KL_UPDATE_K3
 from moe_rl.studies import frontier as fr_

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from moe_rl.analysis.clustered import start_draws
 from moe_rl.analysis.configs import start_covariates
-from moe_rl.analysis.dose import isotonic_fit, start_draws
+from moe_rl.analysis.dose import isotonic_fit
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import divergence as dv

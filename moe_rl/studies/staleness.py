@@ -1,0 +1,157 @@
+"""Staleness as the papers mean it: each method's edge along VESPO's rollout staleness and along an asynchronous lag.
+
+Declared in `experiments/conf/preset/staleness.yaml` before its runs (`python experiments/staleness.py`).
+
+Two axes, each a row of arms at four values, every run from the pool of 6 cold starts and making the same 192
+updates on the same number of samples: `rollout.staleness` = S (the rollout grows S-fold, one pass over it in S
+updates: its oldest sample is S - 1 updates stale) and `rollout.policy_lag` = k (each rollout sampled by the policy k
+updates old). A row's edge is where the isotonic fit of accuracy change on log(1 + age) crosses -5 pp, the age of a
+rollout's oldest sample in updates (S - 1, or k), read back in the axis' units; past the last value it is censored
+(">"), below the first it is "<". Intervals and paired comparisons resample cold starts, then seeds within each, with
+one set of draws for every row of an axis (`moe_rl.analysis.dose`); below 5 starts a row is descriptive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from moe_rl.analysis.clustered import descriptive_reason, start_draws
+from moe_rl.analysis.dose import crossing
+from moe_rl.studies import frontier as fr_
+
+PRESET = "staleness.yaml"
+FAMILY = "qwen3_moe"
+RUN_KEYS = {"rollout.staleness": "S", "rollout.policy_lag": "lag"}  # the run key each axis logs (where set)
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str  # the override: rollout.staleness or rollout.policy_lag
+    values: tuple[int, ...]
+    rows: tuple[str, ...]  # arm files
+
+    def age(self, value: float) -> float:
+        """The oldest sample's age in updates at `value` of this axis."""
+        return value - 1 if self.name == "rollout.staleness" else value
+
+    def value(self, age: float) -> float:
+        return age + 1 if self.name == "rollout.staleness" else age
+
+
+@dataclass(frozen=True)
+class Spec:
+    axes: tuple[Axis, ...]
+    updates: int
+    eval_updates: int
+    seeds: tuple[int, ...]
+    threshold: float
+
+    def axis(self, name: str) -> Axis:
+        return next(a for a in self.axes if a.name == name)
+
+
+def load_spec(presets: Path) -> Spec:
+    spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["staleness"]
+    axes = tuple(
+        Axis(name, tuple(int(v) for v in a["values"]), tuple(str(r) for r in a["rows"]))
+        for name, a in spec["axes"].items()
+    )
+    return Spec(axes, int(spec["updates"]), int(spec["eval_updates"]), tuple(spec["seeds"]), float(spec["threshold"]))
+
+
+def overrides(spec: Spec, axis: Axis, value: int) -> list[str]:
+    """The overrides of one point: none at an axis' base value (S = 1, k = 0: the same run on both axes); S > 1 also
+    keeps the updates and the evaluation spacing in updates (steps = updates / S rollouts, every eval_updates / S)."""
+    if value == (1 if axis.name == "rollout.staleness" else 0):
+        return []
+    out = [f"{axis.name}={value}"]
+    if axis.name == "rollout.staleness":
+        if spec.updates % value or spec.eval_updates % value:
+            raise ValueError(
+                f"staleness {value} must divide updates {spec.updates} and eval_updates {spec.eval_updates}"
+            )
+        out += [f"steps={spec.updates // value}", f"eval_every={spec.eval_updates // value}"]
+    return out
+
+
+def jobs(spec: Spec) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(arms, overrides) per multirun, axis by axis and value by value; the base point once for every arm of any axis."""
+    out: list[tuple[tuple[str, ...], list[str]]] = []
+    base = tuple(dict.fromkeys(arm for axis in spec.axes for arm in axis.rows))
+    out.append((base, []))
+    for axis in spec.axes:
+        out += [(axis.rows, overrides(spec, axis, v)) for v in axis.values if overrides(spec, axis, v)]
+    return out
+
+
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
+    """The frontier's per-run table with each run's staleness `S` and lag `lag` (1 and 0 where a run logs neither)."""
+    out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
+    info = df.drop_duplicates("run").set_index("run")
+    for key, default in (("S", 1), ("lag", 0)):
+        col = info[key] if key in info else pd.Series(default, index=info.index)
+        out[key] = col.reindex(out.index).fillna(default).astype(int)
+    return out.reset_index(drop=True)
+
+
+def on_axis(runs: pd.DataFrame, axis: Axis) -> pd.DataFrame:
+    """The runs on one axis: the other axis at its base value, this one's value as `value` and its age in updates."""
+    other = RUN_KEYS["rollout.policy_lag" if axis.name == "rollout.staleness" else "rollout.staleness"]
+    base = 0 if other == "lag" else 1
+    sel = runs[(runs[other] == base) & (runs["family"] == FAMILY) & runs["arm_file"].isin(axis.rows)].copy()
+    sel["value"] = sel[RUN_KEYS[axis.name]]
+    sel = sel[sel["value"].isin(axis.values)]
+    sel["age"] = [axis.age(v) for v in sel["value"]]
+    return sel
+
+
+def edge(points: pd.DataFrame, axis: Axis, threshold: float) -> float:
+    """A row's edge in the axis' units: the crossing of the fit on log(1 + age), inf past the grid, -inf below it."""
+    found = crossing(1 + points["age"].to_numpy(float), points["change"].to_numpy(float), threshold)
+    if math.isnan(found) or math.isinf(found):
+        return found
+    return -math.inf if found == 0 else axis.value(found - 1)
+
+
+def edge_draws(on: pd.DataFrame, axis: Axis, threshold: float, draws: list) -> dict[str, np.ndarray]:
+    """Per row, its edge on every drawn replicate (the same draws for every row: paired on starts and seeds)."""
+    units = {arm: {k: g for k, g in own.groupby(["start", "seed"])} for arm, own in on.groupby("arm_file")}
+    out = {}
+    for arm in axis.rows:
+        mine = units.get(arm, {})
+        values = []
+        for replicate in draws:
+            parts = [mine[u] for u in replicate if u in mine]
+            values.append(edge(pd.concat(parts), axis, threshold) if parts else math.nan)
+        out[arm] = np.array(values)
+    return out
+
+
+def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = None) -> tuple[pd.DataFrame, dict]:
+    """Per row of the axis: runs, starts, the edge with its interval, mean change at each value; and the draws."""
+    on = on_axis(runs, axis)
+    draws = draws if draws is not None else start_draws(on[["start", "seed"]]) if len(on) else []
+    drawn = edge_draws(on, axis, spec.threshold, draws)
+    records = []
+    for arm in axis.rows:
+        own = on[on["arm_file"] == arm]
+        rec: dict[str, object] = {"axis": axis.name, "row": arm, "runs": len(own), "starts": own["start"].nunique()}
+        reason = descriptive_reason(int(rec["starts"]))  # type: ignore[call-overload]
+        rec["descriptive"] = reason or ""
+        rec["edge"] = edge(own, axis, spec.threshold) if len(own) else math.nan
+        lo = hi = math.nan
+        finite = drawn[arm][~np.isnan(drawn[arm])]
+        if reason is None and len(finite):
+            lo, hi = (float(v) for v in np.quantile(finite, [0.025, 0.975], method="inverted_cdf"))
+        rec["edge_lo"], rec["edge_hi"] = lo, hi
+        for value, g in own.groupby("value"):
+            rec[f"change@{value}"] = float(g["change"].mean())
+            rec[f"collapsed@{value}"] = float(g["collapsed"].mean())
+        records.append(rec)
+    return pd.DataFrame(records), drawn

@@ -1,0 +1,157 @@
+"""Claims 10 and 11, re-declared on the staleness axes their papers use (`moe_rl.studies.staleness`).
+
+Claim 10 (VESPO) reads the `rollout.staleness` axis, claim 11 (DPPO) the `rollout.policy_lag` axis; both compare
+edges paired on starts and seeds, over the hierarchical bootstrap's draws. An edge past the grid is censored: it
+is past every located edge, and two censored edges tie (a tie decides nothing). Their first look, on the N axis of
+the frontier (`moe_rl.studies.frontier_claims`), is kept in each claim's notes and counted: with two looks, an
+ordering must hold in 1 - 0.05 / 2 = 97.5% of the draws.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.analysis.claims.rules import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    UNTESTABLE_HERE,
+    Claim,
+    would_change,
+)
+from moe_rl.studies import frontier_claims
+from moe_rl.studies import staleness as st
+
+LOOKS = 2  # the frontier's N axis, then these axes
+SURE = 1 - 0.05 / LOOKS
+FAR = 4.0  # claim 10: "far past" reads at least 4x in 1 + age
+
+
+@lru_cache(maxsize=2)
+def _axes(root: str, presets: str) -> dict[str, tuple[pd.DataFrame, dict]] | None:
+    """Per axis, its table and its edges' draws; None without the study's runs."""
+    folder = Path(root) / "staleness" / "runs"
+    if not folder.is_dir():
+        return None
+    from moe_rl import analysis
+
+    spec = st.load_spec(Path(presets))
+    runs = st.per_run(analysis.load_results(folder, keys=st.fr_.KEYS))
+    return {axis.name: st.axis_table(runs, spec, axis) for axis in spec.axes}
+
+
+def _first_look(c: Claim, old: Claim) -> None:
+    c.notes.append(
+        f"first look (counted), on the N axis of the frontier: {old.verdict} ({old.reason}); rule: {old.rule}"
+    )
+
+
+def _text(table: pd.DataFrame) -> str:
+    def one(r: pd.Series) -> str:
+        v = r["edge"]
+        label = "> last value" if v == np.inf else "< first value" if v == -np.inf else f"{v:.2g}"
+        ci = f" [{r['edge_lo']:.2g}, {r['edge_hi']:.2g}]" if not r["descriptive"] else f" ({r['descriptive']})"
+        return f"{r['row']} {label}{ci}"
+
+    return "; ".join(one(r) for _, r in table.iterrows())
+
+
+def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame, dict] | None:
+    axes = _axes(str(root), str(presets))
+    if axes is None:
+        c.reason = "no runs yet (run `python experiments/staleness.py`)"
+        return None
+    table, drawn = axes[axis]
+    c.statistic = _text(table)
+    thin = table.loc[table["descriptive"] != "", "row"].tolist()
+    if thin:
+        c.reason = f"fewer than 5 starts behind {', '.join(thin)}: descriptive only"
+        return None
+    return table, drawn
+
+
+def _none_degrade(c: Claim, table: pd.DataFrame, rows: tuple[str, ...]) -> bool:
+    """Untestable here when none of `rows` crosses -5 pp on the grid (every edge censored past it): the claim is
+    about where they collapse, and they do not."""
+    edges = table.set_index("row").loc[list(rows), "edge"]
+    if not (edges == np.inf).all():
+        return False
+    c.verdict = UNTESTABLE_HERE
+    c.reason = f"none of {', '.join(rows)} falls below -5 pp on the grid: no collapse for the claim to order"
+    c.plain = (
+        f"Edges: {c.statistic}. Verdict: **{c.verdict}** ({c.reason}). What would change it: {would_change(c.verdict)}."
+    )
+    return True
+
+
+def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
+    c = Claim(
+        10,
+        "VESPO stays stable far past the staleness where GRPO and SAPO collapse",
+        "VESPO, arXiv 2602.10693",
+        f"on rollout.staleness (S = 1, 2, 4, 8; 192 updates per run), vespo+none's edge at least {FAR:g}x (in S) past "
+        f"both grpo+none's and sapo+none's, each of theirs located on the grid, in {SURE:.1%} of the paired draws: "
+        f"reproduced; at or below either one's (ties of two censored edges excluded) in {SURE:.1%}: not reproduced",
+        experiment="staleness",
+        cells="rollout.staleness at N = 1, 6 cold starts",
+    )
+    _first_look(c, frontier_claims.claim_vespo_staleness(root, presets))
+    found = _setup(c, root, presets, "rollout.staleness")
+    if found is None:
+        return c
+    table, d = found
+    if _none_degrade(c, table, ("grpo_none", "sapo_none")):
+        return c
+    v, g, s = d["vespo_none"], d["grpo_none"], d["sapo_none"]
+    with np.errstate(invalid="ignore"):
+        far = float(np.mean((v >= FAR * g) & (v >= FAR * s) & np.isfinite(g) & np.isfinite(s)))
+        below = max(float(np.mean((v <= g) & np.isfinite(v))), float(np.mean((v <= s) & np.isfinite(v))))
+    c.test = f"share of draws with vespo {FAR:g}x past both {far:.3f}; at or below one of them {below:.3f}"
+    c.verdict = REPRODUCED if far >= SURE else NOT_REPRODUCED if below >= SURE else INCONCLUSIVE
+    c.reason = c.test
+    c.plain = (
+        f"On VESPO's own staleness design (the rollout grows S-fold and is consumed in one pass of S updates), the "
+        f"S at which each method's accuracy change crosses -5 pp. Edges: {c.statistic}. Verdict: **{c.verdict}**. "
+        f"What would change it: {would_change(c.verdict)}."
+    )
+    return c
+
+
+def claim_no_trust_region(root: Path, presets: Path) -> Claim:
+    c = Claim(
+        11,
+        "Methods without a trust region collapse as the mismatch grows",
+        "DPPO, arXiv 2602.04879",
+        f"on rollout.policy_lag (k = 0, 4, 8, 16; AReaL's decoupled ratio), the edges of cispo+none and plain IS both "
+        f"below those of grpo+none and dppo_tv+none (all four pairs) in {SURE:.1%} of the paired draws: reproduced; "
+        f"either at or above either (ties of two censored edges excluded) in {SURE:.1%}: not reproduced",
+        experiment="staleness",
+        cells="rollout.policy_lag at N = 1, 6 cold starts",
+    )
+    _first_look(c, frontier_claims.claim_no_trust_region(root, presets))
+    found = _setup(c, root, presets, "rollout.policy_lag")
+    if found is None:
+        return c
+    table, d = found
+    if _none_degrade(c, table, ("grpo_none", "dppo_tv_none", "cispo_none", "is_none")):
+        return c
+    below = np.ones_like(d["grpo_none"], dtype=bool)
+    at_or_above = 0.0
+    with np.errstate(invalid="ignore"):
+        for a in ("cispo_none", "is_none"):
+            for b in ("grpo_none", "dppo_tv_none"):
+                below &= d[a] < d[b]
+                at_or_above = max(at_or_above, float(np.mean((d[a] >= d[b]) & np.isfinite(d[b]))))
+    c.test = f"share of draws with both below both {np.mean(below):.3f}; largest share of one at or above one {at_or_above:.3f}"
+    c.verdict = REPRODUCED if np.mean(below) >= SURE else NOT_REPRODUCED if at_or_above >= SURE else INCONCLUSIVE
+    c.reason = c.test
+    c.plain = (
+        f"Plain importance sampling and CISPO against GRPO's clip and DPPO's probability-change mask, as each "
+        f"rollout is sampled by an ever older policy (an asynchronous lag of k updates). Edges: {c.statistic}. "
+        f"Verdict: **{c.verdict}**. What would change it: {would_change(c.verdict)}."
+    )
+    return c

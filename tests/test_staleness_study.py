@@ -1,0 +1,88 @@
+"""The staleness study: points at equal updates, edges on log(1 + age), claims 10 and 11 on the papers' axes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import PRESETS
+
+from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNTESTABLE_HERE
+from moe_rl.studies import staleness as st
+from moe_rl.studies import staleness_claims as sc
+
+S_AXIS = st.Axis("rollout.staleness", (1, 2, 4, 8), ("grpo_none", "sapo_none", "vespo_none"))
+LAG_AXIS = st.Axis("rollout.policy_lag", (0, 4, 8, 16), ("grpo_none", "dppo_tv_none", "cispo_none", "is_none"))
+
+
+def test_every_point_makes_the_same_updates_and_the_base_point_is_shared() -> None:
+    spec = st.load_spec(PRESETS)
+    assert len(spec.seeds) >= 6
+    assert st.overrides(spec, spec.axis("rollout.staleness"), 1) == []
+    assert st.overrides(spec, spec.axis("rollout.policy_lag"), 0) == []
+    assert st.overrides(spec, spec.axis("rollout.staleness"), 8) == ["rollout.staleness=8", "steps=24", "eval_every=3"]
+    assert st.overrides(spec, spec.axis("rollout.policy_lag"), 4) == ["rollout.policy_lag=4"]
+    jobs = st.jobs(spec)
+    assert jobs[0][1] == [] and set(jobs[0][0]) == {a for axis in spec.axes for a in axis.rows}
+    assert sum(1 for _, o in jobs if not o) == 1  # the base point: one multirun for every arm
+    with pytest.raises(ValueError, match="must divide"):
+        st.overrides(spec, spec.axis("rollout.staleness"), 5)
+
+
+def _points(axis: st.Axis, changes: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"age": [axis.age(v) for v in axis.values], "change": changes})
+
+
+def test_the_edge_is_read_back_in_the_axis_units() -> None:
+    """Change 0 at S = 2 and -10 pp at S = 4: -5 pp halfway in log(1 + age) between 2 and 4, i.e. S = sqrt(8); on the
+    lag axis between k = 4 and 8 it is 1 + age = sqrt(45): k = sqrt(45) - 1."""
+    assert st.edge(_points(S_AXIS, [0.0, 0.0, -0.1, -0.1]), S_AXIS, -0.05) == pytest.approx(math.sqrt(8))
+    assert st.edge(_points(LAG_AXIS, [0.0, 0.0, -0.1, -0.1]), LAG_AXIS, -0.05) == pytest.approx(math.sqrt(45) - 1)
+    assert st.edge(_points(S_AXIS, [0.0] * 4), S_AXIS, -0.05) == math.inf  # past the grid
+    assert st.edge(_points(S_AXIS, [-0.2] * 4), S_AXIS, -0.05) == -math.inf  # below its first value
+
+
+def _run(monkeypatch, tmp_path, axis: str, draws: dict[str, list[float]]):
+    table = pd.DataFrame({"row": list(draws), "edge": [d[0] for d in draws.values()], "edge_lo": 0.0, "edge_hi": 0.0})
+    table["descriptive"] = ""
+    drawn = {k: np.array(v, dtype=float) for k, v in draws.items()}
+    monkeypatch.setattr(sc, "_axes", lambda root, presets: {axis: (table, drawn)})
+    monkeypatch.setattr(sc.frontier_claims, "claim_vespo_staleness", lambda root, presets: sc.Claim(10, "", "", "old"))
+    monkeypatch.setattr(sc.frontier_claims, "claim_no_trust_region", lambda root, presets: sc.Claim(11, "", "", "old"))
+
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("vespo", "grpo", "sapo", "verdict"),
+    [([8.0] * 100, [2.0] * 100, [1.5] * 100, REPRODUCED), ([INF] * 100, [2.0] * 100, [2.0] * 100, REPRODUCED),
+     ([6.0] * 100, [2.0] * 100, [1.5] * 100, INCONCLUSIVE), ([2.0] * 100, [2.0] * 100, [3.0] * 100, NOT_REPRODUCED),
+     ([INF] * 100, [INF] * 100, [INF] * 100, UNTESTABLE_HERE),  # nobody degrades on the grid: nothing to order
+     ([INF] * 100, [2.0] * 50 + [INF] * 50, [2.0] * 50 + [INF] * 50, INCONCLUSIVE),  # half the draws tie, censored
+     ([8.0] * 98 + [1.0] * 2, [2.0] * 100, [2.0] * 100, REPRODUCED),  # 98% >= 97.5% (two looks)
+     ([8.0] * 97 + [1.0] * 3, [2.0] * 100, [2.0] * 100, INCONCLUSIVE)],
+)  # fmt: skip
+def test_claim_10_reads_paired_draws_with_censoring_and_two_looks(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
+    _run(monkeypatch, tmp_path, "rollout.staleness", {"vespo_none": vespo, "grpo_none": grpo, "sapo_none": sapo})
+    c = sc.claim_vespo_staleness(tmp_path, PRESETS)
+    assert c.verdict == verdict and any(n.startswith("first look (counted)") for n in c.notes)
+
+
+def test_claim_11_needs_all_four_pairs_and_a_censored_tie_decides_nothing(monkeypatch, tmp_path) -> None:
+    ok = {"cispo_none": [2.0] * 50, "is_none": [1.0] * 50, "grpo_none": [INF] * 50, "dppo_tv_none": [4.0] * 50}
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", ok)
+    assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == REPRODUCED
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", {**ok, "cispo_none": [4.0] * 50})  # ties DPPO: at or above
+    assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
+    censored = {k: [INF] * 50 for k in ok}
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", censored)
+    assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == UNTESTABLE_HERE
+
+
+def test_without_runs_the_claims_say_how_to_get_them(tmp_path) -> None:
+    sc._axes.cache_clear()
+    c = sc.claim_vespo_staleness(tmp_path, PRESETS)
+    assert c.verdict == INCONCLUSIVE and "experiments/staleness.py" in c.reason
