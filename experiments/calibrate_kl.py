@@ -126,14 +126,14 @@ def calibrate(
         return {**table[key], "cached": True}
     start = time.perf_counter()
     folder = runs / "calibrate_kl" / model / arm / key.rsplit("|", 1)[1]
-    pilots = []
+    pilots: list[dict[str, Any]] = []
     for lr in lrs:
         run = pilot(arm, model, lr, folder / f"lr_{lr:g}", list(overrides), steps)
         pilots.append({"lr": lr, **measured(run, metric), "run": str(run.relative_to(runs))})
     a, b = fit_power_law([p["lr"] for p in pilots], [p["early"] for p in pilots])
     lr = lr_at(a, b, target)
     held = pilot(arm, model, lr, folder / f"heldout_lr_{lr:.4g}", list(overrides), steps)
-    holdout = {"lr": lr, **measured(held, metric), "run": str(held.relative_to(runs))}
+    holdout: dict[str, Any] = {"lr": lr, **measured(held, metric), "run": str(held.relative_to(runs))}
     entry = {
         "arm": arm,
         "model": model,
