@@ -5,6 +5,7 @@
     python -m moe_rl.report --claims [RESULTS_ROOT]                # RESULTS_ROOT/CLAIMS.md
     python -m moe_rl.report --collapse-definitions [RESULTS_ROOT]  # RESULTS_ROOT/collapse_definitions.md
     python -m moe_rl.report --index [RESULTS_ROOT]                 # RESULTS_ROOT/README.md
+    python -m moe_rl.report --readme [RESULTS_ROOT]                # README.md's tables generated from the results
     python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then the pages
 
 A folder's runs name the study that made them (the `experiment` their meta.json records, a preset of one row
@@ -33,9 +34,11 @@ from moe_rl import analysis, studies
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions
+from moe_rl.studies.divergence_report import write_readme_block
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
+README = Path("README.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--index", action="store_true", help="write RESULTS_ROOT/README.md, the index of the folders")
     parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="regenerate README.md's divergence table from RESULTS_ROOT (with --all too)",
+    )
+    parser.add_argument(
         "--all", action="store_true", help="report every RESULTS_ROOT/*/runs into its folder, then the pages"
     )
     parser.add_argument(
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return study.report(runs_dir, out, args.presets)
         return write_report(runs_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref)
 
-    if args.claims or args.collapse_definitions or args.index or args.all:
+    if args.claims or args.collapse_definitions or args.index or args.readme or args.all:
         root = args.results_dir or Path("results")
         written: list[Path | None] = []
         if args.all:
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             written.append(studies.write_claims(root, args.presets, args.out))
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
+        if args.all or args.readme:
+            written.append(write_readme_block(root, README))
         for path in written:
             if path is not None:
                 print(path)

@@ -90,7 +90,10 @@ def _spec(rows: tuple[str, ...]) -> dv.Spec:
 
 
 def test_the_table_gives_each_row_its_crossing_and_headroom_paired_on_starts() -> None:
+    """Runs at an undeclared lr (a grid amended after a look) stay out of the fit."""
     runs = planted({"grpo_none": 1.0, "sapo_none": 2.0})
+    off_grid = runs.iloc[:6].assign(lr=3.5e-5, change=-0.5, kl_early=1e-5)  # would put the crossing below the grid
+    runs = pd.concat([runs, off_grid], ignore_index=True)
     spec = _spec(("grpo_none", "sapo_none"))
     table = dv.frontier_table(runs, spec, start_draws(runs[["start", "seed"]], n_resamples=200)).set_index("row")
     assert table.loc["grpo_none", "crossing"] == pytest.approx(CROSS)
@@ -113,7 +116,7 @@ def test_matched_pairs_compare_equal_lr2n_and_equal_lrn_points() -> None:
                 {"arm_file": "grpo_none", "family": "qwen3_moe", "lr": lr, "N": n, "seed": s, "start": f"s{s}",
                  "change": change + 0.01 * s, "kl_early": kl}
             )  # fmt: skip
-    spec = dv.Spec((), (), {}, 8, (), 2, ("grpo_none",), (), -0.05)
+    spec = dv.Spec((("qwen3_moe", "grpo_none"),), (1.4e-4,), {}, 8, (), 2, ("grpo_none",), (2.8e-4, 5.6e-4), -0.05)
     pairs = dv.matched_pairs(pd.DataFrame(out), spec).set_index("equal")
     assert pairs.loc["lr^2 N", "change_diff"] == pytest.approx(0.01) and pairs.loc["lr^2 N", "starts"] == 5
     assert pairs.loc["lr N", "change_diff"] == pytest.approx(-0.29) and pairs.loc["lr N", "kl_ratio"] == pytest.approx(
@@ -142,3 +145,12 @@ def test_the_frontier_keeps_runs_of_one_config_from_two_starts() -> None:
     one = {"family": "qwen3_moe", "arm_file": "grpo_none", "lr": 3e-4, "N": 8, "seed": 0}
     frames = [pd.DataFrame([{**one, "start": "a"}]), pd.DataFrame([{**one, "start": "b"}, {**one, "start": "a"}])]
     assert sorted(fr_.combine(frames)["start"]) == ["a", "b"]
+
+
+def test_the_readme_table_is_the_shipped_one() -> None:
+    """README.md's divergence table is generated from results/divergence/divergence.csv (`report --readme`)."""
+    table = dr.read_table(ROOT / "results")
+    assert table is not None, "results/divergence/divergence.csv is shipped"
+    start, end = dr.README_BLOCK
+    text = (ROOT / "README.md").read_text()
+    assert text.split(start, 1)[1].split(end, 1)[0] == "\n" + dr.compact_table(table)

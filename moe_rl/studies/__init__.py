@@ -184,6 +184,7 @@ STUDIES: tuple[Study, ...] = (
         "realised per-update KL over three lrs, from a pool of 6 cold starts; the KL where each crosses -5 pp, and "
         "whether lr^2 x N sets the outcome.",
         report=with_provenance(divergence_report.write_divergence_report),
+        claims_section=divergence_report.claims_section,
     ),
     Study(
         "staleness",

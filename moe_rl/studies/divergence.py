@@ -87,6 +87,21 @@ def jobs(spec: Spec) -> list[Job]:
     return own + law + [j for j in main if j.family != REFERENCE[0]]
 
 
+def declared(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
+    """The runs at the declared points: each row's lrs at the study's N, the law's rows at its lrs and N (runs at
+    other lrs, e.g. of a grid amended after a look, stay in the folder and out of the analysis)."""
+
+    def at(lrs: tuple[float, ...], lr: float) -> bool:
+        return any(math.isclose(lr, v, rel_tol=1e-9) for v in lrs)
+
+    keep = []
+    for family, arm, lr, n in zip(runs["family"], runs["arm_file"], runs["lr"].astype(float), runs["N"], strict=True):
+        main = n == spec.N and (family, arm) in spec.rows and at(spec.row_lrs(family), lr)
+        law = n == spec.law_N and family == REFERENCE[0] and arm in spec.law_rows and at(spec.law_lrs, lr)
+        keep.append(main or law)
+    return runs[np.array(keep, dtype=bool)]
+
+
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
     """One row per finished run: the frontier's columns (family, arm file, lr, N, seed, change, collapsed, ...), its
     cold start (`start`, the unit of replication) and its realised per-update KL (kl_early, kl_mean)."""
@@ -135,6 +150,7 @@ def frontier_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) ->
     """One row per declared row at the study's N: runs, starts and seeds, the crossing KL with its interval (starts,
     then seeds, resampled) and the headroom over grpo+none (paired on the same draws); the median early KL and
     the mean change at each lr. Below `MIN_UNITS` starts a row is descriptive: no interval."""
+    runs = declared(runs, spec)
     at_n = runs[runs["N"].astype(float) == spec.N]
     draws = draws if draws is not None else start_draws(at_n[["start", "seed"]])
     records = []
@@ -169,8 +185,8 @@ def law_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.D
     """The lr^2 N test on the law's rows (runs at both Ns): the exponent b / c of `log KL = row + b log lr +
     c log N` and of `change = row + b log lr + c log N`, each with its interval over starts; and the paired change
     between points of equal lr^2 N and of equal lr x N (the same start and seed at both)."""
-    sel = runs[runs["arm_file"].isin(spec.law_rows) & (runs["family"] == REFERENCE[0])].copy()
-    sel = sel[sel["N"].astype(float).isin([spec.N, spec.law_N])]
+    sel = declared(runs, spec)
+    sel = sel[sel["arm_file"].isin(spec.law_rows) & (sel["family"] == REFERENCE[0])].copy()
     sel["log_kl"] = np.log(sel["kl_early"].where(sel["kl_early"] > 0))
     if sel.empty or sel["N"].nunique() < 2:
         return pd.DataFrame()
@@ -185,7 +201,8 @@ def law_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.D
 def matched_pairs(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     """Pairs of (lr, N) points of the law's rows at equal lr^2 N or equal lr x N across the two Ns: the paired
     change and early-KL ratio (same start and seed), from `paired_by_start`."""
-    sel = runs[runs["arm_file"].isin(spec.law_rows) & (runs["family"] == REFERENCE[0])]
+    sel = declared(runs, spec)
+    sel = sel[sel["arm_file"].isin(spec.law_rows) & (sel["family"] == REFERENCE[0])]
     lo_n, hi_n = sorted((spec.law_N, spec.N))
     out = []
     points = sorted({(float(lr), int(n)) for lr, n in zip(sel["lr"], sel["N"], strict=True)})

@@ -36,9 +36,10 @@ def _interval(lo: float, hi: float, fmt=_kl) -> str:
 
 
 def _ratio(v: float) -> str:
+    """A ratio of crossings; one censored crossing makes it unbounded on one side (> any, < any)."""
     if math.isnan(v):
         return "—"
-    return "inf" if v == math.inf else f"{v:.2f}"
+    return "> any" if v == math.inf else "< any" if v == 0 else f"{v:.2f}"
 
 
 def format_table(table: pd.DataFrame, spec: dv.Spec) -> str:
@@ -172,6 +173,9 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
         (dv.__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
         "",
         format_table(table, spec),
+        '"> max" and "< min": the fit stays above -5 pp up to the largest KL seen, or is below it from the smallest '
+        '(censored); a headroom with a censored crossing is unbounded on that side ("> any", "< any").',
+        "",
         "![divergence](divergence.png)",
         "",
         f"## Does lr^2 x N set the outcome? ({', '.join(spec.law_rows)} at N = {spec.law_N} and {spec.N})",
@@ -189,3 +193,65 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
     written = [out / "summary.md", write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
     written += [write_csv(out / "law.csv", law), write_csv(out / "pairs.csv", pairs)]
     return [*written, write_csv(out / "runs.csv", runs), write_csv(out / "starts.csv", starts)]
+
+
+def compact_table(table: pd.DataFrame) -> str:
+    """The crossings in three columns (README, CLAIMS.md): row, crossing KL [95%], headroom over grpo+none [95%]."""
+    lines = [
+        "| method | runs (starts) | early per-update KL at -5 pp [95%] | x grpo+none's [95%] |",
+        "|:---|---:|---:|---:|",
+    ]
+    for _, r in table.iterrows():
+        if not r["runs"]:
+            lines.append(f"| {r['row']} | not run yet | | |")
+            continue
+        cross = _kl(r["crossing"]) + (
+            f" {_interval(r['crossing_lo'], r['crossing_hi'])}" if not r["descriptive"] else ""
+        )
+        head = "ref" if r["row"] == dv.REFERENCE[1] else _ratio(r["headroom"])
+        if r["row"] != dv.REFERENCE[1] and not r["descriptive"]:
+            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]"
+        lines.append(f"| {r['row']} | {r['runs']} ({r['starts']}) | {cross} | {head} |")
+    return "\n".join(lines) + "\n"
+
+
+def read_table(root: Path) -> pd.DataFrame | None:
+    """The shipped crossings (results/divergence/divergence.csv); None without it."""
+    csv = Path(root) / "divergence" / "divergence.csv"
+    if not csv.is_file():
+        return None
+    table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    table["descriptive"] = table["descriptive"].fillna("")
+    return table
+
+
+def claims_section(root: Path, presets: Path) -> list[str]:
+    """The divergence frontier (its report's divergence.csv) for CLAIMS.md; none without it."""
+    table = read_table(root)
+    if table is None:
+        return []
+    return [
+        "## Divergence frontier",
+        "",
+        "Each method's accuracy change against its realised early per-update KL, from a pool of cold starts: the KL "
+        "at which an isotonic fit crosses -5 pp, with an interval over starts, and its ratio to grpo+none's (paired "
+        "on starts). Rule, runs and figure: `divergence/summary.md`.",
+        "",
+        compact_table(table),
+    ]
+
+
+README_BLOCK = ("<!-- divergence table: python -m moe_rl.report --readme -->", "<!-- end of divergence table -->")
+
+
+def write_readme_block(root: Path, readme: Path) -> Path | None:
+    """Replace the README's divergence table (between `README_BLOCK`'s markers) with the shipped one."""
+    table = read_table(root)
+    text = readme.read_text()
+    start, end = README_BLOCK
+    if table is None or start not in text or end not in text:
+        return None
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    write_atomic(readme, f"{head}{start}\n{compact_table(table)}{end}{tail}".encode())
+    return readme
