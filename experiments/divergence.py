@@ -3,6 +3,7 @@
     python experiments/divergence.py                      # runs into results/divergence/runs, rows in the preset's order
     python experiments/divergence.py --dry-run            # print the multiruns and stop
     python experiments/divergence.py --jobs 2 --runs runs # 2 runs at a time, into runs/divergence/runs
+    python experiments/divergence.py --families qwen3_moe # only the MoE model's rows (and the lr^2 N block)
 
 One Hydra multirun of `experiments/train.py` (`+preset=divergence`) per row: the row's lrs x the preset's seeds at
 its N, then the lr^2 N block (the law's rows at its N). Rerunning resumes: a finished run is read, not rerun.
@@ -39,10 +40,13 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=ROOT / "results", help="runs land in <runs>/divergence/runs")
     ap.add_argument("--presets", type=Path, default=HERE / "conf" / "preset")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--families", nargs="+", default=None, help="only the rows of these model families (default: all)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     spec = dv.load_spec(args.presets)
     for job in dv.jobs(spec):
+        if args.families is not None and job.family not in args.families:
+            continue
         cmd = command(job, args.runs, args.jobs)
         print(" ".join(cmd[1:]), flush=True)
         if not args.dry_run:
