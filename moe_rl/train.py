@@ -366,7 +366,7 @@ class Trainer:
             if not recorded and replay is not None
             else None
         )
-        with routed or replayed or contextlib.nullcontext(), self.expert_step.counting():
+        with routed or replayed or contextlib.nullcontext(), self.expert_step.counting(instruments):
             forward = self.forward(self.train_policy, rollout, rows, temperature=cfg.rollout.temperature)
         logp, logits = forward[0], forward[1]
         acc = Metrics()
@@ -411,6 +411,7 @@ class Trainer:
         if torch.isfinite(loss) and torch.isfinite(grad_norm):
             with scaled:
                 self.optimizer.step()
+        acc.put(self.expert_step.observed)  # optim/expert_step/active, move_active on the instruments' updates
         self.scheduler.step()
         if step_kl is not None:  # the update's own step (docs/design.md §3)
             step_kl.emit(acc, mask)

@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import ROOT
 
-from moe_rl.metrics import names as metric_names
-from moe_rl.metrics.names import METRICS, defines, render_table, with_table
+from moe_rl.metrics import names
+from moe_rl.metrics import table as metric_names
+from moe_rl.metrics.names import METRICS, defines
+from moe_rl.metrics.table import render_table, with_table
 
 
 def test_generated_table_matches_the_registry() -> None:
@@ -50,10 +52,10 @@ def test_every_key_is_defined_once_and_constants_are_defined() -> None:
     assert len(keys) == len(set(keys))
     constants = {
         name: value
-        for name, value in vars(metric_names).items()
+        for name, value in vars(names).items()
         if name.isupper()
         and isinstance(value, str)
-        and value != metric_names.OFFPOLICY_SUFFIX
+        and value != names.OFFPOLICY_SUFFIX
         and "/" in value
         and not value.endswith("/")
         and not value.startswith("<!--")

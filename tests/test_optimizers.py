@@ -146,3 +146,35 @@ def test_experts_that_cannot_be_addressed_are_refused_in_one_line() -> None:
 def test_optimizer_keys_are_refused_where_they_cannot_act(tmp_path, changes: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         validate(tiny_config(tmp_path, *changes))
+
+
+def test_an_instrumented_update_observes_each_experts_activity_and_move(tmp_path) -> None:
+    """Every token planted on experts 0 and 1: they are active, 2..7 are not; an active expert's move_active is the
+    RMS of its own move in the update (its row of the expert weights, before and after), with weight 1, an idle
+    one's weight is 0. A step keeps the mean of move_active over the updates in which an expert was active."""
+    from moe_rl.loop.step_metrics import aggregate
+
+    trainer = _trainer(tmp_path, "observe", "replay.mode=r2")
+    rollout, _, _ = trainer.rollout(step=1)
+    old = trainer.old_pass(rollout)
+    B, T = rollout.token_mask.shape
+    topk = torch.tensor([0, 1]).expand(B, T, 2, 2)
+    replay = Routes.from_topk(topk, rollout.token_mask, (0, 1), 8)
+    before = expert_weights(trainer.policy)
+    batch = Batch(rollout, torch.linspace(-1.0, 1.0, len(rollout)), old, replay)
+    metrics = trainer.update(batch, torch.arange(8), instruments=True)
+    after = expert_weights(trainer.policy)
+    for layer in range(2):
+        rms = (after[layer].double() - before[layer].double()).pow(2).mean(1).sqrt()
+        for e in range(8):
+            key = f"/layer_{layer}/expert_{e}"
+            assert metrics["optim/expert_step/active" + key] == float(e < 2)
+            assert metrics["optim/expert_step/move_active" + key + "@weight"] == float(e < 2)
+            assert metrics["optim/expert_step/move_active" + key] == pytest.approx(float(rms[e]), rel=1e-12)
+    quiet = trainer.update(batch, torch.arange(8, 16), instruments=False)
+    assert not any(k.startswith("optim/expert_step/active") for k in quiet)
+    idle = {k: (0.0 if k.endswith("@weight") or "/active/" in k else 9.0) for k in metrics if "expert_step" in k}
+    step = aggregate([metrics, idle])
+    moved = "optim/expert_step/move_active/layer_0/expert_0"
+    assert step["optim/expert_step/active/layer_0/expert_0"] == 0.5 and step[moved] == metrics[moved]
+    assert "optim/expert_step/move_active/layer_0/expert_5" not in step  # active in no update: absent

@@ -60,7 +60,7 @@ def build_optimizer(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
     )
-    return optimizer, scheduler, ExpertStep(model, cfg.expert_step)
+    return optimizer, scheduler, ExpertStep(model, cfg.expert_step, experts_snapshot)  # + the experts' activity
 
 
 def update_forward(cfg: AlgoConfig) -> Forward:

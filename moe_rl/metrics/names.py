@@ -14,12 +14,9 @@ says whether a logged key has a definition here. Torch-free, so that the analysi
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 # --- route comparison pairs: `route/{pair}/...` ---------------------------------------------------
 ROLLOUT_VS_OLD = "rollout_vs_old"
@@ -78,6 +75,9 @@ ROUTE_ROUTER_Z = "route/router/z"
 OPTIM_ROUTER_DRIFT = "optim/router_drift"
 OPTIM_EXPERT_STEP_RMS = "optim/expert_step/rms"
 OPTIM_EXPERT_STEP_LOW_OVER_HIGH = "optim/expert_step/low_over_high"
+# per update, `{prefix}layer_{i}/expert_{e}`: 1 if the expert was routed any token (p_e over updates); its move if so
+OPTIM_EXPERT_ACTIVE = "optim/expert_step/active/"
+OPTIM_EXPERT_MOVE_ACTIVE = "optim/expert_step/move_active/"
 ROUTE_REPLAY_REPLACE_RATE = "route/replay_replace_rate"
 ROUTE_R3_FALLBACK_FRAC = "route/r3_fallback_frac"
 ROUTE_CONFIDENCE = "route/confidence"
@@ -248,6 +248,16 @@ METRICS: tuple[Metric, ...] = (
         "in the step (the replayed routes, else the old pass's: the updates' own routes differ by the flips "
         "within the step) over that of the rest (1: AdamW moves an expert as far whatever its tokens; below 1: "
         "the move grows with the tokens)",
+    ),
+    Metric(
+        OPTIM_EXPERT_ACTIVE + "layer_{i}/expert_{e}",
+        "share of the step's updates in which expert e of MoE layer i received any (token, slot) assignment (the "
+        "routes the experts received, pooled over processes): p_e; instrumented steps only",
+    ),
+    Metric(
+        OPTIM_EXPERT_MOVE_ACTIVE + "layer_{i}/expert_{e}",
+        "RMS of that expert's move in one update (w_after - w_before of the update), mean over the step's updates "
+        "in which it was active (the 1/sqrt(p_e) prediction's outcome); absent if it was active in none",
     ),
     Metric(route_key("{pair}", FLIP_RATE), "mean over valid (t, l) of `1[S_a != S_b]`", per_layer=True),
     Metric(route_key("{pair}", EXPERT_FLIP_FRAC), "mean over valid (t, l) of `1 - |S_a ∩ S_b| / k`", per_layer=True),
@@ -506,7 +516,14 @@ METRICS: tuple[Metric, ...] = (
     ),
 )
 
-_WILDCARDS = {"{pair}": "(?:" + "|".join(PAIRS) + ")", "{i}": r"\d+", "{p}": r"\d+", "{b}": r"\d+", "{k}": r"\d+"}
+_WILDCARDS = {
+    "{pair}": "(?:" + "|".join(PAIRS) + ")",
+    "{i}": r"\d+",
+    "{e}": r"\d+",
+    "{p}": r"\d+",
+    "{b}": r"\d+",
+    "{k}": r"\d+",
+}
 
 
 def _pattern(metric: Metric) -> str:
@@ -527,67 +544,7 @@ def defines(key: str) -> bool:
     return _DEFINED.fullmatch(key) is not None
 
 
-# --- the generated table ---------------------------------------------------------------------------
-BEGIN = "<!-- metric table: generated from moe_rl/metrics/names.py by `python -m moe_rl.metrics.names --write`; "
-BEGIN += "do not edit -->"
-END = "<!-- end of metric table -->"
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"  # the one page that holds the table
+if __name__ == "__main__":  # python -m moe_rl.metrics.names [--write]: the generated table (moe_rl.metrics.table)
+    from moe_rl.metrics.table import main
 
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def render_table() -> str:
-    """The markdown table of every metric, the pairs and the off-policy suffix (between BEGIN and END)."""
-    rows = ["| key | meaning |", "|---|---|"]
-    for metric in METRICS:
-        also = f" (also per layer: `{layer_key(metric.key, '{i}')}`)" if metric.per_layer else ""
-        rows.append(f"| `{_cell(metric.key)}` | {_cell(metric.meaning)}{also} |")
-    offpolicy = ", ".join(f"`{key}`" for key in OFFPOLICY_KEYS)
-    rows.append(
-        f"| `{{key}}{OFFPOLICY_SUFFIX}` | {{key}} averaged over the off-policy updates 2..N only (update 1 "
-        f"runs on the old weights, so its values are ~0), for {_cell(offpolicy)} |"
-    )
-    for pair, meaning in PAIRS.items():
-        rows.append(f"| `{{pair}}` = `{pair}` | {_cell(meaning)} |")
-    return "\n".join(rows)
-
-
-def with_table(text: str, name: str = "the document") -> str:
-    """`text` with the lines between BEGIN and END replaced by `render_table()`."""
-    lines = text.split("\n")
-    try:
-        start, end = lines.index(BEGIN), lines.index(END)
-    except ValueError:
-        raise ValueError(f"{name} has no metric table markers ({BEGIN!r} ... {END!r} on lines of their own)") from None
-    if end < start:
-        raise ValueError(f"{name}: the metric table's end marker comes before its start")
-    return "\n".join([*lines[: start + 1], render_table(), *lines[end:]])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Render the metric table into markdown files, or check them.")
-    parser.add_argument("files", nargs="*", type=Path, default=[PAGE], help="markdown files (default: docs/metrics.md)")
-    parser.add_argument("--write", action="store_true", help="rewrite the tables (default: check, exit 1 on a diff)")
-    args = parser.parse_args(argv)
-    stale = []
-    for path in args.files:
-        text = path.read_text()
-        new = with_table(text, str(path))
-        if new != text:
-            if args.write:
-                path.write_text(new)
-            stale.append(str(path))
-    if stale and not args.write:
-        print(
-            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metrics.names --write "
-            f"{' '.join(map(str, args.files))}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from moe_rl.analysis import expert_activity
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.folder_report import after_title, write_csv, write_png, write_report
 from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
 from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci, holm, paired_compare
@@ -296,7 +298,9 @@ def write_mechanism_report(runs_dir: Path, out: Path, presets: Path) -> list[Pat
     share of the dense - moe gap) as a table, a csv and a figure; `presets` is not read."""
     written = write_report(runs_dir, out, by=["rung"], reference=REFERENCE)
     df = load_results(runs_dir)
-    files, text = ladder_section(df[~df["status"].isin(INCOMPLETE_STATUSES)])
+    done = df[~df["status"].isin(INCOMPLETE_STATUSES)]
+    files, text = ladder_section(done)
+    text += expert_activity.section(done, run_starts(done))  # the 1/sqrt(p) test, where runs logged its instrument
     written += [
         write_png(out / name, v) if isinstance(v, Figure) else write_csv(out / name, v) for name, v in files.items()
     ]
