@@ -406,3 +406,17 @@ def test_many_groups_are_faceted_and_sized(tmp_path: Path) -> None:
     assert all(len(ax.lines) == 4 for ax in panels)  # one line per arm, one column per seed
     assert all(len(ax.lines) == 4 for ax in analysis.plot_flip_rate(df, by=by).axes if ax.lines)
     assert len(analysis.plot_flip_rate(df, by="arm").axes) == 1  # few groups: one panel
+
+
+def test_summarize_gives_the_per_update_kl_where_runs_logged_it(df: pd.DataFrame) -> None:
+    """kl/update_k3 of step s planted as s / 1000 in every run: the early mean (steps 1..20) is 0.0105 and the run
+    mean the mean of its steps >= 1; without the key the columns are absent."""
+    assert "update_kl_early_mean" not in analysis.summarize(df)
+    steps = sorted(s for s in df["step"].unique() if s >= 1)
+    first = df.drop_duplicates("run")
+    kl = pd.concat([first.assign(step=s, key="kl/update_k3", value=s / 1000) for s in steps], ignore_index=True)
+    summary = analysis.summarize(pd.concat([df, kl], ignore_index=True)).set_index("arm")
+    early = np.mean([s / 1000 for s in steps if s <= 20])
+    assert summary["update_kl_early_mean"].tolist() == pytest.approx([early] * 3)
+    assert summary["update_kl_mean"].tolist() == pytest.approx([np.mean(steps) / 1000] * 3)
+    assert "update KL, steps <= 20" in analysis.format_summary_markdown(summary.reset_index())

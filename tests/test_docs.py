@@ -184,3 +184,29 @@ def test_log_dates_reads_entry_headings() -> None:
     for heading in ("## Claims", "## 2026-11-30: a colon", "## compare (2026-12-02)", "## 2026-13-01 no month"):
         with pytest.raises(ValueError):
             log_dates(heading + "\n")
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def claim_record(claims_page: str, claim_id: int) -> str:
+    """A claim's row of the CLAIMS.md table and its section under "Rules and reasons"."""
+    table = _section(claims_page, "## Table")
+    row = next(line for line in table.splitlines() if line.startswith(f"| {claim_id} |"))
+    section = claims_page.split(f"### {claim_id}. ", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    return row + "\n" + section
+
+
+def test_readme_claim_lines_quote_only_numbers_of_claims_md() -> None:
+    """Every number in the README's one-line summary of a claim appears in that claim's record on CLAIMS.md
+    (generated from the runs): a number typed by hand that the runs do not give fails here."""
+    claims_page = (ROOT / "results" / "CLAIMS.md").read_text()
+    rows = [_cells(line) for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
+    checked = 0
+    for cells in rows:
+        if len(cells) == 4 and cells[0].isdigit():
+            found = set(NUMBER.findall(claim_record(claims_page, int(cells[0]))))
+            missing = [n for n in NUMBER.findall(cells[3]) if n not in found]
+            assert not missing, f"README claim {cells[0]}: {missing} not in its CLAIMS.md record"
+            checked += 1
+    assert checked >= 7

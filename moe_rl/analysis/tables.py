@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.accuracy import final_accuracy, start_accuracy
+from moe_rl.analysis.dose import kl_per_run
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, run_key_columns, runs
 from moe_rl.metrics.names import (
+    KL_UPDATE_K3,
     OFFPOLICY_SUFFIX,
     RATIO_CLIPFRAC_HIGH,
     RATIO_CLIPFRAC_LOW,
@@ -142,7 +144,8 @@ def summarize(
     Per-run values: mean over steps (the last `last_frac` of them) of each SUMMARY_METRICS key (or
     its off-policy companion, see `variant_per_run`);
     `final_accuracy` = the last evaluation (`moe_rl.analysis.accuracy`); `accuracy_gain` = the last
-    minus the first (step 0) evaluation. Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
+    minus the first (step 0) evaluation; where runs logged `kl/update_k3`, `update_kl_early` and `update_kl`, the
+    realised per-update KL over steps 1..20 and over the run (`moe_rl.analysis.dose.kl_summary`). Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
     run). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
     collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
     mixes runs differing in a key outside `by` and `pool` is averaged with a warning (see `grouping`).
@@ -158,6 +161,11 @@ def summarize(
     table["final_accuracy"] = final
     table["accuracy_gain"] = final - start_accuracy(df)
     table["is_collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
+    measured = [*SUMMARY_METRICS, "final_accuracy", "accuracy_gain"]
+    if (df["key"] == KL_UPDATE_K3).any():  # the realised per-update KL, where the runs logged it
+        kl = kl_per_run(df)
+        table["update_kl_early"], table["update_kl"] = kl["kl_early"], kl["kl_mean"]
+        measured += ["update_kl_early", "update_kl"]
 
     others = [c for c in run_key_columns(df) if c not in {*by, *pool, "run", "seed"}]
     mixed: set[str] = set()
@@ -167,7 +175,7 @@ def summarize(
         row: dict = dict(zip(by, values))
         row["n_seeds"] = len(g)
         row["n_incomplete"] = int(g["status"].isin(INCOMPLETE_STATUSES).sum())
-        for name in [*SUMMARY_METRICS, "final_accuracy", "accuracy_gain"]:
+        for name in measured:
             row[f"{name}_mean"], row[f"{name}_ci95"] = mean_ci95(g[name])
         k = int(g["is_collapsed"].sum())
         row["n_collapsed"] = k
@@ -195,6 +203,7 @@ _MD_COLUMNS = (
     ("final acc (%)", "final_accuracy", "pct"),
     ("acc gain (pp)", "accuracy_gain", "pp"),
 )
+_KL_COLUMNS = (("update KL, steps <= 20", "update_kl_early", "num"), ("update KL, run", "update_kl", "num"))
 DASH = "—"
 
 
@@ -218,23 +227,22 @@ def _fmt_pair(mean: float, ci: float, kind: str, spec: str) -> str:
 def format_summary_markdown(summary: pd.DataFrame) -> str:
     """Markdown table of a `summarize` result: "mean ± ci" cells, rates in %, "—" where missing."""
     by = list(summary.columns[: list(summary.columns).index("n_seeds")])
+    columns = [*_MD_COLUMNS, *(c for c in _KL_COLUMNS if f"{c[1]}_mean" in summary)]
     headers = [*by, "seeds"]
     if "n_incomplete" in summary and summary["n_incomplete"].gt(0).any():
         headers.append("incomplete")
-    headers += [h for h, _, _ in _MD_COLUMNS] + ["collapsed", "first collapse"]
+    headers += [h for h, _, _ in columns] + ["collapsed", "first collapse"]
     lines = [
         "| " + " | ".join(headers) + " |",
         "|" + "|".join([":---"] * len(by) + ["---:"] * (len(headers) - len(by))) + "|",
     ]
     nan = pd.Series(np.nan, index=summary.index)
-    styles = {
-        name: _column_style(summary.get(f"{name}_mean", nan).astype(float), kind) for _, name, kind in _MD_COLUMNS
-    }
+    styles = {name: _column_style(summary.get(f"{name}_mean", nan).astype(float), kind) for _, name, kind in columns}
     for _, row in summary.iterrows():
         cells = [str(row[c]).replace("|", "\\|") for c in by] + [str(int(row["n_seeds"]))]
         if "incomplete" in headers:
             cells.append(str(int(row["n_incomplete"])))
-        for _, name, kind in _MD_COLUMNS:
+        for _, name, kind in columns:
             mean, ci = (float(row.get(f"{name}_{s}", np.nan)) for s in ("mean", "ci95"))
             cells.append(_fmt_pair(mean, ci, kind, styles[name]))
         step = row["first_collapse_step"]
