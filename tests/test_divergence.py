@@ -26,6 +26,14 @@ def test_the_crossing_interpolates_in_log_kl_between_the_runs_either_side() -> N
     assert crossing(KL, CHANGE, -0.05) == pytest.approx(CROSS, rel=1e-12)
 
 
+def test_runs_at_one_kl_enter_the_fit_as_their_mean_whatever_their_order() -> None:
+    kl, change = [1.0, 1.0, 2.0, 2.0, 4.0, 4.0], [0.0, -0.1, 0.0, -0.1, -0.2, -0.2]
+    x, fit = isotonic_fit(np.log(kl), np.array(change))
+    assert np.allclose(np.exp(x), [1, 2, 4]) and np.allclose(fit, [-0.05, -0.05, -0.2])
+    order = [5, 0, 3, 1, 4, 2]
+    assert crossing(kl, change, -0.06) == crossing([kl[i] for i in order], [change[i] for i in order], -0.06)
+
+
 def test_the_fit_is_non_increasing_and_pools_a_rise() -> None:
     """A rise (-10 pp then 0) is pooled to its mean: the fit is [0, -5, -5, -20] pp and crosses -6 pp 1/15 of the way
     from 3 to 4 (log scale)."""
@@ -95,7 +103,8 @@ def test_the_table_gives_each_row_its_crossing_and_headroom_paired_on_starts() -
     off_grid = runs.iloc[:6].assign(lr=3.5e-5, change=-0.5, kl_early=1e-5)  # would put the crossing below the grid
     runs = pd.concat([runs, off_grid], ignore_index=True)
     spec = _spec(("grpo_none", "sapo_none"))
-    table = dv.frontier_table(runs, spec, start_draws(runs[["start", "seed"]], n_resamples=200)).set_index("row")
+    draws = {"qwen3_moe": start_draws(runs[["start", "seed"]], n_resamples=200)}
+    table = dv.frontier_table(runs, spec, draws).set_index("row")
     assert table.loc["grpo_none", "crossing"] == pytest.approx(CROSS)
     assert table.loc["sapo_none", "crossing"] == pytest.approx(2 * CROSS)
     # every start gives the same curve: each draw's ratio is 2 exactly, so the paired interval has no width

@@ -62,6 +62,8 @@ INF = math.inf
      ([6.0] * 100, [2.0] * 100, [1.5] * 100, INCONCLUSIVE), ([2.0] * 100, [2.0] * 100, [3.0] * 100, NOT_REPRODUCED),
      ([INF] * 100, [INF] * 100, [INF] * 100, UNTESTABLE_HERE),  # nobody degrades on the grid: nothing to order
      ([INF] * 100, [2.0] * 50 + [INF] * 50, [2.0] * 50 + [INF] * 50, INCONCLUSIVE),  # half the draws tie, censored
+     ([-INF] * 100, [2.0] * 100, [3.0] * 100, NOT_REPRODUCED),  # vespo below the grid: at or below both
+     ([-INF] * 100, [-INF] * 100, [-INF] * 100, INCONCLUSIVE),  # all below the grid: ties order nothing
      ([8.0] * 98 + [1.0] * 2, [2.0] * 100, [2.0] * 100, REPRODUCED),  # 98% >= 97.5% (two looks)
      ([8.0] * 97 + [1.0] * 3, [2.0] * 100, [2.0] * 100, INCONCLUSIVE)],
 )  # fmt: skip
@@ -76,6 +78,8 @@ def test_claim_11_needs_all_four_pairs_and_a_censored_tie_decides_nothing(monkey
     _run(monkeypatch, tmp_path, "rollout.policy_lag", ok)
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == REPRODUCED
     _run(monkeypatch, tmp_path, "rollout.policy_lag", {**ok, "cispo_none": [4.0] * 50})  # ties DPPO: at or above
+    assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", {**ok, "dppo_tv_none": [-INF] * 50})  # IS above DPPO
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
     censored = {k: [INF] * 50 for k in ok}
     _run(monkeypatch, tmp_path, "rollout.policy_lag", censored)

@@ -46,16 +46,17 @@ def kl_per_run(df: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EAR
 
 
 def isotonic_fit(log_kl: np.ndarray, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(x, fit): the points sorted by log KL and the non-increasing least-squares fit of change on them."""
-    order = np.argsort(log_kl, kind="stable")
-    x, y = np.asarray(log_kl, float)[order], np.asarray(change, float)[order]
-    return x, np.asarray(isotonic_regression(y, increasing=False).x)
+    """(x, fit): the distinct log KLs in increasing order and the non-increasing least-squares fit of change on them
+    (runs at one x enter as their mean, weighted by their count, so the fit does not depend on the runs' order)."""
+    x, inverse, counts = np.unique(np.asarray(log_kl, float), return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=np.asarray(change, float)) / counts
+    return x, np.asarray(isotonic_regression(means, weights=counts.astype(float), increasing=False).x)
 
 
 def crossing(kl: Sequence[float] | np.ndarray, change: Sequence[float] | np.ndarray, threshold: float) -> float:
     """The KL at which the isotonic fit of `change` on log `kl` first falls below `threshold` (log-linear between the
     last point at or above it and the first below); +inf if it never does, 0 if it is below from the first point,
-    NaN with no finite point."""
+    NaN with no finite point. Runs without a finite KL > 0 are left out (the tables count them: `nonfinite_kl`)."""
     kl, change = np.asarray(kl, float), np.asarray(change, float)
     keep = np.isfinite(kl) & (kl > 0) & np.isfinite(change)
     if not keep.any():
@@ -71,15 +72,21 @@ def crossing(kl: Sequence[float] | np.ndarray, change: Sequence[float] | np.ndar
     return float(math.exp(x[i - 1] + t * (x[i] - x[i - 1])))
 
 
-def law_exponent(frame: pd.DataFrame, y: str = "log_kl") -> float:
-    """b / c of the least-squares fit `y = a_row + b log lr + c log N` (frame: columns row, lr, N and y): how many
-    powers of N one power of lr is worth; lr^2 x N reads 2. NaN where N or lr does not vary."""
+def law_fit(frame: pd.DataFrame, y: str = "log_kl") -> tuple[float, float]:
+    """(b, c) of the least-squares fit `y = a_row + b log lr + c log N` (frame: columns row, lr, N and y); NaN where
+    N or lr does not vary."""
     rows = pd.get_dummies(frame["row"], dtype=float).to_numpy()
     X = np.column_stack([rows, np.log(frame["lr"].to_numpy(float)), np.log(frame["N"].to_numpy(float))])
     target = frame[y].to_numpy(float)
     keep = np.isfinite(target)
     if keep.sum() <= X.shape[1] or np.linalg.matrix_rank(X[keep]) < X.shape[1]:
-        return math.nan
+        return math.nan, math.nan
     coef, *_ = np.linalg.lstsq(X[keep], target[keep], rcond=None)
-    b, c = coef[-2], coef[-1]
-    return float(b / c) if c != 0 else math.nan
+    return float(coef[-2]), float(coef[-1])
+
+
+def law_exponent(frame: pd.DataFrame, y: str = "log_kl") -> float:
+    """b / c of `law_fit`: how many powers of N one power of lr is worth; lr^2 x N reads 2. NaN where N or lr does
+    not vary or c = 0 (b and c are reported beside it: the ratio is unstable where c is near 0)."""
+    b, c = law_fit(frame, y)
+    return b / c if c != 0 and math.isfinite(c) else math.nan

@@ -7,14 +7,14 @@ the update's tokens, mean over steps 1..20) and its outcome its accuracy change 
 3 evaluations, minus step 0). Per row, an isotonic (non-increasing) fit of change on log KL over every run of the row
 at the study's N, and the crossing: the KL where the fit first falls below -5 pp (`moe_rl.analysis.dose`), "> max"
 where it never does within the KLs seen, "< min" where it is below from the first. Intervals resample cold starts,
-then seeds within each (9999 draws, one seed for every row, so headroom, a row's crossing over grpo+none's, is
-paired on starts); with fewer than 5 starts a row is descriptive.
+then seeds within each (9999 draws, one set per model family, whose starts are its own); headroom, a row's crossing
+over grpo+none's, is the ratio on the same replicate: paired on starts within a family, independent across families.
+Runs at one KL enter the fit as their mean; with fewer than 5 starts a row is descriptive.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,7 +24,7 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.clustered import bootstrap, descriptive_reason, paired_by_start, start_draws
-from moe_rl.analysis.dose import crossing, kl_per_run, law_exponent
+from moe_rl.analysis.dose import crossing, kl_per_run, law_exponent, law_fit
 from moe_rl.analysis.load import runs
 from moe_rl.metrics.names import KL_UPDATE_K3
 from moe_rl.studies import frontier as fr_
@@ -125,34 +125,41 @@ def load_runs(folder: Path) -> pd.DataFrame:
     return per_run(analysis.load_results(folder, keys=KEYS))
 
 
-def _crossing_of(threshold: float) -> Callable[[pd.DataFrame], float]:
-    return lambda runs: crossing(runs["kl_early"], runs["change"], threshold)
+def crossing_draws(own: pd.DataFrame, draws: list, threshold: float) -> np.ndarray:
+    """A row's crossing on every drawn replicate (its runs of each drawn (start, seed), repeated as drawn)."""
+    units = {k: np.asarray(i) for k, i in own.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
+    kl, change = own["kl_early"].to_numpy(float), own["change"].to_numpy(float)
+    out = []
+    for replicate in draws:
+        parts = [units[u] for u in replicate if u in units]
+        idx = np.concatenate(parts) if parts else np.array([], dtype=int)
+        out.append(crossing(kl[idx], change[idx], threshold) if len(idx) else math.nan)
+    return np.array(out)
 
 
-def _ratio_of(row: str, threshold: float) -> Callable[[pd.DataFrame], float]:
-    """The crossing of `row` over the reference's, both from the same drawn runs."""
-
-    def ratio(runs: pd.DataFrame) -> float:
-        own = crossing(*_pts(runs, row), threshold)
-        ref = crossing(*_pts(runs, REFERENCE[1]), threshold)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return float(np.float64(own) / np.float64(ref))
-
-    return ratio
+def _interval(values: np.ndarray) -> tuple[float, float, float]:
+    """(low, high, share undefined): the 95% percentile interval of draws (censored +inf and 0 included) and the
+    share of draws that are NaN (a ratio of two crossings censored alike)."""
+    defined = values[~np.isnan(values)]
+    if not len(defined):
+        return math.nan, math.nan, 1.0
+    lo, hi = np.quantile(defined, [0.025, 0.975], method="inverted_cdf")
+    return float(lo), float(hi), float(1 - len(defined) / len(values))
 
 
-def _pts(runs: pd.DataFrame, row: str) -> tuple[pd.Series, pd.Series]:
-    sel = runs[runs["row"] == row]
-    return sel["kl_early"], sel["change"]
-
-
-def frontier_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.DataFrame:
+def frontier_table(runs: pd.DataFrame, spec: Spec, draws: dict[str, list] | None = None) -> pd.DataFrame:
     """One row per declared row at the study's N: runs, starts and seeds, the crossing KL with its interval (starts,
-    then seeds, resampled) and the headroom over grpo+none (paired on the same draws); the median early KL and
-    the mean change at each lr. Below `MIN_UNITS` starts a row is descriptive: no interval."""
+    then seeds, resampled: one set of draws per model family, whose starts are its own) and the headroom over
+    grpo+none (the ratio of crossings on the same replicate: paired on starts within a family, independent
+    across families), with the share of replicates where it is undefined; the median early KL and the mean change
+    at each lr. Below `MIN_UNITS` starts a row is descriptive: no interval."""
     runs = declared(runs, spec)
     at_n = runs[runs["N"].astype(float) == spec.N]
-    draws = draws if draws is not None else start_draws(at_n[["start", "seed"]])
+    if draws is None:
+        draws = {f: start_draws(g[["start", "seed"]]) for f, g in at_n.groupby("family")}
+    ref_runs = at_n[at_n["row"] == REFERENCE[1]]
+    ref_draws = crossing_draws(ref_runs, draws.get(REFERENCE[0], []), spec.threshold)
+    ref = crossing(ref_runs["kl_early"], ref_runs["change"], spec.threshold) if len(ref_runs) else math.nan
     records = []
     for family, arm in spec.rows:
         name = row_name(family, arm)
@@ -163,22 +170,29 @@ def frontier_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) ->
         seeds = int(per_start.max()) if len(per_start) else 0  # seeds per start (the most any start has)
         rec: dict[str, object] = {"row": name, "runs": len(own), "starts": n_starts, "seeds": seeds}
         rec["descriptive"] = reason or ""
+        rec["nonfinite_kl"] = int((~np.isfinite(own["kl_early"].to_numpy(float))).sum())
         rec["collapsed"] = float(own["collapsed"].mean()) if len(own) else math.nan
         cross = crossing(own["kl_early"], own["change"], spec.threshold) if len(own) else math.nan
         rec["crossing"], rec["crossing_lo"], rec["crossing_hi"] = cross, math.nan, math.nan
-        rec["headroom"], rec["headroom_lo"], rec["headroom_hi"] = math.nan, math.nan, math.nan
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rec["headroom"] = float(np.float64(cross) / np.float64(ref)) if name != REFERENCE[1] else math.nan
+        rec["headroom_lo"], rec["headroom_hi"], rec["headroom_undefined"] = math.nan, math.nan, math.nan
         if reason is None:
-            _, rec["crossing_lo"], rec["crossing_hi"], _ = bootstrap(own, _crossing_of(spec.threshold), draws)
-            if name != REFERENCE[1]:
-                both = at_n[at_n["row"].isin([name, REFERENCE[1]])]
-                rec["headroom"], rec["headroom_lo"], rec["headroom_hi"], _ = bootstrap(
-                    both, _ratio_of(name, spec.threshold), draws
-                )
+            own_draws = crossing_draws(own, draws.get(family, []), spec.threshold)
+            rec["crossing_lo"], rec["crossing_hi"], _ = _interval(own_draws)
+            if name != REFERENCE[1] and descriptive_reason(ref_runs["start"].nunique()) is None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = own_draws / ref_draws
+                rec["headroom_lo"], rec["headroom_hi"], rec["headroom_undefined"] = _interval(ratio)
         for lr, g in own.groupby("lr"):
             rec[f"kl@{lr:g}"] = float(g["kl_early"].median())
             rec[f"change@{lr:g}"] = float(g["change"].mean())
         records.append(rec)
     return pd.DataFrame(records)
+
+
+def _coefficient(frame: pd.DataFrame, y: str, i: int) -> float:
+    return law_fit(frame, y)[i]
 
 
 def law_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.DataFrame:
@@ -193,8 +207,11 @@ def law_table(runs: pd.DataFrame, spec: Spec, draws: list | None = None) -> pd.D
     draws = draws if draws is not None else start_draws(sel[["start", "seed"]])
     out = []
     for y, label in (("log_kl", "early per-update KL"), ("change", "accuracy change")):
-        est, lo, hi, _ = bootstrap(sel, partial(law_exponent, y=y), draws)
-        out.append({"outcome": label, "b_over_c": est, "lo": lo, "hi": hi, "runs": len(sel)})
+        rec: dict[str, object] = {"outcome": label, "runs": len(sel)}
+        rec["b_over_c"], rec["lo"], rec["hi"], _ = bootstrap(sel, partial(law_exponent, y=y), draws)
+        for i, coef in enumerate(("b", "c")):  # each with its own interval: the ratio is unstable near c = 0
+            rec[coef], rec[f"{coef}_lo"], rec[f"{coef}_hi"], _ = bootstrap(sel, partial(_coefficient, y=y, i=i), draws)
+        out.append(rec)
     return pd.DataFrame(out)
 
 

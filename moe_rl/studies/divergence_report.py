@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.clustered import start_draws
 from moe_rl.analysis.configs import start_covariates
 from moe_rl.analysis.dose import isotonic_fit
 from moe_rl.analysis.folder_report import write_csv, write_png
@@ -42,6 +41,11 @@ def _ratio(v: float) -> str:
     return "> any" if v == math.inf else "< any" if v == 0 else f"{v:.2f}"
 
 
+def _undefined(share: float) -> str:
+    """The share of draws where a ratio of crossings is undefined (both censored alike), where there are any."""
+    return f" ({100 * share:.0f}% of draws undefined)" if pd.notna(share) and share > 0 else ""
+
+
 def format_table(table: pd.DataFrame, spec: dv.Spec) -> str:
     """The crossings table in markdown: one line per declared row."""
     lines = [
@@ -58,8 +62,8 @@ def format_table(table: pd.DataFrame, spec: dv.Spec) -> str:
             f" {_interval(r['crossing_lo'], r['crossing_hi'])}" if not r["descriptive"] else ""
         )
         head = "—" if r["row"] == dv.REFERENCE[1] else _ratio(r["headroom"])
-        if r["row"] != dv.REFERENCE[1] and not r["descriptive"]:
-            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]"
+        if r["row"] != dv.REFERENCE[1] and pd.notna(r["headroom_lo"]):
+            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]" + _undefined(r["headroom_undefined"])
         if not r["runs"]:
             lines.append(f"| {r['row']} | not run yet | | | | | |")
             continue
@@ -115,9 +119,12 @@ def plot_rows(runs: pd.DataFrame, table: pd.DataFrame, spec: dv.Spec) -> Figure:
 def format_law(law: pd.DataFrame, pairs: pd.DataFrame) -> str:
     if law.empty:
         return "No runs at the law's second N yet.\n"
-    lines = ["| outcome | b / c [95%] | runs |", "|---|---|---|"]
+    lines = ["| outcome | b (log lr) [95%] | c (log N) [95%] | b / c [95%] | runs |", "|---|---|---|---|---|"]
     for _, r in law.iterrows():
-        lines.append(f"| {r['outcome']} | {r['b_over_c']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | {r['runs']} |")
+        b, c = (f"{r[k]:+.3g} [{r[f'{k}_lo']:+.3g}, {r[f'{k}_hi']:+.3g}]" for k in ("b", "c"))
+        lines.append(
+            f"| {r['outcome']} | {b} | {c} | {r['b_over_c']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | {r['runs']} |"
+        )
     lines += [
         "",
         "| equal | a | b | pairs (starts) | change a - b (pp) [95%] | early KL a / b [95%] |",
@@ -156,9 +163,9 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
     """results/divergence: divergence.csv (the crossings), law.csv and pairs.csv (the lr^2 N test), runs.csv (one
     line per run), starts.csv (the pool's covariates), divergence.png and summary.md."""
     spec = dv.load_spec(presets)
-    runs = dv.load_runs(runs_dir)
-    draws = start_draws(runs[runs["N"].astype(float) == spec.N][["start", "seed"]])
-    table = dv.frontier_table(runs, spec, draws)
+    every = dv.load_runs(runs_dir)
+    runs = dv.declared(every, spec)  # the declared points (runs of an amended grid stay in runs.csv)
+    table = dv.frontier_table(runs, spec)
     law, pairs = dv.law_table(runs, spec), dv.matched_pairs(runs, spec)
     starts = start_covariates(runs)
     text = [
@@ -166,7 +173,7 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
         "",
         "## The divergence frontier",
         "",
-        f"{len(runs)} finished runs, N = {spec.N}, lrs {', '.join(f'{v:g}' for v in spec.lrs)} "
+        f"{len(runs)} finished runs at the declared points ({len(every) - len(runs)} more in runs.csv), N = {spec.N}, lrs {', '.join(f'{v:g}' for v in spec.lrs)} "
         f"({', '.join(f'{k}: ' + ', '.join(f'{v:g}' for v in vs) for k, vs in spec.lrs_by_family.items())}); "
         f"{runs['start'].nunique()} cold starts.",
         "",
@@ -192,7 +199,7 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
     fig = plot_rows(runs, table, spec)
     written = [out / "summary.md", write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
     written += [write_csv(out / "law.csv", law), write_csv(out / "pairs.csv", pairs)]
-    return [*written, write_csv(out / "runs.csv", runs), write_csv(out / "starts.csv", starts)]
+    return [*written, write_csv(out / "runs.csv", every), write_csv(out / "starts.csv", starts)]
 
 
 def compact_table(table: pd.DataFrame) -> str:
@@ -209,8 +216,8 @@ def compact_table(table: pd.DataFrame) -> str:
             f" {_interval(r['crossing_lo'], r['crossing_hi'])}" if not r["descriptive"] else ""
         )
         head = "ref" if r["row"] == dv.REFERENCE[1] else _ratio(r["headroom"])
-        if r["row"] != dv.REFERENCE[1] and not r["descriptive"]:
-            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]"
+        if r["row"] != dv.REFERENCE[1] and pd.notna(r["headroom_lo"]):
+            head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]" + _undefined(r["headroom_undefined"])
         lines.append(f"| {r['row']} | {r['runs']} ({r['starts']}) | {cross} | {head} |")
     return "\n".join(lines) + "\n"
 
@@ -245,11 +252,14 @@ README_BLOCK = ("<!-- divergence table: python -m moe_rl.report --readme -->", "
 
 
 def write_readme_block(root: Path, readme: Path) -> Path | None:
-    """Replace the README's divergence table (between `README_BLOCK`'s markers) with the shipped one."""
+    """Replace the README's divergence table (between `README_BLOCK`'s markers) with the shipped one; None without a
+    shipped table, ValueError without the markers."""
     table = read_table(root)
     text = readme.read_text()
     start, end = README_BLOCK
-    if table is None or start not in text or end not in text:
+    if start not in text or end not in text:
+        raise ValueError(f"{readme} has no divergence table markers ({start!r} ... {end!r})")
+    if table is None:
         return None
     head, rest = text.split(start, 1)
     tail = rest.split(end, 1)[1]

@@ -74,6 +74,12 @@ def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame
     return table, drawn
 
 
+def _censored_tie(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Draws where both edges are censored the same way (both past the grid, or both below it): a tie that orders
+    nothing."""
+    return (x == y) & np.isinf(x)
+
+
 def _none_degrade(c: Claim, table: pd.DataFrame, rows: tuple[str, ...]) -> bool:
     """Untestable here when none of `rows` crosses -5 pp on the grid (every edge censored past it): the claim is
     about where they collapse, and they do not."""
@@ -109,7 +115,7 @@ def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
     v, g, s = d["vespo_none"], d["grpo_none"], d["sapo_none"]
     with np.errstate(invalid="ignore"):
         far = float(np.mean((v >= FAR * g) & (v >= FAR * s) & np.isfinite(g) & np.isfinite(s)))
-        below = max(float(np.mean((v <= g) & np.isfinite(v))), float(np.mean((v <= s) & np.isfinite(v))))
+        below = max(float(np.mean((v <= g) & ~_censored_tie(v, g))), float(np.mean((v <= s) & ~_censored_tie(v, s))))
     c.test = f"share of draws with vespo {FAR:g}x past both {far:.3f}; at or below one of them {below:.3f}"
     c.verdict = REPRODUCED if far >= SURE else NOT_REPRODUCED if below >= SURE else INCONCLUSIVE
     c.reason = c.test
@@ -145,7 +151,7 @@ def claim_no_trust_region(root: Path, presets: Path) -> Claim:
         for a in ("cispo_none", "is_none"):
             for b in ("grpo_none", "dppo_tv_none"):
                 below &= d[a] < d[b]
-                at_or_above = max(at_or_above, float(np.mean((d[a] >= d[b]) & np.isfinite(d[b]))))
+                at_or_above = max(at_or_above, float(np.mean((d[a] >= d[b]) & ~_censored_tie(d[a], d[b]))))
     c.test = f"share of draws with both below both {np.mean(below):.3f}; largest share of one at or above one {at_or_above:.3f}"
     c.verdict = REPRODUCED if np.mean(below) >= SURE else NOT_REPRODUCED if at_or_above >= SURE else INCONCLUSIVE
     c.reason = c.test
