@@ -163,3 +163,21 @@ def test_the_readme_table_is_the_shipped_one() -> None:
     start, end = dr.README_BLOCK
     text = (ROOT / "README.md").read_text()
     assert text.split(start, 1)[1].split(end, 1)[0] == "\n" + dr.compact_table(table)
+
+
+def test_start_covariates_read_each_starts_meta_and_fall_back_for_older_runs(tmp_path) -> None:
+    import json
+
+    from moe_rl.analysis.configs import format_starts, start_covariates
+
+    new, old = tmp_path / "a", tmp_path / "b"
+    covariates = {"greedy_accuracy": 0.4, "sampled_reward": 0.15, "sampled_entropy": 1.1, "sft_steps": 75}
+    for folder, block in ((new, {"key": "k1", "covariates": covariates}), (old, {"key": "k2", "steps": 50})):
+        folder.mkdir()
+        (folder / "meta.json").write_text(json.dumps({"cold_start": {**block, "accuracy": 0.3}}))
+    runs = pd.DataFrame({"family": ["m", "m", "m"], "start": ["k1", "k1", "k2"], "run_dir": [new, new, old]})
+    table = start_covariates(runs).set_index("start")
+    assert table.loc["k1", "sampled_reward"] == 0.15 and table.loc["k1", "runs"] == 2
+    assert table.loc["k2", "sft_steps"] == 50 and table.loc["k2", "greedy_accuracy"] == 0.3
+    assert math.isnan(table.loc["k2", "sampled_reward"])
+    assert "| m | k2 | — | 50 | 0.300 | — | — | 1 |" in format_starts(table.reset_index())

@@ -154,6 +154,7 @@ def cold_start_meta(run_dir: Path) -> dict[str, Any]:
 
 
 COVARIATES = ("greedy_accuracy", "sampled_reward", "sampled_entropy", "sft_steps")
+COVARIATE_DIGITS = {"greedy_accuracy": 3, "sampled_reward": 3, "sampled_entropy": 2}
 
 
 def start_covariates(runs: pd.DataFrame) -> pd.DataFrame:
@@ -162,9 +163,27 @@ def start_covariates(runs: pd.DataFrame) -> pd.DataFrame:
     and entropy at temperature 1, SFT steps; NaN where none were recorded) and how many runs began from it."""
     rows = []
     for (family, start), g in runs.groupby(["family", "start"], sort=True):
-        covariates = cold_start_meta(Path(str(g["run_dir"].iloc[0]))).get("covariates") or {}
+        meta = cold_start_meta(Path(str(g["run_dir"].iloc[0])))
+        # runs from before the covariates were recorded keep the warm-up's own steps and greedy accuracy
+        covariates = meta.get("covariates") or {"sft_steps": meta.get("steps"), "greedy_accuracy": meta.get("accuracy")}
         seed = g["cold_seed"].iloc[0] if "cold_seed" in g else None
         rec = {"family": family, "start": start, "cold_seed": "—" if seed is None or pd.isna(seed) else int(seed)}
-        rec.update({k: covariates.get(k, float("nan")) for k in COVARIATES})
+        rec.update({k: float("nan") if covariates.get(k) is None else covariates[k] for k in COVARIATES})
         rows.append({**rec, "runs": len(g)})
     return pd.DataFrame(rows, columns=["family", "start", "cold_seed", *COVARIATES, "runs"])
+
+
+def format_starts(starts: pd.DataFrame) -> str:
+    if starts.empty:
+        return "No start covariates recorded.\n"
+    lines = [
+        "| family | start | cold seed | SFT steps | greedy accuracy | sampled reward | entropy (nats) | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in starts.iterrows():
+        cells = [
+            "—" if pd.isna(r["sft_steps"]) else str(int(r["sft_steps"])),
+            *("—" if pd.isna(r[k]) else f"{r[k]:.{d}f}" for k, d in COVARIATE_DIGITS.items()),
+        ]
+        lines.append(f"| {r['family']} | {r['start']} | {r['cold_seed']} | {' | '.join(cells)} | {r['runs']} |")
+    return "\n".join(lines) + "\n"

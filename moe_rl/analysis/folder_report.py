@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from moe_rl import analysis
 from moe_rl.analysis.clustered import MIN_UNITS
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, DEFINITION_TEXT, MAIN_DEFINITION
-from moe_rl.analysis.configs import group_checks, run_starts, with_config
+from moe_rl.analysis.configs import format_starts, group_checks, run_starts, start_covariates, with_config
 from moe_rl.analysis.load import INCOMPLETE_STATUSES
 from moe_rl.analysis.phase import REFERENCE_ARM, cell_label
 from moe_rl.analysis.provenance import load_provenance, provenance_line
@@ -323,6 +323,9 @@ def write_report(
         figs["router_shift.png"] = plot_shift_dynamics(df)  # RSPO: does router shift lead clip bursts?
     extra = _tests_section(tests, groups, compare)
     run_table = analysis.runs(df)
+    if outcomes["start"].nunique() > 1:  # the starts behind the Δs, with what each start was like
+        starts = start_covariates(run_table.assign(start=run_table["run"].map(outcomes.set_index("run")["start"])))
+        extra += ["", "## The cold starts", "", format_starts(starts)]
     if all(a in run_table and run_table[a].nunique() > 1 for a in phase_axes) and compare == "arm":
         lines, phase_figs, phase = _phase_section(outcomes, tuple(phase_axes), REFERENCE_ARM)
         extra += lines

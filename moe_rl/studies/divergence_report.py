@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.configs import start_covariates
+from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.dose import isotonic_fit
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.run.atomic import write_atomic
@@ -140,21 +140,6 @@ def format_law(law: pd.DataFrame, pairs: pd.DataFrame) -> str:
         lines.append(
             f"| {r['equal']} | {r['a']} | {r['b']} | {r['pairs']} ({r['starts']}) | {100 * r['change_diff']:+.1f}{ci} "
             f"| {r['kl_ratio']:.2f}{kci} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def format_starts(starts: pd.DataFrame) -> str:
-    if starts.empty:
-        return "No start covariates recorded.\n"
-    lines = [
-        "| family | start | cold seed | SFT steps | greedy accuracy | sampled reward | entropy (nats) | runs |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in starts.iterrows():
-        lines.append(
-            f"| {r['family']} | {r['start']} | {r['cold_seed']} | {r['sft_steps']} | {r['greedy_accuracy']:.3f} | "
-            f"{r['sampled_reward']:.3f} | {r['sampled_entropy']:.2f} | {r['runs']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -10,11 +10,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.configs import start_covariates
+from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import staleness as st
-from moe_rl.studies.divergence_report import format_starts
 
 
 def _edge(v: float) -> str:
