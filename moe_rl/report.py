@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             written.append(studies.write_claims(root, args.presets, args.out))
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
-        if args.all or args.readme:
+        if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
             written.append(write_readme_block(root, README))
         for path in written:
             if path is not None:

@@ -131,7 +131,7 @@ def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]])
     got = {c.id: (c.verdict, c.reason) for c in claims}
     assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     # the planted world holds no mechanism ladder and no frontier: claims 8 and 9 (judged on planted ladders in
-    # test_ladder_claims_...) and 10 and 11 (planted edges in test_frontier.py) have nothing to judge here
+    # test_ladder_claims_...) and 10 and 11 (planted edges in test_staleness_study.py) have nothing to judge here
     expected = {i: kind for i in got if i <= 7} | {8: "untestable here", 9: "untestable here"}
     assert {i: v for i, (v, _) in got.items()} == expected | {10: "inconclusive", 11: "inconclusive"}, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"

@@ -63,7 +63,8 @@ def _text(table: pd.DataFrame) -> str:
 def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame, dict] | None:
     axes = _axes(str(root), str(presets))
     if axes is None:
-        c.reason = "no runs yet (run `python experiments/staleness.py`)"
+        c.reason = "no data"
+        c.notes.append("no runs of the staleness study yet: `python experiments/staleness.py` runs them")
         return None
     table, drawn = axes[axis]
     c.statistic = _text(table)
