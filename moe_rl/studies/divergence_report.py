@@ -68,6 +68,8 @@ def format_table(table: pd.DataFrame, spec: dv.Spec) -> str:
             lines.append(f"| {r['row']} | not run yet | | | | | |")
             continue
         note = f" ({r['descriptive']})" if r["descriptive"] else ""
+        if r.get("nonfinite_kl", 0):
+            note += f" ({int(r['nonfinite_kl'])} without a finite KL, left out)"
         coll = f"{100 * r['collapsed']:.0f}%" if pd.notna(r["collapsed"]) else "—"
         lines.append(
             f"| {r['row']} | {r['runs']} ({r['starts']} x {r['seeds']}){note} | {cross} | {head} | "
