@@ -113,7 +113,7 @@ def test_the_table_gives_each_row_its_crossing_and_headroom_paired_on_starts() -
     assert table.loc["grpo_none", "descriptive"] == ""
     few = dv.frontier_table(planted({"grpo_none": 1.0}, starts=4), _spec(("grpo_none",))).iloc[0]
     assert few["descriptive"].startswith("descriptive: 4") and math.isnan(few["crossing_lo"])
-    assert "not run yet" in dr.format_table(dv.frontier_table(runs, _spec(("grpo_none", "vespo_none"))), spec)
+    assert "not run yet" in dr.format_table(dv.frontier_table(runs, _spec(("grpo_none", "vespo_none")), draws), spec)
 
 
 def test_matched_pairs_compare_equal_lr2n_and_equal_lrn_points() -> None:
