@@ -189,6 +189,19 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
     return [*written, write_csv(out / "runs.csv", every), write_csv(out / "starts.csv", starts)]
 
 
+LABELS = {  # the methods as the papers name them (README, CLAIMS.md)
+    "grpo_none": "GRPO",
+    "grpo_r2": "GRPO + R2",
+    "gspo_none": "GSPO",
+    "is_none": "plain IS (no clip)",
+    "cispo_none": "CISPO",
+    "sapo_none": "SAPO",
+    "dppo_tv_none": "DPPO-TV",
+    "vespo_none": "VESPO",
+    "qwen3_dense:grpo_none": "GRPO, dense control",
+}
+
+
 def compact_table(table: pd.DataFrame) -> str:
     """The crossings in three columns (README, CLAIMS.md): row, crossing KL [95%], headroom over grpo+none [95%]."""
     lines = [
@@ -197,7 +210,7 @@ def compact_table(table: pd.DataFrame) -> str:
     ]
     for _, r in table.iterrows():
         if not r["runs"]:
-            lines.append(f"| {r['row']} | not run yet | | |")
+            lines.append(f"| {LABELS.get(r['row'], r['row'])} | not run yet | | |")
             continue
         cross = _kl(r["crossing"]) + (
             f" {_interval(r['crossing_lo'], r['crossing_hi'])}" if not r["descriptive"] else ""
@@ -205,7 +218,7 @@ def compact_table(table: pd.DataFrame) -> str:
         head = "ref" if r["row"] == dv.REFERENCE[1] else _ratio(r["headroom"])
         if r["row"] != dv.REFERENCE[1] and pd.notna(r["headroom_lo"]):
             head += f" [{_ratio(r['headroom_lo'])}, {_ratio(r['headroom_hi'])}]" + _undefined(r["headroom_undefined"])
-        lines.append(f"| {r['row']} | {r['runs']} ({r['starts']}) | {cross} | {head} |")
+        lines.append(f"| {LABELS.get(r['row'], r['row'])} | {r['runs']} ({r['starts']}) | {cross} | {head} |")
     return "\n".join(lines) + "\n"
 
 
