@@ -205,7 +205,7 @@ LABELS = {  # the methods as the papers name them (README, CLAIMS.md)
 def compact_table(table: pd.DataFrame) -> str:
     """The crossings in three columns (README, CLAIMS.md): row, crossing KL [95%], headroom over grpo+none [95%]."""
     lines = [
-        "| method | runs (starts) | early per-update KL at -5 pp [95%] | x grpo+none's [95%] |",
+        "| method | runs (starts) | early per-update KL at -5 pp [95%] | x GRPO's [95%] |",
         "|:---|---:|---:|---:|",
     ]
     for _, r in table.iterrows():
