@@ -186,7 +186,8 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
     fig = plot_rows(runs, table, spec)
     written = [out / "summary.md", write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
     written += [write_csv(out / "law.csv", law), write_csv(out / "pairs.csv", pairs)]
-    return [*written, write_csv(out / "runs.csv", every), write_csv(out / "starts.csv", starts)]
+    shipped = every.drop(columns=["run_dir"], errors="ignore")  # no machine paths in a shipped table
+    return [*written, write_csv(out / "runs.csv", shipped), write_csv(out / "starts.csv", starts)]
 
 
 LABELS = {  # the methods as the papers name them (README, CLAIMS.md)

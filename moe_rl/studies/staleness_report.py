@@ -87,5 +87,6 @@ def write_staleness_report(runs_dir: Path, out: Path, presets: Path) -> list[Pat
     ]
     write_atomic(out / "summary.md", "\n".join(text).encode())
     written = [out / "summary.md", write_csv(out / "edges.csv", pd.concat(tables, ignore_index=True))]
-    written += [write_png(out / "staleness.png", plot_axes(runs, spec)), write_csv(out / "runs.csv", runs)]
+    shipped = runs.drop(columns=["run_dir"], errors="ignore")  # no machine paths in a shipped table
+    written += [write_png(out / "staleness.png", plot_axes(runs, spec)), write_csv(out / "runs.csv", shipped)]
     return [*written, write_csv(out / "starts.csv", start_covariates(runs))]
