@@ -90,3 +90,25 @@ def test_without_runs_the_claims_say_how_to_get_them(tmp_path) -> None:
     sc._axes.cache_clear()
     c = sc.claim_vespo_staleness(tmp_path, PRESETS)
     assert c.verdict == INCONCLUSIVE and c.reason == "no data" and any("experiments/staleness.py" in n for n in c.notes)
+
+
+def test_a_row_has_an_edge_only_once_every_value_has_five_starts() -> None:
+    """Runs at S = 1 and 2 only: no edge, and the reason names the values not run; 4 starts at every value:
+    an edge, but descriptive."""
+    spec = st.Spec((S_AXIS,), 192, 24, tuple(range(6)), -0.05)
+
+    def runs(values: tuple[int, ...], starts: int) -> pd.DataFrame:
+        rows = [
+            {"family": "qwen3_moe", "arm_file": "grpo_none", "S": v, "lag": 0, "start": f"s{s}", "seed": s,
+             "change": 0.1 - 0.05 * v, "collapsed": False}
+            for v in values for s in range(starts)
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    table, _ = st.axis_table(runs((1, 2), 6), spec, S_AXIS, draws=[])
+    grpo = table.set_index("row").loc["grpo_none"]
+    assert math.isnan(grpo["edge"]) and grpo["descriptive"] == "incomplete: no runs yet at 4, 8"
+    table, _ = st.axis_table(runs((1, 2, 4, 8), 4), spec, S_AXIS, draws=[])
+    grpo = table.set_index("row").loc["grpo_none"]
+    assert grpo["edge"] == pytest.approx(st.edge(st.on_axis(runs((1, 2, 4, 8), 4), S_AXIS), S_AXIS, -0.05))
+    assert grpo["descriptive"].startswith("descriptive: 4")

@@ -134,7 +134,8 @@ def edge_draws(on: pd.DataFrame, axis: Axis, threshold: float, draws: list) -> d
 
 
 def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = None) -> tuple[pd.DataFrame, dict]:
-    """Per row of the axis: runs, starts, the edge with its interval, mean change at each value; and the draws."""
+    """Per row of the axis: runs, starts, the edge with its interval (none until every value has runs; descriptive
+    while a value has fewer than 5 starts), mean change at each value; and the draws."""
     on = on_axis(runs, axis)
     draws = draws if draws is not None else start_draws(on[["start", "seed"]]) if len(on) else []
     drawn = edge_draws(on, axis, spec.threshold, draws)
@@ -142,9 +143,14 @@ def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = 
     for arm in axis.rows:
         own = on[on["arm_file"] == arm]
         rec: dict[str, object] = {"axis": axis.name, "row": arm, "runs": len(own), "starts": own["start"].nunique()}
-        reason = descriptive_reason(int(rec["starts"]))  # type: ignore[call-overload]
+        # an edge needs every value of the axis run by at least 5 starts (else the grid's end is not the data's)
+        starts_per_value = own.groupby("value")["start"].nunique().reindex(list(axis.values), fill_value=0)
+        reason = descriptive_reason(int(starts_per_value.min()))
+        missing = [v for v, n in starts_per_value.items() if n == 0]
+        if missing:
+            reason = f"incomplete: no runs yet at {', '.join(map(str, missing))}"
         rec["descriptive"] = reason or ""
-        rec["edge"] = edge(own, axis, spec.threshold) if len(own) else math.nan
+        rec["edge"] = edge(own, axis, spec.threshold) if len(own) and not missing else math.nan
         lo = hi = math.nan
         finite = drawn[arm][~np.isnan(drawn[arm])]
         if reason is None and len(finite):

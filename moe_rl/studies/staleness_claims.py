@@ -68,9 +68,9 @@ def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame
         return None
     table, drawn = axes[axis]
     c.statistic = _text(table)
-    thin = table.loc[table["descriptive"] != "", "row"].tolist()
-    if thin:
-        c.reason = f"fewer than 5 starts behind {', '.join(thin)}: descriptive only"
+    thin = table[table["descriptive"] != ""]
+    if len(thin):
+        c.reason = "not decided yet: " + "; ".join(f"{r['row']} {r['descriptive']}" for _, r in thin.iterrows())
         return None
     return table, drawn
 
