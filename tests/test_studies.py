@@ -74,6 +74,7 @@ def test_index_helpers() -> None:
         "not reproduced",
         "inconclusive",
         "reproduced",
+        "untestable here",
     }
 
 

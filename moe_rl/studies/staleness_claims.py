@@ -50,14 +50,29 @@ def _first_look(c: Claim, old: Claim) -> None:
     )
 
 
+def _edge_label(v: float) -> str:
+    if np.isnan(v):
+        return "—"
+    return "> last value" if v == np.inf else "< first value" if v == -np.inf else f"{v:.2g}"
+
+
 def _text(table: pd.DataFrame) -> str:
     def one(r: pd.Series) -> str:
-        v = r["edge"]
-        label = "> last value" if v == np.inf else "< first value" if v == -np.inf else f"{v:.2g}"
-        ci = f" [{r['edge_lo']:.2g}, {r['edge_hi']:.2g}]" if not r["descriptive"] else f" ({r['descriptive']})"
-        return f"{r['row']} {label}{ci}"
+        ci = f" [{_edge_label(r['edge_lo'])}, {_edge_label(r['edge_hi'])}]" if not r["descriptive"] else ""
+        return f"{r['row']} {_edge_label(r['edge'])}{ci}" + (f" ({r['descriptive']})" if r["descriptive"] else "")
 
     return "; ".join(one(r) for _, r in table.iterrows())
+
+
+def _changes(table: pd.DataFrame) -> str:
+    """Each row's mean accuracy change at each value of the axis run so far (descriptive)."""
+    cols = sorted((c for c in table.columns if c.startswith("change@")), key=lambda c: float(c.split("@")[1]))
+
+    def one(r: pd.Series) -> str:
+        cells = [f"{c.split('@')[1]}: {100 * r[c]:+.1f}" for c in cols if pd.notna(r[c])]
+        return f"{r['row']} " + ", ".join(cells)
+
+    return "mean accuracy change (pp) by value: " + "; ".join(one(r) for _, r in table.iterrows())
 
 
 def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame, dict] | None:
@@ -68,6 +83,7 @@ def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame
         return None
     table, drawn = axes[axis]
     c.statistic = _text(table)
+    c.notes.append(_changes(table))
     thin = table[table["descriptive"] != ""]
     if len(thin):
         c.reason = "not decided yet: " + "; ".join(f"{r['row']} {r['descriptive']}" for _, r in thin.iterrows())
