@@ -261,6 +261,19 @@ def start_draws(
     return draws
 
 
+def replicate_values(
+    runs: pd.DataFrame, statistic: Callable[[pd.DataFrame], float], draws: list[list[tuple[object, object]]]
+) -> np.ndarray:
+    """`statistic` on every drawn replicate: the runs (columns start, seed) of its drawn (start, seed) units,
+    repeated as drawn; NaN for a replicate that holds none of them."""
+    by_unit = {k: np.asarray(i) for k, i in runs.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
+    values = []
+    for replicate in draws:
+        parts = [by_unit[u] for u in replicate if u in by_unit]
+        values.append(float(statistic(runs.iloc[np.concatenate(parts)])) if parts else math.nan)
+    return np.array(values, dtype=float)
+
+
 def bootstrap(
     runs: pd.DataFrame,
     statistic: Callable[[pd.DataFrame], float],
@@ -271,12 +284,7 @@ def bootstrap(
     the drawn replicates (each the runs of its drawn (start, seed) units, repeated as drawn); infinite values
     (censored crossings) take part in the quantiles, NaN ones are dropped and their share returned."""
     estimate = float(statistic(runs))
-    by_unit = {k: np.asarray(i) for k, i in runs.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
-    values = []
-    for replicate in draws:
-        parts = [by_unit[u] for u in replicate if u in by_unit]
-        values.append(float(statistic(runs.iloc[np.concatenate(parts)])) if parts else math.nan)
-    arr = np.array(values)
+    arr = replicate_values(runs, statistic, draws)
     finite = arr[~np.isnan(arr)]
     if len(finite) == 0:
         return estimate, math.nan, math.nan, 1.0

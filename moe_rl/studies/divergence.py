@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import bootstrap, descriptive_reason, paired_by_start, start_draws
+from moe_rl.analysis.clustered import bootstrap, descriptive_reason, paired_by_start, replicate_values, start_draws
 from moe_rl.analysis.dose import crossing, kl_per_run, law_exponent, law_fit
 from moe_rl.analysis.load import runs
 from moe_rl.metrics.names import KL_UPDATE_K3
@@ -126,15 +126,8 @@ def load_runs(folder: Path) -> pd.DataFrame:
 
 
 def crossing_draws(own: pd.DataFrame, draws: list, threshold: float) -> np.ndarray:
-    """A row's crossing on every drawn replicate (its runs of each drawn (start, seed), repeated as drawn)."""
-    units = {k: np.asarray(i) for k, i in own.reset_index(drop=True).groupby(["start", "seed"]).indices.items()}
-    kl, change = own["kl_early"].to_numpy(float), own["change"].to_numpy(float)
-    out = []
-    for replicate in draws:
-        parts = [units[u] for u in replicate if u in units]
-        idx = np.concatenate(parts) if parts else np.array([], dtype=int)
-        out.append(crossing(kl[idx], change[idx], threshold) if len(idx) else math.nan)
-    return np.array(out)
+    """A row's crossing on every drawn replicate (`clustered.replicate_values`)."""
+    return replicate_values(own, lambda r: crossing(r["kl_early"], r["change"], threshold), draws)
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:

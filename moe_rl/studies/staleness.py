@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import descriptive_reason, start_draws
+from moe_rl.analysis.clustered import descriptive_reason, replicate_values, start_draws
 from moe_rl.analysis.dose import crossing
 from moe_rl.studies import frontier as fr_
 
@@ -121,16 +121,9 @@ def edge(points: pd.DataFrame, axis: Axis, threshold: float) -> float:
 
 def edge_draws(on: pd.DataFrame, axis: Axis, threshold: float, draws: list) -> dict[str, np.ndarray]:
     """Per row, its edge on every drawn replicate (the same draws for every row: paired on starts and seeds)."""
-    units = {arm: {k: g for k, g in own.groupby(["start", "seed"])} for arm, own in on.groupby("arm_file")}
-    out = {}
-    for arm in axis.rows:
-        mine = units.get(arm, {})
-        values = []
-        for replicate in draws:
-            parts = [mine[u] for u in replicate if u in mine]
-            values.append(edge(pd.concat(parts), axis, threshold) if parts else math.nan)
-        out[arm] = np.array(values)
-    return out
+    return {
+        arm: replicate_values(on[on["arm_file"] == arm], lambda r: edge(r, axis, threshold), draws) for arm in axis.rows
+    }
 
 
 def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = None) -> tuple[pd.DataFrame, dict]:
