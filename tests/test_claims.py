@@ -129,13 +129,16 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
     kind, claims = world
     got = {c.id: (c.verdict, c.reason) for c in claims}
-    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
-    # the planted world holds no mechanism ladder and no frontier: claims 8 and 9 (judged on planted ladders in
-    # test_ladder_claims_...) and 10 and 11 (planted edges in test_staleness_study.py) have nothing to judge here
-    expected = {i: kind for i in got if i <= 7} | {8: "untestable here", 9: "untestable here"}
-    assert {i: v for i, (v, _) in got.items()} == expected | {10: "inconclusive", 11: "inconclusive"}, got
+    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15]
+    # the planted world holds no mechanism ladder, no frontier and no causal study: claims 8 and 9 (judged on planted
+    # ladders in test_ladder_claims_...), 10 and 11 (planted edges in test_staleness_study.py) and 7, 14 and 15
+    # (test_causal_study.py) have nothing to judge here; claim 7's first look, the dense control, is in its notes
+    expected = {i: kind for i in got if i <= 6} | {8: "untestable here", 9: "untestable here"}
+    undecided = {i: "inconclusive" for i in (7, 10, 11, 14, 15)}
+    assert {i: v for i, (v, _) in got.items()} == expected | undecided, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"
-    assert got[10][1] == got[11][1] == "no data"
+    assert all(got[i][1] == "no data" for i in undecided)
+    assert f"first look, the dense control at a fixed lr (`dense_control`): {kind} (" in " ".join(claims[6].notes)
     assert all("failed" not in r for _, r in got.values())
 
 
@@ -346,11 +349,10 @@ def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
 
 def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
     claims = studies.claims(tmp_path / "nothing", PRESETS)
-    assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 6 + [
-        ("untestable here", "no runs of dense_control"),
+    assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 7 + [
         ("untestable here", "no runs of mechanism"),
         ("untestable here", "no runs of mechanism"),
-    ] + [("inconclusive", "no data")] * 2
+    ] + [("inconclusive", "no data")] * 4
     (tmp_path / "drift_scaling").mkdir()
     (tmp_path / "drift_scaling" / "fit.json").write_text("{not json")
     first = studies.claims(tmp_path, PRESETS)[0]

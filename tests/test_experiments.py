@@ -48,10 +48,11 @@ SWEEP_SIZES = {
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
     "divergence": 1,  # its runs come from experiments/divergence.py, one multirun per row
     "staleness": 1,  # its runs come from experiments/staleness.py, one multirun per value of an axis
+    "causal": 1,  # its runs come from experiments/causal.py, one multirun per block, level and lr
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults
-LEAN = {"frontier", "divergence", "staleness"}
+LEAN = {"frontier", "divergence", "staleness", "causal"}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {
     "phase_edge": "phase",

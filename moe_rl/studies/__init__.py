@@ -21,6 +21,8 @@ from moe_rl.analysis.folder_report import StudyReport, with_provenance
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
 from moe_rl.studies import (
+    causal_claims,
+    causal_report,
     divergence_report,
     drift_claims,
     drift_report,
@@ -138,8 +140,8 @@ STUDIES: tuple[Study, ...] = (
         "dense_control",
         ("dense_control",),
         "Is the instability at this scale specific to MoE? The dense control next to the MoE model, each from "
-        "its own cold start, in two cells where the MoE model degrades.",
-        claims={7: mechanism_claims.MOE_SPECIFIC},
+        "its own cold start, in two cells where the MoE model degrades (claim 7's first look; the causal study "
+        "re-decides it at matched divergence).",
     ),
     Study(
         "mechanism",
@@ -193,6 +195,19 @@ STUDIES: tuple[Study, ...] = (
         "S-fold rollout) and an asynchronous lag k, 192 updates per run, from a pool of 6 cold starts.",
         report=with_provenance(staleness_report.write_staleness_report),
         claims={10: staleness_claims.claim_vespo_staleness, 11: staleness_claims.claim_no_trust_region},
+    ),
+    Study(
+        "causal",
+        ("causal",),
+        "Is route drift a cause of the MoE model's degradation, and is the sparse expert step? Anchored routing and a "
+        "load-aware expert step in a 2 x 2, width- and lr-matched dense controls, at two per-update KL levels, from "
+        "a pool of 6 cold starts per model x 2 seeds.",
+        report=with_provenance(causal_report.write_causal_report),
+        claims={
+            7: causal_claims.claim_moe_specific,
+            14: causal_claims.claim_route_drift,
+            15: causal_claims.claim_load_aware,
+        },
     ),
     Study(
         "calibration",

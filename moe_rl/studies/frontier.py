@@ -81,21 +81,24 @@ def load_frontier(presets: Path) -> Frontier:
     )
 
 
-def arm_file(run: str) -> str:
-    """The arm file a run was launched with, read off its folder name (`arm=grpo_r2,cell=...`)."""
+def arm_file(run: str, default: str | None = None) -> str:
+    """The arm file a run was launched with, read off its folder name (`arm=grpo_r2,cell=...`); `default` (the
+    preset's own arm) for a run that names none, where given."""
     for part in run.split(","):
         if part.startswith("arm="):
             return part[len("arm=") :]
+    if default is not None:
+        return default
     raise ValueError(f"run {run!r} names no arm= override: the frontier cannot tell its arm")
 
 
-def per_run(df: pd.DataFrame) -> pd.DataFrame:
+def per_run(df: pd.DataFrame, default_arm: str | None = None) -> pd.DataFrame:
     """One row per finished run: family, arm file, lr, N, seed, cold start (`start`), accuracy change (late accuracy, the mean of the
     last 3 evaluations, minus step 0), collapse (the loop's own label), reward AUC and the off-policy token
     log-ratio variance."""
     out = runs(df).set_index("run", drop=False).rename_axis(None)
     out = out[~out["status"].isin(INCOMPLETE_STATUSES)].copy()
-    out["arm_file"] = [arm_file(r) for r in out["run"]]
+    out["arm_file"] = [arm_file(r, default_arm) for r in out["run"]]
     out["start_accuracy"] = start_accuracy(df)
     out["late_accuracy"] = late_accuracy(df)
     out["change"] = out["late_accuracy"] - out["start_accuracy"]
