@@ -288,6 +288,7 @@ def make_fake_grid(
     acc_noise: float = 0.005,
     rollout_dtype: str = "float32",
     family: str = "qwen3_moe",
+    starts: int | None = None,
     rng_seed: int = 0,
 ) -> list[Path]:
     """A sweep grid (arm x lr x N x MoE layers x seed) of small runs under root/experiment/runs/.
@@ -298,7 +299,9 @@ def make_fake_grid(
     (per-layer values rise with depth around it), `final_acc` the last evaluation of a run that
     does not collapse. `shift_lag`: the router shift (1 - `route/old_vs_new/shift/mean`) leads the
     clip fraction by that many steps (negative: lags it); None: unrelated. `family`: the runs' model family
-    (a second call with another family adds that model's runs to the same folder).
+    (a second call with another family adds that model's runs to the same folder). `starts`: how many cold
+    starts the runs began from, the seed's index modulo `starts` picking one (a `cold_start.key` in meta.json per
+    family, depth and start; every arm of a cell shares them); None: none recorded, so all runs share one start.
     """
     from moe_rl.metrics.collapse import detect_collapse
 
@@ -361,7 +364,8 @@ def make_fake_grid(
             "num_moe_layers": L,
             "num_experts": 8,
         }
-        return FakeRun(f"{experiment}/runs/{name}", run_keys, rows, events, steps)
+        meta = {} if starts is None else {"cold_start": {"key": f"fake-{family}-L{L}-start{s % starts}"}}
+        return FakeRun(f"{experiment}/runs/{name}", run_keys, rows, events, steps, meta)
 
     return make_fake_runs(root, run, arms=arms, seeds=seeds, lrs=lrs, Ns=Ns, layers=layers, rng_seed=rng_seed)
 

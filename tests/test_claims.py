@@ -20,12 +20,22 @@ from moe_rl.studies import drift_claims, engine, mechanism_claims
 from moe_rl.studies import phase as phase_study
 
 STEPS = 30
+STARTS = 5  # the planted worlds' runs begin from 5 cold starts: the fewest a verdict needs
 
 
 def _dense_control(
-    root: Path, moe_acc, dense_acc, *, arms=("grpo+none", "gspo+none"), seeds=tuple(range(8)), lrs=(3e-4,), Ns=(8,)
+    root: Path,
+    moe_acc,
+    dense_acc,
+    *,
+    arms=("grpo+none", "gspo+none"),
+    seeds=tuple(range(8)),
+    lrs=(3e-4,),
+    Ns=(8,),
+    starts=STARTS,
 ) -> None:
-    """dense_control runs: the MoE model and its dense control in the same cells, paired by seed."""
+    """dense_control runs: the MoE model and its dense control in the same cells, paired by seed, each model
+    from `starts` cold starts of its own."""
     for family, acc in (("qwen3_moe", moe_acc), ("qwen3_dense", dense_acc)):
         make_fake_grid(
             root,
@@ -38,6 +48,7 @@ def _dense_control(
             log_shift=False,
             family=family,
             final_acc=acc,
+            starts=starts,
         )
 
 
@@ -66,7 +77,8 @@ WORLDS = {
         "drift": dict(seeds=tuple(range(6)), flip=lambda a, lr, N, L, s: 0.02 / L * (1 + 0.05 * s)),
         "engine": dict(n_collapse=lambda a, lr, N, L: 6 if a == "grpo+r3" else 0),
     },
-    # two pairs: the dense control ends 10 and 35 points above the MoE model, -10 and +15 from its start
+    # two pairs: the dense control ends 10 and 35 points above the MoE model, -10 and +15 from its start; the
+    # drift and engine sweeps (3 seeds) and these 2 pairs rest on fewer than 5 starts: descriptive, inconclusive
     "inconclusive": {
         "dense": dict(
             moe_acc=_const(0.2),
@@ -101,10 +113,23 @@ WORLD_PHASE: dict[str, dict] = {  # collapsed seeds (of 8) per phase cell
 
 # the sweeps of the drift-scaling and engine-mismatch claims
 DRIFT_GRID = dict(
-    experiment="drift_scaling", arms=("grpo+none",), lrs=(1e-4,), Ns=(4,), layers=(2, 8), steps=STEPS, log_shift=False
+    experiment="drift_scaling",
+    arms=("grpo+none",),
+    lrs=(1e-4,),
+    Ns=(4,),
+    layers=(2, 8),
+    steps=STEPS,
+    log_shift=False,
+    starts=STARTS,
 )
 MISMATCH_GRID = dict(
-    arms=("grpo+r2", "grpo+r3"), lrs=(1e-4,), Ns=(8,), steps=STEPS, rollout_dtype="bfloat16", log_shift=False
+    arms=("grpo+r2", "grpo+r3"),
+    lrs=(1e-4,),
+    Ns=(8,),
+    steps=STEPS,
+    rollout_dtype="bfloat16",
+    log_shift=False,
+    starts=STARTS,
 )
 
 
@@ -114,7 +139,7 @@ def _world(root: Path, kind: str) -> Path:
     dense = dict(world["dense"])
     _dense_control(root, dense.pop("moe_acc"), dense.pop("dense_acc"), **dense)
     write_fake_fit(root, r2_holdout=0.9, **world["fit"])
-    make_fake_grid(root, lrs=(1e-3,), steps=STEPS, **world["phase"])
+    make_fake_grid(root, lrs=(1e-3,), steps=STEPS, starts=STARTS, **world["phase"])
     make_fake_grid(root, **DRIFT_GRID, **world["drift"])
     make_fake_grid(root, experiment="engine_mismatch", **MISMATCH_GRID, **world["engine"])
     return root
@@ -152,6 +177,25 @@ def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str,
     assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
 
 
+def test_depth_claim_from_fewer_than_5_starts_is_descriptive(tmp_path: Path) -> None:
+    """Claim 4 on the reproduced world's drift sweep (6 seed pairs, the deeper model flipping more), each depth's
+    runs from 2 cold starts, then 5: descriptive, then reproduced, the seed-level reading in the reason."""
+    for n in (2, 5):
+        make_fake_grid(tmp_path / str(n), **{**DRIFT_GRID, "starts": n}, **WORLDS["reproduced"]["drift"])
+    two, five = (drift_claims.claim_depth(tmp_path / str(n), tmp_path / "no_declarations") for n in (2, 5))
+    assert (five.verdict, two.verdict) == ("reproduced", "inconclusive")
+    assert two.reason == (
+        f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({five.reason})"
+    )
+    assert two.statistic == five.statistic and np.isnan(two.p_value) and five.p_value < 0.05
+    assert (
+        two.plain.endswith(
+            " Descriptive: 2 independent starts; a verdict needs 5 (runs from new cold starts, not more seeds)."
+        )
+        and "Descriptive" not in five.plain
+    )
+
+
 def _pairs_frame(
     n_cells: int,
     seeds: int,
@@ -160,11 +204,12 @@ def _pairs_frame(
     collapse_w: dict[str, int],
     arms: tuple[str, str] = ("grpo+none", "grpo+r2"),
     start: float = 0.4,
+    starts: int = STARTS,
 ) -> pd.DataFrame:
     """Outcomes of arms[0] (w, default grpo+none) and arms[1] (b, default grpo+r2) in `n_cells` off-policy
     cells, each starting at accuracy `start`: b ends `acc_gain` above w in every pair (final and late
     accuracy alike); under each definition d the first collapse_w[d] pairs (over cells) see w collapse at
-    step 10 and b never."""
+    step 10 and b never. Both arms of a seed share its cold start, one of `starts` (the seed modulo `starts`)."""
     rows, pair = [], 0
     for cell in range(n_cells):
         for seed in range(seeds):
@@ -174,6 +219,7 @@ def _pairs_frame(
                     "lr": 1e-3 * (cell + 1),
                     "N": 8,
                     "seed": seed,
+                    "start": f"start{seed % starts}",
                     "start_accuracy": start,
                     "late_accuracy": 0.2 + 0.01 * seed + gain,
                     "final_accuracy": 0.2 + 0.01 * seed + gain,
@@ -292,6 +338,54 @@ def test_a_rival_that_beats_the_claimed_arm_overturns_it() -> None:
     assert C.combine("reproduced", [False]) == "reproduced" and C.combine("inconclusive", []) == "inconclusive"
 
 
+@pytest.mark.parametrize("outcomes", [C.ARMS_OUTCOMES, C.COLLAPSE_OUTCOMES])
+def test_pairs_from_fewer_than_5_starts_are_descriptive(outcomes: tuple[str, ...]) -> None:
+    """The planted effect of `test_a_declared_record_finds_the_planted_effect` (12 pairs, moe+aux 10 points
+    ahead in each), its seeds from 2 cold starts: no verdict, the seed-level reading in the reason; the same
+    pairs from 5 starts: reproduced, exactly as the engine reads seed pairs."""
+    from dataclasses import replace
+
+    record = replace(PLANTED, outcomes=outcomes)
+    out = {
+        n: _pairs_frame(2, 6, acc_gain=0.1, collapse_w={"relative": 5}, arms=("moe", "moe+aux"), starts=n)
+        for n in (2, 5)
+    }
+    two, five = (C.judge_paired(record, Path("unused"), runs=out[n]) for n in (2, 5))
+    assert (five.verdict, two.verdict) == ("reproduced", "inconclusive")
+    assert C.independent_starts(out[2], ("moe", "moe+aux")) == 2
+    assert two.reason == (
+        f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({five.reason})"
+    )
+    assert np.isnan(two.p_value) and 0 < five.p_value < 0.05
+    assert (two.statistic, two.cells, two.test) == (five.statistic, five.cells, five.test)  # they describe the runs
+    if outcomes == C.ARMS_OUTCOMES:  # the grid cannot decide either; the paragraph says why
+        assert two.robustness == {"relative": "inconclusive"} and five.robustness == {"relative": "reproduced"}
+        assert two.notes[0] == f"by seed pairs, descriptive: {five.notes[0]}"
+        assert "Verdict: **inconclusive**" in two.plain
+        assert two.plain.endswith(
+            " Descriptive: 2 independent starts; a verdict needs 5 (runs from new cold starts, not more seeds)."
+        )
+        assert "Descriptive" not in five.plain
+
+
+def test_the_starts_are_read_from_the_run_folders(tmp_path: Path) -> None:
+    """Claim 5 on engine runs whose meta.json records 2 cold starts, then 5: the engine reads each run's start from
+    its folder (`configs.run_starts`). R2 collapses in 6 of 8 seeds, R3 never."""
+    claims = {}
+    for n in (2, 5):
+        grid = {**MISMATCH_GRID, "starts": n}
+        make_fake_grid(
+            tmp_path / str(n), experiment="engine_mismatch", **grid, n_collapse=lambda a, *_: 6 * (a == "grpo+r2")
+        )
+        claims[n] = C.judge_paired(engine.R3_VS_R2, tmp_path / str(n))
+    assert (claims[5].verdict, claims[2].verdict) == (C.REPRODUCED, C.INCONCLUSIVE)
+    assert claims[2].reason == (
+        "descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: "
+        f"reproduced ({claims[5].reason})"
+    )
+    assert claims[2].statistic == claims[5].statistic and "collapsed r2 6 of 8 vs r3 0 of 8" in claims[2].statistic
+
+
 def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     """Equal accuracy and reward: the verdict hangs on time to collapse. Under one grid definition grpo+none
     collapses first in all 12 pairs (reproduced), under another nobody collapses (not reproduced)."""
@@ -316,6 +410,20 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     kappa = next(n for n in c.notes if n.startswith("agreement"))
     # per cell: relative fires on the 6 grpo+none runs, absolute on none: 6 of 12 alike, kappa (1/2 - 1/2) / (1/2)
     assert "lr=0.001, N=8: 6 of 12 runs alike, kappa +0.00" in kappa
+    # the same pairs from 2 cold starts: the grid describes, it decides nothing, not even "fragile"
+    two = C.judge_paired(
+        phase_study.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out.assign(start=out["seed"] % 2)
+    )
+    assert two.verdict == "inconclusive" and two.robustness == dict.fromkeys(c.robustness, "inconclusive")
+    assert two.reason == (
+        f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: fragile ({c.reason})"
+    )
+    assert two.notes[0] == f"by seed pairs, descriptive: {c.notes[0]}"
+    looks = next(n for n in two.notes if n.startswith("declared in phase.yaml")).split("(12 declared runs, one look): ")
+    assert looks[1].startswith(
+        "inconclusive (descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced "
+        "(time to collapse favours the predicted arm (Holm p = "
+    )
 
 
 def test_declared_analyses_and_extensions(tmp_path: Path) -> None:
@@ -420,6 +528,7 @@ def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) ->
             steps=STEPS,
             log_shift=False,
             n_collapse=lambda a, lr, N, L, k=k: k.get(a, 0),
+            starts=STARTS,
         )
     claims = {c.id: c for c in studies.claims(tmp_path, tmp_path / "none")}
     assert claims[2].verdict == "reproduced"
@@ -653,7 +762,18 @@ def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() ->
     assert late["grpo+r2_0"] == pytest.approx(0.15) and final["grpo+r2_0"] == 0.25
     assert late["grpo+r3_0"] == pytest.approx(0.2) and final["grpo+r3_0"] == 0.2
     outcomes = pd.DataFrame(
-        [{"run": f"{a}_{s}", "arm": a, "lr": 1e-3, "N": 8, "seed": s, "rollout_dtype": "bfloat16"} for a, s in runs]
+        [
+            {
+                "run": f"{a}_{s}",
+                "arm": a,
+                "lr": 1e-3,
+                "N": 8,
+                "seed": s,
+                "start": s % STARTS,
+                "rollout_dtype": "bfloat16",
+            }
+            for a, s in runs
+        ]
     )
     outcomes = outcomes.assign(
         start_accuracy=outcomes["run"].map(start_accuracy(evals)),
@@ -701,23 +821,47 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
     assert "(16 declared runs, one look): inconclusive" in note
 
 
+def _ladder(cold_seeds: int, seeds: int) -> pd.DataFrame:
+    """Planted ladder runs of rungs aux1e-3 and moe, `cold_seeds` cold-start seeds x `seeds` seeds (no `start`:
+    the cold-start seed names the start); moe (no aux loss) ends 10 points above aux1e-3 in every pair."""
+    base = _pairs_frame(1, cold_seeds * seeds, acc_gain=0.1, collapse_w={"relative": 0}, arms=("aux1e-3", "moe"))
+    return base.drop(columns="start").assign(
+        rung=base["arm"],
+        arm="grpo+none",
+        cold_seed=base["seed"] // seeds,
+        seed=base["seed"] % seeds,
+        start_reward=0.1,
+    )
+
+
 def test_ladder_claims_pair_on_cold_seed_and_seed_and_find_a_planted_effect() -> None:
-    """Claim 8 on planted ladder runs: 2 cold-start seeds x 4 seeds, the same seed under two cold starts is
+    """Claim 8 on planted ladder runs: 5 cold-start seeds x 2 seeds, the same seed under two cold starts is
     two pairs (folded into one pairing id); moe (no aux loss) ends 10 points above aux1e-3 in every pair:
     reproduced. Reversed: not reproduced."""
-    base = _pairs_frame(1, 8, acc_gain=0.1, collapse_w={"relative": 0}, arms=("aux1e-3", "moe"))
-    base = base.assign(
-        rung=base["arm"], arm="grpo+none", cold_seed=base["seed"] // 4, seed=base["seed"] % 4, start_reward=0.1
-    )
+    base = _ladder(5, 2)
     folded = C.ladder_pairs(base, ("moe", "aux1e-3"))
-    assert sorted(folded["seed"].unique()) == [0, 1, 2, 3, 1000, 1001, 1002, 1003]
-    assert len(C.ladder_pairs(base, ("moe",))) == 8 and C.ladder_pairs(base.drop(columns="rung")).equals(
+    assert sorted(folded["seed"].unique()) == [0, 1, 1000, 1001, 2000, 2001, 3000, 3001, 4000, 4001]
+    assert len(C.ladder_pairs(base, ("moe",))) == 10 and C.ladder_pairs(base.drop(columns="rung")).equals(
         base.drop(columns="rung")
     )
     c = C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=base)
-    assert (c.id, c.verdict) == (8, "reproduced") and "(8 pairs)" in c.statistic
+    assert (c.id, c.verdict) == (8, "reproduced") and "(10 pairs)" in c.statistic
     assert not any(n.startswith(("per cell", "cell ")) for n in c.notes)  # one cell: nothing per cell
     flipped = base.assign(rung=base["rung"].map({"moe": "aux1e-3", "aux1e-3": "moe"}))
     assert C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=flipped).verdict == "not reproduced"
     frozen = C.judge_paired(mechanism_claims.FROZEN_ROUTER, Path("unused"), runs=base)
     assert (frozen.id, frozen.verdict) == (9, "inconclusive") and "router_frozen" in frozen.reason
+
+
+def test_ladder_claims_from_two_cold_starts_are_descriptive() -> None:
+    """The shipped ladder's design, 2 cold-start seeds x 4 seeds: 8 pairs, but two starts behind them. The
+    seed-level reading (reproduced) stays in the reason; the verdict is inconclusive."""
+    runs = _ladder(2, 4)
+    c = C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=runs)
+    # the same runs, as if each seed pair had a start of its own: the seed-level reading
+    apart = runs.assign(start=runs["cold_seed"].astype(str) + "-" + runs["seed"].astype(str))
+    apart = C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=apart)
+    assert (apart.verdict, c.verdict, c.statistic) == ("reproduced", "inconclusive", apart.statistic)
+    assert c.reason == (
+        f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({apart.reason})"
+    )

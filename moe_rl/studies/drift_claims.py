@@ -20,11 +20,15 @@ from moe_rl.analysis.claims.rules import (
     REPRODUCED,
     UNTESTABLE,
     Claim,
+    descriptive,
+    descriptive_plain,
     direction_verdict,
     fmt_p,
     pct,
     would_change,
 )
+from moe_rl.analysis.clustered import descriptive_reason
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import run_key_columns
 from moe_rl.analysis.stats import looks_adjusted, paired_compare
 from moe_rl.metrics.names import (
@@ -252,13 +256,20 @@ def claim_depth(root: Path, presets: Path) -> Claim:
     frame = info[info["num_moe_layers"].isin([deep, shallow])].copy()
     frame["drift"] = _run_means(df, key)
     frame["tokens"] = _run_means(df, offpolicy_key(ROUTE_TOKEN_FLIP_RATE))  # NaN where not logged
+    frame["start"] = run_starts(df)
     on = [k for k in run_key_columns(df) if k not in ("run", "num_moe_layers", "num_layers")]
-    frame = frame.reset_index()[[*on, "num_moe_layers", "drift", "tokens"]]
+    frame = frame.reset_index()[[*on, "num_moe_layers", "drift", "tokens", "start"]]
 
     def paired(column: str) -> pd.DataFrame | None:
         """Runs paired on every other key: columns deep, shallow; None when a depth has no value."""
         table = frame.pivot_table(index=on, columns="num_moe_layers", values=column, dropna=True)
         return table[[deep, shallow]].dropna() if deep in table and shallow in table else None
+
+    def starts_behind(table: pd.DataFrame) -> int:
+        """The independent cold starts behind the pairs of `table`: the fewest that either depth's runs began
+        from (each depth is a model of its own, with starts of its own)."""
+        runs = frame.merge(table.index.to_frame(index=False), on=on)
+        return int(runs.groupby("num_moe_layers")["start"].nunique().min())
 
     pairs = paired("drift")
     if pairs is None:
@@ -283,6 +294,7 @@ def claim_depth(root: Path, presets: Path) -> Claim:
             (b["lo"] / level, b["hi"] / level) if level > 0 and len(first) >= 2 else (math.nan, math.nan),
             DRIFT_MARGIN,
         )
+        v0 = descriptive(*v0, starts_behind(first))
         without = f"{v0[0]} ({v0[1]}; {len(first)} pairs)"
     else:
         without = ""
@@ -294,12 +306,22 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}"
     )
     c.test, c.p_value = "paired sign-flip, one-sided" + (f", x {looks} looks" if looks > 1 else ""), r["p_value"]
-    c.verdict, c.reason = direction_verdict(
+    verdict, reason = direction_verdict(
         r["p_value"],
         r_rev["p_value"],
         (r["lo"] / level, r["hi"] / level) if level > 0 else (math.nan, math.nan),
         DRIFT_MARGIN,
     )
+    if verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
+        reason += (
+            f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
+            f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it"
+        )
+    # seeds from fewer than 5 starts per depth describe, they cannot decide: the seed-level reading goes in the reason
+    starts = starts_behind(pairs)
+    c.verdict, c.reason = descriptive(verdict, reason, starts)
+    if descriptive_reason(starts):
+        c.p_value = math.nan
     c.plain = (
         f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
         f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
@@ -314,11 +336,6 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         )
         + f". What would change it: {would_change(c.verdict)}."
     )
-    if c.verdict == INCONCLUSIVE and 0.5 ** r["n"] >= ALPHA:
-        c.reason += (
-            f"; with {r['n']} pairs no sign-flip test can reach p < {ALPHA} (smallest one-sided p "
-            f"{0.5 ** r['n']:.3g}): more seeds per depth would settle it"
-        )
     # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
     tp = paired("tokens")
     if tp is not None and len(tp) >= 2:
@@ -347,4 +364,6 @@ def claim_depth(root: Path, presets: Path) -> Claim:
                 f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
                 f"flip rate, {s['n']} runs, p = {fmt_p(s['p_value'])})"
             )
+    if descriptive_reason(starts):
+        c.plain += " " + descriptive_plain(starts)
     return c

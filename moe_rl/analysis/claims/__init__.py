@@ -6,7 +6,9 @@ studies that decide them (`moe_rl.studies`).
 rules next to the table. Every verdict follows one pattern: **reproduced** when the predicted direction is
 significant (alpha 0.05; Holm where a claim runs several tests), **not reproduced** when the opposite direction
 is significant or the interval of the effect lies inside a margin too small to matter (collapse probability
-0.10, accuracy 0.05, drift 10% of its level), **inconclusive** otherwise.
+0.10, accuracy 0.05, drift 10% of its level), **inconclusive** otherwise, and wherever fewer than 5 independent
+cold starts stand behind the runs compared by seed (`rules.descriptive`: the seed-level reading stays in the
+reason).
 
 A claim that compares arms on paired runs (2, 3, 5, 7, 8, 9) is a `PairedClaim` declaration in its study's
 module, judged by one engine, `paired.judge_paired`; a claim with a statistic of its own is a function of the
@@ -57,6 +59,7 @@ from moe_rl.analysis.claims.arms import (
 from moe_rl.analysis.claims.cells import (
     degrading_cells,
     grid_definitions,
+    independent_starts,
     ladder_pairs,
     low_precision_large_n,
     offpolicy_runs,
@@ -96,6 +99,7 @@ from moe_rl.analysis.claims.rules import (
     UNTESTABLE,
     UNTESTABLE_HERE,
     Claim,
+    descriptive,
     direction_verdict,
 )
 from moe_rl.analysis.claims.scale import models_and_tasks
@@ -135,12 +139,14 @@ __all__ = [
     "declared_analyses",
     "declared_or_none",
     "degrading_cells",
+    "descriptive",
     "direction_verdict",
     "evaluate_claims",
     "extension_of",
     "format_claims_markdown",
     "from_own_start",
     "grid_definitions",
+    "independent_starts",
     "judge_paired",
     "kappa_by_cell",
     "low_precision_large_n",

@@ -8,6 +8,7 @@ import pandas as pd
 
 from moe_rl.analysis.claims.rules import ACCURACY
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, HISTORY_KEYS, MAIN_DEFINITION, definition_grid
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import load_results
 from moe_rl.analysis.phase import cell_label, run_outcomes
 from moe_rl.metrics.names import REWARD_MEAN
@@ -35,14 +36,15 @@ def load_experiment(root: Path, experiment: str, keys: list[str] | None) -> pd.D
 def phase_outcomes(root: Path, experiment: str, grid: bool = False) -> pd.DataFrame | None:
     """One row per run (`run_outcomes`); with `grid`, collapse under every definition of the declared grid too.
     `start_reward` is a run's mean reward over its first START_STEPS steps: a claim that compares models with
-    cold starts of their own measures reward from there."""
+    cold starts of their own measures reward from there. `start` is the cold start a run began from
+    (`configs.run_starts`): a claim counts those, not its runs."""
     df = load_experiment(root, experiment, list(HISTORY_KEYS))
     if df is None:
         return None
     out = run_outcomes(df, {**COLLAPSE_DEFINITIONS, **definition_grid()} if grid else None)
     rewards = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]].sort_values("step")
     start = rewards.groupby("run")["value"].apply(lambda v: v.iloc[:START_STEPS].mean())
-    return out.assign(start_reward=out["run"].map(start).to_numpy(float))
+    return out.assign(start_reward=out["run"].map(start).to_numpy(float), start=out["run"].map(run_starts(df)))
 
 
 def grid_definitions(outcomes: pd.DataFrame) -> list[str]:
@@ -99,6 +101,27 @@ def phase_cells(outcomes: pd.DataFrame) -> list[str]:
     (pairs never cross families: each has its own cold start)."""
     several = "family" in outcomes and outcomes["family"].nunique() > 1
     return [x for x in ("lr", "N") if x in outcomes] + (["family"] if several else [])
+
+
+def starts_of(outcomes: pd.DataFrame) -> pd.Series:
+    """Per run of `outcomes`, the cold start it began from, within its model family (one family's start is never
+    another's): `start` (`phase_outcomes`) where known, else its cold-start seed as `configs.run_starts` words it
+    (`cold_seed=<n>`: a frame built by hand, or the mechanism ladder's, whose cold-start seed names the start of
+    each model), else `cold_seed=0` for every run: nothing says they began apart."""
+    seed = outcomes["cold_seed"] if "cold_seed" in outcomes else pd.Series(0, index=outcomes.index)
+    start = "cold_seed=" + seed.fillna(0).astype(int).astype(str)
+    if "start" in outcomes:
+        start = outcomes["start"].fillna(start).astype(str)
+    family = outcomes["family"].astype(str) + "/" if "family" in outcomes else ""
+    return family + start
+
+
+def independent_starts(runs: pd.DataFrame, arms: tuple[str, ...]) -> int:
+    """The independent cold starts behind a comparison of `arms` (in `arm`) on `runs`, the unit of replication
+    (`moe_rl.analysis.clustered`): the fewest distinct starts the runs of any one arm began from. Arms with
+    starts of their own pair start with start, so their pairs rest on no more starts than either arm has."""
+    starts = starts_of(runs)
+    return min(int(starts[runs["arm"] == arm].nunique()) for arm in arms)
 
 
 LADDER_SEED_STRIDE = 1000  # a ladder run's pairing seed: cold-start seed x stride + seed

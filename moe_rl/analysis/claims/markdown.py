@@ -19,6 +19,7 @@ from moe_rl.analysis.claims.rules import (
     would_change,
 )
 from moe_rl.analysis.claims.scale import models_and_tasks
+from moe_rl.analysis.clustered import MIN_UNITS
 from moe_rl.analysis.collapse_definitions import (
     ALTERNATIVE_DEFINITION,
     GRID_DROP_FRACS,
@@ -59,7 +60,10 @@ def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders:
             "a look); **not reproduced** when the opposite direction is "
             "significant or the effect's interval lies within a margin too small to matter (collapse probability "
             f"{COLLAPSE_MARGIN}, accuracy {ACCURACY_MARGIN}, reward AUC {REWARD_MARGIN}, drift {DRIFT_MARGIN:.0%}, lead "
-            f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, and whenever the data are missing; "
+            f"{LEAD_MARGIN:.0%} of the variance); **inconclusive** otherwise, whenever the data are missing, and "
+            f"wherever fewer than {MIN_UNITS} independent cold starts stand behind the runs a claim compares by seed "
+            "(runs of one start share its weights: their numbers are descriptive, the seed-level reading given in "
+            "the reason); "
             f"**{UNTESTABLE_HERE}** where the runs hold no case the claim speaks of (claim 7 without runs of both "
             "models, or without a cell where the MoE model degrades); "
             "**fragile** where a collapse verdict changes within the declared grid of collapse definitions "

@@ -9,6 +9,11 @@ better arm must not itself end below its cold start), the margins and the words 
 data come from the experiment's preset (its `analysis` block and the extensions added after a look,
 `declared`), as do the outcomes and claims it declares, which the page checks against the record. One engine
 turns a record into a CLAIMS.md row: the same steps, texts and corrections for every paired claim.
+
+Seeds are not the unit of replication: runs that share a cold start share its weights. The engine counts the
+independent cold starts behind the compared arms' runs (`cells.independent_starts`); with fewer than MIN_UNITS
+(`moe_rl.analysis.clustered`) the row is descriptive: inconclusive, the seed-level reading (the grid of
+collapse definitions included) kept in its reason and notes, its statistic and paragraph kept and marked so.
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from moe_rl.analysis.claims.arms import (
     counts_note,
     pair_runs,
 )
-from moe_rl.analysis.claims.cells import all_runs, cell_list, phase_cells, phase_outcomes, runs_in_cells
+from moe_rl.analysis.claims.cells import (
+    all_runs,
+    cell_list,
+    independent_starts,
+    phase_cells,
+    phase_outcomes,
+    runs_in_cells,
+)
 from moe_rl.analysis.claims.declared import Declared, extension_of, looks_note
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell
 from moe_rl.analysis.claims.rules import (
@@ -44,10 +56,13 @@ from moe_rl.analysis.claims.rules import (
     UNTESTABLE_HERE,
     Claim,
     accuracy_points,
+    descriptive,
+    descriptive_plain,
     fmt_p,
     set_robustness,
     would_change,
 )
+from moe_rl.analysis.clustered import descriptive_reason
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 from moe_rl.analysis.phase import cell_label
 from moe_rl.analysis.stats import holm, looks_adjusted, paired_compare
@@ -163,6 +178,7 @@ class Decision:
     start: dict[str, dict] = field(default_factory=dict)  # arm -> its change from its own cold start
     grid: dict[str, tuple[str, str]] = field(default_factory=dict)
     tested: str = ""  # the cells looked at, where none counts
+    starts: int = 0  # the independent cold starts behind the compared arms' runs in `sel` (`independent_starts`)
 
 
 # --- the two tests: measured outcomes paired by seed, or collapse pooled over cells ------------------
@@ -295,14 +311,17 @@ def compared_runs(record: PairedClaim, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def decide(record: PairedClaim, frame: pd.DataFrame, cells: list[str], looks: int) -> Decision:
-    """The record's verdict on `frame` (compared arms in `arm`), with its p-values times `looks`."""
+    """The record's verdict on `frame` (compared arms in `arm`) by seed pairs, with its p-values times `looks`,
+    and the independent cold starts behind it (a verdict needs MIN_UNITS: `_descriptive`)."""
     degrading = list(record.degrading or (record.worse, record.better))
     sel = runs_in_cells(frame, degrading, cells)
     if pair_runs(sel, record.worse, record.better, cells).empty:
         verdict, reason = record.no_cell
         tested = cell_list(frame, cells)
         return Decision(verdict, reason.format(degrading=" and ".join(degrading), tested=tested), sel, tested=tested)
-    return measure(record, from_own_start(sel) if record.from_own_start else sel, cells, looks)
+    got = measure(record, from_own_start(sel) if record.from_own_start else sel, cells, looks)
+    got.starts = independent_starts(sel, (record.worse, record.better))
+    return got
 
 
 def measure(record: PairedClaim, sel: pd.DataFrame, cells: list[str], looks: int) -> Decision:
@@ -339,10 +358,13 @@ def measure(record: PairedClaim, sel: pd.DataFrame, cells: list[str], looks: int
 
 
 def _without(record: PairedClaim, base: Decision | None) -> str:
-    """The verdict on the declared runs alone, for the looks note (a reason of several parts is left out)."""
+    """The verdict on the declared runs alone, for the looks note (a reason of several parts is left out); the
+    seed-level reading as a reason where too few independent starts stand behind them."""
     if base is None:
         return ""
-    return base.verdict if record.rivals or record.holds_start else f"{base.verdict} ({base.reason})"
+    reading = base.verdict if record.rivals or record.holds_start else f"{base.verdict} ({base.reason})"
+    why = descriptive_reason(base.starts)
+    return reading if why is None else f"{INCONCLUSIVE} ({why}; by seed pairs it reads: {reading})"
 
 
 def _per_cell_notes(record: PairedClaim, sel: pd.DataFrame, cells: list[str]) -> list[str]:
@@ -444,7 +466,24 @@ def _judge(
         )
     if got.grid:
         set_robustness(c, {d: v for d, (v, _) in got.grid.items()}, {d: k for d, (_, k) in got.grid.items()})
-    c.plain = _plain(record, c, got, looks, base.verdict if base is not None and looks > 1 else "")
+    _descriptive(c, got.starts)
+    without = descriptive(base.verdict, "", base.starts)[0] if base is not None and looks > 1 else ""
+    c.plain = _plain(record, c, got, looks, without)
+    if c.plain and descriptive_reason(got.starts):
+        c.plain += " " + descriptive_plain(got.starts)
+
+
+def _descriptive(c: Claim, starts: int) -> None:
+    """No verdict from fewer than MIN_UNITS independent cold starts (`rules.descriptive`): the claim is
+    inconclusive, its seed-level reading (fragile included) kept in the reason and its grid of collapse
+    definitions in the notes, marked descriptive; no p. The statistic stays: it describes the runs."""
+    if descriptive_reason(starts) is None:
+        return
+    c.verdict, c.reason = descriptive(c.verdict, c.reason, starts)
+    c.p_value = float("nan")
+    if c.robustness:  # the grid reads the same seed pairs: it describes, it cannot decide either
+        c.robustness = dict.fromkeys(c.robustness, INCONCLUSIVE)
+        c.notes[0] = f"by seed pairs, descriptive: {c.notes[0]}"  # set_robustness put its note first
 
 
 def _plain(record: PairedClaim, c: Claim, got: Decision, looks: int, without: str) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.accuracy import LATE_EVALS
+from moe_rl.analysis.clustered import MIN_UNITS, descriptive_reason
 from moe_rl.analysis.collapse_definitions import GRID_DROP_FRACS, GRID_ENTROPY_FLOORS, GRID_PATIENCES
 
 # verdicts
@@ -79,6 +80,24 @@ def direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], marg
     return INCONCLUSIVE, (
         f"neither direction significant (p = {fmt_p(p_pred)}, reverse {fmt_p(p_opp)}) and the effect "
         f"interval [{lo:.3g}, {hi:.3g}] is not inside ±{margin:g}"
+    )
+
+
+def descriptive(verdict: str, reason: str, starts: int) -> tuple[str, str]:
+    """(verdict, reason) where `starts` independent cold starts stand behind the runs compared (MIN_UNITS or
+    more); else inconclusive, the reason saying why and what the seed-level reading would have been: runs that
+    share a start share its weights, so seeds from one or two starts cannot carry a verdict."""
+    why = descriptive_reason(starts)
+    if why is None:
+        return verdict, reason
+    return INCONCLUSIVE, f"{why}; by seed pairs it reads: {verdict} ({reason})"
+
+
+def descriptive_plain(starts: int) -> str:
+    """The sentence a paragraph for a person ends with where its numbers rest on too few starts to decide."""
+    return (
+        f"Descriptive: {starts} independent start{'' if starts == 1 else 's'}; a verdict needs {MIN_UNITS} "
+        "(runs from new cold starts, not more seeds)."
     )
 
 
