@@ -33,12 +33,16 @@ import matplotlib
 from moe_rl import analysis, studies
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
-from moe_rl.analysis.pages import write_collapse_definitions
-from moe_rl.studies.divergence_report import write_readme_block
+from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
+from moe_rl.studies import causal_report, divergence_report
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
 README = Path("README.md")
+README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables
+    (divergence_report.README_BLOCK, divergence_report.readme_table),
+    (causal_report.README_BLOCK, causal_report.readme_table),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme",
         action="store_true",
-        help="regenerate README.md's divergence table from RESULTS_ROOT (with --all too)",
+        help="regenerate README.md's generated tables (divergence, causal) from RESULTS_ROOT",
     )
     parser.add_argument(
         "--all", action="store_true", help="report every RESULTS_ROOT/*/runs into its folder, then the pages"
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
         if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
-            written.append(write_readme_block(root, README))
+            for markers, table in README_TABLES:
+                written.append(write_readme_block(README, markers, table(root)))
         for path in written:
             if path is not None:
                 print(path)

@@ -13,6 +13,7 @@ from helpers import PRESETS, ROOT
 
 from moe_rl.analysis.clustered import bootstrap, start_draws
 from moe_rl.analysis.dose import crossing, isotonic_fit, law_exponent
+from moe_rl.analysis.pages import readme_block, write_readme_block
 from moe_rl.studies import divergence as dv
 from moe_rl.studies import divergence_report as dr
 from moe_rl.studies import frontier as fr_
@@ -160,9 +161,26 @@ def test_the_readme_table_is_the_shipped_one() -> None:
     """README.md's divergence table is generated from results/divergence/divergence.csv (`report --readme`)."""
     table = dr.read_table(ROOT / "results")
     assert table is not None, "results/divergence/divergence.csv is shipped"
-    start, end = dr.README_BLOCK
-    text = (ROOT / "README.md").read_text()
-    assert text.split(start, 1)[1].split(end, 1)[0] == "\n" + dr.compact_table(table)
+    assert readme_block(ROOT / "README.md", dr.README_BLOCK) == dr.compact_table(table)
+
+
+def test_the_readme_causal_table_is_the_shipped_one() -> None:
+    """README.md's causal table is generated from results/causal/contrasts.csv (`report --readme`)."""
+    from moe_rl.studies import causal_report
+
+    table = causal_report.readme_table(ROOT / "results")
+    assert table is not None, "results/causal/contrasts.csv is shipped"
+    assert readme_block(ROOT / "README.md", causal_report.README_BLOCK) == table
+
+
+def test_a_readme_block_is_replaced_between_its_markers_and_refused_without_them(tmp_path) -> None:
+    page = tmp_path / "README.md"
+    page.write_text("a\n<!-- s -->\nold\n<!-- e -->\nb\n")
+    assert write_readme_block(page, ("<!-- s -->", "<!-- e -->"), "new\n") == page
+    assert page.read_text() == "a\n<!-- s -->\nnew\n<!-- e -->\nb\n"
+    assert write_readme_block(page, ("<!-- s -->", "<!-- e -->"), None) is None  # nothing shipped: unchanged
+    with pytest.raises(ValueError, match="has no markers"):
+        write_readme_block(page, ("<!-- x -->", "<!-- e -->"), "new\n")
 
 
 def test_start_covariates_read_each_starts_meta_and_fall_back_for_older_runs(tmp_path) -> None:

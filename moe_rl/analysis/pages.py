@@ -59,3 +59,23 @@ def write_collapse_definitions(root: Path, folders: tuple[str, ...], out: Path |
     text = analysis.collapse_definitions_markdown(frames)
     write_atomic(path, text.encode())
     return path
+
+
+def write_readme_block(readme: Path, markers: tuple[str, str], body: str | None) -> Path | None:
+    """Replace the text between `markers` in `readme` with `body` (a generated table); None where there is no body
+    (nothing shipped yet), ValueError where the README lacks the markers."""
+    text = readme.read_text()
+    start, end = markers
+    if start not in text or end not in text:
+        raise ValueError(f"{readme} has no markers {start!r} ... {end!r}")
+    if body is None:
+        return None
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    write_atomic(readme, f"{head}{start}\n{body}{end}{tail}".encode())
+    return readme
+
+
+def readme_block(readme: Path, markers: tuple[str, str]) -> str:
+    """The text between `markers` in `readme` (after the start marker's newline)."""
+    return readme.read_text().split(markers[0], 1)[1].split(markers[1], 1)[0].removeprefix("\n")

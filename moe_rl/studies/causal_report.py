@@ -152,3 +152,56 @@ def write_causal_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         write_csv(out / "starts.csv", start_covariates(runs)),
     ]
     return written
+
+
+README_BLOCK = ("<!-- causal table: python -m moe_rl.report --readme -->", "<!-- end of causal table -->")
+ROWS = (  # README's rows: (arm, against, what the arm changes), in the order of the claims, then the controls
+    ("anchored", "moe", "anchored routing: no route drift from the start (claim 14)"),
+    ("load_aware", "moe", "load-aware expert step (claim 15)"),
+    ("anchored_load_aware", "moe", "both"),
+    ("r2", "moe", "R2 (old-policy routes replayed)"),
+    ("expert_lr_quarter", "moe", "expert lr x 0.25"),
+    ("expert_lr_quarter", "lr_matched", "expert lr x 0.25 vs a global lr cut to its early KL"),
+    ("nonexpert_lr_quarter", "moe", "non-expert lr x 0.25"),
+    ("soft_narrow", "moe", "soft routing at the dense control's active width"),
+    ("dense_total_mup", "moe", "dense of the MoE's total width, muP lr (claim 7)"),
+    ("dense", "moe", "dense of the MoE's active width"),
+    ("dense_mlp_lr_quarter", "dense", "dense MLP lr x 0.25"),
+    ("dense_total", "dense_total_mup", "dense of total width: fixed vs muP lr"),
+    ("dense_w256", "dense_w256_mup", "dense of width 256: fixed vs muP lr"),
+)
+
+
+def read_contrasts(root: Path) -> pd.DataFrame | None:
+    csv = Path(root) / cc.FOLDER / "contrasts.csv"
+    if not csv.is_file():
+        return None
+    table = pd.read_csv(csv, keep_default_na=False, na_values=[""])
+    table["descriptive"] = table["descriptive"].fillna("")
+    return table
+
+
+def readme_table(root: Path) -> str | None:
+    """README.md's causal table: per row of `ROWS` with runs on both sides, the paired difference in accuracy change
+    at each level with its interval over starts, and the realised early-KL ratio; None without shipped contrasts."""
+    table = read_contrasts(root)
+    if table is None:
+        return None
+    levels = [lv for lv in ("past", "stable") if lv in set(table["level"])]
+    head = " | ".join(f"{lv}: Δ pp [95%] (KL ratio)" for lv in levels)
+    lines = [f"| arm - against | what changes | {head} |", "|:---|:---|" + "---:|" * len(levels)]
+    for a, b, what in ROWS:
+        cells = []
+        for lv in levels:
+            r = table[(table["a"] == a) & (table["b"] == b) & (table["level"] == lv)]
+            if r.empty:
+                cells.append("not run")
+                continue
+            x = r.iloc[0]
+            ci = f" [{_pp(x['lo'])}, {_pp(x['hi'])}]" if not x["descriptive"] else f" ({x['n_starts']} starts)"
+            bold = not x["descriptive"] and (x["lo"] > 0 or x["hi"] < 0)
+            d = f"**{_pp(x['mean_diff'])}**" if bold else _pp(x["mean_diff"])
+            cells.append(f"{d}{ci} ({_num(x['kl_ratio'], '.2f')})")
+        if any(c != "not run" for c in cells):
+            lines.append(f"| {a} - {b} | {what} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"

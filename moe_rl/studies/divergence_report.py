@@ -252,17 +252,7 @@ def claims_section(root: Path, presets: Path) -> list[str]:
 README_BLOCK = ("<!-- divergence table: python -m moe_rl.report --readme -->", "<!-- end of divergence table -->")
 
 
-def write_readme_block(root: Path, readme: Path) -> Path | None:
-    """Replace the README's divergence table (between `README_BLOCK`'s markers) with the shipped one; None without a
-    shipped table, ValueError without the markers."""
+def readme_table(root: Path) -> str | None:
+    """README.md's divergence table (between `README_BLOCK`'s markers): the shipped crossings; None without them."""
     table = read_table(root)
-    text = readme.read_text()
-    start, end = README_BLOCK
-    if start not in text or end not in text:
-        raise ValueError(f"{readme} has no divergence table markers ({start!r} ... {end!r})")
-    if table is None:
-        return None
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    write_atomic(readme, f"{head}{start}\n{compact_table(table)}{end}{tail}".encode())
-    return readme
+    return None if table is None else compact_table(table)
