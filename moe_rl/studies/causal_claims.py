@@ -153,7 +153,8 @@ def _claim(cid: int, root: Path, presets: Path) -> Claim:
     c.p_value = float(r.get("p_holm", math.nan))  # type: ignore[arg-type]
     c.verdict, c.reason = str(r["verdict"]), str(r["reason"])
     c.plain = (
-        f"The arm: {what}. Against {r['against']} at the `{r['level']}` level, from the same cold starts and seeds: "
+        f"The arm: {what}. Against {r['against']} at the `{r['level']}` level, paired on pool member and seed (on one "
+        f"model the same cold start; across models independent starts side by side): "
         f"{c.statistic}. Verdict: **{c.verdict}**. What would change it: {would_change(c.verdict)}."
     )
     return c
