@@ -319,12 +319,12 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for rung in RUNGS:
             configs[rung] = validate(to_train_config(compose("config", overrides=[f"+rung={rung}"])))
-    assert len(RUNGS) == 16
+    assert len(RUNGS) == 22
 
     def knobs(c: TrainConfig) -> dict[str, object]:
         model, optim, algo = (
             ("family", "num_experts", "top_k", "num_layers", "moe_intermediate_size", "router_frozen", "router_dtype"),
-            ("router_lr_scale", "expert_lr_scale", "mlp_lr_scale"),
+            ("router_lr_scale", "expert_lr_scale", "mlp_lr_scale", "expert_step"),
             (
                 "aux_loss_coef",
                 "router_z_loss_coef",
@@ -334,6 +334,7 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
             **{k: getattr(c.model, k) for k in model},
             **{k: getattr(c.optim, k) for k in optim},
             **{k: getattr(c.algo, k) for k in algo},
+            "replay": c.replay.mode,
         }
 
     base = knobs(configs["moe"])
@@ -356,6 +357,13 @@ def test_every_rung_composes_validates_and_the_moe_rungs_share_one_cold_start() 
         "dense_w256": {"family": "qwen3_dense", "moe_intermediate_size": 128},
         "dense_w256_mup": {"family": "qwen3_dense", "moe_intermediate_size": 128, "mlp_lr_scale": 0.5},
         "dense_total_mup": {"family": "qwen3_dense_total", "mlp_lr_scale": 0.25},
+        # the causal study's arms (its launcher sets the lr, x 0.25 for nonexpert_lr_quarter, x 0.85 for lr_matched)
+        "anchored": {"replay": "anchored"},
+        "load_aware": {"expert_step": "load_aware"},
+        "anchored_load_aware": {"replay": "anchored", "expert_step": "load_aware"},
+        "r2": {"replay": "r2"},
+        "nonexpert_lr_quarter": {"expert_lr_scale": 4.0},
+        "lr_matched": {},
     }
     keys = {rung: expected_key(c.model, c.task, c.cold_start) for rung, c in configs.items()}
     # a model of its own has its own cold start; a knob acts after it, so its rung shares its model's
