@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import MIN_UNITS, clustered_compare
+from moe_rl.analysis.clustered import MIN_UNITS, clustered_compare, descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
@@ -105,8 +105,7 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out["level"] = [_level_of(spec, r, lr) for r, lr in zip(out["rung"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))
     for col, key in MEDIATORS.items():
-        own = df[df["key"].str.startswith(key)] if key.endswith("/") else df[df["key"] == key]
-        out[col] = own.groupby("run")["value"].mean().reindex(out.index)
+        out[col] = df[df["key"] == key].groupby("run")["value"].mean().reindex(out.index)
     return out.reset_index(drop=True)
 
 
@@ -120,12 +119,11 @@ def _level_of(spec: Spec, rung: object, lr: float) -> str | None:
 def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (level, rung): runs, starts, mean accuracy change and its start-clustered interval, the share collapsed,
     the realised early KL (mean) and each mediator's mean."""
-    from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
-
     records = []
     for (level, rung), g in runs.groupby(["level", "rung"], sort=False):
-        rec: dict[str, object] = {"level": level, "rung": rung, "runs": len(g), "starts": g["start"].nunique()}
-        reason = descriptive_reason(g["start"].nunique())
+        starts = g["start"].nunique()
+        rec: dict[str, object] = {"level": level, "rung": rung, "runs": len(g), "starts": starts}
+        reason = descriptive_reason(starts)
         est, lo, hi = hierarchical_bootstrap(g["change"], g["start"])
         rec.update(change=est, change_lo=np.nan if reason else lo, change_hi=np.nan if reason else hi)
         rec["collapsed"] = float(g["collapsed"].mean())

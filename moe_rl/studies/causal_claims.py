@@ -73,12 +73,14 @@ def one_sided(p_two: float, mean_diff: float) -> float:
 
 @lru_cache(maxsize=2)
 def decisions(root: str, presets: str) -> dict[int, dict[str, object]] | None:
-    """Per declared claim: its contrast (`causal.contrast`), moe's mean change at the level, the one-sided p and its
-    Holm adjustment over the claims decided, the verdict and its reason; None without the study's runs."""
+    """`decide` on the runs under `root`/causal/runs; None without the study's runs."""
     found = _runs(root, presets)
-    if found is None:
-        return None
-    spec, runs = found
+    return None if found is None else decide(*found)
+
+
+def decide(spec: causal.Spec, runs: pd.DataFrame) -> dict[int, dict[str, object]]:
+    """Per declared claim: its contrast (`causal.contrast`) on `runs` (`causal.per_run`), moe's mean change at the
+    level, the one-sided p and its Holm adjustment over the claims decided, the verdict and its reason."""
     out: dict[int, dict[str, object]] = {}
     for cid, (arm, against, level) in spec.claims.items():
         at = runs[runs["level"] == level]

@@ -129,8 +129,7 @@ def write_causal_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
     arms["lr"] = [spec.lr(r, lv) for r, lv in zip(arms["rung"], arms["level"], strict=True)]
     pairs = cc.contrasts(runs, PAIRS)
     declared = {v: k for k, v in spec.claims.items()}
-    # the claims read <root>/causal/runs: decided here where the report reads that folder
-    decided = cc.decisions(str(runs_dir.parent.parent), str(presets)) if runs_dir.parent.name == cc.FOLDER else None
+    decided = cc.decide(spec, runs)  # the declared claims on these runs (the claims page reads <root>/causal/runs)
     text = ["# causal", "", (causal.__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(), ""]
     text += ["## Arms, by level", "", format_arms(arms, spec), "## Contrasts", "", format_contrasts(pairs, declared)]
     if decided:
