@@ -11,19 +11,17 @@ preset's seeds (6 cold starts x 2 seeds). Rerunning resumes: a finished run is r
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 from moe_rl.studies import causal
+from moe_rl.studies.launch import multirun, run_multiruns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
 def command(rungs: tuple[str, ...], lr: float, seeds: tuple[int, ...], results_dir: Path, jobs: int) -> list[str]:
-    cmd = [sys.executable, str(HERE / "train.py"), "-m", "+preset=causal", f"out_dir={results_dir}/causal/runs"]
-    cmd += ["progress=false", "threads=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+    cmd = multirun(HERE / "train.py", "causal", results_dir, jobs)
     return [*cmd, "+rung=" + ",".join(rungs), f"optim.lr={lr:.6g}", "seed=" + ",".join(str(s) for s in seeds)]
 
 
@@ -35,13 +33,11 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     spec = causal.load_spec(args.presets)
-    for level, rungs, lr in causal.jobs(spec):
-        cmd = command(rungs, lr, spec.seeds, args.runs, args.jobs)
-        print(f"[{level}] " + " ".join(cmd[1:]), flush=True)
-        if not args.dry_run:
-            code = subprocess.run(cmd, cwd=ROOT).returncode
-            if code != 0:
-                sys.exit(f"causal: the multirun of {','.join(rungs)} at lr {lr:g} exited {code}")
+    parts = [
+        (f"[{level}] ", f"{','.join(rungs)} at lr {lr:g}", command(rungs, lr, spec.seeds, args.runs, args.jobs))
+        for level, rungs, lr in causal.jobs(spec)
+    ]
+    run_multiruns(parts, study="causal", cwd=ROOT, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,17 @@ its N, then the lr^2 N block (the law's rows at its N). Rerunning resumes: a fin
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 from moe_rl.studies import divergence as dv
+from moe_rl.studies.launch import multirun, run_multiruns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
 def command(job: dv.Job, results_dir: Path, jobs: int) -> list[str]:
-    cmd = [sys.executable, str(HERE / "train.py"), "-m", "+preset=divergence", f"out_dir={results_dir}/divergence/runs"]
-    cmd += ["progress=false", "threads=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+    cmd = multirun(HERE / "train.py", "divergence", results_dir, jobs)
     cmd.append(f"arm={job.arm}")
     if job.family != dv.REFERENCE[0]:
         cmd.append(f"model={job.family}")  # the model file of each family the study runs is named after it
@@ -44,15 +42,12 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     spec = dv.load_spec(args.presets)
-    for job in dv.jobs(spec):
-        if args.families is not None and job.family not in args.families:
-            continue
-        cmd = command(job, args.runs, args.jobs)
-        print(" ".join(cmd[1:]), flush=True)
-        if not args.dry_run:
-            code = subprocess.run(cmd, cwd=ROOT).returncode
-            if code != 0:
-                sys.exit(f"divergence: the multirun of {job.family}:{job.arm} at N = {job.N} exited {code}")
+    parts = [
+        ("", f"{job.family}:{job.arm} at N = {job.N}", command(job, args.runs, args.jobs))
+        for job in dv.jobs(spec)
+        if args.families is None or job.family in args.families
+    ]
+    run_multiruns(parts, study="divergence", cwd=ROOT, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

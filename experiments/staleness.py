@@ -11,11 +11,10 @@ the base point (S = 1, k = 0) first, one run per arm and seed shared by both axe
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 from moe_rl.studies import staleness as st
+from moe_rl.studies.launch import multirun, run_multiruns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -24,8 +23,7 @@ ROOT = HERE.parent
 def command(
     arms: tuple[str, ...], overrides: list[str], seeds: tuple[int, ...], results_dir: Path, jobs: int
 ) -> list[str]:
-    cmd = [sys.executable, str(HERE / "train.py"), "-m", "+preset=staleness", f"out_dir={results_dir}/staleness/runs"]
-    cmd += ["progress=false", "threads=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+    cmd = multirun(HERE / "train.py", "staleness", results_dir, jobs)
     cmd.append("arm=" + ",".join(arms))
     return [*cmd, *overrides, "seed=" + ",".join(str(s) for s in seeds)]
 
@@ -38,13 +36,11 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     spec = st.load_spec(args.presets)
-    for arms, overrides in st.jobs(spec):
-        cmd = command(arms, overrides, spec.seeds, args.runs, args.jobs)
-        print(" ".join(cmd[1:]), flush=True)
-        if not args.dry_run:
-            code = subprocess.run(cmd, cwd=ROOT).returncode
-            if code != 0:
-                sys.exit(f"staleness: the multirun of {','.join(arms)} {' '.join(overrides)} exited {code}")
+    parts = [
+        ("", f"{','.join(arms)} {' '.join(overrides)}", command(arms, overrides, spec.seeds, args.runs, args.jobs))
+        for arms, overrides in st.jobs(spec)
+    ]
+    run_multiruns(parts, study="staleness", cwd=ROOT, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":
