@@ -58,6 +58,20 @@ def lr_at(a: float, b: float, target: float) -> float:
     return math.exp((math.log(target) - a) / b)
 
 
+def interpolated_lr(points: list[tuple[float, float]], target: float) -> float:
+    """The lr where the log-log line through the two measured (lr, early KL) points that bracket `target` meets it:
+    the points sorted by lr, the first adjacent pair whose KLs lie on either side of the target (the global power law
+    bends over a decade, so the local pair predicts better); the end pair's line outside the measured range."""
+    pts = sorted(points)
+    if len(pts) < 2:
+        raise ValueError(f"an interpolation needs 2 or more pilots, got {pts}")
+    pairs = list(zip(pts, pts[1:], strict=False))
+    inside = [(a, b) for a, b in pairs if min(a[1], b[1]) <= target <= max(a[1], b[1]) and a[0] != b[0]]
+    (l0, k0), (l1, k1) = inside[0] if inside else (pairs[0] if target < pts[0][1] else pairs[-1])
+    slope = math.log(k1 / k0) / math.log(l1 / l0)
+    return l0 * math.exp(math.log(target / k0) / slope)
+
+
 def calibration_key(arm: str, model: str, target: float, metric: str, steps: int, overrides: list[str]) -> str:
     """The cache key: the arm, the model, the target and the metric, and a hash of the pilots' settings but their lr
     (the overrides that change what a run computes, the number of steps; the lrs of the grid only move the fit), which
@@ -146,6 +160,7 @@ def calibrate(
         "overrides": computing(list(overrides)),
         "pilots": pilots,
         "holdout": {**holdout, "predicted": target, "measured_over_predicted": holdout["early"] / target},
+        "interpolated_lr": interpolated_lr([(p["lr"], p["early"]) for p in [*pilots, holdout]], target),
         "seconds": time.perf_counter() - start,
     }
     table = json.loads(cache.read_text()) if cache.is_file() else {}  # another calibration may have written meanwhile
@@ -189,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{arm} on {args.model}: lr {out['lr']:.3g} for early {args.metric} {args.target:g}"
             f"{' (extrapolated)' if out['extrapolated'] else ''}; fit b = {out['fit']['b']:.2f}; held-out pilot "
-            f"{held['early']:.4g} ({held['measured_over_predicted']:.2f}x predicted)"
+            f"{held['early']:.4g} ({held['measured_over_predicted']:.2f}x predicted); local interpolation over every "
+            f"pilot: lr {out.get('interpolated_lr', math.nan):.3g}"
             + (" [cached]" if out["cached"] else f" [{out['seconds']:.0f} s]")
         )
     return 0

@@ -117,6 +117,16 @@ class TaskConfig:
     def __post_init__(self) -> None:
         self.max_new_tokens = sized_new_tokens(self.name, self.kwargs, self.max_new_tokens)
 
+    def fixed_length(self) -> int | None:
+        """The response length a run holds fixed, where its task's kwargs pin one: `min_len = max_len` of a
+        synthetic task, `min_digits = max_digits` of a gym task (the addends' digits); None otherwise."""
+        kw, lo, hi = (
+            (self.gym.kwargs, "min_digits", "max_digits")
+            if self.name == GYM_TASK
+            else (self.kwargs, "min_len", "max_len")
+        )
+        return int(kw[lo]) if lo in kw and kw.get(hi) == kw[lo] else None
+
     def check(self) -> None:
         _one_of("task.name", self.name, [*TASKS, DATASET_TASK, GYM_TASK])
         _one_of("task.chat_template", str(self.chat_template).lower(), CHAT_TEMPLATE_MODES)

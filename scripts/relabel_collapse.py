@@ -11,7 +11,8 @@ ran that config now: the events that stand at the end of the run, and the dips i
 differ from those recorded, or the run has none, the status is re-judged as the loop sets it: `collapsed`
 with events, else the `no_signal` / `reward_failed` verdict (`moe_rl.metrics.verdict`) or `completed`
 (so a run labelled before the verdict existed says today whether it learned anything). Rewrites
-`status.json` where that or its `recovered_events` changed (other fields kept) and prints each change.
+`status.json` where that, its `recovered_events` or its `collapse_rule` (the rule's version,
+`moe_rl.metrics.collapse.RULE_VERSION`) changed (other fields kept) and prints each change.
 Rerunnable: a second run changes nothing. Diverged, failed, invalid and running folders are left
 as they are (a non-finite loss stops a run; its label does not depend on the thresholds).
 Torch-free.
@@ -37,7 +38,7 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.collapse_definitions import definition_grid, run_history
-from moe_rl.metrics.collapse import CollapseEvent, judge_collapse
+from moe_rl.metrics.collapse import RULE_VERSION, CollapseEvent, judge_collapse
 from moe_rl.metrics.names import REWARD_ERRORS, REWARD_MEAN, REWARD_ZERO_VAR_GROUP_FRAC, TASK_ACCURACY
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, NO_SIGNAL, REWARD_FAILED
 from moe_rl.metrics.verdict import run_verdict
@@ -65,7 +66,7 @@ def relabel(run: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     frame = pd.read_parquet(run / "metrics.parquet", columns=["step", "key", "value"])
     judged = judge_collapse(run_history(frame), **collapse)
     events = judged.collapsed
-    new = {**old, "collapse_events": [_record(e) for e in events]}
+    new = {**old, "collapse_events": [_record(e) for e in events], "collapse_rule": RULE_VERSION}
     new.pop("recovered_events", None)
     if judged.recovered:  # as the loop writes it: only when there are any
         new["recovered_events"] = [_record(e) for e in judged.recovered]

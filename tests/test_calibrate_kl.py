@@ -42,6 +42,17 @@ def test_the_power_law_fit_and_its_inverse() -> None:
         ck.lr_at(0.0, -1.0, 0.1)
 
 
+def test_the_local_interpolation_uses_the_bracketing_pair() -> None:
+    """KL = lr^2 below 3e-4 and = lr^3 x (1 / 3e-4) above: the target between 3e-4 and 1e-3 is met on the cubic
+    branch, one below 3e-4 on the quadratic one, and one past the grid on the end pair's line."""
+    pts = [(1e-4, 1e-8), (3e-4, 9e-8), (1e-3, 1e-9 / 3e-4)]
+    assert ck.interpolated_lr(pts, 5e-4**3 / 3e-4) == pytest.approx(5e-4)
+    assert ck.interpolated_lr(pts, 2e-4**2) == pytest.approx(2e-4)
+    assert ck.interpolated_lr(pts, 2e-3**3 / 3e-4) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="2 or more"):
+        ck.interpolated_lr(pts[:1], 1e-8)
+
+
 def test_the_key_holds_what_the_calibration_depends_on() -> None:
     key = ck.calibration_key("grpo_none", "qwen3_moe", 0.02, KL_UPDATE_K3, 20, ["optim.updates_per_rollout=8"])
     assert key.startswith("grpo_none|qwen3_moe|kl/update_k3=0.02|")

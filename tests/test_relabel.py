@@ -78,7 +78,13 @@ def test_relabel_turns_converged_runs_completed_and_keeps_real_collapses(tmp_pat
         in out
     )
     status = json.loads((converged / "status.json").read_text())
-    assert status == {"steps_done": 70, "config_hash": "abc", "status": "completed", "collapse_events": []}
+    assert status == {
+        "steps_done": 70,
+        "config_hash": "abc",
+        "status": "completed",
+        "collapse_events": [],
+        "collapse_rule": 1,
+    }
     assert relabel.main([str(tmp_path)]) == 0  # rerunnable: nothing left to change
     assert capsys.readouterr().out.strip().endswith("changed: none")
 
@@ -126,3 +132,11 @@ def test_grid_check_finds_no_collapse_in_runs_that_end_above_their_start(tmp_pat
     out = capsys.readouterr().out
     assert "late_fall: ends above its cold start, collapsed under 150 definitions: relative:d0.3:p1" in out
     assert out.strip().endswith("collapsed under some definition of the grid: 1")
+
+
+def test_the_loop_writes_the_collapse_rule_version(tmp_path) -> None:
+    from moe_rl.metrics.collapse import RULE_VERSION
+    from moe_rl.run.folder import write_status
+
+    write_status(tmp_path, "completed", steps_done=3)
+    assert json.loads((tmp_path / "status.json").read_text())["collapse_rule"] == RULE_VERSION == 1

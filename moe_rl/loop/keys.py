@@ -20,7 +20,8 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
     Depth and expert count are read off the model, which a local checkpoint may set; a dense model
     has 0 MoE layers, experts and k. A run of an ablation ladder (`rung` set) adds its rung and cold-start seed,
     a run from a cold-start pool (`cold_start.pool` > 1) its member's cold-start seed and the member; a run with
-    `rollout.staleness` or `rollout.policy_lag` set adds `S` or `lag`.
+    `rollout.staleness` or `rollout.policy_lag` set adds `S` or `lag`, and a run whose task pins its response length
+    (`TaskConfig.fixed_length`) adds it as `L`.
     """
     layers = find_moe_layers(model, required=False)
     cold, pooled = cfg.cold_start, cfg.cold_start.pool > 1
@@ -31,6 +32,7 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
     # the staleness axes besides N (moe_rl.loop.staleness), where a run sets them
     stale = {"S": cfg.rollout.staleness} if cfg.rollout.staleness != 1 else {}
     stale |= {"lag": cfg.rollout.policy_lag} if cfg.rollout.policy_lag else {}
+    length = cfg.task.fixed_length()
     return {
         "run": Path(cfg.out_dir).name,
         "experiment": cfg.experiment,
@@ -51,4 +53,5 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
         **start,
         **member,
         **stale,
+        **({"L": length} if length is not None else {}),
     }

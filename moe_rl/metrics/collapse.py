@@ -47,6 +47,10 @@ DEFINITIONS = {
 # The one default definition: the loop's label (`CollapseConfig`) and the analysis' main definition
 # (`moe_rl.analysis.collapse_definitions`) both read it, so a run's status.json and its report agree.
 MAIN_DEFINITION = "relative"
+# The version of the collapse rule (`judge_collapse` under the main definition) that labelled a run: written into every
+# status.json, by the loop and by scripts/relabel_collapse.py, so folders labelled by different rules can be told
+# apart. Bump it with any change to the triggers, their defaults or the recovered-dip logic.
+RULE_VERSION = 1
 
 
 def _rolling_means(values: Sequence[float], window: int) -> list[float | None]:

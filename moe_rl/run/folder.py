@@ -7,7 +7,8 @@ Layout of one run:
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
     status.json           running | completed | collapsed | diverged | no_signal | reward_failed | failed |
-                          invalid (moe_rl.metrics.status), with collapse events, when failed the exception's
+                          invalid (moe_rl.metrics.status), with collapse events and the collapse rule's version
+                          (`collapse_rule`), when failed the exception's
                           type and message, and for no_signal / reward_failed the `reason`
     train.log             progress lines and, when a run fails, its traceback
     checkpoint.pt         model, optimizer, scheduler, RNG states, step, events (every K steps); plain
@@ -36,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from moe_rl.metrics.collapse import RULE_VERSION as COLLAPSE_RULE_VERSION
 from moe_rl.metrics.status import FAILED, RUNNING
 from moe_rl.run.atomic import write_atomic
 
@@ -139,6 +141,7 @@ def write_status(
         "collapse_events": events or [],
         "wall_s": wall_s,
         "config_hash": config_hash,
+        "collapse_rule": COLLAPSE_RULE_VERSION,
     }
     if recovered:
         doc["recovered_events"] = recovered

@@ -30,6 +30,8 @@ from moe_rl.studies import (
     forecast_report,
     frontier,
     frontier_report,
+    length_claims,
+    length_report,
     mechanism,
     mechanism_claims,
     phase,
@@ -208,6 +210,17 @@ STUDIES: tuple[Study, ...] = (
             14: causal_claims.claim_route_drift,
             15: causal_claims.claim_load_aware,
         },
+    ),
+    Study(
+        "length",
+        ("length",),
+        "Does response length change whether GRPO needs routing replay, and whether GSPO makes it unnecessary? "
+        "GRPO with and without R2 and GSPO (and their kin) on reasoning-gym's basic_arithmetic at L = 4, 16, 32 "
+        "digits, each length at the lr that gives grpo+none the same early per-update KL, from a pool of 6 cold "
+        "starts per length.",
+        report=with_provenance(length_report.write_length_report),
+        claims={12: length_claims.claim_length_instability, 13: length_claims.claim_routing_share},
+        claims_section=length_claims.claims_section,
     ),
     Study(
         "calibration",

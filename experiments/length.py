@@ -1,0 +1,59 @@
+"""Run the length study (`experiments/conf/preset/length.yaml`, `moe_rl.studies.length`).
+
+    python experiments/length.py                       # runs into results/length/runs, in the preset's order
+    python experiments/length.py --dry-run             # print the multiruns and stop
+    python experiments/length.py --jobs 2 --runs runs  # 2 runs at a time, into runs/length/runs
+    python experiments/length.py --blocks 1            # only the first block (the preset's run order)
+    python experiments/length.py --lengths 4,16        # only these lengths
+
+One Hydra multirun of `experiments/train.py` (`+preset=length`) per block, level and length: its arms x the block's
+seeds, at the length's level lr, with the task overrides that pin the length. Rerunning resumes: a finished run is
+read, not rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moe_rl.studies import length
+from moe_rl.studies.launch import multirun, run_multiruns
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def command(
+    spec: length.Spec, size: int, arms: tuple[str, ...], lr: float, seeds: tuple[int, ...], runs: Path, jobs: int
+) -> list[str]:
+    cmd = multirun(HERE / "train.py", "length", runs, jobs)
+    cmd += [*spec.task_overrides(size), "arm=" + ",".join(arms), f"optim.lr={lr:.6g}"]
+    return [*cmd, "seed=" + ",".join(str(s) for s in seeds)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=Path, default=ROOT / "results", help="runs land in <runs>/length/runs")
+    ap.add_argument("--presets", type=Path, default=HERE / "conf" / "preset")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--blocks", type=int, default=None, help="run only the first this many blocks")
+    ap.add_argument("--lengths", default=None, help="run only these lengths, comma-separated (e.g. 4,16)")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    spec = length.load_spec(args.presets)
+    if args.blocks is not None:
+        spec = length.first_blocks(spec, args.blocks)
+    parts = [
+        (
+            f"[{level} L={size}] ",
+            f"{','.join(arms)} at lr {lr:g}",
+            command(spec, size, arms, lr, seeds, args.runs, args.jobs),
+        )
+        for level, size, arms, lr, seeds in length.jobs(spec)
+        if args.lengths is None or size in {int(x) for x in args.lengths.split(",")}
+    ]
+    run_multiruns(parts, study="length", cwd=ROOT, dry_run=args.dry_run)
+
+
+if __name__ == "__main__":
+    main()

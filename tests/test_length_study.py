@@ -1,0 +1,145 @@
+"""The length study: its jobs from the preset, the length key, per-member slopes by hand, the declared verdict rules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import PRESETS
+
+from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, UNTESTABLE_HERE
+from moe_rl.config import TaskConfig
+from moe_rl.studies import length as ln
+from moe_rl.studies import length_claims as lc
+
+ARMS = PRESETS.parent / "arm"
+
+
+def test_every_job_is_an_arm_file_at_its_length_and_level_lr() -> None:
+    spec = ln.load_spec(PRESETS)
+    assert spec.lengths == (4, 16, 32) and spec.claims_level == "past"
+    points = [(lv, size, arm, s) for lv, size, arms, _, seeds in ln.jobs(spec) for arm in arms for s in seeds]
+    assert len(points) == len(set(points))  # no run twice
+    for _, _, arms, _, seeds in ln.jobs(spec):
+        assert {s % ln.POOL for s in seeds} == set(range(ln.POOL))  # every block covers the whole pool
+        assert all((ARMS / f"{a}.yaml").is_file() for a in arms)
+    first = ln.jobs(spec)[0]  # the claims' three arms at the claims level come first
+    assert first[0] == "past" and set(first[2]) == {lc.GRPO, lc.R2, lc.GSPO}
+    assert spec.task_overrides(32) == [
+        "task.gym.kwargs.min_digits=32",
+        "task.gym.kwargs.max_digits=32",
+        "task.max_new_tokens=35",
+    ]
+    assert ln.first_blocks(spec, 1).blocks == spec.blocks[:1]
+
+
+def test_every_job_composes_and_reads_back_its_length_and_level() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig, to_train_config, validate
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    spec = ln.load_spec(PRESETS)
+    with initialize_config_dir(config_dir=str(PRESETS.parent), version_base="1.3"):
+        for level, size, arms, lr, _ in ln.jobs(spec)[:3]:
+            for arm in arms:
+                over = ["+preset=length", *spec.task_overrides(size), f"arm={arm}", f"optim.lr={lr:.6g}", "seed=7"]
+                cfg = validate(to_train_config(compose("config", overrides=over)))
+                assert cfg.task.fixed_length() == size and cfg.task.max_new_tokens == size + 3
+                assert cfg.arm == arm.replace("_", "+", 1) or cfg.arm == arm
+                assert ln._level_of(spec, size, cfg.optim.lr) == level and cfg.cold_start.pool == ln.POOL
+
+
+@pytest.mark.parametrize(
+    ("task", "length"),
+    [
+        (TaskConfig(name="running_sum", kwargs={"min_len": 16, "max_len": 16}), 16),
+        (TaskConfig(name="reversal", kwargs={"min_len": 3, "max_len": 6}), None),
+        (TaskConfig(name="reversal"), None),
+    ],
+)
+def test_fixed_length_is_set_only_where_the_task_pins_it(task: TaskConfig, length: int | None) -> None:
+    assert task.fixed_length() == length
+
+
+def test_member_slopes_by_hand() -> None:
+    """Member m's difference a - b is m + 2 log L: each slope is 2, whatever the intercept."""
+    rows = []
+    for m in range(6):
+        for size in (4, 16, 32):
+            for arm, y in (("a", m + 2 * math.log(size)), ("b", 0.0)):
+                rows.append(dict(level="past", L=size, member=m, seed=m, arm_file=arm, change=y))
+    runs = pd.DataFrame(rows)
+    s = ln.slopes(ln.member_values(runs, "past", "change", "a", "b"))
+    assert s.to_numpy() == pytest.approx(np.full(6, 2.0))
+    t = ln.trend(runs, "past", "change", "a", "b")
+    assert t["mean_diff"] == pytest.approx(2.0) and t["n_members"] == 6 and t["lengths"] == [4, 16, 32]
+    assert t["p_value"] == pytest.approx(2 / 64)  # all six slopes positive: the most extreme of 2^6 sign patterns
+    few = ln.trend(runs[runs["member"] < 4], "past", "change", "a", "b")
+    assert few["descriptive"] and math.isnan(few["lo"])  # below 5 members: no interval
+
+
+def _planted(
+    grpo_slope: float, gspo_slope: float, r2_shift: float, share_slope: float, base: float = -0.1
+) -> pd.DataFrame:
+    """Per member, length and seed: grpo_none's change base + grpo_slope log(L/4) + noise, gspo_none's with its own
+    slope, grpo_r2 = grpo_none + r2_shift; grpo_none's routing share 0.2 + share_slope log(L/4)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for m in range(6):
+        for size in (4, 16, 32):
+            x = math.log(size / 4)
+            for k in range(2):
+                noisy = base + 0.002 * rng.standard_normal()
+                for arm, change in (
+                    (lc.GRPO, noisy + grpo_slope * x),
+                    (lc.GSPO, noisy + gspo_slope * x + 0.001 * m),
+                    (lc.R2, noisy + grpo_slope * x + r2_shift + 0.001 * m),
+                ):
+                    rows.append(
+                        dict(level="past", L=size, member=m, seed=m + 6 * k, arm_file=arm, change=change,
+                             kl_early=0.009, routing_share=0.2 + share_slope * x + 0.001 * m, token_var=1e-3 * (1 + x),
+                             seq_var=1e-4)
+                    )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_claim_12_reproduced_where_grpo_falls_with_length_and_gspo_does_not() -> None:
+    spec = ln.load_spec(PRESETS)
+    r = lc.decide(spec, _planted(-0.08, 0.0, 0.0, 0.0))["12"]
+    assert r["verdict"] == REPRODUCED and r["grpo"]["mean_diff"] == pytest.approx(-0.08, abs=0.01)
+    same = lc.decide(spec, _planted(-0.08, -0.08, 0.0, 0.0))["12"]
+    assert same["verdict"] == NOT_REPRODUCED  # GSPO falls as fast: the difference inside +-0.02
+    flat = lc.decide(spec, _planted(0.0, 0.0, 0.0, 0.0))["12"]
+    assert flat["verdict"] == NOT_REPRODUCED  # GRPO does not fall with length
+
+
+def test_claim_13_follows_the_routing_share_slope() -> None:
+    spec = ln.load_spec(PRESETS)
+    assert lc.decide(spec, _planted(0, 0, 0, 0.05))["13"]["verdict"] == REPRODUCED
+    assert lc.decide(spec, _planted(0, 0, 0, 0.0))["13"]["verdict"] == NOT_REPRODUCED
+
+
+def test_claim_2_per_length_holm_over_lengths_and_untestable_where_grpo_holds() -> None:
+    spec = ln.load_spec(PRESETS)
+    found = lc.decide(spec, _planted(-0.05, 0.0, 0.08, 0.0))["2"]
+    assert set(found) == {4, 16, 32}
+    verdict, _, rec = found[4]
+    assert rec["p_one"] == pytest.approx(1 / 64) and rec["p_holm"] == pytest.approx(3 / 64)
+    assert verdict == REPRODUCED and found[32][0] == REPRODUCED
+    held = lc.decide(spec, _planted(0.0, 0.0, 0.08, 0.0, base=0.0))["2"]
+    assert {v for v, _, _ in held.values()} == {UNTESTABLE_HERE}  # grpo+none holds: nothing to stabilise
+    r3 = lc.decide(spec, _planted(-0.05, 0.0, 0.08, 0.0))["3"]
+    assert r3[4][0] == NOT_REPRODUCED  # at L = 4 gspo+none ties grpo+none and grpo+r2 beats it by 8 pp
+    assert r3[32][0] == REPRODUCED  # at 32 gspo+none is 12 pp above grpo+none and 4 above grpo+r2
+
+
+def test_below_five_members_nothing_is_decided() -> None:
+    spec = ln.load_spec(PRESETS)
+    runs = _planted(-0.08, 0.0, 0.08, 0.05)
+    found = lc.decide(spec, runs[runs["member"] < 4])
+    assert found["12"]["verdict"] == INCONCLUSIVE and found["13"]["verdict"] == INCONCLUSIVE
+    assert found["2"][4][0] == INCONCLUSIVE and "not decided" in found["2"][4][1]
