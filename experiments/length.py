@@ -3,7 +3,7 @@
     python experiments/length.py                       # runs into results/length/runs, in the preset's order
     python experiments/length.py --dry-run             # print the multiruns and stop
     python experiments/length.py --jobs 2 --runs runs  # 2 runs at a time, into runs/length/runs
-    python experiments/length.py --blocks 1            # only the first block (the preset's run order)
+    python experiments/length.py --blocks 1,2          # only blocks 1 and 2 (the preset's run order)
     python experiments/length.py --lengths 4,16        # only these lengths
 
 One Hydra multirun of `experiments/train.py` (`+preset=length`) per block, level and length: its arms x the block's
@@ -36,13 +36,13 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=ROOT / "results", help="runs land in <runs>/length/runs")
     ap.add_argument("--presets", type=Path, default=HERE / "conf" / "preset")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    ap.add_argument("--blocks", type=int, default=None, help="run only the first this many blocks")
+    ap.add_argument("--blocks", default=None, help="run only these blocks (1-based, in the preset's order), e.g. 1,2")
     ap.add_argument("--lengths", default=None, help="run only these lengths, comma-separated (e.g. 4,16)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     spec = length.load_spec(args.presets)
     if args.blocks is not None:
-        spec = length.first_blocks(spec, args.blocks)
+        spec = length.only_blocks(spec, [int(b) for b in args.blocks.split(",")])
     parts = [
         (
             f"[{level} L={size}] ",

@@ -32,7 +32,10 @@ def test_every_job_is_an_arm_file_at_its_length_and_level_lr() -> None:
         "task.gym.kwargs.max_digits=32",
         "task.max_new_tokens=35",
     ]
-    assert ln.first_blocks(spec, 1).blocks == spec.blocks[:1]
+    assert ln.only_blocks(spec, [1]).blocks == spec.blocks[:1]
+    assert ln.only_blocks(spec, [3, 2]).blocks == spec.blocks[1:3]
+    with pytest.raises(ValueError, match="blocks 1..6"):
+        ln.only_blocks(spec, [7])
 
 
 def test_every_job_composes_and_reads_back_its_length_and_level() -> None:

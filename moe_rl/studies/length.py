@@ -210,8 +210,9 @@ def trend(
     return {"value": value, "a": a, "b": b or "", "level": level, "lengths": lengths, "log_y": log_y, **out}
 
 
-def first_blocks(spec: Spec, n: int) -> Spec:
-    """The spec with only its first `n` blocks (a sweep run in parts)."""
-    if n < 1:
-        raise ValueError(f"--blocks={n} must be >= 1")
-    return replace(spec, blocks=spec.blocks[:n])
+def only_blocks(spec: Spec, numbers: list[int]) -> Spec:
+    """The spec with only the blocks numbered `numbers` (1-based, kept in the preset's order): a sweep run in parts."""
+    bad = [n for n in numbers if not 1 <= n <= len(spec.blocks)]
+    if bad:
+        raise ValueError(f"--blocks {bad}: the preset has blocks 1..{len(spec.blocks)}")
+    return replace(spec, blocks=tuple(b for i, b in enumerate(spec.blocks, 1) if i in numbers))
