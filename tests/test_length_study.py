@@ -146,3 +146,8 @@ def test_below_five_members_nothing_is_decided() -> None:
     found = lc.decide(spec, runs[runs["member"] < 4])
     assert found["12"]["verdict"] == INCONCLUSIVE and found["13"]["verdict"] == INCONCLUSIVE
     assert found["2"][4][0] == INCONCLUSIVE and "not decided" in found["2"][4][1]
+
+
+def test_runs_from_a_start_outside_the_band_are_left_out() -> None:
+    runs = pd.DataFrame({"level": ["past", "past", None], "in_band": [True, False, True], "change": [0.1, 0.0, 0.2]})
+    assert ln.analysed(runs)["change"].tolist() == [0.1]

@@ -28,6 +28,7 @@ from moe_rl.analysis.clustered import (
     hierarchical_bootstrap,
     paired_by_start,
 )
+from moe_rl.analysis.configs import cold_start_meta
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
@@ -122,8 +123,8 @@ KEYS = (*fr_.KEYS, names.KL_UPDATE_K3, *METRICS.values())
 
 def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     """The frontier's per-run table with each run's length (run key `L`), level (the one whose lr at that length it
-    ran at), pool member (seed mod 6), realised early and mean per-update KL, each metric's run mean and the step's
-    wall seconds (rollout + old pass + updates)."""
+    ran at), pool member (seed mod 6), realised early and mean per-update KL, each metric's run mean, the step's
+    wall seconds (rollout + old pass + updates) and whether its cold start ended in the band (`in_band`)."""
     out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
     info = df.drop_duplicates("run").set_index("run")
     out["L"] = info["L"].reindex(out.index) if "L" in info else np.nan
@@ -133,7 +134,16 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     for col, key in METRICS.items():
         out[col] = df[df["key"] == key].groupby("run")["value"].mean().reindex(out.index)
     out["step_s"] = out[["rollout_s", "old_logp_s", "update_s"]].sum(axis=1, min_count=1)
+    dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
+    out["in_band"] = [bool(cold_start_meta(Path(str(d))).get("in_band", True)) if d else True for d in dirs]
     return out.reset_index(drop=True)
+
+
+def analysed(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs every contrast, trend and claim reads: those at a level whose pool member's warm-up ended in the band
+    (a start the warm-up left outside it, at greedy accuracy 0 after cold_start.max_steps, is one RL cannot move
+    either way; its runs are reported, not compared)."""
+    return runs[runs["level"].notna() & runs["in_band"]].reset_index(drop=True)
 
 
 def _level_of(spec: Spec, length: object, lr: float) -> str | None:

@@ -44,8 +44,7 @@ def _runs(root: str, presets: str) -> tuple[ln.Spec, pd.DataFrame] | None:
     from moe_rl import analysis
 
     spec = ln.load_spec(Path(presets))
-    runs = ln.per_run(analysis.load_results(folder, keys=ln.KEYS), spec)
-    return spec, runs[runs["level"].notna()].reset_index(drop=True)
+    return spec, ln.analysed(ln.per_run(analysis.load_results(folder, keys=ln.KEYS), spec))
 
 
 def _pp(x: object) -> str:
@@ -135,8 +134,9 @@ def decide_12(spec: ln.Spec, runs: pd.DataFrame) -> dict[str, Any]:
         for arm in (GRPO, GSPO)
         for v in ("token_var", "seq_var")
     }
-    if diff["descriptive"] or grpo["descriptive"] or len(diff["lengths"]) < 2:
-        rec["verdict"], rec["reason"] = INCONCLUSIVE, f"not decided: {diff['descriptive'] or 'fewer than 2 lengths'}"
+    if len(diff["lengths"]) < 2 or diff["descriptive"] or grpo["descriptive"]:
+        why = "fewer than 2 lengths" if len(diff["lengths"]) < 2 else diff["descriptive"] or grpo["descriptive"]
+        rec["verdict"], rec["reason"] = INCONCLUSIVE, f"not decided: {why}"
         return rec
     p_one = one_sided(float(diff["p_value"]), float(diff["mean_diff"]))
     rec["p_one"] = p_one
@@ -155,8 +155,9 @@ def decide_12(spec: ln.Spec, runs: pd.DataFrame) -> dict[str, Any]:
 def decide_13(spec: ln.Spec, runs: pd.DataFrame) -> dict[str, Any]:
     t = ln.trend(runs, spec.claims_level, "routing_share", GRPO)
     rec: dict[str, Any] = {"trend": t}
-    if t["descriptive"] or len(t["lengths"]) < 2:
-        rec["verdict"], rec["reason"] = INCONCLUSIVE, f"not decided: {t['descriptive'] or 'fewer than 2 lengths'}"
+    if len(t["lengths"]) < 2 or t["descriptive"]:
+        why = "fewer than 2 lengths" if len(t["lengths"]) < 2 else t["descriptive"]
+        rec["verdict"], rec["reason"] = INCONCLUSIVE, f"not decided: {why}"
         return rec
     p_one = one_sided(float(t["p_value"]), float(t["mean_diff"]))
     rec["p_one"] = p_one

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.clustered import hierarchical_bootstrap
+from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.run.atomic import write_atomic
@@ -126,8 +126,8 @@ def replay_cost(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw_metric(ax: Axes, runs: pd.DataFrame, level: str, column: str, label: str, log: bool) -> None:
-    """One metric against L at one level on `ax`: an arm per line, each point the mean of pool-member means with its
-    hierarchical-bootstrap interval (members, then seeds)."""
+    """One metric against L at one level on `ax`: an arm per line (side by side), each point the mean of pool-member
+    means with its hierarchical-bootstrap interval (members, then seeds), drawn from 5 members up."""
     at = runs[runs["level"] == level]
     scale = 100.0 if column == "change" else 1.0
     for i, (arm, g) in enumerate(at.groupby("arm_file", sort=True)):
@@ -136,7 +136,9 @@ def draw_metric(ax: Axes, runs: pd.DataFrame, level: str, column: str, label: st
             est, a, b = hierarchical_bootstrap(h[column], h["member"])
             if not math.isfinite(est):
                 continue
-            xs.append(float(length))
+            if descriptive_reason(h["member"].nunique()):  # below 5 members: the mean alone, no interval
+                a = b = math.nan
+            xs.append(float(length) * (1 + 0.04 * (i - 1)))  # arms side by side
             ys.append(scale * est)
             lo.append(scale * (est - a) if math.isfinite(a) else 0.0)
             hi.append(scale * (b - est) if math.isfinite(b) else 0.0)
@@ -193,11 +195,12 @@ def write_length_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
 
     spec = ln.load_spec(presets)
     df = analysis.load_results(runs_dir, keys=ln.KEYS)
-    runs = ln.per_run(df, spec)
-    runs = runs[runs["level"].notna()].reset_index(drop=True)
+    every = ln.per_run(df, spec)
     info = df.drop_duplicates("run").set_index("run")
-    runs["run_dir"] = runs["run"].map(info["run_dir"])
-    runs["cold_seed"] = runs["run"].map(info["cold_seed"]) if "cold_seed" in info else np.nan
+    every["run_dir"] = every["run"].map(info["run_dir"])
+    every["cold_seed"] = every["run"].map(info["cold_seed"]) if "cold_seed" in info else np.nan
+    every = every[every["level"].notna()].reset_index(drop=True)
+    runs = ln.analysed(every)
     arms = ln.arm_table(runs)
     pairs = contrasts(spec, runs)
     cost = replay_cost(runs)
@@ -214,9 +217,20 @@ def write_length_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         written.append(write_png(out / f"length_{level}.png", plot_headline(runs, level)))
         for column, label, log in FIGURES:
             written.append(write_png(out / f"{column}_{level}.png", plot_metric(runs, level, column, label, log)))
-    text += ["## The starts (the unit of replication), per length", "", format_starts(start_covariates(runs))]
+    text += ["## The starts (the unit of replication), per length", ""]
+    for size, own in every.groupby("L", sort=True):
+        text += [f"### L = {int(size)}", "", format_starts(start_covariates(own))]
+    out_of_band = every[~every["in_band"]]
+    if len(out_of_band):
+        text += [
+            f"{len(out_of_band)} runs from {out_of_band.groupby(['L', 'member']).ngroups} pool members whose warm-up "
+            "ended outside the band (greedy accuracy below 0.2 after cold_start.max_steps SFT steps) are reported in "
+            "runs.csv and left out of every table, contrast and claim above: "
+            + ", ".join(f"L = {int(k[0])} member {int(k[1])}" for k in out_of_band.groupby(["L", "member"]).groups),
+            "",
+        ]
     write_atomic(out / "summary.md", "\n".join(text).encode())
     written += [out / "summary.md", write_csv(out / "arms.csv", arms), write_csv(out / "contrasts.csv", pairs)]
-    written += [write_csv(out / "replay_cost.csv", cost), write_csv(out / "runs.csv", runs.drop(columns=["run_dir"]))]
-    written.append(write_csv(out / "starts.csv", start_covariates(runs)))
+    written += [write_csv(out / "replay_cost.csv", cost), write_csv(out / "runs.csv", every.drop(columns=["run_dir"]))]
+    written.append(write_csv(out / "starts.csv", start_covariates(every)))
     return written

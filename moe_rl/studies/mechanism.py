@@ -7,13 +7,17 @@ step-0 accuracy, each measured from the run's own start:
 
     share(rung) = mean(change_rung - change_moe) / mean(change_dense - change_moe)
 
-0 is the MoE model's outcome, 1 the dense model's; the interval is a paired bootstrap (BCa) over the pairs
-that hold all three runs. A ratio whose denominator is itself noisy has wide, skewed intervals, so the
-table also gives each rung's paired difference to `moe` in accuracy change, with its own interval and a sign-flip
-p-value, Holm-corrected over the rungs. A rung "closes the gap" when its interval lies above 0.5, "opens it" when
-below 0; where the dense - moe difference's own interval spans 0 there is no gap to share, and no rung is read.
-The table also gives each rung's start: step-0 held-out accuracy, and the first rollout's mean reward and
-entropy (what GRPO sees first), so a rung that starts elsewhere shows it.
+0 is the MoE model's outcome, 1 the dense model's. The cold start, not the seed, is the unit of replication
+(`moe_rl.analysis.clustered`): each rung trains its own cold start per cold-start seed, so a rung's accuracy change
+is the mean of its starts' means, and a paired difference (to `moe`, or the share) is clustered by cold-start seed
+(rungs of other models pair on it, as the causal study's pool members do); intervals are hierarchical bootstraps
+(starts, then seeds within), p a sign flip per start, Holm over the rungs. Below 5 independent starts a number is
+descriptive: no interval, no p, and the rung is not read. A ratio whose denominator is itself noisy has wide,
+skewed intervals, so the table also gives each rung's paired difference to `moe` in accuracy change. A rung
+"closes the gap" when its share's interval lies above 0.5, "opens it" when below 0; where the dense - moe
+difference's own interval spans 0 there is no gap to share, and no rung is read. The table also gives each rung's
+start: step-0 held-out accuracy, and the first rollout's mean reward and entropy (what GRPO sees first), so a rung
+that starts elsewhere shows it.
 """
 
 from __future__ import annotations
@@ -28,10 +32,17 @@ from matplotlib.figure import Figure
 
 from moe_rl.analysis import expert_activity
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.clustered import (
+    bootstrap,
+    descriptive_reason,
+    hierarchical_bootstrap,
+    paired_by_start,
+    start_draws,
+)
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.folder_report import after_title, write_csv, write_png, write_report
 from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
-from moe_rl.analysis.stats import bootstrap_ci, bootstrap_mean_ci, holm, paired_compare
+from moe_rl.analysis.stats import holm
 from moe_rl.metrics.names import (
     OPTIM_EXPERT_STEP_LOW_OVER_HIGH,
     OPTIM_EXPERT_STEP_RMS,
@@ -45,7 +56,8 @@ from moe_rl.metrics.names import (
 )
 
 REFERENCE, TARGET = "moe", "dense"
-PAIR = ["cold_seed", "seed"]
+COLD = "cold_seed"
+PAIR = [COLD, "seed"]
 # What each rung does to the routers and experts (moe_rl.routing.load), as the report shows it: the mean over a
 # run's logged steps, but the router's drift from the cold start, read at the run's last logged step.
 INSTRUMENTS = {
@@ -60,50 +72,57 @@ INSTRUMENTS = {
 LAST = (OPTIM_ROUTER_DRIFT,)
 
 
-def ladder_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run of a `load_results` frame with a `rung` column: its pairing keys, start and late
-    accuracy, accuracy change, and the first step's reward and entropy."""
+def ladder_runs(df: pd.DataFrame, starts: pd.Series | None = None) -> pd.DataFrame:
+    """One row per run of a `load_results` frame with a `rung` column: its pairing keys, its cold start (`start`:
+    `starts`, per run, as `configs.run_starts` gives it; else, and where it has none, `cold_seed=<n>`, as each
+    rung trains its own start per cold-start seed), start and late accuracy, accuracy change, and the first step's
+    reward and entropy."""
     keys = df.groupby("run")[["rung", *PAIR]].first()
     first = df[df["step"] == df.loc[df["key"] == REWARD_MEAN, "step"].min()]
     at_start = first[first["key"].isin([REWARD_MEAN, POLICY_ENTROPY])].pivot_table(
         index="run", columns="key", values="value"
     )
     out = keys.assign(start_accuracy=start_accuracy(df), late_accuracy=late_accuracy(df))
+    own = "cold_seed=" + out["cold_seed"].astype(int).astype(str)
+    out["start"] = own if starts is None else starts.reindex(out.index).fillna(own).astype(str)
     out["change"] = out["late_accuracy"] - out["start_accuracy"]
     out["start_reward"] = at_start.get(REWARD_MEAN)
     out["start_entropy"] = at_start.get(POLICY_ENTROPY)
     return out.reset_index()
 
 
-def paired_ratio_ci(x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap interval of `mean(x) / mean(y)` over pairs resampled together (`stats.bootstrap_ci`)."""
-    return bootstrap_ci(
-        (x, y),
-        lambda a, b, axis=-1: np.mean(a, axis=axis) / np.mean(b, axis=axis),
-        paired=True,
-        confidence=0.95,
-        n_resamples=9999,
-        seed=seed,
-    )
+def share_interval(pairs: pd.DataFrame) -> tuple[float, float]:
+    """95% interval of the share mean(d) / mean(gap) over `pairs` (columns cold_seed, seed, d, gap): the
+    hierarchical bootstrap of `clustered.bootstrap`, cold-start seeds then seeds within."""
+    units = pairs.rename(columns={COLD: "start"})
+    draws = start_draws(units[["start", "seed"]])
+    _, lo, hi, _ = bootstrap(units, lambda r: float(r["d"].mean() / r["gap"].mean()), draws)
+    return lo, hi
 
 
-def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
-    """Per rung: runs, mean start (accuracy, reward, entropy), mean accuracy change with its interval, and
-    the share of the dense - moe gap it closes with its paired interval (NaN for the two ends' own rows)."""
+def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per rung: runs and cold starts, mean start (accuracy, reward, entropy), accuracy change (the mean of its
+    starts' means, `clustered.hierarchical_bootstrap`), the paired difference to moe (`clustered.paired_by_start`
+    over cold-start seeds, `pairs` and `pair_starts` behind it) and the share of the dense - moe gap it closes
+    (NaN for the two ends' own rows), with intervals and p only from 5 starts on (`descriptive` says why not)."""
     change = runs.pivot_table(index=PAIR, columns="rung", values="change")
     rows = []
     for rung, g in runs.groupby("rung", sort=False):
-        mean, lo, hi = bootstrap_mean_ci(g["change"].to_numpy(), seed=seed)
+        n_starts = int(g["start"].nunique())
+        mean, lo, hi = hierarchical_bootstrap(g["change"].to_numpy(), g["start"].to_numpy())
+        own = descriptive_reason(n_starts)
         row = {
             "rung": rung,
             "runs": len(g),
+            "n_starts": n_starts,
             "start_accuracy": g["start_accuracy"].mean(),
             "start_reward": g["start_reward"].mean(),
             "start_entropy": g["start_entropy"].mean(),
             "change": mean,
-            "change_lo": lo,
-            "change_hi": hi,
+            "change_lo": math.nan if own else lo,
+            "change_hi": math.nan if own else hi,
             "pairs": 0,
+            "pair_starts": 0,
             "vs_moe": math.nan,
             "vs_moe_lo": math.nan,
             "vs_moe_hi": math.nan,
@@ -111,19 +130,29 @@ def ladder_table(runs: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
             "share": math.nan,
             "share_lo": math.nan,
             "share_hi": math.nan,
+            "descriptive": own or "",
         }
         if {REFERENCE, TARGET, rung} <= set(change.columns):
             both = change[list(dict.fromkeys([rung, REFERENCE, TARGET]))].dropna()
-            d = (both[rung] - both[REFERENCE]).to_numpy()
-            gap = (both[TARGET] - both[REFERENCE]).to_numpy()
-            row["pairs"] = len(both)
+            pairs = pd.DataFrame(
+                {
+                    COLD: both.index.get_level_values(COLD),
+                    "seed": both.index.get_level_values("seed"),
+                    "d": (both[rung] - both[REFERENCE]).to_numpy(),
+                    "gap": (both[TARGET] - both[REFERENCE]).to_numpy(),
+                }
+            )
+            row["pairs"], row["pair_starts"] = len(pairs), int(pairs[COLD].nunique())
+            paired = descriptive_reason(row["pair_starts"])
+            row["descriptive"] = descriptive_reason(min(n_starts, row["pair_starts"])) or ""
             if rung != REFERENCE:
-                row["vs_moe"], row["vs_moe_lo"], row["vs_moe_hi"] = bootstrap_mean_ci(d, seed=seed)
-                row["vs_moe_p"] = paired_compare(both[rung], both[REFERENCE], seed=seed)["p_value"]
-            if len(both) and gap.mean() != 0:
-                row["share"] = float(d.mean() / gap.mean())
-                if rung not in (REFERENCE, TARGET):  # the ends are 0 and 1 by construction
-                    row["share_lo"], row["share_hi"] = paired_ratio_ci(d, gap, seed=seed)
+                test = paired_by_start(pairs["d"], pairs[COLD])
+                row["vs_moe"], row["vs_moe_lo"], row["vs_moe_hi"] = test["mean_diff"], test["lo"], test["hi"]
+                row["vs_moe_p"] = test["p_value"]
+            if len(pairs) and pairs["gap"].mean() != 0:
+                row["share"] = float(pairs["d"].mean() / pairs["gap"].mean())
+                if rung not in (REFERENCE, TARGET) and not paired:  # the ends are 0 and 1 by construction
+                    row["share_lo"], row["share_hi"] = share_interval(pairs)
         rows.append(row)
     table = pd.DataFrame(rows)
     tested = table["vs_moe_p"].notna()
@@ -151,9 +180,13 @@ def gap_established(table: pd.DataFrame) -> bool:
 
 
 def verdict(row: pd.Series, gap: bool = True) -> str:
-    """What a rung does to the gap, by its share's interval; nothing where there is no gap (`gap_established`)."""
+    """What a rung does to the gap, by its share's interval; nothing where it is descriptive (fewer than 5 starts:
+    the reason) or where there is no gap (`gap_established`)."""
     if row["rung"] in (REFERENCE, TARGET):
         return "reference (0)" if row["rung"] == REFERENCE else "target (1)"
+    reason = row.get("descriptive")
+    if isinstance(reason, str) and reason:
+        return reason
     if not gap:
         return "no gap to share"
     if not np.isfinite(row["share_lo"]):
@@ -176,10 +209,19 @@ def _bounded(x: float, limit: float = 100.0) -> str:
     return f"{x:+.2f}" if abs(x) <= limit else f"{'>' if x > 0 else '<'}{'+' if x > 0 else '-'}{limit:g}"
 
 
+def _ci(x: float, lo: float, hi: float) -> str:
+    """A difference in pp with its interval; the point alone where it has none (descriptive), — where none."""
+    if not np.isfinite(x):
+        return "—"
+    return f"{100 * x:+.1f}" + (f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if np.isfinite(lo) else "")
+
+
 def format_ladder_markdown(table: pd.DataFrame) -> str:
-    """The ladder as a markdown table, points as percentages of held-out accuracy."""
+    """The ladder as a markdown table, points as percentages of held-out accuracy; a descriptive number (fewer than
+    5 starts behind it) prints without an interval."""
     lines = [
-        "| rung | runs | start acc | first reward | first entropy | accuracy change (pp) [95% CI] | vs moe, paired (pp) [95% CI] | p (Holm) | share of gap [95% CI] | reads |",
+        "| rung | runs (starts) | start acc | first reward | first entropy | accuracy change (pp) [95%] | "
+        "vs moe, paired (pp) [95%] | p (Holm) | share of gap [95%] | reads |",
         "|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
     gap = gap_established(table)
@@ -189,15 +231,10 @@ def format_ladder_markdown(table: pd.DataFrame) -> str:
             if np.isfinite(r["share_lo"])
             else (f"{r['share']:+.2f}" if np.isfinite(r["share"]) else "—")
         )
-        vs = (
-            f"{100 * r['vs_moe']:+.1f} [{100 * r['vs_moe_lo']:+.1f}, {100 * r['vs_moe_hi']:+.1f}]"
-            if np.isfinite(r["vs_moe"])
-            else "—"
-        )
         lines.append(
-            f"| {r['rung']} | {r['runs']} | {100 * r['start_accuracy']:.1f}% | {r['start_reward']:.3f} | "
-            f"{r['start_entropy']:.3f} | {100 * r['change']:+.1f} [{100 * r['change_lo']:+.1f}, "
-            f"{100 * r['change_hi']:+.1f}] | {vs} | {_p(r)} | {share} | {verdict(r, gap)} |"
+            f"| {r['rung']} | {r['runs']} ({r['n_starts']}) | {100 * r['start_accuracy']:.1f}% | "
+            f"{r['start_reward']:.3f} | {r['start_entropy']:.3f} | {_ci(r['change'], r['change_lo'], r['change_hi'])} "
+            f"| {_ci(r['vs_moe'], r['vs_moe_lo'], r['vs_moe_hi'])} | {_p(r)} | {share} | {verdict(r, gap)} |"
         )
     return "\n".join(lines)
 
@@ -268,11 +305,12 @@ def plot_instruments(df: pd.DataFrame, table: pd.DataFrame) -> Figure:
     return fig
 
 
-def ladder_section(df: pd.DataFrame) -> tuple[dict[str, pd.DataFrame | Figure], str]:
-    """The ladder of a `load_results` frame of finished runs: the files of its section (the table and figure,
-    and those of the instruments when the runs logged any: {file name: table or figure}) and the markdown
-    section opening the report (this module's rule, the table, the instruments)."""
-    table = ladder_table(ladder_runs(df))
+def ladder_section(df: pd.DataFrame, starts: pd.Series | None = None) -> tuple[dict[str, pd.DataFrame | Figure], str]:
+    """The ladder of a `load_results` frame of finished runs (`starts`: each run's cold start, `ladder_runs`): the
+    files of its section (the table and figure, and those of the instruments when the runs logged any: {file name:
+    table or figure}) and the markdown section opening the report (this module's rule, the table, the
+    instruments)."""
+    table = ladder_table(ladder_runs(df, starts))
     rule = (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip()
     heading = "## The ladder: which rung closes the dense - moe gap"
     lines = [heading, "", rule, "", format_ladder_markdown(table), "", "![ladder](ladder.png)"]
@@ -299,8 +337,9 @@ def write_mechanism_report(runs_dir: Path, out: Path, presets: Path) -> list[Pat
     written = write_report(runs_dir, out, by=["rung"], reference=REFERENCE)
     df = load_results(runs_dir)
     done = df[~df["status"].isin(INCOMPLETE_STATUSES)]
-    files, text = ladder_section(done)
-    text += expert_activity.section(done, run_starts(done))  # the 1/sqrt(p) test, where runs logged its instrument
+    starts = run_starts(done)
+    files, text = ladder_section(done, starts)
+    text += expert_activity.section(done, starts)  # the 1/sqrt(p) test, where runs logged its instrument
     written += [
         write_png(out / name, v) if isinstance(v, Figure) else write_csv(out / name, v) for name, v in files.items()
     ]

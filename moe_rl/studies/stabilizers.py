@@ -3,10 +3,12 @@
 One row per arm, pooled over the cells it ran in. Primary columns (declared in
 `experiments/conf/preset/stabilizers.yaml`): late accuracy (mean of the last evaluations, as the
 claims use it), reward AUC and survival (the share of runs the loop did not label collapsed), each as
-the arm's mean and its paired difference to the reference with a 95% bootstrap interval; p from a
-sign-flip test (accuracy, AUC) or an exact McNemar test on the discordant pairs (survival), Holm over
-the arms of each column. Descriptive columns: the off-policy token log-ratio variance, the routing
-part's share of it and the clip fraction, per-run means over the run, then means over runs.
+the arm's mean and its paired difference to the reference. The cold start, not the seed, is the unit of
+replication (`moe_rl.analysis.clustered`): a difference is the mean over cold starts of each start's mean
+paired difference, its 95% interval a hierarchical bootstrap (starts, then pairs within) and its p a sign
+flip per start, Holm over the arms of each column; below 5 independent starts a difference is descriptive,
+with no interval and no p. Descriptive columns: the off-policy token log-ratio variance, the routing part's
+share of it and the clip fraction, per-run means over the run, then means over runs.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.claims import runs_folder
+from moe_rl.analysis.claims.cells import starts_of
+from moe_rl.analysis.clustered import paired_by_start
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.folder_report import after_title, write_csv, write_report
 from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
 from moe_rl.analysis.phase import run_outcomes
-from moe_rl.analysis.stats import holm, mcnemar_exact, pair_by, paired_compare
+from moe_rl.analysis.stats import holm
 from moe_rl.analysis.tables import per_run_mean, variant_per_run
 from moe_rl.metrics.names import (
     RATIO_CLIPFRAC_HIGH,
@@ -37,8 +42,10 @@ DESCRIPTIVE = ("token_ratio_var", "routing_share", "clip_frac")
 
 
 def per_run(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: its keys, the primary outcomes and the descriptive means."""
+    """One row per run: its keys, its cold start (`start`, `configs.run_starts`), the primary outcomes and the
+    descriptive means."""
     out = run_outcomes(df).set_index("run", drop=False).rename_axis(None)
+    out["start"] = run_starts(df)
     out["survived"] = (~out["collapsed_in_loop"].astype(bool)).astype(float)
     out["token_ratio_var"] = variant_per_run(df, RATIO_TOKEN_VAR)
     out["routing_share"] = variant_per_run(df, RATIO_SPLIT_ROUTING_SHARE)
@@ -61,12 +68,31 @@ def same_computations(runs: pd.DataFrame, pair_on: Sequence[str] = PAIR_ON, keep
     return out
 
 
-def leaderboard(
-    runs: pd.DataFrame, *, reference: str = REFERENCE, pair_on: Sequence[str] = PAIR_ON, seed: int = 0
-) -> pd.DataFrame:
-    """One row per arm of `runs` (from `per_run`), the reference first, then by paired late accuracy. An arm that
-    is the same computation as another (`same_computations`) is listed once, under the kept arm's `same_as`
-    column, and counted once in Holm's correction."""
+def paired_starts(
+    runs: pd.DataFrame, *, a: str, b: str, value: str, pair_on: Sequence[str] = PAIR_ON
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arm a - arm b in `value`, paired on `pair_on`, each pair labelled by its cold start (`claims.cells.starts_of`:
+    the family's start; the two runs' starts joined where the arms began apart): (differences, start labels)."""
+    on = list(pair_on)
+    labelled = runs.assign(_start=starts_of(runs))
+    left = labelled.loc[labelled["arm"] == a, [*on, "_start", value]]
+    right = labelled.loc[labelled["arm"] == b, [*on, "_start", value]]
+    for arm, side in ((a, left), (b, right)):
+        if side.duplicated(on).any():
+            raise ValueError(f"arm {arm!r} has several runs per {on}; pair on more keys")
+    pairs = left.merge(right, on=on, how="inner", suffixes=("_a", "_b"))
+    same = pairs["_start_a"] == pairs["_start_b"]
+    starts = pairs["_start_a"].where(same, pairs["_start_a"] + " | " + pairs["_start_b"])
+    return (pairs[f"{value}_a"] - pairs[f"{value}_b"]).to_numpy(float), starts.to_numpy(object)
+
+
+def leaderboard(runs: pd.DataFrame, *, reference: str = REFERENCE, pair_on: Sequence[str] = PAIR_ON) -> pd.DataFrame:
+    """One row per arm of `runs` (from `per_run`; a frame without `start` or `cold_seed` is one cold start), the
+    reference first, then by paired late accuracy. Each primary column's difference to the reference is the
+    clustered comparison over cold starts (`clustered.paired_by_start`): `pairs`, `n_starts` and `descriptive`
+    (why there is no interval or p: fewer than 5 starts; "" where there is one). An arm that is the same computation
+    as another (`same_computations`) is listed once, under the kept arm's `same_as` column, and counted once in
+    Holm's correction."""
     dupes = same_computations(runs, pair_on, reference)
     runs = runs[~runs["arm"].isin(dupes)]
     if reference not in set(runs["arm"]):
@@ -77,17 +103,14 @@ def leaderboard(
         row["same_as"] = ", ".join(d for d, kept in dupes.items() if kept == arm)
         row.update({f"{c}_mean": float(g[c].mean()) for c in (*PRIMARY, *DESCRIPTIVE)})
         if arm != reference:
-            for col in ("late_accuracy", "reward_auc"):
-                pairs = pair_by(runs, arm_col="arm", a=arm, b=reference, value=col, on=pair_on)
-                test = paired_compare(pairs["a"], pairs["b"], seed=seed)
-                row["pairs"] = test["n"]
+            for col in PRIMARY:
+                d, starts = paired_starts(runs, a=arm, b=reference, value=col, pair_on=pair_on)
+                test = paired_by_start(d, starts)
+                if col == PRIMARY[0]:  # the row's pairs and starts: those of its late accuracy
+                    row["pairs"], row["n_starts"] = test["n_pairs"], test["n_starts"]
+                    row["descriptive"] = test["descriptive"] or ""
                 row[f"{col}_diff"], row[f"{col}_lo"], row[f"{col}_hi"] = test["mean_diff"], test["lo"], test["hi"]
                 row[f"{col}_p"] = test["p_value"]
-            pairs = pair_by(runs, arm_col="arm", a=arm, b=reference, value="survived", on=pair_on)
-            d = (pairs["a"] - pairs["b"]).to_numpy()
-            test = paired_compare(pairs["a"], pairs["b"], seed=seed)
-            row["survived_diff"], row["survived_lo"], row["survived_hi"] = test["mean_diff"], test["lo"], test["hi"]
-            row["survived_p"] = mcnemar_exact(int((d > 0).sum()), int((d < 0).sum())) if len(d) else np.nan
         rows.append(row)
     table = pd.DataFrame(rows)
     for col in PRIMARY:
@@ -101,10 +124,16 @@ def leaderboard(
     return table.assign(_o=order).sort_values("_o", ascending=False).drop(columns="_o").reset_index(drop=True)
 
 
+def _descriptive(row: pd.Series) -> bool:
+    return isinstance(row.get("descriptive"), str) and bool(row["descriptive"])  # read back from a csv, "" is NaN
+
+
 def _diff(row: pd.Series, col: str, scale: float, spec: str) -> str:
     if pd.isna(row.get(f"{col}_diff")):
         return "ref"
     d, lo, hi = (row[f"{col}_{k}"] * scale for k in ("diff", "lo", "hi"))
+    if _descriptive(row) or pd.isna(lo):
+        return f"{d:+{spec}}"
     return f"{d:+{spec}} [{lo:+{spec}}, {hi:+{spec}}]"
 
 
@@ -118,25 +147,35 @@ def _num(value: float, spec: str) -> str:
     return "—" if pd.isna(value) else format(value, spec)
 
 
+def _pairs(row: pd.Series) -> str:
+    if pd.isna(row.get("pairs")):
+        return "—"
+    return f"{int(row['pairs'])} ({int(row['n_starts'])})"
+
+
 def format_leaderboard_markdown(table: pd.DataFrame, *, reference: str = REFERENCE) -> str:
-    """The leaderboard as a markdown table (differences against `reference`, p with Holm in parentheses)."""
+    """The leaderboard as a markdown table (differences against `reference`, p with Holm in parentheses), then the
+    reason, where any row has one, why its differences are descriptive (no interval, no p)."""
     head = (
-        "| arm | runs | late acc (%) | Δ late acc (pp) [95% boot] | p (Holm) | reward AUC | Δ AUC [95% boot] | "
-        "p (Holm) | survival (%) | Δ survival (pp) [95% boot] | p McNemar (Holm) | token ratio var | "
+        "| arm | runs | pairs (starts) | late acc (%) | Δ late acc (pp) [95%] | p (Holm) | reward AUC | Δ AUC [95%] | "
+        "p (Holm) | survival (%) | Δ survival (pp) [95%] | p (Holm) | token ratio var | "
         "routing share (%) | clip frac (%) |"
     )
-    lines = [head, "|:---|" + "---:|" * 13]
+    lines = [head, "|:---|" + "---:|" * 14]
     for _, r in table.iterrows():
         name = f"**{r['arm']}** (ref)" if r["arm"] == reference else str(r["arm"])
         if isinstance(r.get("same_as"), str) and r["same_as"]:  # read back from a csv, "no duplicate" is NaN
             name += f" (= {r['same_as']}: the same computation, counted once)"
         lines.append(
-            f"| {name} | {r['runs']} | {r['late_accuracy_mean'] * 100:.1f} | {_diff(r, 'late_accuracy', 100, '.1f')} | "
-            f"{_p(r, 'late_accuracy')} | {r['reward_auc_mean']:.3f} | {_diff(r, 'reward_auc', 1, '.3f')} | "
-            f"{_p(r, 'reward_auc')} | {r['survived_mean'] * 100:.0f} | {_diff(r, 'survived', 100, '.0f')} | "
-            f"{_p(r, 'survived')} | {_num(r['token_ratio_var_mean'], '.3g')} | "
+            f"| {name} | {r['runs']} | {_pairs(r)} | {r['late_accuracy_mean'] * 100:.1f} | "
+            f"{_diff(r, 'late_accuracy', 100, '.1f')} | {_p(r, 'late_accuracy')} | {r['reward_auc_mean']:.3f} | "
+            f"{_diff(r, 'reward_auc', 1, '.3f')} | {_p(r, 'reward_auc')} | {r['survived_mean'] * 100:.0f} | "
+            f"{_diff(r, 'survived', 100, '.0f')} | {_p(r, 'survived')} | {_num(r['token_ratio_var_mean'], '.3g')} | "
             f"{_num(r['routing_share_mean'] * 100, '.1f')} | {_num(r['clip_frac_mean'] * 100, '.2f')} |"
         )
+    reasons = sorted({r["descriptive"] for _, r in table.iterrows() if _descriptive(r)})
+    if reasons:
+        lines += ["", f"Differences without an interval or p are descriptive: {'; '.join(reasons)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -156,12 +195,17 @@ def bench_section(
         "",
         (__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
         "",
-        f"Every arm starts from the same cold start ({100 * runs['start_accuracy'].mean():.1f}% held-out accuracy at "
-        "step 0): a late accuracy below it is a run that lost what the cold start had.",
+        f"{_starts_sentence(runs)} ({100 * runs['start_accuracy'].mean():.1f}% held-out accuracy at step 0): a late "
+        "accuracy below it is a run that lost what the cold start had.",
         "",
-        "Pooled over the cells (pairs by lr, N and seed):",
+        "Pooled over the cells (pairs by lr, N and seed, clustered by cold start):",
         "",
     ]
+
+
+def _starts_sentence(runs: pd.DataFrame) -> str:
+    n = starts_of(runs).nunique()
+    return "Every arm starts from the same cold start" if n == 1 else f"The arms start from {n} cold starts"
 
 
 # the runs this folder's report reads from another folder: (folder, the run keys it keeps)
@@ -205,7 +249,8 @@ def claims_section(root: Path, presets: Path) -> list[str]:
         "## Stabilizer leaderboard",
         "",
         "Every published stabilizer against grpo+none on the default model in the two cells of the phase map "
-        "where it degrades (lr 3e-4 with N = 8, lr 1e-3 with N = 2), 8 seeds each, paired by cell and seed; "
+        "where it degrades (lr 3e-4 with N = 8, lr 1e-3 with N = 2), 8 seeds each, paired by cell and seed and "
+        "clustered by cold start; "
         "not a claim of the papers, so no verdict. Per cell and with the rules: `stabilizers/summary.md`.",
         "",
         format_leaderboard_markdown(table[table["cell"] == "pooled"]),
