@@ -49,10 +49,12 @@ SWEEP_SIZES = {
     "divergence": 1,  # its runs come from experiments/divergence.py, one multirun per row
     "staleness": 1,  # its runs come from experiments/staleness.py, one multirun per value of an axis
     "causal": 1,  # its runs come from experiments/causal.py, one multirun per block, level and lr
+    "length": 1,  # its runs come from experiments/length.py, one multirun per block, level and length
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults
-LEAN = {"frontier", "divergence", "staleness", "causal"}
+# (the length study reads route flips and the ratio split too, as run means over the route steps, every 10th)
+LEAN = {"frontier", "divergence", "staleness", "causal", "length"}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {
     "phase_edge": "phase",

@@ -92,9 +92,10 @@ def test_below_five_starts_every_number_is_descriptive() -> None:
     for col in ("change_lo", "change_hi", "vs_moe_lo", "vs_moe_hi", "vs_moe_p", "vs_moe_holm", "share_lo", "share_hi"):
         assert table[col].isna().all(), col
     reads = {rung: verdict(row) for rung, row in table.reset_index().set_index("rung", drop=False).iterrows()}
-    assert reads["half"] == reads["worse"] == reason and reads["dense"] == "target (1)"
+    assert reads["half"] == reads["worse"] == "descriptive" and reads["dense"] == "target (1)"
     text = format_ladder_markdown(table.reset_index())
-    assert f"| half | 8 (2) | 40.0% | 0.150 | 0.900 | -10.0 | +10.0 | — | +0.50 | {reason} |" in text
+    assert "| half | 8 (2) | 40.0% | 0.150 | 0.900 | -10.0 | +10.0 | — | +0.50 | descriptive |" in text
+    assert text.endswith(f"A number without an interval or p is {reason}; a descriptive rung is not read.")
 
 
 def test_the_cold_start_key_names_the_start_where_given() -> None:

@@ -180,13 +180,12 @@ def gap_established(table: pd.DataFrame) -> bool:
 
 
 def verdict(row: pd.Series, gap: bool = True) -> str:
-    """What a rung does to the gap, by its share's interval; nothing where it is descriptive (fewer than 5 starts:
-    the reason) or where there is no gap (`gap_established`)."""
+    """What a rung does to the gap, by its share's interval; nothing where it is descriptive (fewer than 5 starts)
+    or where there is no gap (`gap_established`)."""
     if row["rung"] in (REFERENCE, TARGET):
         return "reference (0)" if row["rung"] == REFERENCE else "target (1)"
-    reason = row.get("descriptive")
-    if isinstance(reason, str) and reason:
-        return reason
+    if _descriptive(row):
+        return "descriptive"
     if not gap:
         return "no gap to share"
     if not np.isfinite(row["share_lo"]):
@@ -198,6 +197,10 @@ def verdict(row: pd.Series, gap: bool = True) -> str:
     if row["share_lo"] > 0:
         return "closes part of it"
     return "no clear effect"
+
+
+def _descriptive(row: pd.Series) -> bool:
+    return isinstance(row.get("descriptive"), str) and bool(row["descriptive"])  # read back from a csv, "" is NaN
 
 
 def _p(row: pd.Series) -> str:
@@ -236,6 +239,9 @@ def format_ladder_markdown(table: pd.DataFrame) -> str:
             f"{r['start_reward']:.3f} | {r['start_entropy']:.3f} | {_ci(r['change'], r['change_lo'], r['change_hi'])} "
             f"| {_ci(r['vs_moe'], r['vs_moe_lo'], r['vs_moe_hi'])} | {_p(r)} | {share} | {verdict(r, gap)} |"
         )
+    reasons = sorted({r["descriptive"] for _, r in table.iterrows() if _descriptive(r)})
+    if reasons:
+        lines += ["", f"A number without an interval or p is {' or '.join(reasons)}; a descriptive rung is not read."]
     return "\n".join(lines)
 
 

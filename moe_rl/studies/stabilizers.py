@@ -175,7 +175,7 @@ def format_leaderboard_markdown(table: pd.DataFrame, *, reference: str = REFEREN
         )
     reasons = sorted({r["descriptive"] for _, r in table.iterrows() if _descriptive(r)})
     if reasons:
-        lines += ["", f"Differences without an interval or p are descriptive: {'; '.join(reasons)}."]
+        lines += ["", f"A Δ without an interval or p is {' or '.join(reasons)}."]
     return "\n".join(lines) + "\n"
 
 
