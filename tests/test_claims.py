@@ -14,6 +14,7 @@ from helpers import PRESETS, ROOT
 
 from moe_rl import analysis, studies
 from moe_rl.analysis import claims as C
+from moe_rl.analysis.claims import paired
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 from moe_rl.studies import drift_claims, engine, mechanism_claims
@@ -154,12 +155,13 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
     kind, claims = world
     got = {c.id: (c.verdict, c.reason) for c in claims}
-    assert [c.id for c in claims] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15]
+    assert [c.id for c in claims] == list(range(1, 16))
     # the planted world holds no mechanism ladder, no frontier and no causal study: claims 8 and 9 (judged on planted
     # ladders in test_ladder_claims_...), 10 and 11 (planted edges in test_staleness_study.py) and 7, 14 and 15
-    # (test_causal_study.py) have nothing to judge here; claim 7's first look, the dense control, is in its notes
+    # (test_causal_study.py), 12 and 13 (test_length_study.py) have nothing to judge here; claim 7's first look, the
+    # dense control, is in its notes
     expected = {i: kind for i in got if i <= 6} | {8: "untestable here", 9: "untestable here"}
-    undecided = {i: "inconclusive" for i in (7, 10, 11, 14, 15)}
+    undecided = {i: "inconclusive" for i in (7, 10, 11, 12, 13, 14, 15)}
     assert {i: v for i, (v, _) in got.items()} == expected | undecided, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"
     assert all(got[i][1] == "no data" for i in undecided)
@@ -357,7 +359,9 @@ def test_pairs_from_fewer_than_5_starts_are_descriptive(outcomes: tuple[str, ...
         f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({five.reason})"
     )
     assert np.isnan(two.p_value) and 0 < five.p_value < 0.05
-    assert (two.statistic, two.cells, two.test) == (five.statistic, five.cells, five.test)  # they describe the runs
+    # they describe the same runs, the descriptive one without its seed-level intervals
+    assert (two.statistic, two.cells, two.test) == (paired.INTERVAL.sub("", five.statistic), five.cells, five.test)
+    assert "[" in five.statistic and "[" not in two.statistic
     if outcomes == C.ARMS_OUTCOMES:  # the grid cannot decide either; the paragraph says why
         assert two.robustness == {"relative": "inconclusive"} and five.robustness == {"relative": "reproduced"}
         assert two.notes[0] == f"by seed pairs, descriptive: {five.notes[0]}"
@@ -383,7 +387,8 @@ def test_the_starts_are_read_from_the_run_folders(tmp_path: Path) -> None:
         "descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: "
         f"reproduced ({claims[5].reason})"
     )
-    assert claims[2].statistic == claims[5].statistic and "collapsed r2 6 of 8 vs r3 0 of 8" in claims[2].statistic
+    assert claims[2].statistic == paired.INTERVAL.sub("", claims[5].statistic)  # no seed-level interval
+    assert "collapsed r2 6 of 8 vs r3 0 of 8" in claims[2].statistic
 
 
 def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
@@ -460,7 +465,7 @@ def test_no_data_is_inconclusive_never_a_crash(tmp_path: Path) -> None:
     assert [(c.verdict, c.reason) for c in claims] == [("inconclusive", "no data")] * 7 + [
         ("untestable here", "no runs of mechanism"),
         ("untestable here", "no runs of mechanism"),
-    ] + [("inconclusive", "no data")] * 4
+    ] + [("inconclusive", "no data")] * 6
     (tmp_path / "drift_scaling").mkdir()
     (tmp_path / "drift_scaling" / "fit.json").write_text("{not json")
     first = studies.claims(tmp_path, PRESETS)[0]
@@ -861,7 +866,8 @@ def test_ladder_claims_from_two_cold_starts_are_descriptive() -> None:
     # the same runs, as if each seed pair had a start of its own: the seed-level reading
     apart = runs.assign(start=runs["cold_seed"].astype(str) + "-" + runs["seed"].astype(str))
     apart = C.judge_paired(mechanism_claims.AUX_HURTS, Path("unused"), runs=apart)
-    assert (apart.verdict, c.verdict, c.statistic) == ("reproduced", "inconclusive", apart.statistic)
+    assert (apart.verdict, c.verdict) == ("reproduced", "inconclusive")
+    assert c.statistic == paired.INTERVAL.sub("", apart.statistic) != apart.statistic
     assert c.reason == (
         f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({apart.reason})"
     )

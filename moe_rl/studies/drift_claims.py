@@ -326,7 +326,9 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         f"We compared the share of routing decisions that change per off-policy update in models with {deep} "
         f"and {shallow} MoE layers, on {r['n']} pairs of runs that differ only in depth. The deeper models flip "
         f"{pct(pairs[deep].mean())} of decisions per layer and the shallower {pct(level)} (difference "
-        f"{100 * r['mean_diff']:+.2f} points, 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}). Verdict: "
+        f"{100 * r['mean_diff']:+.2f} points"
+        + ("" if descriptive_reason(starts) else f", 95% interval {100 * r['lo']:+.2f} to {100 * r['hi']:+.2f}")
+        + "). Verdict: "
         f"**{c.verdict}** for drift per layer"
         + (
             f", counting the look after which {int((ext != '').sum())} of the "

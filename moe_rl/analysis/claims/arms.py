@@ -196,23 +196,33 @@ def counts_note(cmp: Comparison) -> str:
     )
 
 
-def comparison_plain(c: Claim, cmp: Comparison, looks: int, without: str, second: Comparison | None = None) -> str:
+def comparison_plain(
+    c: Claim,
+    cmp: Comparison,
+    looks: int,
+    without: str,
+    second: Comparison | None = None,
+    descriptive: bool = False,
+) -> str:
     """The paragraph for a person of a claim decided by `cmp` (and a `second` comparison of the claimed arm
     against a rival): pairs, accuracy and collapse counts, the verdict over the grid of collapse definitions,
-    the looks at the data (`without`: the verdict without the runs added after a look)."""
+    the looks at the data (`without`: the verdict without the runs added after a look). `descriptive` (fewer than 5
+    independent cold starts behind the pairs): the differences without their seed-level intervals."""
     acc, s = cmp.cont[ACCURACY], cmp.surv
+    ci = "" if descriptive else f" (95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f})"
     text = (
         f"We compared {cmp.better} with {cmp.worse} on {acc['n']} seed-matched pairs of runs in the cells of the "
-        f"phase map where runs lose accuracy. {cmp.better} ended {accuracy_points(acc['mean_diff'])} {cmp.worse} "
-        f"(95% interval of the difference {100 * acc['lo']:+.1f} to {100 * acc['hi']:+.1f}); {s['kw']} of {s['n']} "
-        f"{cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the main definition."
+        f"phase map where runs lose accuracy. {cmp.better} ended {accuracy_points(acc['mean_diff'])} {cmp.worse}"
+        f"{ci}; {s['kw']} of {s['n']} {cmp.worse} runs and {s['kb']} of {s['n']} {cmp.better} runs collapsed under the "
+        "main definition."
     )
     if second is not None:
         a2 = second.cont[ACCURACY]
         auc, auc2 = cmp.cont["reward_auc"], second.cont["reward_auc"]
+        ci2 = "" if descriptive else f" ({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f})"
         text += (
-            f" Against {second.better}, {second.worse} ended {accuracy_points(-a2['mean_diff'])} it "
-            f"({-100 * a2['hi']:+.1f} to {-100 * a2['lo']:+.1f}). Its reward AUC (mean reward over the run) was "
+            f" Against {second.better}, {second.worse} ended {accuracy_points(-a2['mean_diff'])} it"
+            f"{ci2}. Its reward AUC (mean reward over the run) was "
             f"{auc['mean_diff']:+.3f} against {cmp.worse} and {-auc2['mean_diff']:+.3f} against {second.better}."
         )
     shares_text = shares(list(c.robustness.values()))

@@ -18,6 +18,7 @@ collapse definitions included) kept in its reason and notes, its statistic and p
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -473,6 +474,10 @@ def _judge(
         c.plain += " " + descriptive_plain(got.starts)
 
 
+# a bracketed interval of a statistic's text, e.g. " [+0.9, +15.6]"
+INTERVAL = re.compile(r" \[[-+]?[0-9.]+, [-+]?[0-9.]+\]")
+
+
 def _descriptive(c: Claim, starts: int) -> None:
     """No verdict from fewer than MIN_UNITS independent cold starts (`rules.descriptive`): the claim is
     inconclusive, its seed-level reading (fragile included) kept in the reason and its grid of collapse
@@ -481,6 +486,7 @@ def _descriptive(c: Claim, starts: int) -> None:
         return
     c.verdict, c.reason = descriptive(c.verdict, c.reason, starts)
     c.p_value = float("nan")
+    c.statistic = INTERVAL.sub("", c.statistic)  # the seed-level intervals describe nothing the starts can carry
     if c.robustness:  # the grid reads the same seed pairs: it describes, it cannot decide either
         c.robustness = dict.fromkeys(c.robustness, INCONCLUSIVE)
         c.notes[0] = f"by seed pairs, descriptive: {c.notes[0]}"  # set_robustness put its note first
@@ -494,7 +500,9 @@ def _plain(record: PairedClaim, c: Claim, got: Decision, looks: int, without: st
         return ""
     if not record.plain:
         second = got.results[1].comparison if len(got.results) > 1 else None
-        return comparison_plain(c, pred, looks, without, second=second)
+        return comparison_plain(
+            c, pred, looks, without, second=second, descriptive=descriptive_reason(got.starts) is not None
+        )
     acc, nan = got.results[0].accuracy, float("nan")
     own = {side: got.start.get(arm, {}) for side, arm in (("better", record.better), ("worse", record.worse))}
     return record.plain.format(
