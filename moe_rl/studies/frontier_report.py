@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from moe_rl.analysis.clustered import paired_by_start
 from moe_rl.analysis.folder_report import write_csv, write_png
-from moe_rl.analysis.stats import pair_by, paired_compare
+from moe_rl.analysis.stats import pair_by
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import frontier as fr_
 
@@ -30,16 +31,17 @@ def row_label(runs: pd.DataFrame, row: tuple[str, str]) -> str:
 
 
 def price(runs: pd.DataFrame, row: tuple[str, str]) -> tuple[float, float, float, int]:
-    """Reward AUC at the price point minus grpo+none's, paired by seed: (difference, lo, hi, pairs)."""
+    """Reward AUC at the price point minus grpo+none's, paired on (cold start, seed): (difference, lo, hi, pairs); the
+    interval over starts, then seeds (`paired_by_start`), NaN below 5 starts (the difference is then descriptive)."""
     a, b = fr_.at_point(runs, row, fr_.PRICE_POINT), fr_.at_point(runs, fr_.REFERENCE, fr_.PRICE_POINT)
     if row == fr_.REFERENCE or a.empty or b.empty:
         return np.nan, np.nan, np.nan, 0
     both = pd.concat([a.assign(side="a"), b.assign(side="b")])
-    pairs = pair_by(both, arm_col="side", a="a", b="b", value="reward_auc", on=("seed",))
+    pairs = pair_by(both, arm_col="side", a="a", b="b", value="reward_auc", on=("start", "seed"))
     if len(pairs) < 2:
         return np.nan, np.nan, np.nan, len(pairs)
-    test = paired_compare(pairs["a"], pairs["b"], seed=0)
-    return test["mean_diff"], test["lo"], test["hi"], int(test["n"])
+    test = paired_by_start(pairs["a"] - pairs["b"], pairs["start"])
+    return float(test["mean_diff"]), float(test["lo"]), float(test["hi"]), len(pairs)  # type: ignore[arg-type]
 
 
 def frontier_table(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = None) -> pd.DataFrame:
@@ -75,6 +77,8 @@ def _ratio(r: pd.Series, axis: str) -> str:
 def _price(r: pd.Series) -> str:
     if pd.isna(r["price_auc_diff"]):
         return "ref" if (r["family"], r["arm_file"]) == fr_.REFERENCE else "—"
+    if pd.isna(r["price_lo"]):  # fewer than 5 starts: descriptive
+        return f"{r['price_auc_diff']:+.3f} (descriptive)"
     return f"{r['price_auc_diff']:+.3f} [{r['price_lo']:+.3f}, {r['price_hi']:+.3f}]"
 
 
