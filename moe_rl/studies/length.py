@@ -128,6 +128,8 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
     info = df.drop_duplicates("run").set_index("run")
     out["L"] = info["L"].reindex(out.index) if "L" in info else np.nan
+    for col in ("num_moe_layers", "top_k"):
+        out[col] = info[col].reindex(out.index) if col in info else np.nan
     out["member"] = out["seed"].astype(int) % POOL
     out["level"] = [_level_of(spec, length, lr) for length, lr in zip(out["L"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
+from moe_rl.config import TrainConfig
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import length as ln
 from moe_rl.studies import length_claims as lc
@@ -102,9 +103,20 @@ def format_contrasts(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROMPT_CHARS = len("Calculate  + .")  # basic_arithmetic's question is this plus the two L-digit addends
+SEQUENCES = TrainConfig().rollout.prompts_per_step * TrainConfig().rollout.group_size  # a step's rollout
+
+
+def route_kib(runs: pd.DataFrame) -> pd.Series:
+    """The routes R2 caches per step, KiB: every position of the step's sequences (the question's 2 L + 14 characters
+    and the completion) x MoE layers x top-k expert indices of one byte (uint8 up to 256 experts), masks aside."""
+    positions = 2 * runs["L"] + PROMPT_CHARS + runs["response_len"]
+    return SEQUENCES * positions * runs["num_moe_layers"] * runs["top_k"] / 1024
+
+
 def replay_cost(runs: pd.DataFrame) -> pd.DataFrame:
     """Per level and length: the step's wall seconds of grpo+r2 over grpo+none, paired on (member, seed), median of the
-    pairs, with each arm's median step time."""
+    pairs, with each arm's median step time and the routes R2 caches per step (`route_kib`, median over its runs)."""
     rows = []
     for (level, length), g in runs.groupby(["level", "L"], sort=True):
         a = g[g["arm_file"] == lc.R2].set_index(["member", "seed"])["step_s"]
@@ -120,6 +132,7 @@ def replay_cost(runs: pd.DataFrame) -> pd.DataFrame:
                 "none_step_s": float(both["none"].median()),
                 "r2_step_s": float(both["r2"].median()),
                 "r2_over_none": float((both["r2"] / both["none"]).median()),
+                "route_kib_per_step": float(route_kib(g[g["arm_file"] == lc.R2]).median()),
             }
         )
     return pd.DataFrame(rows)
