@@ -151,3 +151,11 @@ def test_below_five_members_nothing_is_decided() -> None:
 def test_runs_from_a_start_outside_the_band_are_left_out() -> None:
     runs = pd.DataFrame({"level": ["past", "past", None], "in_band": [True, False, True], "change": [0.1, 0.0, 0.2]})
     assert ln.analysed(runs)["change"].tolist() == [0.1]
+
+
+def test_a_length_where_every_run_ends_at_zero_is_named_a_floor() -> None:
+    spec = ln.load_spec(PRESETS)
+    runs = _planted(-0.05, 0.0, 0.08, 0.0).assign(late_accuracy=0.1)
+    runs.loc[runs["L"] == 16, "late_accuracy"] = 0.0
+    found = lc.decide(spec, runs)["2"]
+    assert "a floor" in found[16][1] and "a floor" not in found[4][1]

@@ -68,6 +68,8 @@ def per_length(spec: ln.Spec, runs: pd.DataFrame, a: str, b: str) -> dict[int, d
             continue
         rec = ln.contrast(runs, a, b, level, length)
         rec["grpo_change"] = float(at.loc[at["arm_file"] == GRPO, "change"].mean())
+        both = at[at["arm_file"].isin((a, b))]
+        rec["floor"] = bool("late_accuracy" in both and (both["late_accuracy"] == 0).all())
         rec["p_one"] = one_sided(float(rec["p_value"]), float(rec["mean_diff"]))
         out[length] = rec
     ids = [k for k, r in out.items() if not r["descriptive"]]
@@ -97,7 +99,8 @@ def claim2_at(r: dict) -> tuple[str, str]:
         return INCONCLUSIVE, f"not decided: {r['descriptive']}"
     if not _degrades(r):
         return UNTESTABLE_HERE, f"grpo+none does not degrade (mean change {_pp(r['grpo_change'])} pp)"
-    return _above(r), f"one-sided p {fmt_p(r['p_one'])}, Holm {fmt_p(r['p_holm'])}; {_interval(r)} pp"
+    floor = "; every run of both arms ended at accuracy 0, a floor on which no arm can differ" if r.get("floor") else ""
+    return _above(r), f"one-sided p {fmt_p(r['p_one'])}, Holm {fmt_p(r['p_holm'])}; {_interval(r)} pp{floor}"
 
 
 def claim3_at(vs_grpo: dict, r2_vs: dict | None) -> tuple[str, str]:
