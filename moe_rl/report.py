@@ -34,7 +34,7 @@ from moe_rl import analysis, studies
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
-from moe_rl.studies import causal_report, divergence_report
+from moe_rl.studies import causal_report, divergence_report, length_report
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
@@ -42,6 +42,7 @@ README = Path("README.md")
 README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables
     (divergence_report.README_BLOCK, divergence_report.readme_table),
     (causal_report.README_BLOCK, causal_report.readme_table),
+    (length_report.README_BLOCK, length_report.readme_table),
 )
 
 

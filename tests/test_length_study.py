@@ -159,3 +159,15 @@ def test_a_length_where_every_run_ends_at_zero_is_named_a_floor() -> None:
     runs.loc[runs["L"] == 16, "late_accuracy"] = 0.0
     found = lc.decide(spec, runs)["2"]
     assert "a floor" in found[16][1] and "a floor" not in found[4][1]
+
+
+def test_the_readme_length_table_is_the_shipped_one() -> None:
+    """README.md's length table is generated from results/length/arms.csv and contrasts.csv (`report --readme`)."""
+    from helpers import ROOT
+
+    from moe_rl.analysis.pages import readme_block
+    from moe_rl.studies import length_report
+
+    table = length_report.readme_table(ROOT / "results")
+    assert table is not None, "results/length/arms.csv and contrasts.csv are shipped"
+    assert readme_block(ROOT / "README.md", length_report.README_BLOCK) == table

@@ -247,3 +247,36 @@ def write_length_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
     written += [write_csv(out / "replay_cost.csv", cost), write_csv(out / "runs.csv", every.drop(columns=["run_dir"]))]
     written.append(write_csv(out / "starts.csv", start_covariates(every)))
     return written
+
+
+README_BLOCK = ("<!-- length table: python -m moe_rl.report --readme -->", "<!-- end of length table -->")
+
+
+def readme_table(root: Path) -> str | None:
+    """README.md's length table, from results/length/arms.csv and contrasts.csv: per level and length, grpo+none's
+    accuracy change and collapse share, R2 - GRPO and GSPO - GRPO (pp, paired, with intervals from 5 members up), and
+    the token ratio variance and routing share of grpo+none; None without shipped tables."""
+    folder = Path(root) / lc.FOLDER
+    if not (folder / "arms.csv").is_file() or not (folder / "contrasts.csv").is_file():
+        return None
+    arms = pd.read_csv(folder / "arms.csv", keep_default_na=False, na_values=[""])
+    pairs = pd.read_csv(folder / "contrasts.csv", keep_default_na=False, na_values=[""])
+    head = "| level | L | members | grpo+none Δ pp (collapsed) | R2 - GRPO, pp | GSPO - GRPO, pp | token ratio var | routing share |"
+    lines = [head, "|:---|---:|---:|---:|---:|---:|---:|---:|"]
+    for _, g in arms[arms["arm"] == lc.GRPO].iterrows():
+        cells = []
+        for a in (lc.R2, lc.GSPO):
+            r = pairs[
+                (pairs["a"] == a) & (pairs["b"] == lc.GRPO) & (pairs["level"] == g["level"]) & (pairs["L"] == g["L"])
+            ]
+            if r.empty:
+                cells.append("not run")
+                continue
+            x = r.iloc[0]
+            ci = f" [{_pp(x['lo'])}, {_pp(x['hi'])}]" if pd.isna(x["descriptive"]) or not x["descriptive"] else ""
+            cells.append(f"{_pp(x['mean_diff'])}{ci}")
+        lines.append(
+            f"| {g['level']} | {g['L']} | {g['starts']} | {_pp(g['change'])} ({100 * g['collapsed']:.0f}%) | "
+            f"{' | '.join(cells)} | {_num(g['token_var'])} | {_num(g['routing_share'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
