@@ -171,3 +171,14 @@ def test_the_readme_length_table_is_the_shipped_one() -> None:
     table = length_report.readme_table(ROOT / "results")
     assert table is not None, "results/length/arms.csv and contrasts.csv are shipped"
     assert readme_block(ROOT / "README.md", length_report.README_BLOCK) == table
+
+
+def test_the_route_bytes_count_the_presets_rollout_and_question() -> None:
+    from moe_rl.config import TrainConfig
+    from moe_rl.studies import length_report
+
+    cfg = TrainConfig()
+    assert length_report.SEQUENCES == cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    assert length_report.PROMPT_CHARS + 2 * 4 == len("Calculate 4179 + 1931.")
+    runs = pd.DataFrame({"L": [4], "response_len": [6.0], "num_moe_layers": [2], "top_k": [2]})
+    assert length_report.route_kib(runs).iloc[0] == pytest.approx(128 * (22 + 6) * 2 * 2 / 1024)

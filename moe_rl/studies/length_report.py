@@ -17,7 +17,6 @@ from matplotlib.figure import Figure
 from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
-from moe_rl.config import TrainConfig
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import length as ln
 from moe_rl.studies import length_claims as lc
@@ -104,7 +103,7 @@ def format_contrasts(table: pd.DataFrame) -> str:
 
 
 PROMPT_CHARS = len("Calculate  + .")  # basic_arithmetic's question is this plus the two L-digit addends
-SEQUENCES = TrainConfig().rollout.prompts_per_step * TrainConfig().rollout.group_size  # a step's rollout
+SEQUENCES = 16 * 8  # a step's rollout: rollout.prompts_per_step x group_size at their defaults, which the preset keeps
 
 
 def route_kib(runs: pd.DataFrame) -> pd.Series:
