@@ -24,7 +24,7 @@ def planted(row: tuple[str, str], changes: dict[float, list[float]], collapsed: 
             rows.append(
                 {"run": f"arm={row[1]},n={n},seed={seed}", "family": row[0], "arm_file": row[1], "arm": row[1],
                  "lr": 3e-4, "N": int(n), "seed": seed, "change": change, "collapsed": down, "reward_auc": 0.1,
-                 "token_ratio_var": 0.01 * n, "status": "completed"}
+                 "token_ratio_var": 0.01 * n, "status": "completed", "start": f"start{seed}"}
             )  # fmt: skip
     cols = [
         "run",
@@ -39,7 +39,7 @@ def planted(row: tuple[str, str], changes: dict[float, list[float]], collapsed: 
         "reward_auc",
         "token_ratio_var",
     ]
-    return pd.DataFrame(rows, columns=[*cols, "status"])
+    return pd.DataFrame(rows, columns=[*cols, "status", "start"])  # each seed its own cold start
 
 
 def test_rule_at_a_point_is_the_declared_one():
@@ -173,6 +173,9 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
     assert rows.loc["vespo_none", "N_headroom"] == 4.0  # 8 / 2, every draw the same
     assert "| vespo_none | 8 (< 16) | [8, 8] | 4x [4, 4] | 16 |" in text and "2 of 2 edges located" in text
     assert len(fig.axes) == 1
+    one = runs.assign(start="bench")  # every run from one cold start: the edges' intervals are descriptive
+    _, text, _ = frontier_section(one, fr)
+    assert "| vespo_none | 8 (< 16) | (1 start) | 4x | 16 |" in text
 
 
 def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):
@@ -186,4 +189,4 @@ def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):
     fr_report.frontier_table(runs, fr).to_csv(tmp_path / "frontier" / "frontier.csv", index=False)
     monkeypatch.setattr(fr_, "load_frontier", lambda presets: fr)
     text = "\n".join(fr_report.claims_section(tmp_path, PRESETS))
-    assert "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text and "| vespo_none | open: >= 8 | — | — | 4 |" in text
+    assert "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text and "| vespo_none | open: >= 8 | (4 starts) | — | 4 |" in text

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.clustered import paired_by_start
+from moe_rl.analysis.clustered import descriptive_reason, paired_by_start
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.analysis.stats import pair_by
 from moe_rl.run.atomic import write_atomic
@@ -50,12 +50,18 @@ def frontier_table(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = No
     out = []
     for row in fr.rows:
         rec: dict = {"arm": row_label(runs, row), "family": row[0], "arm_file": row[1]}
+        own = runs[(runs["family"] == row[0]) & (runs["arm_file"] == row[1])]
+        rec["starts"] = int(own["start"].nunique())
+        few = descriptive_reason(rec["starts"])  # the edges' intervals resample seeds: from 5 starts up only
         for axis in fr.axes:
             edge, ref = edges[(row, axis.name)], edges[(fr_.REFERENCE, axis.name)]
             rec[f"{axis.name}_edge"] = edge.label
-            rec[f"{axis.name}_interval"] = edge.interval
+            rec[f"{axis.name}_interval"] = (
+                f"({rec['starts']} start{'s' * (rec['starts'] != 1)})" if few else edge.interval
+            )
             rec[f"{axis.name}_runs"] = int(edge.points["n"].sum()) if len(edge.points) else 0
             ratio = fr_.edge_ratio(edge, ref) if edge.located and ref.located else (np.nan,) * 3
+            ratio = (ratio[0], np.nan, np.nan) if few else ratio
             rec[f"{axis.name}_headroom"], rec[f"{axis.name}_headroom_lo"], rec[f"{axis.name}_headroom_hi"] = ratio
         rec["price_auc_diff"], rec["price_lo"], rec["price_hi"], rec["price_pairs"] = price(runs, row)
         bench = fr_.at_point(runs, row, BENCH_CELL)
@@ -71,6 +77,8 @@ def _ratio(r: pd.Series, axis: str) -> str:
         return "ref"
     if pd.isna(r[f"{axis}_headroom"]):
         return "—"
+    if pd.isna(r[f"{axis}_headroom_lo"]):  # fewer than 5 starts: descriptive
+        return f"{r[f'{axis}_headroom']:.2g}x"
     return f"{r[f'{axis}_headroom']:.2g}x [{r[f'{axis}_headroom_lo']:.2g}, {r[f'{axis}_headroom_hi']:.2g}]"
 
 
