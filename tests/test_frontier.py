@@ -189,4 +189,7 @@ def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):
     fr_report.frontier_table(runs, fr).to_csv(tmp_path / "frontier" / "frontier.csv", index=False)
     monkeypatch.setattr(fr_, "load_frontier", lambda presets: fr)
     text = "\n".join(fr_report.claims_section(tmp_path, PRESETS))
-    assert "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text and "| vespo_none | open: >= 8 | (4 starts) | — | 4 |" in text
+    assert (
+        "| grpo_none | 2 (< 4) | [2, 2] | ref | 16 |" in text
+        and "| vespo_none | open: >= 8 | (4 starts) | — | 4 |" in text
+    )
