@@ -4,7 +4,6 @@ exploratory ones; the 1/sqrt(p) test on the runs' expert-activity instrument; a 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl.analysis import expert_activity
+from moe_rl.analysis.claims.rules import fmt_num, fmt_pp
 from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.run.atomic import write_atomic
@@ -40,14 +40,6 @@ PAIRS = (
 )
 
 
-def _pp(x: float) -> str:
-    return "—" if not math.isfinite(x) else f"{100 * x:+.1f}"
-
-
-def _num(x: float, fmt: str = ".3g") -> str:
-    return "—" if not math.isfinite(x) else format(x, fmt)
-
-
 def format_arms(table: pd.DataFrame, spec: causal.Spec) -> str:
     lines = []
     for level in spec.levels.values():
@@ -63,11 +55,11 @@ def format_arms(table: pd.DataFrame, spec: causal.Spec) -> str:
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in own.iterrows():
-            ci = f" [{_pp(r['change_lo'])}, {_pp(r['change_hi'])}]" if not r["descriptive"] else " (descriptive)"
+            ci = f" [{fmt_pp(r['change_lo'])}, {fmt_pp(r['change_hi'])}]" if not r["descriptive"] else " (descriptive)"
             lines.append(
-                f"| {r['rung']} | {r['lr']:.3g} | {r['runs']} ({r['starts']}) | {_pp(r['change'])}{ci} | "
-                f"{100 * r['collapsed']:.0f}% | {_num(r['kl_early'], '.4f')} | {_num(r['flip'])} | "
-                f"{_num(r['router_drift'])} | {_num(r['low_over_high'])} | {_num(r['load_entropy'])} |"
+                f"| {r['rung']} | {r['lr']:.3g} | {r['runs']} ({r['starts']}) | {fmt_pp(r['change'])}{ci} | "
+                f"{100 * r['collapsed']:.0f}% | {fmt_num(r['kl_early'], '.4f')} | {fmt_num(r['flip'])} | "
+                f"{fmt_num(r['router_drift'])} | {fmt_num(r['low_over_high'])} | {fmt_num(r['load_entropy'])} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -81,11 +73,11 @@ def format_contrasts(table: pd.DataFrame, declared: dict[tuple[str, str, str], i
         "|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        ci = f" [{_pp(r['lo'])}, {_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
+        ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
         claim = declared.get((r["a"], r["b"], r["level"]))
         lines.append(
             f"| {r['a']} - {r['b']} | {r['level']} | {claim if claim else 'exploratory'} | {r['n_seeds']} "
-            f"({r['n_starts']}) | {_pp(r['mean_diff'])}{ci} | {_num(r['p_value'])} | {_num(r['kl_ratio'], '.2f')} |"
+            f"({r['n_starts']}) | {fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -197,10 +189,10 @@ def readme_table(root: Path) -> str | None:
                 cells.append("not run")
                 continue
             x = r.iloc[0]
-            ci = f" [{_pp(x['lo'])}, {_pp(x['hi'])}]" if not x["descriptive"] else f" ({x['n_starts']} starts)"
+            ci = f" [{fmt_pp(x['lo'])}, {fmt_pp(x['hi'])}]" if not x["descriptive"] else f" ({x['n_starts']} starts)"
             bold = not x["descriptive"] and (x["lo"] > 0 or x["hi"] < 0)
-            d = f"**{_pp(x['mean_diff'])}**" if bold else _pp(x["mean_diff"])
-            cells.append(f"{d}{ci} ({_num(x['kl_ratio'], '.2f')})")
+            d = f"**{fmt_pp(x['mean_diff'])}**" if bold else fmt_pp(x["mean_diff"])
+            cells.append(f"{d}{ci} ({fmt_num(x['kl_ratio'], '.2f')})")
         if any(c != "not run" for c in cells):
             lines.append(f"| {a} - {b} | {what} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ from moe_rl.analysis.claims.rules import (
     UNTESTABLE_HERE,
     Claim,
     fmt_p,
+    fmt_pp,
     would_change,
 )
 from moe_rl.analysis.stats import holm
@@ -45,10 +46,6 @@ def _runs(root: str, presets: str) -> tuple[ln.Spec, pd.DataFrame] | None:
 
     spec = ln.load_spec(Path(presets))
     return spec, ln.analysed(ln.per_run(analysis.load_results(folder, keys=ln.KEYS), spec))
-
-
-def _pp(x: object) -> str:
-    return "—" if not isinstance(x, float) or not math.isfinite(x) else f"{100 * x:+.1f}"
 
 
 def _interval(r: dict, scale: float = 100.0, digits: int = 1) -> str:
@@ -98,7 +95,7 @@ def claim2_at(r: dict) -> tuple[str, str]:
     if r["descriptive"]:
         return INCONCLUSIVE, f"not decided: {r['descriptive']}"
     if not _degrades(r):
-        return UNTESTABLE_HERE, f"grpo+none does not degrade (mean change {_pp(r['grpo_change'])} pp)"
+        return UNTESTABLE_HERE, f"grpo+none does not degrade (mean change {fmt_pp(r['grpo_change'])} pp)"
     floor = "; every run of both arms ended at accuracy 0, a floor on which no arm can differ" if r.get("floor") else ""
     return _above(r), f"one-sided p {fmt_p(r['p_one'])}, Holm {fmt_p(r['p_holm'])}; {_interval(r)} pp{floor}"
 
@@ -265,8 +262,8 @@ def claims_section(root: Path, presets: Path) -> list[str]:
     for cid, what in (("2", "grpo+r2 - grpo+none"), ("3", "gspo+none - grpo+none")):
         for length, (verdict, why, r) in found[cid].items():
             lines.append(
-                f"| {cid} | {length} | {what} {_pp(r['mean_diff'])} {_interval(r)} | {r['n_seeds']} ({r['n_starts']}) "
-                f"| {_pp(r['grpo_change'])} | **{verdict}** | {why} |"
+                f"| {cid} | {length} | {what} {fmt_pp(r['mean_diff'])} {_interval(r)} | {r['n_seeds']} ({r['n_starts']}) "
+                f"| {fmt_pp(r['grpo_change'])} | **{verdict}** | {why} |"
             )
     lines += [
         "",

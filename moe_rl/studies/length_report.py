@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from moe_rl.analysis.claims.rules import fmt_num, fmt_pp
 from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.folder_report import write_csv, write_png
@@ -41,14 +42,6 @@ FIGURES = (
 )
 
 
-def _pp(x: float) -> str:
-    return "—" if not math.isfinite(x) else f"{100 * x:+.1f}"
-
-
-def _num(x: float, fmt: str = ".3g") -> str:
-    return "—" if not math.isfinite(x) else format(x, fmt)
-
-
 def format_arms(table: pd.DataFrame, spec: ln.Spec) -> str:
     lines = []
     for level in spec.levels.values():
@@ -64,13 +57,13 @@ def format_arms(table: pd.DataFrame, spec: ln.Spec) -> str:
             "|---:|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in own.iterrows():
-            ci = f" [{_pp(r['change_lo'])}, {_pp(r['change_hi'])}]" if not r["descriptive"] else " (descriptive)"
+            ci = f" [{fmt_pp(r['change_lo'])}, {fmt_pp(r['change_hi'])}]" if not r["descriptive"] else " (descriptive)"
             lines.append(
-                f"| {r['L']} | {r['arm']} | {r['runs']} ({r['starts']}) | {_pp(r['change'])}{ci} | "
-                f"{100 * r['collapsed']:.0f}% | {_num(r['kl_early'], '.4f')} | {_num(r['response_len'], '.1f')} | "
-                f"{_num(r['flip'])} | {_num(r['flip_rollout'])} | {_num(r['token_var'])} | {_num(r['seq_var'])} | "
-                f"{_num(r['routing_share'], '.2f')} | {_num(r['clip_low'], '.3f')} / {_num(r['clip_high'], '.3f')} | "
-                f"{_num(r['step_s'], '.2f')} |"
+                f"| {r['L']} | {r['arm']} | {r['runs']} ({r['starts']}) | {fmt_pp(r['change'])}{ci} | "
+                f"{100 * r['collapsed']:.0f}% | {fmt_num(r['kl_early'], '.4f')} | {fmt_num(r['response_len'], '.1f')} | "
+                f"{fmt_num(r['flip'])} | {fmt_num(r['flip_rollout'])} | {fmt_num(r['token_var'])} | {fmt_num(r['seq_var'])} | "
+                f"{fmt_num(r['routing_share'], '.2f')} | {fmt_num(r['clip_low'], '.3f')} / {fmt_num(r['clip_high'], '.3f')} | "
+                f"{fmt_num(r['step_s'], '.2f')} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -94,10 +87,10 @@ def format_contrasts(table: pd.DataFrame) -> str:
         "|---|---|---:|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        ci = f" [{_pp(r['lo'])}, {_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
+        ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
         lines.append(
             f"| {r['a']} - {r['b']} | {r['level']} | {r['L']} | {r['n_seeds']} ({r['n_starts']}) | "
-            f"{_pp(r['mean_diff'])}{ci} | {_num(r['p_value'])} | {_num(r['kl_ratio'], '.2f')} |"
+            f"{fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -272,10 +265,10 @@ def readme_table(root: Path) -> str | None:
                 cells.append("not run")
                 continue
             x = r.iloc[0]
-            ci = f" [{_pp(x['lo'])}, {_pp(x['hi'])}]" if pd.isna(x["descriptive"]) or not x["descriptive"] else ""
-            cells.append(f"{_pp(x['mean_diff'])}{ci}")
+            ci = f" [{fmt_pp(x['lo'])}, {fmt_pp(x['hi'])}]" if pd.isna(x["descriptive"]) or not x["descriptive"] else ""
+            cells.append(f"{fmt_pp(x['mean_diff'])}{ci}")
         lines.append(
-            f"| {g['level']} | {g['L']} | {g['starts']} | {_pp(g['change'])} ({100 * g['collapsed']:.0f}%) | "
-            f"{' | '.join(cells)} | {_num(g['token_var'])} | {_num(g['routing_share'], '.2f')} |"
+            f"| {g['level']} | {g['L']} | {g['starts']} | {fmt_pp(g['change'])} ({100 * g['collapsed']:.0f}%) | "
+            f"{' | '.join(cells)} | {fmt_num(g['token_var'])} | {fmt_num(g['routing_share'], '.2f')} |"
         )
     return "\n".join(lines) + "\n"

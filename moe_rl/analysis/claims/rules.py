@@ -69,6 +69,16 @@ def fmt_p(p: float) -> str:
     return "—" if not np.isfinite(p) else f"{p:.3g}"
 
 
+def fmt_pp(x: float) -> str:
+    """A difference of shares in signed percentage points (0.052 -> "+5.2"); "—" where not finite."""
+    return "—" if not np.isfinite(x) else f"{100 * x:+.1f}"
+
+
+def fmt_num(x: float, spec: str = ".3g") -> str:
+    """A number in `spec`; "—" where not finite."""
+    return "—" if not np.isfinite(x) else format(x, spec)
+
+
 def direction_verdict(p_pred: float, p_opp: float, ci: tuple[float, float], margin: float) -> tuple[str, str]:
     if np.isfinite(p_pred) and p_pred < ALPHA:
         return REPRODUCED, f"predicted direction significant (p = {fmt_p(p_pred)})"
