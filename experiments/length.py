@@ -7,17 +7,20 @@
     python experiments/length.py --lengths 4,16        # only these lengths
 
 One Hydra multirun of `experiments/train.py` (`+preset=length`) per block, level and length: its arms x the block's
-seeds, at the length's level lr, with the task overrides that pin the length. Rerunning resumes: a finished run is
-read, not rerun.
+seeds, at the length's level lr, with the task overrides that pin the length. The pool members the runs start from
+are warmed first (`--jobs` at a time); a seed whose member's warm-up ended outside its band is skipped (a start RL
+cannot move either way; the study leaves such runs out of every contrast). Rerunning resumes: a finished run is read,
+not rerun.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from moe_rl.studies import length
-from moe_rl.studies.launch import multirun, run_multiruns
+from moe_rl.studies.launch import live_seeds, multirun, run_multiruns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -40,18 +43,32 @@ def main() -> None:
     ap.add_argument("--lengths", default=None, help="run only these lengths, comma-separated (e.g. 4,16)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
+    os.chdir(ROOT)  # the warm-ups read and fill the cold-start cache where the runs will (relative to the root)
     spec = length.load_spec(args.presets)
     if args.blocks is not None:
         spec = length.only_blocks(spec, [int(b) for b in args.blocks.split(",")])
-    parts = [
-        (
-            f"[{level} L={size}] ",
-            f"{','.join(arms)} at lr {lr:g}",
-            command(spec, size, arms, lr, seeds, args.runs, args.jobs),
+    parts = []
+    for level, size, arms, lr, seeds in length.jobs(spec):
+        if args.lengths is not None and size not in {int(x) for x in args.lengths.split(",")}:
+            continue
+        label = f"[{level} L={size}]"
+        seeds = live_seeds(
+            "length",
+            spec.task_overrides(size),
+            seeds,
+            jobs=args.jobs,
+            warm=not args.dry_run,
+            label=label,
+            conf=HERE / "conf",
         )
-        for level, size, arms, lr, seeds in length.jobs(spec)
-        if args.lengths is None or size in {int(x) for x in args.lengths.split(",")}
-    ]
+        if seeds:
+            parts.append(
+                (
+                    label + " ",
+                    f"{','.join(arms)} at lr {lr:g}",
+                    command(spec, size, arms, lr, seeds, args.runs, args.jobs),
+                )
+            )
     run_multiruns(parts, study="length", cwd=ROOT, dry_run=args.dry_run)
 
 

@@ -17,7 +17,7 @@ from moe_rl.analysis import claims as C
 from moe_rl.analysis.claims import paired
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
-from moe_rl.studies import drift_claims, engine, mechanism_claims
+from moe_rl.studies import drift_claims, engine, mechanism_claims, shift
 from moe_rl.studies import phase as phase_study
 
 STEPS = 30
@@ -177,6 +177,22 @@ def test_depth_claim_reports_the_token_share_on_the_same_pairs(world: tuple[str,
     diff = 100 * np.mean((1 - (1 - f[8]) ** 8) - (1 - (1 - f[2]) ** 2))
     note = next(n for n in claims[3].notes if n.startswith("support: tokens"))
     assert "(8 layers) vs " in note and f": {diff:+.1f} pp [" in note and "6 pairs, one-sided p = 0.0156" in note
+
+
+def test_shift_lead_claim_counts_cold_starts(tmp_path: Path) -> None:
+    """Claim 6 on the reproduced world's phase grid (the shift leads the clip fraction by 2 steps), its runs from 2
+    cold starts, then 5: the lead is the same test on the same runs; from 2 starts it is descriptive (no interval,
+    the seed-level reading in the reason), from 5 it decides, its interval over starts."""
+    for n in (2, 5):
+        make_fake_grid(tmp_path / str(n), lrs=(1e-3,), steps=STEPS, starts=n, **WORLDS["reproduced"]["phase"])
+    two, five = (shift.claim_shift_leads(tmp_path / str(n), ("phase",)) for n in (2, 5))
+    assert (five.verdict, two.verdict) == ("reproduced", "inconclusive")
+    assert two.reason == (
+        f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({five.reason})"
+    )
+    assert "runs from 5 cold starts" in five.cells and "runs from 2 cold starts" in two.cells
+    assert "% [" in five.statistic and "% [" not in two.statistic
+    assert two.plain.endswith("a verdict needs 5 (runs from new cold starts, not more seeds).")
 
 
 def test_depth_claim_from_fewer_than_5_starts_is_descriptive(tmp_path: Path) -> None:

@@ -301,3 +301,22 @@ def test_granger_surrogates_find_a_lead_and_not_a_same_step_correlation() -> Non
     # the smallest detectable excess is (z_0.95 + z_0.8) sd of the surrogates' mean: of the order of
     # the chance increment's spread over 12 runs of 117 fitted steps, far below the planted lead
     assert 0 < r0["detectable"] < 0.05 < r["excess"]
+
+
+def test_granger_interval_over_clusters_counts_starts_not_runs() -> None:
+    # 3 independent series, each run 4 times (4 runs of one start): the runs' excesses repeat within a start
+    # (up to their own surrogates), so an interval over 12 runs is ~sqrt(4) too narrow; over the 3 starts it is not
+    rng = np.random.default_rng(3)
+    base = []
+    for _ in range(3):
+        x = rng.normal(size=120)
+        base.append((x, np.r_[0.0, 0.3 * x[:-1]] + rng.normal(size=120)))
+    series = [pair for pair in base for _ in range(4)]
+    starts = [i for i in range(3) for _ in range(4)]
+    runs = stats.granger_surrogate_test(series, lags=2, n_surrogates=99)
+    clustered = stats.granger_surrogate_test(series, lags=2, n_surrogates=99, clusters=starts)
+    assert runs["n_clusters"] == 12 and clustered["n_clusters"] == 3
+    assert clustered["excess"] == runs["excess"] and clustered["p_value"] == runs["p_value"]
+    assert clustered["hi"] - clustered["lo"] > 1.5 * (runs["hi"] - runs["lo"])
+    with pytest.raises(ValueError, match="2 cluster labels for 12 runs"):
+        stats.granger_surrogate_test(series, lags=2, n_surrogates=99, clusters=[0, 1])

@@ -539,6 +539,7 @@ def granger_surrogate_test(
     n_boot: int = 4999,
     power: float = 0.8,
     alpha: float = 0.05,
+    clusters: Sequence[object] | None = None,
 ) -> dict[str, float]:
     """Does x lead y across runs? Mean over runs of `granger_increment(x, y)` against surrogates in
     which each run's x is rotated in time by its own random offset (a circular shift keeps each
@@ -546,7 +547,9 @@ def granger_surrogate_test(
 
     `series`: one (x, y) pair of equal-length arrays per run (runs whose y its own past explains
     exactly are left out). Returns n_runs, statistic (mean increment), chance (its mean over
-    surrogates), excess = statistic - chance with a 95% bootstrap interval over runs [lo, hi],
+    surrogates), excess = statistic - chance with a 95% bootstrap interval [lo, hi] over runs, or, with
+    `clusters` (one label per run, e.g. its cold start), the two-stage one of `clustered.hierarchical_bootstrap`
+    (starts, then runs within each) and n_clusters,
     p_value = (1 + #surrogates >= statistic) / (1 + n_surrogates), direction (mean over runs), and
     detectable: the smallest excess this test finds with probability `power` at level `alpha`,
     (z_(1-alpha) + z_power) times the standard deviation of the surrogates' mean.
@@ -554,7 +557,9 @@ def granger_surrogate_test(
     if not series:
         raise ValueError("no runs")
     rng = np.random.default_rng(seed)
-    obs, direction, null = [], [], []
+    if clusters is not None and len(clusters) != len(series):
+        raise ValueError(f"{len(clusters)} cluster labels for {len(series)} runs")
+    obs, direction, null, kept = [], [], [], []
     for i, (x, y) in enumerate(series):
         x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
         g = granger_increment(x, y, lags)
@@ -569,22 +574,32 @@ def granger_surrogate_test(
         obs.append(g["increment"])
         direction.append(g["direction"])
         null.append(inc)
+        kept.append(i)
     if not obs:
         raise ValueError("no run with a residual variance to explain")
     obs_a, null_a = np.asarray(obs), np.stack(null, axis=1)  # (runs,), (M, runs)
     stat, pooled_null = float(obs_a.mean()), null_a.mean(1)
     chance = float(pooled_null.mean())
     per_run_excess = obs_a - null_a.mean(0)
-    idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
-    boot = per_run_excess[idx].mean(1)
+    if clusters is None:
+        idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
+        low, high = (float(q) for q in np.quantile(per_run_excess[idx].mean(1), [0.025, 0.975]))
+        n_clusters = len(obs_a)
+    else:
+        from moe_rl.analysis.clustered import hierarchical_bootstrap
+
+        labels = [clusters[i] for i in kept]
+        _, low, high = hierarchical_bootstrap(per_run_excess, labels, n_resamples=n_boot, seed=seed)
+        n_clusters = len(set(labels))
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
     return {
         "n_runs": len(obs_a),
+        "n_clusters": n_clusters,
         "statistic": stat,
         "chance": chance,
         "excess": stat - chance,
-        "lo": float(np.quantile(boot, 0.025)),
-        "hi": float(np.quantile(boot, 0.975)),
+        "lo": low,
+        "hi": high,
         "p_value": float((1 + (pooled_null >= stat).sum()) / (1 + n_surrogates)),
         "direction": float(np.nanmean(direction)),
         "detectable": float(z * pooled_null.std(ddof=1)),

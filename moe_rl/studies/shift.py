@@ -12,18 +12,23 @@ from moe_rl.analysis.claims.cells import load_experiment
 from moe_rl.analysis.claims.rules import (
     ALPHA,
     INCONCLUSIVE,
+    INTERVAL,
     LEAD_MARGIN,
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
     Claim,
+    descriptive,
+    descriptive_plain,
     fmt_p,
     pct,
     would_change,
 )
+from moe_rl.analysis.clustered import descriptive_reason, hierarchical_bootstrap
 from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, main_definition_kwargs
+from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.shift import CLIP_KEYS, MAX_LAG, SHIFT_AMOUNT, SHIFT_KEY, SHIFT_KEYS
-from moe_rl.analysis.stats import bootstrap_mean_ci, event_aligned, granger_surrogate_test, lagged_xcorr
+from moe_rl.analysis.stats import event_aligned, granger_surrogate_test, lagged_xcorr
 
 GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
 N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)
@@ -63,9 +68,9 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         f"offset ({N_SURROGATES} per run; a same-step correlation cannot pass or fail this test). reproduced if "
         "the surrogate p < 0.05 with more shift followed by more clipping; not reproduced if the clip fraction "
         "leads the shift by the same test (p < 0.05) while the shift does not lead it, or the excess over chance "
-        f"has a 95% bootstrap interval over runs below {LEAD_MARGIN:.0%} of the variance while the smallest detectable "
-        "excess is below that too; inconclusive otherwise "
-        "or with fewer than 3 runs. The smallest lead the test detects (80% power) is reported; the shift before "
+        f"has a 95% interval (cold starts, then runs within each) below {LEAD_MARGIN:.0%} of the variance while the "
+        "smallest detectable excess is below that too; inconclusive otherwise, with fewer than 3 runs, or below 5 "
+        "independent cold starts. The smallest lead the test detects (80% power) is reported; the shift before "
         "collapse events is support",
         experiment="runs that log the shift metric",
     )
@@ -86,9 +91,17 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
     if len(series) < 3:
         c.reason = f"{len(series)} run(s) with both series: need >= 3"
         return c
-    fwd = granger_surrogate_test([(x, y) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
-    rev = granger_surrogate_test([(y, x) for _, x, y in series], lags=GRANGER_LAGS, n_surrogates=N_SURROGATES)
-    c.cells = f"{fwd['n_runs']} runs, {GRANGER_LAGS} lags, {N_SURROGATES} circular-shift surrogates per run"
+    starts = run_starts(df)
+    clusters = [starts.get(run, run) for run, _, _ in series]  # the unit of replication: the cold start
+    fwd, rev = (
+        granger_surrogate_test(pairs, lags=GRANGER_LAGS, n_surrogates=N_SURROGATES, clusters=clusters)
+        for pairs in ([(x, y) for _, x, y in series], [(y, x) for _, x, y in series])
+    )
+    n_starts = int(fwd["n_clusters"])
+    c.cells = (
+        f"{fwd['n_runs']} runs from {n_starts} cold start{'' if n_starts == 1 else 's'}, {GRANGER_LAGS} lags, "
+        f"{N_SURROGATES} circular-shift surrogates per run"
+    )
     c.statistic = (
         f"the shift's past explains {pct(fwd['excess'])} [{pct(fwd['lo'])}, {pct(fwd['hi'])}] of the clip "
         f"fraction's next-step variance beyond its own past (above the surrogates' {pct(fwd['chance'])}); "
@@ -129,9 +142,15 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
                 f"smallest detectable {pct(fwd['detectable'])})"
             ),
         )
+    c.verdict, c.reason = descriptive(c.verdict, c.reason, n_starts)
     c.notes.append(
         f"reverse (clip fraction's past predicting the shift): {pct(rev['excess'])} [{pct(rev['lo'])}, "
         f"{pct(rev['hi'])}] above chance, surrogate p = {fmt_p(rev['p_value'])}, direction {rev['direction']:+.2f}"
+    )
+    c.notes.append(
+        "the surrogate p rotates each run's series on its own (runs are exchangeable within their alignment); the "
+        "intervals resample cold starts, then runs within each, so they are wider than the p suggests where runs of "
+        "one start move together"
     )
     c.notes.append(
         f"the smallest detectable lead, {pct(fwd['detectable'])} of the next-step variance, is a partial "
@@ -145,7 +164,7 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         + " (the lag-0 peak is the same update, which the "
         "regression above does not count as a lead)"
     )
-    c.notes.append(shift_before_collapse(df))
+    c.notes.append(shift_before_collapse(df, starts))
 
     def sign(d):
         return (
@@ -156,12 +175,14 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
             else "no consistent sign"
         )
 
+    interval = (
+        "" if descriptive_reason(n_starts) else f"95% interval over starts {pct(fwd['lo'])} to {pct(fwd['hi'])}; "
+    )
     c.plain = (
         f"We asked whether a large move of the router (the shift of probability away from the experts a token "
-        f"used) comes before a rise in clipping, in {fwd['n_runs']} runs. Beyond what the clip fraction's own past "
-        f"predicts, the shift's past explains {pct(fwd['excess'])} of its next value (95% interval "
-        f"{pct(fwd['lo'])} to {pct(fwd['hi'])}; the smallest lead this test detects is "
-        f"{pct(fwd['detectable'])}), with {sign(fwd['direction'])}; the other way round, the clip fraction's "
+        f"used) comes before a rise in clipping, in {fwd['n_runs']} runs from {n_starts} cold starts. Beyond what "
+        f"the clip fraction's own past predicts, the shift's past explains {pct(fwd['excess'])} of its next value "
+        f"({interval}the smallest lead this test detects is {pct(fwd['detectable'])}), with {sign(fwd['direction'])}; the other way round, the clip fraction's "
         f"past explains {pct(rev['excess'])} of the shift's next value, with {sign(rev['direction'])}. The two "
         f"move together within one update, which this test does not count as a lead. Verdict: "
         f"**{c.verdict}**. What would change it: "
@@ -173,12 +194,17 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         )
         + "."
     )
+    if descriptive_reason(n_starts):  # no interval from fewer than 5 starts
+        c.statistic = INTERVAL.sub("", c.statistic)
+        c.notes = [INTERVAL.sub("", n) for n in c.notes]
+        c.plain += " " + descriptive_plain(n_starts)
     return c
 
 
-def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int = 30) -> str:
+def shift_before_collapse(df: pd.DataFrame, starts: pd.Series, *, before: int = 10, baseline: int = 30) -> str:
     """Support text: mean router shift (1 - gamma) in the `before` steps up to each collapse (main
-    definition) minus its mean in the `baseline` steps before those, with a bootstrap interval over events."""
+    definition) minus its mean in the `baseline` steps before those, with a two-stage interval over the events'
+    cold starts (`starts`, per run) and the events within each; below 5 starts, no interval."""
     from moe_rl.analysis.collapse_definitions import collapse_events
 
     ev = collapse_events(df[df["key"].isin(HISTORY_KEYS)], {MAIN_DEFINITION: main_definition_kwargs()})
@@ -192,9 +218,13 @@ def shift_before_collapse(df: pd.DataFrame, *, before: int = 10, baseline: int =
     d = (near - far).dropna()
     if d.empty:
         return "collapse events too early to compare the shift before them with a baseline"
-    mean, lo, hi = bootstrap_mean_ci(d.to_numpy(), n_resamples=N_BOOT)
+    event_run = aligned.groupby("event")["run"].first()
+    event_starts = [starts.get(event_run[e], event_run[e]) for e in d.index]
+    mean, lo, hi = hierarchical_bootstrap(d.to_numpy(), event_starts, n_resamples=N_BOOT)
+    n = len(set(event_starts))
+    why = descriptive_reason(n)
+    interval = f" ({why})" if why else f" [{lo:+.4f}, {hi:+.4f}] ({n} cold starts)"
     return (
         f"router shift (1 - gamma) in the {before} steps before {len(d)} collapse event(s) minus the {baseline} "
-        "steps before those: "
-        f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        f"steps before those: {mean:+.4f}{interval}"
     )

@@ -18,7 +18,6 @@ collapse definitions included) kept in its reason and notes, its statistic and p
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from moe_rl.analysis.claims.rules import (
     ACCURACY,
     ALPHA,
     INCONCLUSIVE,
+    INTERVAL,
     MARGINS,
     N_BOOT,
     NOT_REPRODUCED,
@@ -472,10 +472,6 @@ def _judge(
     c.plain = _plain(record, c, got, looks, without)
     if c.plain and descriptive_reason(got.starts):
         c.plain += " " + descriptive_plain(got.starts)
-
-
-# a bracketed interval of a statistic's text, e.g. " [+0.9, +15.6]"
-INTERVAL = re.compile(r" \[[-+]?[0-9.]+, [-+]?[0-9.]+\]")
 
 
 def _descriptive(c: Claim, starts: int) -> None:

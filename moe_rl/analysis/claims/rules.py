@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,10 @@ def descriptive(verdict: str, reason: str, starts: int) -> tuple[str, str]:
     if why is None:
         return verdict, reason
     return INCONCLUSIVE, f"{why}; by seed pairs it reads: {verdict} ({reason})"
+
+
+# a bracketed interval of a statistic's text, e.g. " [+0.9, +15.6]" or " [-1.2%, 2.5%]"
+INTERVAL = re.compile(r" \[[-+]?[0-9.]+%?, [-+]?[0-9.]+%?\]")
 
 
 def descriptive_plain(starts: int) -> str:
