@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -657,6 +658,23 @@ def test_phase_table_and_tests(grid) -> None:
     assert t["p_value"] == pytest.approx(p) and t["p_holm"] == pytest.approx(min(1, 4 * p)) and t["significant"]
     text = format_phase_markdown(phase_table(out), tests)
     assert "untestable" in text and "7 of 8" in text and " *" in text
+
+
+def test_phase_map_from_fewer_than_5_starts_is_descriptive(grid) -> None:
+    """The same runs, each cell's 8 seeds from 2 cold starts: counts and means stay, intervals and tests go."""
+    out = run_outcomes(grid)
+    two = out.assign(start=out["seed"] % 2)
+    row = phase_table(two).set_index(["lr", "N", "arm"]).loc[(1e-3, 4, "grpo+none")]
+    assert (row["k"], row["n"], row["starts"]) == (7, 8, 2) and row["p_collapse"] == 7 / 8
+    assert math.isnan(row["p_lo"]) and math.isnan(row["final_accuracy_lo"]) and math.isnan(row["reward_auc_hi"])
+    tests = phase_tests(two)
+    assert tests["descriptive"].all() and tests["p_value"].isna().all() and not tests["significant"].any()
+    text = format_phase_markdown(phase_table(two), tests)
+    assert "| 2 × 4 | 7 of 8 | 0.88 (descriptive) |" in text and "| descriptive |" in text and " *" not in text
+    five = out.assign(start=out["seed"] % 5)  # 5 starts: decided again, the interval over starts
+    row = phase_table(five).set_index(["lr", "N", "arm"]).loc[(1e-3, 4, "grpo+none")]
+    assert row["starts"] == 5 and row["final_accuracy_lo"] <= row["final_accuracy"] <= row["final_accuracy_hi"]
+    assert not phase_tests(five)["descriptive"].any()
 
 
 def test_survival_curves_end_at_the_share_not_collapsed(grid) -> None:

@@ -137,6 +137,10 @@ def test_arm_tests_take_the_start_as_the_unit() -> None:
     assert math.isnan(row["final_accuracy_lo"]) and math.isnan(row["final_accuracy_p"])
     text = format_arm_tests_markdown(few, groups=["arm"])
     assert "| 1 × 3 | +2.0 (descriptive) | — | — |" in text
+    # the collapse counts of one start: no Wilson interval and no exact test either
+    assert math.isnan(row["collapsed_in_loop_lo"]) and math.isnan(row["collapsed_in_loop_p"])
+    assert "| grpo+none | 0 of 3 (descriptive) | — | 1 × 3 |" in text
+    assert decided["starts"] == 6 and np.isfinite(decided["collapsed_in_loop_hi"])
 
 
 def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:

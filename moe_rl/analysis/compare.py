@@ -40,7 +40,8 @@ def arm_tests(
     start_col: str = "start",
 ) -> pd.DataFrame:
     """One row per group (`groups`, which include `compare`): collapse k, n, Wilson interval and p vs the
-    reference group of the same stratum for each of `collapse_cols`; for CONTINUOUS outcomes the
+    reference group of the same stratum for each of `collapse_cols` (none below MIN_UNITS starts in either: the
+    counts alone, descriptive); for CONTINUOUS outcomes the
     paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`, and `_starts`, `_pairs`:
     the independent starts and the pairs behind it; `clustered.paired_by_start`). `*_holm` columns hold Holm-adjusted p
     over the table's rows. The reference row has NaN tests. `start_col`: each run's cold start (outcomes
@@ -56,14 +57,20 @@ def arm_tests(
         ref = outcomes[outcomes[compare] == reference]
         for c in strata:
             ref = ref[ref[c] == values[c]]
+        # collapse counts: an interval and a test only where both arms rest on MIN_UNITS starts or more
+        n_starts = [x[start_col].nunique() if start_col in x else len(x) for x in (g, ref)]
+        row["starts"] = n_starts[0]
+        decided = (
+            min(n_starts) >= clustered.MIN_UNITS if not row["is_reference"] else n_starts[0] >= clustered.MIN_UNITS
+        )
         for col in collapse_cols:
             k = int(g[col].sum())
             row[f"{col}_k"], row[f"{col}_n"] = k, len(g)
-            row[f"{col}_lo"], row[f"{col}_hi"] = wilson_interval(k, len(g))
+            row[f"{col}_lo"], row[f"{col}_hi"] = wilson_interval(k, len(g)) if decided else (math.nan, math.nan)
             k0, n0 = int(ref[col].sum()), len(ref)
             row[f"{col}_p"] = (
                 collapse_test(k, len(g), k0, n0)
-                if not row["is_reference"] and n0 and 0 < k + k0 < len(g) + n0
+                if decided and not row["is_reference"] and n0 and 0 < k + k0 < len(g) + n0
                 else math.nan
             )
         for name in CONTINUOUS:
@@ -133,8 +140,12 @@ def format_arm_tests_markdown(
     for _, r in table.iterrows():
         cells = [str(r[g]).replace("|", "\\|") for g in groups]
         for col in collapse_cols:
-            cells.append(f"{int(r[f'{col}_k'])} of {int(r[f'{col}_n'])} [{r[f'{col}_lo']:.2f}, {r[f'{col}_hi']:.2f}]")
-            cells.append("ref" if r["is_reference"] else _p(r[f"{col}_p"], r[f"{col}_p_holm"]))
+            count = f"{int(r[f'{col}_k'])} of {int(r[f'{col}_n'])}"
+            if np.isfinite(r[f"{col}_lo"]):
+                cells.append(f"{count} [{r[f'{col}_lo']:.2f}, {r[f'{col}_hi']:.2f}]")
+                cells.append("ref" if r["is_reference"] else _p(r[f"{col}_p"], r[f"{col}_p_holm"]))
+            else:  # below MIN_UNITS starts: the counts describe the runs, no interval and no test
+                cells += [f"{count} (descriptive)", "ref" if r["is_reference"] else "—"]
         if r["is_reference"]:
             cells += ["—", "ref", "—", "—", "ref", "—"]
         else:

@@ -123,7 +123,7 @@ def _tests_section(tests: pd.DataFrame, groups: list[str], compare: str) -> list
         "",
         (
             f"Within each group of the other keys, every {compare} against {ref}. Collapsed: k of n runs with a 95% "
-            f"Wilson interval, in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
+            f"Wilson interval (below {MIN_UNITS} starts in either arm: the counts alone, no interval and no p), in loop (status.json) and under the `{MAIN_DEFINITION}` definition recomputed from the "
             f"metrics ({DEFINITION_TEXT[MAIN_DEFINITION]}); p: Boschloo's exact test, two-sided. Δ: paired by seed "
             "(same cold start and prompts), with the cold start as the unit: the mean over starts of the mean paired "
             "difference, a 95% hierarchical bootstrap interval (starts, then seeds within), p from a sign-flip test "
@@ -179,11 +179,13 @@ def _phase_section(
             sig[definition] = set(tests.loc[tests["significant"], [*axes, "arm"]].itertuples(index=False, name=None))
     lines[2:2] = [
         (
-            f"Per ({', '.join(axes)}) cell and arm: collapse probability with a 95% Wilson interval, the mean step of the "
-            "first collapse over the runs that collapsed, final accuracy and reward AUC with 95% bootstrap intervals "
-            f"over seeds. p: Boschloo's exact test of {reference} against the arm in the same cell, Holm-adjusted over "
-            "every testable cell and arm (a cell where all runs of both arms ended alike is untestable and left out); "
-            "* = significant at 0.05 after Holm."
+            f"Per ({', '.join(axes)}) cell and arm: the cold starts and runs behind it, collapse probability with a 95% "
+            "Wilson interval, the mean step of the first collapse over the runs that collapsed, final accuracy and "
+            "reward AUC with 95% hierarchical bootstrap intervals (starts, then runs within each). p: Boschloo's exact "
+            f"test of {reference} against the arm in the same cell, Holm-adjusted over every testable cell and arm (a "
+            "cell where all runs of both arms ended alike is untestable and left out); * = significant at 0.05 after "
+            f"Holm. Below {MIN_UNITS} independent starts a cell is descriptive: no interval and no test (its runs "
+            "share their starts' weights)."
         ),
         "",
     ]

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.accuracy import final_accuracy, late_accuracy, start_accuracy
+from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
-from moe_rl.analysis.stats import bootstrap_mean_ci, collapse_test, holm, wilson_interval
+from moe_rl.analysis.stats import collapse_test, holm, wilson_interval
 from moe_rl.metrics.names import REWARD_MEAN
 
 AXES = ("lr", "N")
@@ -70,9 +71,12 @@ def phase_table(
     definition: str = MAIN_DEFINITION,
     confidence: float = 0.95,
     seed: int = 0,
+    start_col: str = "start",
 ) -> pd.DataFrame:
-    """Per cell of `axes` and arm: n, collapsed k, collapse probability with a Wilson interval, mean
-    step of first collapse over the collapsed runs, final accuracy and reward AUC with bootstrap intervals."""
+    """Per cell of `axes` and arm: n, the cold starts behind it (`start_col`, each run its own start without
+    it), collapsed k, collapse probability with a Wilson interval, mean step of first collapse over the collapsed
+    runs, final accuracy and reward AUC with hierarchical bootstrap intervals (starts, then runs within each).
+    Below MIN_UNITS starts a cell is descriptive: its intervals are NaN."""
     axes = _cells(outcomes, axes)
     col = f"collapsed_{definition}"
     if col not in outcomes:
@@ -82,11 +86,14 @@ def phase_table(
     rows = []
     for values, g in outcomes.groupby([*axes, arm_col], sort=True):
         k, n = int(g[col].sum()), len(g)
-        lo, hi = wilson_interval(k, n, confidence)
+        starts = _starts(g, start_col)
+        decided = starts.nunique() >= MIN_UNITS
+        lo, hi = wilson_interval(k, n, confidence) if decided else (math.nan, math.nan)
         row = dict(zip([*axes, arm_col], values))
         row.update(
             {
                 "n": n,
+                "starts": starts.nunique(),
                 "k": k,
                 "p_collapse": k / n,
                 "p_lo": lo,
@@ -95,7 +102,8 @@ def phase_table(
             }
         )
         for name in ("final_accuracy", "reward_auc"):
-            mean, mlo, mhi = bootstrap_mean_ci(g[name], confidence=confidence, seed=seed)
+            mean, mlo, mhi = hierarchical_bootstrap(g[name], starts, confidence=confidence, seed=seed)
+            mlo, mhi = (mlo, mhi) if decided else (math.nan, math.nan)
             row.update({name: mean, f"{name}_lo": mlo, f"{name}_hi": mhi})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -110,12 +118,14 @@ def phase_tests(
     definition: str = MAIN_DEFINITION,
     method: str = "boschloo",
     alpha: float = 0.05,
+    start_col: str = "start",
 ) -> pd.DataFrame:
     """Per cell and arm other than `reference`: reference minus arm collapse probability, a two-sided
     exact test (`collapse_test`), and Holm-adjusted p over every testable (cell, arm) of the map.
 
     A pair where all runs ended alike (no collapse in either arm, or all collapsed) has p = NaN and
-    is not counted in the Holm family: it could never be significant.
+    is not counted in the Holm family: it could never be significant. Nor is a pair whose arms rest on fewer
+    than MIN_UNITS cold starts (`start_col`; `descriptive` True): runs of one start are not independent draws.
     """
     axes = _cells(outcomes, axes)
     col = f"collapsed_{definition}"
@@ -129,7 +139,9 @@ def phase_tests(
             k1, n1 = int(h[col].sum()), len(h)
             # a cell where every run of both arms ended alike cannot reach significance: left out of
             # the Holm family (Tarone), shown as untestable
-            testable = 0 < k0 + k1 < n0 + n1
+            starts = min(_starts(ref, start_col).nunique(), _starts(h, start_col).nunique())
+            descriptive = starts < MIN_UNITS
+            testable = 0 < k0 + k1 < n0 + n1 and not descriptive
             rows.append(
                 {
                     **dict(zip(axes, values if isinstance(values, tuple) else (values,))),
@@ -139,14 +151,24 @@ def phase_tests(
                     "k": k1,
                     "n": n1,
                     "diff": k0 / n0 - k1 / n1,
+                    "starts": starts,
+                    "descriptive": descriptive,
                     "p_value": collapse_test(k0, n0, k1, n1, method=method) if testable else math.nan,
                 }
             )
-    tests = pd.DataFrame(rows, columns=[*axes, "arm", "k_ref", "n_ref", "k", "n", "diff", "p_value"])
+    columns = [*axes, "arm", "k_ref", "n_ref", "k", "n", "diff", "starts", "descriptive", "p_value"]
+    tests = pd.DataFrame(rows, columns=columns)
     tests["p_holm"] = holm(tests["p_value"].to_numpy()) if len(tests) else []
     tests["significant"] = tests["p_holm"] < alpha
     tests.attrs.update(reference=reference, definition=definition, method=method, alpha=alpha)
     return tests
+
+
+def _starts(runs: pd.DataFrame, start_col: str) -> pd.Series:
+    """Each run's cold start: `start_col` where the table has it, else the run itself (every run its own start)."""
+    if start_col in runs:
+        return runs[start_col].astype(str).reset_index(drop=True)
+    return pd.Series(range(len(runs)), dtype=object).astype(str)
 
 
 def cell_label(keys: Sequence[str], values: Sequence) -> str:
@@ -160,6 +182,13 @@ def _num(x: float, spec: str = ".2f") -> str:
     return "—" if x is None or not np.isfinite(x) else f"{x:{spec}}"
 
 
+def _interval(x: float, lo: float, hi: float, spec: str = ".2f") -> str:
+    """`x [lo, hi]`, or `x (descriptive)` where the cell rests on too few starts for an interval."""
+    if not np.isfinite(lo):
+        return _num(x, spec) if not np.isfinite(x) else f"{_num(x, spec)} (descriptive)"
+    return f"{_num(x, spec)} [{_num(lo, spec)}, {_num(hi, spec)}]"
+
+
 def format_phase_markdown(
     table: pd.DataFrame, tests: pd.DataFrame | None = None, *, axes: Sequence[str] = AXES, arm_col: str = "arm"
 ) -> str:
@@ -168,7 +197,7 @@ def format_phase_markdown(
     head = [
         *axes,
         arm_col,
-        "seeds",
+        "starts × runs",
         "collapsed",
         "P(collapse) [95% Wilson]",
         "mean first-collapse step",
@@ -184,19 +213,21 @@ def format_phase_markdown(
         cells = [f"{r[a]:g}" if isinstance(r[a], (float, np.floating)) else str(r[a]) for a in axes]
         cells += [
             str(r[arm_col]),
-            str(int(r["n"])),
+            f"{int(r['starts'])} × {int(r['n']) / int(r['starts']):.3g}",
             f"{int(r['k'])} of {int(r['n'])}",
-            f"{r['p_collapse']:.2f} [{r['p_lo']:.2f}, {r['p_hi']:.2f}]",
+            _interval(r["p_collapse"], r["p_lo"], r["p_hi"]),
             _num(r["mean_collapse_step"], ".0f"),
-            f"{_num(r['final_accuracy'])} [{_num(r['final_accuracy_lo'])}, {_num(r['final_accuracy_hi'])}]",
-            f"{_num(r['reward_auc'], '.3f')} [{_num(r['reward_auc_lo'], '.3f')}, {_num(r['reward_auc_hi'], '.3f')}]",
+            _interval(r["final_accuracy"], r["final_accuracy_lo"], r["final_accuracy_hi"]),
+            _interval(r["reward_auc"], r["reward_auc_lo"], r["reward_auc_hi"], ".3f"),
         ]
         if have_tests:
             key = (*[r[a] for a in axes], r[arm_col])
             if key in tmap.index:
                 t = tmap.loc[key]
                 cells.append(
-                    "untestable"
+                    "descriptive"
+                    if t.get("descriptive", False)
+                    else "untestable"
                     if np.isnan(t["p_value"])
                     else f"{t['p_value']:.3g} ({t['p_holm']:.3g}){' *' if t['significant'] else ''}"
                 )

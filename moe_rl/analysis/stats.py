@@ -581,20 +581,14 @@ def granger_surrogate_test(
     stat, pooled_null = float(obs_a.mean()), null_a.mean(1)
     chance = float(pooled_null.mean())
     per_run_excess = obs_a - null_a.mean(0)
-    if clusters is None:
-        idx = rng.integers(0, len(obs_a), (n_boot, len(obs_a)))
-        low, high = (float(q) for q in np.quantile(per_run_excess[idx].mean(1), [0.025, 0.975]))
-        n_clusters = len(obs_a)
-    else:
-        from moe_rl.analysis.clustered import hierarchical_bootstrap
+    from moe_rl.analysis.clustered import hierarchical_bootstrap
 
-        labels = [clusters[i] for i in kept]
-        _, low, high = hierarchical_bootstrap(per_run_excess, labels, n_resamples=n_boot, seed=seed)
-        n_clusters = len(set(labels))
+    labels = [clusters[i] for i in kept] if clusters is not None else kept  # without clusters, each run its own
+    _, low, high = hierarchical_bootstrap(per_run_excess, labels, n_resamples=n_boot, seed=seed)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)
     return {
         "n_runs": len(obs_a),
-        "n_clusters": n_clusters,
+        "n_clusters": len(set(labels)),
         "statistic": stat,
         "chance": chance,
         "excess": stat - chance,
