@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from moe_rl.studies import length
-from moe_rl.studies.launch import live_seeds, multirun, run_multiruns
+from moe_rl.studies.launch import multirun, run_multiruns
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -32,6 +32,47 @@ def command(
     cmd = multirun(HERE / "train.py", "length", runs, jobs)
     cmd += [*spec.task_overrides(size), "arm=" + ",".join(arms), f"optim.lr={lr:.6g}"]
     return [*cmd, "seed=" + ",".join(str(s) for s in seeds)]
+
+
+def member_overrides(overrides: list[str], seed: int) -> list[str]:
+    """The Hydra overrides of a run of the preset at `seed` (one thread, as `multirun` launches it)."""
+    return ["+preset=length", *overrides, f"seed={seed}", "threads=1"]
+
+
+def warm(overrides: list[str], conf: Path) -> dict:
+    """Warm (or read) the pool member a run of `overrides` starts from, its progress logged (a worker process)."""
+    import logging
+
+    from moe_rl.forecast import compose_config
+    from moe_rl.loop.cold_start import warm_member
+
+    cfg = compose_config(overrides, conf)  # (Hydra's compose configures logging: set it after)
+    logging.basicConfig(level=logging.INFO, format=f"[warm-up seed {cfg.seed}] %(message)s", force=True)
+    return warm_member(cfg)
+
+
+def live_seeds(
+    overrides: list[str], seeds: tuple[int, ...], *, jobs: int, warm_first: bool, label: str, conf: Path
+) -> tuple[int, ...]:
+    """`seeds` less those whose pool member's warm-up ended outside its band (a start RL cannot move either way),
+    warming the members first (`jobs` at a time, in fresh processes) when `warm_first`; prints each member's state."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from moe_rl.forecast import compose_config
+    from moe_rl.loop.cold_start import cached_member
+
+    runs = {s: member_overrides(overrides, s) for s in seeds}
+    states: dict[int, dict | None]
+    if warm_first:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            states = dict(zip(runs, pool.map(warm, runs.values(), [conf] * len(runs)), strict=True))
+    else:
+        states = {s: cached_member(compose_config(o, conf)) for s, o in runs.items()}
+    for s, st in states.items():
+        state = "not warmed" if st is None else f"{st['steps']} SFT steps, accuracy {st['accuracy']:.3f}"
+        print(f"{label} seed {s}: start {state}" + ("" if st is None or st["in_band"] else ", out of band: skipped"))
+    return tuple(s for s, st in states.items() if st is None or st["in_band"])
 
 
 def main() -> None:
@@ -52,15 +93,8 @@ def main() -> None:
         if args.lengths is not None and size not in {int(x) for x in args.lengths.split(",")}:
             continue
         label = f"[{level} L={size}]"
-        seeds = live_seeds(
-            "length",
-            spec.task_overrides(size),
-            seeds,
-            jobs=args.jobs,
-            warm=not args.dry_run,
-            label=label,
-            conf=HERE / "conf",
-        )
+        over = spec.task_overrides(size)
+        seeds = live_seeds(over, seeds, jobs=args.jobs, warm_first=not args.dry_run, label=label, conf=HERE / "conf")
         if seeds:
             parts.append(
                 (

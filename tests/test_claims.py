@@ -725,7 +725,7 @@ def test_report_all_writes_every_page(tmp_path: Path) -> None:
         assert (root / name).is_file(), name
     text = (root / "phase" / "summary.md").read_text()
     assert "## Phase map" in text and "Does anything depend on the definition?" in text
-    assert "| 0.001 | 4 | grpo+none | 3 | 3 of 3 |" in text
+    assert "| 0.001 | 4 | grpo+none | 1 × 3 | 3 of 3 | 1.00 (descriptive) |" in text  # one cold start: no interval
     assert "grpo+none" in (root / "collapse_definitions.md").read_text()
     claims = (root / "CLAIMS.md").read_text()
     assert "no data" in claims  # no drift_scaling / phase_mismatch folders here

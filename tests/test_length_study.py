@@ -59,22 +59,25 @@ def test_every_job_composes_and_reads_back_its_length_and_level() -> None:
 def test_the_launcher_skips_seeds_whose_start_ended_out_of_band(tmp_path, capsys) -> None:
     """Member 1's cached warm-up ended outside the band, member 0's inside, member 2 is not warmed: seeds 1 and 7
     (member 1 of a pool of 6) are skipped, the others kept, and each seed's start is printed."""
+    import importlib.util
     import json
 
     from moe_rl.forecast import compose_config
     from moe_rl.loop.cold_start import cold_start_key, data_hash_of, member_config
-    from moe_rl.studies.launch import live_seeds, member_overrides
 
-    spec = ln.load_spec(PRESETS)
-    over = [*spec.task_overrides(4), f"cold_start.cache_dir={tmp_path}"]
+    spec_ = importlib.util.spec_from_file_location("length_launcher", PRESETS.parents[1] / "length.py")
+    assert spec_ is not None and spec_.loader is not None
+    launcher = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(launcher)
+    over = [*ln.load_spec(PRESETS).task_overrides(4), f"cold_start.cache_dir={tmp_path}"]
     for seed, accuracy in ((0, 0.3), (1, 0.0)):
-        cfg = compose_config(member_overrides("length", over, seed), PRESETS.parent)
+        cfg = compose_config(launcher.member_overrides(over, seed), PRESETS.parent)
         cold = member_config(cfg.cold_start, cfg.seed)
         key = cold_start_key(cfg.model, cfg.task, cold, data_hash_of(cfg.task), numerics=cfg.numerics)
         (tmp_path / key).mkdir()
         record = {"steps": 3000, "accuracy": accuracy, "in_band": 0.2 <= accuracy <= 0.6}
         (tmp_path / key / "cold_start.json").write_text(json.dumps(record))
-    kept = live_seeds("length", over, (0, 1, 2, 7), jobs=1, warm=False, label="[past L=4]", conf=PRESETS.parent)
+    kept = launcher.live_seeds(over, (0, 1, 2, 7), jobs=1, warm_first=False, label="[past L=4]", conf=PRESETS.parent)
     assert kept == (0, 2)
     assert capsys.readouterr().out.splitlines() == [
         "[past L=4] seed 0: start 3000 SFT steps, accuracy 0.300",

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
+from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig
 from moe_rl.models import build_model, load_model
 from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy, start_covariates
 from moe_rl.run.atomic import write_atomic
@@ -430,3 +430,27 @@ def data_hash_of(task_cfg: TaskConfig) -> str | None:
     if task_cfg.name == GYM_TASK:
         return gym_data_hash()
     return data_hash(str(task_cfg.path), task_cfg.split) if task_cfg.name == DATASET_TASK else None
+
+
+def cached_member(cfg: TrainConfig) -> dict | None:
+    """The cached warm-up record (`cold_start.json`) of the pool member a run of `cfg` starts from, or None where
+    that member is not trained yet (a study's launcher reads it to skip members whose warm-up ended out of band)."""
+    cold = member_config(cfg.cold_start, cfg.seed)
+    key = cold_start_key(cfg.model, cfg.task, cold, data_hash_of(cfg.task), numerics=cfg.numerics)
+    path = Path(cold.cache_dir) / key / "cold_start.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def warm_member(cfg: TrainConfig) -> dict:
+    """Train (or read) the pool member a run of `cfg` starts from as the run itself would (pinned numerics, its
+    threads, the member's task seed): the same cache entry, bitwise the same weights. Returns its steps, accuracy,
+    in_band, stopped and key."""
+    from moe_rl.run.folder import pin_numerics
+
+    pin_numerics(cfg.numerics)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cold = member_config(cfg.cold_start, cfg.seed)
+    setup_task(cfg.task, cold.seed)
+    _, _, info = get_cold_start(cfg.model, cfg.task, cold, numerics=cfg.numerics)
+    return {k: info.get(k) for k in ("steps", "accuracy", "in_band", "stopped", "key")}
