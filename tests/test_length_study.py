@@ -192,6 +192,20 @@ def test_a_length_where_every_run_ends_at_zero_is_named_a_floor() -> None:
     assert "a floor" in found[16][1] and "a floor" not in found[4][1]
 
 
+def test_a_contrast_table_mixing_decided_and_descriptive_rows_keeps_the_intervals() -> None:
+    """A table of contrasts, one from 5 starts (no reason) and one from 3 (a reason): pandas turns the first's None
+    into NaN, which must still read as decided."""
+    from moe_rl.studies import length_report
+
+    base = {"a": "grpo_r2", "b": "grpo_none", "level": "past", "p_value": 0.5, "kl_ratio": 1.0, "mean_diff": -0.006}
+    rows = [
+        {**base, "L": 4, "n_seeds": 5, "n_starts": 5, "lo": -0.024, "hi": 0.015},
+        {**base, "L": 32, "n_seeds": 3, "n_starts": 3, "lo": math.nan, "hi": math.nan, "descriptive": "3 starts"},
+    ]
+    text = length_report.format_contrasts(pd.DataFrame(rows))
+    assert "| 5 (5) | -0.6 [-2.4, +1.5] |" in text and "| 3 (3) | -0.6 (descriptive) |" in text
+
+
 def test_the_readme_length_table_is_the_shipped_one() -> None:
     """README.md's length table is generated from results/length/arms.csv and contrasts.csv (`report --readme`)."""
     from helpers import ROOT

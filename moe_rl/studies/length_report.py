@@ -57,7 +57,7 @@ def format_arms(table: pd.DataFrame, spec: ln.Spec) -> str:
             "|---:|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for _, r in own.iterrows():
-            ci = f" [{fmt_pp(r['change_lo'])}, {fmt_pp(r['change_hi'])}]" if not r["descriptive"] else " (descriptive)"
+            ci = f" [{fmt_pp(r['change_lo'])}, {fmt_pp(r['change_hi'])}]" if _decided(r) else " (descriptive)"
             lines.append(
                 f"| {r['L']} | {r['arm']} | {r['runs']} ({r['starts']}) | {fmt_pp(r['change'])}{ci} | "
                 f"{100 * r['collapsed']:.0f}% | {fmt_num(r['kl_early'], '.4f')} | {fmt_num(r['response_len'], '.1f')} | "
@@ -79,6 +79,12 @@ def contrasts(spec: ln.Spec, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _decided(row: pd.Series) -> bool:
+    """Whether a row carries an interval: its `descriptive` reason is absent ("", None, or NaN once a table mixes
+    rows with and without one)."""
+    return not (isinstance(row["descriptive"], str) and row["descriptive"])
+
+
 def format_contrasts(table: pd.DataFrame) -> str:
     if table.empty:
         return "No contrast has runs on both sides yet.\n"
@@ -87,7 +93,7 @@ def format_contrasts(table: pd.DataFrame) -> str:
         "|---|---|---:|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
+        ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if _decided(r) else " (descriptive)"
         lines.append(
             f"| {r['a']} - {r['b']} | {r['level']} | {r['L']} | {r['n_seeds']} ({r['n_starts']}) | "
             f"{fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} |"
@@ -265,7 +271,7 @@ def readme_table(root: Path) -> str | None:
                 cells.append("not run")
                 continue
             x = r.iloc[0]
-            ci = f" [{fmt_pp(x['lo'])}, {fmt_pp(x['hi'])}]" if pd.isna(x["descriptive"]) or not x["descriptive"] else ""
+            ci = f" [{fmt_pp(x['lo'])}, {fmt_pp(x['hi'])}]" if _decided(x) else ""
             cells.append(f"{fmt_pp(x['mean_diff'])}{ci}")
         lines.append(
             f"| {g['level']} | {g['L']} | {g['starts']} | {fmt_pp(g['change'])} ({100 * g['collapsed']:.0f}%) | "
