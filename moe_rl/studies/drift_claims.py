@@ -15,6 +15,7 @@ from moe_rl.analysis.claims.rules import (
     ALPHA,
     DRIFT_MARGIN,
     INCONCLUSIVE,
+    INTERVAL,
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
@@ -27,7 +28,7 @@ from moe_rl.analysis.claims.rules import (
     pct,
     would_change,
 )
-from moe_rl.analysis.clustered import descriptive_reason
+from moe_rl.analysis.clustered import MIN_UNITS, cluster_sign_flip_pvalue, descriptive_reason, paired_by_start
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import run_key_columns
 from moe_rl.analysis.stats import looks_adjusted, paired_compare
@@ -230,6 +231,20 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
 
 
+def compare_pairs(a: pd.Series, b: pd.Series, starts: pd.Series, alternative: str) -> dict:
+    """a - b over pairs (paired_compare's keys: mean_diff, lo, hi, p_value, prob_improvement, n). From MIN_UNITS
+    independent starts up (`starts`: each pair's, e.g. "deep start | shallow start") with the cold start as the
+    unit: the mean of the starts' means, its hierarchical interval and a one-sided sign flip, one sign per start.
+    Below, by seed pairs: the reading a descriptive claim quotes, never a verdict (`rules.descriptive`)."""
+    if starts.nunique() < MIN_UNITS:
+        return paired_compare(a, b, alternative=alternative, n_resamples=N_BOOT)
+    d = (a - b).to_numpy(float)
+    r = paired_by_start(d, starts.to_numpy(object))
+    r["p_value"] = cluster_sign_flip_pvalue(d, starts.to_numpy(object), alternative=alternative)
+    r["n"] = r.pop("n_pairs")
+    return r
+
+
 def claim_depth(root: Path, presets: Path) -> Claim:
     """Claim 4 on the drift_scaling runs, with the analysis its preset in `presets` declares."""
     declared = declared_or_none(presets, "drift_scaling")
@@ -239,8 +254,9 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         "Routing drift grows with depth",
         "R3, arXiv 2510.11370",
         "off-policy flip rate of the deepest vs the shallowest model (num_moe_layers, e.g. 8 vs 2), runs paired "
-        "on every other run key (seed included); paired bootstrap 95% interval of the mean difference and a "
-        "one-sided sign-flip test. reproduced if p < 0.05; not reproduced if the reverse p < 0.05 or the interval "
+        "on every other run key (seed included), with the cold starts as the unit: the mean of the starts' mean "
+        "differences, its hierarchical bootstrap 95% interval (starts, then pairs) and a one-sided sign-flip test "
+        "with one sign per start; below 5 starts descriptive (the seed pairs' reading quoted). reproduced if p < 0.05; not reproduced if the reverse p < 0.05 or the interval "
         f"lies within ±{DRIFT_MARGIN:.0%} of the shallow model's drift; inconclusive otherwise",
         experiment="drift_scaling",
     )
@@ -265,6 +281,12 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         table = frame.pivot_table(index=on, columns="num_moe_layers", values=column, dropna=True)
         return table[[deep, shallow]].dropna() if deep in table and shallow in table else None
 
+    def pair_starts(table: pd.DataFrame) -> pd.Series:
+        """Each pair's cold starts, "deep | shallow" (each depth a model with starts of its own)."""
+        st = frame.pivot_table(index=on, columns="num_moe_layers", values="start", aggfunc="first")
+        st = st.reindex(table.index)
+        return st[deep].astype(str) + " | " + st[shallow].astype(str)
+
     def starts_behind(table: pd.DataFrame) -> int:
         """The independent cold starts behind the pairs of `table`: the fewest that either depth's runs began
         from (each depth is a model of its own, with starts of its own)."""
@@ -278,16 +300,17 @@ def claim_depth(root: Path, presets: Path) -> Claim:
     if len(pairs) < 2:
         c.reason = f"{len(pairs)} paired run(s): need >= 2"
         return c
-    r = paired_compare(pairs[deep], pairs[shallow], alternative="greater", n_resamples=N_BOOT)
-    r_rev = paired_compare(pairs[deep], pairs[shallow], alternative="less", n_resamples=N_BOOT)
+    labels = pair_starts(pairs)
+    r = compare_pairs(pairs[deep], pairs[shallow], labels, "greater")
+    r_rev = compare_pairs(pairs[deep], pairs[shallow], labels, "less")
     level = float(pairs[shallow].mean())
     # seeds added after a look at this test count as looks (Bonferroni); the verdict without them is a note
     ext = extension_of(pairs.index.to_frame(index=False), declared)
     ext.index = pairs.index
     if (ext != "").any():
         first = pairs[ext == ""]
-        b = paired_compare(first[deep], first[shallow], alternative="greater", n_resamples=N_BOOT)
-        b_rev = paired_compare(first[deep], first[shallow], alternative="less", n_resamples=N_BOOT)
+        b = compare_pairs(first[deep], first[shallow], labels[ext == ""], "greater")
+        b_rev = compare_pairs(first[deep], first[shallow], labels[ext == ""], "less")
         v0 = direction_verdict(
             b["p_value"],
             b_rev["p_value"],
@@ -305,7 +328,10 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         f"flip rate {pct(pairs[deep].mean())} vs {pct(level)}: difference {100 * r['mean_diff']:+.2f} pp "
         f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}], P(deeper > shallower) = {r['prob_improvement']:.2f}"
     )
-    c.test, c.p_value = "paired sign-flip, one-sided" + (f", x {looks} looks" if looks > 1 else ""), r["p_value"]
+    c.test, c.p_value = (
+        "sign-flip with one sign per start, one-sided" + (f", x {looks} looks" if looks > 1 else ""),
+        r["p_value"],
+    )
     verdict, reason = direction_verdict(
         r["p_value"],
         r_rev["p_value"],
@@ -341,7 +367,7 @@ def claim_depth(root: Path, presets: Path) -> Claim:
     # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
     tp = paired("tokens")
     if tp is not None and len(tp) >= 2:
-        t = paired_compare(tp[deep], tp[shallow], alternative="greater", n_resamples=N_BOOT)
+        t = compare_pairs(tp[deep], tp[shallow], pair_starts(tp), "greater")
         c.notes.append(
             f"support: tokens with a changed layer {pct(tp[deep].mean())} ({deep} layers) vs "
             f"{pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
@@ -360,12 +386,15 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         per = sub.assign(layer=sub["key"].map(layer_keys)).groupby(["run", "layer"])["value"].mean().unstack()
         half = per.shape[1] // 2
         if half:
-            s = paired_compare(per.iloc[:, -half:].mean(1), per.iloc[:, :half].mean(1), n_resamples=N_BOOT)
+            own = run_starts(df).reindex(per.index).astype(str)  # a run's two halves share its start
+            s = compare_pairs(per.iloc[:, -half:].mean(1), per.iloc[:, :half].mean(1), own, "two-sided")
             c.notes.append(
                 f"support: in the {deep}-layer runs the deeper {half} layers flip {100 * s['mean_diff']:+.2f} pp "
                 f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
                 f"flip rate, {s['n']} runs, p = {fmt_p(s['p_value'])})"
             )
-    if descriptive_reason(starts):
+    if descriptive_reason(starts):  # the seed-level intervals describe nothing the starts can carry
+        c.statistic = INTERVAL.sub("", c.statistic)
+        c.notes = [INTERVAL.sub("", n) for n in c.notes]
         c.plain += " " + descriptive_plain(starts)
     return c
