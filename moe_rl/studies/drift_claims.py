@@ -28,10 +28,10 @@ from moe_rl.analysis.claims.rules import (
     pct,
     would_change,
 )
-from moe_rl.analysis.clustered import MIN_UNITS, cluster_sign_flip_pvalue, descriptive_reason, paired_by_start
+from moe_rl.analysis.clustered import compare_pairs, descriptive_reason
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.analysis.stats import looks_adjusted, paired_compare
+from moe_rl.analysis.stats import looks_adjusted
 from moe_rl.metrics.names import (
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,
@@ -231,20 +231,6 @@ def _run_means(df: pd.DataFrame, key: str) -> pd.Series:
     return df.loc[df["key"] == key].groupby("run")["value"].mean()
 
 
-def compare_pairs(a: pd.Series, b: pd.Series, starts: pd.Series, alternative: str) -> dict:
-    """a - b over pairs (paired_compare's keys: mean_diff, lo, hi, p_value, prob_improvement, n). From MIN_UNITS
-    independent starts up (`starts`: each pair's, e.g. "deep start | shallow start") with the cold start as the
-    unit: the mean of the starts' means, its hierarchical interval and a one-sided sign flip, one sign per start.
-    Below, by seed pairs: the reading a descriptive claim quotes, never a verdict (`rules.descriptive`)."""
-    if starts.nunique() < MIN_UNITS:
-        return paired_compare(a, b, alternative=alternative, n_resamples=N_BOOT)
-    d = (a - b).to_numpy(float)
-    r = paired_by_start(d, starts.to_numpy(object))
-    r["p_value"] = cluster_sign_flip_pvalue(d, starts.to_numpy(object), alternative=alternative)
-    r["n"] = r.pop("n_pairs")
-    return r
-
-
 def claim_depth(root: Path, presets: Path) -> Claim:
     """Claim 4 on the drift_scaling runs, with the analysis its preset in `presets` declares."""
     declared = declared_or_none(presets, "drift_scaling")
@@ -301,16 +287,16 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         c.reason = f"{len(pairs)} paired run(s): need >= 2"
         return c
     labels = pair_starts(pairs)
-    r = compare_pairs(pairs[deep], pairs[shallow], labels, "greater")
-    r_rev = compare_pairs(pairs[deep], pairs[shallow], labels, "less")
+    r = compare_pairs(pairs[deep], pairs[shallow], labels, alternative="greater", n_resamples=N_BOOT)
+    r_rev = compare_pairs(pairs[deep], pairs[shallow], labels, alternative="less", n_resamples=N_BOOT)
     level = float(pairs[shallow].mean())
     # seeds added after a look at this test count as looks (Bonferroni); the verdict without them is a note
     ext = extension_of(pairs.index.to_frame(index=False), declared)
     ext.index = pairs.index
     if (ext != "").any():
         first = pairs[ext == ""]
-        b = compare_pairs(first[deep], first[shallow], labels[ext == ""], "greater")
-        b_rev = compare_pairs(first[deep], first[shallow], labels[ext == ""], "less")
+        b = compare_pairs(first[deep], first[shallow], labels[ext == ""], alternative="greater", n_resamples=N_BOOT)
+        b_rev = compare_pairs(first[deep], first[shallow], labels[ext == ""], alternative="less", n_resamples=N_BOOT)
         v0 = direction_verdict(
             b["p_value"],
             b_rev["p_value"],
@@ -367,7 +353,7 @@ def claim_depth(root: Path, presets: Path) -> Claim:
     # support: the share of tokens with a changed layer, on the same pairs (more layers, more chances)
     tp = paired("tokens")
     if tp is not None and len(tp) >= 2:
-        t = compare_pairs(tp[deep], tp[shallow], pair_starts(tp), "greater")
+        t = compare_pairs(tp[deep], tp[shallow], pair_starts(tp), alternative="greater", n_resamples=N_BOOT)
         c.notes.append(
             f"support: tokens with a changed layer {pct(tp[deep].mean())} ({deep} layers) vs "
             f"{pct(tp[shallow].mean())} ({shallow}): {100 * t['mean_diff']:+.1f} pp "
@@ -387,7 +373,7 @@ def claim_depth(root: Path, presets: Path) -> Claim:
         half = per.shape[1] // 2
         if half:
             own = run_starts(df).reindex(per.index).astype(str)  # a run's two halves share its start
-            s = compare_pairs(per.iloc[:, -half:].mean(1), per.iloc[:, :half].mean(1), own, "two-sided")
+            s = compare_pairs(per.iloc[:, -half:].mean(1), per.iloc[:, :half].mean(1), own, n_resamples=N_BOOT)
             c.notes.append(
                 f"support: in the {deep}-layer runs the deeper {half} layers flip {100 * s['mean_diff']:+.2f} pp "
                 f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
