@@ -24,6 +24,7 @@ from moe_rl.analysis.claims.rules import (
     shares,
     would_change,
 )
+from moe_rl.analysis.clustered import compare_pairs
 from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
 from moe_rl.analysis.stats import (
     holm,
@@ -31,7 +32,6 @@ from moe_rl.analysis.stats import (
     logrank_test,
     looks_adjusted,
     mcnemar_exact,
-    paired_compare,
     wilson_interval,
 )
 
@@ -44,13 +44,22 @@ def pair_runs(outcomes: pd.DataFrame, worse: str, better: str, cells: list[str])
     return w.join(b, lsuffix="_w", rsuffix="_b", how="inner").reset_index()
 
 
+def pair_starts(pairs: pd.DataFrame) -> pd.Series | None:
+    """Each pair's cold starts, "worse's | better's" (`pair_runs` frames of outcomes with a `start`); None without."""
+    if "start_w" not in pairs or "start_b" not in pairs:
+        return None
+    return pairs["start_w"].astype(str) + " | " + pairs["start_b"].astype(str)
+
+
 def continuous_compare(pairs: pd.DataFrame) -> dict[str, dict]:
-    """better - worse on each measured outcome, paired: `paired_compare` one-sided both ways."""
+    """better - worse on each measured outcome, paired, one-sided both ways (`clustered.compare_pairs`: the cold
+    start as the unit from 5 starts up, each pair labelled by both arms' starts; below, by seed pairs)."""
+    starts = pair_starts(pairs)
     out = {}
     for col in CONTINUOUS:
         x, y = pairs[f"{col}_b"].to_numpy(float), pairs[f"{col}_w"].to_numpy(float)
-        r = paired_compare(x, y, alternative="greater", n_resamples=N_BOOT)
-        r["p_reverse"] = paired_compare(x, y, alternative="less", n_resamples=N_BOOT)["p_value"]
+        r = compare_pairs(x, y, starts, alternative="greater", n_resamples=N_BOOT)
+        r["p_reverse"] = compare_pairs(x, y, starts, alternative="less", n_resamples=N_BOOT)["p_value"]
         out[col] = r
     return out
 

@@ -33,6 +33,7 @@ from moe_rl.analysis.claims.arms import (
     comparison_text,
     counts_note,
     pair_runs,
+    pair_starts,
 )
 from moe_rl.analysis.claims.cells import (
     all_runs,
@@ -63,10 +64,10 @@ from moe_rl.analysis.claims.rules import (
     set_robustness,
     would_change,
 )
-from moe_rl.analysis.clustered import descriptive_reason
+from moe_rl.analysis.clustered import compare_pairs, descriptive_reason
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 from moe_rl.analysis.phase import cell_label
-from moe_rl.analysis.stats import holm, looks_adjusted, paired_compare
+from moe_rl.analysis.stats import holm, looks_adjusted
 
 ARMS_OUTCOMES = tuple(PRIMARY)  # final accuracy, reward AUC, time to collapse: `compare_arms`
 COLLAPSE_OUTCOMES = (ACCURACY, "collapse")  # final accuracy and collapse pooled over cells (exact CMH)
@@ -217,11 +218,15 @@ def collapse_result(
     w, b = record.name(worse), record.name(better)
     coll = compare_collapse(sel, worse, better, MAIN_DEFINITION, cells)  # worse collapses more: better is better
     on = [*cells, "seed"]
-    x = sel[sel["arm"] == better].set_index(on)[ACCURACY]
-    y = sel[sel["arm"] == worse].set_index(on)[ACCURACY]
-    joined = pd.concat([x.rename("b"), y.rename("w")], axis=1).dropna()
-    acc = paired_compare(joined["b"], joined["w"], alternative="greater", n_resamples=N_BOOT)
-    acc_rev = paired_compare(joined["b"], joined["w"], alternative="less", n_resamples=N_BOOT)
+    cols = [ACCURACY, *(["start"] if "start" in sel else [])]
+    x = sel[sel["arm"] == better].set_index(on)[cols].add_suffix("_b")
+    y = sel[sel["arm"] == worse].set_index(on)[cols].add_suffix("_w")
+    joined = x.join(y, how="inner").dropna(subset=[f"{ACCURACY}_b", f"{ACCURACY}_w"])
+    starts = pair_starts(joined)
+    acc, acc_rev = (
+        compare_pairs(joined[f"{ACCURACY}_b"], joined[f"{ACCURACY}_w"], starts, alternative=alt, n_resamples=N_BOOT)
+        for alt in ("greater", "less")
+    )
     favour_b = [looks_adjusted(p, looks) for p in holm([coll["p_more"], acc["p_value"]])]
     favour_w = [looks_adjusted(p, looks) for p in holm([coll["p_less"], acc_rev["p_value"]])]
     best_b, best_w = np.nanmin(favour_b, initial=np.inf), np.nanmin(favour_w, initial=np.inf)
@@ -277,10 +282,11 @@ def from_own_start(runs: pd.DataFrame) -> pd.DataFrame:
 
 def own_start_drop(runs: pd.DataFrame) -> dict[str, float]:
     """Final accuracy minus the run's own cold-start accuracy (a `from_own_start` frame's ACCURACY): mean
-    with a bootstrap interval over runs and a one-sided sign-flip p that it is below 0 (`p_value`); `below`
-    counts the runs that end below their start."""
+    with a bootstrap interval and a one-sided sign-flip p that it is below 0 (`p_value`), over starts from 5 up,
+    else over runs (`clustered.compare_pairs`); `below` counts the runs that end below their start."""
     change = runs[ACCURACY].to_numpy(float)
-    r = paired_compare(change, np.zeros_like(change), alternative="less", n_resamples=N_BOOT)
+    starts = runs["start"].astype(str) if "start" in runs else None  # from 5 starts up, the start is the unit
+    r = compare_pairs(change, np.zeros_like(change), starts, alternative="less", n_resamples=N_BOOT)
     return {**r, "below": int((change < 0).sum()), "runs": len(runs)}
 
 
