@@ -170,3 +170,21 @@ def test_compare_pairs_takes_the_start_as_the_unit_from_five_starts() -> None:
     six = clustered.compare_pairs(a, b, ["s0", "s0", "s1", "s2", "s3", "s4", "s5", "s5"], alternative="greater")
     assert six["n"] == 8 and six["p_value"] == 1 / 64  # six starts, all above: one sign per start
     assert six["mean_diff"] == pytest.approx(np.mean([0.25, 0.1, 0.4, 0.2, 0.3, 0.3]))
+
+
+def test_the_sweep_figure_draws_intervals_only_from_five_starts() -> None:
+    from moe_rl.analysis.plots import plot_metric_vs_axis
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"arm": "grpo+none", "lr": lr, "start": f"s{seed % starts}", "acc": rng.normal(0.4, 0.05), "n": starts}
+        for starts in (2, 6)
+        for lr in (1e-4, 1e-3)
+        for seed in range(12)
+    ]
+    frame = pd.DataFrame(rows)
+    for starts, drawn in ((2, False), (6, True)):
+        fig = plot_metric_vs_axis(frame[frame["n"] == starts], {"acc": "accuracy"}, "lr")
+        bars = [c for c in fig.axes[0].collections if len(c.get_segments())]
+        widths = [abs(seg[1][1] - seg[0][1]) for c in bars for seg in c.get_segments()]
+        assert (max(widths) > 0) == drawn, (starts, widths)

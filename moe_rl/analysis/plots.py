@@ -466,17 +466,23 @@ def plot_phase_difference(tests: pd.DataFrame, *, axes: Sequence[str] = ("lr", "
 def plot_metric_vs_axis(
     values: pd.DataFrame, metrics: dict[str, str], axis: str, *, by: str = "arm", logx: bool = False
 ) -> Figure:
-    """Per-run summary metrics against a sweep axis: mean over seeds with a 95% bootstrap interval,
-    one line per `by` value, one panel per metric. `values`: one row per run with `axis`, `by` and
-    the metric columns; `metrics` maps a column to its axis label."""
-    from moe_rl.analysis.stats import bootstrap_mean_ci
+    """Per-run summary metrics against a sweep axis: the mean over cold starts of their runs' means with a 95%
+    hierarchical bootstrap interval (starts, then runs; none drawn below 5 starts), one line per `by` value, one
+    panel per metric. `values`: one row per run with `axis`, `by`, the metric columns and `start` (without it each
+    run is its own start); `metrics` maps a column to its axis label."""
+    from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap
+
+    def point(s: pd.DataFrame, col: str) -> tuple[float, float, float]:
+        starts = s["start"].astype(str) if "start" in s else pd.Series(range(len(s)), dtype=object)
+        m, lo, hi = hierarchical_bootstrap(s[col], starts, n_resamples=1999)
+        return (m, lo, hi) if starts.nunique() >= MIN_UNITS else (m, np.nan, np.nan)
 
     groups = sorted(values[by].astype(str).unique())
     colors = {g: colormaps["tab10"](i % 10) for i, g in enumerate(groups)}
     fig, grid = _grid(len(metrics), panel=(4.2, 3.2))
     for ax, (col, label) in zip(grid[0], metrics.items()):
         for g, sub in values.assign(**{by: values[by].astype(str)}).groupby(by, sort=True):
-            pts = [(x, *bootstrap_mean_ci(s[col], n_resamples=1999)) for x, s in sub.groupby(axis, sort=True)]
+            pts = [(x, *point(s, col)) for x, s in sub.groupby(axis, sort=True)]
             if not pts:
                 continue
             x, m, lo, hi = (np.array(v, dtype=float) for v in zip(*pts))
@@ -493,7 +499,7 @@ def plot_metric_vs_axis(
             ax.set_xscale("log")
         ax.set(xlabel=axis, ylabel=label, title=label)
         _legend(ax, by)
-    fig.suptitle(f"Per-run means against {axis} (mean over seeds, 95% bootstrap interval)")
+    fig.suptitle(f"Per-run means against {axis} (mean over starts, 95% interval from 5 starts up)")
     return fig
 
 
