@@ -88,9 +88,10 @@ def main() -> None:
     spec = length.load_spec(args.presets)
     if args.blocks is not None:
         spec = length.only_blocks(spec, [int(b) for b in args.blocks.split(",")])
+    lengths = None if args.lengths is None else {int(x) for x in args.lengths.split(",")}
     parts = []
     for level, size, arms, lr, seeds in length.jobs(spec):
-        if args.lengths is not None and size not in {int(x) for x in args.lengths.split(",")}:
+        if lengths is not None and size not in lengths:
             continue
         label = f"[{level} L={size}]"
         over = spec.task_overrides(size)

@@ -226,6 +226,14 @@ def paired_by_start(
     return out
 
 
+def starts_or_own(runs: pd.DataFrame, start_col: str = "start") -> pd.Series:
+    """Each run's cold start as text: `start_col` where the table has it, else the run itself (each run its own
+    start), indexed 0..n-1."""
+    if start_col in runs:
+        return runs[start_col].astype(str).reset_index(drop=True)
+    return pd.Series(range(len(runs)), dtype=object).astype(str)
+
+
 def compare_pairs(
     a: Sequence[float] | np.ndarray | pd.Series,
     b: Sequence[float] | np.ndarray | pd.Series,
@@ -242,12 +250,12 @@ def compare_pairs(
     from moe_rl.analysis.stats import paired_compare
 
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = x - y
     units = None if starts is None else np.asarray(starts, dtype=object)
-    if units is None or len(set(units[np.isfinite(x - y)])) < MIN_UNITS:
+    if units is None or len(set(units[np.isfinite(d)])) < MIN_UNITS:
         return paired_compare(x, y, alternative=alternative, n_resamples=n_resamples)
-    r = paired_by_start(x - y, units)
-    d, keep = x - y, np.isfinite(x - y)
-    r["p_value"] = cluster_sign_flip_pvalue(d[keep], units[keep], alternative=alternative)
+    r = paired_by_start(d, units)  # both drop non-finite differences
+    r["p_value"] = cluster_sign_flip_pvalue(d, units, alternative=alternative)
     r["n"] = r.pop("n_pairs")
     return r
 

@@ -58,7 +58,7 @@ def arm_tests(
         for c in strata:
             ref = ref[ref[c] == values[c]]
         # collapse counts: an interval and a test only where both arms rest on MIN_UNITS starts or more
-        n_starts = [x[start_col].nunique() if start_col in x else len(x) for x in (g, ref)]
+        n_starts = [clustered.starts_or_own(x, start_col).nunique() for x in (g, ref)]
         row["starts"] = n_starts[0]
         decided = (
             min(n_starts) >= clustered.MIN_UNITS if not row["is_reference"] else n_starts[0] >= clustered.MIN_UNITS

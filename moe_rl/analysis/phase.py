@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.accuracy import final_accuracy, late_accuracy, start_accuracy
-from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap
+from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap, starts_or_own
 from moe_rl.analysis.collapse_definitions import COLLAPSE_DEFINITIONS, MAIN_DEFINITION, collapse_events, collapse_wide
 from moe_rl.analysis.load import COLLAPSED_STATUSES, run_key_columns, runs
 from moe_rl.analysis.stats import collapse_test, holm, wilson_interval
@@ -86,7 +86,7 @@ def phase_table(
     rows = []
     for values, g in outcomes.groupby([*axes, arm_col], sort=True):
         k, n = int(g[col].sum()), len(g)
-        starts = _starts(g, start_col)
+        starts = starts_or_own(g, start_col)
         decided = starts.nunique() >= MIN_UNITS
         lo, hi = wilson_interval(k, n, confidence) if decided else (math.nan, math.nan)
         row = dict(zip([*axes, arm_col], values))
@@ -139,7 +139,7 @@ def phase_tests(
             k1, n1 = int(h[col].sum()), len(h)
             # a cell where every run of both arms ended alike cannot reach significance: left out of
             # the Holm family (Tarone), shown as untestable
-            starts = min(_starts(ref, start_col).nunique(), _starts(h, start_col).nunique())
+            starts = min(starts_or_own(ref, start_col).nunique(), starts_or_own(h, start_col).nunique())
             descriptive = starts < MIN_UNITS
             testable = 0 < k0 + k1 < n0 + n1 and not descriptive
             rows.append(
@@ -162,13 +162,6 @@ def phase_tests(
     tests["significant"] = tests["p_holm"] < alpha
     tests.attrs.update(reference=reference, definition=definition, method=method, alpha=alpha)
     return tests
-
-
-def _starts(runs: pd.DataFrame, start_col: str) -> pd.Series:
-    """Each run's cold start: `start_col` where the table has it, else the run itself (every run its own start)."""
-    if start_col in runs:
-        return runs[start_col].astype(str).reset_index(drop=True)
-    return pd.Series(range(len(runs)), dtype=object).astype(str)
 
 
 def cell_label(keys: Sequence[str], values: Sequence) -> str:

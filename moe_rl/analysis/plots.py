@@ -470,10 +470,10 @@ def plot_metric_vs_axis(
     hierarchical bootstrap interval (starts, then runs; none drawn below 5 starts), one line per `by` value, one
     panel per metric. `values`: one row per run with `axis`, `by`, the metric columns and `start` (without it each
     run is its own start); `metrics` maps a column to its axis label."""
-    from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap
+    from moe_rl.analysis.clustered import MIN_UNITS, hierarchical_bootstrap, starts_or_own
 
     def point(s: pd.DataFrame, col: str) -> tuple[float, float, float]:
-        starts = s["start"].astype(str) if "start" in s else pd.Series(range(len(s)), dtype=object)
+        starts = starts_or_own(s)
         m, lo, hi = hierarchical_bootstrap(s[col], starts, n_resamples=1999)
         return (m, lo, hi) if starts.nunique() >= MIN_UNITS else (m, np.nan, np.nan)
 

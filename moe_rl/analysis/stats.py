@@ -35,6 +35,8 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.inter_rater import cohens_kappa
 from statsmodels.stats.proportion import proportion_confint
 
+from moe_rl.analysis.clustered import hierarchical_bootstrap
+
 ALTERNATIVES = ("two-sided", "greater", "less")
 
 
@@ -581,8 +583,6 @@ def granger_surrogate_test(
     stat, pooled_null = float(obs_a.mean()), null_a.mean(1)
     chance = float(pooled_null.mean())
     per_run_excess = obs_a - null_a.mean(0)
-    from moe_rl.analysis.clustered import hierarchical_bootstrap
-
     labels = [clusters[i] for i in kept] if clusters is not None else kept  # without clusters, each run its own
     _, low, high = hierarchical_bootstrap(per_run_excess, labels, n_resamples=n_boot, seed=seed)
     z = stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)

@@ -436,8 +436,7 @@ def cached_member(cfg: TrainConfig) -> dict | None:
     """The cached warm-up record (`cold_start.json`) of the pool member a run of `cfg` starts from, or None where
     that member is not trained yet (a study's launcher reads it to skip members whose warm-up ended out of band)."""
     cold = member_config(cfg.cold_start, cfg.seed)
-    key = cold_start_key(cfg.model, cfg.task, cold, data_hash_of(cfg.task), numerics=cfg.numerics)
-    path = Path(cold.cache_dir) / key / "cold_start.json"
+    path = Path(cold.cache_dir) / expected_key(cfg.model, cfg.task, cold, numerics=cfg.numerics) / "cold_start.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 

@@ -15,15 +15,14 @@ from moe_rl.analysis.claims.rules import (
     ALPHA,
     DRIFT_MARGIN,
     INCONCLUSIVE,
-    INTERVAL,
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
     UNTESTABLE,
     Claim,
     descriptive,
-    descriptive_plain,
     direction_verdict,
+    drop_intervals,
     fmt_p,
     pct,
     would_change,
@@ -379,8 +378,5 @@ def claim_depth(root: Path, presets: Path) -> Claim:
                 f"[{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}] vs the shallower {half} (all-update per-layer "
                 f"flip rate, {s['n']} runs, p = {fmt_p(s['p_value'])})"
             )
-    if descriptive_reason(starts):  # the seed-level intervals describe nothing the starts can carry
-        c.statistic = INTERVAL.sub("", c.statistic)
-        c.notes = [INTERVAL.sub("", n) for n in c.notes]
-        c.plain += " " + descriptive_plain(starts)
+    drop_intervals(c, starts)  # the seed-level intervals describe nothing the starts can carry
     return c

@@ -12,14 +12,13 @@ from moe_rl.analysis.claims.cells import load_experiment
 from moe_rl.analysis.claims.rules import (
     ALPHA,
     INCONCLUSIVE,
-    INTERVAL,
     LEAD_MARGIN,
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
     Claim,
     descriptive,
-    descriptive_plain,
+    drop_intervals,
     fmt_p,
     pct,
     would_change,
@@ -194,10 +193,7 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         )
         + "."
     )
-    if descriptive_reason(n_starts):  # no interval from fewer than 5 starts
-        c.statistic = INTERVAL.sub("", c.statistic)
-        c.notes = [INTERVAL.sub("", n) for n in c.notes]
-        c.plain += " " + descriptive_plain(n_starts)
+    drop_intervals(c, n_starts)
     return c
 
 

@@ -108,6 +108,17 @@ def descriptive(verdict: str, reason: str, starts: int) -> tuple[str, str]:
 INTERVAL = re.compile(r" \[[-+]?[0-9.]+%?, [-+]?[0-9.]+%?\]")
 
 
+def drop_intervals(c: Claim, starts: int) -> None:
+    """Below MIN_UNITS starts a claim describes: its statistic and notes lose their bracketed intervals and its
+    paragraph ends saying why (`descriptive_plain`). Nothing changes from MIN_UNITS starts up."""
+    if descriptive_reason(starts) is None:
+        return
+    c.statistic = INTERVAL.sub("", c.statistic)
+    c.notes = [INTERVAL.sub("", n) for n in c.notes]
+    if c.plain:
+        c.plain += " " + descriptive_plain(starts)
+
+
 def descriptive_plain(starts: int) -> str:
     """The sentence a paragraph for a person ends with where its numbers rest on too few starts to decide."""
     return (
