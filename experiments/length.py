@@ -10,15 +10,17 @@ One Hydra multirun of `experiments/train.py` (`+preset=length`) per block, level
 seeds, at the length's level lr, with the task overrides that pin the length. The pool members the runs start from
 are warmed first (`--jobs` at a time); a seed whose member's warm-up ended outside its band is skipped (a start RL
 cannot move either way; the study leaves such runs out of every contrast). Rerunning resumes: a finished run is read,
-not rerun.
+not rerun, and a seed whose runs are all finished is neither warmed nor launched.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
+from moe_rl.run.launch import FINISHED, short_name
 from moe_rl.studies import length
 from moe_rl.studies.launch import multirun, run_multiruns
 
@@ -32,6 +34,18 @@ def command(
     cmd = multirun(HERE / "train.py", "length", runs, jobs)
     cmd += [*spec.task_overrides(size), "arm=" + ",".join(arms), f"optim.lr={lr:.6g}"]
     return [*cmd, "seed=" + ",".join(str(s) for s in seeds)]
+
+
+def finished(runs: Path, overrides: list[str], arm: str, lr: float, seed: int) -> bool:
+    """Whether the run of `arm` at `seed` has finished in <runs>/length/runs (its folder named as Hydra's multirun
+    names it: the sorted overrides, `short_name`)."""
+    name = short_name(",".join(sorted([*overrides, f"arm={arm}", f"optim.lr={lr:.6g}", f"seed={seed}"])))
+    folder = runs / "length" / "runs" / name
+    try:
+        status = json.loads((folder / "status.json").read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return status in FINISHED and (folder / "metrics.parquet").is_file()
 
 
 def member_overrides(overrides: list[str], seed: int) -> list[str]:
@@ -95,6 +109,10 @@ def main() -> None:
             continue
         label = f"[{level} L={size}]"
         over = spec.task_overrides(size)
+        seeds = tuple(s for s in seeds if not all(finished(args.runs, over, a, lr, s) for a in arms))
+        if not seeds:
+            print(f"{label} every run finished")
+            continue
         seeds = live_seeds(over, seeds, jobs=args.jobs, warm_first=not args.dry_run, label=label, conf=HERE / "conf")
         if seeds:
             parts.append(

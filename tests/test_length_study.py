@@ -87,6 +87,32 @@ def test_the_launcher_skips_seeds_whose_start_ended_out_of_band(tmp_path, capsys
     ]
 
 
+def test_the_launcher_neither_warms_nor_launches_a_seed_whose_runs_all_finished(tmp_path) -> None:
+    """A run counts as finished only under the folder name Hydra's multirun gave it (this one from a shipped run of
+    grpo_none at lr 1.8e-4, seed 0, L = 4), with a finished status and its metrics; a running one, or one without
+    metrics, is not."""
+    import importlib.util
+    import json
+
+    spec_ = importlib.util.spec_from_file_location("length_launcher", PRESETS.parents[1] / "length.py")
+    assert spec_ is not None and spec_.loader is not None
+    launcher = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(launcher)
+    over = ln.load_spec(PRESETS).task_overrides(4)
+    name = "arm=grpo_none,optim.lr=0.00018,seed=0,task.gym.kwargs.max_digits=4,task.gym.kwa~67403dd51cc33333"
+    folder = tmp_path / "length" / "runs" / name
+    folder.mkdir(parents=True)
+    assert not launcher.finished(tmp_path, over, "grpo_none", 1.8e-4, 0)
+    (folder / "status.json").write_text(json.dumps({"status": "running"}))
+    (folder / "metrics.parquet").write_bytes(b"")
+    assert not launcher.finished(tmp_path, over, "grpo_none", 1.8e-4, 0)
+    (folder / "status.json").write_text(json.dumps({"status": "completed"}))
+    assert launcher.finished(tmp_path, over, "grpo_none", 1.8e-4, 0)
+    assert not launcher.finished(tmp_path, over, "grpo_none", 1.8e-4, 1)  # another seed's folder
+    (folder / "metrics.parquet").unlink()
+    assert not launcher.finished(tmp_path, over, "grpo_none", 1.8e-4, 0)
+
+
 @pytest.mark.parametrize(
     ("task", "length"),
     [
