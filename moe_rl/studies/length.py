@@ -7,11 +7,14 @@ addends: the answer's L or L + 1 digits each hang on a carry, so per-token diffi
 pool of 6 cold starts of its own; a level is a target early per-update KL of grpo+none, reached at each length by its
 own lr (`experiments/calibrate_kl.py`, cached in results/calibration/kl.json). Every arm runs at its length's level lr,
 so arms pair on (pool member, seed) within a length; across lengths the pool member is the unit a trend over log L is
-fitted on (each member's slope, then the slopes' mean with an interval over members, `trend`).
+fitted on (each member's slope, then the slopes' mean with an interval over members, `trend`). A member is its pool
+index and the environment its start was warmed in (`member_of`): the same index warmed on another CPU model or
+library version is another start.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +37,7 @@ from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
 
 PRESET = "length.yaml"
-POOL = 6  # cold starts per length: a run's pool member is its seed mod 6
+POOL = 6  # cold starts per length and warm-up environment: a run's pool member is its seed mod 6 (`member_of`)
 
 
 @dataclass(frozen=True)
@@ -123,22 +126,35 @@ KEYS = (*fr_.KEYS, names.KL_UPDATE_K3, *METRICS.values())
 
 def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     """The frontier's per-run table with each run's length (run key `L`), level (the one whose lr at that length it
-    ran at), pool member (seed mod 6), realised early and mean per-update KL, each metric's run mean, the step's
+    ran at), pool member (`member_of`), realised early and mean per-update KL, each metric's run mean, the step's
     wall seconds (rollout + old pass + updates) and whether its cold start ended in the band (`in_band`)."""
     out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
     info = df.drop_duplicates("run").set_index("run")
     out["L"] = info["L"].reindex(out.index) if "L" in info else np.nan
     for col in ("num_moe_layers", "top_k"):
         out[col] = info[col].reindex(out.index) if col in info else np.nan
-    out["member"] = out["seed"].astype(int) % POOL
+    dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
+    out["member"] = [member_of(int(seed), d) for seed, d in zip(out["seed"], dirs, strict=True)]
     out["level"] = [_level_of(spec, length, lr) for length, lr in zip(out["L"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))
     for col, key in METRICS.items():
         out[col] = df[df["key"] == key].groupby("run")["value"].mean().reindex(out.index)
     out["step_s"] = out[["rollout_s", "old_logp_s", "update_s"]].sum(axis=1, min_count=1)
-    dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
     out["in_band"] = [bool(cold_start_meta(Path(str(d))).get("in_band", True)) if d else True for d in dirs]
     return out.reset_index(drop=True)
+
+
+def member_of(seed: int, run_dir: object) -> str:
+    """A run's pool member: its seed mod 6 and the environment its start was warmed in (CPU vendor and model, torch
+    and transformers versions, from meta.json). Pinned numerics are bitwise per CPU model and the cold-start key holds
+    the versions, so member k warmed elsewhere is another start (another SFT trajectory), its own unit."""
+    meta_path = Path(str(run_dir)) / "meta.json" if run_dir else None
+    meta = json.loads(meta_path.read_text()) if meta_path is not None and meta_path.is_file() else {}
+    cpu, versions = meta.get("cpu") or {}, meta.get("versions") or {}
+    env = " ".join(
+        str(x) for x in (cpu.get("vendor"), cpu.get("model"), versions.get("torch"), versions.get("transformers")) if x
+    )
+    return f"{seed % POOL} ({env})" if env else str(seed % POOL)
 
 
 def analysed(runs: pd.DataFrame) -> pd.DataFrame:

@@ -237,7 +237,7 @@ def write_length_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
             f"{len(out_of_band)} runs from {out_of_band.groupby(['L', 'member']).ngroups} pool members whose warm-up "
             "ended outside the band (greedy accuracy below 0.2 after cold_start.max_steps SFT steps) are reported in "
             "runs.csv and left out of every table, contrast and claim above: "
-            + ", ".join(f"L = {int(k[0])} member {int(k[1])}" for k in out_of_band.groupby(["L", "member"]).groups),
+            + ", ".join(f"L = {int(k[0])} member {k[1]}" for k in out_of_band.groupby(["L", "member"]).groups),
             "",
         ]
     write_atomic(out / "summary.md", "\n".join(text).encode())
