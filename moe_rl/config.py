@@ -433,6 +433,7 @@ class TrainConfig:
     device: str = "cpu"
     threads: int | None = None
     numerics: str = "native"  # avx2: ATen, MKL, oneDNN on AVX2 paths (bitwise on one CPU model: docs/reproducing.md)
+    compile: bool = False  # torch.compile the policy (inductor): moe_rl.loop.compiled, docs/performance.md
     progress: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

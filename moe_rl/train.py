@@ -16,20 +16,20 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
    the combine weights as the mode says) while recording what the router would have chosen natively.
    The loss may scale each token ratio by RSPO's router-shift factor (`algo.router_shift`), a
    constant from the router scores the passes recorded, and weights each token by the correction;
-5. metrics, emitted where they are computed (`moe_rl.loop.step_metrics`) into an update's or the step's
-   accumulator (`moe_rl.metrics.accumulator`): each update's pooled over the processes, aggregated over the
-   step (mean; `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins,
-   rollout vs old routes); route snapshots every `snapshot_every` steps. The route instruments (route/*,
-   the ratio split) and the work only they need run on the steps `metrics.route_every` names, the split on
-   a seeded subsample of each update's rows (`metrics.split_rows`); every other number is the same either way.
+5. metrics, emitted where they are computed (`moe_rl.loop.step_metrics`) into an update's or the step's accumulator
+   (`moe_rl.metrics.accumulator`): each update's pooled over the processes, aggregated over the step (mean;
+   `ratio/token_max` is a max), with the step's own (rewards, rollout gap, margins, rollout vs old routes); route
+   snapshots every `snapshot_every` steps. The route instruments (route/*, the ratio split) and the work only they need
+   run on the steps `metrics.route_every` names, the split on a seeded subsample of each update's rows
+   (`metrics.split_rows`); every other number is the same either way.
 
-How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models
-from configs and synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router
-load-balancing loss or z-loss unless `algo.aux_loss_coef` or `algo.router_z_loss_coef` is set, so by
-default only the policy gradient moves the router; advantages use each group's population std; AdamW with
-betas (0.9, 0.99) and gradient clipping at 1.0; the "inference engine" is the same transformers
-model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`, where an in-process
-vLLM engine samples and routes the rollouts (moe_rl.rollout.engine) and gets the trainer's weights in place.
+How this differs from the papers' recipes (arXiv 2402.03300, 2507.18071, 2510.11370): tiny models from configs and
+synthetic tasks with exact rewards; no KL term unless `algo.beta > 0`; no router load-balancing loss or z-loss unless
+`algo.aux_loss_coef` or `algo.router_z_loss_coef` is set, so by default only the policy gradient moves the router;
+advantages use each group's population std; AdamW with betas (0.9, 0.99) and gradient clipping at 1.0; the "inference
+engine" is the same transformers model sampling with a KV cache (in `rollout.dtype`) unless `rollout.engine=vllm`,
+where an in-process vLLM engine samples and routes the rollouts (moe_rl.rollout.engine) and gets the trainer's weights
+in place.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.checkpoint import RunState, refuse_foreign_dir, restore_state, save_state
 from moe_rl.loop.cold_start import get_cold_start, member_config
+from moe_rl.loop.compiled import compile_run
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.judging import judge_step, signal_verdict
 from moe_rl.loop.keys import run_keys
@@ -168,13 +169,12 @@ class Trainer:
             self.rollout_dtype == next(self.policy.parameters()).dtype and not self.lag
         )
         self.rollout_policy = self.policy if shared else copy.deepcopy(self.policy).to(self.rollout_dtype)
-        # optim/router_drift's reference
-        self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []
+        self.router_start = [p.detach().clone() for p in routers(self.policy)] if self.routed else []  # router_drift's
         self.train_policy = self.dist.wrap(self.policy)  # FSDP2 shards in place; DDP wraps (after the copies)
+        self.compiled = cfg.compile and compile_run((self.policy, self.rollout_policy), cfg, self.dist.world_size)
         self.optimizer, self.scheduler, self.expert_step = build_optimizer(self.policy, cfg.optim)  # + the lr warm-up
         self.forward = update_forward(cfg.algo)  # with a router loss term: also the router logits and aux loss
-        self.loss_fn = get_loss(cfg.algo.name)
-        # eps_low/eps_high, or SAPO's tau_pos/tau_neg; the KL term's beta and the aggregation
+        self.loss_fn = get_loss(cfg.algo.name)  # its kwargs: eps_low/eps_high or SAPO's taus, the KL's beta, the agg
         self.loss_kwargs = {**cfg.algo.loss_kwargs(), "beta": cfg.algo.beta, "agg": cfg.algo.agg}
         self.task = self.task.render(self.tokenizer)
         self.train_examples, self.eval_examples = self.task.train, self.task.eval[: cfg.eval_size]
@@ -556,7 +556,8 @@ class Trainer:
         """config.yaml, meta.json and, on rank 0 like the run folder, the live logging backends."""
         cfg, writer = self.cfg, self.writer
         writer.write_config(cfg.to_dict())
-        writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, numerics=cfg.numerics, **self.dist.meta())
+        run_meta = {"numerics": cfg.numerics, "compiled": self.compiled, **self.dist.meta()}
+        writer.write_meta(cold_start=self.cold_info, resumed_after_step=done, **run_meta)
         if self.dist.is_writer:
             writer.backends = open_loggers(
                 cfg.logger,

@@ -91,7 +91,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
     # (kl/update_k3 reads the weights and moves no other number: a run at its default shares the shipped identity)
     "metrics": {"route_every": 1, "split_rows": None, "update_kl_rows": 8},
 }
-ADDED_TOP = {"numerics": "native"}  # top-level keys added later, left out while at their default
+ADDED_TOP = {"numerics": "native", "compile": False}  # top-level keys added later, left out while at their default
 # sections added later: left out entirely while every key is at its value in ADDED_DEFAULTS
 ADDED_SECTIONS = ("pass_at_k", "metrics")
 

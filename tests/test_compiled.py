@@ -1,0 +1,107 @@
+"""`compile=true` (moe_rl.loop.compiled): route recording and replay under a compiled policy, and the loop's graphs.
+
+The tests trace with Dynamo's `eager` backend (`compiled.BACKEND`): the graphs Dynamo captures, hooks included, run
+by ATen instead of inductor's generated kernels, so a compiled pass must give the eager pass's numbers bitwise, and
+a hook Dynamo dropped or ran on a stale context shows as a difference. Inductor's own numbers are its own domain.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.config as dynamo_config
+from helpers import run_values, tiny_config
+
+from moe_rl.loop import compiled
+from moe_rl.models import build_model
+from moe_rl.routing import RoutedPass, RouteRecorder, Routes
+
+
+@pytest.fixture(autouse=True)
+def _traced_by_dynamo_only(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(compiled, "BACKEND", "eager")
+    names = ("skip_nnmodule_hook_guards", "recompile_limit", "accumulated_recompile_limit")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with dynamo_config.patch({name: getattr(dynamo_config, name) for name in names}):  # restored after the test
+        yield
+    torch._dynamo.reset()
+
+
+def _pass(model, ids: torch.Tensor, routes: Routes | None = None) -> tuple[torch.Tensor, Routes]:
+    with torch.no_grad(), RoutedPass(model, routes) as routed:
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    return logits, routed.used
+
+
+def test_route_contexts_opened_after_a_hookless_compiled_pass_record_and_replay() -> None:
+    """The loop's rollout records routes on some steps only: a graph traced without hooks must not serve a pass
+    with them (Dynamo's default, `skip_nnmodule_hook_guards`, would: the recorder then records nothing). Each new
+    context, recording or replaying, gets the eager pass's logits and routes bitwise, with no graph per context."""
+    eager = build_model("qwen3_moe")
+    model = build_model("qwen3_moe")
+    compiled.compile_policy(model, numerics="native")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, eager.config.vocab_size, (3, 7), generator=gen)
+    with torch.no_grad():
+        model(input_ids=ids)  # traced with no hook on any router
+    graphs = []
+    for _ in range(5):
+        x = torch.randint(3, eager.config.vocab_size, (3, 7), generator=gen)
+        want_logits, want = _pass(eager, x)
+        got_logits, got = _pass(model, x)
+        assert torch.equal(got.indices, want.indices) and torch.equal(got_logits, want_logits)
+        forced = Routes.from_topk((want.indices.long() + 1) % want.num_experts, want.mask, want.layer_map, 8)
+        want_logits, _ = _pass(eager, x, forced)
+        got_logits, used = _pass(model, x, forced)
+        assert torch.equal(used.indices, forced.indices) and torch.equal(got_logits, want_logits)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[-1], graphs  # a graph per set of hooks, not one per context
+    with torch.no_grad(), RouteRecorder(model) as recorder:  # a recorder alone, as the rollout's
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert torch.equal(recorder.routes.indices, _pass(eager, ids)[1].indices)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs[-1]
+
+
+# What the rollout's log-probs move (the sampler's decode steps under Dynamo round differently from eager, in float32's
+# last bits): the rollout-vs-old-pass gap metrics. Every other number is bitwise the eager run's.
+ROLLOUT_GAP = (
+    "rollout/k3_kl",
+    "rollout/logp_abs_diff",
+    "rollout/logp_gap",
+    "rollout/logp_sq_diff",
+    "rollout/token_mult_prob_error",
+)
+
+
+@pytest.mark.slow
+def test_a_compiled_r2_run_has_no_graph_break_and_is_the_eager_run(tmp_path, cache) -> None:
+    """Two learning steps of R2, eager and compiled: Dynamo broke no graph; the losses, ratios, routes, grads and
+    accuracy are the eager run's bitwise, and the rollout-vs-old-pass log-prob gap stays at float32 rounding (each
+    log-prob of float32 logits below 100 in size is good to ~1e-5). The rollout samples without hooks, the old pass
+    records, the updates replay and record: a graph per pass, none traced without the hooks its pass has. (The
+    route-instrument steps, 1 in `metrics.route_every`, are left out: their old pass asks transformers for the router
+    logits, whose output capturing holds a lock Dynamo does not trace, so those frames run eager.)"""
+    import json
+
+    from moe_rl.train import train
+
+    runs = {}
+    for flag in ("false", "true"):
+        changes = ("steps=2", "eval_every=2", "replay.mode=r2", "metrics.route_every=1000", f"compile={flag}")
+        assert train(tiny_config(tmp_path / flag, *changes, cache=cache))["status"] == "completed"
+        runs[flag] = run_values(tmp_path / flag).set_index(["step", "key"])["value"]
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 3  # sampling, the old pass, the updates
+    eager, comp = runs["false"], runs["true"]
+    assert eager.index.equals(comp.index)
+    gap = eager.index.get_level_values("key").isin(ROLLOUT_GAP)
+    assert comp[~gap].equals(eager[~gap])
+    assert (comp[gap] - eager[gap]).abs().max() < 1e-5
+    assert json.loads((tmp_path / "true" / "meta.json").read_text())["compiled"] is True
+
+
+def test_runs_the_harness_does_not_compile_say_why() -> None:
+    assert compiled.refuse_compile(engine="hf", world_size=1) is None
+    assert "vllm" in str(compiled.refuse_compile(engine="vllm", world_size=1))
+    assert "2 processes" in str(compiled.refuse_compile(engine="hf", world_size=2))
