@@ -115,11 +115,11 @@ def test_routing_overhead(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_compile_probe(capsys: pytest.CaptureFixture[str]) -> None:
-    """Dynamo's eager backend (no inductor): the ratios print; with the hook guards on (compile=true's setting) every
-    route context gets the eager routes, and with torch's default a recorder after a hookless pass gets none."""
-    load("compile_probe").main("--backend eager --batch 2 --seq 4 --repeats 1".split())
+    """Dynamo's eager backend (no inductor), the hook checks only (the timing's three compiles would double the test's
+    time): with the hook guards on (compile=true's setting) every route context gets the eager routes, and with
+    torch's default a recorder after a hookless pass gets none."""
+    load("compile_probe").main("--backend eager --hooks-only".split())
     out = capsys.readouterr().out
-    assert numbers_after("eager / full", out)[0] > 0 and numbers_after("eager / regional", out)[0] > 0
     rows = re.findall(r"^hook guards (on |off), (.+?) +got the eager routes: (yes|NO)$", out, re.M)
     assert len(rows) == 10
     assert all(ok == "yes" for guards, _, ok in rows if guards == "on ")
