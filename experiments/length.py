@@ -16,11 +16,10 @@ not rerun, and a seed whose runs are all finished is neither warmed nor launched
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-from moe_rl.run.launch import FINISHED, short_name
+from moe_rl.run.launch import finished_status, short_name
 from moe_rl.studies import length
 from moe_rl.studies.launch import multirun, run_multiruns
 
@@ -40,12 +39,7 @@ def finished(runs: Path, overrides: list[str], arm: str, lr: float, seed: int) -
     """Whether the run of `arm` at `seed` has finished in <runs>/length/runs (its folder named as Hydra's multirun
     names it: the sorted overrides, `short_name`)."""
     name = short_name(",".join(sorted([*overrides, f"arm={arm}", f"optim.lr={lr:.6g}", f"seed={seed}"])))
-    folder = runs / "length" / "runs" / name
-    try:
-        status = json.loads((folder / "status.json").read_text())["status"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return status in FINISHED and (folder / "metrics.parquet").is_file()
+    return finished_status(runs / "length" / "runs" / name, None) is not None
 
 
 def member_overrides(overrides: list[str], seed: int) -> list[str]:

@@ -82,11 +82,12 @@ def interrupted_line(out_dir: str | Path, checkpoint_every: int) -> str:
     )
 
 
-def finished_status(out_dir: str | Path, config_hash: str) -> str | None:
+def finished_status(out_dir: str | Path, config_hash: str | None) -> str | None:
     """The status of a run directory whose outputs are complete, else None.
 
     A finished directory of another config (`config_hash`: `moe_rl.config.config_hash` of the launch's
-    config) is an error, not a run to skip or overwrite.
+    config) is an error, not a run to skip or overwrite; `config_hash` None reads the status without that
+    check (a launcher asking which runs are done before it composes their configs).
     """
     path = Path(out_dir) / "status.json"
     try:
@@ -96,7 +97,7 @@ def finished_status(out_dir: str | Path, config_hash: str) -> str | None:
         return None
     if status not in FINISHED or not (Path(out_dir) / "metrics.parquet").is_file():
         return None
-    if doc.get("config_hash") != config_hash:
+    if config_hash is not None and doc.get("config_hash") != config_hash:
         raise RunDirectoryError(
             f"{out_dir} holds a finished run of another config; choose another directory or delete it"
         )

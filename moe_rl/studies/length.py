@@ -31,7 +31,6 @@ from moe_rl.analysis.clustered import (
     hierarchical_bootstrap,
     paired_by_start,
 )
-from moe_rl.analysis.configs import cold_start_meta
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
@@ -134,22 +133,27 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     for col in ("num_moe_layers", "top_k"):
         out[col] = info[col].reindex(out.index) if col in info else np.nan
     dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
-    out["member"] = [member_of(int(seed), d) for seed, d in zip(out["seed"], dirs, strict=True)]
+    metas = [_meta(d) for d in dirs]
+    out["member"] = [member_of(int(seed), meta) for seed, meta in zip(out["seed"], metas, strict=True)]
     out["level"] = [_level_of(spec, length, lr) for length, lr in zip(out["L"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))
     for col, key in METRICS.items():
         out[col] = df[df["key"] == key].groupby("run")["value"].mean().reindex(out.index)
     out["step_s"] = out[["rollout_s", "old_logp_s", "update_s"]].sum(axis=1, min_count=1)
-    out["in_band"] = [bool(cold_start_meta(Path(str(d))).get("in_band", True)) if d else True for d in dirs]
+    out["in_band"] = [bool((meta.get("cold_start") or {}).get("in_band", True)) for meta in metas]
     return out.reset_index(drop=True)
 
 
-def member_of(seed: int, run_dir: object) -> str:
+def _meta(run_dir: object) -> dict[str, Any]:
+    """A run's meta.json ({} without a folder or the file)."""
+    path = Path(str(run_dir)) / "meta.json" if run_dir else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def member_of(seed: int, meta: dict[str, Any]) -> str:
     """A run's pool member: its seed mod 6 and the environment its start was warmed in (CPU vendor and model, torch
-    and transformers versions, from meta.json). Pinned numerics are bitwise per CPU model and the cold-start key holds
-    the versions, so member k warmed elsewhere is another start (another SFT trajectory), its own unit."""
-    meta_path = Path(str(run_dir)) / "meta.json" if run_dir else None
-    meta = json.loads(meta_path.read_text()) if meta_path is not None and meta_path.is_file() else {}
+    and transformers versions, from its meta.json). Pinned numerics are bitwise per CPU model and the cold-start key
+    holds the versions, so member k warmed elsewhere is another start (another SFT trajectory), its own unit."""
     cpu, versions = meta.get("cpu") or {}, meta.get("versions") or {}
     env = " ".join(
         str(x) for x in (cpu.get("vendor"), cpu.get("model"), versions.get("torch"), versions.get("transformers")) if x
