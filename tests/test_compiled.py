@@ -63,6 +63,30 @@ def test_route_contexts_opened_after_a_hookless_compiled_pass_record_and_replay(
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs[-1]
 
 
+def test_a_recorded_sampling_traces_no_graph_per_decode_step() -> None:
+    """A recorder grows its record by one pass per KV-cache step; traced, the list lengths would be guards and every
+    decode step a recompile (47 graphs in a 20-step R2 run, 25 without). The hooks' bookkeeping runs eager: a longer
+    recorded sampling adds no graph, and its routes are the eager sampler's."""
+    from moe_rl.rollout.sampler import sample_loop
+
+    eager = build_model("qwen3_moe")
+    model = build_model("qwen3_moe")
+    compiled.compile_policy(model, numerics="native")
+    ids = torch.randint(3, eager.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+
+    def sampled(m, tokens: int) -> Routes:
+        torch.manual_seed(1)
+        with torch.no_grad(), RouteRecorder(m) as recorder:
+            sample_loop(m, ids, torch.ones_like(ids), max_new_tokens=tokens, eos_token_id=-1, pad_token_id=0)
+        return recorder.routes
+
+    assert torch.equal(sampled(model, 3).indices, sampled(eager, 3).indices)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    longer = sampled(model, 8)
+    assert torch.equal(longer.indices, sampled(eager, 8).indices) and longer.indices.shape[1] == 5 + 8 - 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 # What the rollout's log-probs move (the sampler's decode steps under Dynamo round differently from eager, in float32's
 # last bits): the rollout-vs-old-pass gap metrics. Every other number is bitwise the eager run's.
 ROLLOUT_GAP = (

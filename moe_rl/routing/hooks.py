@@ -117,10 +117,14 @@ class _ModelHooks:
         self._handles.append(self.model.register_forward_pre_hook(self._pre, with_kwargs=True))
         self._handles.append(self.model.register_forward_hook(self._post, always_call=True))
 
+    # A pass's bookkeeping (records growing by one per KV-cache step, the applied-layer checks) runs eager under
+    # `compile=true`: traced, each length of those lists would be a guard and every decode step a recompile.
+    @torch._dynamo.disable
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.in_pass = True
         self.begin_pass(args, kwargs)
 
+    @torch._dynamo.disable
     def _post(self, module: nn.Module, args: tuple, output: object) -> None:
         self.in_pass = False
         self.end_pass()
@@ -193,34 +197,39 @@ class RouteRecorder(_ModelHooks):
             mask = attention_mask[:, -T:].bool()
         else:
             mask = torch.ones(B, T, dtype=torch.bool, device=self.layers[0].weight.device)
+        # The hooks write this pass's slots through these attributes, never by indexing the growing lists.
+        self._mask: Tensor = mask
+        self._pass: list[Tensor | None] = [None] * len(self.layers)
+        self._pass_margins: list[Tensor | None] = [None] * len(self.layers)
+        self._pass_scores: list[Tensor | None] = [None] * len(self.layers)
+        self._pass_weights: list[Tensor | None] = [None] * len(self.layers)
         record.masks.append(mask)
-        record.passes.append([None] * len(self.layers))
-        record.margins.append([None] * len(self.layers))
-        record.scores.append([None] * len(self.layers))
-        record.weights.append([None] * len(self.layers))
+        record.passes.append(self._pass)
+        record.margins.append(self._pass_margins)
+        record.scores.append(self._pass_scores)
+        record.weights.append(self._pass_weights)
 
     def _make_hook(self, i: int):
         def hook(router: nn.Module, args: tuple, output: tuple) -> None:
             if not self.in_pass:  # gradient-checkpointing recomputation or a call outside the model
                 return
-            record, layer = self._records[-1], self.layers[i]
-            current = record.passes[-1]
+            layer, current = self.layers[i], self._pass
             if current[i] is not None:
                 return
-            B, T = record.masks[-1].shape
+            B, T = self._mask.shape
             if layer.seq_major:
                 _check_seq_major_input(layer, args, B, T)
             _, weights, indices = router_output(layer.name, router, output)
             current[i] = _batch_major(layer, indices.detach().to(self._dtype), B, T)  # compact at once
             if self.record_weights:  # in the ascending id order of `routes`
                 ordered = weights.detach().gather(-1, indices.argsort(dim=-1)).float()
-                record.weights[-1][i] = _batch_major(layer, ordered, B, T)
+                self._pass_weights[i] = _batch_major(layer, ordered, B, T)
             if self.record_margins or self.record_scores:
                 scores = selection_scores(router, output[0].detach())
                 if self.record_margins:
-                    record.margins[-1][i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
+                    self._pass_margins[i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
                 if self.record_scores:
-                    record.scores[-1][i] = _batch_major(layer, scores, B, T)
+                    self._pass_scores[i] = _batch_major(layer, scores, B, T)
 
         return hook
 
