@@ -1,7 +1,7 @@
 """Where an RL step's time goes, phase by phase, against the same model's bare work (the floor).
 
     python benchmarks/step_profile.py [--models default,fine] [--repeats 9] [--threads 1] [--replay r3]
-                                      [--route-every K] [--split-rows S]
+                                      [--route-every K] [--split-rows S] [--compile]
 
 For each model (`default`: qwen3_moe, 8 experts, top-2, 2 MoE layers; `fine`: the `qwen3_moe_fine`
 preset, 64 experts of width 16, top-8, 4 MoE layers) it times `moe_rl.train.Trainer.step` split
@@ -37,6 +37,11 @@ per model:
   comparison, `all rows, K=1`: every step a route step with the split on all rows (the loop before
   `metrics`), over its floor, and its split on/off.
 
+`--compile` profiles a `compile=true` run against a floor that is compiled too (each its own torch.compile of the
+same weights, inductor, `dynamic=True`): the same table for compiled runs. Comparing its absolute times with an
+eager profile's is not a measure (they run in different processes, at different loads); the runs-per-hour ratio
+of compiled to eager is `benchmarks/sweep_throughput.py`'s.
+
 Harness steps and floor steps alternate (ABBA order), so when the machine is loaded (other jobs,
 sweeps at higher priority) the load hits both alike; every figure is a median over repeats and
 every ratio the median of per-repeat ratios. By default the clock is this process's CPU time
@@ -65,6 +70,7 @@ import transformers
 import moe_rl.loop.step_metrics as step_module
 import moe_rl.train as train_module
 from moe_rl.config import TrainConfig
+from moe_rl.loop.compiled import compile_policy
 from moe_rl.rollout.generate import position_ids, token_logp
 from moe_rl.routing import RoutedPass
 from moe_rl.train import Trainer
@@ -354,6 +360,7 @@ def config(model: str, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
         out_dir=str(out_dir / model), steps=10**6, progress=False, snapshot_every=0, eval_size=16, threads=args.threads
     )
     cfg.replay.mode = args.replay
+    cfg.compile = args.compile
     cfg.task.max_new_tokens = args.max_new_tokens
     cfg.rollout.prompts_per_step, cfg.rollout.group_size = args.prompts, args.group
     cfg.optim.updates_per_rollout = args.updates
@@ -403,6 +410,9 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     S = trainer.cfg.metrics.split_rows if args.split_rows is None else (args.split_rows or None)
     large = 10**9  # a route_every no step reaches: every step is an other step
     floor_model = copy.deepcopy(trainer.policy)
+    if args.compile:  # the copy shares the policy's compiled call: the floor gets a compile of its own
+        floor_model._compiled_call_impl = None
+        compile_policy(floor_model, numerics=trainer.cfg.numerics)
     floor_opt = torch.optim.AdamW(floor_model.parameters(), lr=trainer.cfg.optim.lr, betas=(0.9, 0.99))
     rollout, _, _ = trainer.rollout(1)
     new_tokens = trainer.cfg.task.max_new_tokens
@@ -435,7 +445,8 @@ def profile(model: str, args: argparse.Namespace, root: Path) -> None:
     print(
         f"\n== {model}: qwen3_moe, {L} MoE layers, {E} experts, top-{k}, replay {args.replay}; "
         f"{args.prompts}x{args.group} rollouts, <= {args.max_new_tokens} new tokens, {args.updates} updates; "
-        f"{torch.get_num_threads()} threads; medians of {n} interleaved repeats =="
+        f"{torch.get_num_threads()} threads{', compiled' if trainer.compiled else ''}; medians of {n} interleaved "
+        "repeats =="
     )
     split_label = "all rows" if S is None else f"{S} rows"
     print(f"-- route step (instruments on, split on {split_label} of each update) --")
@@ -477,6 +488,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--route-every", type=int, default=None, help="metrics.route_every (default: the config's)")
     parser.add_argument(
         "--split-rows", type=int, default=None, help="metrics.split_rows (default: the config's; 0: all rows)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile=true: the harness's policy and the floor's model both compiled (more --warmup: each setting "
+        "traces its graphs on its first steps)",
     )
     parser.add_argument(
         "--clock",

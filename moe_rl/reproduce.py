@@ -1,6 +1,6 @@
 """Rerun a sample of a shipped experiment's runs and say whether they reproduce.
 
-    python -m moe_rl.reproduce RESULTS_DIR [--runs K] [--out DIR] [--jobs J]
+    python -m moe_rl.reproduce RESULTS_DIR [--runs K] [--out DIR] [--jobs J] [--compile]
 
 Picks K finished runs across the folder's cells and arms (one per group in turn, lowest seed first),
 reruns each with its recorded `config.yaml` in a fresh process (its own cold start, in a cache of its
@@ -14,7 +14,8 @@ distribution the seeds sample. The test is that worst case: the difference of tw
 has variance 2 sigma^2, and sigma is estimated by the sd of the n shipped seeds of the run's group, so
 (shipped - rerun) / (sqrt(2) sd_seed) follows Student's t with n - 1 degrees of freedom; each |shipped -
 rerun| must lie within t * sqrt(2) * sd_seed, t the two-sided quantile at 0.05 Bonferroni-corrected over
-all comparisons (a prediction interval for one new draw). The last line says which holds; the
+all comparisons (a prediction interval for one new draw). `--compile` reruns with compile=true, whose kernels
+are inductor's: a numerics domain of its own, so its reruns are held to that seed-variation test, never to bits. The last line says which holds; the
 exit status is 0 when the reruns are bitwise equal or within seed variation, 1 otherwise.
 """
 
@@ -83,8 +84,9 @@ def recorded_config(config_path: str | Path) -> TrainConfig:
     return cfg
 
 
-def rerun(config_path: str, out_dir: str, cache_dir: str) -> str:
-    """One run from a recorded config.yaml into `out_dir` (runs in a fresh process: numerics pin there)."""
+def rerun(config_path: str, out_dir: str, cache_dir: str, compiled: str = "false") -> str:
+    """One run from a recorded config.yaml into `out_dir` (runs in a fresh process: numerics pin there);
+    `compiled` "true": with compile=true, inductor's numerics domain (docs/performance.md)."""
     from moe_rl.train import train
 
     cfg = recorded_config(config_path)
@@ -92,16 +94,20 @@ def rerun(config_path: str, out_dir: str, cache_dir: str) -> str:
         cfg,
         out_dir=out_dir,
         progress=False,
+        compile=cfg.compile or compiled == "true",
         cold_start=dataclasses.replace(cfg.cold_start, cache_dir=cache_dir),
     )
     return str(train(cfg)["status"])
 
 
-def _rerun_process(config_path: str, out_dir: str, cache_dir: str) -> str:
+def _rerun_process(config_path: str, out_dir: str, cache_dir: str, compiled: str) -> str:
     """`rerun` in a fresh interpreter (numerics=avx2 pins there); its status, or why it failed."""
     code = "import sys; from moe_rl.reproduce import rerun; print(rerun(*sys.argv[1:]))"
     out = subprocess.run(
-        [sys.executable, "-c", code, config_path, out_dir, cache_dir], capture_output=True, text=True, check=False
+        [sys.executable, "-c", code, config_path, out_dir, cache_dir, compiled],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if out.returncode:
         return f"failed ({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})"
@@ -189,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where reruns go (default runs/reproduce/<folder>)")
     parser.add_argument("--cache", type=Path, default=Path(".cache/reproduce"), help="cold-start cache of the reruns")
     parser.add_argument("--jobs", type=int, default=1, help="reruns in parallel (one process each)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="rerun with compile=true: another numerics domain, so expect seed variation, not bits",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
@@ -200,16 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     if outcomes.empty:
         print(f"error: no finished run under {args.results_dir}", file=sys.stderr)
         return 2
-    out = args.out or Path("runs") / "reproduce" / args.results_dir.resolve().name
+    out = args.out or Path("runs") / "reproduce" / (
+        args.results_dir.resolve().name + ("_compiled" if args.compile else "")
+    )
     groups = outcomes.attrs["groups"]
     chosen = choose(outcomes, args.runs, groups)
-    jobs: dict[str, tuple[str, str, str]] = {}
+    jobs: dict[str, tuple[str, str, str, str]] = {}
     for run, run_dir in zip(chosen["run"], chosen["run_dir"]):
         config = Path(run_dir) / "config.yaml"
         if not config.is_file():
             print(f"error: {run_dir} has no config.yaml to rerun", file=sys.stderr)
             return 2
-        jobs[run] = (str(config), str(out / run), str(args.cache.absolute()))
+        jobs[run] = (str(config), str(out / run), str(args.cache.absolute()), str(args.compile).lower())
     print(f"rerunning {len(jobs)} of {len(outcomes)} runs of {args.results_dir} into {out}:", flush=True)
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each rerun in a process of its own
         futures = {pool.submit(_rerun_process, *job): run for run, job in jobs.items()}

@@ -16,6 +16,11 @@ this CPU's digests to the file; `--check` compares with this CPU's and exits 3 w
 it. `tests/test_fingerprint.py` keeps one digest per CPU it was verified on.
 
     python scripts/fingerprint.py --pinned --write tests/data/fingerprint_pinned.json
+
+`--pinned --compiled` fingerprints the same R2 run with `compile=true` under `numerics=avx2` (inductor's kernels:
+a numerics domain of its own, docs/performance.md), kept per CPU in its own file:
+
+    python scripts/fingerprint.py --pinned --compiled --write tests/data/fingerprint_compiled.json
 """
 
 from __future__ import annotations
@@ -88,10 +93,14 @@ def launch(run: Path, nproc: int, overrides: list[str]) -> None:
 PINNED_WITHOUT = ("optim/expert_step/", "kl/update_k3")
 
 
-def fingerprint(scratch: Path, *, pinned: bool = False, without: tuple[str, ...] = ()) -> dict[str, str]:
+def fingerprint(
+    scratch: Path, *, pinned: bool = False, compiled: bool = False, without: tuple[str, ...] = ()
+) -> dict[str, str]:
     digests: dict[str, str] = {}
     without = (*without, *PINNED_WITHOUT) if pinned else without
     pins = {f"r2_{mode}": (0, [*RUNS["r2"][1], f"numerics={mode}"]) for mode in PINNED_ENV}
+    if compiled:  # compile=true is its own numerics domain: its digest sits beside the eager ones, never in place
+        pins = {"r2_avx2_compiled": (0, [*RUNS["r2"][1], "numerics=avx2", "compile=true"])}
     runs = pins if pinned else RUNS
     for name, (nproc, overrides) in runs.items():
         if name == "engine" and importlib.util.find_spec("vllm") is None:
@@ -122,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", type=Path, help="compare with the digests in this JSON file")
     parser.add_argument("--pinned", action="store_true", help="only the R2 run, under numerics=avx2")
     parser.add_argument(
+        "--compiled", action="store_true", help="with --pinned: the R2 run under numerics=avx2 and compile=true"
+    )
+    parser.add_argument(
         "--without",
         action="append",
         default=[],
@@ -129,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         help="leave out keys starting with PREFIX (a change that adds metrics: every other number stays bitwise)",
     )
     args = parser.parse_args(argv)
+    if args.compiled and not args.pinned:
+        parser.error("--compiled fingerprints the pinned R2 run: add --pinned")
     if any(not prefix for prefix in args.without):
         parser.error("--without needs a non-empty key prefix (an empty one leaves every key out)")
     if args.pinned and args.check and not _known_here(args.check):
         return _per_cpu({}, write=None, check=args.check)
     with tempfile.TemporaryDirectory() as scratch:
-        digests = fingerprint(Path(scratch), pinned=args.pinned, without=tuple(args.without))
+        digests = fingerprint(Path(scratch), pinned=args.pinned, compiled=args.compiled, without=tuple(args.without))
     if args.pinned:
         return _per_cpu(digests, write=args.write, check=args.check)
     if args.write:

@@ -79,6 +79,20 @@ def test_step_profile(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(metrics.route_every=10, split_rows=24)" in out  # the config's defaults unless told otherwise
 
 
+def test_sweep_throughput(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Two tiny eager sweeps (one run of one step each) through Hydra's joblib launcher: both finish, and the layout
+    ratio is the ratio of the printed rates."""
+    tiny = ["task.n_train=64", "task.n_eval=8", "eval_size=8", "rollout.prompts_per_step=2", "rollout.group_size=2"]
+    tiny += ["cold_start.band=[0.0,1.0]", "cold_start.max_steps=1", f"cold_start.cache_dir={tmp_path / 'cache'}"]
+    argv = "--arms grpo_none --seeds 0 --steps 1 --modes eager --layouts 1x1,2x1".split()
+    load("sweep_throughput").main([*argv, *(arg for o in tiny for arg in ("--set", o))])
+    out = capsys.readouterr().out
+    one, two = numbers_after("eager    1x1", out)[0], numbers_after("eager    2x1", out)[0]
+    ratio = numbers_after("1x1 / 2x1, eager", out)[0]
+    assert one > 0 and two > 0  # runs per hour, medians
+    assert ratio == pytest.approx(one / two, rel=0.05, abs=0.01)  # printed rates carry +-0.05 runs/h, ratio +-0.005
+
+
 def test_split_spread(capsys: pytest.CaptureFixture[str]) -> None:
     load("split_spread").main(
         f"--arms grpo_none --steps 2 --every 1 --sizes 1 --draws 2 --prompts 4 --group 2 --max-new-tokens 2 "

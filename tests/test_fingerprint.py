@@ -27,6 +27,9 @@ from helpers import ROOT
 from moe_rl.run.folder import cpu_id
 
 REFERENCE = ROOT / "tests" / "data" / "fingerprint_pinned.json"
+COMPILED = ROOT / "tests" / "data" / "fingerprint_compiled.json"  # compile=true: inductor's numerics, per CPU
+# inductor compiles the compiled run's graphs for 2-5 minutes on 2 cores (a cold cache), past the suite's budget
+RUN_COMPILED = os.environ.get("MOE_RL_COMPILED_FINGERPRINT") == "1"
 # a host whose ATen is told to use no vector kernels, MKL its widest path and oneDNN every ISA
 OTHER_PATHS = {
     "ATEN_CPU_CAPABILITY": "default",
@@ -96,3 +99,30 @@ def test_a_reference_for_another_cpu_only_is_reported_not_passed(tmp_path: Path)
     ref.write_text(json.dumps({"r2_avx2": {"SomeVendor Some CPU": "0" * 64}}))
     out = _fingerprint("--check", str(ref))
     assert out.returncode == 3 and "no reference for this CPU" in out.stdout and "SomeVendor" in out.stdout
+
+
+def test_the_compiled_reference_sits_beside_the_eager_one() -> None:
+    """compile=true's digests are their own file and run name: the eager digests above stay what they were."""
+    ref = json.loads(COMPILED.read_text())
+    assert set(ref) == {"r2_avx2_compiled"} and ref["r2_avx2_compiled"]
+    assert all(len(d) == 64 for d in ref["r2_avx2_compiled"].values())
+    eager = json.loads(REFERENCE.read_text())["r2_avx2"]
+    assert not set(ref["r2_avx2_compiled"].values()) & set(eager.values())  # its own numerics domain
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not RUN_COMPILED, reason="minutes of inductor compiling: MOE_RL_COMPILED_FINGERPRINT=1 runs it")
+@pytest.mark.skipif(not _has_avx2(), reason="the pinned kernels need an AVX2 x86 CPU")
+def test_compiled_pinned_r2_runs_are_bitwise_this_cpus_reference(tmp_path: Path) -> None:
+    """The pinned R2 run with compile=true: bitwise this CPU's compiled digest; on a CPU without one, bitwise itself
+    in a second process (which reads inductor's cache the first one wrote)."""
+    if any(cpu_id() in digests for digests in json.loads(COMPILED.read_text()).values()):
+        out = _fingerprint("--compiled", "--check", str(COMPILED))
+        assert out.returncode == 0 and "bitwise equal" in out.stdout, out.stdout + out.stderr[-3000:]
+        return
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    for path in (first, second):
+        out = _fingerprint("--compiled", "--write", str(path))
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(first.read_text()) == json.loads(second.read_text())
+    warnings.warn(f"no compiled reference for {cpu_id()!r}; its digest: {first.read_text()}", stacklevel=1)
