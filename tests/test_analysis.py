@@ -119,6 +119,7 @@ def test_summarize_matches_pandas(df: pd.DataFrame) -> None:
     assert summary.loc["gspo+none", "final_accuracy_ci95"] == pytest.approx(
         4.303 * final.std(ddof=1) / math.sqrt(3), rel=1e-3
     )
+    assert summary.loc["gspo+none", "final_accuracy_sd"] == pytest.approx(final.std(ddof=1), rel=1e-12)
     assert summary.loc["gspo+none", "accuracy_gain_mean"] == pytest.approx(gain.mean())
     # the fake data has structure: replay flips less, GRPO without replay has the largest ratio variance
     assert summary.loc["grpo+r2", "flip_rate_mean"] < summary.loc["grpo+none", "flip_rate_mean"]
@@ -198,6 +199,9 @@ def test_format_summary_markdown(df: pd.DataFrame) -> None:
     assert rows["grpo+r2"][header.index("routing share (%)")] == "12.5 ± 0.0"
     flip = analysis.summarize(df).set_index("arm").loc["grpo+r2", "flip_rate_mean"]
     assert rows["grpo+r2"][header.index("flip rate (%)")].startswith(f"{100 * flip:.1f}")
+    # the cell's spread is the SD across seeds, not a seed-level interval (runs of one start are not independent)
+    sd = analysis.summarize(df).set_index("arm").loc["grpo+r2", "flip_rate_sd"]
+    assert rows["grpo+r2"][header.index("flip rate (%)")].endswith(f" ± {100 * sd:.1f}")  # the column's .1f
 
 
 def test_plots_return_figures(df: pd.DataFrame, results: Path) -> None:

@@ -143,6 +143,28 @@ def test_arm_tests_take_the_start_as_the_unit() -> None:
     assert decided["starts"] == 6 and np.isfinite(decided["collapsed_in_loop_hi"])
 
 
+def test_seeds_repeated_across_starts_pair_within_each_start() -> None:
+    """Every start runs seeds 0 and 1 (as a pool's members do): arm tests and the claims' pairs join runs of one start
+    only, so each start's difference is its own shift (0.02 x (start + 1)), never a cross-start one."""
+    from moe_rl.analysis.claims.arms import pair_runs
+    from moe_rl.analysis.compare import arm_tests
+
+    frame = _outcomes(6, 2).assign(seed=lambda f: f["seed"] % 100)  # seeds 0, 1 under every start
+
+    def arms(f: pd.DataFrame) -> list[pd.DataFrame]:
+        return [g for _, g in f.groupby("arm")]
+
+    assert clustered.pair_keys(arms(frame), ["seed"]) == ["seed", "start"]
+    assert clustered.pair_keys(arms(_outcomes(6, 2)), ["seed"]) == ["seed"]  # unique seeds: the seed alone
+    row = arm_tests(frame, groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
+    assert (row["final_accuracy_starts"], row["final_accuracy_pairs"]) == (6, 12)
+    assert row["final_accuracy_diff"] == pytest.approx(0.07) and row["final_accuracy_p"] == 2 / 64
+    pairs = pair_runs(frame, "grpo+r2", "grpo+none", [])
+    assert len(pairs) == 12 and (pairs["start_w"] == pairs["start_b"]).all()
+    shift = pairs["final_accuracy_b"] - pairs["final_accuracy_w"]
+    assert np.allclose(shift, 0.02 * (pairs["start"].str[1:].astype(int) + 1))
+
+
 def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:
     import json
 

@@ -210,3 +210,23 @@ def test_readme_claim_lines_quote_only_numbers_of_claims_md() -> None:
             assert not missing, f"README claim {cells[0]}: {missing} not in its CLAIMS.md record"
             checked += 1
     assert checked >= 7
+
+
+def test_findings_quote_the_shipped_runs_at_n_4() -> None:
+    """docs/findings.md's per-loss accuracy changes at lr 3e-4, N = 4 are the means of the shipped runs there."""
+    import numpy as np
+
+    from moe_rl.studies import frontier as fr
+
+    line = re.search(
+        r"\(GRPO ([-\d.]+), DPPO-TV ([-\d.]+), VESPO ([-\d.]+), SAPO ([-\d.]+), CISPO ([-\d.]+), "
+        r"plain IS ([-\d.]+) pp over (\d+) runs each\)",
+        " ".join((ROOT / "docs" / "findings.md").read_text().split()),
+    )
+    assert line is not None, "the N = 4 sentence of docs/findings.md moved: update this test with it"
+    runs = fr.load_runs([ROOT / "results"])
+    at = runs[np.isclose(runs["lr"].astype(float), 3e-4) & np.isclose(runs["N"].astype(float), 4)]
+    at = at[at["family"] == "qwen3_moe"].groupby("arm_file")["change"]
+    arms = ("grpo_none", "dppo_tv_none", "vespo_none", "sapo_none", "cispo_none", "is_none")
+    assert [f"{100 * at.mean()[a]:.1f}" for a in arms] == list(line.groups()[:6])
+    assert {int(at.count()[a]) for a in arms} == {int(line.group(7))}

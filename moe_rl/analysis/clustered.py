@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -224,6 +224,16 @@ def paired_by_start(
         _, out["lo"], out["hi"] = hierarchical_bootstrap(x, units, confidence=confidence)
         out["p_value"] = cluster_sign_flip_pvalue(x, units)
     return out
+
+
+def pair_keys(sides: Iterable[pd.DataFrame], on: Sequence[str], start_col: str = "start") -> list[str]:
+    """The keys two arms' runs pair on: `on`, plus the cold start where a side has several runs per `on` (seeds
+    repeated across starts), so that no pair joins the runs of two starts. Arms whose starts differ by design (a
+    dense model against an MoE one) keep pairing on `on` alone, each pair labelled by both starts."""
+    on = list(on)
+    if any(start_col in side and side.duplicated(on).any() for side in sides):
+        return [*on, start_col]
+    return on
 
 
 def starts_or_own(runs: pd.DataFrame, start_col: str = "start") -> pd.Series:

@@ -77,12 +77,14 @@ def arm_tests(
             res: dict = {"mean_diff": math.nan, "lo": math.nan, "hi": math.nan, "p_value": math.nan}
             res.update(prob_improvement=math.nan, n_starts=0, n=0)
             if not row["is_reference"] and len(ref) and name in g:
-                on = [c for c in pair_on if c in g]
-                cols = [*on, name, *([start_col] if start_col in g else [])]
+                on = clustered.pair_keys((g, ref), [c for c in pair_on if c in g], start_col)
+                cols = [*on, name, *([start_col] if start_col in g and start_col not in on else [])]
                 joined = g[cols].merge(ref[cols], on=on, suffixes=("", "_ref"))
                 if len(joined) and not joined.duplicated(on).any():
                     starts = (
-                        joined[start_col].astype(str) + " | " + joined[f"{start_col}_ref"].astype(str)
+                        joined[start_col].astype(str)
+                        if start_col in on
+                        else joined[start_col].astype(str) + " | " + joined[f"{start_col}_ref"].astype(str)
                         if start_col in g
                         else pd.Series(range(len(joined)))
                     )

@@ -1,4 +1,4 @@
-"""Tables across seeds: per-run means, then mean and 95% Student-t interval over runs."""
+"""Tables across seeds: per-run means, then their mean and spread over runs."""
 
 from __future__ import annotations
 
@@ -145,8 +145,8 @@ def summarize(
     its off-policy companion, see `variant_per_run`);
     `final_accuracy` = the last evaluation (`moe_rl.analysis.accuracy`); `accuracy_gain` = the last
     minus the first (step 0) evaluation; where runs logged `kl/update_k3`, `update_kl_early` and `update_kl`, the
-    realised per-update KL over steps 1..20 and over the run (`moe_rl.analysis.dose.kl_summary`). Across runs: `<name>_mean` and `<name>_ci95` (Student-t half-width, NaN for one
-    run). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
+    realised per-update KL over steps 1..20 and over the run (`moe_rl.analysis.dose.kl_summary`). Across runs: `<name>_mean`, `<name>_ci95` (Student-t half-width, NaN for one
+    run: it treats the runs as independent, which runs of one cold start are not) and `<name>_sd` (their spread). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
     collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
     mixes runs differing in a key outside `by` and `pool` is averaged with a warning (see `grouping`).
     """
@@ -177,6 +177,7 @@ def summarize(
         row["n_incomplete"] = int(g["status"].isin(INCOMPLETE_STATUSES).sum())
         for name in measured:
             row[f"{name}_mean"], row[f"{name}_ci95"] = mean_ci95(g[name])
+            row[f"{name}_sd"] = float(g[name].std(ddof=1)) if g[name].notna().sum() > 1 else math.nan
         k = int(g["is_collapsed"].sum())
         row["n_collapsed"] = k
         row["collapsed"] = f"{k} of {len(g)}"
@@ -225,7 +226,9 @@ def _fmt_pair(mean: float, ci: float, kind: str, spec: str) -> str:
 
 
 def format_summary_markdown(summary: pd.DataFrame) -> str:
-    """Markdown table of a `summarize` result: "mean ± ci" cells, rates in %, "—" where missing."""
+    """Markdown table of a `summarize` result: "mean ± SD" cells (the runs' spread, not an interval: runs of one cold
+    start are not independent, so a seed-level interval would claim what they cannot show), rates in %, "—" where
+    missing."""
     by = list(summary.columns[: list(summary.columns).index("n_seeds")])
     columns = [*_MD_COLUMNS, *(c for c in _KL_COLUMNS if f"{c[1]}_mean" in summary)]
     headers = [*by, "seeds"]
@@ -243,7 +246,7 @@ def format_summary_markdown(summary: pd.DataFrame) -> str:
         if "incomplete" in headers:
             cells.append(str(int(row["n_incomplete"])))
         for _, name, kind in columns:
-            mean, ci = (float(row.get(f"{name}_{s}", np.nan)) for s in ("mean", "ci95"))
+            mean, ci = (float(row.get(f"{name}_{s}", np.nan)) for s in ("mean", "sd"))
             cells.append(_fmt_pair(mean, ci, kind, styles[name]))
         step = row["first_collapse_step"]
         cells += [str(row["collapsed"]), DASH if pd.isna(step) else str(int(step))]

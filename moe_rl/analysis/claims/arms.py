@@ -24,7 +24,7 @@ from moe_rl.analysis.claims.rules import (
     shares,
     would_change,
 )
-from moe_rl.analysis.clustered import compare_pairs
+from moe_rl.analysis.clustered import compare_pairs, pair_keys
 from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
 from moe_rl.analysis.stats import (
     holm,
@@ -37,11 +37,14 @@ from moe_rl.analysis.stats import (
 
 
 def pair_runs(outcomes: pd.DataFrame, worse: str, better: str, cells: list[str]) -> pd.DataFrame:
-    """Runs of two arms joined on cell and seed (same cold start and prompts): columns <col>_w, <col>_b."""
-    on = [*cells, "seed"]
-    w = outcomes[outcomes["arm"] == worse].set_index(on)
-    b = outcomes[outcomes["arm"] == better].set_index(on)
-    return w.join(b, lsuffix="_w", rsuffix="_b", how="inner").reset_index()
+    """Runs of two arms joined on cell and seed (same cold start and prompts; and on the start where seeds repeat
+    across starts, `clustered.pair_keys`): columns <col>_w, <col>_b."""
+    w, b = outcomes[outcomes["arm"] == worse], outcomes[outcomes["arm"] == better]
+    on = pair_keys((w, b), [*cells, "seed"])
+    joined = w.set_index(on).join(b.set_index(on), lsuffix="_w", rsuffix="_b", how="inner").reset_index()
+    if "start" in on:  # both runs of a pair began from it
+        joined["start_w"] = joined["start_b"] = joined["start"]
+    return joined
 
 
 def pair_starts(pairs: pd.DataFrame) -> pd.Series | None:

@@ -64,7 +64,7 @@ from moe_rl.analysis.claims.rules import (
     set_robustness,
     would_change,
 )
-from moe_rl.analysis.clustered import compare_pairs, descriptive_reason
+from moe_rl.analysis.clustered import compare_pairs, descriptive_reason, pair_keys
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 from moe_rl.analysis.phase import cell_label
 from moe_rl.analysis.stats import holm, looks_adjusted
@@ -217,10 +217,10 @@ def collapse_result(
     short names in lower case."""
     w, b = record.name(worse), record.name(better)
     coll = compare_collapse(sel, worse, better, MAIN_DEFINITION, cells)  # worse collapses more: better is better
-    on = [*cells, "seed"]
+    on = pair_keys((sel[sel["arm"] == better], sel[sel["arm"] == worse]), [*cells, "seed"])
     cols = [ACCURACY, *(["start"] if "start" in sel else [])]
-    x = sel[sel["arm"] == better].set_index(on)[cols].add_suffix("_b")
-    y = sel[sel["arm"] == worse].set_index(on)[cols].add_suffix("_w")
+    x = sel[sel["arm"] == better].set_index(on, drop=False)[cols].add_suffix("_b")
+    y = sel[sel["arm"] == worse].set_index(on, drop=False)[cols].add_suffix("_w")
     joined = x.join(y, how="inner").dropna(subset=[f"{ACCURACY}_b", f"{ACCURACY}_w"])
     starts = pair_starts(joined)
     acc, acc_rev = (
