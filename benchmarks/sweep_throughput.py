@@ -2,12 +2,12 @@
 
     python benchmarks/sweep_throughput.py [--arms grpo_none,grpo_r2] [--seeds 0,1,2,3] [--steps 60]
                                           [--modes eager,compiled] [--layouts 2x1,1x2] [--repeats 1]
-                                          [--length L] [--set KEY=VALUE ...]
+                                          [--length L] [--set KEY=VALUE ...] [--keep DIR]
 
 Each setting is one Hydra multirun of `experiments/train.py` over arms x seeds (8 runs of the default model by
 default), launched as the studies launch theirs (`moe_rl.studies.launch`: the joblib launcher, `progress=false`):
 `eager` or `compile=true`, and a layout `JxT`, J runs at a time of T torch threads each. Every setting's runs land in
-a fresh temporary folder, so none is skipped as finished. The clock is the multirun's wall time, start to end, so it
+a fresh temporary folder (`--keep DIR`: under DIR, kept), so none is skipped as finished. The clock is the multirun's wall time, start to end, so it
 holds what a sweep pays: the processes' start, the cold start's cache read, the compile (paid once per joblib worker
 process, since a worker's later runs reuse its compiled graphs) and the evaluations. It prints each setting's wall
 time and runs per hour, then, per repeat and as medians over repeats, compiled/eager runs per hour for each layout
@@ -31,28 +31,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from moe_rl.run.launch import finished_status
+from moe_rl.studies.length import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "experiments" / "train.py"
-LENGTH_PRESET = ROOT / "experiments" / "conf" / "preset" / "length.yaml"
+PRESETS = ROOT / "experiments" / "conf" / "preset"
 
 
 def length_overrides(length: int) -> list[str]:
-    """The length study's run at L digits: its preset, the task pinned to L and its `stable` level's lr at L."""
-    levels = yaml.safe_load(LENGTH_PRESET.read_text())["length"]["levels"]
-    lrs = levels["stable"]["lr"]
-    if length not in lrs:
-        raise SystemExit(f"--length {length}: the length study has lengths {sorted(lrs)}")
-    return [
-        "+preset=length",
-        f"task.gym.kwargs.min_digits={length}",
-        f"task.gym.kwargs.max_digits={length}",
-        f"task.max_new_tokens={length + 3}",
-        f"optim.lr={lrs[length]}",
-    ]
+    """The length study's run at L digits: its preset, its task overrides at L and its `stable` level's lr at L."""
+    spec = load_spec(PRESETS)
+    if length not in spec.lengths:
+        raise SystemExit(f"--length {length}: the length study has lengths {list(spec.lengths)}")
+    return ["+preset=length", *spec.task_overrides(length), f"optim.lr={spec.levels['stable'].lr[length]}"]
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -127,10 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--length", type=int, default=None, help="the length study's task at L digits")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (repeatable)")
+    parser.add_argument("--keep", default=None, help="keep each setting's runs and log under this folder")
     args = parser.parse_args(argv)
     for mode in args.modes.split(","):
         if mode not in ("eager", "compiled"):
             raise SystemExit(f"mode {mode!r}: expected eager or compiled")
+    if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
+        raise SystemExit(f"--keep {args.keep}: not empty (its finished runs would be skipped, not timed)")
     settings = [(mode, layout) for mode in args.modes.split(",") for layout in args.layouts.split(",")]
     for _, layout in settings:
         parse_layout(layout)
@@ -142,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     rate: dict[tuple[str, str], list[float]] = {s: [] for s in settings}
-    with tempfile.TemporaryDirectory(prefix="sweep_throughput_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sweep_throughput_") as scratch:
+        tmp = args.keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeats):
             for mode, layout in settings if repeat % 2 == 0 else settings[::-1]:
                 out_dir = Path(tmp) / f"{repeat}_{mode}_{layout}"

@@ -91,6 +91,9 @@ def test_sweep_throughput(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     ratio = numbers_after("1x1 / 2x1, eager", out)[0]
     assert one > 0 and two > 0  # runs per hour, medians
     assert ratio == pytest.approx(one / two, rel=0.05, abs=0.01)  # printed rates carry +-0.05 runs/h, ratio +-0.005
+    # --length L composes the length study's run at L (its preset, task overrides and `stable` lr)
+    length = load("sweep_throughput").length_overrides(16)
+    assert length[0] == "+preset=length" and "task.max_new_tokens=19" in length and length[-1].startswith("optim.lr=")
 
 
 def test_split_spread(capsys: pytest.CaptureFixture[str]) -> None:

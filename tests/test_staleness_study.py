@@ -86,6 +86,21 @@ def test_claim_11_needs_all_four_pairs_and_a_censored_tie_decides_nothing(monkey
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == UNTESTABLE_HERE
 
 
+def test_claim_11_says_which_arms_the_lag_cannot_tell_apart(monkeypatch, tmp_path) -> None:
+    """At one update per rollout the decoupled ratio is 1: GRPO, DPPO-TV and plain IS make the same runs, and the
+    claim says so (from equal changes at every lag), not where they differ."""
+    draws = {k: [INF] * 10 for k in ("cispo_none", "is_none", "grpo_none", "dppo_tv_none")}
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", draws)
+    assert not any("same runs" in n for n in sc.claim_no_trust_region(tmp_path, PRESETS).notes)  # no changes: no note
+    table = sc._axes(tmp_path, PRESETS)["rollout.policy_lag"][0]
+    table["change@0"], table["change@4"] = 0.19, [0.21, 0.11, 0.11, 0.11]  # cispo differs, the other three agree
+    notes = sc.claim_no_trust_region(tmp_path, PRESETS).notes
+    assert any(n.startswith("grpo_none, dppo_tv_none, is_none are the same runs") for n in notes)
+    table["change@4"] = [0.21, 0.11, 0.11, 0.12]  # dppo_tv differs at one lag
+    notes = sc.claim_no_trust_region(tmp_path, PRESETS).notes
+    assert any(n.startswith("grpo_none, is_none are the same runs") for n in notes)
+
+
 def test_without_runs_the_claims_say_how_to_get_them(tmp_path) -> None:
     sc._axes.cache_clear()
     c = sc.claim_vespo_staleness(tmp_path, PRESETS)

@@ -10,10 +10,11 @@ hooks (none, recording, replay and recording, ...), and a new context of the sam
 read their context's state through guarded attributes, not as constants (`benchmarks/compile_probe.py` shows both).
 
 One compiled model serves passes that differ in grad mode, in the hooks that are on and in their inputs (a KV
-cache or not), and Dynamo keeps one graph per such variant (about ten in a run), with dynamic batch and sequence
+cache or not), and Dynamo keeps one graph per such variant (about 25 in an R2 run), with dynamic batch and sequence
 sizes (`dynamic=True`: no recompiling as rollouts change shape). Inductor's cache (`TORCHINDUCTOR_CACHE_DIR`,
 default /tmp/torchinductor_<user>) is shared by every process on the machine, so a sweep's later runs reuse the
-kernels its first run generated.
+kernels its first run generated; and a process's later runs trace nothing (a second run in one process traced no
+new graph), so a joblib multirun pays the tracing once per worker (docs/performance.md).
 
 A compiled run is its own numerics domain: inductor generates its own kernels (fusing what ATen runs as separate
 ops, in another order of floating-point operations), so its numbers leave the eager run's in the last bits and

@@ -160,6 +160,21 @@ def claim_no_trust_region(root: Path, presets: Path) -> Claim:
     if found is None:
         return c
     table, d = found
+    changes = table.set_index("row").filter(like="change@")
+    same = [
+        r
+        for r in ("dppo_tv_none", "is_none")
+        if changes.shape[1]
+        and {r, "grpo_none"} <= set(changes.index)
+        and changes.loc[r].equals(changes.loc["grpo_none"])
+    ]
+    if same:
+        c.notes.append(
+            f"grpo_none, {', '.join(same)} are the same runs at every lag (equal changes at every k): at one update per "
+            "rollout the ratio their clip, mask or weight reads (the policy over the proximal one that sampled, AReaL's "
+            "decoupled loss) is 1, so no trust region acts and this axis cannot tell them apart; ordering them needs "
+            "several updates per rollout under a lag (not run)"
+        )
     if _none_degrade(c, table, ("grpo_none", "dppo_tv_none", "cispo_none", "is_none")):
         return c
     below = np.ones_like(d["grpo_none"], dtype=bool)
