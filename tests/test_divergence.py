@@ -190,6 +190,7 @@ def test_start_covariates_read_each_starts_meta_and_fall_back_for_older_runs(tmp
 
     new, old = tmp_path / "a", tmp_path / "b"
     covariates = {"greedy_accuracy": 0.4, "sampled_reward": 0.15, "sampled_entropy": 1.1, "sft_steps": 75}
+    covariates["pass_counts"] = [5, 2, 0, 1]  # prompts with 0, 1, 2, 3 of 3 samples right
     for folder, block in ((new, {"key": "k1", "covariates": covariates}), (old, {"key": "k2", "steps": 50})):
         folder.mkdir()
         (folder / "meta.json").write_text(json.dumps({"cold_start": {**block, "accuracy": 0.3}}))
@@ -198,4 +199,9 @@ def test_start_covariates_read_each_starts_meta_and_fall_back_for_older_runs(tmp
     assert table.loc["k1", "sampled_reward"] == 0.15 and table.loc["k1", "runs"] == 2
     assert table.loc["k2", "sft_steps"] == 50 and table.loc["k2", "greedy_accuracy"] == 0.3
     assert math.isnan(table.loc["k2", "sampled_reward"])
-    assert "| m | k2 | — | 50 | 0.300 | — | — | 1 |" in format_starts(table.reset_index())
+    text = format_starts(table.reset_index())
+    assert "| m | k2 | — | 50 | 0.300 | — | — | — | 1 |" in text
+    assert (
+        "| m | k1 | — | 75 | 0.400 | 0.150 | 1.10 | 5/2/0/1 | 2 |" in text
+        and table.loc["k1", "pass_counts"] == "5 2 0 1"
+    )

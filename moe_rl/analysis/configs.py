@@ -160,7 +160,9 @@ COVARIATE_DIGITS = {"greedy_accuracy": 3, "sampled_reward": 3, "sampled_entropy"
 def start_covariates(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (family, start) of a per-run table (columns family, start, run_dir, and cold_seed where the runs
     log it): the start's covariates as its runs' meta.json records them (greedy held-out accuracy, sampled reward
-    and entropy at temperature 1, SFT steps; NaN where none were recorded) and how many runs began from it."""
+    and entropy at temperature 1, SFT steps; NaN where none were recorded), its per-prompt pass-rate histogram
+    (`pass_counts`: how many held-out prompts had 0, 1, ..., n of their n samples right, space-separated; "—" where
+    not recorded) and how many runs began from it."""
     rows = []
     for (family, start), g in runs.groupby(["family", "start"], sort=True):
         meta = cold_start_meta(Path(str(g["run_dir"].iloc[0])))
@@ -169,21 +171,25 @@ def start_covariates(runs: pd.DataFrame) -> pd.DataFrame:
         seed = g["cold_seed"].iloc[0] if "cold_seed" in g else None
         rec = {"family": family, "start": start, "cold_seed": "—" if seed is None or pd.isna(seed) else int(seed)}
         rec.update({k: float("nan") if covariates.get(k) is None else covariates[k] for k in COVARIATES})
+        counts = covariates.get("pass_counts")
+        rec["pass_counts"] = " ".join(str(int(c)) for c in counts) if counts else "—"
         rows.append({**rec, "runs": len(g)})
-    return pd.DataFrame(rows, columns=["family", "start", "cold_seed", *COVARIATES, "runs"])
+    return pd.DataFrame(rows, columns=["family", "start", "cold_seed", *COVARIATES, "pass_counts", "runs"])
 
 
 def format_starts(starts: pd.DataFrame) -> str:
     if starts.empty:
         return "No start covariates recorded.\n"
     lines = [
-        "| family | start | cold seed | SFT steps | greedy accuracy | sampled reward | entropy (nats) | runs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| family | start | cold seed | SFT steps | greedy accuracy | sampled reward | entropy (nats) "
+        "| prompts by samples right (0, 1, ..., n of n) | runs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in starts.iterrows():
         cells = [
             "—" if pd.isna(r["sft_steps"]) else str(int(r["sft_steps"])),
             *("—" if pd.isna(r[k]) else f"{r[k]:.{d}f}" for k, d in COVARIATE_DIGITS.items()),
+            str(r.get("pass_counts", "—")).replace(" ", "/"),
         ]
         lines.append(f"| {r['family']} | {r['start']} | {r['cold_seed']} | {' | '.join(cells)} | {r['runs']} |")
     return "\n".join(lines) + "\n"
