@@ -385,6 +385,11 @@ def test_pairs_from_fewer_than_5_starts_are_descriptive(outcomes: tuple[str, ...
     # they describe the same runs, the descriptive one without its seed-level intervals
     assert (two.statistic, two.cells) == (paired.INTERVAL.sub("", five.statistic), five.cells)
     assert "[" in five.statistic and "[" not in two.statistic
+    counts = [n for n in two.notes if n.startswith("secondary, collapse counts")]  # no Wilson interval, no test
+    assert all("descriptive (counts only, no test)" in n and "[" not in n and "McNemar" not in n for n in counts)
+    assert len(counts) == sum(n.startswith("secondary, collapse counts") for n in five.notes)
+    if outcomes == C.ARMS_OUTCOMES:
+        assert counts and counts[0].endswith("where only moe+aux did")  # the counts and discordant pairs stay
     if outcomes == C.ARMS_OUTCOMES:  # the grid cannot decide either; the paragraph says why
         assert two.robustness == {"relative": "inconclusive"} and five.robustness == {"relative": "reproduced"}
         assert two.notes[0] == f"by seed pairs, descriptive: {five.notes[0]}"

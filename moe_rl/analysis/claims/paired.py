@@ -489,9 +489,20 @@ def _descriptive(c: Claim, starts: int) -> None:
     c.verdict, c.reason = descriptive(c.verdict, c.reason, starts)
     c.p_value = float("nan")
     c.statistic = INTERVAL.sub("", c.statistic)  # the seed-level intervals describe nothing the starts can carry
+    c.notes = [_counts_only(n) if n.startswith(COUNTS_NOTE) else n for n in c.notes]
     if c.robustness:  # the grid reads the same seed pairs: it describes, it cannot decide either
         c.robustness = dict.fromkeys(c.robustness, INCONCLUSIVE)
         c.notes[0] = f"by seed pairs, descriptive: {c.notes[0]}"  # set_robustness put its note first
+
+
+COUNTS_NOTE = "secondary, collapse counts"
+
+
+def _counts_only(note: str) -> str:
+    """A counts note (`arms.counts_note`) below MIN_UNITS starts: the counts and discordant pairs, without the Wilson
+    intervals and the McNemar and log-rank tests, which would treat seeds of one start as independent."""
+    head, _, rest = INTERVAL.sub("", note).partition(": ")
+    return f"{head}, descriptive (counts only, no test): " + rest.split("; exact McNemar")[0]
 
 
 def _plain(record: PairedClaim, c: Claim, got: Decision, looks: int, without: str) -> str:
