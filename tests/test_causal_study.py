@@ -133,3 +133,18 @@ def test_claims_are_holm_adjusted_over_the_decided_three(monkeypatch) -> None:
     assert found[14]["p_one"] == pytest.approx(1 / 64) and found[14]["p_holm"] == pytest.approx(3 / 64)
     assert found[14]["verdict"] == REPRODUCED and found[7]["verdict"] == NOT_REPRODUCED
     assert all(float(r["p_holm"]) >= float(r["p_one"]) for r in found.values())
+
+
+def test_arms_from_disjoint_starts_get_a_permutation_p_over_starts() -> None:
+    """Two models' arms (each its own pool of 6 starts, 2 seeds each): the starts are permuted between them, every
+    split of 12 start means enumerated (the 6 highest all on one side: p = 2 / C(12, 6)); arms sharing their starts
+    pair on them instead and get no such p, nor does an arm with fewer than 5 starts."""
+
+    def arm(name: str, model: str, shift: float, starts: int = 6) -> pd.DataFrame:
+        rows = [(name, f"{model}{m}", seed, shift + 0.01 * m) for m in range(starts) for seed in (m, m + 6)]
+        return pd.DataFrame(rows, columns=["rung", "start", "seed", "change"])
+
+    moe, dense = arm("moe", "m", 0.0), arm("dense", "d", 0.5)
+    assert causal.between_models_p(dense, moe) == pytest.approx(2 / math.comb(12, 6))
+    assert math.isnan(causal.between_models_p(arm("anchored", "m", 0.5), moe))  # one model: shared starts
+    assert math.isnan(causal.between_models_p(arm("dense", "d", 0.5, starts=4), moe))  # below 5 starts

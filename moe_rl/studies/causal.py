@@ -18,7 +18,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import MIN_UNITS, clustered_compare, descriptive_reason, hierarchical_bootstrap
+from moe_rl.analysis.clustered import (
+    MIN_UNITS,
+    cluster_permutation_pvalue,
+    clustered_compare,
+    descriptive_reason,
+    hierarchical_bootstrap,
+)
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
@@ -145,4 +151,17 @@ def contrast(runs: pd.DataFrame, a: str, b: str, level: str, value: str = "chang
     kb = at[at["rung"] == b].set_index(["member", "seed"])["kl_early"]
     both = ka.to_frame("a").join(kb.to_frame("b"), how="inner")
     out["kl_ratio"] = float(both["a"].mean() / both["b"].mean()) if len(both) else np.nan
+    out["between_p"] = between_models_p(at[at["rung"] == a], at[at["rung"] == b], value)
     return {"a": a, "b": b, "level": level, **out}
+
+
+def between_models_p(a: pd.DataFrame, b: pd.DataFrame, value: str = "change") -> float:
+    """Where two arms began from disjoint cold starts (two models, each its own pool), the pairing on pool member is
+    a convention: the two-sided p of a cluster permutation test, each start's mean `value` a unit, starts permuted
+    between the arms (`clustered.cluster_permutation_pvalue`); NaN where the arms share starts (they pair on them)
+    or one has fewer than MIN_UNITS starts."""
+    if "start" not in a or "start" not in b:
+        return float("nan")
+    if set(a["start"]) & set(b["start"]) or min(a["start"].nunique(), b["start"].nunique()) < MIN_UNITS:
+        return float("nan")
+    return cluster_permutation_pvalue(a[value], a["start"], b[value], b["start"])

@@ -69,15 +69,17 @@ def format_contrasts(table: pd.DataFrame, declared: dict[tuple[str, str, str], i
     if table.empty:
         return "No contrast has runs on both sides yet.\n"
     lines = [
-        "| contrast | level | claim | pairs (starts) | difference, pp [95%] | p (two-sided) | KL ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| contrast | level | claim | pairs (starts) | difference, pp [95%] | p (two-sided) | KL ratio "
+        "| p, starts permuted (across models) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if not r["descriptive"] else " (descriptive)"
         claim = declared.get((r["a"], r["b"], r["level"]))
         lines.append(
             f"| {r['a']} - {r['b']} | {r['level']} | {claim if claim else 'exploratory'} | {r['n_seeds']} "
-            f"({r['n_starts']}) | {fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} |"
+            f"({r['n_starts']}) | {fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} "
+            f"| {fmt_num(r.get('between_p', float('nan')))} |"
         )
     return "\n".join(lines) + "\n"
 
