@@ -14,9 +14,10 @@ distribution the seeds sample. The test is that worst case: the difference of tw
 has variance 2 sigma^2, and sigma is estimated by the sd of the n shipped seeds of the run's group, so
 (shipped - rerun) / (sqrt(2) sd_seed) follows Student's t with n - 1 degrees of freedom; each |shipped -
 rerun| must lie within t * sqrt(2) * sd_seed, t the two-sided quantile at 0.05 Bonferroni-corrected over
-all comparisons (a prediction interval for one new draw). `--compile` reruns with compile=true, whose kernels
-are inductor's: a numerics domain of its own, so its reruns are held to that seed-variation test, never to bits. The last line says which holds; the
-exit status is 0 when the reruns are bitwise equal or within seed variation, 1 otherwise.
+all comparisons (a prediction interval for one new draw). The last line says which holds; the exit status is 0
+when the reruns are bitwise equal or within seed variation, 1 otherwise. `--compile` reruns with compile=true,
+whose kernels are inductor's: a numerics domain of its own, so its reruns are held to the seed-variation test,
+never to bits.
 """
 
 from __future__ import annotations

@@ -80,11 +80,11 @@ def arm_tests(
                 on = clustered.pair_keys((g, ref), [c for c in pair_on if c in g], start_col)
                 cols = [*on, name, *([start_col] if start_col in g and start_col not in on else [])]
                 joined = g[cols].merge(ref[cols], on=on, suffixes=("", "_ref"))
+                if start_col in on:  # both runs of a pair began from it
+                    joined[f"{start_col}_ref"] = joined[start_col]
                 if len(joined) and not joined.duplicated(on).any():
                     starts = (
-                        joined[start_col].astype(str)
-                        if start_col in on
-                        else joined[start_col].astype(str) + " | " + joined[f"{start_col}_ref"].astype(str)
+                        joined[start_col].astype(str) + " | " + joined[f"{start_col}_ref"].astype(str)
                         if start_col in g
                         else pd.Series(range(len(joined)))
                     )

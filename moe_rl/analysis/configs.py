@@ -147,10 +147,15 @@ def run_starts(df: pd.DataFrame) -> pd.Series:
     return pd.Series(out, name="start", dtype=object)
 
 
+def run_meta(run_dir: object) -> dict[str, Any]:
+    """A run's meta.json ({} without a folder or the file)."""
+    meta = Path(str(run_dir)) / "meta.json" if run_dir else None
+    return json.loads(meta.read_text()) if meta is not None and meta.is_file() else {}
+
+
 def cold_start_meta(run_dir: Path) -> dict[str, Any]:
     """The `cold_start` block of a run's meta.json (its key, SFT steps, covariates, ...); {} without one."""
-    meta = Path(run_dir) / "meta.json"
-    return (json.loads(meta.read_text()).get("cold_start") or {}) if meta.is_file() else {}
+    return run_meta(run_dir).get("cold_start") or {}
 
 
 COVARIATES = ("greedy_accuracy", "sampled_reward", "sampled_entropy", "sft_steps")

@@ -255,10 +255,9 @@ def build_markdown(
         "",
         *([grouping_line, ""] if grouping_line else []),
         "Per-run means over all steps (old-vs-new route flips, ratio statistics before clipping), then "
-        "mean ± SD across seeds: their spread, not an interval (the tests below count the cold starts behind a difference). "
-        + VARIANT_TEXT[variant]
-        + " Final accuracy is each run's "
-        "last evaluation; the gain is over step 0. Routing share: the routing part's share of the token "
+        "mean ± SD across seeds: their spread, not an interval (the tests below count the cold starts behind a "
+        "difference). " + VARIANT_TEXT[variant] + " Final accuracy is each run's last evaluation; the gain is over "
+        "step 0. Routing share: the routing part's share of the token "
         "log-ratio variance (`ratio/split/routing_share`, next to the ratio variance it splits). — marks a metric "
         "the runs did not log.",
         "",

@@ -145,9 +145,10 @@ def summarize(
     its off-policy companion, see `variant_per_run`);
     `final_accuracy` = the last evaluation (`moe_rl.analysis.accuracy`); `accuracy_gain` = the last
     minus the first (step 0) evaluation; where runs logged `kl/update_k3`, `update_kl_early` and `update_kl`, the
-    realised per-update KL over steps 1..20 and over the run (`moe_rl.analysis.dose.kl_summary`). Across runs: `<name>_mean`, `<name>_ci95` (Student-t half-width, NaN for one
-    run: it treats the runs as independent, which runs of one cold start are not) and `<name>_sd` (their spread). `collapsed` is "k of n" (a run counts when it logged a collapse event or its status is
-    collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
+    realised per-update KL over steps 1..20 and over the run (`moe_rl.analysis.dose.kl_summary`). Across runs:
+    `<name>_mean`, `<name>_ci95` (Student-t half-width, NaN for one run: it treats the runs as independent, which
+    runs of one cold start are not) and `<name>_sd` (their spread). `collapsed` is "k of n" (a run counts when it
+    logged a collapse event or its status is collapsed/diverged); `first_collapse_step` is the earliest over the group's runs. A group that
     mixes runs differing in a key outside `by` and `pool` is averaged with a warning (see `grouping`).
     """
     by = [by] if isinstance(by, str) else list(by)

@@ -14,7 +14,6 @@ library version is another start.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from moe_rl.analysis.clustered import (
     hierarchical_bootstrap,
     paired_by_start,
 )
+from moe_rl.analysis.configs import run_meta
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.metrics import names
 from moe_rl.studies import frontier as fr_
@@ -133,7 +133,7 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     for col in ("num_moe_layers", "top_k"):
         out[col] = info[col].reindex(out.index) if col in info else np.nan
     dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
-    metas = [_meta(d) for d in dirs]
+    metas = [run_meta(d) for d in dirs]
     out["member"] = [member_of(int(seed), meta) for seed, meta in zip(out["seed"], metas, strict=True)]
     out["level"] = [_level_of(spec, length, lr) for length, lr in zip(out["L"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))
@@ -142,12 +142,6 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out["step_s"] = out[["rollout_s", "old_logp_s", "update_s"]].sum(axis=1, min_count=1)
     out["in_band"] = [bool((meta.get("cold_start") or {}).get("in_band", True)) for meta in metas]
     return out.reset_index(drop=True)
-
-
-def _meta(run_dir: object) -> dict[str, Any]:
-    """A run's meta.json ({} without a folder or the file)."""
-    path = Path(str(run_dir)) / "meta.json" if run_dir else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
 def member_of(seed: int, meta: dict[str, Any]) -> str:

@@ -161,13 +161,10 @@ def claim_no_trust_region(root: Path, presets: Path) -> Claim:
         return c
     table, d = found
     changes = table.set_index("row").filter(like="change@")
-    same = [
-        r
-        for r in ("dppo_tv_none", "is_none")
-        if changes.shape[1]
-        and {r, "grpo_none"} <= set(changes.index)
-        and changes.loc[r].equals(changes.loc["grpo_none"])
-    ]
+    same = []
+    if changes.shape[1] and "grpo_none" in changes.index:
+        grpo = changes.loc["grpo_none"]
+        same = [r for r in ("dppo_tv_none", "is_none") if r in changes.index and changes.loc[r].equals(grpo)]
     if same:
         c.notes.append(
             f"grpo_none, {', '.join(same)} are the same runs at every lag (equal changes at every k): at one update per "
