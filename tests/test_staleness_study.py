@@ -25,8 +25,15 @@ def test_every_point_makes_the_same_updates_and_the_base_point_is_shared() -> No
     assert st.overrides(spec, spec.axis("rollout.staleness"), 8) == ["rollout.staleness=8", "steps=24", "eval_every=3"]
     assert st.overrides(spec, spec.axis("rollout.policy_lag"), 4) == ["rollout.policy_lag=4"]
     jobs = st.jobs(spec)
-    assert jobs[0][1] == [] and set(jobs[0][0]) == {a for axis in spec.axes for a in axis.rows}
-    assert sum(1 for _, o in jobs if not o) == 1  # the base point: one multirun for every arm
+    first = [a for a in spec.axes if a.seeds == spec.seeds]
+    assert jobs[0][1] == [] and set(jobs[0][0]) == {a for axis in first for a in axis.rows}
+    assert sum(1 for _, o, _ in jobs if not o) == 2  # the base point: one multirun per block's seeds
+    long = spec.axis("staleness_long")
+    assert long.name == "rollout.staleness" and not set(long.seeds) & set(spec.seeds)  # seeds no other block ran
+    assert [j for j in st.jobs(spec, ("staleness_long",)) if not j[1]] == [(long.rows, [], long.seeds)]
+    assert st.overrides(spec, long, 24) == ["rollout.staleness=24", "steps=8", "eval_every=1"]
+    with pytest.raises(ValueError, match="no axis nope"):
+        st.jobs(spec, ("nope",))
     with pytest.raises(ValueError, match="must divide"):
         st.overrides(spec, spec.axis("rollout.staleness"), 5)
 
@@ -44,11 +51,16 @@ def test_the_edge_is_read_back_in_the_axis_units() -> None:
     assert st.edge(_points(S_AXIS, [-0.2] * 4), S_AXIS, -0.05) == -math.inf  # below its first value
 
 
-def _run(monkeypatch, tmp_path, axis: str, draws: dict[str, list[float]]):
-    table = pd.DataFrame({"row": list(draws), "edge": [d[0] for d in draws.values()], "edge_lo": 0.0, "edge_hi": 0.0})
-    table["descriptive"] = ""
-    drawn = {k: np.array(v, dtype=float) for k, v in draws.items()}
-    monkeypatch.setattr(sc, "_axes", lambda root, presets: {axis: (table, drawn)})
+def _run(monkeypatch, tmp_path, axis: str, draws: dict[str, list[float]], earlier: dict | None = None):
+    """The claims read `draws` on `axis` (and `earlier` on the first block's axes, where given)."""
+
+    def one(draws: dict[str, list[float]]) -> tuple[pd.DataFrame, dict]:
+        table = pd.DataFrame({"row": list(draws), "edge": [d[0] for d in draws.values()], "edge_lo": 0.0})
+        table["edge_hi"], table["descriptive"] = 0.0, ""
+        return table, {k: np.array(v, dtype=float) for k, v in draws.items()}
+
+    axes = {axis: one(draws), **{k: one(v) for k, v in (earlier or {}).items()}}
+    monkeypatch.setattr(sc, "_axes", lambda root, presets: axes)
     monkeypatch.setattr(sc.frontier_claims, "claim_vespo_staleness", lambda root, presets: sc.Claim(10, "", "", "old"))
     monkeypatch.setattr(sc.frontier_claims, "claim_no_trust_region", lambda root, presets: sc.Claim(11, "", "", "old"))
 
@@ -64,41 +76,60 @@ INF = math.inf
      ([INF] * 100, [2.0] * 50 + [INF] * 50, [2.0] * 50 + [INF] * 50, INCONCLUSIVE),  # half the draws tie, censored
      ([-INF] * 100, [2.0] * 100, [3.0] * 100, NOT_REPRODUCED),  # vespo below the grid: at or below both
      ([-INF] * 100, [-INF] * 100, [-INF] * 100, INCONCLUSIVE),  # all below the grid: ties order nothing
-     ([8.0] * 98 + [1.0] * 2, [2.0] * 100, [2.0] * 100, REPRODUCED),  # 98% >= 97.5% (two looks)
-     ([8.0] * 97 + [1.0] * 3, [2.0] * 100, [2.0] * 100, INCONCLUSIVE)],
+     ([8.0] * 99 + [1.0] * 1, [2.0] * 100, [2.0] * 100, REPRODUCED),  # 99% >= 1 - 0.05 / 3 (three looks)
+     ([8.0] * 98 + [1.0] * 2, [2.0] * 100, [2.0] * 100, INCONCLUSIVE)],  # 98% < 98.33%
 )  # fmt: skip
-def test_claim_10_reads_paired_draws_with_censoring_and_two_looks(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
-    _run(monkeypatch, tmp_path, "rollout.staleness", {"vespo_none": vespo, "grpo_none": grpo, "sapo_none": sapo})
+def test_claim_10_reads_paired_draws_with_censoring_and_three_looks(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
+    _run(monkeypatch, tmp_path, "staleness_long", {"vespo_none": vespo, "grpo_none": grpo, "sapo_none": sapo})
     c = sc.claim_vespo_staleness(tmp_path, PRESETS)
     assert c.verdict == verdict and any(n.startswith("first look (counted)") for n in c.notes)
+    assert any(n.startswith("second look (counted), on rollout.staleness to S = 8") for n in c.notes)
+
+
+def test_claim_10s_second_look_is_read_at_two_looks_and_kept_in_the_notes(monkeypatch, tmp_path) -> None:
+    """The first block's axis decided claim 10 while it was the second of two looks (97.5%): its verdict is kept, at
+    that level, beside the third look that decides."""
+    ninety_eight = {"vespo_none": [8.0] * 98 + [1.0] * 2, "grpo_none": [2.0] * 100, "sapo_none": [2.0] * 100}
+    _run(monkeypatch, tmp_path, "staleness_long", ninety_eight, {"rollout.staleness": ninety_eight})
+    c = sc.claim_vespo_staleness(tmp_path, PRESETS)
+    second = next(n for n in c.notes if n.startswith("second look"))
+    assert c.verdict == INCONCLUSIVE and second.startswith(
+        f"second look (counted), on rollout.staleness to S = 8 (seeds 0..5): {REPRODUCED}"
+    )
 
 
 def test_claim_11_needs_all_four_pairs_and_a_censored_tie_decides_nothing(monkeypatch, tmp_path) -> None:
     ok = {"cispo_none": [2.0] * 50, "is_none": [1.0] * 50, "grpo_none": [INF] * 50, "dppo_tv_none": [4.0] * 50}
-    _run(monkeypatch, tmp_path, "rollout.policy_lag", ok)
+    _run(monkeypatch, tmp_path, "staleness_long", ok)
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == REPRODUCED
-    _run(monkeypatch, tmp_path, "rollout.policy_lag", {**ok, "cispo_none": [4.0] * 50})  # ties DPPO: at or above
+    _run(monkeypatch, tmp_path, "staleness_long", {**ok, "cispo_none": [4.0] * 50})  # ties DPPO: at or above
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
-    _run(monkeypatch, tmp_path, "rollout.policy_lag", {**ok, "dppo_tv_none": [-INF] * 50})  # IS above DPPO
+    _run(monkeypatch, tmp_path, "staleness_long", {**ok, "dppo_tv_none": [-INF] * 50})  # IS above DPPO
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
     censored = {k: [INF] * 50 for k in ok}
-    _run(monkeypatch, tmp_path, "rollout.policy_lag", censored)
+    _run(monkeypatch, tmp_path, "staleness_long", censored)
     assert sc.claim_no_trust_region(tmp_path, PRESETS).verdict == UNTESTABLE_HERE
+    _run(monkeypatch, tmp_path, "rollout.policy_lag", ok)  # only the first block's axis run: the claim waits
+    c = sc.claim_no_trust_region(tmp_path, PRESETS)
+    assert c.verdict == INCONCLUSIVE and c.reason == "no data"
+    assert any(
+        n.startswith(f"second look (counted), on rollout.policy_lag (seeds 0..5): {REPRODUCED}") for n in c.notes
+    )
 
 
 def test_claim_11_says_which_arms_the_lag_cannot_tell_apart(monkeypatch, tmp_path) -> None:
     """At one update per rollout the decoupled ratio is 1: GRPO, DPPO-TV and plain IS make the same runs, and the
     claim says so (from equal changes at every lag), not where they differ."""
     draws = {k: [INF] * 10 for k in ("cispo_none", "is_none", "grpo_none", "dppo_tv_none")}
-    _run(monkeypatch, tmp_path, "rollout.policy_lag", draws)
+    _run(monkeypatch, tmp_path, "staleness_long", draws, {"rollout.policy_lag": draws})
     assert not any("same runs" in n for n in sc.claim_no_trust_region(tmp_path, PRESETS).notes)  # no changes: no note
     table = sc._axes(tmp_path, PRESETS)["rollout.policy_lag"][0]
     table["change@0"], table["change@4"] = 0.19, [0.21, 0.11, 0.11, 0.11]  # cispo differs, the other three agree
     notes = sc.claim_no_trust_region(tmp_path, PRESETS).notes
-    assert any(n.startswith("grpo_none, dppo_tv_none, is_none are the same runs") for n in notes)
+    assert any("; grpo_none, dppo_tv_none, is_none are the same runs" in n for n in notes)
     table["change@4"] = [0.21, 0.11, 0.11, 0.12]  # dppo_tv differs at one lag
     notes = sc.claim_no_trust_region(tmp_path, PRESETS).notes
-    assert any(n.startswith("grpo_none, is_none are the same runs") for n in notes)
+    assert any("; grpo_none, is_none are the same runs" in n for n in notes)
 
 
 def test_without_runs_the_claims_say_how_to_get_them(tmp_path) -> None:
@@ -127,3 +158,15 @@ def test_a_row_has_an_edge_only_once_every_value_has_five_starts() -> None:
     grpo = table.set_index("row").loc["grpo_none"]
     assert grpo["edge"] == pytest.approx(st.edge(st.on_axis(runs((1, 2, 4, 8), 4), S_AXIS), S_AXIS, -0.05))
     assert grpo["descriptive"].startswith("descriptive: 4")
+
+
+def test_a_block_reads_only_its_own_seeds() -> None:
+    """grpo_none runs at S = 8 from seeds 0 and 6: the first block's axis (seeds 0..5) reads seed 0's, the
+    staleness_long block (seeds 6..17) seed 6's, so neither block's rows mix in the other's starts."""
+    spec = st.load_spec(PRESETS)
+    runs = pd.DataFrame(
+        {"family": "qwen3_moe", "arm_file": "grpo_none", "S": 8, "lag": 0, "seed": [0, 6], "start": ["a", "b"],
+         "change": [0.1, -0.1], "collapsed": False}
+    )  # fmt: skip
+    assert st.on_axis(runs, spec.axis("rollout.staleness"))["seed"].tolist() == [0]
+    assert st.on_axis(runs, spec.axis("staleness_long"))["seed"].tolist() == [6]

@@ -2,13 +2,14 @@
 
 Declared in `experiments/conf/preset/staleness.yaml` before its runs (`python experiments/staleness.py`).
 
-Two axes, each a row of arms at four values, every run from the pool of 6 cold starts and making the same 192
+Axes, each a row of arms at four or five values, every run from the pool of 6 cold starts and making the same 192
 updates on the same number of samples: `rollout.staleness` = S (the rollout grows S-fold, one pass over it in S
 updates: its oldest sample is S - 1 updates stale) and `rollout.policy_lag` = k (each rollout sampled by the policy k
 updates old). A row's edge is where the isotonic fit of accuracy change on log(1 + age) crosses -5 pp, the age of a
 rollout's oldest sample in updates (S - 1, or k), read back in the axis' units; past the last value it is censored
 (">"), below the first it is "<". Intervals and paired comparisons resample cold starts, then seeds within each, with
-one set of draws for every row of an axis (`moe_rl.analysis.dose`); below 5 starts a row is descriptive.
+one set of draws for every row of an axis (`moe_rl.analysis.dose`); below 5 starts a row is descriptive. A block
+(`staleness_long`) can run an axis again on other values and seeds: its rows read only its own seeds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class Axis:
     name: str  # the override: rollout.staleness or rollout.policy_lag
     values: tuple[int, ...]
     rows: tuple[str, ...]  # arm files
+    seeds: tuple[int, ...] = ()  # the seeds its runs use (none: any)
+    key: str = ""  # its name in the preset, where a block runs an axis again (else the override)
+
+    @property
+    def label(self) -> str:
+        return self.key or self.name
 
     def age(self, value: float) -> float:
         """The oldest sample's age in updates at `value` of this axis."""
@@ -52,17 +59,24 @@ class Spec:
     seeds: tuple[int, ...]
     threshold: float
 
-    def axis(self, name: str) -> Axis:
-        return next(a for a in self.axes if a.name == name)
+    def axis(self, label: str) -> Axis:
+        return next(a for a in self.axes if a.label == label)
 
 
 def load_spec(presets: Path) -> Spec:
     spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["staleness"]
+    seeds = tuple(int(s) for s in spec["seeds"])
     axes = tuple(
-        Axis(name, tuple(int(v) for v in a["values"]), tuple(str(r) for r in a["rows"]))
-        for name, a in spec["axes"].items()
+        Axis(
+            str(a.get("override", key)),
+            tuple(int(v) for v in a["values"]),
+            tuple(str(r) for r in a["rows"]),
+            tuple(int(s) for s in a.get("seeds", seeds)),
+            key if "override" in a else "",
+        )
+        for key, a in spec["axes"].items()
     )
-    return Spec(axes, int(spec["updates"]), int(spec["eval_updates"]), tuple(spec["seeds"]), float(spec["threshold"]))
+    return Spec(axes, int(spec["updates"]), int(spec["eval_updates"]), seeds, float(spec["threshold"]))
 
 
 def overrides(spec: Spec, axis: Axis, value: int) -> list[str]:
@@ -80,13 +94,21 @@ def overrides(spec: Spec, axis: Axis, value: int) -> list[str]:
     return out
 
 
-def jobs(spec: Spec) -> list[tuple[tuple[str, ...], list[str]]]:
-    """(arms, overrides) per multirun, axis by axis and value by value; the base point once for every arm of any axis."""
-    out: list[tuple[tuple[str, ...], list[str]]] = []
-    base = tuple(dict.fromkeys(arm for axis in spec.axes for arm in axis.rows))
-    out.append((base, []))
-    for axis in spec.axes:
-        out += [(axis.rows, overrides(spec, axis, v)) for v in axis.values if overrides(spec, axis, v)]
+Job = tuple[tuple[str, ...], list[str], tuple[int, ...]]
+
+
+def jobs(spec: Spec, labels: tuple[str, ...] = ()) -> list[Job]:
+    """(arms, overrides, seeds) per multirun, axis by axis and value by value (of the axes `labels` names, or all);
+    the base point first, once for every arm of the axes that share its seeds."""
+    axes = [a for a in spec.axes if not labels or a.label in labels]
+    if missing := set(labels) - {a.label for a in spec.axes}:
+        raise ValueError(f"no axis {', '.join(sorted(missing))} in the preset: {', '.join(a.label for a in spec.axes)}")
+    base: dict[tuple[int, ...], dict[str, None]] = {}
+    for axis in axes:
+        base.setdefault(axis.seeds, {}).update(dict.fromkeys(axis.rows))
+    out: list[Job] = [(tuple(arms), [], seeds) for seeds, arms in base.items()]
+    for axis in axes:
+        out += [(axis.rows, overrides(spec, axis, v), axis.seeds) for v in axis.values if overrides(spec, axis, v)]
     return out
 
 
@@ -101,10 +123,12 @@ def per_run(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def on_axis(runs: pd.DataFrame, axis: Axis) -> pd.DataFrame:
-    """The runs on one axis: the other axis at its base value, this one's value as `value` and its age in updates."""
+    """The runs on one axis (of its seeds): the other axis at its base value, this one's value as `value` and its age
+    in updates."""
     other = RUN_KEYS["rollout.policy_lag" if axis.name == "rollout.staleness" else "rollout.staleness"]
     base = 0 if other == "lag" else 1
-    sel = runs[(runs[other] == base) & (runs["family"] == FAMILY) & runs["arm_file"].isin(axis.rows)].copy()
+    mine = runs["seed"].isin(axis.seeds) if axis.seeds else True
+    sel = runs[(runs[other] == base) & (runs["family"] == FAMILY) & runs["arm_file"].isin(axis.rows) & mine].copy()
     sel["value"] = sel[RUN_KEYS[axis.name]]
     sel = sel[sel["value"].isin(axis.values)]
     sel["age"] = [axis.age(v) for v in sel["value"]]
@@ -135,7 +159,7 @@ def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = 
     records = []
     for arm in axis.rows:
         own = on[on["arm_file"] == arm]
-        rec: dict[str, object] = {"axis": axis.name, "row": arm, "runs": len(own), "starts": own["start"].nunique()}
+        rec: dict[str, object] = {"axis": axis.label, "row": arm, "runs": len(own), "starts": own["start"].nunique()}
         # an edge needs every value of the axis run by at least 5 starts (else the grid's end is not the data's)
         starts_per_value = own.groupby("value")["start"].nunique().reindex(list(axis.values), fill_value=0)
         reason = descriptive_reason(int(starts_per_value.min()))

@@ -1,10 +1,12 @@
 """Claims 10 and 11, re-declared on the staleness axes their papers use (`moe_rl.studies.staleness`).
 
-Claim 10 (VESPO) reads the `rollout.staleness` axis, claim 11 (DPPO) the `rollout.policy_lag` axis; both compare
-edges paired on starts and seeds, over the hierarchical bootstrap's draws. An edge past the grid is censored: it
-is past every located edge, and two censored edges tie (a tie decides nothing). Their first look, on the N axis of
-the frontier (`moe_rl.studies.frontier_claims`), is kept in each claim's notes and counted: with two looks, an
-ordering must hold in 1 - 0.05 / 2 = 97.5% of the draws.
+Both are decided on the `staleness_long` block (`rollout.staleness` S = 1, 2, 4, 8, 24 from seeds 6..17), comparing
+edges paired on starts and seeds over the hierarchical bootstrap's draws. An edge past the grid is censored: it is
+past every located edge, and two censored edges tie (a tie decides nothing). Their earlier looks are kept in each
+claim's notes and counted: the N axis of the frontier (`moe_rl.studies.frontier_claims`), then the first block's axis
+(claim 10: `rollout.staleness` to S = 8; claim 11: `rollout.policy_lag`, where at one update per rollout the
+decoupled ratio is 1 and GRPO, DPPO-TV and plain IS make the same runs). With three looks an ordering must hold in
+1 - 0.05 / 3 of the draws; the second look was read at 1 - 0.05 / 2 when it was the last.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from moe_rl.analysis.claims.rules import (
 from moe_rl.studies import frontier_claims
 from moe_rl.studies import staleness as st
 
-LOOKS = 2  # the frontier's N axis, then these axes
+LOOKS = 3  # the frontier's N axis, the first block's axis, the staleness_long block
 SURE = 1 - 0.05 / LOOKS
+SECOND_SURE = 1 - 0.05 / 2  # the first block's look, read when it was the second of two
+DECIDING = "staleness_long"
 FAR = 4.0  # claim 10: "far past" reads at least 4x in 1 + age
 
 
@@ -41,13 +45,11 @@ def _axes(root: str, presets: str) -> dict[str, tuple[pd.DataFrame, dict]] | Non
 
     spec = st.load_spec(Path(presets))
     runs = st.per_run(analysis.load_results(folder, keys=st.fr_.KEYS))
-    return {axis.name: st.axis_table(runs, spec, axis) for axis in spec.axes}
+    return {axis.label: st.axis_table(runs, spec, axis) for axis in spec.axes}
 
 
-def _first_look(c: Claim, old: Claim) -> None:
-    c.notes.append(
-        f"first look (counted), on the N axis of the frontier: {old.verdict} ({old.reason}); rule: {old.rule}"
-    )
+def _look_note(c: Claim, which: str, where: str, old: Claim) -> None:
+    c.notes.append(f"{which} look (counted), {where}: {old.verdict} ({old.reason}); rule: {old.rule}")
 
 
 def _edge_label(v: float) -> str:
@@ -77,9 +79,9 @@ def _changes(table: pd.DataFrame) -> str:
 
 def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame, dict] | None:
     axes = _axes(str(root), str(presets))
-    if axes is None:
+    if axes is None or axis not in axes:
         c.reason = "no data"
-        c.notes.append("no runs of the staleness study yet: `python experiments/staleness.py` runs them")
+        c.notes.append(f"no runs of the staleness study's {axis} yet: `python experiments/staleness.py` runs them")
         return None
     table, drawn = axes[axis]
     c.statistic = _text(table)
@@ -111,22 +113,7 @@ def _none_degrade(c: Claim, table: pd.DataFrame, rows: tuple[str, ...]) -> bool:
     return True
 
 
-def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
-    c = Claim(
-        10,
-        "VESPO stays stable far past the staleness where GRPO and SAPO collapse",
-        "VESPO, arXiv 2602.10693",
-        f"on rollout.staleness (S = 1, 2, 4, 8; 192 updates per run), vespo+none's edge at least {FAR:g}x (in S) past "
-        f"both grpo+none's and sapo+none's, each of theirs located on the grid, in {SURE:.1%} of the paired draws: "
-        f"reproduced; at or below either one's (ties of two censored edges excluded) in {SURE:.1%}: not reproduced",
-        experiment="staleness",
-        cells="rollout.staleness at N = 1, 6 cold starts",
-    )
-    _first_look(c, frontier_claims.claim_vespo_staleness(root, presets))
-    found = _setup(c, root, presets, "rollout.staleness")
-    if found is None:
-        return c
-    table, d = found
+def _vespo_far(c: Claim, table: pd.DataFrame, d: dict, sure: float, what: str) -> Claim:
     if _none_degrade(c, table, ("grpo_none", "sapo_none")):
         return c
     v, g, s = d["vespo_none"], d["grpo_none"], d["sapo_none"]
@@ -134,59 +121,117 @@ def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
         far = float(np.mean((v >= FAR * g) & (v >= FAR * s) & np.isfinite(g) & np.isfinite(s)))
         below = max(float(np.mean((v <= g) & ~_censored_tie(v, g))), float(np.mean((v <= s) & ~_censored_tie(v, s))))
     c.test = f"share of draws with vespo {FAR:g}x past both {far:.3f}; at or below one of them {below:.3f}"
-    c.verdict = REPRODUCED if far >= SURE else NOT_REPRODUCED if below >= SURE else INCONCLUSIVE
+    c.verdict = REPRODUCED if far >= sure else NOT_REPRODUCED if below >= sure else INCONCLUSIVE
     c.reason = c.test
     c.plain = (
-        f"On VESPO's own staleness design (the rollout grows S-fold and is consumed in one pass of S updates), the "
-        f"S at which each method's accuracy change crosses -5 pp. Edges: {c.statistic}. Verdict: **{c.verdict}**. "
+        f"On VESPO's own staleness design (the rollout grows S-fold and is consumed in one pass of S updates), {what}, "
+        f"the S at which each method's accuracy change crosses -5 pp. Edges: {c.statistic}. Verdict: **{c.verdict}**. "
         f"What would change it: {would_change(c.verdict)}."
     )
     return c
 
 
-def claim_no_trust_region(root: Path, presets: Path) -> Claim:
-    c = Claim(
-        11,
-        "Methods without a trust region collapse as the mismatch grows",
-        "DPPO, arXiv 2602.04879",
-        f"on rollout.policy_lag (k = 0, 4, 8, 16; AReaL's decoupled ratio), the edges of cispo+none and plain IS both "
-        f"below those of grpo+none and dppo_tv+none (all four pairs) in {SURE:.1%} of the paired draws: reproduced; "
-        f"either at or above either (ties of two censored edges excluded) in {SURE:.1%}: not reproduced",
-        experiment="staleness",
-        cells="rollout.policy_lag at N = 1, 6 cold starts",
+def _vespo_rule(values: str, sure: float) -> str:
+    return (
+        f"on rollout.staleness ({values}; 192 updates per run), vespo+none's edge at least {FAR:g}x (in S) past both "
+        f"grpo+none's and sapo+none's, each of theirs located on the grid, in {sure:.1%} of the paired draws: "
+        f"reproduced; at or below either one's (ties of two censored edges excluded) in {sure:.1%}: not reproduced"
     )
-    _first_look(c, frontier_claims.claim_no_trust_region(root, presets))
-    found = _setup(c, root, presets, "rollout.policy_lag")
-    if found is None:
-        return c
-    table, d = found
+
+
+def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
+    title, source = "VESPO stays stable far past the staleness where GRPO and SAPO collapse", "VESPO, arXiv 2602.10693"
+    c = Claim(
+        10,
+        title,
+        source,
+        _vespo_rule("the staleness_long block: S = 1, 2, 4, 8, 24, 6 starts x 2 seeds", SURE),
+        experiment="staleness",
+        cells="rollout.staleness to S = 24 at N = 1, 6 cold starts x 2 seeds",
+    )
+    old = frontier_claims.claim_vespo_staleness(root, presets)
+    _look_note(c, "first", "on the N axis of the frontier", old)
+    second = Claim(10, title, source, _vespo_rule("S = 1, 2, 4, 8, 6 starts", SECOND_SURE))
+    found = _setup(second, root, presets, "rollout.staleness")
+    if found is not None:
+        _vespo_far(second, *found, SECOND_SURE, "from 6 starts")
+    _look_note(c, "second", "on rollout.staleness to S = 8 (seeds 0..5)", second)
+    found = _setup(c, root, presets, DECIDING)
+    return c if found is None else _vespo_far(c, *found, SURE, "to S = 24 from 6 starts x 2 seeds")
+
+
+NO_TRUST = ("cispo_none", "is_none")
+TRUST = ("grpo_none", "dppo_tv_none")
+
+
+def _trust_rule(axis: str, sure: float) -> str:
+    return (
+        f"on {axis}, the edges of cispo+none and plain IS both below those of grpo+none and dppo_tv+none (all four "
+        f"pairs) in {sure:.1%} of the paired draws: reproduced; either at or above either (ties of two censored edges "
+        f"excluded) in {sure:.1%}: not reproduced"
+    )
+
+
+def _same_runs_note(table: pd.DataFrame) -> str | None:
+    """Where the lag axis makes GRPO, DPPO-TV and plain IS the same runs (equal changes at every k), a note saying so."""
     changes = table.set_index("row").filter(like="change@")
-    same = []
-    if changes.shape[1] and "grpo_none" in changes.index:
-        grpo = changes.loc["grpo_none"]
-        same = [r for r in ("dppo_tv_none", "is_none") if r in changes.index and changes.loc[r].equals(grpo)]
-    if same:
-        c.notes.append(
-            f"grpo_none, {', '.join(same)} are the same runs at every lag (equal changes at every k): at one update per "
-            "rollout the ratio their clip, mask or weight reads (the policy over the proximal one that sampled, AReaL's "
-            "decoupled loss) is 1, so no trust region acts and this axis cannot tell them apart; ordering them needs "
-            "several updates per rollout under a lag (not run)"
-        )
-    if _none_degrade(c, table, ("grpo_none", "dppo_tv_none", "cispo_none", "is_none")):
+    if not changes.shape[1] or "grpo_none" not in changes.index:
+        return None
+    grpo = changes.loc["grpo_none"]
+    same = [r for r in ("dppo_tv_none", "is_none") if r in changes.index and changes.loc[r].equals(grpo)]
+    if not same:
+        return None
+    return (
+        f"grpo_none, {', '.join(same)} are the same runs at every lag (equal changes at every k): at one update per "
+        "rollout the ratio their clip, mask or weight reads (the policy over the proximal one that sampled, AReaL's "
+        "decoupled loss) is 1, so no trust region acts and this axis cannot tell them apart"
+    )
+
+
+def _trust_order(c: Claim, table: pd.DataFrame, d: dict, sure: float, what: str) -> Claim:
+    if _none_degrade(c, table, (*TRUST, *NO_TRUST)):
         return c
     below = np.ones_like(d["grpo_none"], dtype=bool)
     at_or_above = 0.0
     with np.errstate(invalid="ignore"):
-        for a in ("cispo_none", "is_none"):
-            for b in ("grpo_none", "dppo_tv_none"):
+        for a in NO_TRUST:
+            for b in TRUST:
                 below &= d[a] < d[b]
                 at_or_above = max(at_or_above, float(np.mean((d[a] >= d[b]) & ~_censored_tie(d[a], d[b]))))
     c.test = f"share of draws with both below both {np.mean(below):.3f}; largest share of one at or above one {at_or_above:.3f}"
-    c.verdict = REPRODUCED if np.mean(below) >= SURE else NOT_REPRODUCED if at_or_above >= SURE else INCONCLUSIVE
+    c.verdict = REPRODUCED if np.mean(below) >= sure else NOT_REPRODUCED if at_or_above >= sure else INCONCLUSIVE
     c.reason = c.test
     c.plain = (
-        f"Plain importance sampling and CISPO against GRPO's clip and DPPO's probability-change mask, as each "
-        f"rollout is sampled by an ever older policy (an asynchronous lag of k updates). Edges: {c.statistic}. "
-        f"Verdict: **{c.verdict}**. What would change it: {would_change(c.verdict)}."
+        f"Plain importance sampling and CISPO against GRPO's clip and DPPO's probability-change mask, {what}. "
+        f"Edges: {c.statistic}. Verdict: **{c.verdict}**. What would change it: {would_change(c.verdict)}."
     )
     return c
+
+
+def claim_no_trust_region(root: Path, presets: Path) -> Claim:
+    title, source = "Methods without a trust region collapse as the mismatch grows", "DPPO, arXiv 2602.04879"
+    c = Claim(
+        11,
+        title,
+        source,
+        _trust_rule("rollout.staleness (the staleness_long block: S = 1, 2, 4, 8, 24, 6 starts x 2 seeds)", SURE),
+        experiment="staleness",
+        cells="rollout.staleness to S = 24 at N = 1, 6 cold starts x 2 seeds",
+    )
+    old = frontier_claims.claim_no_trust_region(root, presets)
+    _look_note(c, "first", "on the N axis of the frontier", old)
+    second = Claim(
+        11, title, source, _trust_rule("rollout.policy_lag (k = 0, 4, 8, 16; AReaL's decoupled ratio)", SECOND_SURE)
+    )
+    found = _setup(second, root, presets, "rollout.policy_lag")
+    if found is not None:
+        same = _same_runs_note(found[0])
+        _trust_order(second, *found, SECOND_SURE, "as each rollout is sampled by an ever older policy")
+        if same:
+            second.reason += f"; {same}"
+    _look_note(c, "second", "on rollout.policy_lag (seeds 0..5)", second)
+    found = _setup(c, root, presets, DECIDING)
+    if found is None:
+        return c
+    what = "as each rollout grows S-fold and is consumed in one pass (its last mini-batch S - 1 updates stale)"
+    return _trust_order(c, *found, SURE, what)

@@ -56,6 +56,7 @@ def plot_axes(runs: pd.DataFrame, spec: st.Spec) -> Figure:
         ax.axhline(100 * spec.threshold, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_xticks([1 + axis.age(v) for v in axis.values], [str(v) for v in axis.values])
+        ax.set_title(axis.label, fontsize=9)
         ax.set_xlabel(f"{axis.name} (log scale of 1 + the oldest sample's age in updates)", fontsize=8)
         ax.set_ylabel("accuracy change (pp)", fontsize=8)
         ax.grid(alpha=0.3)
@@ -77,7 +78,8 @@ def write_staleness_report(runs_dir: Path, out: Path, presets: Path) -> list[Pat
     tables = [st.axis_table(runs, spec, axis)[0] for axis in spec.axes]
     text = ["# staleness", "", (st.__doc__ or "").split("\n\n", 2)[2].replace("\n", " ").strip(), ""]
     for axis, table in zip(spec.axes, tables, strict=True):
-        text += [f"## {axis.name}", "", format_axis(table, axis)]
+        where = f" ({axis.name}, seeds {axis.seeds[0]}..{axis.seeds[-1]})" if axis.key else ""
+        text += [f"## {axis.label}{where}", "", format_axis(table, axis)]
     text += [
         "![staleness](staleness.png)",
         "",
