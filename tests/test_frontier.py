@@ -167,15 +167,19 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
     runs = pd.concat(
         [planted(fr_.REFERENCE, {2: [0.0] * 8, 4: [-0.2] * 8}), planted(other, {8: [0.0] * 8, 16: [-0.3] * 8})]
     )
-    table, text, fig = frontier_section(runs, fr)
+    table, text, fig, interp = frontier_section(runs, fr)
     rows = table.set_index("arm_file")
     assert rows.loc["grpo_none", "N_edge"] == "2 (< 4)" and rows.loc["vespo_none", "N_edge"] == "8 (< 16)"
     assert rows.loc["vespo_none", "N_headroom"] == 4.0  # 8 / 2, every draw the same
     assert "| vespo_none | 8 (< 16) | [8, 8] | 4x [4, 4] | 16 |" in text and "2 of 2 edges located" in text
     assert len(fig.axes) == 1
     one = runs.assign(start="bench")  # every run from one cold start: the edges' intervals are descriptive
-    _, text, _ = frontier_section(one, fr)
+    _, text, _, interp = frontier_section(one, fr)
     assert "| vespo_none | 8 (< 16) | (1 start) | 4x | 16 |" in text
+    # interpolated: -5 pp a quarter of the way (0.05 / 0.2) from N = 2 to 4 in log N, a sixth (0.05 / 0.3) from 8 to 16
+    edges = interp.set_index("arm_file")["edge"]
+    assert edges["grpo_none"] == pytest.approx(2**1.25) and edges["vespo_none"] == pytest.approx(8 * 2 ** (1 / 6))
+    assert f"| vespo_none | {8 * 2 ** (1 / 6):.3g} (1 start) |" in text
 
 
 def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):

@@ -10,8 +10,9 @@
 
 Where a well-kept library has the same test, it computes it: statsmodels for the Wilson interval
 (`proportion_confint`), the exact two-sided McNemar test (`mcnemar`) and Cohen's kappa
-(`cohens_kappa`); scipy for Fisher, Boschloo, the bootstrap, the permutation test and the binomial
-test. What stays hand-written (Holm, exact CMH, Kaplan-Meier, log-rank, the Granger lead) says why
+(`cohens_kappa`); scipy for Fisher, Boschloo, the permutation test and the binomial test. Every
+bootstrap interval is `clustered.hierarchical_bootstrap`'s (over pairs: each pair its own unit), one
+routine and seed for every page. What stays hand-written (Holm, exact CMH, Kaplan-Meier, log-rank, the Granger lead) says why
 in its docstring, and the tests check it against a library where one has the same numbers.
 
 Why Boschloo rather than Fisher for two arms: seeds per arm are fixed by the design (two independent
@@ -25,7 +26,6 @@ nuisance parameters is not practical.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -157,50 +157,25 @@ def _finite(x: Sequence[float] | np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
-def bootstrap_ci(
-    data: tuple[np.ndarray, ...], statistic, *, paired: bool, confidence: float, n_resamples: int, seed: int
-) -> tuple[float, float]:
-    """scipy's BCa interval of `statistic` over `data` (paired: resampled together); percentile where BCa is
-    undefined, the value itself where every sample is constant, NaN for fewer than 2 observations."""
-    if len(data[0]) < 2:
-        return math.nan, math.nan
-    if all(np.ptp(d) == 0 for d in data):
-        value = float(statistic(*data))
-        return value, value
-    for method in ("BCa", "percentile"):
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns where BCa is undefined; the fallback handles it
-            res = stats.bootstrap(
-                data,
-                statistic,
-                paired=paired,
-                vectorized=True,
-                confidence_level=confidence,
-                n_resamples=n_resamples,
-                method=method,
-                rng=np.random.default_rng(seed),
-            )
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if np.isfinite(lo) and np.isfinite(hi):
-            return lo, hi
-    return math.nan, math.nan
+def bootstrap_ci(x: np.ndarray, *, confidence: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """The percentile interval of the mean of `x`, each value its own unit: `clustered.hierarchical_bootstrap` with
+    one run per cluster, so one routine and seed serve every page (the value itself where `x` is constant, NaN for
+    fewer than 2 values)."""
+    from moe_rl.analysis.clustered import hierarchical_bootstrap
+
+    _, lo, hi = hierarchical_bootstrap(x, np.arange(len(x)), confidence=confidence, n_resamples=n_resamples, seed=seed)
+    return lo, hi
 
 
 def bootstrap_mean_ci(
     x: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
 ) -> tuple[float, float, float]:
-    """(mean, low, high): bootstrap (BCa) interval of the mean of the finite values; NaN bounds for n < 2."""
+    """(mean, low, high): percentile bootstrap interval of the mean of the finite values (`bootstrap_ci`); NaN bounds
+    for n < 2."""
     a = _finite(x)
     if not len(a):
         return math.nan, math.nan, math.nan
-    lo, hi = bootstrap_ci(
-        (a,),
-        lambda v, axis=-1: np.mean(v, axis=axis),
-        paired=False,
-        confidence=confidence,
-        n_resamples=n_resamples,
-        seed=seed,
-    )
+    lo, hi = bootstrap_ci(a, confidence=confidence, n_resamples=n_resamples, seed=seed)
     return float(a.mean()), lo, hi
 
 
@@ -248,8 +223,8 @@ def paired_compare(
 ) -> dict[str, float]:
     """Arm a vs arm b, element i of each from the same seed (same cold start and prompts).
 
-    Returns n (complete pairs), mean_diff = mean(a - b) with a bootstrap (BCa) interval [lo, hi]
-    over pairs, p_value of a sign-flip permutation test on the differences, and
+    Returns n (complete pairs), mean_diff = mean(a - b) with a percentile bootstrap interval [lo, hi]
+    over pairs (`bootstrap_ci`), p_value of a sign-flip permutation test on the differences, and
     prob_improvement = P(a_i > b_i) over pairs, a tie counting one half (`prob_improvement`), the paired
     version of rliable's probability of improvement.
     """
@@ -268,14 +243,7 @@ def paired_compare(
             "p_value": math.nan,
             "prob_improvement": math.nan,
         }
-    lo, hi = bootstrap_ci(
-        (d,),
-        lambda v, axis=-1: np.mean(v, axis=axis),
-        paired=False,
-        confidence=confidence,
-        n_resamples=n_resamples,
-        seed=seed,
-    )
+    lo, hi = bootstrap_ci(d, confidence=confidence, n_resamples=n_resamples, seed=seed)
     return {
         "n": n,
         "mean_diff": float(d.mean()),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from moe_rl.analysis.clustered import start_draws
 from moe_rl.analysis.stats import wilson_interval
 from moe_rl.metrics.bins import MARGIN_EDGES
 from moe_rl.metrics.names import (
@@ -66,7 +67,8 @@ def fit_drift(
 ) -> dict:
     """Least squares of log(drift) on the log features, with 95% intervals from a bootstrap over seeds.
 
-    A bootstrap replicate draws seeds with replacement and keeps every design point's runs of the
+    A bootstrap replicate (`clustered.start_draws`, the routine every study's intervals use) draws seeds with
+    replacement and keeps every design point's runs of the
     drawn seeds, so a seed's runs stay together (they share nothing else, but their noise may).
     Returns coefficients with intervals, in-sample R^2 (log space) and, for each row of `targets`
     (geometry columns), the predicted drift with its interval.
@@ -81,13 +83,14 @@ def fit_drift(
     coef = _lstsq(X, y)
     resid = y - X @ coef
     r2 = 1.0 - resid.var() / y.var()
-    rng = np.random.default_rng(seed)
     seeds = np.sort(data["seed"].unique())
     by_seed = {s: np.flatnonzero(data["seed"].to_numpy() == s) for s in seeds}
+    # one start for every run (each design point is its own model): `start_draws` then resamples seeds alone
+    draws = start_draws(pd.DataFrame({"start": 0, "seed": seeds}), n_resamples=n_boot, seed=seed)
     Xt = design_matrix(targets) if targets is not None else None
     boot_coef, boot_pred = [], []
-    for _ in range(n_boot):
-        idx = np.concatenate([by_seed[s] for s in rng.choice(seeds, size=len(seeds), replace=True)])
+    for replicate in draws:
+        idx = np.concatenate([by_seed[s] for _, s in replicate])
         b = _lstsq(X[idx], y[idx])
         boot_coef.append(b)
         if Xt is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,9 @@ import pandas as pd
 import yaml
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.clustered import bootstrap, descriptive_reason, start_draws
 from moe_rl.analysis.configs import run_starts
+from moe_rl.analysis.dose import crossing
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, runs
 from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
@@ -394,3 +397,33 @@ def share_above(a: Edge, b: Edge, steps: int = 1) -> float:
     if not len(a.draws) or not len(b.draws):
         return np.nan
     return float(np.mean(a.draws - b.draws >= steps))
+
+
+def _crossing_on(runs: pd.DataFrame, key: str) -> float:
+    return crossing(runs[key], runs["change"], THRESHOLD)
+
+
+def interpolated_edges(runs: pd.DataFrame, fr: Frontier, *, draws: int = DRAWS) -> pd.DataFrame:
+    """Per axis and row, the edge interpolated rather than read off the grid: where the isotonic (non-increasing) fit
+    of accuracy change on the log of the axis value crosses -5 pp, log-linear between the two grid points around it
+    (`dose.crossing`; the collapse share is not part of it). Its 95% interval is the hierarchical bootstrap (starts,
+    then seeds within each: `clustered.start_draws`), one set of draws for every row of an axis, so rows that share
+    starts and seeds are paired. Columns axis, family, arm_file, runs, starts, edge (inf past the grid, 0 below
+    it), lo, hi (NaN below 5 starts) and descriptive (why there is no interval)."""
+    records = []
+    for axis in fr.axes:
+        on = [on_axis(runs, axis, row) for row in fr.rows]
+        units = pd.concat(on)[["start", "seed"]] if any(len(o) for o in on) else pd.DataFrame()
+        drawn = start_draws(units, n_resamples=draws) if len(units) else []
+        for row, own in zip(fr.rows, on, strict=True):
+            rec: dict[str, object] = {"axis": axis.name, "family": row[0], "arm_file": row[1], "runs": len(own)}
+            rec["starts"] = int(own["start"].nunique()) if len(own) else 0
+            rec["descriptive"] = descriptive_reason(int(rec["starts"])) or ""  # type: ignore[call-overload]
+            rec["edge"] = rec["lo"] = rec["hi"] = np.nan
+            if len(own):
+                edge, lo, hi, _ = bootstrap(own, partial(_crossing_on, key=axis.name), drawn)
+                rec["edge"] = edge
+                if not rec["descriptive"]:
+                    rec["lo"], rec["hi"] = lo, hi
+            records.append(rec)
+    return pd.DataFrame(records)

@@ -149,10 +149,37 @@ def gap_by_n(runs: pd.DataFrame, fr: fr_.Frontier, rows: list[tuple[str, str]]) 
     return pd.concat(frames, axis=1) if frames else pd.DataFrame()
 
 
-def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier) -> tuple[pd.DataFrame, str, Figure]:
-    """The frontier table, the markdown section that opens the report's summary, and its figure."""
+def _interp_edge(r: pd.Series) -> str:
+    if pd.isna(r["edge"]):
+        return "—"
+    v = r["edge"]
+    text = "> last value" if v == np.inf else "< first value" if v == 0 else f"{v:.3g}"
+    if r["descriptive"]:
+        return f"{text} ({r['starts']} start{'' if r['starts'] == 1 else 's'})"
+
+    def one(x: float) -> str:
+        return "> last" if x == np.inf else "< first" if x == 0 else f"{x:.3g}"
+
+    return f"{text} [{one(r['lo'])}, {one(r['hi'])}]"
+
+
+def format_interpolated(interp: pd.DataFrame, runs: pd.DataFrame, fr: fr_.Frontier) -> str:
+    """The interpolated edges (`frontier.interpolated_edges`) as markdown: a row per arm, a column per axis."""
+    head = ["arm", *(f"{a.name} edge, interpolated [95%]" for a in fr.axes)]
+    lines = ["| " + " | ".join(head) + " |", "|:---|" + "---:|" * len(fr.axes)]
+    by = interp.set_index(["family", "arm_file", "axis"])
+    for row in fr.rows:
+        cells = [row_label(runs, row), *(_interp_edge(by.loc[(row[0], row[1], a.name)]) for a in fr.axes)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier) -> tuple[pd.DataFrame, str, Figure, pd.DataFrame]:
+    """The frontier table, the markdown section that opens the report's summary, its figure and the interpolated
+    edges."""
     edges = fr_.edges(runs, fr)
     table = frontier_table(runs, fr, edges)
+    interp = fr_.interpolated_edges(runs, fr)
     located = sum(e.located for e in edges.values())
     text = "\n".join(
         [
@@ -166,18 +193,26 @@ def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier) -> tuple[pd.DataFrame
             format_frontier_markdown(table, fr),
             "![frontier](frontier.png)",
             "",
+            "### The edges interpolated",
+            "",
+            (fr_.interpolated_edges.__doc__ or "").split(". Columns")[0].replace("\n", " ").replace("    ", " ")
+            + ". The grid table above reads the last stable point; this one where the fitted change crosses -5 pp "
+            "(`edges_interpolated.csv`).",
+            "",
+            format_interpolated(interp, runs, fr),
         ]
     )
-    return table, text, plot_frontier(runs, fr, edges)
+    return table, text, plot_frontier(runs, fr, edges), interp
 
 
 def write_frontier_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
     """results/frontier: the table of every arm's edges, a csv and a figure, from its runs and those of the same
     configs in the folders beside it (`frontier.SOURCES`), as the preset in `presets` declares them."""
     runs = fr_.load_runs(dict.fromkeys(p.resolve() for p in (out.parent, runs_dir.parent.parent)))
-    table, text, fig = frontier_section(runs, fr_.load_frontier(presets))
+    table, text, fig, interp = frontier_section(runs, fr_.load_frontier(presets))
     write_atomic(out / "summary.md", f"# frontier\n\n{text}".encode())
-    return [out / "summary.md", write_csv(out / "frontier.csv", table), write_png(out / "frontier.png", fig)]
+    written = [out / "summary.md", write_csv(out / "frontier.csv", table), write_png(out / "frontier.png", fig)]
+    return [*written, write_csv(out / "edges_interpolated.csv", interp)]
 
 
 def claims_section(root: Path, presets: Path) -> list[str]:
