@@ -170,3 +170,7 @@ def test_a_block_reads_only_its_own_seeds() -> None:
     )  # fmt: skip
     assert st.on_axis(runs, spec.axis("rollout.staleness"))["seed"].tolist() == [0]
     assert st.on_axis(runs, spec.axis("staleness_long"))["seed"].tolist() == [6]
+    tables = st.axis_tables(runs, spec)  # one table per block, though two share an override
+    assert set(tables) == {"rollout.staleness", "rollout.policy_lag", "staleness_long"}
+    first, long = tables["rollout.staleness"][0].set_index("row"), tables["staleness_long"][0].set_index("row")
+    assert first.loc["grpo_none", "change@8"] == 0.1 and long.loc["grpo_none", "change@8"] == -0.1

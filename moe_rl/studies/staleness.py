@@ -178,3 +178,8 @@ def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = 
             rec[f"collapsed@{value}"] = float(g["collapsed"].mean())
         records.append(rec)
     return pd.DataFrame(records), drawn
+
+
+def axis_tables(runs: pd.DataFrame, spec: Spec) -> dict[str, tuple[pd.DataFrame, dict]]:
+    """Every axis' `axis_table`, keyed by its label (two blocks of one override stay apart)."""
+    return {axis.label: axis_table(runs, spec, axis) for axis in spec.axes}

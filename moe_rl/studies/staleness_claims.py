@@ -45,7 +45,7 @@ def _axes(root: str, presets: str) -> dict[str, tuple[pd.DataFrame, dict]] | Non
 
     spec = st.load_spec(Path(presets))
     runs = st.per_run(analysis.load_results(folder, keys=st.fr_.KEYS))
-    return {axis.label: st.axis_table(runs, spec, axis) for axis in spec.axes}
+    return st.axis_tables(runs, spec)
 
 
 def _look_note(c: Claim, which: str, where: str, old: Claim) -> None:
