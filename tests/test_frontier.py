@@ -180,6 +180,8 @@ def test_the_frontier_section_gives_edges_brackets_and_a_figure():
     edges = interp.set_index("arm_file")["edge"]
     assert edges["grpo_none"] == pytest.approx(2**1.25) and edges["vespo_none"] == pytest.approx(8 * 2 ** (1 / 6))
     assert f"| vespo_none | {8 * 2 ** (1 / 6):.3g} (1 start) |" in text
+    _, text, _, _ = frontier_section(one[one["N"] >= 4], fr)  # grpo+none probed at N = 4 only, below -5 pp there
+    assert "| grpo_none | < 4 (1 start) |" in text
 
 
 def test_the_claims_page_reads_the_frontier_table_back(tmp_path, monkeypatch):

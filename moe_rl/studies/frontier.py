@@ -408,8 +408,9 @@ def interpolated_edges(runs: pd.DataFrame, fr: Frontier, *, draws: int = DRAWS) 
     of accuracy change on the log of the axis value crosses -5 pp, log-linear between the two grid points around it
     (`dose.crossing`; the collapse share is not part of it). Its 95% interval is the hierarchical bootstrap (starts,
     then seeds within each: `clustered.start_draws`), one set of draws for every row of an axis, so rows that share
-    starts and seeds are paired. Columns axis, family, arm_file, runs, starts, edge (inf past the grid, 0 below
-    it), lo, hi (NaN below 5 starts) and descriptive (why there is no interval)."""
+    starts and seeds are paired. Columns axis, family, arm_file, runs, starts, edge (inf past the last probed value,
+    0 below the first), lo, hi (NaN below 5 starts), first and last (the probed values' range) and descriptive (why
+    there is no interval)."""
     records = []
     for axis in fr.axes:
         on = [on_axis(runs, axis, row) for row in fr.rows]
@@ -420,6 +421,7 @@ def interpolated_edges(runs: pd.DataFrame, fr: Frontier, *, draws: int = DRAWS) 
             rec["starts"] = int(own["start"].nunique()) if len(own) else 0
             rec["descriptive"] = descriptive_reason(int(rec["starts"])) or ""  # type: ignore[call-overload]
             rec["edge"] = rec["lo"] = rec["hi"] = np.nan
+            rec["first"], rec["last"] = (own[axis.name].min(), own[axis.name].max()) if len(own) else (np.nan,) * 2
             if len(own):
                 edge, lo, hi, _ = bootstrap(own, partial(_crossing_on, key=axis.name), drawn)
                 rec["edge"] = edge

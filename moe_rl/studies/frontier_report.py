@@ -150,17 +150,16 @@ def gap_by_n(runs: pd.DataFrame, fr: fr_.Frontier, rows: list[tuple[str, str]]) 
 
 
 def _interp_edge(r: pd.Series) -> str:
+    """`3.5 [2.9, 4.1]`; past or below the probed values `> 8` or `< 2`; descriptive below 5 starts."""
     if pd.isna(r["edge"]):
         return "—"
-    v = r["edge"]
-    text = "> last value" if v == np.inf else "< first value" if v == 0 else f"{v:.3g}"
-    if r["descriptive"]:
-        return f"{text} ({r['starts']} start{'' if r['starts'] == 1 else 's'})"
 
     def one(x: float) -> str:
-        return "> last" if x == np.inf else "< first" if x == 0 else f"{x:.3g}"
+        return f"> {r['last']:g}" if x == np.inf else f"< {r['first']:g}" if x == 0 else f"{x:.3g}"
 
-    return f"{text} [{one(r['lo'])}, {one(r['hi'])}]"
+    if r["descriptive"]:
+        return f"{one(r['edge'])} ({r['starts']} start{'' if r['starts'] == 1 else 's'})"
+    return f"{one(r['edge'])} [{one(r['lo'])}, {one(r['hi'])}]"
 
 
 def format_interpolated(interp: pd.DataFrame, runs: pd.DataFrame, fr: fr_.Frontier) -> str:
@@ -195,7 +194,7 @@ def frontier_section(runs: pd.DataFrame, fr: fr_.Frontier) -> tuple[pd.DataFrame
             "",
             "### The edges interpolated",
             "",
-            (fr_.interpolated_edges.__doc__ or "").split(". Columns")[0].replace("\n", " ").replace("    ", " ")
+            " ".join((fr_.interpolated_edges.__doc__ or "").split(". Columns")[0].split())
             + ". The grid table above reads the last stable point; this one where the fitted change crosses -5 pp "
             "(`edges_interpolated.csv`).",
             "",
