@@ -174,3 +174,23 @@ def test_a_block_reads_only_its_own_seeds() -> None:
     assert set(tables) == {"rollout.staleness", "rollout.policy_lag", "staleness_long"}
     first, long = tables["rollout.staleness"][0].set_index("row"), tables["staleness_long"][0].set_index("row")
     assert first.loc["grpo_none", "change@8"] == 0.1 and long.loc["grpo_none", "change@8"] == -0.1
+
+
+def test_the_span_loss_pairs_the_grid_ends_on_start_and_seed() -> None:
+    """Change at S = 24 minus at S = 1, per (start, seed) pair, then the mean of the starts' means: start s loses
+    0.01 * s on both of its seeds, so 6 starts give -0.025 with an interval; 4 starts give the mean alone."""
+    axis = st.Axis("rollout.staleness", (1, 2, 4, 8, 24), ("cispo_none",))
+
+    def own(starts: int) -> pd.DataFrame:
+        rows = [
+            {"start": f"s{s}", "seed": s + 6 * k, "value": v, "change": 0.2 - (0.01 * s if v == 24 else 0.0)}
+            for s in range(starts) for k in range(2) for v in (1, 8, 24)
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    six = st.span_loss(own(6), axis)
+    assert six["loss"] == pytest.approx(-0.025) and six["loss_starts"] == 6
+    assert six["loss_lo"] < six["loss"] < six["loss_hi"]
+    four = st.span_loss(own(4), axis)
+    assert four["loss"] == pytest.approx(-0.015) and math.isnan(four["loss_lo"])
+    assert math.isnan(st.span_loss(own(6)[lambda d: d["value"] < 24], axis)["loss"])  # the last value not run yet

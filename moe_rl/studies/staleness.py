@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.clustered import descriptive_reason, replicate_values, start_draws
+from moe_rl.analysis.clustered import descriptive_reason, paired_by_start, replicate_values, start_draws
 from moe_rl.analysis.dose import crossing
 from moe_rl.studies import frontier as fr_
 
@@ -176,8 +176,29 @@ def axis_table(runs: pd.DataFrame, spec: Spec, axis: Axis, draws: list | None = 
         for value, g in own.groupby("value"):
             rec[f"change@{value}"] = float(g["change"].mean())
             rec[f"collapsed@{value}"] = float(g["collapsed"].mean())
+        rec.update(span_loss(own, axis))
         records.append(rec)
     return pd.DataFrame(records), drawn
+
+
+LOSS_KEYS = {"loss": "mean_diff", "loss_lo": "lo", "loss_hi": "hi", "loss_starts": "n_starts"}
+
+
+def span_loss(own: pd.DataFrame, axis: Axis) -> dict[str, float]:
+    """One row's accuracy change at the axis' last value minus at its first, paired on start and seed: `loss` (the
+    mean of the starts' means), `loss_lo`, `loss_hi` (hierarchical interval, NaN below 5 starts) and `loss_starts`.
+    A summary beside the edge, not part of any claim's rule: it reads how much of its gain a row gives up over the
+    grid where no row crosses -5 pp."""
+    ends = own[own["value"].isin([axis.values[0], axis.values[-1]])]
+    wide = ends.pivot_table(index=["start", "seed"], columns="value", values="change", aggfunc="mean")
+    out = {"loss": math.nan, "loss_lo": math.nan, "loss_hi": math.nan, "loss_starts": 0.0}
+    if axis.values[0] not in wide or axis.values[-1] not in wide:
+        return out
+    d = (wide[axis.values[-1]] - wide[axis.values[0]]).dropna()
+    if not len(d):
+        return out
+    r = paired_by_start(d.to_numpy(), d.index.get_level_values("start").to_numpy())
+    return {key: float(r[name]) for key, name in LOSS_KEYS.items()}  # type: ignore[arg-type]
 
 
 def axis_tables(runs: pd.DataFrame, spec: Spec) -> dict[str, tuple[pd.DataFrame, dict]]:

@@ -77,6 +77,25 @@ def _changes(table: pd.DataFrame) -> str:
     return "mean accuracy change (pp) by value: " + "; ".join(one(r) for _, r in table.iterrows())
 
 
+def _span_losses(table: pd.DataFrame) -> str | None:
+    """Each row's change at the axis' last value minus its first, paired (`staleness.span_loss`): a summary beside
+    the rule, never part of it."""
+    if "loss" not in table or table["loss"].isna().all():
+        return None
+    ends = sorted(float(c.split("@")[1]) for c in table.columns if c.startswith("change@"))
+
+    def one(r: pd.Series) -> str:
+        if pd.isna(r["loss"]):
+            return f"{r['row']} —"
+        ci = f" [{100 * r['loss_lo']:+.1f}, {100 * r['loss_hi']:+.1f}]" if pd.notna(r["loss_lo"]) else " (descriptive)"
+        return f"{r['row']} {100 * r['loss']:+.1f}{ci}"
+
+    head = (
+        f"not part of the rule: each row's change at {ends[-1]:g} minus at {ends[0]:g}, paired on start and seed (pp)"
+    )
+    return f"{head}: " + "; ".join(one(r) for _, r in table.iterrows())
+
+
 def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame, dict] | None:
     axes = _axes(str(root), str(presets))
     if axes is None or axis not in axes:
@@ -86,6 +105,8 @@ def _setup(c: Claim, root: Path, presets: Path, axis: str) -> tuple[pd.DataFrame
     table, drawn = axes[axis]
     c.statistic = _text(table)
     c.notes.append(_changes(table))
+    if (loss := _span_losses(table)) is not None:
+        c.notes.append(loss)
     thin = table[table["descriptive"] != ""]
     if len(thin):
         c.reason = "not decided yet: " + "; ".join(f"{r['row']} {r['descriptive']}" for _, r in thin.iterrows())

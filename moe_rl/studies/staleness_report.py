@@ -22,18 +22,31 @@ def _edge(v: float) -> str:
     return "> last value" if v == math.inf else "< first value" if v == -math.inf else f"{v:.2g}"
 
 
+def _loss(r: pd.Series) -> str:
+    if pd.isna(r.get("loss", math.nan)):
+        return "—"
+    if pd.isna(r["loss_lo"]):
+        return f"{100 * r['loss']:+.1f} pp ({r['loss_starts']:.0f} starts: descriptive)"
+    return f"{100 * r['loss']:+.1f} pp [{100 * r['loss_lo']:+.1f}, {100 * r['loss_hi']:+.1f}]"
+
+
 def format_axis(table: pd.DataFrame, axis: st.Axis) -> str:
     head = " | ".join(f"{axis.name.split('.')[-1]} = {v}" for v in axis.values)
-    lines = [f"| row | runs (starts) | edge [95%] | {head} |", "|---|---|---|" + "---|" * len(axis.values)]
+    span = f"{axis.values[-1]} minus {axis.values[0]}, paired [95%]"
+    lines = [
+        f"| row | runs (starts) | edge [95%] | {head} | {span} |",
+        "|---|---|---|" + "---|" * (len(axis.values) + 1),
+    ]
     for _, r in table.iterrows():
         if not r["runs"]:
-            lines.append(f"| {r['row']} | not run yet | |" + " |" * len(axis.values))
+            lines.append(f"| {r['row']} | not run yet | |" + " |" * (len(axis.values) + 1))
             continue
         ci = f" [{_edge(r['edge_lo'])}, {_edge(r['edge_hi'])}]" if not r["descriptive"] else f" ({r['descriptive']})"
         cells = []
         for v in axis.values:
             change, down = r.get(f"change@{v}", math.nan), r.get(f"collapsed@{v}", math.nan)
             cells.append("—" if pd.isna(change) else f"{100 * change:+.1f} pp ({100 * down:.0f}% coll.)")
+        cells.append(_loss(r))
         lines.append(f"| {r['row']} | {r['runs']} ({r['starts']}) | {_edge(r['edge'])}{ci} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
