@@ -131,7 +131,7 @@ def test_member_slopes_by_hand() -> None:
     for m in range(6):
         for size in (4, 16, 32):
             for arm, y in (("a", m + 2 * math.log(size)), ("b", 0.0)):
-                rows.append(dict(level="past", L=size, member=m, seed=m, arm_file=arm, change=y))
+                rows.append(dict(level="past", L=size, member=m, unit=str(m), seed=m, arm_file=arm, change=y))
     runs = pd.DataFrame(rows)
     s = ln.slopes(ln.member_values(runs, "past", "change", "a", "b"))
     assert s.to_numpy() == pytest.approx(np.full(6, 2.0))
@@ -140,6 +140,25 @@ def test_member_slopes_by_hand() -> None:
     assert t["p_value"] == pytest.approx(2 / 64)  # all six slopes positive: the most extreme of 2^6 sign patterns
     few = ln.trend(runs[runs["member"] < 4], "past", "change", "a", "b")
     assert few["descriptive"] and math.isnan(few["lo"])  # below 5 members: no interval
+
+
+def test_twins_warmed_on_two_machines_are_one_unit() -> None:
+    """Pool indices 0..3, each warmed on two machines: 8 members (runs pair within each) but 4 units, since twins
+    share their initial weights and data order. Nothing is decided; a twin pair's slopes (2 and 4) enter as their
+    mean, 3; and a contrast pairs within a member but counts 4 starts."""
+    rows = []
+    for i in range(4):
+        for machine, slope in (("amd", 2.0), ("intel", 4.0)):
+            for size in (4, 16, 32):
+                for arm, y in (("a", slope * math.log(size)), ("b", 0.0)):
+                    rows.append(dict(level="past", L=size, member=f"{i} ({machine})", unit=str(i), seed=i,
+                                     arm_file=arm, change=y, kl_early=0.01))  # fmt: skip
+    runs = pd.DataFrame(rows)
+    t = ln.trend(runs, "past", "change", "a", "b")
+    assert t["n_members"] == 8 and t["n_starts"] == 4 and t["descriptive"] and t["mean_diff"] == pytest.approx(3.0)
+    c = ln.contrast(runs, "a", "b", "past", 16)
+    assert c["n_starts"] == 4 and c["n_seeds"] == 8 and c["descriptive"]
+    assert c["mean_diff"] == pytest.approx(3.0 * math.log(16))
 
 
 def _planted(
@@ -160,7 +179,7 @@ def _planted(
                     (lc.R2, noisy + grpo_slope * x + r2_shift + 0.001 * m),
                 ):
                     rows.append(
-                        dict(level="past", L=size, member=m, seed=m + 6 * k, arm_file=arm, change=change,
+                        dict(level="past", L=size, member=m, unit=str(m), seed=m + 6 * k, arm_file=arm, change=change,
                              kl_early=0.009, routing_share=0.2 + share_slope * x + 0.001 * m, token_var=1e-3 * (1 + x),
                              seq_var=1e-4)
                     )  # fmt: skip

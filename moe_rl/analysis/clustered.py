@@ -179,23 +179,28 @@ def clustered_compare(
     value: str,
     start_col: str = "start",
     seed_col: str = "seed",
+    cluster_col: str | None = None,
     confidence: float = 0.95,
     min_units: int = MIN_UNITS,
 ) -> dict[str, object]:
-    """Arm a vs arm b, paired within (start, seed): the mean of start means of the differences a - b.
+    """Arm a vs arm b, paired within (start, seed): the mean of start means of the differences a - b. With
+    `cluster_col` the pairs' cluster is that column (starts that are not independent of each other, e.g. one warm-up
+    seed on two machines), not the start.
 
     Returns n_starts, n_seeds (pairs in all), mean_diff, lo, hi (hierarchical bootstrap), p_value
     (cluster sign flip), prob_improvement (share of start means above 0, a tie one half) and
     `descriptive`: None, or the reason there is no interval or p (fewer than `min_units` starts).
     """
     keys = [start_col, seed_col]
-    left = frame.loc[frame[arm_col] == a, [*keys, value]].rename(columns={value: "a"})
+    cluster = cluster_col or start_col
+    cols = list(dict.fromkeys([*keys, cluster]))
+    left = frame.loc[frame[arm_col] == a, [*cols, value]].rename(columns={value: "a"})
     right = frame.loc[frame[arm_col] == b, [*keys, value]].rename(columns={value: "b"})
     for arm, side in ((a, left), (b, right)):
         if side.duplicated(keys).any():
             raise ValueError(f"arm {arm!r} has several runs per ({start_col}, {seed_col})")
     pairs = left.merge(right, on=keys, how="inner")
-    out = paired_by_start(pairs["a"] - pairs["b"], pairs[start_col], confidence=confidence, min_units=min_units)
+    out = paired_by_start(pairs["a"] - pairs["b"], pairs[cluster], confidence=confidence, min_units=min_units)
     out["n_seeds"] = out.pop("n_pairs")
     return out
 

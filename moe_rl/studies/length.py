@@ -9,7 +9,9 @@ own lr (`experiments/calibrate_kl.py`, cached in results/calibration/kl.json). E
 so arms pair on (pool member, seed) within a length; across lengths the pool member is the unit a trend over log L is
 fitted on (each member's slope, then the slopes' mean with an interval over members, `trend`). A member is its pool
 index and the environment its start was warmed in (`member_of`): the same index warmed on another CPU model or
-library version is another start.
+library version is another SFT trajectory, so runs pair within a member. But the two start from the same initial
+weights and the same data order, so they are not independent: the unit of replication (`unit`), which every count of
+starts, interval and p reads, is the pool index, and twins warmed on two machines are one unit.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ def per_run(df: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     dirs = info["run_dir"].reindex(out.index) if "run_dir" in info else pd.Series(None, index=out.index)
     metas = [run_meta(d) for d in dirs]
     out["member"] = [member_of(int(seed), meta) for seed, meta in zip(out["seed"], metas, strict=True)]
+    out["unit"] = [str(int(seed) % POOL) for seed in out["seed"]]
     out["level"] = [_level_of(spec, length, lr) for length, lr in zip(out["L"], out["lr"], strict=True)]
     out = out.join(kl_per_run(df))
     for col, key in METRICS.items():
@@ -174,10 +177,10 @@ def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
     collapsed, the realised early KL and each metric's mean over runs."""
     records = []
     for (level, length, arm), g in runs.groupby(["level", "L", "arm_file"], sort=True):
-        starts = g["member"].nunique()
+        starts = g["unit"].nunique()
         rec: dict[str, Any] = {"level": level, "L": int(length), "arm": arm, "runs": len(g), "starts": starts}
         reason = descriptive_reason(starts)
-        est, lo, hi = hierarchical_bootstrap(g["change"], g["member"])
+        est, lo, hi = hierarchical_bootstrap(g["change"], g["unit"])
         rec.update(change=est, change_lo=np.nan if reason else lo, change_hi=np.nan if reason else hi)
         rec["collapsed"] = float(g["collapsed"].mean())
         rec["kl_early"] = float(g["kl_early"].mean())
@@ -189,9 +192,12 @@ def arm_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def contrast(runs: pd.DataFrame, a: str, b: str, level: str, length: int, value: str = "change") -> dict[str, Any]:
-    """Arm a - arm b at one level and length, paired on (pool member, seed), with the realised early-KL ratio a / b."""
+    """Arm a - arm b at one level and length, paired on (pool member, seed) and clustered on the unit, with the
+    realised early-KL ratio a / b."""
     at = runs[(runs["level"] == level) & (runs["L"] == length)]
-    out = clustered_compare(at, arm_col="arm_file", a=a, b=b, value=value, start_col="member", min_units=MIN_UNITS)
+    out = clustered_compare(
+        at, arm_col="arm_file", a=a, b=b, value=value, start_col="member", cluster_col="unit", min_units=MIN_UNITS
+    )
     ka = at[at["arm_file"] == a].set_index(["member", "seed"])["kl_early"]
     kb = at[at["arm_file"] == b].set_index(["member", "seed"])["kl_early"]
     both = ka.to_frame("a").join(kb.to_frame("b"), how="inner")
@@ -225,12 +231,13 @@ def slopes(values: pd.DataFrame, log_y: bool = False) -> pd.Series:
 def trend(
     runs: pd.DataFrame, level: str, value: str, a: str, b: str | None = None, *, log_y: bool = False
 ) -> dict[str, Any]:
-    """The trend of `value` (arm a, or the paired difference a - b) over log L at `level`: the mean over pool members
-    of their slopes (`slopes`), with a bootstrap interval and a sign-flip p over members (`paired_by_start`), and the
-    lengths it spans; descriptive below 5 members."""
+    """The trend of `value` (arm a, or the paired difference a - b) over log L at `level`: each pool member's slope
+    (`slopes`), averaged within its unit, then the mean over units with a bootstrap interval and a sign-flip p over
+    units (`paired_by_start`), and the lengths it spans; descriptive below 5 units (`n_starts`; `n_members` counts members)."""
     values = member_values(runs, level, value, a, b)
     s = slopes(values, log_y=log_y)
-    out = paired_by_start(s.to_numpy(), s.index.to_numpy())
+    units = runs.drop_duplicates("member").set_index("member")["unit"]
+    out = paired_by_start(s.to_numpy(), units.reindex(s.index).to_numpy())  # twins' slopes averaged in their unit
     out["n_members"] = out.pop("n_pairs")
     lengths = sorted(int(x) for x in values["L"].unique())
     return {"value": value, "a": a, "b": b or "", "level": level, "lengths": lengths, "log_y": log_y, **out}

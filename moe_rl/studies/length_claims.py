@@ -2,8 +2,9 @@
 
 All are decided at the preset's `claims_level` and read accuracy change (the mean of the last 3 evaluations minus
 step 0) or a run mean of a metric. Per length, a contrast pairs on (pool member, seed) and is tested one-sided over
-pool members (cluster sign flip), Holm over the lengths; a trend over length is each pool member's least-squares
-slope against log L, their mean with a bootstrap interval and a sign-flip p over members. Below 5 pool members nothing
+starts (cluster sign flip), Holm over the lengths; a trend over length is each pool member's least-squares
+slope against log L, averaged within its start (twins warmed on two machines are one: `length.unit`), their mean
+with a bootstrap interval and a sign-flip p over starts. Below 5 starts nothing
 is decided. A verdict at one length is not extended to another.
 """
 
@@ -121,7 +122,7 @@ def trend_text(t: dict, unit: str = "pp per unit log L", scale: float = 100.0) -
     if not t["n_starts"]:
         return "no trend yet (one length)"
     ci = _interval(t, scale) if t["descriptive"] else f"{_interval(t, scale)}, two-sided p {fmt_p(t['p_value'])}"
-    return f"{scale * t['mean_diff']:+.2f} {unit} {ci} over lengths {t['lengths']}, {t['n_starts']} members"
+    return f"{scale * t['mean_diff']:+.2f} {unit} {ci} over lengths {t['lengths']}, {t['n_starts']} starts ({t['n_members']} members)"
 
 
 def decide_12(spec: ln.Spec, runs: pd.DataFrame) -> dict[str, Any]:
@@ -257,7 +258,7 @@ def claims_section(root: Path, presets: Path) -> list[str]:
         + " "
         + CELLS
     )
-    lines += ["", "| claim | L | contrast, pp [95%] | pairs (members) | grpo+none's change | verdict | test |"]
+    lines += ["", "| claim | L | contrast, pp [95%] | pairs (starts) | grpo+none's change | verdict | test |"]
     lines.append("|---|---:|---|---|---:|---|---|")
     for cid, what in (("2", "grpo+r2 - grpo+none"), ("3", "gspo+none - grpo+none")):
         for length, (verdict, why, r) in found[cid].items():

@@ -1,7 +1,8 @@
 """The length study's report (`results/length/`): per level, length and arm the accuracy change with its
 start-clustered interval, collapse, the realised KL, the route flips, the ratio variances and their split, the clip
 fractions and the step's wall time; the paired contrasts per length; claims 2, 3, 12 and 13 as decided; one figure per
-metric against length (an arm per line, intervals over pool members); replay's cost against length."""
+metric against length (an arm per line, intervals over starts: pool indices, twins warmed on two machines one);
+replay's cost against length."""
 
 from __future__ import annotations
 
@@ -138,16 +139,16 @@ def replay_cost(runs: pd.DataFrame) -> pd.DataFrame:
 
 def draw_metric(ax: Axes, runs: pd.DataFrame, level: str, column: str, label: str, log: bool) -> None:
     """One metric against L at one level on `ax`: an arm per line (side by side), each point the mean of pool-member
-    means with its hierarchical-bootstrap interval (members, then seeds), drawn from 5 members up."""
+    means with its hierarchical-bootstrap interval (starts, then runs), drawn from 5 starts up."""
     at = runs[runs["level"] == level]
     scale = 100.0 if column == "change" else 1.0
     for i, (arm, g) in enumerate(at.groupby("arm_file", sort=True)):
         xs, ys, lo, hi = [], [], [], []
         for length, h in g.groupby("L", sort=True):
-            est, a, b = hierarchical_bootstrap(h[column], h["member"])
+            est, a, b = hierarchical_bootstrap(h[column], h["unit"])
             if not math.isfinite(est):
                 continue
-            if descriptive_reason(h["member"].nunique()):  # below 5 members: the mean alone, no interval
+            if descriptive_reason(h["unit"].nunique()):  # below 5 units: the mean alone, no interval
                 a = b = math.nan
             xs.append(float(length) * (1 + 0.04 * (i - 1)))  # arms side by side
             ys.append(scale * est)
@@ -182,7 +183,7 @@ def plot_headline(runs: pd.DataFrame, level: str) -> Figure:
     fig = Figure(figsize=(10, 4))
     for k, (column, label, log) in enumerate(FIGURES[:2]):
         draw_metric(fig.add_subplot(1, 2, k + 1), runs, level, column, label, log)
-    fig.suptitle(f"length study, level {level}: intervals over pool members", fontsize=9)
+    fig.suptitle(f"length study, level {level}: intervals over starts (pool indices)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -252,14 +253,14 @@ README_BLOCK = ("<!-- length table: python -m moe_rl.report --readme -->", "<!--
 
 def readme_table(root: Path) -> str | None:
     """README.md's length table, from results/length/arms.csv and contrasts.csv: per level and length, grpo+none's
-    accuracy change and collapse share, R2 - GRPO and GSPO - GRPO (pp, paired, with intervals from 5 members up), and
+    accuracy change and collapse share, R2 - GRPO and GSPO - GRPO (pp, paired, with intervals from 5 starts up), and
     the token ratio variance and routing share of grpo+none; None without shipped tables."""
     folder = Path(root) / lc.FOLDER
     if not (folder / "arms.csv").is_file() or not (folder / "contrasts.csv").is_file():
         return None
     arms = pd.read_csv(folder / "arms.csv", keep_default_na=False, na_values=[""])
     pairs = pd.read_csv(folder / "contrasts.csv", keep_default_na=False, na_values=[""])
-    head = "| level | L | members | grpo+none Δ pp (collapsed) | R2 - GRPO, pp | GSPO - GRPO, pp | token ratio var | routing share |"
+    head = "| level | L | starts | grpo+none Δ pp (collapsed) | R2 - GRPO, pp | GSPO - GRPO, pp | token ratio var | routing share |"
     lines = [head, "|:---|---:|---:|---:|---:|---:|---:|---:|"]
     for _, g in arms[arms["arm"] == lc.GRPO].iterrows():
         cells = []
