@@ -11,6 +11,8 @@ decoupled ratio is 1 and GRPO, DPPO-TV and plain IS make the same runs). With th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -160,6 +162,33 @@ def _vespo_rule(values: str, sure: float) -> str:
     )
 
 
+Decide = Callable[[Claim, pd.DataFrame, dict, float, str], Claim]
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at a staleness block: its axis label, where the claim's notes say it was, and the reading's words."""
+
+    axis: str
+    where: str
+    what: str
+
+
+def _looks(c: Claim, first: Claim, second: Claim, looks: tuple[Look, Look], decide: Decide, root: Path, presets: Path,
+           note: Callable[[pd.DataFrame], str | None] | None = None) -> Claim:  # fmt: skip
+    """The frontier's look (`first`) and the first block's (`second`, read at two looks) into `c`'s notes, counted;
+    then `c` decided on the staleness_long block at three looks. `note` adds to the second look's reason."""
+    _look_note(c, "first", "on the N axis of the frontier", first)
+    found = _setup(second, root, presets, looks[0].axis)
+    if found is not None:
+        decide(second, *found, SECOND_SURE, looks[0].what)
+        if note is not None and (extra := note(found[0])):
+            second.reason += f"; {extra}"
+    _look_note(c, "second", looks[0].where, second)
+    found = _setup(c, root, presets, looks[1].axis)
+    return c if found is None else decide(c, *found, SURE, looks[1].what)
+
+
 def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
     title, source = "VESPO stays stable far past the staleness where GRPO and SAPO collapse", "VESPO, arXiv 2602.10693"
     c = Claim(
@@ -170,15 +199,12 @@ def claim_vespo_staleness(root: Path, presets: Path) -> Claim:
         experiment="staleness",
         cells="rollout.staleness to S = 24 at N = 1, 6 cold starts x 2 seeds",
     )
-    old = frontier_claims.claim_vespo_staleness(root, presets)
-    _look_note(c, "first", "on the N axis of the frontier", old)
     second = Claim(10, title, source, _vespo_rule("S = 1, 2, 4, 8, 6 starts", SECOND_SURE))
-    found = _setup(second, root, presets, "rollout.staleness")
-    if found is not None:
-        _vespo_far(second, *found, SECOND_SURE, "from 6 starts")
-    _look_note(c, "second", "on rollout.staleness to S = 8 (seeds 0..5)", second)
-    found = _setup(c, root, presets, DECIDING)
-    return c if found is None else _vespo_far(c, *found, SURE, "to S = 24 from 6 starts x 2 seeds")
+    looks = (
+        Look("rollout.staleness", "on rollout.staleness to S = 8 (seeds 0..5)", "from 6 starts"),
+        Look(DECIDING, "", "to S = 24 from 6 starts x 2 seeds"),
+    )
+    return _looks(c, frontier_claims.claim_vespo_staleness(root, presets), second, looks, _vespo_far, root, presets)
 
 
 NO_TRUST = ("cispo_none", "is_none")
@@ -239,20 +265,10 @@ def claim_no_trust_region(root: Path, presets: Path) -> Claim:
         experiment="staleness",
         cells="rollout.staleness to S = 24 at N = 1, 6 cold starts x 2 seeds",
     )
-    old = frontier_claims.claim_no_trust_region(root, presets)
-    _look_note(c, "first", "on the N axis of the frontier", old)
-    second = Claim(
-        11, title, source, _trust_rule("rollout.policy_lag (k = 0, 4, 8, 16; AReaL's decoupled ratio)", SECOND_SURE)
-    )
-    found = _setup(second, root, presets, "rollout.policy_lag")
-    if found is not None:
-        same = _same_runs_note(found[0])
-        _trust_order(second, *found, SECOND_SURE, "as each rollout is sampled by an ever older policy")
-        if same:
-            second.reason += f"; {same}"
-    _look_note(c, "second", "on rollout.policy_lag (seeds 0..5)", second)
-    found = _setup(c, root, presets, DECIDING)
-    if found is None:
-        return c
-    what = "as each rollout grows S-fold and is consumed in one pass (its last mini-batch S - 1 updates stale)"
-    return _trust_order(c, *found, SURE, what)
+    lag = _trust_rule("rollout.policy_lag (k = 0, 4, 8, 16; AReaL's decoupled ratio)", SECOND_SURE)
+    looks = (
+        Look("rollout.policy_lag", "on rollout.policy_lag (seeds 0..5)", "as each rollout is sampled by an ever older policy"),
+        Look(DECIDING, "", "as each rollout grows S-fold and is consumed in one pass (its last mini-batch S - 1 updates stale)"),
+    )  # fmt: skip
+    first = frontier_claims.claim_no_trust_region(root, presets)
+    return _looks(c, first, Claim(11, title, source, lag), looks, _trust_order, root, presets, _same_runs_note)
