@@ -286,3 +286,13 @@ def test_a_member_warmed_in_another_environment_is_another_start() -> None:
     assert ln.member_of(4, amd) == ln.member_of(10, amd_again) == "4 (AuthenticAMD X 2.13.0 5.24.0)"
     assert len({ln.member_of(4, m) for m in (amd, intel, newer)}) == 3
     assert ln.member_of(10, {}) == "4"
+
+
+def test_a_two_sided_p_that_cannot_reach_005_is_marked() -> None:
+    """Over 5 starts the sign flip's two-sided p is at least 2 / 32 = 0.0625: marked *; over 6, 2 / 64 can reach it."""
+    from moe_rl.studies import length_report
+
+    row = dict(a="a", b="b", level="past", L=4, n_seeds=9, lo=-0.01, hi=0.02, mean_diff=0.005, p_value=0.0625,
+               kl_ratio=1.0, descriptive="")  # fmt: skip
+    text = length_report.format_contrasts(pd.DataFrame([{**row, "n_starts": 5}, {**row, "n_starts": 6}]))
+    assert "| 9 (5) | +0.5 [-1.0, +2.0] | 0.0625* |" in text and "| 9 (6) | +0.5 [-1.0, +2.0] | 0.0625 |" in text

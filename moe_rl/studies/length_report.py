@@ -97,9 +97,22 @@ def format_contrasts(table: pd.DataFrame) -> str:
         ci = f" [{fmt_pp(r['lo'])}, {fmt_pp(r['hi'])}]" if _decided(r) else " (descriptive)"
         lines.append(
             f"| {r['a']} - {r['b']} | {r['level']} | {r['L']} | {r['n_seeds']} ({r['n_starts']}) | "
-            f"{fmt_pp(r['mean_diff'])}{ci} | {fmt_num(r['p_value'])} | {fmt_num(r['kl_ratio'], '.2f')} |"
+            f"{fmt_pp(r['mean_diff'])}{ci} | {_p(r)} | {fmt_num(r['kl_ratio'], '.2f')} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + P_FLOOR_NOTE
+
+
+P_FLOOR_NOTE = (
+    "\nThe sign flip's smallest two-sided p over C starts is 2 / 2^C: 0.0625 at 5, so a p marked * cannot fall below"
+    " 0.05 whatever the data (the claims read the one-sided p, 1 / 2^C).\n"
+)
+
+
+def _p(r: pd.Series) -> str:
+    """The two-sided p, marked * where its floor 2 / 2^C over C starts is above 0.05."""
+    if pd.isna(r["p_value"]):
+        return fmt_num(r["p_value"])
+    return fmt_num(r["p_value"]) + ("*" if 2.0 / 2.0 ** int(r["n_starts"]) > 0.05 else "")
 
 
 PROMPT_CHARS = len("Calculate  + .")  # basic_arithmetic's question is this plus the two L-digit addends
