@@ -1,20 +1,28 @@
-"""Runs per hour: the same small sweep, eager and compiled, as 2 jobs of 1 thread and as 1 job of 2 threads.
+"""Runs per hour: one sweep under named settings, as 2 jobs of 1 thread and as 1 job of 2 threads.
 
-    python benchmarks/sweep_throughput.py [--arms grpo_none,grpo_r2] [--seeds 0,1,2,3] [--steps 60]
-                                          [--modes eager,compiled] [--layouts 2x1,1x2] [--repeats 1]
-                                          [--length L] [--set KEY=VALUE ...] [--keep DIR]
+    python benchmarks/sweep_throughput.py [--arms grpo_none,grpo_r2 | --block causal_past] [--seeds 0,1,2,3]
+                                          [--steps 60] [--setting NAME=OVERRIDES ...] [--layouts 2x1,1x2]
+                                          [--repeats 1] [--length L] [--set KEY=VALUE ...] [--keep DIR]
 
 Each setting is one Hydra multirun of `experiments/train.py` over arms x seeds (8 runs of the default model by
-default), launched as the studies launch theirs (`moe_rl.studies.launch`: the joblib launcher, `progress=false`):
-`eager` or `compile=true`, and a layout `JxT`, J runs at a time of T torch threads each. Every setting's runs land in
-a fresh temporary folder (`--keep DIR`: under DIR, kept), so none is skipped as finished. The clock is the multirun's wall time, start to end, so it
-holds what a sweep pays: the processes' start, the cold start's cache read, the compile (paid once per joblib worker
-process, since a worker's later runs reuse its compiled graphs) and the evaluations. It prints each setting's wall
-time and runs per hour, then, per repeat and as medians over repeats, compiled/eager runs per hour for each layout
-and 2x1/1x2 for each mode (above 1: the first is faster).
+default), launched as the studies launch theirs (`moe_rl.studies.launch`: the joblib launcher, `progress=false`),
+with the setting's overrides (space-separated; default: `eager=` and `compiled=compile=true`) and a layout `JxT`,
+J runs at a time of T torch threads each. `--block causal_past` sweeps the causal study's moe and anchored arms at
+its `past` level (`+preset=causal`, their rungs, the level's lr, 200 steps unless `--steps` says otherwise) in place
+of `--arms`. Every setting's runs land in a fresh temporary folder (`--keep DIR`: under DIR, kept), so none is
+skipped as finished. The clock is the multirun's wall time, start to end, so it holds what a sweep pays: the
+processes' start, the cold start's cache read, the compile (paid once per joblib worker process, since a worker's
+later runs reuse its compiled graphs) and the evaluations. It prints each setting's wall time and runs per hour, then,
+per repeat and as medians over repeats, each later setting / the first in runs per hour for each layout, and 2x1/1x2
+for each setting (above 1: the first is faster).
 
 Settings run in one order and then the reverse on odd repeats (ABBA), so a slow spell of the machine hits both sides
 of a ratio. Quote the ratios; the absolute rates vary with the machine and its load.
+
+The instrument schedule's price (docs/performance.md), on the causal block:
+
+    python benchmarks/sweep_throughput.py --block causal_past --seeds 0,1 --layouts 2x1 --repeats 2 \
+        --setting off=metrics.update_kl_rows=0 --setting scheduled= --setting every=metrics.update_kl_window=null
 
 `--length L` runs the length study's task at responses of L digits (`+preset=length`, its task overrides and
 its `stable` level lr at L; seeds should be pool members whose start is in band on this machine); `--set` adds any
@@ -24,6 +32,7 @@ override to every run (e.g. `--set model=qwen3_moe_fine`).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
@@ -47,6 +56,17 @@ def length_overrides(length: int) -> list[str]:
     return ["+preset=length", *spec.task_overrides(length), f"optim.lr={spec.levels['stable'].lr[length]}"]
 
 
+# a named block of a study: its sweep overrides (the arms a multirun sweeps) and its steps
+BLOCKS = {"causal_past": (("+preset=causal", "+rung=moe,anchored", "optim.lr=4.0e-4"), 200)}
+
+
+def parse_setting(text: str) -> tuple[str, list[str]]:
+    name, sep, overrides = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise SystemExit(f"setting {text!r}: expected NAME=OVERRIDES, e.g. compiled=compile=true or eager=")
+    return name, overrides.split()
+
+
 def parse_layout(text: str) -> tuple[int, int]:
     jobs, _, threads = text.partition("x")
     if not (jobs.isdigit() and threads.isdigit() and int(jobs) > 0 and int(threads) > 0):
@@ -54,20 +74,31 @@ def parse_layout(text: str) -> tuple[int, int]:
     return int(jobs), int(threads)
 
 
-def sweep_command(args: argparse.Namespace, mode: str, layout: str, out_dir: Path) -> list[str]:
+def sweep_overrides(args: argparse.Namespace) -> list[str]:
+    """The swept overrides: the block's, or the arms (after the length study's run at L where `--length`)."""
+    if args.block:
+        return list(BLOCKS[args.block][0])
+    arms = f"{'arm' if args.length else '+arm'}={args.arms}"  # the length preset's defaults list holds an arm
+    return [*(length_overrides(args.length) if args.length else []), arms]
+
+
+def run_count(overrides: list[str]) -> int:
+    """Runs a multirun over `overrides` makes: the product of their comma-separated value counts."""
+    return math.prod(len(o.partition("=")[2].split(",")) for o in overrides)
+
+
+def sweep_command(args: argparse.Namespace, setting: list[str], layout: str, out_dir: Path) -> list[str]:
     jobs, threads = parse_layout(layout)
-    cmd = [sys.executable, str(TRAIN), "-m"]
-    cmd += length_overrides(args.length) if args.length else []
+    cmd = [sys.executable, str(TRAIN), "-m", *sweep_overrides(args)]
     cmd += [
         f"out_dir={out_dir}",
-        f"{'arm' if args.length else '+arm'}={args.arms}",  # the length preset's defaults list holds an arm
         f"seed={args.seeds}",
         f"steps={args.steps}",
-        f"compile={str(mode == 'compiled').lower()}",
         f"threads={threads}",
         "progress=false",
         "hydra/launcher=joblib",
         f"hydra.launcher.n_jobs={jobs}",
+        *setting,
         *args.set,
     ]
     return cmd
@@ -88,17 +119,17 @@ def finished_runs(out_dir: Path) -> int:
     return sum(finished_status(run, None) is not None for run in out_dir.iterdir() if run.is_dir())
 
 
-def ratio_lines(rate: dict[tuple[str, str], list[float]], args: argparse.Namespace) -> list[str]:
-    """compiled/eager per layout and first layout / other layouts per mode: per repeat, then the median."""
-    modes, layouts = args.modes.split(","), args.layouts.split(",")
+def ratio_lines(rate: dict[tuple[str, str], list[float]], names: list[str], layouts: list[str]) -> list[str]:
+    """Each later setting / the first per layout and the first layout / each other per setting: per repeat, then
+    the median."""
     pairs = [
-        (f"compiled / eager, {layout}", ("compiled", layout), ("eager", layout))
+        (f"{name} / {names[0]}, {layout}", (name, layout), (names[0], layout))
         for layout in layouts
-        if {"compiled", "eager"} <= set(modes)
+        for name in names[1:]
     ]
     pairs += [
-        (f"{layouts[0]} / {other}, {mode}", (mode, layouts[0]), (mode, other))
-        for mode in modes
+        (f"{layouts[0]} / {other}, {name}", (name, layouts[0]), (name, other))
+        for name in names
         for other in layouts[1:]
     ]
     lines = []
@@ -113,27 +144,40 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default="grpo_none,grpo_r2")
     parser.add_argument("--seeds", default="0,1,2,3")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--modes", default="eager,compiled")
+    parser.add_argument("--steps", type=int, default=None, help="60, or the block's")
+    parser.add_argument("--setting", action="append", default=[], help="NAME=OVERRIDES (repeatable)")
+    parser.add_argument("--block", choices=sorted(BLOCKS), default=None, help="a study block in place of --arms")
     parser.add_argument("--layouts", default="2x1,1x2")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--length", type=int, default=None, help="the length study's task at L digits")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (repeatable)")
     parser.add_argument("--keep", default=None, help="keep each setting's runs and log under this folder")
     args = parser.parse_args(argv)
-    for mode in args.modes.split(","):
-        if mode not in ("eager", "compiled"):
-            raise SystemExit(f"mode {mode!r}: expected eager or compiled")
+    if args.block and args.length:
+        raise SystemExit("--block and --length: choose one")
+    if args.block and args.steps is None:
+        args.steps = BLOCKS[args.block][1]
+    args.steps = args.steps or 60
+    named = dict(parse_setting(text) for text in args.setting or ["eager=", "compiled=compile=true"])
     if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
         raise SystemExit(f"--keep {args.keep}: not empty (its finished runs would be skipped, not timed)")
-    settings = [(mode, layout) for mode in args.modes.split(",") for layout in args.layouts.split(",")]
-    for _, layout in settings:
+    layouts = args.layouts.split(",")
+    settings = [(name, layout) for name in named for layout in layouts]
+    for layout in layouts:
         parse_layout(layout)
-    n_runs = len(args.arms.split(",")) * len(args.seeds.split(","))
-    task = f"the length task at L = {args.length}" if args.length else "the default task"
+    swept = sweep_overrides(args)
+    n_runs = run_count([o for o in swept if "," in o] + [f"seed={args.seeds}"])
+    what = (
+        f"block {args.block}"
+        if args.block
+        else f"the length task at L = {args.length}"
+        if args.length
+        else "the default task"
+    )
+    described = "; ".join(f"{name}: {' '.join(o) or 'defaults'}" for name, o in named.items())
     print(
-        f"{n_runs} runs per sweep ({args.arms} x seeds {args.seeds}), {args.steps} steps, {task}; "
-        f"{args.repeats} repeat(s) of {len(settings)} settings, wall clock",
+        f"{n_runs} runs per sweep ({' '.join(swept)} x seeds {args.seeds}), {args.steps} steps, {what}; "
+        f"{args.repeats} repeat(s) of {len(settings)} settings ({described}), wall clock",
         flush=True,
     )
     rate: dict[tuple[str, str], list[float]] = {s: [] for s in settings}
@@ -141,21 +185,22 @@ def main(argv: list[str] | None = None) -> None:
         tmp = args.keep or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeats):
-            for mode, layout in settings if repeat % 2 == 0 else settings[::-1]:
-                out_dir = Path(tmp) / f"{repeat}_{mode}_{layout}"
-                seconds = run_sweep(sweep_command(args, mode, layout, out_dir), Path(tmp) / f"{out_dir.name}.log")
+            for name, layout in settings if repeat % 2 == 0 else settings[::-1]:
+                out_dir = Path(tmp) / f"{repeat}_{name}_{layout}"
+                cmd = sweep_command(args, named[name], layout, out_dir)
+                seconds = run_sweep(cmd, Path(tmp) / f"{out_dir.name}.log")
                 done = finished_runs(out_dir)
                 if done != n_runs:
-                    raise SystemExit(f"{mode} {layout}: {done} of {n_runs} runs finished")
-                rate[(mode, layout)].append(n_runs / seconds * 3600)
+                    raise SystemExit(f"{name} {layout}: {done} of {n_runs} runs finished")
+                rate[(name, layout)].append(n_runs / seconds * 3600)
                 print(
-                    f"{mode:<8} {layout:<4} repeat {repeat}: {seconds:7.1f} s  {rate[(mode, layout)][-1]:6.1f} runs/h",
+                    f"{name:<10} {layout:<4} repeat {repeat}: {seconds:7.1f} s  {rate[(name, layout)][-1]:6.1f} runs/h",
                     flush=True,
                 )
     print("-- medians --")
-    for mode, layout in settings:
-        print(f"{mode:<8} {layout:<4} {statistics.median(rate[(mode, layout)]):6.1f} runs/h")
-    for line in ratio_lines(rate, args):
+    for name, layout in settings:
+        print(f"{name:<10} {layout:<4} {statistics.median(rate[(name, layout)]):6.1f} runs/h")
+    for line in ratio_lines(rate, list(named), layouts):
         print(line)
 
 

@@ -19,6 +19,7 @@ from moe_rl.algos.optimizers import check_optim
 from moe_rl.loop.staleness import check_staleness
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
+from moe_rl.metrics.names import KL_EARLY_STEPS
 from moe_rl.models import BACKENDS, DENSE_FAMILIES, EXPERTS_IMPLEMENTATIONS, FAMILIES
 from moe_rl.models.knob_checks import check_router_knobs
 from moe_rl.routing.modes import mode_names, replay_mode
@@ -390,6 +391,7 @@ class MetricsConfig:
     route_every: int = 10
     split_rows: int | None = 24
     update_kl_rows: int | None = 8
+    update_kl_window: int | None = KL_EARLY_STEPS
 
     def check(self) -> None:
         """`route_every` an integer >= 1 and `split_rows` one >= 1 or null (bools are refused: YAML reads `yes`
@@ -400,6 +402,7 @@ class MetricsConfig:
 
         every, rows = self.route_every, self.split_rows
         _at_least(("metrics.update_kl_rows", self.update_kl_rows or 0, 0))
+        _at_least(("metrics.update_kl_window", self.update_kl_window or 0, 0))
         if not whole(every) or every < 1:
             raise ValueError(
                 f"metrics.route_every={every!r} must be an integer >= 1: the route instruments run on the steps "

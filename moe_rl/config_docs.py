@@ -102,7 +102,11 @@ MEANINGS = {
     "between seeds (`benchmarks/split_spread.py`, docs/performance.md)",
     "metrics.update_kl_rows": "rows of each update's mini-batch that `kl/update_k3` scores after the optimizer step, "
     "drawn like the split's from a generator of their own; null: all rows; 0: off. One no-grad forward per update "
-    "(two under replay): about 1.04x a step's CPU time at N = 1, 1.11x at N = 4, 1.18x at N = 8 (default model)",
+    "(two under replay): about 1.04x a step's CPU time at N = 1, 1.11x at N = 4, 1.18x at N = 8 (default model), "
+    "on the steps `metrics.update_kl_window` schedules",
+    "metrics.update_kl_window": "`kl/update_k3` is scored on every update of steps 1..this (the early window the "
+    "analyses read, `moe_rl.analysis.dose.kl_summary`), then on the route instruments' steps (`metrics.route_every`); "
+    "the window's values are bitwise those of a run scoring every step. null: every step",
 }
 
 

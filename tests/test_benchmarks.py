@@ -84,17 +84,23 @@ def test_sweep_throughput(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     ratio is the ratio of the printed rates."""
     tiny = ["task.n_train=64", "task.n_eval=8", "eval_size=8", "rollout.prompts_per_step=2", "rollout.group_size=2"]
     tiny += ["cold_start.band=[0.0,1.0]", "cold_start.max_steps=1", f"cold_start.cache_dir={tmp_path / 'cache'}"]
-    argv = "--arms grpo_none --seeds 0 --steps 1 --modes eager --layouts 1x1,2x1".split()
+    argv = "--arms grpo_none --seeds 0 --steps 1 --setting eager= --layouts 1x1,2x1".split()
     load("sweep_throughput").main([*argv, *(arg for o in tiny for arg in ("--set", o))])
     out = capsys.readouterr().out
-    one, two = numbers_after("eager    1x1", out)[0], numbers_after("eager    2x1", out)[0]
+    one, two = numbers_after("eager      1x1", out)[0], numbers_after("eager      2x1", out)[0]
     ratio = numbers_after("1x1 / 2x1, eager", out)[0]
     assert one > 0 and two > 0  # runs per hour, medians
     # the ratio is of the unrounded rates; printed, the rates carry +-0.05 runs/h and the ratio +-0.005
     rounding = 0.005 + (one / two) * (0.05 / one + 0.05 / two)
     assert ratio == pytest.approx(one / two, abs=rounding)
     # --length L composes the length study's run at L (its preset, task overrides and `stable` lr)
-    length = load("sweep_throughput").length_overrides(16)
+    bench = load("sweep_throughput")
+    assert bench.run_count(["+rung=moe,anchored", "seed=0,1,2"]) == 6  # the block's runs: rungs x seeds
+    assert bench.parse_setting("off=metrics.update_kl_rows=0 compile=true") == (
+        "off",
+        ["metrics.update_kl_rows=0", "compile=true"],
+    )
+    length = bench.length_overrides(16)
     assert length[0] == "+preset=length" and "task.max_new_tokens=19" in length and length[-1].startswith("optim.lr=")
 
 

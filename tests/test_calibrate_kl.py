@@ -28,6 +28,14 @@ def test_kl_summary_gives_the_early_and_the_run_mean() -> None:
     assert all(math.isnan(v) for v in kl_summary(frame, key="absent").values())
 
 
+def test_a_scheduled_run_mean_weighs_each_value_by_the_steps_it_stands_for() -> None:
+    """Steps 1..20 logged, then 30 and 40 (each standing for the 10 steps since the last logged one): the run mean is
+    (210 + 30 * 10 + 40 * 10) / 40; the early mean reads the window alone."""
+    rows = [(s, KL_UPDATE_K3, float(s)) for s in [*range(1, 21), 30, 40]]
+    frame = pd.DataFrame(rows, columns=["step", "key", "value"])
+    assert kl_summary(frame) == {"early": 10.5, "mean": (210 + 300 + 400) / 40}
+
+
 def test_the_power_law_fit_and_its_inverse() -> None:
     """KL = 5 lr^2 exactly: the fit recovers a = log 5, b = 2, and the lr at a target is its inverse."""
     lrs = [1e-4, 3e-4, 1e-3]

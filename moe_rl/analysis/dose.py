@@ -22,19 +22,22 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
+from moe_rl.metrics.names import KL_EARLY_STEPS as EARLY_STEPS
 from moe_rl.metrics.names import KL_UPDATE_K3
-
-EARLY_STEPS = 20  # the early window of the per-update KL: steps 1..20
 
 
 def kl_summary(frame: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> dict[str, float]:
     """A run's per-update KL: `early`, the mean of its per-step values over steps 1..`early_steps`, and `mean`, over
-    every step (`frame`: the run's long-format metrics, columns step, key, value); NaN where none is logged."""
-    values = frame.loc[(frame["key"] == key) & (frame["step"] >= 1), ["step", "value"]]
+    the run (`frame`: the run's long-format metrics, columns step, key, value); NaN where none is logged. A run that
+    scored the KL on a schedule (`metrics.update_kl_window`: every step of the early window, then every K-th) has
+    each logged step stand for the steps since the one logged before it, so `mean` is the run's time average
+    either way (every step logged: the plain mean)."""
+    values = frame.loc[(frame["key"] == key) & (frame["step"] >= 1), ["step", "value"]].sort_values("step")
     early = values.loc[values["step"] <= early_steps, "value"]
+    span = np.diff(values["step"].to_numpy(), prepend=0)  # (steps,) the steps each logged value stands for
     return {
         "early": float(early.mean()) if len(early) else math.nan,
-        "mean": float(values["value"].mean()) if len(values) else math.nan,
+        "mean": float(np.average(values["value"], weights=span)) if len(values) else math.nan,
     }
 
 

@@ -17,6 +17,12 @@ def update_kl_seed(seed: int, step: int) -> int:
     return seed * 1_000_151 + step + 130_363
 
 
+def update_kl_due(step: int, window: int | None, route_every: int) -> bool:
+    """Whether `step` scores `kl/update_k3` (`metrics.update_kl_window`): every step of the early window 1..`window`,
+    then the route instruments' steps (multiples of `route_every`); every step with `window` None."""
+    return window is None or step <= window or step % route_every == 0
+
+
 def kl_rows(
     keep: int | None, seed: int, step: int, minibatches: tuple[Tensor, ...], first: int, count: int
 ) -> list[Tensor | None]:

@@ -117,6 +117,9 @@ KL_REF_K3 = "kl/ref_k3"
 KL_UPDATE_K3 = (
     "kl/update_k3"  # the realised per-update divergence: the calibration's axis (experiments/calibrate_kl.py)
 )
+KL_EARLY_STEPS = (
+    20  # its early window, steps 1..20: scored on every update there (metrics.update_kl_window), read there
+)
 # the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.stats.ratio_split_parts)
 RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
 RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"

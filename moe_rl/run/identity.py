@@ -88,8 +88,9 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
     # the shipped runs ran every route instrument on every step and row; a run that does too shares their
     # identity, a run at the leaner defaults (`moe_rl.config.MetricsConfig`) logs less and has its own
-    # (kl/update_k3 reads the weights and moves no other number: a run at its default shares the shipped identity)
-    "metrics": {"route_every": 1, "split_rows": None, "update_kl_rows": 8},
+    # (kl/update_k3 reads the weights and moves no other number: a run at its defaults, rows and schedule, shares
+    # the shipped identity)
+    "metrics": {"route_every": 1, "split_rows": None, "update_kl_rows": 8, "update_kl_window": 20},
 }
 ADDED_TOP = {"numerics": "native", "compile": False}  # top-level keys added later, left out while at their default
 # sections added later: left out entirely while every key is at its value in ADDED_DEFAULTS
