@@ -1,10 +1,13 @@
 """Rerun a sample of a shipped experiment's runs and say whether they reproduce.
 
-    python -m moe_rl.reproduce RESULTS_DIR [--runs K] [--out DIR] [--jobs J] [--compile]
+    python -m moe_rl.reproduce RESULTS_DIR [--runs K] [--out DIR] [--jobs J] [--compile] [--current-code]
 
 Picks K finished runs across the folder's cells and arms (one per group in turn, lowest seed first),
 reruns each with its recorded `config.yaml` in a fresh process (its own cold start, in a cache of its
-own), and prints per run and outcome: shipped, rerun, their difference and the seed-level spread of
+own) and with the code that made it: its recorded commit, and where its tree was dirty the patch stored beside
+it (`moe_rl.run.code`), rebuilt in a temporary folder; a run whose code cannot be rebuilt (no commit, a commit
+this repository lacks, a dirty tree with no stored patch) reruns with this checkout's code, and the line naming
+each run's code says so (`--current-code`: this checkout's for every run). It prints per run and outcome: shipped, rerun, their difference and the seed-level spread of
 that outcome among the shipped runs of the same group.
 
 What to expect (docs/reproducing.md): a run with `numerics=avx2` reruns bitwise on a CPU of the same
@@ -25,8 +28,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,18 +106,62 @@ def rerun(config_path: str, out_dir: str, cache_dir: str, compiled: str = "false
     return str(train(cfg)["status"])
 
 
-def _rerun_process(config_path: str, out_dir: str, cache_dir: str, compiled: str) -> str:
-    """`rerun` in a fresh interpreter (numerics=avx2 pins there); its status, or why it failed."""
-    code = "import sys; from moe_rl.reproduce import rerun; print(rerun(*sys.argv[1:]))"
+# `rerun` written with what every commit's moe_rl has (TrainConfig, train), so that it runs in a rebuilt tree too
+RERUN_IN_TREE = """
+import dataclasses, sys
+from omegaconf import OmegaConf
+from moe_rl.config import TrainConfig
+from moe_rl.train import train
+config, out_dir, cache_dir, compiled = sys.argv[1:]
+recorded = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(config)).items() if k not in ("out_dir", "results_dir")}
+cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), recorded))
+cold_start = dataclasses.replace(cfg.cold_start, cache_dir=cache_dir)
+compile_ = cfg.compile or compiled == "true"
+print(train(dataclasses.replace(cfg, out_dir=out_dir, progress=False, compile=compile_, cold_start=cold_start))["status"])
+"""
+
+
+def _rerun_process(config_path: str, out_dir: str, cache_dir: str, compiled: str, tree: str | None = None) -> str:
+    """`rerun` in a fresh interpreter (numerics=avx2 pins there), with the code of `tree` (a rebuilt run's code,
+    `code_tree`) or else this checkout's; its status, or why it failed."""
+    if tree is None:
+        cmd, cwd, env = (
+            [sys.executable, "-c", "import sys; from moe_rl.reproduce import rerun; print(rerun(*sys.argv[1:]))"],
+            None,
+            None,
+        )
+    else:  # the tree first on the path, and as the working folder (which `python -c` puts before it)
+        cmd, cwd, env = [sys.executable, "-c", RERUN_IN_TREE], tree, {**os.environ, "PYTHONPATH": tree}
     out = subprocess.run(
-        [sys.executable, "-c", code, config_path, out_dir, cache_dir, compiled],
-        capture_output=True,
-        text=True,
-        check=False,
+        [*cmd, config_path, out_dir, cache_dir, compiled], capture_output=True, text=True, check=False, cwd=cwd, env=env
     )
     if out.returncode:
         return f"failed ({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})"
     return out.stdout.strip().splitlines()[-1]
+
+
+def code_tree(run_dir: Path, trees: Path) -> tuple[str | None, str]:
+    """The folder holding the code the run in `run_dir` ran (its commit and stored patch rebuilt under `trees`, once
+    per commit and patch), or None and why this checkout's code reruns it instead."""
+    import json
+
+    from moe_rl.run.code import checkout_root, patch_path, rebuild, rebuildable
+
+    repo = checkout_root()
+    if repo is None:
+        return None, "this checkout is not a git repository: its own code"
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None, "no readable meta.json: this checkout's code"
+    why = rebuildable(run_dir, meta, repo)
+    if why is not None:
+        return None, f"{why}: this checkout's code"
+    sha, digest = meta["git_sha"], meta.get("git_diff")
+    dest = trees / (sha[:12] + (f"-{digest[:12]}" if digest else ""))
+    if not (dest / "moe_rl").is_dir():
+        rebuild(repo, sha, patch_path(run_dir, digest) if digest else None, dest)
+    return str(dest), f"commit {sha[:10]}" + (f" + patch {digest[:10]}" if digest else "")
 
 
 def compare(
@@ -201,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun with compile=true: another numerics domain, so expect seed variation, not bits",
     )
+    parser.add_argument(
+        "--current-code",
+        action="store_true",
+        help="rerun with this checkout's code, not each run's recorded commit and patch",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
@@ -217,18 +271,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     groups = outcomes.attrs["groups"]
     chosen = choose(outcomes, args.runs, groups)
-    jobs: dict[str, tuple[str, str, str, str]] = {}
-    for run, run_dir in zip(chosen["run"], chosen["run_dir"]):
-        config = Path(run_dir) / "config.yaml"
-        if not config.is_file():
-            print(f"error: {run_dir} has no config.yaml to rerun", file=sys.stderr)
-            return 2
-        jobs[run] = (str(config), str(out / run), str(args.cache.absolute()), str(args.compile).lower())
-    print(f"rerunning {len(jobs)} of {len(outcomes)} runs of {args.results_dir} into {out}:", flush=True)
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each rerun in a process of its own
-        futures = {pool.submit(_rerun_process, *job): run for run, job in jobs.items()}
-        for future in concurrent.futures.as_completed(futures):
-            print(f"  {futures[future]}: {future.result()}", flush=True)
+    jobs: dict[str, tuple[str, str, str, str, str | None]] = {}
+    with tempfile.TemporaryDirectory(prefix="moe_rl_code_") as trees:
+        for run, run_dir in zip(chosen["run"], chosen["run_dir"]):
+            config = Path(run_dir) / "config.yaml"
+            if not config.is_file():
+                print(f"error: {run_dir} has no config.yaml to rerun", file=sys.stderr)
+                return 2
+            tree, code = (None, "this checkout's code (--current-code)")
+            if not args.current_code:
+                tree, code = code_tree(Path(run_dir), Path(trees))
+            print(f"  {run}: {code}", flush=True)
+            jobs[run] = (str(config), str(out / run), str(args.cache.absolute()), str(args.compile).lower(), tree)
+        print(f"rerunning {len(jobs)} of {len(outcomes)} runs of {args.results_dir} into {out}:", flush=True)
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each rerun in a process of its own
+            futures = {pool.submit(_rerun_process, *job): run for run, job in jobs.items()}
+            for future in concurrent.futures.as_completed(futures):
+                print(f"  {futures[future]}: {future.result()}", flush=True)
     try:
         reruns = finished_runs(out).set_index("run")
     except FileNotFoundError:

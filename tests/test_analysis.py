@@ -78,6 +78,20 @@ def test_load_results_flags_incomplete_and_skips_unreadable(tmp_path: Path) -> N
     assert analysis.summarize(df)["n_incomplete"].tolist() == [2]
 
 
+def test_runs_labelled_by_two_collapse_rules_are_refused_naming_them(tmp_path: Path) -> None:
+    dirs = make_fake_results(tmp_path, arms=("grpo+r2",), seeds=(0, 1, 2), steps=4, collapse=None)
+    for run_dir, version in zip(dirs, (1, 1, 2)):
+        status = json.loads((run_dir / "status.json").read_text())
+        (run_dir / "status.json").write_text(json.dumps({**status, "collapse_rule": version}))
+    two = f"version 1: 2 run(s), e.g. {dirs[0].relative_to(tmp_path).as_posix()}; version 2: 1 run(s)"
+    with pytest.raises(ValueError, match="different versions of the collapse rule") as err:
+        analysis.load_results(tmp_path)
+    assert two in str(err.value)
+    status = json.loads((dirs[2] / "status.json").read_text())
+    (dirs[2] / "status.json").write_text(json.dumps({**status, "collapse_rule": 1}))
+    assert analysis.load_results(tmp_path)["run"].nunique() == 3  # one rule: pooled
+
+
 def test_load_results_without_runs_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no runs"):
         analysis.load_results(tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from helpers import ROOT, launch, run_values, tiny_overrides, train_command, tra
 
 from moe_rl.analysis.provenance import commits, load_provenance, provenance_line
 from moe_rl.reproduce import choose, compare, group_columns, seed_spread, verdict_line
+from moe_rl.run.code import portable
 from moe_rl.run.folder import PINNED_ENV, pin_numerics, relative_paths
 
 RUN = tiny_overrides("steps=2", "eval_every=2", "checkpoint_every=0", "cold_start.max_steps=100", "threads=1")
@@ -59,7 +61,8 @@ def test_meta_json_records_commit_command_cpu_threads_and_versions(pinned) -> No
     meta = json.loads((run / "meta.json").read_text())
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert meta["git_sha"] == sha and len(sha) == 40 and isinstance(meta["git_dirty"], bool)
-    assert "experiments/train.py" in meta["command"] and "numerics=avx2" in meta["command"]
+    assert meta["command"].startswith("experiments/train.py ") and "numerics=avx2" in meta["command"]  # no root
+    assert not Path(meta["cold_start"]["path"]).is_absolute()
     assert "numerics=avx2" in meta["overrides"] and meta["numerics"] == "avx2"
     assert set(meta["versions"]) >= {"moe_rl", "torch", "transformers", "numpy", "python"}
     assert meta["versions"]["torch"] == torch.__version__ and "vllm" not in meta["versions"]  # no engine: not recorded
@@ -198,3 +201,74 @@ def test_report_names_the_commits_and_kernels_of_its_runs(tmp_path) -> None:
     assert "1 run(s) recorded no commit (shipped in `bbbbbbb` (1)" in line
     assert "torch kernels AVX2 (1), AVX512 (1)" in line
     assert commits(frame) == ["aaaaaaa", "bbbbbbb"]
+
+
+# an absolute path into a checkout (its code, its cold-start cache, its runs): a machine's path, not the project's
+CHECKOUT_PATH = re.compile(
+    r"/(?:work|tmp|home|root|Users|mnt|scratch|data)/[^/\s\"',=]+/(?:experiments|moe_rl|benchmarks|scripts|\.cache|runs|results|tests)/"
+)
+
+
+def test_no_shipped_file_holds_a_machine_path() -> None:
+    texts = (".json", ".yaml", ".md", ".csv", ".txt", ".sh", ".log")
+    found = {
+        str(p.relative_to(ROOT)): m.group(0)
+        for p in sorted((ROOT / "results").rglob("*"))
+        if p.suffix in texts and p.is_file() and (m := CHECKOUT_PATH.search(p.read_text(errors="replace")))
+    }
+    assert found == {}
+    assert portable({"a": ["/x/repo/experiments/train.py -m", "/x/repo"]}, (Path("/x/repo"),)) == {
+        "a": ["experiments/train.py -m", "."]
+    }
+
+
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_run_from_a_dirty_tree_reruns_bitwise_from_its_commit_and_stored_patch(tmp_path, cache) -> None:
+    """A checkout of this repository's HEAD (its code only) with one edit that moves every number (the mini-batch
+    shuffle's seed) and one new untracked file: the run stores that change as a patch beside it, and
+    `moe_rl.reproduce` rebuilds the commit plus the patch and reruns it bitwise; with this checkout's code
+    (`--current-code`, the edit absent) the rerun differs, so the patch is what reproduced it."""
+    clone = tmp_path / "clone"
+    _git("clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(clone), cwd=tmp_path)
+    _git("sparse-checkout", "set", "--no-cone", "/moe_rl/", "/experiments/", "/pyproject.toml", cwd=clone)
+    _git("checkout", "--quiet", cwd=clone)
+    train = clone / "moe_rl" / "train.py"
+    shuffle = "manual_seed(cfg.seed * 7919 + step)"
+    assert shuffle in train.read_text()
+    train.write_text(train.read_text().replace(shuffle, "manual_seed(cfg.seed * 7919 + step + 1)"))
+    (clone / "moe_rl" / "untracked_note.py").write_text("NOTE = 1\n")
+    runs = tmp_path / "runs"
+    env = train_env(PYTHONPATH=str(clone))
+    cmd = [sys.executable, "experiments/train.py", *RUN, f"cold_start.cache_dir={cache}", f"hydra.run.dir={runs / 'r'}"]
+    out = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    meta = json.loads((runs / "r" / "meta.json").read_text())
+    assert (
+        meta["git_dirty"] is True
+        and meta["git_sha"]
+        == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    )
+    patch = (runs / ".code" / f"{meta['git_diff']}.patch").read_text()
+    assert "step + 1)" in patch and "untracked_note.py" in patch
+    for name, extra in (("recorded", []), ("current", ["--current-code"])):
+        rerun = subprocess.run(
+            [sys.executable, "-m", "moe_rl.reproduce", str(runs), "--runs", "1", "--out", str(tmp_path / name)]
+            + ["--cache", str(tmp_path / "cache"), *extra],
+            cwd=ROOT,
+            env=train_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        values = run_values(tmp_path / name / "r")
+        same = values.equals(run_values(runs / "r"))
+        if name == "recorded":
+            assert f"r: commit {meta['git_sha'][:10]} + patch {meta['git_diff'][:10]}" in rerun.stdout
+            assert same and rerun.stdout.strip().splitlines()[-1].startswith("REPRODUCED BITWISE")
+        else:
+            assert not same

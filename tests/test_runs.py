@@ -247,6 +247,30 @@ def test_multirun_reports_runs_done(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
     assert [f"{k} of 4 runs done" in text for k in range(1, 5)] == [True] * 4
+    assert "sweep: 4 runs, 4 to run, 0 read as finished (skipped)" in text
+
+
+def test_a_launch_names_the_runs_it_skips_and_where_they_were_made(tmp_path) -> None:
+    """Two of three run folders finished (one on another CPU), one to run: the line counts them, names each
+    maker's CPU and numerics, and warns that the other CPU's pool members would be warmed again here."""
+    from moe_rl.run.launch import launch_line
+
+    def finished(name: str, vendor: str, numerics: str) -> Path:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "status.json").write_text(json.dumps({"status": "completed"}))
+        (run / "metrics.parquet").write_bytes(b"")
+        meta = {"cpu": {"vendor": vendor, "model": "CPU X"}, "numerics": numerics, "compiled": False}
+        (run / "meta.json").write_text(json.dumps(meta))
+        return run
+
+    runs = [finished("a", "Here", "avx2"), finished("b", "There", "avx2"), tmp_path / "c"]
+    line = launch_line(runs, this_cpu="Here CPU X")
+    assert line.startswith(
+        "sweep: 3 runs, 1 to run, 2 read as finished (skipped) made on Here CPU X, numerics avx2 (1); "
+        "There CPU X, numerics avx2 (1). WARNING: 1 of them were made on another CPU than this one (Here CPU X)"
+    )
+    assert "WARNING" not in launch_line(runs[:2], this_cpu="Here CPU X")  # nothing left to run: nothing warmed
 
 
 # --- status.json on every failure ------------------------------------------------------------------

@@ -52,6 +52,7 @@ def _read_status(run_dir: Path) -> dict:
     return {
         "status": str(status.get("status", MISSING)),
         "collapse_events": list(status.get("collapse_events") or []),
+        "collapse_rule": status.get("collapse_rule"),
     }
 
 
@@ -69,6 +70,8 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wid
     """Every run under `root`, concatenated in long format (only metric `keys` when given;
     `wide=True`: one row per run and step, see `to_wide`).
 
+    Runs labelled by different versions of the collapse rule (status.json's `collapse_rule`) are refused with a
+    ValueError naming them: their collapse labels are not one measurement.
     Adds per-run columns `status` (from status.json; "missing" without one),
     `n_collapse_events`, `first_collapse_step` (NaN if none) and `run_dir`. Runs whose status is
     running/failed/missing are kept and named in a warning. A metrics.parquet that cannot be read
@@ -110,6 +113,7 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wid
             stacklevel=2,
         )
     frames: list[pd.DataFrame] = []
+    rules: dict[object, list[Path]] = {}
     for run_dir, frame in loaded:
         if clash:
             rel = run_dir.relative_to(root).as_posix()
@@ -117,6 +121,8 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wid
             names = {r: r if r not in clash else (rel if single else f"{rel}/{r}") for r in frame["run"].unique()}
             frame["run"] = frame["run"].map(names)
         status = _read_status(run_dir)
+        if status.get("collapse_rule") is not None:  # unread or absent: no label to compare
+            rules.setdefault(status["collapse_rule"], []).append(run_dir)
         frame = frame.assign(
             step=frame["step"].astype("int64"),
             value=frame["value"].astype("float64"),
@@ -128,6 +134,14 @@ def load_results(root: str | PathLike, *, keys: Sequence[str] | None = None, wid
         frames.append(frame)
     if not frames:
         raise FileNotFoundError(f"no readable runs under {root}: every metrics.parquet failed to load")
+    if len(rules) > 1:  # a collapse count over runs judged by two rules would mean neither
+        listed = "; ".join(
+            f"version {v}: {len(d)} run(s), e.g. {d[0].relative_to(root).as_posix()}" for v, d in sorted(rules.items())
+        )
+        raise ValueError(
+            f"runs under {root} were labelled by different versions of the collapse rule ({listed}); relabel them "
+            "with one (scripts/relabel_collapse.py) before pooling them"
+        )
     df = pd.concat(frames, ignore_index=True)
     df["n_collapse_events"] = df["n_collapse_events"].astype("int64")
     df["first_collapse_step"] = df["first_collapse_step"].astype("float64")

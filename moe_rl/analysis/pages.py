@@ -33,15 +33,17 @@ def provenance_section(root: Path) -> list[str]:
         "The commits each folder's runs were made by (meta.json; runs that recorded none name the commit that "
         "shipped them). A rerun agrees bitwise on a CPU of the same vendor and model for runs with `numerics=avx2` "
         "(on one of the same kernel set for `native` runs), and lies within seed variation elsewhere; see "
-        "docs/reproducing.md.",
+        "docs/reproducing.md. `rebuildable`: runs whose code this repository rebuilds (their commit, and where "
+        "the tree was dirty the patch stored beside them), which `python -m moe_rl.reproduce` reruns with it.",
         "",
-        "| folder | runs | commits |",
-        "|---|---|---|",
+        "| folder | runs | rebuildable | commits |",
+        "|---|---|---|---|",
     ]
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         frame = load_provenance(folder)
         if len(frame):
-            lines.append(f"| {folder.name} | {len(frame)} | {', '.join(f'`{c}`' for c in commits(frame)) or '—'} |")
+            shas = ", ".join(f"`{c}`" for c in commits(frame)) or "—"
+            lines.append(f"| {folder.name} | {len(frame)} | {int(frame['code'].isna().sum())} | {shas} |")
     return lines
 
 

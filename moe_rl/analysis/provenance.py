@@ -14,7 +14,20 @@ from pathlib import Path
 
 import pandas as pd
 
-COLUMNS = ["run", "git_sha", "git_dirty", "shipped_in", "cpu", "capability", "numerics", "torch", "transformers"]
+from moe_rl.run.code import checkout_root, rebuildable
+
+COLUMNS = [
+    "run",
+    "git_sha",
+    "git_dirty",
+    "code",
+    "shipped_in",
+    "cpu",
+    "capability",
+    "numerics",
+    "torch",
+    "transformers",
+]
 
 
 def _metas(root: Path) -> Iterator[tuple[Path, dict]]:
@@ -31,6 +44,7 @@ def load_provenance(results_dir: str | Path) -> pd.DataFrame:
     written before a field was recorded have None there."""
     rows = []
     root = Path(results_dir)
+    repo = checkout_root()
     for meta_path, meta in _metas(root):
         cpu = meta.get("cpu") or {}
         env = cpu.get("env") or {}
@@ -41,6 +55,8 @@ def load_provenance(results_dir: str | Path) -> pd.DataFrame:
                 "run": meta_path.parent.relative_to(root).as_posix(),
                 "git_sha": None if sha in (None, "unknown") else sha,
                 "git_dirty": meta.get("git_dirty"),
+                # None: rebuildable from this repository (moe_rl.run.code), else why not
+                "code": rebuildable(meta_path.parent, meta, repo) if repo else "this checkout is not a repository",
                 "shipped_in": meta.get("shipped_in"),
                 "cpu": cpu.get("model"),
                 "capability": cpu.get("capability"),
@@ -69,6 +85,7 @@ def provenance_line(frame: pd.DataFrame) -> str:
         dirty = int(frame["git_dirty"].eq(True).sum())
         if dirty:
             parts.append(f"{dirty} of them from a tree with uncommitted changes")
+    parts.append(code_clause(frame))
     if (~known).any():
         shipped = _counted(frame.loc[~known, "shipped_in"], 7)
         parts.append(
@@ -81,6 +98,14 @@ def provenance_line(frame: pd.DataFrame) -> str:
         parts.append(f"torch kernels {_counted(frame['capability'])}, numerics {_counted(frame['numerics'])}")
     parts.append(f"torch {_counted(frame['torch'])}, transformers {_counted(frame['transformers'])}")
     return "Provenance (meta.json): " + "; ".join(parts) + "."
+
+
+def code_clause(frame: pd.DataFrame) -> str:
+    """How many runs' code this repository rebuilds (`python -m moe_rl.reproduce` reruns them with it), and why not
+    the others, counted by reason."""
+    missing = frame["code"].dropna()
+    clause = f"code rebuildable for {len(frame) - len(missing)} of {len(frame)} runs"
+    return clause + (f" (not: {_counted(missing)})" if len(missing) else "")
 
 
 def commits(frame: pd.DataFrame) -> list[str]:

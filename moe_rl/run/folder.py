@@ -2,7 +2,7 @@
 
 Layout of one run:
     config.yaml           resolved config
-    meta.json             provenance (commit and dirty flag, command, versions, CPU, capability, threads),
+    meta.json             provenance (commit, dirty flag and the stored patch of a dirty tree, command, versions, CPU, capability, threads),
                           device, seed, run keys, cold start
     metrics.parquet       long format (run keys..., step, key, value), rewritten at each flush
     metrics/part-*.parquet  the same rows, one file per flush, so memory stays flat
@@ -25,7 +25,6 @@ import logging
 import os
 import platform
 import shlex
-import subprocess
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ import torch
 from moe_rl.metrics.collapse import RULE_VERSION as COLLAPSE_RULE_VERSION
 from moe_rl.metrics.status import FAILED, RUNNING
 from moe_rl.run.atomic import write_atomic
+from moe_rl.run.code import checkout_root, code_record, portable
 
 log = logging.getLogger(__name__)
 
@@ -206,14 +206,18 @@ class RunWriter:
         write_atomic(self.dir / "config.yaml", OmegaConf.to_yaml(relative_paths(cfg_dict, self.dir)))
 
     def write_meta(self, **extra: Any) -> None:
+        """meta.json: what made the run (`provenance`, the code it ran: `moe_rl.run.code.code_record`), its device,
+        seed, keys and `extra`, with no machine path in it (the checkout's and the working folder's, made relative)."""
         meta = {
+            **code_record(self.dir),
             **provenance(),
             "device": _device_name(),
             "seed": self.keys["seed"],
             "run_keys": self.keys,
             **extra,
         }
-        write_atomic(self.dir / "meta.json", json.dumps(meta, indent=1, default=str))
+        roots = (checkout_root() or Path.cwd(), Path.cwd())
+        write_atomic(self.dir / "meta.json", json.dumps(portable(meta, roots), indent=1, default=str))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.rows += [{"step": step, "key": k, "value": float(v)} for k, v in metrics.items()]
@@ -442,7 +446,7 @@ def relative_paths(cfg_dict: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 
 def provenance() -> dict[str, Any]:
-    """What made a run, for meta.json: the commit (and whether the tree differed from it), the command
+    """What made a run, for meta.json (beside the code it ran, `moe_rl.run.code.code_record`): the command
     line and Hydra overrides, library versions, the CPU and the kernel set torch dispatches to (CPU
     kernels are chosen by instruction set, so the last bits depend on it), thread counts, and the
     environment variables that pin either."""
@@ -467,8 +471,6 @@ def provenance() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - not under Hydra (a run from Python): no overrides to record
         overrides = None
     return {
-        "git_sha": _git(["rev-parse", "HEAD"]) or "unknown",
-        "git_dirty": _git_dirty(),
         "command": os.environ.get("MOE_RL_COMMAND") or shlex.join(sys.argv),
         "overrides": overrides,
         "versions": versions,
@@ -492,20 +494,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _git(args: list[str]) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _git_dirty() -> bool | None:
-    """Whether tracked files differ from the commit (None outside a git checkout)."""
-    out = _git(["status", "--porcelain", "--untracked-files=no"])
-    return None if out is None else bool(out)
 
 
 def _cpuinfo(field: str) -> str | None:

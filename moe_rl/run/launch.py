@@ -117,6 +117,9 @@ class SweepProgress(Callback):
         for marker in folder.glob("job-*"):
             marker.unlink()
         (folder / "start.json").write_text(json.dumps({"n": sweep_size(config), "start": time.time()}))
+        dirs = sweep_run_dirs(config)
+        if dirs is not None:
+            log.info("%s", launch_line(dirs))
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.types import RunMode
@@ -135,14 +138,77 @@ class SweepProgress(Callback):
         log.info("%d of %s runs done (sweep ETA %s)", done, n or "?", format_duration(eta))
 
 
-def sweep_size(config: DictConfig) -> int | None:
-    """Number of jobs the basic sweeper makes of `hydra.sweeper.params` plus the command line."""
+def _jobs(config: DictConfig) -> list[list[str]] | None:
+    """The override lists of the jobs the basic sweeper makes of `hydra.sweeper.params` plus the command line
+    (None for another sweeper, e.g. optuna, whose jobs are not known ahead)."""
     try:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-        return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
-    except Exception:  # noqa: BLE001 - another sweeper (e.g. optuna): the count stays unknown
+        return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except Exception:  # noqa: BLE001 - another sweeper: unknown
         return None
+
+
+def sweep_size(config: DictConfig) -> int | None:
+    """Number of jobs the basic sweeper makes of `hydra.sweeper.params` plus the command line."""
+    jobs = _jobs(config)
+    return None if jobs is None else len(jobs)
+
+
+def sweep_run_dirs(config: DictConfig) -> list[Path] | None:
+    """Each job's run folder, named as Hydra names it (`hydra.sweep.subdir`: `short_name` of the job's
+    override_dirname), when the sweep's jobs are known and its subdir is that name."""
+    jobs = _jobs(config)
+    if jobs is None or "short_name:${hydra.job.override_dirname}" not in str(
+        OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
+    ):
+        return None
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    naming = config.hydra.job.config.override_dirname
+    parser = OverridesParser.create()
+    names = [
+        get_overrides_dirname(parser.parse_overrides(job), list(naming.exclude_keys), naming.item_sep, naming.kv_sep)
+        for job in jobs
+    ]
+    return [Path(config.hydra.sweep.dir) / short_name(name) for name in names]
+
+
+def launch_line(run_dirs: list[Path], this_cpu: str | None = None) -> str:
+    """What a multirun is about to do: how many runs it runs, how many it reads as finished (skipped, not rerun)
+    and on which CPUs and numerics domains those were made; a warning where another CPU made some, since a pool
+    member that CPU warmed is warmed again here (a twin of the same start, not a new one)."""
+    from collections import Counter
+
+    from moe_rl.run.folder import cpu_id
+
+    this_cpu = this_cpu or cpu_id()
+    made: Counter[str] = Counter()
+    elsewhere = 0
+    for run_dir in run_dirs:
+        if finished_status(run_dir, None) is None:
+            continue
+        try:
+            meta = json.loads((run_dir / "meta.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        cpu = meta.get("cpu") or {}
+        machine = f"{cpu.get('vendor') or '?'} {cpu.get('model') or '?'}"
+        made[
+            f"{machine}, numerics {meta.get('numerics') or 'native'}{', compiled' if meta.get('compiled') else ''}"
+        ] += 1
+        elsewhere += machine != this_cpu
+    done = sum(made.values())
+    line = f"sweep: {len(run_dirs)} runs, {len(run_dirs) - done} to run, {done} read as finished (skipped)"
+    if done:
+        line += " made on " + "; ".join(f"{what} ({n})" for what, n in sorted(made.items()))
+    if elsewhere and done < len(run_dirs):
+        line += (
+            f". WARNING: {elsewhere} of them were made on another CPU than this one ({this_cpu}); the pool members "
+            "their runs share with the runs to come are warmed again here, a twin of each start, not a new start"
+        )
+    return line
