@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 from moe_rl.algos import AGG_MODES, LOSSES, get_loss
 from moe_rl.algos.corrections import CORRECTIONS, LEVELS
 from moe_rl.algos.optimizers import check_optim
-from moe_rl.loop.staleness import check_staleness
 from moe_rl.metrics.collapse import DEFINITIONS as COLLAPSE_DEFINITIONS
 from moe_rl.metrics.collapse import MAIN_DEFINITION as COLLAPSE_MAIN_DEFINITION
 from moe_rl.metrics.names import KL_EARLY_STEPS
@@ -246,7 +245,21 @@ class RolloutConfig:
     def check(self) -> None:
         _one_of("rollout.dtype", self.dtype, DTYPES)
         _one_of("rollout.engine", self.engine, ENGINES)
-        check_staleness(self.staleness, self.policy_lag, engine=self.engine)
+        # the staleness axes (moe_rl.loop.staleness): a lag needs an engine that samples with a lagged copy; the vLLM
+        # engine is synced in place from the trainer's live weights (its own lag: engine_sync_every)
+        if self.staleness < 1:
+            raise ValueError(
+                f"rollout.staleness={self.staleness} must be >= 1 (1: one rollout of prompts_per_step prompts)"
+            )
+        if self.policy_lag < 0:
+            raise ValueError(
+                f"rollout.policy_lag={self.policy_lag} must be >= 0 (0: each rollout sampled by the live policy)"
+            )
+        if self.policy_lag and self.engine != "hf":
+            raise ValueError(
+                f"rollout.policy_lag={self.policy_lag} samples with a lagged copy of the policy on rollout.engine=hf; "
+                f"rollout.engine={self.engine!r} holds the live weights (its own lag: rollout.engine_sync_every)"
+            )
         if self.engine_sync_every < 1:
             raise ValueError(f"rollout.engine_sync_every={self.engine_sync_every} must be >= 1")
         if self.group_size < 2:

@@ -7,10 +7,9 @@ Per step (`Trainer.step`; docs/design.md §1, §3):
 2. old-policy pass: teacher-forced, no grad, training precision; gives `old_logp` and the old
    policy's routes (R2). Under R3 this pass already replays the rollout routes; anchored, it replays the
    routes of a no-grad pass of the cold start, which the rollout took token by token (`routing.anchored`);
-3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old
-   pass's, R3 the rollout's, anchored the cold start's) and the engine-gap correction (`rollout.is_correction`;
-   under a lag, the decoupled loss's behaviour weight), a constant weight per token from the rollout's and the
-   old pass's log-probs;
+3. what the updates share (`Batch`): the routes the mode replays (`moe_rl.routing.modes`: R2 the old pass's, R3 the
+   rollout's, anchored the cold start's) and the engine-gap correction (`rollout.is_correction`; under a lag, the
+   decoupled loss's behaviour weight), a constant weight per token from the rollout's and the old pass's log-probs;
 4. N (x S) updates on a seeded shuffle of the batch into as many mini-batches; updates 2.. are off-policy.
    Every forward that computes pi_theta for the ratio replays the cached routes (thresholded or with
    the combine weights as the mode says) while recording what the router would have chosen natively.
@@ -49,7 +48,7 @@ from moe_rl.algos import get_loss, group_advantages
 from moe_rl.algos.corrections import EngineWeight, engine_weight
 from moe_rl.config import TrainConfig, config_hash, run_dir, validate
 from moe_rl.loop.checkpoint import RunState, refuse_foreign_dir, restore_state, save_state
-from moe_rl.loop.cold_start import get_cold_start, member_config
+from moe_rl.loop.cold_start import get_cold_start, run_member
 from moe_rl.loop.compiled import compile_run
 from moe_rl.loop.distributed import Dist, peer_lost, world_size_from_env
 from moe_rl.loop.judging import judge_step, signal_verdict
@@ -138,7 +137,7 @@ class Trainer:
         transformers.utils.logging.disable_progress_bar()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        cold = member_config(cfg.cold_start, cfg.seed)  # the run's member of the cold-start pool (docs/design.md §4)
+        cold = run_member(cfg)  # the run's member of the cold-start pool (docs/design.md §4)
         self.task = setup_task(cfg.task, cold.seed)  # data and reward checked before the cold start
         with self.dist.writer_first():  # one process trains a missing cold start; the others load it
             self.policy, self.tokenizer, self.cold_info = get_cold_start(

@@ -44,17 +44,14 @@ def test_run_identity_is_torch_free_and_matches_config_hash() -> None:
     assert config_hash(cfg) != identity_hash(TrainConfig().to_dict())
 
 
-def test_analysis_modules_import_no_private_names_and_stay_small() -> None:
+def test_analysis_modules_import_no_private_names() -> None:
     """No analysis module imports another's underscore helpers (a helper two modules share has a public
-    name where it belongs), and none is over 600 lines."""
+    name where it belongs). Module size has no cap (docs/testing.md: scripts/largest_modules.py)."""
     import ast
 
-    private, long = [], []
+    private = []
     for path in sorted((ROOT / "moe_rl" / "analysis").rglob("*.py")):
-        text = path.read_text()
-        if len(text.splitlines()) > 600:
-            long.append(str(path.relative_to(ROOT)))
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moe_rl."):
                 private += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name.startswith("_")]
-    assert private == [] and long == []
+    assert private == []

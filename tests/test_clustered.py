@@ -184,12 +184,12 @@ def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:
 
 
 def test_compare_pairs_takes_the_start_as_the_unit_from_five_starts() -> None:
-    from moe_rl.analysis.stats import paired_compare
+    from moe_rl.analysis.stats import compare_pairs, paired_compare
 
     a, b = np.array([0.5, 0.6, 0.4, 0.7, 0.5, 0.6, 0.8, 0.4]), np.full(8, 0.3)
-    few = clustered.compare_pairs(a, b, ["s0", "s0", "s1", "s1", "s2", "s2", "s3", "s3"], alternative="greater")
+    few = compare_pairs(a, b, ["s0", "s0", "s1", "s1", "s2", "s2", "s3", "s3"], alternative="greater")
     assert few == paired_compare(a, b, alternative="greater")  # 4 starts: by seed pairs (a descriptive reading)
-    six = clustered.compare_pairs(a, b, ["s0", "s0", "s1", "s2", "s3", "s4", "s5", "s5"], alternative="greater")
+    six = compare_pairs(a, b, ["s0", "s0", "s1", "s2", "s3", "s4", "s5", "s5"], alternative="greater")
     assert six["n"] == 8 and six["p_value"] == 1 / 64  # six starts, all above: one sign per start
     assert six["mean_diff"] == pytest.approx(np.mean([0.25, 0.1, 0.4, 0.2, 0.3, 0.3]))
 

@@ -63,7 +63,7 @@ def test_the_launcher_skips_seeds_whose_start_ended_out_of_band(tmp_path, capsys
     import json
 
     from moe_rl.forecast import compose_config
-    from moe_rl.loop.cold_start import cold_start_key, data_hash_of, member_config
+    from moe_rl.loop.cold_start import cold_start_key, data_hash_of, run_member
 
     spec_ = importlib.util.spec_from_file_location("length_launcher", PRESETS.parents[1] / "length.py")
     assert spec_ is not None and spec_.loader is not None
@@ -72,7 +72,7 @@ def test_the_launcher_skips_seeds_whose_start_ended_out_of_band(tmp_path, capsys
     over = [*ln.load_spec(PRESETS).task_overrides(4), f"cold_start.cache_dir={tmp_path}"]
     for seed, accuracy in ((0, 0.3), (1, 0.0)):
         cfg = compose_config(launcher.member_overrides(over, seed), PRESETS.parent)
-        cold = member_config(cfg.cold_start, cfg.seed)
+        cold = run_member(cfg)
         key = cold_start_key(cfg.model, cfg.task, cold, data_hash_of(cfg.task), numerics=cfg.numerics)
         (tmp_path / key).mkdir()
         record = {"steps": 3000, "accuracy": accuracy, "in_band": 0.2 <= accuracy <= 0.6}

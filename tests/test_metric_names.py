@@ -21,7 +21,7 @@ from moe_rl.metrics.table import render_table, with_table
 def test_generated_table_matches_the_registry() -> None:
     assert metric_names.PAGE == ROOT / "docs" / "metrics.md"
     text = metric_names.PAGE.read_text()
-    assert with_table(text, "docs/metrics.md") == text, "run python -m moe_rl.metrics.names --write"
+    assert with_table(text, "docs/metrics.md") == text, "run python -m moe_rl.metrics.table --write"
     assert render_table() in text
     assert metric_names.main([]) == 0  # the default file is the page
 

@@ -249,32 +249,6 @@ def starts_or_own(runs: pd.DataFrame, start_col: str = "start") -> pd.Series:
     return pd.Series(range(len(runs)), dtype=object).astype(str)
 
 
-def compare_pairs(
-    a: Sequence[float] | np.ndarray | pd.Series,
-    b: Sequence[float] | np.ndarray | pd.Series,
-    starts: Sequence[object] | np.ndarray | pd.Series | None,
-    *,
-    alternative: str = "two-sided",
-    n_resamples: int = N_RESAMPLES,
-) -> dict:
-    """a - b over pairs, with the keys of `stats.paired_compare` (mean_diff, lo, hi, p_value, prob_improvement, n).
-    From MIN_UNITS independent starts up (`starts`: each pair's cold start, e.g. "start of a | start of b") the
-    start is the unit: the mean of the starts' means, the hierarchical interval and a sign flip with one sign per
-    start (`paired_by_start`). Below that, or without `starts`, by seed pairs: the reading a descriptive claim
-    quotes beside its reason, never a verdict (`claims.rules.descriptive`)."""
-    from moe_rl.analysis.stats import paired_compare
-
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    d = x - y
-    units = None if starts is None else np.asarray(starts, dtype=object)
-    if units is None or len(set(units[np.isfinite(d)])) < MIN_UNITS:
-        return paired_compare(x, y, alternative=alternative, n_resamples=n_resamples)
-    r = paired_by_start(d, units)  # both drop non-finite differences
-    r["p_value"] = cluster_sign_flip_pvalue(d, units, alternative=alternative)
-    r["n"] = r.pop("n_pairs")
-    return r
-
-
 def intraclass_correlation(values: Sequence[float] | np.ndarray, clusters: Sequence[object] | np.ndarray) -> float:
     """ICC(1) from a one-way ANOVA: (MSB - MSW) / (MSB + (m0 - 1) MSW), m0 the size-adjusted mean cluster
     size; the share of the run-to-run variance that the start explains (0: starts do not matter)."""

@@ -4,7 +4,8 @@
   by default, Fisher's on request); many strata (cells of a sweep): `cmh_exact`;
 - continuous per-run metrics: `bootstrap_mean_ci` (one arm), `paired_compare` (two arms paired by
   seed: bootstrap interval of the mean difference, sign-flip permutation p-value, probability of
-  improvement);
+  improvement), `compare_pairs` (the same pairs with the cold start as the unit from `clustered.MIN_UNITS`
+  starts up);
 - many tests in one report: `holm`;
 - time series: `lagged_xcorr` and `event_aligned`.
 
@@ -35,7 +36,13 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.inter_rater import cohens_kappa
 from statsmodels.stats.proportion import proportion_confint
 
-from moe_rl.analysis.clustered import hierarchical_bootstrap
+from moe_rl.analysis.clustered import (
+    MIN_UNITS,
+    N_RESAMPLES,
+    cluster_sign_flip_pvalue,
+    hierarchical_bootstrap,
+    paired_by_start,
+)
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 
@@ -161,8 +168,6 @@ def bootstrap_ci(x: np.ndarray, *, confidence: float, n_resamples: int, seed: in
     """The percentile interval of the mean of `x`, each value its own unit: `clustered.hierarchical_bootstrap` with
     one run per cluster, so one routine and seed serve every page (the value itself where `x` is constant, NaN for
     fewer than 2 values)."""
-    from moe_rl.analysis.clustered import hierarchical_bootstrap
-
     _, lo, hi = hierarchical_bootstrap(x, np.arange(len(x)), confidence=confidence, n_resamples=n_resamples, seed=seed)
     return lo, hi
 
@@ -252,6 +257,30 @@ def paired_compare(
         "p_value": sign_flip_pvalue(d, alternative=alternative),
         "prob_improvement": prob_improvement(d),
     }
+
+
+def compare_pairs(
+    a: Sequence[float] | np.ndarray | pd.Series,
+    b: Sequence[float] | np.ndarray | pd.Series,
+    starts: Sequence[object] | np.ndarray | pd.Series | None,
+    *,
+    alternative: str = "two-sided",
+    n_resamples: int = N_RESAMPLES,
+) -> dict:
+    """a - b over pairs, with the keys of `paired_compare` (mean_diff, lo, hi, p_value, prob_improvement, n).
+    From MIN_UNITS independent starts up (`starts`: each pair's cold start, e.g. "start of a | start of b") the
+    start is the unit: the mean of the starts' means, the hierarchical interval and a sign flip with one sign per
+    start (`clustered.paired_by_start`). Below that, or without `starts`, by seed pairs: the reading a descriptive claim
+    quotes beside its reason, never a verdict (`claims.rules.descriptive`)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = x - y
+    units = None if starts is None else np.asarray(starts, dtype=object)
+    if units is None or len(set(units[np.isfinite(d)])) < MIN_UNITS:
+        return paired_compare(x, y, alternative=alternative, n_resamples=n_resamples)
+    r = paired_by_start(d, units)  # both drop non-finite differences
+    r["p_value"] = cluster_sign_flip_pvalue(d, units, alternative=alternative)
+    r["n"] = r.pop("n_pairs")
+    return r
 
 
 def pair_by(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from moe_rl.config import TrainConfig, config_hash, run_dir
-from moe_rl.loop.cold_start import expected_key, member_config
+from moe_rl.loop.cold_start import expected_key, run_member
 from moe_rl.loop.distributed import Dist
 from moe_rl.loop.staleness import PolicyLag
 from moe_rl.metrics.collapse import HISTORY_KEYS as COLLAPSE_HISTORY_KEYS
@@ -91,7 +91,5 @@ def refuse_foreign_dir(cfg: TrainConfig, world_size: int) -> None:
         run_dir(cfg),
         config_hash=config_hash(cfg),
         world_size=world_size,
-        cold_start_key=expected_key(
-            cfg.model, cfg.task, member_config(cfg.cold_start, cfg.seed), numerics=cfg.numerics
-        ),
+        cold_start_key=expected_key(cfg.model, cfg.task, run_member(cfg), numerics=cfg.numerics),
     )

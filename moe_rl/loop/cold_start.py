@@ -101,7 +101,7 @@ def cold_start_key(
         {
             "model": {k: v for k, v in asdict(model).items() if k not in NOT_COLD_START},
             "task": {k: v for k, v in asdict(task).items() if k not in ("partial_credit",)},
-            # the one warm-up `cold` names at its seed (a run's pool member: member_config)
+            # the one warm-up `cold` names at its seed (a run's pool member: run_member)
             "cold_start": {k: v for k, v in asdict(cold).items() if k not in ("cache_dir", "pool")},
         }
     )
@@ -295,6 +295,12 @@ def member_config(cold: ColdStartConfig, seed: int) -> ColdStartConfig:
     return replace(cold, seed=cold.seed + pool_member(cold, seed))
 
 
+def run_member(cfg: TrainConfig) -> ColdStartConfig:
+    """The cold start a run of `cfg` starts from, its member of the pool (`member_config` at the run's seed): the one
+    place a run's member is derived (the loop, its run keys, its run folder's check, a study's launcher)."""
+    return member_config(cfg.cold_start, cfg.seed)
+
+
 def _as_is(model_cfg: ModelConfig, cold: ColdStartConfig) -> bool:
     """Whether the run starts from `model.checkpoint` as it is (no warm-up); refused for a pool of starts."""
     if not (model_cfg.checkpoint and cold.mode in ("auto", "none")):
@@ -435,7 +441,7 @@ def data_hash_of(task_cfg: TaskConfig) -> str | None:
 def cached_member(cfg: TrainConfig) -> dict | None:
     """The cached warm-up record (`cold_start.json`) of the pool member a run of `cfg` starts from, or None where
     that member is not trained yet (a study's launcher reads it to skip members whose warm-up ended out of band)."""
-    cold = member_config(cfg.cold_start, cfg.seed)
+    cold = run_member(cfg)
     path = Path(cold.cache_dir) / expected_key(cfg.model, cfg.task, cold, numerics=cfg.numerics) / "cold_start.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -449,7 +455,7 @@ def warm_member(cfg: TrainConfig) -> dict:
     pin_numerics(cfg.numerics)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    cold = member_config(cfg.cold_start, cfg.seed)
+    cold = run_member(cfg)
     setup_task(cfg.task, cold.seed)
     _, _, info = get_cold_start(cfg.model, cfg.task, cold, numerics=cfg.numerics)
     return {k: info.get(k) for k in ("steps", "accuracy", "in_band", "stopped", "key")}

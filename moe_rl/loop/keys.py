@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from moe_rl.loop.cold_start import member_config, pool_member
+from moe_rl.loop.cold_start import pool_member, run_member
 from moe_rl.routing.layers import find_moe_layers
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def run_keys(cfg: TrainConfig, model: nn.Module) -> dict[str, Any]:
     cold, pooled = cfg.cold_start, cfg.cold_start.pool > 1
     # a ladder's runs pair on the cold start's seed too (each rung trains its own per seed), a pool's runs group on it
     ladder = {"rung": cfg.rung} if cfg.rung is not None else {}
-    start = {"cold_seed": member_config(cold, cfg.seed).seed} if cfg.rung is not None or pooled else {}
+    start = {"cold_seed": run_member(cfg).seed} if cfg.rung is not None or pooled else {}
     member = {"cold_member": pool_member(cold, cfg.seed)} if pooled else {}
     # the staleness axes besides N (moe_rl.loop.staleness), where a run sets them
     stale = {"S": cfg.rollout.staleness} if cfg.rollout.staleness != 1 else {}

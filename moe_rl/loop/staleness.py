@@ -10,6 +10,8 @@
   trained on with AReaL's decoupled objective: the clip on pi_theta / pi_prox, with the proximal policy pi_prox the
   old pass (the weights at the start of step t), times the constant behaviour weight pi_prox / pi_behav
   (`behaviour_weight_kwargs`). k = 0 is today's run bitwise.
+
+The keys' values are checked with the rollout config's own (`moe_rl.config.RolloutConfig.check`).
 """
 
 from __future__ import annotations
@@ -19,20 +21,6 @@ from collections import deque
 from typing import Any
 
 from torch import Tensor
-
-
-def check_staleness(staleness: int, policy_lag: int, *, engine: str) -> None:
-    """Refuse, in one line naming the key, a staleness below 1, a negative lag, or a lag on an engine that holds the
-    trainer's live weights: the vLLM engine is synced in place from the trainer (its own lag: engine_sync_every)."""
-    if staleness < 1:
-        raise ValueError(f"rollout.staleness={staleness} must be >= 1 (1: one rollout of prompts_per_step prompts)")
-    if policy_lag < 0:
-        raise ValueError(f"rollout.policy_lag={policy_lag} must be >= 0 (0: each rollout sampled by the live policy)")
-    if policy_lag and engine != "hf":
-        raise ValueError(
-            f"rollout.policy_lag={policy_lag} samples with a lagged copy of the policy on rollout.engine=hf; "
-            f"rollout.engine={engine!r} holds the live weights (its own lag: rollout.engine_sync_every)"
-        )
 
 
 def rollout_prompts(prompts_per_step: int, staleness: int) -> int:

@@ -5,7 +5,7 @@ defines each one. The metric table is rendered from `METRICS` into one page, doc
 two marker lines (`PAGE`; other pages link to it); a test fails when it differs. After changing a
 definition, rewrite it with
 
-    python -m moe_rl.metrics.names --write
+    python -m moe_rl.metrics.table --write
 
 A key may be a pattern: `{pair}` is one of `PAIRS`, `{i}` a MoE layer (0-based, model order), `{p}` a
 completion position bucket and `{b}` a margin bin of `moe_rl.metrics.bins.MARGIN_EDGES`. `defines(key)`
@@ -15,7 +15,6 @@ says whether a logged key has a definition here. Torch-free, so that the analysi
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 
 # --- route comparison pairs: `route/{pair}/...` ---------------------------------------------------
@@ -545,9 +544,3 @@ _DEFINED = re.compile("|".join(f"(?:{_pattern(m)})" for m in METRICS))
 def defines(key: str) -> bool:
     """Whether `key`, as logged, has a definition in `METRICS` (patterns and suffixes expanded)."""
     return _DEFINED.fullmatch(key) is not None
-
-
-if __name__ == "__main__":  # python -m moe_rl.metrics.names [--write]: the generated table (moe_rl.metrics.table)
-    from moe_rl.metrics.table import main
-
-    sys.exit(main())

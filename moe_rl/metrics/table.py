@@ -1,6 +1,6 @@
 """The metric table of docs/metrics.md, rendered from `moe_rl.metrics.names.METRICS`.
 
-python -m moe_rl.metrics.names --write     # rewrite the table in docs/metrics.md (no --write: check it)
+python -m moe_rl.metrics.table --write     # rewrite the table in docs/metrics.md (no --write: check it)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from moe_rl.metrics.names import METRICS, OFFPOLICY_KEYS, OFFPOLICY_SUFFIX, PAIRS, layer_key
 
 # --- the generated table ---------------------------------------------------------------------------
-BEGIN = "<!-- metric table: generated from moe_rl/metrics/names.py by `python -m moe_rl.metrics.names --write`; "
+BEGIN = "<!-- metric table: generated from moe_rl/metrics/names.py by `python -m moe_rl.metrics.table --write`; "
 BEGIN += "do not edit -->"
 END = "<!-- end of metric table -->"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"  # the one page that holds the table
@@ -66,9 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             stale.append(str(path))
     if stale and not args.write:
         print(
-            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metrics.names --write "
+            f"metric table out of date in {', '.join(stale)}: run python -m moe_rl.metrics.table --write "
             f"{' '.join(map(str, args.files))}",
             file=sys.stderr,
         )
         return 1
     return 0
+
+
+if __name__ == "__main__":  # python -m moe_rl.metrics.table [--write]
+    sys.exit(main())

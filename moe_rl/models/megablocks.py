@@ -10,7 +10,7 @@ without CUDA or without the package, choosing the backend raises `MegaBlocksUnav
 
 The model is the tiny config of a transformers family (Qwen3-MoE by default) with each
 `*SparseMoeBlock` replaced by `MegaBlocksMoeBlock(dMoE)`, whose router and expert weights are copied
-from the block it replaces: the same seed gives the same function as `build_model(base)`, up to
+from the block it replaces: the same seed gives the same function as `build_model(base)` (`build_family`), up to
 kernel numerics. `moe_rl.routing` finds the dMoE's `LearnedRouter`; its rows are sequence-major
 because dMoE follows Megatron's (seq, batch, hidden) layout, which the block wrapper feeds it.
 
@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from moe_rl.models.families import build_family
 
 INSTALL_HINT = (
     "the megablocks backend needs a CUDA device and `pip install 'moe_rl[megablocks]'` "
@@ -179,16 +181,14 @@ def build_megablocks_model(
     mlp_impl: str = "grouped",
     **config_overrides: Any,
 ) -> PreTrainedModel:
-    """`build_model(base, seed=seed, **config_overrides)` with its MoE blocks computed by MegaBlocks dMoE
+    """`build_family(base, seed=seed, **config_overrides)` with its MoE blocks computed by MegaBlocks dMoE
     in `moe_dtype` (bf16: grouped_gemm takes nothing else). Raises `MegaBlocksUnavailable` without
     CUDA or megablocks.
     """
     require_megablocks()
-    from moe_rl.models import build_model
-
     if base not in BASE_FAMILIES:
         raise ValueError(f"megablocks backend: unknown base family {base!r}; valid: {list(BASE_FAMILIES)}")
-    model = build_model(base, seed=seed, dtype=dtype, **config_overrides)
+    model = build_family(base, seed=seed, dtype=dtype, **config_overrides)
     swap_moe_blocks(model, _make_dmoe, device=device, moe_dtype=moe_dtype, mlp_impl=mlp_impl)
     return model.to(device).eval()
 

@@ -4,7 +4,10 @@ A study is a results folder, the presets whose runs it holds, the question it an
 folder report of `moe_rl.analysis.folder_report`, by arm), the claims it decides and the folders its report
 borrows runs from. A study's own analysis, report and claims live in its modules here (`frontier`,
 `frontier_report`, `frontier_claims`, ...); `moe_rl.analysis` is the generic toolkit they build on. A new
-study is its module, its preset (experiments/conf/preset/) and one row below.
+study is its preset(s) (experiments/conf/preset/) and one row below; most also have modules here: its analysis
+(`causal`), its report (`causal_report`, the row's `report`) and its claims (`causal_claims`, the row's `claims`
+or `claims_section`). A study run as several multiruns adds a launcher (experiments/<study>.py, `studies.launch`),
+and one with a table in README.md a block in `moe_rl.report.README_TABLES`.
 
 The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
 here reads the checkout.

@@ -27,10 +27,10 @@ from moe_rl.analysis.claims.rules import (
     pct,
     would_change,
 )
-from moe_rl.analysis.clustered import compare_pairs, descriptive_reason
+from moe_rl.analysis.clustered import descriptive_reason
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import run_key_columns
-from moe_rl.analysis.stats import looks_adjusted
+from moe_rl.analysis.stats import compare_pairs, looks_adjusted
 from moe_rl.metrics.names import (
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,

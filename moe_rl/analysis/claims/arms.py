@@ -24,9 +24,10 @@ from moe_rl.analysis.claims.rules import (
     shares,
     would_change,
 )
-from moe_rl.analysis.clustered import compare_pairs, pair_keys
+from moe_rl.analysis.clustered import pair_keys
 from moe_rl.analysis.collapse_definitions import MAIN_DEFINITION
 from moe_rl.analysis.stats import (
+    compare_pairs,
     holm,
     kaplan_meier,
     logrank_test,
@@ -55,7 +56,7 @@ def pair_starts(pairs: pd.DataFrame) -> pd.Series | None:
 
 
 def continuous_compare(pairs: pd.DataFrame) -> dict[str, dict]:
-    """better - worse on each measured outcome, paired, one-sided both ways (`clustered.compare_pairs`: the cold
+    """better - worse on each measured outcome, paired, one-sided both ways (`stats.compare_pairs`: the cold
     start as the unit from 5 starts up, each pair labelled by both arms' starts; below, by seed pairs)."""
     starts = pair_starts(pairs)
     out = {}

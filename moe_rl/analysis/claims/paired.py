@@ -64,10 +64,10 @@ from moe_rl.analysis.claims.rules import (
     set_robustness,
     would_change,
 )
-from moe_rl.analysis.clustered import compare_pairs, descriptive_reason, pair_keys
+from moe_rl.analysis.clustered import descriptive_reason, pair_keys
 from moe_rl.analysis.collapse_definitions import ALTERNATIVE_DEFINITION, MAIN_DEFINITION
 from moe_rl.analysis.phase import cell_label
-from moe_rl.analysis.stats import holm, looks_adjusted
+from moe_rl.analysis.stats import compare_pairs, holm, looks_adjusted
 
 ARMS_OUTCOMES = tuple(PRIMARY)  # final accuracy, reward AUC, time to collapse: `compare_arms`
 COLLAPSE_OUTCOMES = (ACCURACY, "collapse")  # final accuracy and collapse pooled over cells (exact CMH)
@@ -283,7 +283,7 @@ def from_own_start(runs: pd.DataFrame) -> pd.DataFrame:
 def own_start_drop(runs: pd.DataFrame) -> dict[str, float]:
     """Final accuracy minus the run's own cold-start accuracy (a `from_own_start` frame's ACCURACY): mean
     with a bootstrap interval and a one-sided sign-flip p that it is below 0 (`p_value`), over starts from 5 up,
-    else over runs (`clustered.compare_pairs`); `below` counts the runs that end below their start."""
+    else over runs (`stats.compare_pairs`); `below` counts the runs that end below their start."""
     change = runs[ACCURACY].to_numpy(float)
     starts = runs["start"].astype(str) if "start" in runs else None  # from 5 starts up, the start is the unit
     r = compare_pairs(change, np.zeros_like(change), starts, alternative="less", n_resamples=N_BOOT)
