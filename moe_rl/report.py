@@ -7,6 +7,8 @@
     python -m moe_rl.report --index [RESULTS_ROOT]                 # RESULTS_ROOT/README.md
     python -m moe_rl.report --readme [RESULTS_ROOT]                # README.md's tables generated from the results
     python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then the pages
+    python -m moe_rl.report --power RESULTS_DIR --contrast A-B [--mde 0.05] [--warmup-s S --run-s S]
+                            [--by COLUMN] [--within KEY ...]        # starts needed for a paired contrast (printed)
 
 A folder's runs name the study that made them (the `experiment` their meta.json records, a preset of one row
 of `moe_rl.studies.STUDIES`); a study with a report of its own (drift_scaling, drift_forecast, the mechanism
@@ -34,6 +36,7 @@ from moe_rl import analysis, studies
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
+from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
 from moe_rl.studies import causal_report, divergence_report, length_report
 from moe_rl.studies.index import write_index
 
@@ -57,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         help="folder searched recursively for runs (with --claims/--all: the results root, default `results`)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RESULTS_DIR)")
-    parser.add_argument("--by", nargs="+", default=["arm"], help="run keys to compare and group by (default: arm)")
+    parser.add_argument(
+        "--by", nargs="+", default=None, help="run keys to compare and group by (default: arm; --power: detected)"
+    )
     parser.add_argument("--pool", nargs="+", default=[], help="run keys to average over instead of grouping by")
     parser.add_argument(
         "--variant",
@@ -84,8 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--presets", type=Path, default=PRESETS, help=f"the presets folder (default {PRESETS.as_posix()})"
     )
+    parser.add_argument("--power", type=Path, default=None, help="print the power of a paired contrast of this folder")
+    parser.add_argument("--contrast", default=None, help="with --power: arm A against reference B, written A-B")
+    parser.add_argument("--mde", type=float, default=0.05, help="with --power: the difference to detect (default 0.05)")
+    parser.add_argument("--warmup-s", type=float, default=None, help="with --power: seconds of one warm-up (a start)")
+    parser.add_argument(
+        "--run-s", type=float, default=None, help="with --power: seconds of one run (default: the runs' median wall_s)"
+    )
+    parser.add_argument("--within", nargs="*", default=None, help="with --power: run keys to pair within")
     args = parser.parse_args(argv)
-    by = [c for item in args.by for c in item.split(",") if c]
+    if args.power is not None:
+        return power_report(args, parser)
+    by = [c for item in (args.by or ["arm"]) for c in item.split(",") if c]
     pool = [c for item in args.pool for c in item.split(",") if c]
 
     def report_one(out: Path, runs_dir: Path) -> list[Path]:
@@ -129,6 +144,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for path in files:
         print(path)
+    return 0
+
+
+def power_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`--power`: load the folder's runs, pair the contrast's arms and print `power.describe` per stratum."""
+    if not args.contrast:
+        parser.error("--power needs --contrast A-B")
+    try:
+        runs = load_outcomes(args.power)
+        by = [c for item in args.by for c in item.split(",") if c] if args.by else ["rung", "arm"]
+        col, a, b = arm_column(runs, args.contrast, by, others=not args.by)
+    except (FileNotFoundError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    keys = [c for c in analysis.run_key_columns(runs) if c in runs and c not in ("value", "wall_s", "last_step")]
+    within = args.within if args.within is not None else strata(runs, a, b, col, keys)
+    rows = contrast_power_table(
+        runs, a, b, within=within, by=col, mde=args.mde, warmup_s=args.warmup_s, run_s=args.run_s
+    )
+    print(f"{args.power}: {col} {a} against {b}, accuracy change paired on (start, seed)")
+    if not rows:
+        print(f"  no (start, seed) pairs of {a} and {b} within {within}")
+        return 1
+    for row in rows:
+        print("\n".join(describe(row)))
     return 0
 
 
