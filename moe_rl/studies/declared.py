@@ -1,0 +1,300 @@
+"""The engine of a declared study (`moe_rl.studies.design`): per-run outcomes, the cell table, each contrast decided
+by the one rule at its look, the starts table, the forest plot and the report.
+
+The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on (start, seed) and reduced to start means:
+- **untestable here** where the contrast cannot differ: most runs of every cell it reads sit at the floor (late
+  accuracy 0) or at the ceiling (1), or the reference does not degrade (its declared `requires` combination's mean
+  is not below its bound);
+- **reproduced** where the look's one-sided t on start means, read as a z (`sequential.t_to_z`), reaches the
+  look's O'Brien-Fleming-type boundary (`sequential.boundaries` over the declared looks, alpha spent one-sided in
+  the claimed direction);
+- **not reproduced** at the last look where the repeated confidence interval (the t interval at the level the
+  look's boundary spends, so that it excludes 0 in the claimed direction exactly when the boundary is reached) lies
+  inside +-margin or wholly on the other side of 0;
+- **inconclusive** otherwise: before the last look "continue", at it with the difference the starts could have
+  detected at the declared power (`power.detectable_difference`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.configs import cold_start_meta, run_meta, run_starts
+from moe_rl.analysis.dose import kl_per_run
+from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, load_results, runs
+from moe_rl.analysis.power import (
+    detectable_difference,
+    start_mean_interval,
+    start_means,
+    starts_needed,
+    variance_components,
+)
+from moe_rl.analysis.provenance import load_provenance, provenance_line
+from moe_rl.analysis.sequential import boundaries, t_to_z
+from moe_rl.metrics.names import KL_UPDATE_K3, TASK_ACCURACY
+from moe_rl.studies.design import Contrast, Study
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
+BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
+KEYS = (TASK_ACCURACY, KL_UPDATE_K3)
+
+
+@dataclass
+class StudyResult:
+    runs: pd.DataFrame  # one row per finished run: cell, arm, level, start, seed, outcome, covariates
+    cells: pd.DataFrame
+    verdicts: pd.DataFrame
+    starts: pd.DataFrame
+    domains: list[str]  # numerics domains of the runs ("avx2, eager")
+    provenance: str
+
+
+def per_run(runs_dir: Path) -> pd.DataFrame:
+    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's key), seed, outcome
+    (`change`: late minus step-0 accuracy), late accuracy, collapse label and early per-update KL."""
+    frames = []
+    for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
+        if not any(cell_dir.rglob("metrics.parquet")):
+            continue
+        df = load_results(cell_dir, keys=list(KEYS))
+        table = runs(df).set_index("run", drop=False).rename_axis(None)
+        table = table[~table["status"].isin(INCOMPLETE_STATUSES)].copy()
+        arm, level = cell_dir.name.split("@", 1)
+        table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
+        table["start_accuracy"] = start_accuracy(df)
+        table["late_accuracy"] = late_accuracy(df)
+        table["change"] = table["late_accuracy"] - table["start_accuracy"]
+        table["collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
+        table["start"] = run_starts(df[df["run"].isin(table.index)])
+        table = table.join(kl_per_run(df)[["kl_early"]]) if (df["key"] == KL_UPDATE_K3).any() else table
+        frames.append(table.reset_index(drop=True))
+    if not frames:
+        raise FileNotFoundError(f"no finished runs under {runs_dir}/<arm>@<level>/")
+    out = pd.concat(frames, ignore_index=True)
+    if "kl_early" not in out:
+        out["kl_early"] = np.nan
+    keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
+    return out[[*keep, "collapsed", "kl_early", "run_dir"]]
+
+
+def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
+    """Per (start, seed) where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`)."""
+    wide = runs.pivot_table(index=["start", "seed"], columns="cell", values=outcome, aggfunc="first")
+    cols = {f"{a}@{lv}": w for (a, lv), w in weights.items()}
+    if not set(cols) <= set(wide.columns):
+        return pd.DataFrame(columns=["start", "seed", "value"])
+    wide = wide[list(cols)].dropna()
+    value = sum(wide[c] * w for c, w in cols.items())
+    return value.rename("value").reset_index()
+
+
+def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
+    """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; else None."""
+    cells = runs[runs["cell"].isin([f"{a}@{lv}" for a, lv in contrast.weights])]
+    if cells.empty:
+        return None
+    by = cells.groupby("cell")["late_accuracy"]
+    floor, ceiling = by.apply(lambda v: (v <= 0).mean()), by.apply(lambda v: (v >= 1).mean())
+    if (floor > BOUND_SHARE).all():
+        return f"floor: most runs of every cell end at accuracy 0 ({floor.min():.0%}-{floor.max():.0%})"
+    if (ceiling > BOUND_SHARE).all():
+        return f"ceiling: most runs of every cell end at accuracy 1 ({ceiling.min():.0%}-{ceiling.max():.0%})"
+    return None
+
+
+def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, object]:
+    """The one rule (module docstring) for `contrast` on the finished `runs`: its verdict, reason, starts, seeds,
+    estimate (mean of start means, in the contrast's units), the repeated confidence interval, the look, the
+    components and the detectable difference."""
+    d = study.design
+    pairs = pair_values(runs, contrast.weights, study.outcome)
+    C = int(pairs["start"].nunique()) if len(pairs) else 0
+    row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
+    row.update(starts=C, pairs=len(pairs))
+    looks = [k for k, n in enumerate(d.looks) if n <= C]
+    interval = start_mean_interval(pairs["value"], pairs["start"]) if C else None
+    row["estimate"] = interval.mean if interval else math.nan
+    comp = variance_components(pairs, "start", "value") if C >= 2 else None
+    m = len(pairs) / C if C else math.nan
+    if comp is not None:
+        row.update(sd_between=comp.sd_between, sd_within=comp.sd_within, icc=comp.icc)
+        row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C, m, d.power, d.alpha, sides=1)
+        row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, d.mde, m, d.power, d.alpha, sides=1)
+    why = bound_reason(runs, contrast)
+    if why is None and contrast.requires:
+        ref = pair_values(runs, contrast.requires, study.outcome)
+        ref_mean = start_mean_interval(ref["value"], ref["start"]).mean if len(ref) else math.nan
+        row["reference"] = ref_mean
+        if not ref_mean < contrast.requires_below:
+            why = f"the reference does not degrade: {ref_mean:+.3f}, not below {contrast.requires_below:+.3f}"
+    if not looks:
+        row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
+        row["reason"] = why or f"{C} starts: before the first look at {d.looks[0]}"
+        return row
+    k = looks[-1]
+    bounds = boundaries(d.looks, d.alpha, sides=1)
+    means = start_means(pairs["value"], pairs["start"])  # (C,)
+    se = float(means.std(ddof=1)) / math.sqrt(C)
+    t = contrast.sign * float(means.mean()) / se if se > 0 else contrast.sign * math.copysign(math.inf, means.mean())
+    z = float(t_to_z(t, C - 1))
+    spent = float(stats.norm.sf(bounds[k]))  # the one-sided level at which this look's boundary rejects
+    half = float(stats.t.isf(spent, C - 1)) * se  # so the interval clears 0 in the claimed direction iff z >= bound
+    lo, hi = float(means.mean()) - half, float(means.mean()) + half
+    row.update(look=k + 1, z=z, boundary=bounds[k], lo=lo, hi=hi, level=1 - 2 * spent)
+    last = k == len(d.looks) - 1
+    if why is not None:
+        row.update(verdict=UNTESTABLE, reason=why)
+    elif z >= bounds[k]:
+        row.update(verdict=REPRODUCED, reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {k + 1}")
+    elif last and ((-d.margin < lo and hi < d.margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
+        inside = -d.margin < lo and hi < d.margin
+        row.update(
+            verdict=NOT_REPRODUCED,
+            reason=f"interval inside +-{d.margin:g}" if inside else "interval wholly against the claimed direction",
+        )
+    elif last:
+        row.update(
+            verdict=INCONCLUSIVE, reason=f"pool limit reached; detectable at 80%: {row.get('detectable', math.nan):.3f}"
+        )
+    else:
+        row.update(verdict=INCONCLUSIVE, reason=f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {k + 1}")
+    return row
+
+
+def cell_table(runs: pd.DataFrame, outcome: str) -> pd.DataFrame:
+    """Per cell: runs, starts, the mean of its start means with the 95% t interval over starts, the floor and
+    collapse shares and the realised early per-update KL."""
+    rows = []
+    for cell, g in runs.groupby("cell", sort=False):
+        iv = start_mean_interval(g[outcome], g["start"])
+        rows.append(
+            {
+                "cell": cell,
+                "runs": len(g),
+                "starts": iv.n_starts,
+                outcome: iv.mean,
+                "lo": iv.lo,
+                "hi": iv.hi,
+                "floor_share": float((g["late_accuracy"] <= 0).mean()),
+                "collapsed": float(g["collapsed"].mean()),
+                "kl_early": float(g["kl_early"].mean()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def start_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per start: its runs and the covariates its warm-up recorded (greedy accuracy, sampled reward)."""
+    rows = []
+    for start, g in runs.groupby("start", sort=True):
+        cov = cold_start_meta(Path(str(g["run_dir"].iloc[0]))).get("covariates") or {}
+        rows.append(
+            {
+                "start": start,
+                "runs": len(g),
+                "greedy_accuracy": cov.get("greedy_accuracy", np.nan),
+                "sampled_reward": cov.get("sampled_reward", np.nan),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def analyse(study: Study, runs_dir: Path) -> StudyResult:
+    table = per_run(runs_dir)
+    verdicts = pd.DataFrame([decide(study, table, c) for c in study.contrasts])
+    domains = sorted(
+        {
+            f"{run_meta(Path(str(r))).get('numerics', 'native')}, "
+            f"{'compiled' if run_meta(Path(str(r))).get('compiled') else 'eager'}"
+            for r in table["run_dir"]
+        }
+    )
+    return StudyResult(
+        table,
+        cell_table(table, study.outcome),
+        verdicts,
+        start_table(table),
+        domains,
+        provenance_line(load_provenance(runs_dir)),
+    )
+
+
+def decided(result: StudyResult) -> bool:
+    """Whether every contrast has a verdict no further look can change."""
+    v = result.verdicts
+    return bool(((v["verdict"] != INCONCLUSIVE) | v["reason"].astype(str).str.startswith("pool limit")).all())
+
+
+def forest_figure(study: Study, result: StudyResult):
+    """Each contrast's estimate and repeated confidence interval, the margin shaded, claims named."""
+    from matplotlib.figure import Figure
+
+    v = result.verdicts
+    fig = Figure(figsize=(7, 0.5 + 0.45 * len(v)))
+    ax = fig.subplots()
+    y = np.arange(len(v))[::-1]
+    ax.axvspan(-study.design.margin, study.design.margin, color="0.92", zorder=0)
+    ax.axvline(0, color="0.4", lw=0.8)
+    colors = {REPRODUCED: "tab:green", NOT_REPRODUCED: "tab:red", INCONCLUSIVE: "tab:gray", UNTESTABLE: "tab:orange"}
+    for yi, row in zip(y, v.itertuples()):
+        c = colors.get(str(row.verdict), "k")
+        ax.errorbar([row.estimate], [yi], xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=c)
+    labels = [f"{r.contrast} (claim {r.claim})" if r.claim != "exploratory" else r.contrast for r in v.itertuples()]
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel(f"{study.outcome}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
+    ax.set_title(f"{study.name}: shaded +-{study.design.margin:g} (too small to matter)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g")
+
+
+def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
+    """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv and forest.png from the declaration."""
+    from moe_rl.run.atomic import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    d = study.design
+    for name, frame in (("cells", result.cells), ("contrasts", result.verdicts), ("starts", result.starts)):
+        write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
+    write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
+    forest_figure(study, result).savefig(out / "forest.png", dpi=120)
+    shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        f"Declared in `{study.file.as_posix().split('experiments/', 1)[-1]}` before its runs. {study.question}",
+        "",
+        f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
+        f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
+        f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.",
+        f"Numerics domain of the runs: {'; '.join(result.domains)}.",
+        result.provenance,
+        "",
+        "## Contrasts",
+        "",
+        _fmt(result.verdicts[[c for c in shown if c in result.verdicts]]),
+        "",
+        "![forest](forest.png)",
+        "",
+        "## Cells",
+        "",
+        _fmt(result.cells),
+        "",
+        "## Starts",
+        "",
+        _fmt(result.starts),
+        "",
+    ]
+    path = out / "summary.md"
+    write_atomic(path, "\n".join(lines).encode())
+    return path

@@ -1,0 +1,223 @@
+"""A study as its declaration: one YAML under `experiments/conf/study/`, read here, written before its runs.
+
+A declaration reads like a pre-registration. It names the question, the Hydra preset every run composes, the arms
+(each a list of overrides) and the levels (each a list of overrides; a level may set the lr per reference model,
+which an arm picks with `ref` and scales with `lr_scale`), the unit of replication (the pool members it draws, new
+for each study, and the seeds per member), the outcome (one named definition), the contrasts (a linear combination
+of cells `arm@level`, paired on start and seed, with the claimed direction, the claim it decides or "exploratory",
+and optionally the reference's own degradation that makes it testable), and the design: the smallest difference it
+is sized to detect, its power and level, the looks (starts after which it decides) and where its start count came
+from. `load_study` refuses a declaration whose rule cannot reach its level at a look, whose looks need more starts
+than it draws, or whose contrasts name cells it does not run.
+
+Member m of a study's pool is the warm-up at cold-start seed m (`cold_start.pool` is set above any member, so run
+seed m starts from member m; replicate r of member m runs at seed m + r * POOL).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+POOL = 1_000_000  # cold_start.pool of a declared study: run seed m + r * POOL starts from member m
+DIRECTIONS = ("greater", "less")
+OUTCOMES = {  # one named definition each: what every table of the study prints
+    "change": "late accuracy (the mean of a run's last 3 evaluations) minus its step-0 accuracy",
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...]
+    ref: str | None = None  # the reference model whose level lr it runs at (levels that set lr per reference)
+    lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    overrides: tuple[str, ...]
+    lr: dict[str, float] = field(default_factory=dict)  # per reference model; empty: the preset's lr
+
+
+@dataclass(frozen=True)
+class Contrast:
+    name: str
+    weights: dict[tuple[str, str], float]  # (arm, level) -> weight
+    direction: str  # the claimed sign of the combination: greater (> 0) or less (< 0)
+    claim: str  # a claim id, or "exploratory"
+    requires: dict[tuple[str, str], float] = field(default_factory=dict)  # the reference's degradation
+    requires_below: float = 0.0  # testable only where the `requires` combination's mean is below this
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.direction == "greater" else -1.0
+
+
+@dataclass(frozen=True)
+class Design:
+    mde: float  # the smallest difference (outcome units) the design is sized to detect
+    power: float
+    alpha: float  # one-sided, in the claimed direction, spent over the looks
+    looks: tuple[int, ...]  # starts after which the contrasts are decided
+    margin: float  # |difference| below this does not matter: an interval inside +-margin is "not reproduced"
+    sized_from: str  # where the start count came from (the pilot or runs, their components)
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    question: str
+    preset: str
+    overrides: tuple[str, ...]
+    arms: dict[str, Arm]
+    levels: dict[str, Level]
+    members: tuple[int, ...]
+    seeds_per_start: int
+    outcome: str
+    contrasts: tuple[Contrast, ...]
+    design: Design
+    file: Path
+
+    def cells(self) -> list[tuple[str, str]]:
+        """Every (arm, level) some contrast reads, in declaration order (arms, then levels)."""
+        used = {c for contrast in self.contrasts for c in (*contrast.weights, *contrast.requires)}
+        return [(a, lv) for a in self.arms for lv in self.levels if (a, lv) in used]
+
+    def cell_overrides(self, arm: str, level: str) -> list[str]:
+        """The overrides of one cell: the study's, the arm's, the level's, and the lr its reference gets there."""
+        a, lv = self.arms[arm], self.levels[level]
+        out = [*self.overrides, *a.overrides, *lv.overrides]
+        if lv.lr:
+            out.append(f"optim.lr={lv.lr[str(a.ref)] * a.lr_scale:.6g}")
+        return out
+
+    def seeds(self, starts: int) -> list[int]:
+        """Run seeds of the first `starts` members, each replicated `seeds_per_start` times."""
+        return [m + r * POOL for m in self.members[:starts] for r in range(self.seeds_per_start)]
+
+    def member(self, seed: int) -> int:
+        return seed % POOL
+
+
+def _cell(text: str, study: str) -> tuple[str, str]:
+    arm, sep, level = text.partition("@")
+    if not sep:
+        raise ValueError(f"study {study}: cell {text!r} is not arm@level")
+    return arm, level
+
+
+def _combination(raw: dict, study: str) -> dict[tuple[str, str], float]:
+    return {_cell(str(k), study): float(v) for k, v in (raw or {}).items()}
+
+
+def _members(raw: object, study: str) -> tuple[int, ...]:
+    """`[first, last]` (inclusive) or `first..last` or a list of member ids."""
+    if isinstance(raw, str) and (m := re.fullmatch(r"(\d+)\.\.(\d+)", raw.strip())):
+        return tuple(range(int(m.group(1)), int(m.group(2)) + 1))
+    if isinstance(raw, list) and raw and all(isinstance(v, int) for v in raw):
+        return tuple(raw)
+    raise ValueError(f"study {study}: unit.members {raw!r} must be 'first..last' or a list of member ids")
+
+
+def load_study(path: str | Path) -> Study:
+    """The study declared in `path`, checked (see the module docstring); a ValueError says what is wrong."""
+    path = Path(path)
+    raw = yaml.safe_load(path.read_text())
+    name = str(raw.get("name") or path.stem)
+    arms = {
+        k: Arm(k, tuple(v.get("overrides", ())), v.get("ref"), float(v.get("lr_scale", 1.0)))
+        for k, v in raw["arms"].items()
+    }
+    levels = {
+        k: Level(
+            k, tuple((v or {}).get("overrides", ())), {r: float(x) for r, x in ((v or {}).get("lr") or {}).items()}
+        )
+        for k, v in raw["levels"].items()
+    }
+    contrasts = tuple(
+        Contrast(
+            name=str(c["name"]),
+            weights=_combination(c["cells"], name),
+            direction=str(c.get("direction", "greater")),
+            claim=str(c.get("claim", "exploratory")),
+            requires=_combination(c.get("requires", {}), name),
+            requires_below=float(c.get("requires_below", 0.0)),
+        )
+        for c in raw["contrasts"]
+    )
+    d = raw["design"]
+    design = Design(
+        mde=float(d["mde"]),
+        power=float(d.get("power", 0.8)),
+        alpha=float(d.get("alpha", 0.025)),
+        looks=tuple(int(x) for x in d["looks"]),
+        margin=float(d.get("margin", d["mde"])),
+        sized_from=str(d["sized_from"]),
+    )
+    unit = raw["unit"]
+    study = Study(
+        name=name,
+        question=" ".join(str(raw["question"]).split()),
+        preset=str(raw["preset"]),
+        overrides=tuple(raw.get("overrides", ())),
+        arms=arms,
+        levels=levels,
+        members=_members(unit["members"], name),
+        seeds_per_start=int(unit.get("seeds_per_start", 1)),
+        outcome=str(raw.get("outcome", "change")),
+        contrasts=contrasts,
+        design=design,
+        file=path,
+    )
+    check_study(study)
+    return study
+
+
+MIN_STARTS = 3  # a t on start means below 3 starts has 1 degree of freedom: no level the looks spend is in reach
+
+
+def check_study(study: Study) -> None:
+    """Refuse a declaration that cannot decide what it declares, naming the reason and what it would need."""
+    name, d = study.name, study.design
+    if study.outcome not in OUTCOMES:
+        raise ValueError(f"study {name}: outcome {study.outcome!r} is not one of {sorted(OUTCOMES)}")
+    for c in study.contrasts:
+        if c.direction not in DIRECTIONS:
+            raise ValueError(f"study {name}, contrast {c.name}: direction {c.direction!r} not in {DIRECTIONS}")
+        unknown = [f"{a}@{lv}" for a, lv in (*c.weights, *c.requires) if a not in study.arms or lv not in study.levels]
+        if unknown:
+            raise ValueError(f"study {name}, contrast {c.name}: cells {unknown} name an arm or level it does not run")
+        if abs(sum(c.weights.values())) > 1e-12:
+            raise ValueError(f"study {name}, contrast {c.name}: weights sum to {sum(c.weights.values())}, not 0")
+    for arm in study.arms.values():
+        for lv in study.levels.values():
+            if lv.lr and arm.ref not in lv.lr:
+                raise ValueError(
+                    f"study {name}: level {lv.name} sets lr for {sorted(lv.lr)}, arm {arm.name} has ref {arm.ref!r}"
+                )
+    if list(d.looks) != sorted(set(d.looks)):
+        raise ValueError(f"study {name}: looks {list(d.looks)} must increase")
+    if d.looks[0] < MIN_STARTS:
+        raise ValueError(
+            f"study {name}: its first look at {d.looks[0]} starts cannot reach any level it spends (a t on start means "
+            f"needs at least {MIN_STARTS} starts); look first at {MIN_STARTS} or more"
+        )
+    if d.looks[-1] > len(study.members):
+        raise ValueError(
+            f"study {name}: its last look needs {d.looks[-1]} starts but unit.members draws {len(study.members)}"
+        )
+    if not 0 < d.alpha < 0.5 or not 0 < d.power < 1 or d.mde <= 0:
+        raise ValueError(f"study {name}: alpha {d.alpha}, power {d.power}, mde {d.mde} out of range")
+
+
+def study_path(name: str, folder: Path) -> Path:
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ValueError(f"no study {name!r} in {folder}: declared studies are {known}")
+    return path

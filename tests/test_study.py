@@ -1,0 +1,160 @@
+"""A study is its declaration (`moe_rl.studies.design`), launched by `experiments/study.py` and decided by one rule
+(`moe_rl.studies.declared`): refusals at load, the launch plan, the rule by hand, and one tiny study end to end."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from helpers import ROOT, TINY, train_env
+from scipy import stats
+
+from moe_rl.analysis.sequential import boundaries
+from moe_rl.studies import declared
+from moe_rl.studies.design import POOL, load_study
+
+STUDIES = ROOT / "experiments" / "conf" / "study"
+
+BASE = {
+    "name": "tiny",
+    "question": "Does r2 change the gain?",
+    "preset": "staleness",
+    "overrides": [*TINY, "numerics=native", "steps=2", "eval_every=1"],
+    "arms": {"none": {"overrides": ["replay=none"]}, "r2": {"overrides": ["replay=r2"]}},
+    "levels": {"lo": {"overrides": ["optim.lr=1e-3"]}, "hi": {"overrides": ["optim.lr=2e-3"]}},
+    "unit": {"members": "300..302", "seeds_per_start": 1},
+    "outcome": "change",
+    "contrasts": [{"name": "r2_minus_none_at_hi", "claim": "x", "cells": {"r2@hi": 1, "none@hi": -1}}],
+    "design": {"mde": 0.05, "looks": [3], "sized_from": "a test"},
+}
+
+
+def _write(tmp_path: Path, **changes: object) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **changes}))
+    return path
+
+
+def test_every_shipped_declaration_loads() -> None:
+    for path in sorted(STUDIES.glob("*.yaml")):
+        study = load_study(path)
+        assert study.cells() and study.design.looks[-1] <= len(study.members)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"design": {**BASE["design"], "looks": [2]}}, "cannot reach any level"),
+        ({"design": {**BASE["design"], "looks": [3, 4]}}, "needs 4 starts but unit.members draws 3"),
+        ({"contrasts": [{"name": "c", "cells": {"r2@mid": 1, "none@hi": -1}}]}, r"\['r2@mid'\] name an arm or level"),
+        ({"contrasts": [{"name": "c", "cells": {"r2@hi": 1, "none@hi": -0.5}}]}, "weights sum to 0.5"),
+        ({"design": {**BASE["design"], "looks": [3, 3]}}, "must increase"),
+    ],
+)
+def test_a_declaration_that_cannot_decide_is_refused_with_its_reason(tmp_path, changes, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_study(_write(tmp_path, **changes))
+
+
+def test_the_launch_runs_each_cell_over_the_looks_members(tmp_path) -> None:
+    _write(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "experiments/study.py", "tiny", "--studies", str(tmp_path), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=train_env(),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0][1:] for line in lines] == ["none@hi", "r2@hi"]  # the cells a contrast reads
+    assert all("seed=300,301,302" in line and f"cold_start.pool={POOL}" in line for line in lines)
+    assert "replay=r2" in lines[1] and "optim.lr=2e-3" in lines[1]
+
+
+def _runs(values: dict[str, list[float]], late: float = 0.5) -> pd.DataFrame:
+    """One run per (cell, start) with `change` from `values[cell]` (start s at index s), seed = start."""
+    rows = [
+        {"cell": cell, "start": f"s{i}", "seed": i, "change": v, "late_accuracy": late, "collapsed": False}
+        for cell, vals in values.items()
+        for i, v in enumerate(vals)
+    ]
+    return pd.DataFrame(rows).assign(kl_early=np.nan, run_dir="")
+
+
+def test_the_rule_by_hand_at_one_look(tmp_path) -> None:
+    """Differences 0.10, 0.06, 0.11 over 3 starts: mean 0.09, se = sd / sqrt(3); one look spends 0.025, so the
+    boundary is z 1.96 and the interval is mean +- t(0.975, 2) se; reproduced since t's p < 0.025."""
+    study = load_study(_write(tmp_path))
+    runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
+    row = declared.decide(study, runs, study.contrasts[0])
+    d = np.array([0.10, 0.06, 0.11])
+    se = d.std(ddof=1) / math.sqrt(3)
+    assert row["estimate"] == pytest.approx(0.09) and row["boundary"] == pytest.approx(stats.norm.isf(0.025))
+    assert row["lo"] == pytest.approx(0.09 - stats.t.isf(0.025, 2) * se)
+    assert row["z"] == pytest.approx(stats.norm.isf(stats.t.sf(0.09 / se, 2)))
+    assert row["verdict"] == declared.REPRODUCED and row["starts"] == 3
+
+
+def test_the_rule_names_floors_references_and_what_it_could_detect(tmp_path) -> None:
+    study = load_study(_write(tmp_path))
+    floor = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0, 0, 0]}, late=0.0), study.contrasts[0])
+    assert floor["verdict"] == declared.UNTESTABLE and floor["reason"].startswith("floor")
+    small = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.01, -0.01, 0.005]}), study.contrasts[0])
+    assert small["verdict"] == declared.NOT_REPRODUCED and "inside +-0.05" in small["reason"]
+    wide = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.3, -0.2, 0.1]}), study.contrasts[0])
+    assert wide["verdict"] == declared.INCONCLUSIVE and f"{wide['detectable']:.3f}" in wide["reason"]
+    ref = {"requires": {"none@hi": 1, "none@lo": -1}, "requires_below": -0.05}
+    gated = load_study(_write(tmp_path, contrasts=[{**BASE["contrasts"][0], **ref}]))
+    flat = _runs({"none@hi": [0, 0, 0], "none@lo": [0, 0, 0], "r2@hi": [0.1, 0.06, 0.11]})
+    row = declared.decide(gated, flat, gated.contrasts[0])
+    assert row["verdict"] == declared.UNTESTABLE and "does not degrade" in row["reason"]
+
+
+def test_two_looks_reject_only_past_the_spent_boundary(tmp_path) -> None:
+    """At the first of looks (3, 6), O'Brien-Fleming-type spending asks for z >= boundaries([3, 6])[0] (~2.8): the
+    same data that reproduce at a single look continue here."""
+    study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
+    row = declared.decide(study, _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]}), study.contrasts[0])
+    assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["z"] < row["boundary"]
+    assert row["verdict"] == declared.INCONCLUSIVE and row["reason"].startswith("continue")
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
+    """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the
+    look decides the contrast and the report's files are written."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    overrides = [*BASE["overrides"], f"cold_start.cache_dir={cache}"]
+    _write(studies, overrides=overrides)
+    out = subprocess.run(
+        [sys.executable, "experiments/study.py", "tiny", "--studies", str(studies), "--runs", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=train_env(),
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    runs = pd.read_csv(tmp_path / "tiny" / "runs.csv")
+    assert sorted(runs["cell"].unique()) == ["none@hi", "r2@hi"] and runs["start"].nunique() == 3
+    contrasts = pd.read_csv(tmp_path / "tiny" / "contrasts.csv")
+    assert contrasts["starts"].tolist() == [3] and contrasts["verdict"].iloc[0] in (
+        declared.REPRODUCED,
+        declared.NOT_REPRODUCED,
+        declared.INCONCLUSIVE,
+        declared.UNTESTABLE,
+    )
+    assert (tmp_path / "tiny" / "forest.png").is_file() and "## Contrasts" in (
+        tmp_path / "tiny" / "summary.md"
+    ).read_text()
