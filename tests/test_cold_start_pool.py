@@ -117,6 +117,22 @@ def test_a_pool_of_one_is_todays_run_and_a_member_carries_its_covariates(tmp_pat
     again = run("again", "cold_start.pool=2", "seed=5")["cold_start"]
     assert again["key"] == cold["key"] and again["covariates"] == cold["covariates"]
     assert stored.stat().st_mtime_ns == written
+    assert again["unit"] == cold["unit"] != plain["cold_start"]["unit"]  # one member, one unit
+
+
+def test_a_member_warmed_under_other_versions_or_numerics_is_a_twin_one_unit(monkeypatch) -> None:
+    """The key (the cached weights) moves with the library versions and pinned numerics; the unit (the start the
+    analyses count) does not, so a member warmed on two machines counts once; another member is another unit."""
+    import transformers
+
+    cfg = TrainConfig()
+    args = (cfg.model, cfg.task, cfg.cold_start)
+    key, unit = cold_start_key(*args), cold_start_key(*args, unit=True)
+    assert cold_start_key(*args, numerics="avx2") != key and cold_start_key(*args, numerics="avx2", unit=True) == unit
+    monkeypatch.setattr(transformers, "__version__", "0.0.0-twin")
+    assert cold_start_key(*args) != key and cold_start_key(*args, unit=True) == unit
+    other = dataclasses.replace(cfg.cold_start, seed=cfg.cold_start.seed + 1)
+    assert cold_start_key(cfg.model, cfg.task, other, unit=True) != unit
 
 
 def test_the_pool_group_gives_every_study_six_starts() -> None:

@@ -129,13 +129,16 @@ def _value(value: Any) -> str:
 
 
 def run_starts(df: pd.DataFrame) -> pd.Series:
-    """Per run, the cold start it began from, the unit of replication (`moe_rl.analysis.clustered`): the key
-    its meta.json records (`cold_start.key`, the cached warm-up's config hash, or the checkpoint's
-    fingerprint); where a run has none, its cold-start seed (`cold_seed`, else `cold_start.seed` in its config)."""
+    """Per run, the cold start it began from, the unit of replication (`moe_rl.analysis.clustered`): the unit its
+    meta.json records (`cold_start.unit`, the warm-up's recipe without library versions and numerics, which twins of
+    one member warmed on two machines share), else its key (`cold_start.key`, the cached warm-up's config hash, or
+    the checkpoint's fingerprint); where a run has none, its cold-start seed (`cold_seed`, else `cold_start.seed`
+    in its config)."""
     out = {}
     for _, row in runs(df).iterrows():
         run_dir = Path(str(row["run_dir"]))
-        key = cold_start_meta(run_dir).get("key")
+        meta = cold_start_meta(run_dir)
+        key = meta.get("unit") or meta.get("key")
         if key is None:
             seed = row.get("cold_seed")
             if seed is None or pd.isna(seed):

@@ -133,7 +133,8 @@ def run_records(results_dir: str | Path) -> pd.DataFrame:
                 "run": meta_path.parent.relative_to(root).as_posix(),
                 "experiment": keys.get("experiment"),
                 "seed": keys.get("seed", meta.get("seed")),
-                "cold_start": (meta.get("cold_start") or {}).get("key"),
+                # the start as a unit (twins of one member count once), else its cached key
+                "cold_start": (meta.get("cold_start") or {}).get("unit") or (meta.get("cold_start") or {}).get("key"),
                 "status": status.get("status"),
                 "wall_s": status.get("wall_s"),
             }

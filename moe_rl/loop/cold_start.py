@@ -89,10 +89,13 @@ def cold_start_key(
     data_hash: str | None = None,
     *,
     numerics: str = "native",
+    unit: bool = False,
 ) -> str:
     """Hash of everything that determines the cold-start weights (not the RL seed or arm): model,
     task and cold-start config, the data's content hash, the starting checkpoint's files, the
-    tokenizer vocabulary, the library versions and pinned numerics (a pinned run trains its own)."""
+    tokenizer vocabulary, the library versions and pinned numerics (a pinned run trains its own).
+    `unit`: the same without the versions and numerics, the start as a unit of replication, which a member warmed
+    on two machines or library versions (twins: other last bits, the same weights' recipe and data order) shares."""
     import transformers
 
     from moe_rl.config import identity_spec
@@ -106,10 +109,11 @@ def cold_start_key(
         }
     )
     spec["vocab"] = make_tokenizer().get_vocab()
-    spec["versions"] = [torch.__version__, transformers.__version__]
+    if not unit:
+        spec["versions"] = [torch.__version__, transformers.__version__]
     if data_hash is not None:
         spec["data"] = data_hash
-    if numerics != "native":
+    if numerics != "native" and not unit:
         spec["numerics"] = numerics
     if cold_start_patience(cold, task):  # the stopping rule shapes the weights (absent where it never stops)
         spec["cold_start"]["patience"] = cold_start_patience(cold, task)
@@ -407,7 +411,8 @@ def get_cold_start(
             covariates = {**cold_start_covariates(model, tokenizer, task_cfg, cold), "sft_steps": info["steps"]}
             write_atomic(path / COVARIATES, json.dumps(covariates, indent=1))
     covariates = json.loads((path / COVARIATES).read_text())
-    return model, tokenizer, {**info, "path": str(path), "covariates": covariates}
+    unit = cold_start_key(model_cfg, task_cfg, cold, data_hash, numerics=numerics, unit=True)  # twins share it
+    return model, tokenizer, {**info, "path": str(path), "unit": unit, "covariates": covariates}
 
 
 def cold_start_covariates(

@@ -26,6 +26,7 @@ from moe_rl.analysis.provenance import run_records
 from moe_rl.studies import (
     causal_claims,
     causal_report,
+    declared,
     divergence_report,
     drift_claims,
     drift_report,
@@ -66,6 +67,7 @@ class Study:
     claims: Mapping[int, ClaimItem] = field(default_factory=dict)  # the claims it decides, by id
     borrows: tuple[str, ...] = ()  # folders beside it whose runs its report also reads
     claims_section: Callable[[Path, Path], list[str]] | None = None  # (root, presets) -> its section of CLAIMS.md
+    history: str = ""  # a superseded sweep or a pilot kept as history: by what, and why ("" where current)
 
 
 _MECHANISM_REPORT = with_provenance(mechanism.write_mechanism_report)
@@ -92,6 +94,7 @@ STUDIES: tuple[Study, ...] = (
         "phase_mismatch",
         ("phase_mismatch",),
         "With bf16 rollouts and N = 8, does R3 keep GRPO more stable than R2?",
+        history="emulated bf16 rollouts; superseded by engine_mismatch, on the engine's own bf16 kernels",
     ),
     Study(
         "offpolicy",
@@ -102,16 +105,19 @@ STUDIES: tuple[Study, ...] = (
         "stress",
         ("stress",),
         "With large, stale updates (lr 3e-4, N = 8), does GRPO without replay collapse where R2 or GSPO hold?",
+        history="one cell of 3 seeds; superseded by phase, which maps lr x N",
     ),
     Study(
         "mismatch",
         ("mismatch",),
         "With bfloat16 rollouts and float32 training, does R3 beat R2 and none?",
+        history="emulated bf16 rollouts, 3 seeds; superseded by engine_mismatch",
     ),
     Study(
         "engine_phase",
         ("engine_phase",),
         "Where does the engine model (vLLM bfloat16 rollouts) break? A pilot scan of grpo+none over lr x N.",
+        history="the pilot that placed engine_mismatch's cells",
     ),
     Study(
         "engine_mismatch",
@@ -125,6 +131,7 @@ STUDIES: tuple[Study, ...] = (
         ("engine_mismatch_stable",),
         "The first engine sweep, kept as the stable reference: grpo+none/r2/r3 where every run ends above its "
         "cold start.",
+        history="a cell where nothing degrades; superseded by engine_mismatch, where GRPO breaks",
     ),
     Study(
         "drift_scaling",
@@ -147,6 +154,7 @@ STUDIES: tuple[Study, ...] = (
         "Is the instability at this scale specific to MoE? The dense control next to the MoE model, each from "
         "its own cold start, in two cells where the MoE model degrades (claim 7's first look; the causal study "
         "re-decides it at matched divergence).",
+        history="claim 7's first look, at unmatched divergence; superseded by causal",
     ),
     Study(
         "mechanism",
@@ -199,7 +207,25 @@ STUDIES: tuple[Study, ...] = (
         "Do the staleness claims hold on the axes their papers use? VESPO's rollout staleness S (one pass over an "
         "S-fold rollout) and an asynchronous lag k, 192 updates per run, from a pool of 6 cold starts.",
         report=with_provenance(staleness_report.write_staleness_report),
-        claims={10: staleness_claims.claim_vespo_staleness, 11: staleness_claims.claim_no_trust_region},
+    ),
+    Study(
+        "staleness_erosion",
+        ("staleness_erosion",),
+        "Claims 10 and 11 on the erosion from S = 1 to S = 24, declared (experiments/conf/study/staleness_erosion.yaml) "
+        "with its power, looks and new pool members: VESPO against SAPO, the losses without a trust region against "
+        "those with one.",
+        report=declared.study_report("staleness_erosion"),
+        claims={
+            10: declared.study_claim(
+                10, "staleness_erosion", "vespo_vs_sapo_erosion", staleness_claims.claim_vespo_staleness
+            ),
+            11: declared.study_claim(
+                11,
+                "staleness_erosion",
+                "no_trust_region_vs_trust_region_erosion",
+                staleness_claims.claim_no_trust_region,
+            ),
+        },
     ),
     Study(
         "causal",

@@ -18,6 +18,7 @@ The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on (start, see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pandas as pd
 from scipy import stats
 
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
+from moe_rl.analysis.claims.rules import Claim
 from moe_rl.analysis.configs import cold_start_meta, run_meta, run_starts
 from moe_rl.analysis.dose import kl_per_run
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, load_results, runs
@@ -39,7 +41,7 @@ from moe_rl.analysis.power import (
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
 from moe_rl.metrics.names import KL_UPDATE_K3, TASK_ACCURACY
-from moe_rl.studies.design import Contrast, Study
+from moe_rl.studies.design import Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
@@ -298,3 +300,67 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     path = out / "summary.md"
     write_atomic(path, "\n".join(lines).encode())
     return path
+
+
+def rule_text(study: Study) -> str:
+    d = study.design
+    return (
+        f"declared in experiments/conf/study/{study.name}.yaml: the contrast's one-sided t on start means, read as a "
+        f"z, against O'Brien-Fleming-type boundaries spending alpha {d.alpha:g} over looks at "
+        f"{', '.join(map(str, d.looks))} starts (reproduced); at the last look its repeated interval inside "
+        f"+-{d.margin:g} or wholly against the claim (not reproduced); untestable at a floor, a ceiling or where the "
+        f"reference does not degrade; sized for {d.mde:g} at power {d.power:g}"
+    )
+
+
+def study_claim(
+    claim_id: int, study_name: str, contrast: str, earlier: Callable[[Path, Path], Claim]
+) -> Callable[[Path, Path], Claim]:
+    """Claim `claim_id` decided by `contrast` of the declared study `study_name` (its declaration beside the presets
+    folder, its runs under root/<study>/runs), the verdicts `earlier` gives kept in its notes as earlier looks at the
+    level they were read; `earlier`'s claim as it is where the study has no runs yet."""
+
+    def judge(root: Path, presets: Path) -> Claim:
+        prior = earlier(root, presets)
+        study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+        runs_dir = Path(root) / study.name / "runs"
+        if not runs_dir.is_dir():
+            prior.notes.append(f"the declared study `{study.name}` that decides it has no runs yet")
+            return prior
+        result = analyse(study, runs_dir)
+        row = result.verdicts.set_index("contrast").loc[contrast]
+        c = Claim(
+            claim_id,
+            prior.claim,
+            prior.source,
+            rule_text(study),
+            experiment=study.name,
+            cells=f"{contrast}: {int(row['starts'])} new cold starts x {study.seeds_per_start} seed(s)",
+            statistic=f"{row['estimate']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]",
+            test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
+            p_value=float(stats.norm.sf(row.get("z", math.nan))),
+            verdict=str(row["verdict"]),
+            reason=str(row["reason"]),
+        )
+        c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
+        c.notes += prior.notes
+        c.plain = (
+            f"{study.question} Declared before its runs on new pool members; {c.cells}. The contrast "
+            f"{contrast} is {c.statistic} ({study.outcome}, mean of start means, repeated confidence interval). "
+            f"Verdict: **{c.verdict}** ({c.reason})."
+        )
+        return c
+
+    judge.__name__ = f"claim_{claim_id}_{study_name}"
+    return judge
+
+
+def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
+    """The report of the declared study `study_name` (a `StudyReport`: runs_dir, out, presets folder -> files)."""
+
+    def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+        study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+        summary = write_study_report(study, analyse(study, runs_dir), out)
+        return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), out / "forest.png"]
+
+    return write

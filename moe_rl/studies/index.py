@@ -62,9 +62,24 @@ def _row(root: Path, study, found: dict[int, str]) -> str:
     )
     decided = "; ".join(f"{i}: {found.get(i, 'not evaluated')}" for i in sorted(study.claims)) or "—"
     presets = ", ".join(f"`{p}`" for p in study.presets) or "—"
+    question = f"**History** ({study.history}). {study.question}" if study.history else study.question
     return (
-        f"| {link} | {study.question} | {presets} | {len(runs)} | {starts or '—'} | {seed_ranges(seeds)} | "
+        f"| {link} | {question} | {presets} | {len(runs)} | {starts or '—'} | {seed_ranges(seeds)} | "
         f"{wall(float(pd.to_numeric(runs['wall_s'], errors='coerce').sum()))} | {decided} |"
+    )
+
+
+def independent_line(root: Path, rows: list) -> str:
+    """How many independent cold starts stand behind all the folders together: a start several folders share, or a
+    member warmed twice (twins, `cold_start.unit`), counts once; and how many of them the current folders use."""
+    records = {s.folder: run_records(runs_folder(root, s.folder)) for s in rows}
+    every = {k for r in records.values() for k in r["cold_start"].dropna()}
+    current = {k for s in rows if not s.history for k in records[s.folder]["cold_start"].dropna()}
+    history = [s.folder for s in rows if s.history]
+    return (
+        f"Independent cold starts behind all {len(rows)} folders: {len(every)} (a start several folders share counts "
+        f"once; so does a pool member warmed twice, where its runs record `cold_start.unit`); {len(current)} behind "
+        f"the folders that are not history ({', '.join(history) or 'none'} are)."
     )
 
 
@@ -88,6 +103,8 @@ def index_markdown(root: Path, presets: Path) -> str:
         "| folder | question | presets | runs | cold starts | seeds | wall time | claims decided |",
         "|---|---|---|---:|---:|---|---:|---|",
         *(_row(root, s, found) for s in rows),
+        "",
+        independent_line(root, rows),
         "",
     ]
     if unfiled:
