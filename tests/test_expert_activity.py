@@ -54,3 +54,17 @@ def test_the_slope_recovers_the_planted_exponent_and_pools_by_start() -> None:
     flat = per_expert(pd.DataFrame(planted("flat", [1.0, 1.0, 1.0, 0.9], -0.5), columns=df.columns))
     assert np.isnan(run_slope(flat))  # fewer than 3 distinct p: no slope
     assert section(df[df["key"] == "reward/mean"], starts) == ""
+
+
+def test_load_aware_runs_are_read_apart_from_the_plain_adamw_test() -> None:
+    """6 plain runs at the planted -0.5 and 6 load-aware ones at +2.0: the test reads the plain ones alone, and the
+    scaled ones are printed apart with their own slope."""
+    shares = [1.0, 0.5, 0.25, 0.125]
+    rows = [r for i in range(6) for r in planted(f"plain{i}", shares, -0.5, scale=1 + i)]
+    rows += [r for i in range(6) for r in planted(f"aware{i}", shares, 2.0, scale=1 + i)]
+    df = pd.DataFrame(rows, columns=["run", "step", "key", "value"])
+    starts = pd.Series({f"{k}{i}": f"s{i}" for k in ("plain", "aware") for i in range(6)})
+    scaled = pd.Series({r: r.startswith("aware") for r in starts.index})
+    text = section(df, starts, scaled)
+    assert "plain-AdamW runs: -0.50 [-0.50, -0.50] over 6 runs from 6 starts" in text
+    assert "Load-aware runs, apart (their step is scaled by load by construction): +2.00 [+2.00, +2.00]" in text

@@ -71,16 +71,29 @@ def slope_test(experts: pd.DataFrame, starts: pd.Series) -> dict[str, object]:
     return out
 
 
-def section(df: pd.DataFrame, starts: pd.Series) -> str:
-    """The report's paragraph on the prediction (empty where no run logged the instrument)."""
+def _slope_text(t: dict[str, object]) -> str:
+    ci = f" [{t['lo']:+.2f}, {t['hi']:+.2f}]" if not t["descriptive"] else f" ({t['descriptive']})"
+    return f"{t['slope']:+.2f}{ci} over {t['runs']} runs from {t['starts']} starts"
+
+
+def section(df: pd.DataFrame, starts: pd.Series, scaled: pd.Series | None = None) -> str:
+    """The report's paragraph on the prediction (empty where no run logged the instrument). The test reads the
+    plain-AdamW runs only: `scaled` (run -> bool) marks the runs whose expert step is scaled by its load (the
+    load-aware step divides a low-load expert's step down by construction, which is not AdamW's doing); their slope
+    is printed beside, apart."""
     experts = per_expert(df)
     if experts.empty:
         return ""
-    t = slope_test(experts, starts)
-    ci = f" [{t['lo']:+.2f}, {t['hi']:+.2f}]" if not t["descriptive"] else f" ({t['descriptive']})"
-    return (
+    scaled = pd.Series(False, index=starts.index) if scaled is None else scaled.reindex(starts.index).fillna(False)
+    plain = experts[experts["run"].map(~scaled).fillna(True).astype(bool)]
+    t = slope_test(plain, starts)
+    text = (
         "## Does an expert used in fewer updates move further when used? (the 1/sqrt(p) prediction)\n\n"
-        f"Slope of log move per active update on log p_e: {t['slope']:+.2f}{ci} over {t['runs']} runs from "
-        f"{t['starts']} starts (AdamW predicts {PREDICTED:+.1f}); {t['below_0.9']} of {t['experts']} experts were "
-        "active in fewer than 90% of the instrumented updates (with none, p_e has no spread to test on).\n\n"
+        f"Slope of log move per active update on log p_e, plain-AdamW runs: {_slope_text(t)} (AdamW's second "
+        f"moment alone predicts {PREDICTED:+.1f}); {t['below_0.9']} of {t['experts']} experts were active in fewer "
+        "than 90% of the instrumented updates (with none, p_e has no spread to test on)."
     )
+    if scaled.any():
+        s = slope_test(experts[experts["run"].map(scaled).fillna(False).astype(bool)], starts)
+        text += f" Load-aware runs, apart (their step is scaled by load by construction): {_slope_text(s)}."
+    return text + "\n\n"

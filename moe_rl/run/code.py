@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 PATCHES = ".code"  # beside a folder's run folders, hidden like Hydra's and the sweep progress's own
 CODE_PATHS = ("moe_rl", "experiments", "pyproject.toml")  # what a rerun imports and composes its config from
 
@@ -41,18 +43,23 @@ def checkout_root() -> Path | None:
 
 
 def tree_diff(root: Path) -> str:
-    """The checkout's changes against HEAD as a binary patch: tracked edits and the files git neither tracks nor
-    ignores, read through a copy of the index so the user's is untouched; "" for a clean tree."""
+    """The checkout's code changes against HEAD as a binary patch: tracked edits and the files git neither tracks
+    nor ignores, under `CODE_PATHS` only (a run's own outputs, docs and tests are not its code), read through a copy
+    of the index so the user's is untouched; "" for a clean tree."""
     index = git(["rev-parse", "--git-path", "index"], cwd=root).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="moe_rl_index_") as tmp:
         scratch = Path(tmp) / "index"
         if (root / index).is_file() or Path(index).is_file():
             shutil.copyfile(root / index, scratch)  # root / an absolute path is that path
         env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
-        added = git(["add", "--all", "--", "."], cwd=root, env=env)
+        added = git(["add", "--all", "--", *CODE_PATHS], cwd=root, env=env)
         if added.returncode != 0:
             raise RuntimeError(f"git add (into a scratch index) failed in {root}: {added.stderr.strip()}")
-        diff = git(["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "HEAD"], cwd=root, env=env)
+        diff = git(
+            ["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "HEAD", "--", *CODE_PATHS],
+            cwd=root,
+            env=env,
+        )
     if diff.returncode != 0:
         raise RuntimeError(f"git diff failed in {root}: {diff.stderr.strip()}")
     return diff.stdout
@@ -71,13 +78,18 @@ def store_patch(patch: str, folder: Path) -> str:
 
 
 def code_record(run_dir: Path) -> dict[str, Any]:
-    """meta.json's code fields: `git_sha`, `git_dirty` (the tree differed from the commit, untracked files that git
-    does not ignore included) and, when dirty, `git_diff` (the sha256 of the patch stored beside the run folder)."""
+    """meta.json's code fields: `git_sha`, `git_dirty` (the code differed from the commit, untracked files under
+    `CODE_PATHS` that git does not ignore included) and, when dirty, `git_diff` (the sha256 of the patch stored
+    beside the run folder). Where git fails, `git_dirty` None and `code_error` say so: the run goes on."""
     root = checkout_root()
     sha = git(["rev-parse", "HEAD"]).stdout.strip() if root else ""
     if not root or not sha:
         return {"git_sha": "unknown", "git_dirty": None}
-    patch = tree_diff(root)
+    try:
+        patch = tree_diff(root)
+    except RuntimeError as err:  # provenance must never cost the run
+        log.warning("could not record the run's code changes: %s", err)
+        return {"git_sha": sha, "git_dirty": None, "code_error": str(err)}
     record: dict[str, Any] = {"git_sha": sha, "git_dirty": bool(patch)}
     if patch:
         record["git_diff"] = store_patch(patch, Path(run_dir).parent)
@@ -102,6 +114,8 @@ def rebuildable(run_dir: Path, meta: dict[str, Any], repo: Path) -> str | None:
         return "no commit recorded"
     if not has_commit(repo, sha):
         return f"commit {sha[:10]} is not in this repository"
+    if meta.get("code_error"):
+        return "its code changes could not be recorded"
     if meta.get("git_dirty"):
         digest = meta.get("git_diff")
         if not digest:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_rl.analysis.claims import Claim, ClaimItem, evaluate_claims
+from moe_rl.analysis.claims import Claim, ClaimItem, PairedClaim, evaluate_claims
 from moe_rl.analysis.folder_report import StudyReport, with_provenance
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
@@ -56,6 +56,15 @@ def _shift_leads(root: Path, presets: Path) -> Claim:
     return shift.claim_shift_leads(root)
 
 
+def _paired(claim: PairedClaim) -> Callable[[Path, Path], Claim]:
+    """A paired claim's verdict on the shipped folders, as a function of (root, presets): an earlier look."""
+
+    def judge(root: Path, presets: Path) -> Claim:
+        return evaluate_claims(root, {claim.id: claim}, presets)[0]
+
+    return judge
+
+
 @dataclass(frozen=True)
 class Study:
     """One results folder: what it asks, which presets fill it, how it is reported and what it decides."""
@@ -83,7 +92,19 @@ STUDIES: tuple[Study, ...] = (
         ("phase", "phase_band", "phase_edge"),
         "Where does GRPO without replay break? grpo+none, grpo+r2 and gspo+none over lr x N, with the edge cell "
         "and the band where collapse is a coin flip seeded further; does router shift lead clip bursts?",
-        claims={2: phase.OFFPOLICY_GRPO, 3: phase.GSPO_STABLE, 6: _shift_leads},
+        claims={6: _shift_leads},
+    ),
+    Study(
+        "offpolicy_replay",
+        ("offpolicy_replay",),
+        "Claims 2 and 3 at one off-policy cell where grpo+none degrades without reaching the floor (lr 2.5e-4, "
+        "N = 8), declared (experiments/conf/study/offpolicy_replay.yaml) with its power, looks and new pool "
+        "members: GRPO + R2 and GSPO against GRPO without replay.",
+        report=declared.study_report("offpolicy_replay"),
+        claims={
+            2: declared.study_claim(2, "offpolicy_replay", "r2_minus_none", _paired(phase.OFFPOLICY_GRPO)),
+            3: declared.study_claim(3, "offpolicy_replay", "gspo_minus_grpo_none", _paired(phase.GSPO_STABLE)),
+        },
     ),
     Study(
         "phase_mixtral",

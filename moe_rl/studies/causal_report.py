@@ -135,7 +135,8 @@ def write_causal_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         ]
     text += ["![causal](causal.png)", ""]
     starts = runs.set_index("run")["start"]
-    text += [expert_activity.section(df[df["run"].isin(starts.index)], starts)]
+    scaled = runs.set_index("run")["rung"].astype(str).str.contains("load_aware")  # the step scaled by load
+    text += [expert_activity.section(df[df["run"].isin(starts.index)], starts, scaled)]
     text += ["## The starts (the unit of replication)", "", format_starts(start_covariates(runs))]
     write_atomic(out / "summary.md", "\n".join(text).encode())
     written = [out / "summary.md", write_csv(out / "arms.csv", arms), write_csv(out / "contrasts.csv", pairs)]
