@@ -44,14 +44,19 @@ def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jo
     ]
 
 
-def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> None:
+def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
+    """Every cell's multirun for the look's starts; the cells where a run failed (the others still run, and the
+    look is decided on the pairs that finished)."""
     starts = study.design.looks[look]
     print(f"== {study.name}: look {look + 1} of {len(study.design.looks)}, {starts} starts", flush=True)
+    failed = []
     for arm, level in study.cells():
         cmd = cell_command(study, arm, level, starts, runs, jobs)
         print(f"[{arm}@{level}] " + " ".join(cmd[2:]), flush=True)
         if not dry_run and subprocess.run(cmd, cwd=ROOT).returncode != 0:
-            sys.exit(f"{study.name}: the multirun of {arm}@{level} failed")
+            failed.append(f"{arm}@{level}")
+            print(f"{study.name}: a run of {arm}@{level} failed (its status.json says why); going on", flush=True)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,8 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         if not 1 <= args.look <= len(looks):
             sys.exit(f"error: --look {args.look}: {study.name} declares looks 1..{len(looks)}")
         looks = range(args.look - 1, args.look)
+    failed: list[str] = []
     for look in looks:
-        run_look(study, look, args.runs, args.jobs, args.dry_run)
+        failed += run_look(study, look, args.runs, args.jobs, args.dry_run)
         if args.dry_run:
             continue
         result = analyse(study, args.runs / study.name / "runs")
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         if decided(result):
             print(f"{study.name}: every contrast decided at look {look + 1}; stopping", flush=True)
             break
+    if failed:
+        sys.exit(f"{study.name}: runs failed in {sorted(set(failed))}; rerun the same command to retry them")
 
 
 if __name__ == "__main__":
