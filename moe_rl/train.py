@@ -403,7 +403,8 @@ class Trainer:
             **self.loss_kwargs,
         )
         loss, loss_metrics = with_router_terms(loss, loss_metrics, forward, cfg.algo)  # + aux and z-loss terms if on
-        step_kl = update_kl(self.policy, rollout, rows, kl, logp, replay is not None, cfg.rollout.temperature)
+        acting = replay if self.replay_mode.anchored else None  # anchored: the policy samples with these routes too
+        step_kl = update_kl(self.policy, rollout, rows, kl, logp, replay is not None, cfg.rollout.temperature, acting)
         self.optimizer.zero_grad(set_to_none=True)
         self.dist.scale_loss(loss, loss_metrics.weights[LOSS]).backward()  # loss itself in a world of size 1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)

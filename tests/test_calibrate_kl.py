@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from helpers import ROOT, tiny_overrides
 
-from moe_rl.analysis.dose import kl_summary
-from moe_rl.metrics.names import KL_UPDATE_K3
+from moe_rl.analysis.dose import acting_kl_per_run, kl_summary
+from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING
 
 _spec = importlib.util.spec_from_file_location("calibrate_kl", ROOT / "experiments" / "calibrate_kl.py")
 assert _spec is not None and _spec.loader is not None
@@ -34,6 +34,12 @@ def test_a_scheduled_run_mean_weighs_each_value_by_the_steps_it_stands_for() -> 
     rows = [(s, KL_UPDATE_K3, float(s)) for s in [*range(1, 21), 30, 40]]
     frame = pd.DataFrame(rows, columns=["step", "key", "value"])
     assert kl_summary(frame) == {"early": 10.5, "mean": (210 + 300 + 400) / 40}
+
+
+def test_the_acting_kl_is_the_anchored_runs_own_and_the_native_one_elsewhere() -> None:
+    rows = [("a", 1, KL_UPDATE_K3, 1.0), ("a", 1, KL_UPDATE_K3_ACTING, 3.0), ("b", 1, KL_UPDATE_K3, 2.0)]
+    frame = pd.DataFrame(rows, columns=["run", "step", "key", "value"])
+    assert acting_kl_per_run(frame).to_dict() == {"a": 3.0, "b": 2.0}
 
 
 def test_the_power_law_fit_and_its_inverse() -> None:

@@ -87,7 +87,7 @@ def _runs(values: dict[str, list[float]], late: float = 0.5) -> pd.DataFrame:
         for cell, vals in values.items()
         for i, v in enumerate(vals)
     ]
-    return pd.DataFrame(rows).assign(kl_early=np.nan, run_dir="")
+    return pd.DataFrame(rows).assign(kl_acting=np.nan, run_dir="")
 
 
 def test_the_rule_by_hand_at_one_look(tmp_path) -> None:

@@ -13,7 +13,7 @@ from helpers import loop_config, run_metrics
 from moe_rl.loop.step_metrics import update_kl_metrics
 from moe_rl.loop.update_kl import kl_rows, update_kl_due
 from moe_rl.metrics.accumulator import Metrics
-from moe_rl.metrics.names import KL_UPDATE_K3, defines
+from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, defines
 from moe_rl.train import train
 
 
@@ -93,6 +93,28 @@ def test_a_scheduled_run_logs_the_window_bitwise_and_moves_no_other_number(tmp_p
     pd.testing.assert_frame_equal(kl, every_kl[every_kl["step"].isin([1, 2, 4])].reset_index(drop=True))
     others = [f[f["key"] != KL_UPDATE_K3].reset_index(drop=True) for f in (every, scheduled)]
     pd.testing.assert_frame_equal(*others)
+
+
+def test_an_anchored_run_also_logs_its_kl_under_the_routes_it_acts_with(tmp_path, cache) -> None:
+    """Anchored routing: kl/update_k3/acting (under the cold start's routes, which the policy samples and trains
+    with) on every scored step, > 0, beside kl/update_k3 (under its router's own); its passes move no other number
+    (the run with the instrument off logs the rest bitwise); a run of its own routes logs none."""
+    values = {}
+    for name, rows in (("off", 0), ("on", 8)):
+        cfg = loop_config(tmp_path, cache, replay="anchored", steps=2, N=2, name=f"anchored_{name}")
+        cfg.metrics.update_kl_rows = rows
+        train(cfg)
+        values[name] = run_metrics(tmp_path / f"anchored_{name}")[["step", "key", "value"]]
+    on, off = values["on"], values["off"]
+    acting = on[on["key"] == KL_UPDATE_K3_ACTING]
+    assert acting["step"].tolist() == [1, 2] and (acting["value"] > 0).all() and defines(KL_UPDATE_K3_ACTING)
+    native = on.loc[on["key"] == KL_UPDATE_K3, "value"].to_numpy()
+    assert not (acting["value"].to_numpy() == native).all()  # the two routings' steps differ
+    rest = on[~on["key"].isin([KL_UPDATE_K3, KL_UPDATE_K3_ACTING])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(rest, off)
+    plain = loop_config(tmp_path, cache, steps=1, N=2, name="plain")
+    train(plain)
+    assert KL_UPDATE_K3_ACTING not in set(run_metrics(tmp_path / "plain")["key"])
 
 
 def test_update_kl_is_nonzero_at_one_update_per_rollout(tmp_path, cache) -> None:

@@ -23,7 +23,7 @@ import pandas as pd
 from scipy.optimize import isotonic_regression
 
 from moe_rl.metrics.names import KL_EARLY_STEPS as EARLY_STEPS
-from moe_rl.metrics.names import KL_UPDATE_K3
+from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING
 
 
 def kl_summary(frame: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EARLY_STEPS) -> dict[str, float]:
@@ -46,6 +46,15 @@ def kl_per_run(df: pd.DataFrame, key: str = KL_UPDATE_K3, early_steps: int = EAR
     rows = {run: kl_summary(x, key, early_steps) for run, x in df.groupby("run")}
     out = pd.DataFrame.from_dict(rows, orient="index", columns=["early", "mean"])
     return out.rename(columns={"early": "kl_early", "mean": "kl_mean"})
+
+
+def acting_kl_per_run(df: pd.DataFrame, early_steps: int = EARLY_STEPS) -> pd.Series:
+    """Per run, its early per-update KL on the routes it acts with: `kl/update_k3/acting` where the run logged it
+    (anchored routing), else `kl/update_k3` (a policy that samples with its own router acts with its routes)."""
+    out = kl_per_run(df, KL_UPDATE_K3, early_steps)["kl_early"]
+    if (df["key"] == KL_UPDATE_K3_ACTING).any():
+        out = kl_per_run(df, KL_UPDATE_K3_ACTING, early_steps)["kl_early"].combine_first(out)
+    return out.rename("kl_acting")
 
 
 def isotonic_fit(log_kl: np.ndarray, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

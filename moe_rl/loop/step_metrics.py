@@ -8,6 +8,7 @@ a world of size 1). `aggregate` then makes one step's metrics out of its N updat
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -182,17 +183,19 @@ def router_shift_metrics(acc: Metrics, scale: Tensor, mask: Tensor, floor: float
     acc.add("router_shift", mean_parts(means, dict.fromkeys(means, tokens)), mean_finalize)
 
 
-def update_kl_metrics(acc: Metrics, before: Tensor, after: Tensor, mask: Tensor) -> None:
-    """The update's own step as a divergence (`kl/update_k3`): k3 of KL(pi_before || pi_after) on its tokens,
-    `exp(d) - 1 - d` with `d = after - before` (b, T) the log-probs after and before the optimizer step, averaged
-    over the valid tokens `mask` (b, T), pooled over processes as a sum and a count."""
+def update_kl_metrics(acc: Metrics, before: Tensor, after: Tensor, mask: Tensor, key: str = KL_UPDATE_K3) -> None:
+    """The update's own step as a divergence (`key`, `kl/update_k3` or its acting-route twin): k3 of
+    KL(pi_before || pi_after) on its tokens, `exp(d) - 1 - d` with `d = after - before` (b, T) the log-probs after
+    and before the optimizer step, averaged over the valid tokens `mask` (b, T), pooled over processes as a sum and
+    a count."""
     d = torch.where(mask.bool(), after.double() - before.double(), 0.0)  # pads never reach a sum (0 * inf is nan)
     sums = {"k3": (torch.expm1(d) - d).sum(), "tokens": mask.double().sum()}
-    acc.add("update_kl", Partial(sums=sums), _update_kl_finalize)
+    family = "update_kl" if key == KL_UPDATE_K3 else "update_kl_acting"
+    acc.add(family, Partial(sums=sums), functools.partial(_update_kl_finalize, key=key))
 
 
-def _update_kl_finalize(parts: Partial) -> dict[str, float]:
-    return {KL_UPDATE_K3: (parts.sums["k3"] / parts.sums["tokens"].clamp(min=1)).item()}
+def _update_kl_finalize(parts: Partial, key: str) -> dict[str, float]:
+    return {key: (parts.sums["k3"] / parts.sums["tokens"].clamp(min=1)).item()}
 
 
 def route_metrics(

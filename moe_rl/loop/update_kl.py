@@ -9,7 +9,9 @@ from transformers import PreTrainedModel
 
 from moe_rl.loop.step_metrics import local_positions, split_subsample, update_kl_metrics
 from moe_rl.metrics.accumulator import Metrics
+from moe_rl.metrics.names import KL_UPDATE_K3_ACTING
 from moe_rl.rollout.generate import Rollout, forward_logp
+from moe_rl.routing import RouteReplay, Routes
 
 
 def update_kl_seed(seed: int, step: int) -> int:
@@ -45,9 +47,17 @@ def native_logp(policy: PreTrainedModel, rollout: Rollout, rows: Tensor, tempera
         return forward_logp(policy, rollout, rows, temperature=temperature)[0]
 
 
+def acting_logp(policy: PreTrainedModel, rollout: Rollout, rows: Tensor, temperature: float, routes: Routes) -> Tensor:
+    """log pi_theta of `rows` with the current weights under `routes` (the routes the policy acts with), no grad."""
+    with torch.no_grad(), RouteReplay(policy, routes):
+        return forward_logp(policy, rollout, rows, temperature=temperature)[0]
+
+
 class UpdateKL:
     """One update's `kl/update_k3`: the scored rows' log-probs before the optimizer step (the loss's own where it
-    did not replay, else one more pass under the router's own routes), then after it (`emit`)."""
+    did not replay, else one more pass under the router's own routes), then after it (`emit`). With `acting` (the
+    update's rows' routes where the policy acts with routes not its router's: anchored), also
+    `kl/update_k3/acting` under them (before: the loss's own log-probs, which were under them)."""
 
     def __init__(
         self,
@@ -58,6 +68,7 @@ class UpdateKL:
         logp: Tensor,
         replayed: bool,
         temperature: float,
+        acting: Routes | None = None,
     ) -> None:
         # a process holding none of the subsample still runs the passes, on its first row, so that every process
         # joins their collectives (FSDP); it then keeps none of it
@@ -65,12 +76,18 @@ class UpdateKL:
         self.keep = slice(None) if scored.numel() else slice(0, 0)
         self.policy, self.rollout, self.rows, self.temperature = policy, rollout, rows[self.run], temperature
         self.before = native_logp(policy, rollout, self.rows, temperature) if replayed else logp.detach()[self.run]
+        self.acting = None if acting is None else acting[self.run]
+        self.acting_before = None if acting is None else logp.detach()[self.run]
 
     def emit(self, acc: Metrics, mask: Tensor) -> None:
         """After the optimizer step: the pass with the new weights, and the metric into the update's `acc`
         (`mask`: the update's valid response tokens, (b, T))."""
         after = native_logp(self.policy, self.rollout, self.rows, self.temperature)
-        update_kl_metrics(acc, self.before[self.keep], after[self.keep], mask[self.run][self.keep])
+        valid = mask[self.run][self.keep]
+        update_kl_metrics(acc, self.before[self.keep], after[self.keep], valid)
+        if self.acting is not None and self.acting_before is not None:
+            acted = acting_logp(self.policy, self.rollout, self.rows, self.temperature, self.acting)
+            update_kl_metrics(acc, self.acting_before[self.keep], acted[self.keep], valid, key=KL_UPDATE_K3_ACTING)
 
 
 def update_kl(
@@ -81,6 +98,8 @@ def update_kl(
     logp: Tensor,
     replayed: bool,
     temperature: float,
+    acting: Routes | None = None,
 ) -> UpdateKL | None:
-    """The update's `UpdateKL` on the rows at positions `scored` of `rows`; None when nothing is scored (off)."""
-    return None if scored is None else UpdateKL(policy, rollout, rows, scored, logp, replayed, temperature)
+    """The update's `UpdateKL` on the rows at positions `scored` of `rows` (`acting`: the routes those rows act
+    with where not the router's own); None when nothing is scored (off)."""
+    return None if scored is None else UpdateKL(policy, rollout, rows, scored, logp, replayed, temperature, acting)

@@ -116,9 +116,9 @@ KL_REF_K3 = "kl/ref_k3"
 KL_UPDATE_K3 = (
     "kl/update_k3"  # the realised per-update divergence: the calibration's axis (experiments/calibrate_kl.py)
 )
-KL_EARLY_STEPS = (
-    20  # its early window, steps 1..20: scored on every update there (metrics.update_kl_window), read there
-)
+KL_UPDATE_K3_ACTING = "kl/update_k3/acting"  # the same step under the routes the policy acts with (anchored runs)
+# its early window, steps 1..20: scored on every update there (metrics.update_kl_window), read there
+KL_EARLY_STEPS = 20
 # the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.stats.ratio_split_parts)
 RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
 RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
@@ -331,6 +331,13 @@ METRICS: tuple[Metric, ...] = (
         "extra no-grad forward of the update's rows after the optimizer step (under replay one more before it, for the "
         "native `logp_before`). Unlike `kl/k3`, which measures how far update u has drifted from the rollout's policy, "
         "this is each update's own step, nonzero at N = 1",
+    ),
+    Metric(
+        KL_UPDATE_K3_ACTING,
+        "`kl/update_k3` under the routes the policy acts with where they are not its router's: under anchored routing "
+        "(the cold start's routes, forced in the rollout, the old pass and every update), both log-probs under those "
+        "routes (`logp_before` is the loss's own; one more no-grad forward after the step). The divergence that acts "
+        "on such a policy, which arms are matched on; absent where the policy samples with its own router",
     ),
     Metric(
         KL_REF_K3, "k3 KL to the reference policy (the cold start), aggregated like the loss; only when `algo.beta > 0`"

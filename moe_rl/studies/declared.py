@@ -29,7 +29,7 @@ from scipy import stats
 from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
 from moe_rl.analysis.claims.rules import Claim
 from moe_rl.analysis.configs import cold_start_meta, run_meta, run_starts
-from moe_rl.analysis.dose import kl_per_run
+from moe_rl.analysis.dose import acting_kl_per_run
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, load_results, runs
 from moe_rl.analysis.power import (
     detectable_difference,
@@ -40,12 +40,12 @@ from moe_rl.analysis.power import (
 )
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
-from moe_rl.metrics.names import KL_UPDATE_K3, TASK_ACCURACY
+from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY
 from moe_rl.studies.design import Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
-KEYS = (TASK_ACCURACY, KL_UPDATE_K3)
+KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING)
 
 
 @dataclass
@@ -59,8 +59,9 @@ class StudyResult:
 
 
 def per_run(runs_dir: Path) -> pd.DataFrame:
-    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's key), seed, outcome
-    (`change`: late minus step-0 accuracy), late accuracy, collapse label and early per-update KL."""
+    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcome
+    (`change`: late minus step-0 accuracy), late accuracy, collapse label and early per-update KL on the routes it
+    acts with (`kl_acting`, `dose.acting_kl_per_run`)."""
     frames = []
     for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
         if not any(cell_dir.rglob("metrics.parquet")):
@@ -75,15 +76,15 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
         table["change"] = table["late_accuracy"] - table["start_accuracy"]
         table["collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
         table["start"] = run_starts(df[df["run"].isin(table.index)])
-        table = table.join(kl_per_run(df)[["kl_early"]]) if (df["key"] == KL_UPDATE_K3).any() else table
+        table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
         frames.append(table.reset_index(drop=True))
     if not frames:
         raise FileNotFoundError(f"no finished runs under {runs_dir}/<arm>@<level>/")
     out = pd.concat(frames, ignore_index=True)
-    if "kl_early" not in out:
-        out["kl_early"] = np.nan
+    if "kl_acting" not in out:
+        out["kl_acting"] = np.nan
     keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
-    return out[[*keep, "collapsed", "kl_early", "run_dir"]]
+    return out[[*keep, "collapsed", "kl_acting", "run_dir"]]
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
@@ -172,7 +173,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
 
 def cell_table(runs: pd.DataFrame, outcome: str) -> pd.DataFrame:
     """Per cell: runs, starts, the mean of its start means with the 95% t interval over starts, the floor and
-    collapse shares and the realised early per-update KL."""
+    collapse shares and the realised early per-update KL on the routes the arm acts with."""
     rows = []
     for cell, g in runs.groupby("cell", sort=False):
         iv = start_mean_interval(g[outcome], g["start"])
@@ -186,7 +187,7 @@ def cell_table(runs: pd.DataFrame, outcome: str) -> pd.DataFrame:
                 "hi": iv.hi,
                 "floor_share": float((g["late_accuracy"] <= 0).mean()),
                 "collapsed": float(g["collapsed"].mean()),
-                "kl_early": float(g["kl_early"].mean()),
+                "kl_acting": float(g["kl_acting"].mean()),
             }
         )
     return pd.DataFrame(rows)
