@@ -10,10 +10,10 @@
     python -m moe_rl.report --power RESULTS_DIR --contrast A-B [--mde 0.05] [--warmup-s S --run-s S]
                             [--by COLUMN] [--within KEY ...]        # starts needed for a paired contrast (printed)
 
-A folder's runs name the study that made them (the `experiment` their meta.json records, a preset of one row
-of `moe_rl.studies.STUDIES`); a study with a report of its own (drift_scaling, drift_forecast, the mechanism
-ladders, stabilizers, frontier) writes it whatever the options and wherever `--out` points. Other runs get the
-folder report (`moe_rl.analysis.folder_report`): `--by` names the comparison (default arm); every other run key
+A folder's runs name the study that made them (the `experiment` their meta.json records: a preset, or a declared
+study's name, of one row of `moe_rl.studies.STUDIES`); a row with a report of its own (a declared study's is
+`moe_rl.studies.declared`'s, from its declaration) writes it whatever the options and wherever `--out` points.
+Other runs get the folder report (`moe_rl.analysis.folder_report`): `--by` names the comparison (default arm); every other run key
 that varies is added to the grouping unless `--pool` names it, and summary.md says what was added and what was
 pooled. Runs are pooled only when they share every config key except the seed (their `config.yaml`): other
 differences (a reward, a step count, a data file) become a `config` column of the grouping, unless `--pool`
