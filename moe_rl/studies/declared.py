@@ -135,7 +135,9 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
         ref = pair_values(runs, contrast.requires, study.outcome)
         ref_mean = start_mean_interval(ref["value"], ref["start"]).mean if len(ref) else math.nan
         row["reference"] = ref_mean
-        if not ref_mean < contrast.requires_below:
+        if not len(ref):
+            why = "no runs of the reference's cells yet"
+        elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {ref_mean:+.3f}, not below {contrast.requires_below:+.3f}"
     if not looks:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
