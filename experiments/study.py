@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--studies", type=Path, default=STUDIES, help="the folder of declarations")
     args = ap.parse_args(argv)
+    args.runs = args.runs.resolve()  # the runs are launched from the repository root and read from here
     try:
         study = load_study(study_path(args.name, args.studies))
     except ValueError as err:

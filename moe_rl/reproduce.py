@@ -29,6 +29,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -160,7 +161,11 @@ def code_tree(run_dir: Path, trees: Path) -> tuple[str | None, str]:
     sha, digest = meta["git_sha"], meta.get("git_diff")
     dest = trees / (sha[:12] + (f"-{digest[:12]}" if digest else ""))
     if not (dest / "moe_rl").is_dir():
-        rebuild(repo, sha, patch_path(run_dir, digest) if digest else None, dest)
+        try:
+            rebuild(repo, sha, patch_path(run_dir, digest) if digest else None, dest)
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+            shutil.rmtree(dest, ignore_errors=True)  # never reused half-built
+            return None, f"its code could not be rebuilt ({err}): this checkout's code"
     return str(dest), f"commit {sha[:10]}" + (f" + patch {digest[:10]}" if digest else "")
 
 
@@ -282,7 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             if not args.current_code:
                 tree, code = code_tree(Path(run_dir), Path(trees))
             print(f"  {run}: {code}", flush=True)
-            jobs[run] = (str(config), str(out / run), str(args.cache.absolute()), str(args.compile).lower(), tree)
+            # absolute: a rebuilt tree's rerun runs in that tree
+            jobs[run] = (
+                str(config.absolute()),
+                str((out / run).absolute()),
+                str(args.cache.absolute()),
+                str(args.compile).lower(),
+                tree,
+            )
         print(f"rerunning {len(jobs)} of {len(outcomes)} runs of {args.results_dir} into {out}:", flush=True)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # each rerun in a process of its own
             futures = {pool.submit(_rerun_process, *job): run for run, job in jobs.items()}

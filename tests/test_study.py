@@ -50,7 +50,7 @@ def test_every_shipped_declaration_loads() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"design": {**BASE["design"], "looks": [2]}}, "cannot reach any level"),
+        ({"design": {**BASE["design"], "looks": [2]}}, "next to no power"),
         ({"design": {**BASE["design"], "looks": [3, 4]}}, "needs 4 starts but unit.members draws 3"),
         ({"contrasts": [{"name": "c", "cells": {"r2@mid": 1, "none@hi": -1}}]}, r"\['r2@mid'\] name an arm or level"),
         ({"contrasts": [{"name": "c", "cells": {"r2@hi": 1, "none@hi": -0.5}}]}, "weights sum to 0.5"),
@@ -81,9 +81,9 @@ def test_the_launch_runs_each_cell_over_the_looks_members(tmp_path) -> None:
 
 
 def _runs(values: dict[str, list[float]], late: float = 0.5) -> pd.DataFrame:
-    """One run per (cell, start) with `change` from `values[cell]` (start s at index s), seed = start."""
+    """One run per (cell, start) with `change` from `values[cell]` (start i at index i: member 300 + i, its seed)."""
     rows = [
-        {"cell": cell, "start": f"s{i}", "seed": i, "change": v, "late_accuracy": late, "collapsed": False}
+        {"cell": cell, "start": f"s{i}", "seed": 300 + i, "change": v, "late_accuracy": late, "collapsed": False}
         for cell, vals in values.items()
         for i, v in enumerate(vals)
     ]
@@ -126,6 +126,25 @@ def test_two_looks_reject_only_past_the_spent_boundary(tmp_path) -> None:
     row = declared.decide(study, _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]}), study.contrasts[0])
     assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["z"] < row["boundary"]
     assert row["verdict"] == declared.INCONCLUSIVE and row["reason"].startswith("continue")
+
+
+def test_no_difference_is_never_reproduced_and_a_repeated_pair_is_refused(tmp_path) -> None:
+    study = load_study(_write(tmp_path))
+    same = declared.decide(study, _runs({"none@hi": [0.1, 0.2, 0.3], "r2@hi": [0.1, 0.2, 0.3]}), study.contrasts[0])
+    assert same["z"] == 0 and same["verdict"] == declared.NOT_REPRODUCED  # [0, 0] lies inside the margin
+    twice = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.1, 0.2, 0.3]})
+    with pytest.raises(ValueError, match="repeat"):
+        declared.decide(study, pd.concat([twice, twice.iloc[[0]]]), study.contrasts[0])
+
+
+def test_a_crossing_at_an_early_look_stands_when_later_starts_arrive(tmp_path) -> None:
+    """Looks at 3 and 6 starts: the first 3 (members 300-302) differ by exactly +0.2 (z +inf: crossed at look 1);
+    3 later starts at -0.3 would pull the mean to -0.05, but the verdict is the first crossing's."""
+    study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
+    runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.2, 0.2, 0.2, -0.3, -0.3, -0.3]})
+    row = declared.decide(study, runs, study.contrasts[0])
+    assert (row["verdict"], row["look"], row["look_starts"]) == (declared.REPRODUCED, 1, 3)
+    assert row["estimate"] == pytest.approx(0.2) and row["starts"] == 6
 
 
 @pytest.mark.slow

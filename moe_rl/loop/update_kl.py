@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from moe_rl.loop.step_metrics import local_positions, split_subsample, update_kl_metrics
+from moe_rl.loop.step_metrics import instruments_due, local_positions, split_subsample, update_kl_metrics
 from moe_rl.metrics.accumulator import Metrics
 from moe_rl.metrics.names import KL_UPDATE_K3_ACTING
 from moe_rl.rollout.generate import Rollout, forward_logp
@@ -22,7 +22,7 @@ def update_kl_seed(seed: int, step: int) -> int:
 def update_kl_due(step: int, window: int | None, route_every: int) -> bool:
     """Whether `step` scores `kl/update_k3` (`metrics.update_kl_window`): every step of the early window 1..`window`,
     then the route instruments' steps (multiples of `route_every`); every step with `window` None."""
-    return window is None or step <= window or step % route_every == 0
+    return window is None or step <= window or instruments_due(step, route_every)
 
 
 def kl_rows(

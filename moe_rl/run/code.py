@@ -15,11 +15,14 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from moe_rl.run.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 PATCHES = ".code"  # beside a folder's run folders, hidden like Hydra's and the sweep progress's own
@@ -46,11 +49,11 @@ def tree_diff(root: Path) -> str:
     """The checkout's code changes against HEAD as a binary patch: tracked edits and the files git neither tracks
     nor ignores, under `CODE_PATHS` only (a run's own outputs, docs and tests are not its code), read through a copy
     of the index so the user's is untouched; "" for a clean tree."""
-    index = git(["rev-parse", "--git-path", "index"], cwd=root).stdout.strip()
+    index = root / git(["rev-parse", "--git-path", "index"], cwd=root).stdout.strip()  # root / absolute: itself
     with tempfile.TemporaryDirectory(prefix="moe_rl_index_") as tmp:
         scratch = Path(tmp) / "index"
-        if (root / index).is_file() or Path(index).is_file():
-            shutil.copyfile(root / index, scratch)  # root / an absolute path is that path
+        if index.is_file():
+            shutil.copyfile(index, scratch)
         env = {**os.environ, "GIT_INDEX_FILE": str(scratch)}
         added = git(["add", "--all", "--", *CODE_PATHS], cwd=root, env=env)
         if added.returncode != 0:
@@ -71,9 +74,7 @@ def store_patch(patch: str, folder: Path) -> str:
     path = folder / PATCHES / f"{digest}.patch"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(patch)
-        os.replace(tmp, path)
+        write_atomic(path, patch)
     return digest
 
 
@@ -87,7 +88,7 @@ def code_record(run_dir: Path) -> dict[str, Any]:
         return {"git_sha": "unknown", "git_dirty": None}
     try:
         patch = tree_diff(root)
-    except RuntimeError as err:  # provenance must never cost the run
+    except (RuntimeError, OSError) as err:  # provenance must never cost the run
         log.warning("could not record the run's code changes: %s", err)
         return {"git_sha": sha, "git_dirty": None, "code_error": str(err)}
     record: dict[str, Any] = {"git_sha": sha, "git_dirty": bool(patch)}
@@ -135,7 +136,7 @@ def rebuild(repo: Path, sha: str, patch: Path | None, dest: Path) -> Path:
         raise RuntimeError(f"git archive {sha[:10]} failed: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     if patch is not None:
-        include = [f"--include={p}" + ("/*" if not p.endswith(".toml") else "") for p in CODE_PATHS]
+        include = [f"--include={p}{tail}" for p in CODE_PATHS for tail in ("", "/*")]
         outside = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.absolute().parent)}  # a plain folder, no repo
         applied = git(["apply", "--binary", *include, str(patch.absolute())], cwd=dest, env=outside)
         if applied.returncode != 0:
@@ -152,6 +153,6 @@ def portable(value: Any, roots: tuple[Path, ...]) -> Any:
         return [portable(v, roots) for v in value]
     if isinstance(value, str):
         for root in sorted({str(r).rstrip("/") for r in roots if str(r) not in ("", "/")}, key=len, reverse=True):
-            value = value.replace(root + "/", "").replace(root, ".")
+            value = re.sub(re.escape(root) + r"(/|(?![^\s\"'=,:;]))", lambda m: "" if m.group(1) else ".", value)
         return value
     return value

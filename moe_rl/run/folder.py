@@ -516,6 +516,11 @@ def cpu_id() -> str:
     return f"{_cpuinfo('vendor_id') or platform.machine()} {_cpu_model()}"
 
 
+def recorded_cpu_id(cpu: dict[str, Any]) -> str:
+    """`cpu_id` of the CPU a meta.json's `cpu` block records (the machine's architecture where no vendor is)."""
+    return f"{cpu.get('vendor') or cpu.get('machine') or '?'} {cpu.get('model') or '?'}"
+
+
 def _cpu_flags() -> set[str]:
     return set((_cpuinfo("flags") or "").split())
 

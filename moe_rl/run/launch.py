@@ -184,7 +184,7 @@ def launch_line(run_dirs: list[Path], this_cpu: str | None = None) -> str:
     member that CPU warmed is warmed again here (a twin of the same start, not a new one)."""
     from collections import Counter
 
-    from moe_rl.run.folder import cpu_id
+    from moe_rl.run.folder import cpu_id, recorded_cpu_id
 
     this_cpu = this_cpu or cpu_id()
     made: Counter[str] = Counter()
@@ -196,8 +196,7 @@ def launch_line(run_dirs: list[Path], this_cpu: str | None = None) -> str:
             meta = json.loads((run_dir / "meta.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        cpu = meta.get("cpu") or {}
-        machine = f"{cpu.get('vendor') or '?'} {cpu.get('model') or '?'}"
+        machine = recorded_cpu_id(meta.get("cpu") or {})
         made[
             f"{machine}, numerics {meta.get('numerics') or 'native'}{', compiled' if meta.get('compiled') else ''}"
         ] += 1

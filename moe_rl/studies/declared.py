@@ -5,9 +5,9 @@ The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on (start, see
 - **untestable here** where the contrast cannot differ: most runs of every cell it reads sit at the floor (late
   accuracy 0) or at the ceiling (1), or the reference does not degrade (its declared `requires` combination's mean
   is not below its bound);
-- **reproduced** where the look's one-sided t on start means, read as a z (`sequential.t_to_z`), reaches the
-  look's O'Brien-Fleming-type boundary (`sequential.boundaries` over the declared looks, alpha spent one-sided in
-  the claimed direction);
+- **reproduced** where, at the first look that reaches it (looks read in order, each on its members), the one-sided
+  t on start means, read as a z (`sequential.t_to_z`), reaches the look's O'Brien-Fleming-type boundary
+  (`sequential.boundaries` at the information reached, alpha spent one-sided in the claimed direction);
 - **not reproduced** at the last look where the repeated confidence interval (the t interval at the level the
   look's boundary spends, so that it excludes 0 in the claimed direction exactly when the boundary is reached) lies
   inside +-margin or wholly on the other side of 0;
@@ -17,6 +17,7 @@ The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on (start, see
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from moe_rl.analysis.power import (
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY
-from moe_rl.studies.design import Contrast, Study, load_study
+from moe_rl.studies.design import MIN_STARTS, POOL, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
@@ -88,20 +89,29 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
-    """Per (start, seed) where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`)."""
-    wide = runs.pivot_table(index=["start", "seed"], columns="cell", values=outcome, aggfunc="first")
+    """Per (start, seed) where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`).
+    Two runs of one cell at one (start, seed) are an error, not a choice."""
     cols = {f"{a}@{lv}": w for (a, lv), w in weights.items()}
+    used = runs[runs["cell"].isin(list(cols))]
+    twice = used[used.duplicated(["cell", "start", "seed"], keep=False)]
+    if len(twice):
+        raise ValueError(
+            f"runs repeat (cell, start, seed): {sorted(set(map(tuple, twice[['cell', 'start', 'seed']].values)))[:3]}"
+        )
+    wide = used.pivot(index=["start", "seed"], columns="cell", values=outcome)
     if not set(cols) <= set(wide.columns):
         return pd.DataFrame(columns=["start", "seed", "value"])
     wide = wide[list(cols)].dropna()
     value = sum(wide[c] * w for c, w in cols.items())
-    return value.rename("value").reset_index()
+    return pd.Series(value, index=wide.index, dtype=float).rename("value").reset_index()
 
 
 def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
-    """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; else None."""
-    cells = runs[runs["cell"].isin([f"{a}@{lv}" for a, lv in contrast.weights])]
-    if cells.empty:
+    """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; else None
+    (also while some cell has no run yet)."""
+    names = [f"{a}@{lv}" for a, lv in contrast.weights]
+    cells = runs[runs["cell"].isin(names)]
+    if set(cells["cell"]) != set(names):
         return None
     by = cells.groupby("cell")["late_accuracy"]
     floor, ceiling = by.apply(lambda v: (v <= 0).mean()), by.apply(lambda v: (v >= 1).mean())
@@ -112,48 +122,81 @@ def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
     return None
 
 
+def looks_reached(study: Study, pairs: pd.DataFrame) -> list[int]:
+    """The starts at each declared look the pairs have reached, in order: look j is reached once a member of its
+    block (members[looks[j-1]:looks[j]]) has a pair; its information is the starts among members[:looks[j]]
+    (fewer than declared where runs failed). A look that adds no start is not counted."""
+    member = pairs["seed"].astype(int) % POOL
+    counts: list[int] = []
+    first = 0
+    for n in study.design.looks:
+        if not member.isin(study.members[first:n]).any():
+            break
+        c = int(pairs.loc[member.isin(study.members[:n]), "start"].nunique())
+        if not counts or c > counts[-1]:
+            counts.append(c)
+        first = n
+    return counts
+
+
+def _z(means: np.ndarray, sign: float) -> tuple[float, float]:
+    """(se, z) of the one-sided t on start means in the claimed direction; no spread: z is 0 at a zero mean and
+    +-inf otherwise (every start the same difference)."""
+    C, mean = len(means), float(means.mean())
+    se = float(means.std(ddof=1)) / math.sqrt(C)
+    if se > 0:
+        return se, float(t_to_z(sign * mean / se, C - 1))
+    return se, 0.0 if mean == 0 else math.copysign(math.inf, sign * mean)
+
+
 def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, object]:
-    """The one rule (module docstring) for `contrast` on the finished `runs`: its verdict, reason, starts, seeds,
-    estimate (mean of start means, in the contrast's units), the repeated confidence interval, the look, the
-    components and the detectable difference."""
+    """The one rule (module docstring) for `contrast` on the finished `runs`: its verdict and reason, the look that
+    decided it and its starts, the estimate (mean of start means, in the contrast's units) with its repeated
+    confidence interval, the variance components over every pair and the difference the starts could detect."""
     d = study.design
     pairs = pair_values(runs, contrast.weights, study.outcome)
-    C = int(pairs["start"].nunique()) if len(pairs) else 0
+    C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
-    row.update(starts=C, pairs=len(pairs))
-    looks = [k for k, n in enumerate(d.looks) if n <= C]
-    interval = start_mean_interval(pairs["value"], pairs["start"]) if C else None
-    row["estimate"] = interval.mean if interval else math.nan
-    comp = variance_components(pairs, "start", "value") if C >= 2 else None
-    m = len(pairs) / C if C else math.nan
+    row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
+    comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
+    m = len(pairs) / C_all if C_all else math.nan
     if comp is not None:
         row.update(sd_between=comp.sd_between, sd_within=comp.sd_within, icc=comp.icc)
-        row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C, m, d.power, d.alpha, sides=1)
+        row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C_all, m, d.power, d.alpha, sides=1)
         row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, d.mde, m, d.power, d.alpha, sides=1)
     why = bound_reason(runs, contrast)
     if why is None and contrast.requires:
         ref = pair_values(runs, contrast.requires, study.outcome)
-        ref_mean = start_mean_interval(ref["value"], ref["start"]).mean if len(ref) else math.nan
+        ref_mean = float(ref["value"].groupby(ref["start"]).mean().mean()) if len(ref) else math.nan
         row["reference"] = ref_mean
         if not len(ref):
             why = "no runs of the reference's cells yet"
         elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {ref_mean:+.3f}, not below {contrast.requires_below:+.3f}"
-    if not looks:
+    counts = looks_reached(study, pairs) if len(pairs) else []
+    if not counts or counts[0] < MIN_STARTS:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
-        row["reason"] = why or f"{C} starts: before the first look at {d.looks[0]}"
+        row["reason"] = f"{C_all} starts: before the first look at {d.looks[0]}" + (f" ({why})" if why else "")
         return row
-    k = looks[-1]
-    bounds = boundaries(d.looks, d.alpha, sides=1)
-    means = start_means(pairs["value"], pairs["start"])  # (C,)
-    se = float(means.std(ddof=1)) / math.sqrt(C)
-    t = contrast.sign * float(means.mean()) / se if se > 0 else contrast.sign * math.copysign(math.inf, means.mean())
-    z = float(t_to_z(t, C - 1))
+    final = len(counts) == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
+    info = counts if final else [*counts, d.looks[-1]]  # spending at the information reached
+    bounds = boundaries(info, d.alpha, sides=1)
+    member = pairs["seed"].astype(int) % POOL
+    for k, n in enumerate(d.looks[: len(counts)]):
+        at = pairs[member.isin(study.members[:n])]
+        means = start_means(at["value"], at["start"])  # (C_k,)
+        se, z = _z(means, contrast.sign)
+        if z >= bounds[k] or k == len(counts) - 1:
+            break
     spent = float(stats.norm.sf(bounds[k]))  # the one-sided level at which this look's boundary rejects
-    half = float(stats.t.isf(spent, C - 1)) * se  # so the interval clears 0 in the claimed direction iff z >= bound
-    lo, hi = float(means.mean()) - half, float(means.mean()) + half
-    row.update(look=k + 1, z=z, boundary=bounds[k], lo=lo, hi=hi, level=1 - 2 * spent)
-    last = k == len(d.looks) - 1
+    half = (
+        float(stats.t.isf(spent, len(means) - 1)) * se
+    )  # the interval clears 0 in the claimed direction iff z >= bound
+    mean = float(means.mean())
+    lo, hi = mean - half, mean + half
+    row.update(look=k + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
+    row["level"] = 1 - 2 * spent
+    last = final and k == len(counts) - 1
     if why is not None:
         row.update(verdict=UNTESTABLE, reason=why)
     elif z >= bounds[k]:
@@ -165,9 +208,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
             reason=f"interval inside +-{d.margin:g}" if inside else "interval wholly against the claimed direction",
         )
     elif last:
-        row.update(
-            verdict=INCONCLUSIVE, reason=f"pool limit reached; detectable at 80%: {row.get('detectable', math.nan):.3f}"
-        )
+        detectable = row.get("detectable", math.nan)
+        row.update(verdict=INCONCLUSIVE, reason=f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}")
     else:
         row.update(verdict=INCONCLUSIVE, reason=f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {k + 1}")
     return row
@@ -212,22 +254,25 @@ def start_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyse(study: Study, runs_dir: Path) -> StudyResult:
+    """The study's tables and verdicts from its runs under `runs_dir` (read once per process and folder state)."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise FileNotFoundError(f"no runs folder {runs_dir}")
+    stamp = max((p.stat().st_mtime_ns for p in runs_dir.glob("*/*/status.json")), default=0)
+    return _analysed(study.file.resolve(), runs_dir.resolve(), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
+    """`analyse`, once per declaration, runs folder and state of its runs (`stamp`: their newest status.json)."""
+    study = load_study(study_file)
     table = per_run(runs_dir)
     verdicts = pd.DataFrame([decide(study, table, c) for c in study.contrasts])
-    domains = sorted(
-        {
-            f"{run_meta(Path(str(r))).get('numerics', 'native')}, "
-            f"{'compiled' if run_meta(Path(str(r))).get('compiled') else 'eager'}"
-            for r in table["run_dir"]
-        }
-    )
+    metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
+    domains = sorted({f"{m.get('numerics', 'native')}, {'compiled' if m.get('compiled') else 'eager'}" for m in metas})
+    provenance = load_provenance(runs_dir)
     return StudyResult(
-        table,
-        cell_table(table, study.outcome),
-        verdicts,
-        start_table(table),
-        domains,
-        provenance_line(load_provenance(runs_dir)),
+        table, cell_table(table, study.outcome), verdicts, start_table(table), domains, provenance_line(provenance)
     )
 
 
@@ -277,7 +322,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     lines = [
         f"# Study `{study.name}`",
         "",
-        f"Declared in `{study.file.as_posix().split('experiments/', 1)[-1]}` before its runs. {study.question}",
+        f"Declared in `experiments/conf/study/{study.file.name}` before its runs. {study.question}",
         "",
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
@@ -327,10 +372,11 @@ def study_claim(
         prior = earlier(root, presets)
         study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
         runs_dir = Path(root) / study.name / "runs"
-        if not runs_dir.is_dir():
-            prior.notes.append(f"the declared study `{study.name}` that decides it has no runs yet")
+        try:
+            result = analyse(study, runs_dir)
+        except FileNotFoundError:
+            prior.notes.append(f"the declared study `{study.name}` that decides it has no finished runs yet")
             return prior
-        result = analyse(study, runs_dir)
         row = result.verdicts.set_index("contrast").loc[contrast]
         c = Claim(
             claim_id,

@@ -7,8 +7,8 @@ for each study, and the seeds per member), the outcome (one named definition), t
 of cells `arm@level`, paired on start and seed, with the claimed direction, the claim it decides or "exploratory",
 and optionally the reference's own degradation that makes it testable), and the design: the smallest difference it
 is sized to detect, its power and level, the looks (starts after which it decides) and where its start count came
-from. `load_study` refuses a declaration whose rule cannot reach its level at a look, whose looks need more starts
-than it draws, or whose contrasts name cells it does not run.
+from. `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
+whose looks need more starts than it draws, or whose contrasts name cells it does not run.
 
 Member m of a study's pool is the warm-up at cold-start seed m (`cold_start.pool` is set above any member, so run
 seed m starts from member m; replicate r of member m runs at seed m + r * POOL).
@@ -116,7 +116,7 @@ def _combination(raw: dict, study: str) -> dict[tuple[str, str], float]:
 
 
 def _members(raw: object, study: str) -> tuple[int, ...]:
-    """`[first, last]` (inclusive) or `first..last` or a list of member ids."""
+    """`first..last` (inclusive) or a list of member ids."""
     if isinstance(raw, str) and (m := re.fullmatch(r"(\d+)\.\.(\d+)", raw.strip())):
         return tuple(range(int(m.group(1)), int(m.group(2)) + 1))
     if isinstance(raw, list) and raw and all(isinstance(v, int) for v in raw):
@@ -178,7 +178,7 @@ def load_study(path: str | Path) -> Study:
     return study
 
 
-MIN_STARTS = 3  # a t on start means below 3 starts has 1 degree of freedom: no level the looks spend is in reach
+MIN_STARTS = 3  # a first look on fewer starts (a t with 1 degree of freedom) has next to no power at spent levels
 
 
 def check_study(study: Study) -> None:
@@ -192,6 +192,8 @@ def check_study(study: Study) -> None:
         unknown = [f"{a}@{lv}" for a, lv in (*c.weights, *c.requires) if a not in study.arms or lv not in study.levels]
         if unknown:
             raise ValueError(f"study {name}, contrast {c.name}: cells {unknown} name an arm or level it does not run")
+        if not c.weights:
+            raise ValueError(f"study {name}, contrast {c.name}: no cells")
         if abs(sum(c.weights.values())) > 1e-12:
             raise ValueError(f"study {name}, contrast {c.name}: weights sum to {sum(c.weights.values())}, not 0")
     for arm in study.arms.values():
@@ -204,8 +206,8 @@ def check_study(study: Study) -> None:
         raise ValueError(f"study {name}: looks {list(d.looks)} must increase")
     if d.looks[0] < MIN_STARTS:
         raise ValueError(
-            f"study {name}: its first look at {d.looks[0]} starts cannot reach any level it spends (a t on start means "
-            f"needs at least {MIN_STARTS} starts); look first at {MIN_STARTS} or more"
+            f"study {name}: its first look at {d.looks[0]} starts has next to no power at the level it spends (a t on "
+            f"start means with one degree of freedom); look first at {MIN_STARTS} starts or more"
         )
     if d.looks[-1] > len(study.members):
         raise ValueError(
