@@ -11,6 +11,7 @@ from helpers import loop_config
 
 from moe_rl.config import validate
 from moe_rl.loop.passes import anchor_routes
+from moe_rl.metrics.names import KL_UPDATE_K3_ACTING
 from moe_rl.models import build_model
 from moe_rl.rollout.generate import generate
 from moe_rl.rollout.sampler import position_ids
@@ -100,6 +101,7 @@ def test_anchored_to_the_old_policy_is_r2_bitwise(tmp_path, cache) -> None:
     for step in (1, 2, 3):
         a, b = anchored.step(step), r2.step(step)
         a, b = ({k: v for k, v in m.items() if not k.startswith("time/")} for m in (a, b))
+        assert a.pop(KL_UPDATE_K3_ACTING) > 0  # anchored alone acts with routes not its router's
         assert a.keys() == b.keys()
         assert [k for k in a if not (a[k] == b[k] or a[k] != a[k] and b[k] != b[k])] == []  # NaN == NaN
     r2_weights = dict(r2.policy.named_parameters())

@@ -370,12 +370,12 @@ def study_claim(
 
     def judge(root: Path, presets: Path) -> Claim:
         prior = earlier(root, presets)
-        study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
-        runs_dir = Path(root) / study.name / "runs"
-        try:
-            result = analyse(study, runs_dir)
+        declaration = Path(presets).parent / "study" / f"{study_name}.yaml"
+        try:  # no declaration here (a presets folder of another checkout) or no finished run: the earlier looks
+            study = load_study(declaration)
+            result = analyse(study, Path(root) / study.name / "runs")
         except FileNotFoundError:
-            prior.notes.append(f"the declared study `{study.name}` that decides it has no finished runs yet")
+            prior.notes.append(f"the declared study `{study_name}` that decides it has no finished runs here yet")
             return prior
         row = result.verdicts.set_index("contrast").loc[contrast]
         c = Claim(
