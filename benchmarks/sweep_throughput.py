@@ -16,7 +16,9 @@ later runs reuse its compiled graphs) and the evaluations. It prints each settin
 per repeat and as medians over repeats, each later setting / the first in runs per hour for each layout, and 2x1/1x2
 for each setting (above 1: the first is faster).
 
-Settings run in one order and then the reverse on odd repeats (ABBA), so a slow spell of the machine hits both sides
+`--clock cpu` times the sweep's processes' CPU time (user + system) instead of the wall clock: runs per CPU-hour,
+which other load on the machine inflates far less (at one thread per run). Settings run in one order and then the
+reverse on odd repeats (ABBA), so a slow spell of the machine hits both sides
 of a ratio. Quote the ratios; the absolute rates vary with the machine and its load.
 
 The instrument schedule's price (docs/performance.md), on the causal block:
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -104,12 +107,19 @@ def sweep_command(args: argparse.Namespace, setting: list[str], layout: str, out
     return cmd
 
 
-def run_sweep(cmd: list[str], log: Path) -> float:
-    """Wall seconds of one multirun; its output goes to `log`, and a failure exits naming it."""
-    start = time.perf_counter()
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children, the sweep's processes among them."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_sweep(cmd: list[str], log: Path, clock: str = "wall") -> float:
+    """Seconds of one multirun (`clock` wall: start to end; cpu: the CPU time of its processes, which other load on
+    the machine inflates far less); its output goes to `log`, and a failure exits naming it."""
+    start, cpu = time.perf_counter(), children_cpu()
     with log.open("w") as out:
         code = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start if clock == "wall" else children_cpu() - cpu
     if code != 0:
         raise SystemExit(f"the sweep exited {code}: {' '.join(cmd[1:])}\n{log.read_text()[-2000:]}")
     return seconds
@@ -152,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=None, help="the length study's task at L digits")
     parser.add_argument("--set", action="append", default=[], help="an override for every run (repeatable)")
     parser.add_argument("--keep", default=None, help="keep each setting's runs and log under this folder")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the sweep processes' CPU time")
     args = parser.parse_args(argv)
     if args.block and args.length:
         raise SystemExit("--block and --length: choose one")
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     described = "; ".join(f"{name}: {' '.join(o) or 'defaults'}" for name, o in named.items())
     print(
         f"{n_runs} runs per sweep ({' '.join(swept)} x seeds {args.seeds}), {args.steps} steps, {what}; "
-        f"{args.repeats} repeat(s) of {len(settings)} settings ({described}), wall clock",
+        f"{args.repeats} repeat(s) of {len(settings)} settings ({described}), {args.clock} clock",
         flush=True,
     )
     rate: dict[tuple[str, str], list[float]] = {s: [] for s in settings}
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, layout in settings if repeat % 2 == 0 else settings[::-1]:
                 out_dir = Path(tmp) / f"{repeat}_{name}_{layout}"
                 cmd = sweep_command(args, named[name], layout, out_dir)
-                seconds = run_sweep(cmd, Path(tmp) / f"{out_dir.name}.log")
+                seconds = run_sweep(cmd, Path(tmp) / f"{out_dir.name}.log", args.clock)
                 done = finished_runs(out_dir)
                 if done != n_runs:
                     raise SystemExit(f"{name} {layout}: {done} of {n_runs} runs finished")
