@@ -18,8 +18,9 @@ def test_every_results_folder_has_one_row_and_every_row_its_presets() -> None:
     folders = [s.folder for s in studies.STUDIES]
     assert len(folders) == len(set(folders))
     assert folders[0] == "compare"  # the main job first
-    assert set(folders) == {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
     declared = {p.stem for p in (PRESETS.parent / "study").glob("*.yaml")}  # a declared study names its runs
+    shipped_folders = {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
+    assert shipped_folders <= set(folders) and set(folders) - shipped_folders <= declared  # declared: runs may come
     shipped = {p.stem for p in PRESETS.glob("*.yaml")} | declared
     assert {p for s in studies.STUDIES for p in s.presets} <= shipped
     named = [p for s in studies.STUDIES for p in s.presets]
@@ -65,7 +66,7 @@ def test_results_index_is_current() -> None:
     )
     text = page.read_text()
     assert text.index("[compare](compare/summary.md)") < text.index("[phase](phase/summary.md)")
-    assert "| 2: inconclusive; 3: inconclusive; 6: not reproduced |" in text  # 2, 3: one cold start
+    assert "| 6: not reproduced |" in text  # the phase map decides claim 6 (2 and 3: the offpolicy_replay study)
 
 
 def test_index_helpers() -> None:
