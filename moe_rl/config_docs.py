@@ -105,8 +105,9 @@ MEANINGS = {
     "(two under replay): about 1.04x a step's CPU time at N = 1, 1.11x at N = 4, 1.18x at N = 8 (default model), "
     "on the steps `metrics.update_kl_window` schedules",
     "metrics.update_kl_window": "`kl/update_k3` is scored on every update of steps 1..this (the early window the "
-    "analyses read, `moe_rl.analysis.dose.kl_summary`), then on the route instruments' steps (`metrics.route_every`); "
-    "the window's values are bitwise those of a run scoring every step. null: every step",
+    "analyses read, `moe_rl.analysis.dose.kl_summary`), then on one update of each route instruments' step "
+    "(`metrics.route_every`), in rotation over the updates; the window's values are bitwise those of a run scoring "
+    "every update. null: every update of every step",
 }
 
 

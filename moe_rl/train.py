@@ -81,7 +81,7 @@ from moe_rl.loop.step_metrics import (
     split_subsample,
     update_routes,
 )
-from moe_rl.loop.update_kl import kl_rows, update_kl, update_kl_due
+from moe_rl.loop.update_kl import kl_rows, scored_updates, update_kl
 from moe_rl.metrics.accumulator import Metrics
 from moe_rl.metrics.names import (
     LOSS,
@@ -323,8 +323,8 @@ class Trainer:
         if split and cfg.metrics.split_rows is not None:
             generator = torch.Generator().manual_seed(split_seed(cfg.seed, step))
             picks = [split_subsample(len(rows), cfg.metrics.split_rows, generator) for rows in minibatches]
-        due = update_kl_due(step, cfg.metrics.update_kl_window, cfg.metrics.route_every)  # kl/update_k3's schedule
-        kls = kl_rows(cfg.metrics.update_kl_rows if due else 0, cfg.seed, step, minibatches, first, len(batch.rollout))
+        scored = scored_updates(step, cfg.metrics.update_kl_window, cfg.metrics.route_every, N)  # kl/update_k3's
+        kls = kl_rows(cfg.metrics.update_kl_rows, cfg.seed, step, minibatches, first, len(batch.rollout), scored)
         self.policy.train()
         chunks = self.dist.chunks(minibatches, first, len(batch.rollout))
         metrics = []

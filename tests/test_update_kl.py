@@ -11,7 +11,7 @@ import torch
 from helpers import loop_config, run_metrics
 
 from moe_rl.loop.step_metrics import update_kl_metrics
-from moe_rl.loop.update_kl import kl_rows, update_kl_due
+from moe_rl.loop.update_kl import kl_rows, scored_updates
 from moe_rl.metrics.accumulator import Metrics
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, defines
 from moe_rl.train import train
@@ -70,15 +70,22 @@ def test_update_kl_is_logged_every_step_and_moves_no_other_number(tmp_path, cach
     assert not every.loc[every["key"] == KL_UPDATE_K3, "value"].equals(kl["value"])
 
 
-def test_the_schedule_scores_the_early_window_then_the_route_steps() -> None:
-    assert [s for s in range(1, 61) if update_kl_due(s, 20, 10)] == [*range(1, 21), 30, 40, 50, 60]
-    assert [s for s in range(1, 6) if update_kl_due(s, 0, 2)] == [2, 4]
-    assert all(update_kl_due(s, None, 10) for s in range(1, 61))
+def test_the_schedule_scores_the_early_window_then_one_update_of_the_route_steps() -> None:
+    plan = {s: scored_updates(s, 20, 10, 4) for s in range(1, 61)}
+    assert [s for s, p in plan.items() if any(p)] == [*range(1, 21), 30, 40, 50, 60]
+    assert all(all(plan[s]) for s in range(1, 21))  # the window: every update
+    assert [plan[s].index(True) for s in (30, 40, 50, 60)] == [3, 0, 1, 2] and all(sum(plan[s]) == 1 for s in (30, 60))
+    assert [s for s in range(1, 6) if any(scored_updates(s, 0, 2, 2))] == [2, 4]
+    assert all(all(scored_updates(s, None, 10, 3)) for s in range(1, 61))
+    minibatches = torch.arange(32).chunk(2)
+    both, second = kl_rows(3, 0, 5, minibatches, 0, 32), kl_rows(3, 0, 5, minibatches, 0, 32, [False, True])
+    assert second[0] is None and second[1] is not None and torch.equal(second[1], both[1])  # the same draws
 
 
 def test_a_scheduled_run_logs_the_window_bitwise_and_moves_no_other_number(tmp_path, cache) -> None:
-    """Window 2, route instruments every 2nd step, 5 steps: kl/update_k3 on steps 1, 2 and 4, each value bitwise the
-    one a run scoring every step logs there; every other value bitwise the same."""
+    """Window 2, route instruments every 2nd step, 5 steps: kl/update_k3 on steps 1, 2 (every update, each value
+    bitwise the one a run scoring every step logs there) and 4 (one of its updates); every other value bitwise the
+    same."""
     values = {}
     for name, window in (("every", None), ("scheduled", 2)):
         cfg = loop_config(tmp_path, cache, steps=5, N=2, name=name)
@@ -90,7 +97,7 @@ def test_a_scheduled_run_logs_the_window_bitwise_and_moves_no_other_number(tmp_p
     assert kl["step"].tolist() == [1, 2, 4]
     every_kl = every[every["key"] == KL_UPDATE_K3]
     assert every_kl["step"].tolist() == [1, 2, 3, 4, 5]
-    pd.testing.assert_frame_equal(kl, every_kl[every_kl["step"].isin([1, 2, 4])].reset_index(drop=True))
+    pd.testing.assert_frame_equal(kl[kl["step"] <= 2], every_kl[every_kl["step"] <= 2].reset_index(drop=True))
     others = [f[f["key"] != KL_UPDATE_K3].reset_index(drop=True) for f in (every, scheduled)]
     pd.testing.assert_frame_equal(*others)
 

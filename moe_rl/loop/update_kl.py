@@ -19,25 +19,40 @@ def update_kl_seed(seed: int, step: int) -> int:
     return seed * 1_000_151 + step + 130_363
 
 
-def update_kl_due(step: int, window: int | None, route_every: int) -> bool:
-    """Whether `step` scores `kl/update_k3` (`metrics.update_kl_window`): every step of the early window 1..`window`,
-    then the route instruments' steps (multiples of `route_every`); every step with `window` None."""
-    return window is None or step <= window or instruments_due(step, route_every)
+def scored_updates(step: int, window: int | None, route_every: int, updates: int) -> list[bool]:
+    """Which of `step`'s `updates` score `kl/update_k3` (`metrics.update_kl_window`): all of them on every step of
+    the early window 1..`window` (every step with `window` None); after it, on the route instruments' steps
+    (multiples of `route_every`), one, in rotation over the steps (the k-th such step scores update k mod N), so
+    the run's mean is an unbiased estimate at a fraction of the cost; none on the others."""
+    if window is None or step <= window:
+        return [True] * updates
+    if not instruments_due(step, route_every):
+        return [False] * updates
+    one = (step // route_every) % updates
+    return [u == one for u in range(updates)]
 
 
 def kl_rows(
-    keep: int | None, seed: int, step: int, minibatches: tuple[Tensor, ...], first: int, count: int
+    keep: int | None,
+    seed: int,
+    step: int,
+    minibatches: tuple[Tensor, ...],
+    first: int,
+    count: int,
+    scored: list[bool] | None = None,
 ) -> list[Tensor | None]:
     """Per mini-batch (global row ids), the positions among this process's rows (it holds [first, first + count)) of
     the `keep` rows `kl/update_k3` scores, drawn from `update_kl_seed`; every row with `keep` None; None (nothing
-    scored) with `keep` 0. One subsample of the global mini-batch, whatever the world size."""
+    scored) with `keep` 0 and for the mini-batches `scored` (`scored_updates`; None: all) leaves out. One subsample
+    of the global mini-batch, whatever the world size, and the same draws whichever updates are scored."""
     if keep == 0:
         return [None] * len(minibatches)
     generator = torch.Generator().manual_seed(update_kl_seed(seed, step))
     picks = [split_subsample(len(rows), keep, generator) for rows in minibatches]
+    scored = scored if scored is not None else [True] * len(minibatches)
     return [
-        local_positions(rows, torch.arange(len(rows)) if picked is None else picked, first, count)
-        for rows, picked in zip(minibatches, picks)
+        local_positions(rows, torch.arange(len(rows)) if picked is None else picked, first, count) if use else None
+        for rows, picked, use in zip(minibatches, picks, scored)
     ]
 
 

@@ -328,8 +328,8 @@ METRICS: tuple[Metric, ...] = (
         "per-update KL: k3 estimate of `KL(pi_before || pi_after)` across each optimizer update, on that update's own "
         "tokens: mean over its valid response tokens of `exp(d) - 1 - d`, `d = logp_after - logp_before`, both under "
         "the policy's own routing (the router's choice, also under replay); a step logs the mean over its updates, on "
-        "the steps `metrics.update_kl_window` schedules (every step of the early window 1..20, then the route "
-        "instruments' steps). One "
+        "the updates `metrics.update_kl_window` schedules (every update of the early window, steps 1..20, then one "
+        "update of each route instruments' step). One "
         "extra no-grad forward of the update's rows after the optimizer step (under replay one more before it, for the "
         "native `logp_before`). Unlike `kl/k3`, which measures how far update u has drifted from the rollout's policy, "
         "this is each update's own step, nonzero at N = 1",
