@@ -296,3 +296,17 @@ def test_a_two_sided_p_that_cannot_reach_005_is_marked() -> None:
                kl_ratio=1.0, descriptive="")  # fmt: skip
     text = length_report.format_contrasts(pd.DataFrame([{**row, "n_starts": 5}, {**row, "n_starts": 6}]))
     assert "| 9 (5) | +0.5 [-1.0, +2.0] | 0.0625* |" in text and "| 9 (6) | +0.5 [-1.0, +2.0] | 0.0625 |" in text
+
+
+def test_a_cell_where_every_run_sits_at_the_floor_is_untestable_not_a_refutation() -> None:
+    at_floor = {
+        "descriptive": "",
+        "grpo_change": -0.25,
+        "floor": True,
+        "p_one": 0.5,
+        "p_holm": 1.0,
+        "lo": 0.0,
+        "hi": 0.0,
+    }
+    verdict, reason = lc.claim2_at(at_floor)
+    assert verdict == UNTESTABLE_HERE and "floor" in reason

@@ -42,6 +42,7 @@ from moe_rl.analysis.power import (
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY
+from moe_rl.run.folder import read_status
 from moe_rl.studies.design import MIN_STARTS, POOL, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
@@ -85,7 +86,8 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     if "kl_acting" not in out:
         out["kl_acting"] = np.nan
     keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
-    return out[[*keep, "collapsed", "kl_acting", "run_dir"]]
+    out["wall_s"] = [read_status(Path(str(r))).get("wall_s", np.nan) for r in out["run_dir"]]
+    return out[[*keep, "collapsed", "kl_acting", "wall_s", "run_dir"]]
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
@@ -327,7 +329,9 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
         f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.",
-        f"Numerics domain of the runs: {'; '.join(result.domains)}.",
+        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} new cold starts, "
+        f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
+        f"{'; '.join(result.domains)}.",
         result.provenance,
         "",
         "## Contrasts",

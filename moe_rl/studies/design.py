@@ -157,7 +157,7 @@ def load_study(path: str | Path) -> Study:
         alpha=float(d.get("alpha", 0.025)),
         looks=tuple(int(x) for x in d["looks"]),
         margin=float(d.get("margin", d["mde"])),
-        sized_from=str(d["sized_from"]),
+        sized_from=" ".join(str(d["sized_from"]).split()),
     )
     unit = raw["unit"]
     study = Study(

@@ -97,8 +97,9 @@ def claim2_at(r: dict) -> tuple[str, str]:
         return INCONCLUSIVE, f"not decided: {r['descriptive']}"
     if not _degrades(r):
         return UNTESTABLE_HERE, f"grpo+none does not degrade (mean change {fmt_pp(r['grpo_change'])} pp)"
-    floor = "; every run of both arms ended at accuracy 0, a floor on which no arm can differ" if r.get("floor") else ""
-    return _above(r), f"one-sided p {fmt_p(r['p_one'])}, Holm {fmt_p(r['p_holm'])}; {_interval(r)} pp{floor}"
+    if r.get("floor"):  # a cell where no arm can differ is untestable, not a refutation
+        return UNTESTABLE_HERE, "every run of both arms ended at accuracy 0, a floor on which no arm can differ"
+    return _above(r), f"one-sided p {fmt_p(r['p_one'])}, Holm {fmt_p(r['p_holm'])}; {_interval(r)} pp"
 
 
 def claim3_at(vs_grpo: dict, r2_vs: dict | None) -> tuple[str, str]:
