@@ -174,7 +174,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
         if not len(ref):
             why = "no runs of the reference's cells yet"
         elif not ref_mean < contrast.requires_below:
-            why = f"the reference does not degrade: {ref_mean:+.3f}, not below {contrast.requires_below:+.3f}"
+            why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
     counts = looks_reached(study, pairs) if len(pairs) else []
     if not counts or counts[0] < MIN_STARTS:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
@@ -389,11 +389,23 @@ def study_claim(
             rule_text(study),
             experiment=study.name,
             cells=f"{contrast}: {int(row['starts'])} new cold starts x {study.seeds_per_start} seed(s)",
-            statistic=f"{row['estimate']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]",
+            statistic=f"{100 * row['estimate']:+.1f} pp [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
             p_value=float(stats.norm.sf(row.get("z", math.nan))),
             verdict=str(row["verdict"]),
             reason=str(row["reason"]),
+        )
+        if not math.isnan(float(row.get("reference", math.nan))):
+            c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
+        for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
+            if other["contrast"] != contrast:
+                c.notes.append(
+                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} pp "
+                    f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
+                )
+        cells = result.cells.set_index("cell")[study.outcome]
+        c.notes.append(
+            "each cell's mean of start means: " + ", ".join(f"{k} {100 * v:+.1f} pp" for k, v in cells.items())
         )
         c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
         c.notes += prior.notes
