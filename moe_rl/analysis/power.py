@@ -480,11 +480,12 @@ def load_outcomes(folder: str | Path) -> pd.DataFrame:
     table = table[~table["status"].isin(INCOMPLETE_STATUSES)].copy()
     table["value"] = late_accuracy(df) - start_accuracy(df)
     table["start"] = run_starts(df[df["run"].isin(table.index)])
-    table["wall_s"] = [_wall_s(Path(str(d))) for d in table["run_dir"]]
+    table["wall_s"] = [run_wall_s(Path(str(d))) for d in table["run_dir"]]
     return table.reset_index(drop=True)
 
 
-def _wall_s(run_dir: Path) -> float:
+def run_wall_s(run_dir: Path) -> float:
+    """A run's own wall seconds (its status.json `wall_s`); NaN where unread."""
     try:
         return float(json.loads((run_dir / "status.json").read_text()).get("wall_s", math.nan))
     except (OSError, ValueError, TypeError):

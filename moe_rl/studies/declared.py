@@ -34,6 +34,7 @@ from moe_rl.analysis.dose import acting_kl_per_run
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, load_results, runs
 from moe_rl.analysis.power import (
     detectable_difference,
+    run_wall_s,
     start_mean_interval,
     start_means,
     starts_needed,
@@ -42,7 +43,6 @@ from moe_rl.analysis.power import (
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY
-from moe_rl.run.folder import read_status
 from moe_rl.studies.design import MIN_STARTS, POOL, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
@@ -86,7 +86,7 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     if "kl_acting" not in out:
         out["kl_acting"] = np.nan
     keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
-    out["wall_s"] = [read_status(Path(str(r))).get("wall_s", np.nan) for r in out["run_dir"]]
+    out["wall_s"] = [run_wall_s(Path(str(r))) for r in out["run_dir"]]
     return out[[*keep, "collapsed", "kl_acting", "wall_s", "run_dir"]]
 
 
