@@ -323,8 +323,8 @@ class Trainer:
         if split and cfg.metrics.split_rows is not None:
             generator = torch.Generator().manual_seed(split_seed(cfg.seed, step))
             picks = [split_subsample(len(rows), cfg.metrics.split_rows, generator) for rows in minibatches]
-        scored = scored_updates(step, cfg.metrics.update_kl_window, cfg.metrics.route_every, N)  # kl/update_k3's
-        kls = kl_rows(cfg.metrics.update_kl_rows, cfg.seed, step, minibatches, first, len(batch.rollout), scored)
+        plan = scored_updates(step, cfg.metrics.update_kl_window, cfg.metrics.route_every, N)  # kl/update_k3's schedule
+        kls = kl_rows(cfg.metrics.update_kl_rows, cfg.seed, step, minibatches, first, len(batch.rollout), plan)
         self.policy.train()
         chunks = self.dist.chunks(minibatches, first, len(batch.rollout))
         metrics = []
