@@ -124,11 +124,15 @@ def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
     return None
 
 
-def looks_reached(study: Study, pairs: pd.DataFrame) -> list[int]:
-    """The starts at each declared look the pairs have reached, in order: look j is reached once a member of its
-    block (members[looks[j-1]:looks[j]]) has a pair; its information is the starts among members[:looks[j]]
-    (fewer than declared where runs failed). A look that adds no start is not counted."""
-    member = pairs["seed"].astype(int) % POOL
+def pair_members(pairs: pd.DataFrame) -> pd.Series:
+    """Each pair's pool member (run seed m + r * POOL starts from member m)."""
+    return pairs["seed"].astype(int) % POOL
+
+
+def looks_reached(study: Study, pairs: pd.DataFrame, member: pd.Series) -> list[int]:
+    """The starts at each declared look the pairs (of pool members `member`) have reached, in order: look j is
+    reached once a member of its block (members[looks[j-1]:looks[j]]) has a pair; its information is the starts
+    among members[:looks[j]] (fewer than declared where runs failed). A look that adds no start is not counted."""
     counts: list[int] = []
     first = 0
     for n in study.design.looks:
@@ -175,7 +179,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
             why = "no runs of the reference's cells yet"
         elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
-    counts = looks_reached(study, pairs) if len(pairs) else []
+    member = pair_members(pairs)
+    counts = looks_reached(study, pairs, member) if len(pairs) else []
     if not counts or counts[0] < MIN_STARTS:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
         row["reason"] = f"{C_all} starts: before the first look at {d.looks[0]}" + (f" ({why})" if why else "")
@@ -183,7 +188,6 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     final = len(counts) == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
     info = counts if final else [*counts, d.looks[-1]]  # spending at the information reached
     bounds = boundaries(info, d.alpha, sides=1)
-    member = pairs["seed"].astype(int) % POOL
     for k, n in enumerate(d.looks[: len(counts)]):
         at = pairs[member.isin(study.members[:n])]
         means = start_means(at["value"], at["start"])  # (C_k,)

@@ -100,9 +100,6 @@ class Study:
         """Run seeds of the first `starts` members, each replicated `seeds_per_start` times."""
         return [m + r * POOL for m in self.members[:starts] for r in range(self.seeds_per_start)]
 
-    def member(self, seed: int) -> int:
-        return seed % POOL
-
 
 def _cell(text: str, study: str) -> tuple[str, str]:
     arm, sep, level = text.partition("@")

@@ -51,8 +51,8 @@ def wall(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
 
 
-def _row(root: Path, study, found: dict[int, str]) -> str:
-    runs = run_records(runs_folder(root, study.folder))
+def _row(root: Path, study, found: dict[int, str], runs: pd.DataFrame) -> str:
+    """The study's row from its runs' records (`run_records` of its folder)."""
     seeds = sorted({int(s) for s in runs["seed"].dropna()})
     starts = runs["cold_start"].dropna().nunique()
     link = (
@@ -69,10 +69,10 @@ def _row(root: Path, study, found: dict[int, str]) -> str:
     )
 
 
-def independent_line(root: Path, rows: list) -> str:
-    """How many independent cold starts stand behind all the folders together: a start several folders share, or a
-    member warmed twice (twins, `cold_start.unit`), counts once; and how many of them the current folders use."""
-    records = {s.folder: run_records(runs_folder(root, s.folder)) for s in rows}
+def independent_line(rows: list, records: dict[str, pd.DataFrame]) -> str:
+    """How many independent cold starts stand behind all the folders together (`records`: each folder's run
+    records): a start several folders share, or a member warmed twice (twins, `cold_start.unit`), counts once; and
+    how many of them the current folders use."""
     every = {k for r in records.values() for k in r["cold_start"].dropna()}
     current = {k for s in rows if not s.history for k in records[s.folder]["cold_start"].dropna()}
     history = [s.folder for s in rows if s.history]
@@ -87,6 +87,7 @@ def index_markdown(root: Path, presets: Path) -> str:
     """The text of RESULTS_ROOT/README.md."""
     found = verdicts(root / "CLAIMS.md")
     rows = [s for s in STUDIES if (root / s.folder).is_dir()]
+    records = {s.folder: run_records(runs_folder(root, s.folder)) for s in rows}  # each folder's meta.json, read once
     named = {p for s in STUDIES for p in s.presets}
     unfiled = sorted(p.stem for p in Path(presets).glob("*.yaml") if p.stem not in named)
     others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in {s.folder for s in STUDIES})
@@ -102,9 +103,9 @@ def index_markdown(root: Path, presets: Path) -> str:
         "",
         "| folder | question | presets | runs | cold starts | seeds | wall time | claims decided |",
         "|---|---|---|---:|---:|---|---:|---|",
-        *(_row(root, s, found) for s in rows),
+        *(_row(root, s, found, records[s.folder]) for s in rows),
         "",
-        independent_line(root, rows),
+        independent_line(rows, records),
         "",
     ]
     if unfiled:
