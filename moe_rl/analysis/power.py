@@ -176,11 +176,15 @@ def detectable_difference(
     sd = start_mean_sd(sd_between, sd_within, seeds_per_start)
     solver, alt = TTestPower(), _alternative(sides)
     rough = float(solver.solve_power(None, starts, alpha, power, alternative=alt))
+
+    def gap(e: float) -> float:
+        return float(solver.power(e, starts, alpha, alternative=alt)) - power
+
     # polished to 1e-12 on the same power function (statsmodels' own tolerance leaves ~1e-6 in the power)
-    effect = optimize.brentq(
-        lambda e: solver.power(e, starts, alpha, alternative=alt) - power, 0.5 * rough, 2 * rough, xtol=1e-14
-    )
-    return float(effect) * sd
+    try:
+        return float(optimize.brentq(gap, 0.5 * rough, 2 * rough, xtol=1e-14)) * sd
+    except ValueError:  # at 2 starts the noncentral t's power is NaN this far out: statsmodels' own answer stands
+        return rough * sd
 
 
 # --- cost --------------------------------------------------------------------------------------------------------
