@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up .venv, run the `compare` sweep (GRPO+R2, GRPO, GSPO, GSPO+R2 x 3 seeds from
-# one shared cold start) and write its report to results/compare/ (summary.md, summary.csv, figures).
+# The main job: set up .venv, run the `compare` sweep (GRPO+R2, GRPO, GSPO, GSPO+R2, one run each
+# from each of 5 cold starts) and write its report to results/compare/ (summary.md, summary.csv, figures).
 #   bash scripts/compare.sh [extra Hydra overrides, e.g. steps=100]
 # Runs go to runs/compare/ (untracked; finished runs are skipped on a rerun; delete runs/ to start
 # over). The committed per-run files under results/compare/runs/ (what the notebooks read) are left

@@ -191,7 +191,7 @@ def test_interval_excludes_zero_exactly_when_the_t_test_rejects() -> None:
     d = np.array([0.1, 0.2, -0.05, 0.0, 0.3, 0.1, 0.05, 0.15, 0.2, 0.1, 0.12])
     starts = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e", "f"]
     iv = pw.start_mean_interval(d, starts)
-    m = pw.start_means(d, starts)
+    m = clustered.cluster_means(d, starts)
     assert m == pytest.approx([0.15, -0.025, 0.2, 0.1, 0.15, 0.12])
     ref = stats.ttest_1samp(m, 0.0)
     assert (iv.t, iv.p_value, iv.df, iv.n_starts) == pytest.approx((ref.statistic, ref.pvalue, 5, 6))

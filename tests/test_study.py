@@ -87,7 +87,7 @@ def _runs(values: dict[str, list[float]], late: float = 0.5) -> pd.DataFrame:
         for cell, vals in values.items()
         for i, v in enumerate(vals)
     ]
-    return pd.DataFrame(rows).assign(kl_acting=np.nan, run_dir="")
+    return pd.DataFrame(rows).assign(kl_acting=np.nan, log_kl_acting=np.nan, run_dir="")
 
 
 def test_the_rule_by_hand_at_one_look(tmp_path) -> None:
@@ -145,6 +145,19 @@ def test_a_crossing_at_an_early_look_stands_when_later_starts_arrive(tmp_path) -
     row = declared.decide(study, runs, study.contrasts[0])
     assert (row["verdict"], row["look"], row["look_starts"]) == (declared.REPRODUCED, 1, 3)
     assert row["estimate"] == pytest.approx(0.2) and row["starts"] == 6
+
+
+def test_the_contrast_at_equal_kl_is_the_intercept_over_starts(tmp_path) -> None:
+    """r2 - none = 0.02 + 0.1 * (its log-KL difference) at every start, exactly: at equal KL the contrast is 0.02
+    with no residual spread, and the KL ratio is exp of the mean log-KL difference."""
+    study = load_study(_write(tmp_path, unit={"members": "300..303"}, design={**BASE["design"], "looks": [4]}))
+    d_log = np.array([-0.3, 0.1, 0.2, 0.4])
+    runs = _runs({"none@hi": [0.0] * 4, "r2@hi": list(0.02 + 0.1 * d_log)})
+    runs["log_kl_acting"] = np.where(runs["cell"] == "r2@hi", np.tile(d_log, 2), 0.0)
+    row = declared.decide(study, runs, study.contrasts[0])
+    assert row["kl_ratio"] == pytest.approx(math.exp(d_log.mean()))
+    assert row["adjusted"] == pytest.approx(0.02) and row["adj_hi"] - row["adj_lo"] == pytest.approx(0, abs=1e-12)
+    assert row["estimate"] == pytest.approx(0.02 + 0.1 * d_log.mean())  # the declared estimate is not adjusted
 
 
 @pytest.mark.slow

@@ -30,6 +30,8 @@ import pandas as pd
 from scipy import optimize, stats
 from statsmodels.stats.power import TTestPower
 
+from moe_rl.analysis.clustered import cluster_means
+
 SEEDS = (1, 2)  # the designs `cheaper_design` compares: seeds per start
 RUN_KEYS_NOT_STRATA = ("run", "seed", "start", "cold_seed", "cold_member", "experiment")
 
@@ -264,16 +266,6 @@ def t_interval(
     return x.mean(-1), np.asarray(ci.low), np.asarray(ci.high), np.asarray(res.statistic), np.asarray(res.pvalue)
 
 
-def start_means(
-    d: Sequence[float] | np.ndarray | pd.Series, starts: Sequence[object] | np.ndarray | pd.Series
-) -> np.ndarray:
-    """Each start's mean of its finite paired differences, starts in order of first appearance."""
-    x = pd.Series(np.asarray(d, dtype=float))
-    s = pd.Series(np.asarray(starts, dtype=object))
-    keep = np.isfinite(x.to_numpy())
-    return x[keep].groupby(s[keep].to_numpy(), sort=False).mean().to_numpy(float)
-
-
 def start_mean_interval(
     d: Sequence[float] | np.ndarray | pd.Series,
     starts: Sequence[object] | np.ndarray | pd.Series,
@@ -282,7 +274,7 @@ def start_mean_interval(
     """The Student t interval of a contrast: paired differences d, each labelled by its start, reduced to the starts'
     means (each start weighs the same, whatever its seeds), then `t_interval` with starts - 1 degrees of freedom.
     NaN bounds below 2 starts."""
-    m = start_means(d, starts)
+    m = cluster_means(d, starts)
     if len(m) < 2:
         mean = float(m.mean()) if len(m) else math.nan
         return StartInterval(len(m), mean, math.nan, math.nan, math.nan, math.nan, max(len(m) - 1, 0))
@@ -473,17 +465,12 @@ def load_outcomes(folder: str | Path) -> pd.DataFrame:
     """One row per finished run under `folder`: its run keys, cold start (`configs.run_starts`), `value` = the
     accuracy change (late accuracy, the mean of the last 3 evaluations, minus step 0: the claims' "change") and
     `wall_s` (status.json). Runs still running, failed or missing are left out."""
-    from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
-    from moe_rl.analysis.configs import run_starts
-    from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
-    from moe_rl.analysis.load import runs as run_table
+    from moe_rl.analysis.load import load_results
+    from moe_rl.analysis.outcomes import finished_runs
     from moe_rl.metrics.names import TASK_ACCURACY
 
-    df = load_results(folder, keys=[TASK_ACCURACY])
-    table = run_table(df).set_index("run", drop=False).rename_axis(None)
-    table = table[~table["status"].isin(INCOMPLETE_STATUSES)].copy()
-    table["value"] = late_accuracy(df) - start_accuracy(df)
-    table["start"] = run_starts(df[df["run"].isin(table.index)])
+    table = finished_runs(load_results(folder, keys=[TASK_ACCURACY]))
+    table = table.drop(columns=["start_accuracy", "late_accuracy", "collapsed"]).rename(columns={"change": "value"})
     table["wall_s"] = [run_wall_s(Path(str(d))) for d in table["run_dir"]]
     return table.reset_index(drop=True)
 

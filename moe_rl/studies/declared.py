@@ -27,16 +27,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
 from moe_rl.analysis.claims.rules import Claim
-from moe_rl.analysis.configs import cold_start_meta, run_meta, run_starts
+from moe_rl.analysis.clustered import cluster_means
+from moe_rl.analysis.configs import cold_start_meta, run_meta
 from moe_rl.analysis.dose import acting_kl_per_run
-from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, load_results, runs
+from moe_rl.analysis.load import load_results
+from moe_rl.analysis.outcomes import finished_runs
 from moe_rl.analysis.power import (
     detectable_difference,
     run_wall_s,
     start_mean_interval,
-    start_means,
     starts_needed,
     variance_components,
 )
@@ -69,15 +69,9 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
         if not any(cell_dir.rglob("metrics.parquet")):
             continue
         df = load_results(cell_dir, keys=list(KEYS))
-        table = runs(df).set_index("run", drop=False).rename_axis(None)
-        table = table[~table["status"].isin(INCOMPLETE_STATUSES)].copy()
+        table = finished_runs(df)
         arm, level = cell_dir.name.split("@", 1)
         table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
-        table["start_accuracy"] = start_accuracy(df)
-        table["late_accuracy"] = late_accuracy(df)
-        table["change"] = table["late_accuracy"] - table["start_accuracy"]
-        table["collapsed"] = (table["n_collapse_events"] > 0) | table["status"].isin(COLLAPSED_STATUSES)
-        table["start"] = run_starts(df[df["run"].isin(table.index)])
         table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
         frames.append(table.reset_index(drop=True))
     if not frames:
@@ -86,8 +80,9 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     if "kl_acting" not in out:
         out["kl_acting"] = np.nan
     keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
+    out["log_kl_acting"] = np.log(out["kl_acting"].where(out["kl_acting"] > 0))
     out["wall_s"] = [run_wall_s(Path(str(r))) for r in out["run_dir"]]
-    return out[[*keep, "collapsed", "kl_acting", "wall_s", "run_dir"]]
+    return out[[*keep, "collapsed", "kl_acting", "log_kl_acting", "wall_s", "run_dir"]]
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
@@ -145,6 +140,28 @@ def looks_reached(study: Study, pairs: pd.DataFrame, member: pd.Series) -> list[
     return counts
 
 
+def kl_adjusted(runs: pd.DataFrame, contrast: Contrast, outcome: str) -> dict[str, float]:
+    """Beside the declared estimate, what the realised divergence says: `kl_ratio`, exp of the mean over starts of
+    the contrast's combination of log early acting KL (1.0: the cells ran at equal divergence), and `adjusted`, the
+    contrast at equal KL: the intercept of the least-squares line of each start's mean difference on its mean
+    log-KL difference, with its 95% t interval (`adj_lo`, `adj_hi`; C - 2 degrees of freedom). NaN where fewer than
+    3 starts have both, or the log-KL differences do not vary."""
+    value = pair_values(runs, contrast.weights, outcome)
+    log_kl = pair_values(runs, contrast.weights, "log_kl_acting")
+    both = value.merge(log_kl, on=["start", "seed"], suffixes=("", "_kl")).dropna()
+    out = dict.fromkeys(("kl_ratio", "adjusted", "adj_lo", "adj_hi"), math.nan)
+    if both.empty:
+        return out
+    by = both.groupby("start")[["value", "value_kl"]].mean()
+    out["kl_ratio"] = float(np.exp(by["value_kl"].mean()))
+    if len(by) < 3 or float(by["value_kl"].std()) == 0:
+        return out
+    fit = stats.linregress(by["value_kl"], by["value"])
+    half = float(stats.t.isf(0.025, len(by) - 2)) * float(fit.intercept_stderr)
+    out.update(adjusted=float(fit.intercept), adj_lo=float(fit.intercept) - half, adj_hi=float(fit.intercept) + half)
+    return out
+
+
 def _z(means: np.ndarray, sign: float) -> tuple[float, float]:
     """(se, z) of the one-sided t on start means in the claimed direction; no spread: z is 0 at a zero mean and
     +-inf otherwise (every start the same difference)."""
@@ -164,6 +181,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
+    row.update(kl_adjusted(runs, contrast, study.outcome))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
     m = len(pairs) / C_all if C_all else math.nan
     if comp is not None:
@@ -190,7 +208,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     bounds = boundaries(info, d.alpha, sides=1)
     for k, n in enumerate(d.looks[: len(counts)]):
         at = pairs[member.isin(study.members[:n])]
-        means = start_means(at["value"], at["start"])  # (C_k,)
+        means = cluster_means(at["value"], at["start"])  # (C_k,)
         se, z = _z(means, contrast.sign)
         if z >= bounds[k] or k == len(counts) - 1:
             break
@@ -325,6 +343,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
     forest_figure(study, result).savefig(out / "forest.png", dpi=120)
     shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
+    beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
     lines = [
         f"# Study `{study.name}`",
         "",
@@ -343,6 +362,13 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         _fmt(result.verdicts[[c for c in shown if c in result.verdicts]]),
         "",
         "![forest](forest.png)",
+        "",
+        "Beside the rule, the realised divergence: `kl_ratio` is the cells' early per-update KL on the routes each "
+        "arm acts with (steps 1..20), combined as the contrast combines outcomes (1.0: equal); `adjusted` is the "
+        "contrast at equal KL, the intercept of start mean differences regressed on their log-KL differences, with "
+        "its 95% t interval. It is descriptive: the verdict is the rule's.",
+        "",
+        _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
         "## Cells",
         "",
@@ -399,6 +425,12 @@ def study_claim(
             verdict=str(row["verdict"]),
             reason=str(row["reason"]),
         )
+        if not math.isnan(float(row.get("kl_ratio", math.nan))):
+            c.notes.append(
+                f"realised early acting KL ratio {float(row['kl_ratio']):.2f}; at equal KL (start means regressed on "
+                f"log-KL differences) {100 * float(row['adjusted']):+.1f} pp "
+                f"[{100 * float(row['adj_lo']):+.1f}, {100 * float(row['adj_hi']):+.1f}]"
+            )
         if not math.isnan(float(row.get("reference", math.nan))):
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
         for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read

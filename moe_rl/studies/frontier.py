@@ -21,11 +21,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
 from moe_rl.analysis.clustered import bootstrap, descriptive_reason, start_draws
-from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.dose import crossing
-from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, runs
+from moe_rl.analysis.outcomes import finished_runs
 from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
 from moe_rl.metrics.names import OFFPOLICY_SUFFIX, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY
@@ -99,19 +97,13 @@ def per_run(df: pd.DataFrame, default_arm: str | None = None) -> pd.DataFrame:
     """One row per finished run: family, arm file, lr, N, seed, cold start (`start`), accuracy change (late accuracy, the mean of the
     last 3 evaluations, minus step 0), collapse (the loop's own label), reward AUC and the off-policy token
     log-ratio variance."""
-    out = runs(df).set_index("run", drop=False).rename_axis(None)
-    out = out[~out["status"].isin(INCOMPLETE_STATUSES)].copy()
+    out = finished_runs(df)
     out["arm_file"] = [arm_file(r, default_arm) for r in out["run"]]
-    out["start_accuracy"] = start_accuracy(df)
-    out["late_accuracy"] = late_accuracy(df)
-    out["change"] = out["late_accuracy"] - out["start_accuracy"]
-    out["collapsed"] = (out["n_collapse_events"] > 0) | out["status"].isin(COLLAPSED_STATUSES)
     rew = df.loc[df["key"] == REWARD_MEAN, ["run", "step", "value"]]
     out["reward_auc"] = pd.Series(
         {r: reward_auc(x["step"].to_numpy(), x["value"].to_numpy()) for r, x in rew.groupby("run")}
     )
     out["token_ratio_var"] = variant_per_run(df, RATIO_TOKEN_VAR, "offpolicy")
-    out["start"] = run_starts(df[df["run"].isin(out.index)])
     keep = ["run", "experiment", "family", "arm_file", "arm", "lr", "N", "seed", "start", "status", "start_accuracy"]
     return out[[*keep, "late_accuracy", "change", "collapsed", "reward_auc", "token_ratio_var"]].reset_index(drop=True)
 
