@@ -21,7 +21,7 @@ from moe_rl.config import TrainConfig, config_hash, identity_spec, to_train_conf
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "preset").glob("*.yaml"))
 SWEEP_SIZES = {
-    "compare": 12,
+    "compare": 20,
     "offpolicy": 48,
     "mismatch": 9,
     "families": 72,

@@ -160,6 +160,19 @@ def test_the_contrast_at_equal_kl_is_the_intercept_over_starts(tmp_path) -> None
     assert row["estimate"] == pytest.approx(0.02 + 0.1 * d_log.mean())  # the declared estimate is not adjusted
 
 
+def test_arms_on_two_models_pair_by_pool_member(tmp_path) -> None:
+    """A dense arm's member m is another warm-up than the MoE arm's member m (another start), with the member's
+    prompts and seeds: the two pair as the block `member m`, and a repeated seed in one cell is refused."""
+    study = load_study(_write(tmp_path))
+    runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
+    runs.loc[runs["cell"] == "r2@hi", "start"] = ["d0", "d1", "d2"]
+    pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
+    assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
+    assert pairs["value"].tolist() == pytest.approx([0.10, 0.06, 0.11])
+    same = declared.pair_values(_runs({"none@hi": [0.0] * 3, "r2@hi": [0.1] * 3}), study.contrasts[0].weights, "change")
+    assert list(same["start"]) == ["s0", "s1", "s2"]  # one model: the cold start itself
+
+
 @pytest.mark.slow
 def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the

@@ -86,21 +86,23 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
-    """Per (start, seed) where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`).
-    Two runs of one cell at one (start, seed) are an error, not a choice."""
+    """Per run seed where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`), with
+    the block it belongs to (`start`): the cold start where every cell ran from the same one, else its pool member
+    (`member m`): arms on two models start from two warm-ups of member m, which share the member's prompts and
+    sampling seeds and pair as a block. Two runs of one cell at one seed are an error, not a choice."""
     cols = {f"{a}@{lv}": w for (a, lv), w in weights.items()}
     used = runs[runs["cell"].isin(list(cols))]
-    twice = used[used.duplicated(["cell", "start", "seed"], keep=False)]
+    twice = used[used.duplicated(["cell", "seed"], keep=False)]
     if len(twice):
-        raise ValueError(
-            f"runs repeat (cell, start, seed): {sorted(set(map(tuple, twice[['cell', 'start', 'seed']].values)))[:3]}"
-        )
-    wide = used.pivot(index=["start", "seed"], columns="cell", values=outcome)
+        raise ValueError(f"runs repeat (cell, seed): {sorted(set(map(tuple, twice[['cell', 'seed']].values)))[:3]}")
+    wide = used.pivot(index="seed", columns="cell", values=outcome)
     if not set(cols) <= set(wide.columns):
         return pd.DataFrame(columns=["start", "seed", "value"])
     wide = wide[list(cols)].dropna()
+    starts = used.groupby("seed")["start"].agg(lambda v: v.iloc[0] if v.nunique() == 1 else None)
+    block = [starts[s] if starts[s] is not None else f"member {int(s) % POOL}" for s in wide.index]
     value = sum(wide[c] * w for c, w in cols.items())
-    return pd.Series(value, index=wide.index, dtype=float).rename("value").reset_index()
+    return pd.DataFrame({"start": block, "seed": wide.index, "value": np.asarray(value, dtype=float)})
 
 
 def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
@@ -148,7 +150,7 @@ def kl_adjusted(runs: pd.DataFrame, contrast: Contrast, outcome: str) -> dict[st
     3 starts have both, or the log-KL differences do not vary."""
     value = pair_values(runs, contrast.weights, outcome)
     log_kl = pair_values(runs, contrast.weights, "log_kl_acting")
-    both = value.merge(log_kl, on=["start", "seed"], suffixes=("", "_kl")).dropna()
+    both = value.merge(log_kl.drop(columns="start"), on="seed", suffixes=("", "_kl")).dropna()
     out = dict.fromkeys(("kl_ratio", "adjusted", "adj_lo", "adj_hi"), math.nan)
     if both.empty:
         return out
