@@ -202,7 +202,18 @@ STUDIES: tuple[Study, ...] = (
         "What in the MoE model breaks where its dense control holds (lr 3e-4, N = 8)? A ladder of rungs from "
         "matched starts, each changing one difference between the two.",
         report=_MECHANISM_REPORT,
-        claims={8: mechanism_claims.AUX_HURTS, 9: mechanism_claims.FROZEN_ROUTER},
+    ),
+    Study(
+        "router_defaults",
+        ("router_defaults",),
+        "Claims 8 and 9 at the causal study's `past` cell, declared (experiments/conf/study/router_defaults.yaml) "
+        "with its power, looks and new pool members: the family's load-balancing loss and a frozen router against "
+        "a learning router without it.",
+        report=declared.study_report("router_defaults"),
+        claims={
+            8: declared.study_claim(8, "router_defaults", "aux_minus_moe", _paired(mechanism_claims.AUX_HURTS)),
+            9: declared.study_claim(9, "router_defaults", "frozen_minus_moe", _paired(mechanism_claims.FROZEN_ROUTER)),
+        },
     ),
     Study(
         "mechanism_gentle",
