@@ -11,6 +11,12 @@ where the fit meets `--target`. One more pilot at that lr (held out of the fit) 
 its measured early KL over the predicted one. Each result is cached in `--cache` (json) under the arm, the model,
 the target, the metric and the hash of every setting of the pilots but the lr (`calibration_key`), so a study reads
 it (`cached_lr`) and a rerun skips it; pilot runs are resumed like any run (a finished folder is not rerun).
+
+A study that matches arms to a reference arm's divergence rather than to a number reads a paired pilot instead:
+short runs of each arm at a few lrs and of the reference at one, from the same pool members (`--match`; the arm is
+a run's `rung`, else its `arm`; `moe_rl.analysis.dose.matched_lr`), on the KL each arm acts with:
+
+    python experiments/calibrate_kl.py --match results/causal_matched/pilot --reference moe
 """
 
 from __future__ import annotations
@@ -169,11 +175,35 @@ def calibrate(
     return {**entry, "cached": False}
 
 
+def matched(pilot_dir: Path, reference: str) -> str:
+    """`--match`: the paired pilot's table (`dose.matched_lr`) and, per arm, the lr where it meets the reference."""
+    from moe_rl.analysis.dose import acting_kl_per_run, matched_lr
+    from moe_rl.analysis.load import load_results
+    from moe_rl.analysis.outcomes import finished_runs
+    from moe_rl.metrics.names import KL_UPDATE_K3_ACTING, TASK_ACCURACY
+    from moe_rl.studies.design import POOL
+
+    df = load_results(pilot_dir, keys=[KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY])
+    runs = finished_runs(df).join(acting_kl_per_run(df))
+    arm = runs["rung"] if "rung" in runs else runs["arm"]
+    frame = runs.assign(arm=arm.astype(str), lr=runs["lr"].astype(float), member=runs["seed"].astype(int) % POOL)
+    table = matched_lr(frame.rename(columns={"kl_acting": "kl"}), reference)
+    lines = [f"{pilot_dir}: early acting KL (steps 1..{EARLY_STEPS}) against {reference}, paired by pool member"]
+    lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for name, g in table.groupby("arm", sort=False):
+        lr0, lr1 = float(g["lr"].min()), float(g["lr_matched"].iloc[0])
+        if math.isfinite(lr1):
+            lines.append(f"{name}: ratio 1 at lr {lr1:.4g} ({lr1 / lr0:.3f}x its smallest pilot lr, {lr0:.4g})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arm", required=True, help="arm files (experiments/conf/arm/), comma-separated")
+    parser.add_argument("--arm", help="arm files (experiments/conf/arm/), comma-separated")
     parser.add_argument("--model", default="qwen3_moe", help="a model file (experiments/conf/model/)")
-    parser.add_argument("--target", type=float, required=True, help="the early per-update KL to reach")
+    parser.add_argument("--target", type=float, help="the early per-update KL to reach")
+    parser.add_argument("--match", type=Path, help="read a paired pilot's folder instead (with --reference)")
+    parser.add_argument("--reference", help="with --match: the arm whose early KL the others are brought to")
     parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in LRS), help="the pilots' lrs, comma-separated")
     parser.add_argument("--steps", type=int, default=EARLY_STEPS, help="steps per pilot (the early window's)")
     parser.add_argument("--metric", default=KL_UPDATE_K3, help="the KL the target is in (kl/k3: the drift within N)")
@@ -184,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="the study's settings, after `--` (e.g. optim.updates_per_rollout=8)"
     )
     args = parser.parse_args(argv)
+    if args.match is not None:
+        if not args.reference:
+            parser.error("--match needs --reference ARM")
+        print(matched(args.match, args.reference))
+        return 0
+    if not args.arm or args.target is None:
+        parser.error("--arm and --target are required (or --match DIR --reference ARM)")
     if not args.target > 0:
         parser.error(f"--target={args.target} must be > 0")
     lrs = tuple(float(x) for x in args.lrs.split(","))

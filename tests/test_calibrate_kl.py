@@ -100,3 +100,27 @@ def test_a_tiny_calibration_runs_its_pilots_and_is_cached(tmp_path, cache) -> No
     assert again["cached"] and again["lr"] == out["lr"]
     assert ck.cached_lr("grpo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) == out["lr"]
     assert ck.cached_lr("sapo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) is None
+
+
+def test_a_paired_pilot_reads_the_lr_that_meets_the_reference() -> None:
+    """The reference at lr 1 with KL 1 and 4 at members 0 and 1; arm x at lr 1 and 2 with KL = 0.5 * lr^2 times the
+    reference's at its member: log ratio = log 0.5 + 2 log lr, so slope 2 and ratio 1 at lr sqrt(2)."""
+    from moe_rl.analysis.dose import matched_lr
+
+    rows = [("ref", 1.0, m, k) for m, k in ((0, 1.0), (1, 4.0))]
+    rows += [("x", lr, m, 0.5 * lr**2 * k) for lr in (1.0, 2.0) for m, k in ((0, 1.0), (1, 4.0))]
+    table = matched_lr(pd.DataFrame(rows, columns=["arm", "lr", "member", "kl"]), "ref")
+    x = table[table["arm"] == "x"].set_index("lr")
+    assert x.loc[1.0, "ratio"] == pytest.approx(0.5) and x.loc[2.0, "ratio"] == pytest.approx(2.0)
+    assert x.loc[1.0, "kl"] == pytest.approx(0.5 * 2.0)  # geometric mean of 0.5 and 2
+    assert x["slope"].iloc[0] == pytest.approx(2.0) and x["lr_matched"].iloc[0] == pytest.approx(math.sqrt(2))
+    assert x.loc[1.0, "sd_log_ratio"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="must run at one lr"):
+        matched_lr(pd.DataFrame(rows, columns=["arm", "lr", "member", "kl"]), "x")
+
+
+def test_the_match_mode_reads_the_shipped_pilot(capsys) -> None:
+    assert ck.main(["--match", str(ROOT / "results" / "causal_matched" / "pilot"), "--reference", "moe"]) == 0
+    out = capsys.readouterr().out
+    assert "anchored: ratio 1 at lr 0.000451 (1.128x" in out  # the lr_scale causal_matched declares
+    assert "dense_total_mup: ratio 1 at lr 0.0003757 (0.683x" in out

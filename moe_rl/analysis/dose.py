@@ -102,3 +102,38 @@ def law_exponent(frame: pd.DataFrame, y: str = "log_kl") -> float:
     not vary or c = 0 (b and c are reported beside it: the ratio is unstable where c is near 0)."""
     b, c = law_fit(frame, y)
     return b / c if c != 0 and math.isfinite(c) else math.nan
+
+
+def matched_lr(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """A calibration pilot read: which lr brings each arm to the reference's early KL. `frame`: one row per run with
+    columns arm, lr, member (the pool member both arms ran from) and kl (its early acting KL); `reference` is the arm
+    whose runs at one lr set the target. Per arm and lr: runs, the geometric mean KL, `ratio` = exp of the mean over
+    members of log(KL / the reference's KL at that member) and its SD (`sd_log_ratio`); per arm, `slope` = d log KL /
+    d log lr (least squares of the log ratios on log lr over its runs) and `lr_matched`, where that line reaches
+    ratio 1 (NaN where the arm ran at one lr, or the slope is not positive)."""
+    ref = frame[frame["arm"] == reference]
+    if ref["lr"].nunique() != 1:
+        raise ValueError(f"the reference {reference!r} must run at one lr, ran at {sorted(ref['lr'].unique())}")
+    log_ref = np.log(ref.groupby("member")["kl"].mean())
+    runs = frame.assign(log_ratio=np.log(frame["kl"]) - frame["member"].map(log_ref)).dropna(subset=["log_ratio"])
+    rows = []
+    for (arm, lr), g in runs.groupby(["arm", "lr"], sort=True):
+        rows.append(
+            {
+                "arm": arm,
+                "lr": float(lr),
+                "runs": len(g),
+                "kl": float(np.exp(np.log(g["kl"]).mean())),
+                "ratio": float(np.exp(g["log_ratio"].mean())),
+                "sd_log_ratio": float(g["log_ratio"].std()),
+            }
+        )
+    out = pd.DataFrame(rows)
+    out["slope"], out["lr_matched"] = math.nan, math.nan
+    for arm, g in runs.groupby("arm"):
+        if g["lr"].nunique() < 2:
+            continue
+        slope, icpt = np.polyfit(np.log(g["lr"].to_numpy(float)), g["log_ratio"].to_numpy(float), 1)
+        out.loc[out["arm"] == arm, "slope"] = slope
+        out.loc[out["arm"] == arm, "lr_matched"] = math.exp(-icpt / slope) if slope > 0 else math.nan
+    return out
