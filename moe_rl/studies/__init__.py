@@ -85,7 +85,7 @@ STUDIES: tuple[Study, ...] = (
         "compare",
         ("compare",),
         "The main job: does R2 or a sequence-level ratio keep routing and training stable? GRPO+R2, GRPO, GSPO, "
-        "GSPO+R2 from one shared cold start, 3 seeds.",
+        "GSPO+R2, one run of each from each of 5 cold starts.",
     ),
     Study(
         "phase",
@@ -285,10 +285,18 @@ STUDIES: tuple[Study, ...] = (
         "load-aware expert step in a 2 x 2, width- and lr-matched dense controls, at two per-update KL levels, from "
         "a pool of 6 cold starts per model x 2 seeds.",
         report=with_provenance(causal_report.write_causal_report),
+    ),
+    Study(
+        "causal_matched",
+        ("causal_matched",),
+        "Claims 14, 15 and 7 at the causal study's `past` cell with every arm at the MoE model's early KL on the "
+        "routes it acts with, each by its own lr from a paired calibration pilot, declared "
+        "(experiments/conf/study/causal_matched.yaml) with its power, looks and new pool members.",
+        report=declared.study_report("causal_matched"),
         claims={
-            7: causal_claims.claim_moe_specific,
-            14: causal_claims.claim_route_drift,
-            15: causal_claims.claim_load_aware,
+            7: declared.study_claim(7, "causal_matched", "dense_total_mup_minus_moe", causal_claims.claim_moe_specific),
+            14: declared.study_claim(14, "causal_matched", "anchored_minus_moe", causal_claims.claim_route_drift),
+            15: declared.study_claim(15, "causal_matched", "load_aware_minus_moe", causal_claims.claim_load_aware),
         },
     ),
     Study(
