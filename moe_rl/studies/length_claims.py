@@ -29,6 +29,7 @@ from moe_rl.analysis.claims.rules import (
     fmt_pp,
     would_change,
 )
+from moe_rl.analysis.clustered import cluster_means
 from moe_rl.analysis.stats import holm
 from moe_rl.studies import length as ln
 from moe_rl.studies.causal_claims import one_sided
@@ -65,7 +66,8 @@ def per_length(spec: ln.Spec, runs: pd.DataFrame, a: str, b: str) -> dict[int, d
         if not {a, b} <= set(at["arm_file"]):
             continue
         rec = ln.contrast(runs, a, b, level, length)
-        rec["grpo_change"] = float(at.loc[at["arm_file"] == GRPO, "change"].mean())
+        grpo = at[at["arm_file"] == GRPO]  # the mean of start means, as the length table prints it
+        rec["grpo_change"] = float(cluster_means(grpo["change"], grpo["unit"]).mean()) if len(grpo) else math.nan
         both = at[at["arm_file"].isin((a, b))]
         rec["floor"] = bool("late_accuracy" in both and (both["late_accuracy"] == 0).all())
         rec["p_one"] = one_sided(float(rec["p_value"]), float(rec["mean_diff"]))
