@@ -1,7 +1,8 @@
 """The engine of a declared study (`moe_rl.studies.design`): per-run outcomes, the cell table, each contrast decided
 by the one rule at its look, the starts table, the forest plot and the report.
 
-The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on (start, seed) and reduced to start means:
+The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on the run seed (`pair_values`) and reduced to
+start means (a start: the cold start, or the pool member where the cells are two models):
 - **untestable here** where the contrast cannot differ: most runs of every cell it reads sit at the floor (late
   accuracy 0) or at the ceiling (1), or the reference does not degrade (its declared `requires` combination's mean
   is not below its bound);

@@ -4,8 +4,8 @@ A declaration reads like a pre-registration. It names the question, the Hydra pr
 (each a list of overrides) and the levels (each a list of overrides; a level may set the lr per reference model,
 which an arm picks with `ref` and scales with `lr_scale`), the unit of replication (the pool members it draws, new
 for each study, and the seeds per member), the outcome (one named definition), the contrasts (a linear combination
-of cells `arm@level`, paired on start and seed, with the claimed direction, the claim it decides or "exploratory",
-and optionally the reference's own degradation that makes it testable), and the design: the smallest difference it
+of cells `arm@level`, paired on the run seed (pool member and replicate), with the claimed direction, the claim it
+decides or "exploratory", and optionally the reference's own degradation that makes it testable), and the design: the smallest difference it
 is sized to detect, its power and level, the looks (starts after which it decides) and where its start count came
 from. `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
 whose looks need more starts than it draws, or whose contrasts name cells it does not run.
