@@ -17,5 +17,5 @@ $PY experiments/train.py -m +preset=compare results_dir=runs progress=false thre
 if [ "${REFRESH_RUNS:-0}" = 1 ]; then  # ship the small per-run files the notebooks re-analyse
   $PY scripts/ship_runs.py runs/compare results/compare/runs
 fi
-$PY -m moe_rl.report runs/compare --out results/compare
+$PY -m moe_rl.report runs/compare --out results/compare --pool cold_seed cold_member  # the starts replicate
 echo "compare sweep and report: $(( $(date +%s) - start )) s"
