@@ -10,8 +10,6 @@ from moe_rl.analysis.accuracy import late_accuracy, start_accuracy
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.load import COLLAPSED_STATUSES, INCOMPLETE_STATUSES, runs
 
-COLUMNS = ("start_accuracy", "late_accuracy", "change", "collapsed", "start")
-
 
 def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per finished run of a `load_results` frame, indexed by run (column `run` kept): the run table plus

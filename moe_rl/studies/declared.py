@@ -143,15 +143,14 @@ def looks_reached(study: Study, pairs: pd.DataFrame, member: pd.Series) -> list[
     return counts
 
 
-def kl_adjusted(runs: pd.DataFrame, contrast: Contrast, outcome: str) -> dict[str, float]:
-    """Beside the declared estimate, what the realised divergence says: `kl_ratio`, exp of the mean over starts of
-    the contrast's combination of log early acting KL (1.0: the cells ran at equal divergence), and `adjusted`, the
-    contrast at equal KL: the intercept of the least-squares line of each start's mean difference on its mean
+def kl_adjusted(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast) -> dict[str, float]:
+    """Beside the declared estimate (`pairs`: the contrast's `pair_values` of the outcome, on the finished `runs`),
+    what the realised divergence says: `kl_ratio`, exp of the mean over starts of the contrast's combination of log
+    early acting KL (1.0: the cells ran at equal divergence), and `adjusted`, the contrast at equal KL: the intercept of the least-squares line of each start's mean difference on its mean
     log-KL difference, with its 95% t interval (`adj_lo`, `adj_hi`; C - 2 degrees of freedom). NaN where fewer than
     3 starts have both, or the log-KL differences do not vary."""
-    value = pair_values(runs, contrast.weights, outcome)
     log_kl = pair_values(runs, contrast.weights, "log_kl_acting")
-    both = value.merge(log_kl.drop(columns="start"), on="seed", suffixes=("", "_kl")).dropna()
+    both = pairs.merge(log_kl.drop(columns="start"), on="seed", suffixes=("", "_kl")).dropna()
     out = dict.fromkeys(("kl_ratio", "adjusted", "adj_lo", "adj_hi"), math.nan)
     if both.empty:
         return out
@@ -184,7 +183,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
-    row.update(kl_adjusted(runs, contrast, study.outcome))
+    row.update(kl_adjusted(pairs, runs, contrast))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
     m = len(pairs) / C_all if C_all else math.nan
     if comp is not None:

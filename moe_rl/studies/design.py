@@ -5,9 +5,9 @@ A declaration reads like a pre-registration. It names the question, the Hydra pr
 which an arm picks with `ref` and scales with `lr_scale`), the unit of replication (the pool members it draws, new
 for each study, and the seeds per member), the outcome (one named definition), the contrasts (a linear combination
 of cells `arm@level`, paired on the run seed (pool member and replicate), with the claimed direction, the claim it
-decides or "exploratory", and optionally the reference's own degradation that makes it testable), and the design: the smallest difference it
-is sized to detect, its power and level, the looks (starts after which it decides) and where its start count came
-from. `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
+decides or "exploratory", and optionally the reference's own degradation that makes it testable), and the design:
+the smallest difference it is sized to detect, its power and level, the looks (starts after which it decides) and
+where its start count came from. `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
 whose looks need more starts than it draws, or whose contrasts name cells it does not run.
 
 Member m of a study's pool is the warm-up at cold-start seed m (`cold_start.pool` is set above any member, so run
