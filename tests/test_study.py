@@ -55,6 +55,8 @@ def test_every_shipped_declaration_loads() -> None:
         ({"contrasts": [{"name": "c", "cells": {"r2@mid": 1, "none@hi": -1}}]}, r"\['r2@mid'\] name an arm or level"),
         ({"contrasts": [{"name": "c", "cells": {"r2@hi": 1, "none@hi": -0.5}}]}, "weights sum to 0.5"),
         ({"design": {**BASE["design"], "looks": [3, 3]}}, "must increase"),
+        ({"contrasts": [{**BASE["contrasts"][0], "outcome": "reward"}]}, "outcome 'reward' is not one of"),
+        ({"unit": {"members": "300..302", "admit": {"min_reward": 0.1}}}, r"unit.admit keys \['min_reward'\]"),
     ],
 )
 def test_a_declaration_that_cannot_decide_is_refused_with_its_reason(tmp_path, changes, message) -> None:
@@ -171,6 +173,49 @@ def test_arms_on_two_models_pair_by_pool_member(tmp_path) -> None:
     assert pairs["value"].tolist() == pytest.approx([0.10, 0.06, 0.11])
     same = declared.pair_values(_runs({"none@hi": [0.0] * 3, "r2@hi": [0.1] * 3}), study.contrasts[0].weights, "change")
     assert list(same["start"]) == ["s0", "s1", "s2"]  # one model: the cold start itself
+
+
+def test_a_contrast_reads_its_own_outcome_with_its_own_margin(tmp_path) -> None:
+    """A contrast of `routing_share` (margin 0.01) beside the study's `change` (margin 0.05): its pairs are the share
+    differences (+0.004, -0.002, +0.001: inside +-0.01, not reproduced), where under the study's margin the same
+    interval would also lie inside; a share difference of 0.02 at every start is reproduced, while `change` is 0."""
+    share = {**BASE["contrasts"][0], "name": "share", "outcome": "routing_share", "mde": 0.01, "margin": 0.01}
+    study = load_study(_write(tmp_path, contrasts=[BASE["contrasts"][0], share]))
+    runs = _runs({"none@hi": [0.0] * 3, "r2@hi": [0.0] * 3})
+    runs["routing_share"] = np.where(runs["cell"] == "r2@hi", np.tile([0.104, 0.098, 0.101], 2), 0.1)
+    row = declared.decide(study, runs, study.contrasts[1])
+    assert row["estimate"] == pytest.approx(0.001) and row["verdict"] == declared.NOT_REPRODUCED
+    assert "inside +-0.01" in row["reason"]
+    runs["routing_share"] = np.where(runs["cell"] == "r2@hi", 0.12, 0.1)
+    assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
+    assert declared.decide(study, runs, study.contrasts[0])["estimate"] == 0
+    assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in declared.rule_text(
+        study, share_c := study.contrasts[1]
+    )
+    assert "+-0.01" in declared.rule_text(study, share_c) and "+-0.05" in declared.rule_text(study, study.contrasts[0])
+
+
+def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -> None:
+    """(r2 - none)@hi - (r2 - none)@lo, where the two levels start from two warm-ups of each member (a length each):
+    member m's value is the four runs' combination, the block its member."""
+    ddd = {"name": "growth", "cells": {"r2@hi": 1, "none@hi": -1, "r2@lo": -1, "none@lo": 1}}
+    study = load_study(_write(tmp_path, contrasts=[ddd]))
+    runs = _runs({"none@hi": [0.0] * 3, "r2@hi": [0.1, 0.2, 0.3], "none@lo": [0.5] * 3, "r2@lo": [0.5, 0.6, 0.6]})
+    runs.loc[runs["cell"].str.endswith("@lo"), "start"] += "-lo"
+    pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
+    assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
+    assert pairs["value"].tolist() == pytest.approx([0.1, 0.1, 0.2])
+
+
+def test_admission_reads_the_zero_variance_share_of_the_warm_ups_samples(tmp_path) -> None:
+    """pass_counts[c]: prompts with c of n samples right; [6, 2, 0] (n = 2) has 6 of 8 prompts without variance
+    (0.75); a study admitting at most 0.7 does not admit it, and a study that sets no bound admits every start."""
+    assert declared.zero_variance_share([6, 2, 0]) == 0.75 and declared.zero_variance_share([2, 3, 1]) == 0.5
+    assert math.isnan(declared.zero_variance_share(None))
+    study = load_study(_write(tmp_path, unit={"members": "300..302", "admit": {"max_zero_variance": 0.7}}))
+    assert study.admission.admits(0.1, 0.5) and not study.admission.admits(0.1, 0.75)
+    assert not study.admission.admits(math.nan, math.nan)  # a bound is set and nothing was recorded
+    assert load_study(_write(tmp_path)).admission.admits(math.nan, math.nan)  # no bound: every start
 
 
 @pytest.mark.slow

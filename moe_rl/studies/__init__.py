@@ -307,8 +307,26 @@ STUDIES: tuple[Study, ...] = (
         "digits, each length at the lr that gives grpo+none the same early per-update KL, from a pool of 6 cold "
         "starts per length.",
         report=with_provenance(length_report.write_length_report),
-        claims={12: length_claims.claim_length_instability, 13: length_claims.claim_routing_share},
         claims_section=length_claims.claims_section,
+        history="L = 16 and 32 on a floor and KL matched over dead steps; claims 12 and 13 re-read by length_edge",
+    ),
+    Study(
+        "length_edge",
+        ("length_edge",),
+        "Claims 12 and 13, and claims 2 and 3 along length, at each length's own edge (L = 4 and 16, each at the lr "
+        "where grpo+none loses about 10 pp, placed by a pilot across starts), declared "
+        "(experiments/conf/study/length_edge.yaml) with its power, looks, admission by reward signal and new pool "
+        "members.",
+        report=declared.study_report("length_edge"),
+        claims={
+            12: declared.study_claim(
+                12, "length_edge", "gspo_advantage_growth", length_claims.claim_length_instability
+            ),
+            13: declared.study_claim(13, "length_edge", "routing_share_growth", length_claims.claim_routing_share),
+        },
+        claims_section=declared.claims_section(
+            "length_edge", "Claims 2 and 3 by response length, at each length's own edge", ("2", "3")
+        ),
     ),
     Study(
         "calibration",

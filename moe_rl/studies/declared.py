@@ -43,12 +43,12 @@ from moe_rl.analysis.power import (
 )
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
-from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, TASK_ACCURACY
-from moe_rl.studies.design import MIN_STARTS, POOL, Contrast, Study, load_study
+from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, RATIO_SPLIT_ROUTING_SHARE, TASK_ACCURACY
+from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
-KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING)
+KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING, RATIO_SPLIT_ROUTING_SHARE)
 
 
 @dataclass
@@ -62,9 +62,10 @@ class StudyResult:
 
 
 def per_run(runs_dir: Path) -> pd.DataFrame:
-    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcome
-    (`change`: late minus step-0 accuracy), late accuracy, collapse label and early per-update KL on the routes it
-    acts with (`kl_acting`, `dose.acting_kl_per_run`)."""
+    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcomes
+    (`design.OUTCOMES`: `change`, late minus step-0 accuracy; `routing_share`, NaN where the run did not log it),
+    late accuracy, collapse label and early per-update KL on the routes it acts with (`kl_acting`,
+    `dose.acting_kl_per_run`)."""
     frames = []
     for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
         if not any(cell_dir.rglob("metrics.parquet")):
@@ -74,16 +75,30 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
         arm, level = cell_dir.name.split("@", 1)
         table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
         table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
+        share = df[df["key"] == RATIO_SPLIT_ROUTING_SHARE].groupby("run")["value"].mean()
+        table["routing_share"] = share.reindex(table.index)
         frames.append(table.reset_index(drop=True))
     if not frames:
         raise FileNotFoundError(f"no finished runs under {runs_dir}/<arm>@<level>/")
     out = pd.concat(frames, ignore_index=True)
     if "kl_acting" not in out:
         out["kl_acting"] = np.nan
-    keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", "change"]
+    keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", *OUTCOMES]
     out["log_kl_acting"] = np.log(out["kl_acting"].where(out["kl_acting"] > 0))
     out["wall_s"] = [run_wall_s(Path(str(r))) for r in out["run_dir"]]
-    return out[[*keep, "collapsed", "kl_acting", "log_kl_acting", "wall_s", "run_dir"]]
+    covariates = [cold_start_meta(Path(str(r))).get("covariates") or {} for r in out["run_dir"]]
+    out["sampled_reward"] = [c.get("sampled_reward", np.nan) for c in covariates]
+    out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
+    covs = ["sampled_reward", "zero_variance"]
+    return out[[*keep, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
+
+
+def zero_variance_share(pass_counts: list[int] | None) -> float:
+    """The share of held-out prompts whose n samples were all wrong or all right (`pass_counts[c]`: prompts with c
+    of n right): where a GRPO group of n has no reward variance, so no signal. NaN where not recorded."""
+    if not pass_counts or sum(pass_counts) == 0:
+        return math.nan
+    return (pass_counts[0] + pass_counts[-1]) / sum(pass_counts)
 
 
 def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
@@ -178,8 +193,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     """The one rule (module docstring) for `contrast` on the finished `runs`: its verdict and reason, the look that
     decided it and its starts, the estimate (mean of start means, in the contrast's units) with its repeated
     confidence interval, the variance components over every pair and the difference the starts could detect."""
-    d = study.design
-    pairs = pair_values(runs, contrast.weights, study.outcome)
+    d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
+    pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
@@ -189,7 +204,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     if comp is not None:
         row.update(sd_between=comp.sd_between, sd_within=comp.sd_within, icc=comp.icc)
         row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C_all, m, d.power, d.alpha, sides=1)
-        row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, d.mde, m, d.power, d.alpha, sides=1)
+        row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, mde, m, d.power, d.alpha, sides=1)
     why = bound_reason(runs, contrast)
     if why is None and contrast.requires:
         ref = pair_values(runs, contrast.requires, study.outcome)
@@ -227,11 +242,11 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
         row.update(verdict=UNTESTABLE, reason=why)
     elif z >= bounds[k]:
         row.update(verdict=REPRODUCED, reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {k + 1}")
-    elif last and ((-d.margin < lo and hi < d.margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
-        inside = -d.margin < lo and hi < d.margin
+    elif last and ((-margin < lo and hi < margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
+        inside = -margin < lo and hi < margin
         row.update(
             verdict=NOT_REPRODUCED,
-            reason=f"interval inside +-{d.margin:g}" if inside else "interval wholly against the claimed direction",
+            reason=f"interval inside +-{margin:g}" if inside else "interval wholly against the claimed direction",
         )
     elif last:
         detectable = row.get("detectable", math.nan)
@@ -241,30 +256,28 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     return row
 
 
-def cell_table(runs: pd.DataFrame, outcome: str) -> pd.DataFrame:
-    """Per cell: runs, starts, the mean of its start means with the 95% t interval over starts, the floor and
-    collapse shares and the realised early per-update KL on the routes the arm acts with."""
+def cell_table(runs: pd.DataFrame, outcome: str, others: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Per cell: runs, starts, the mean of its start means of `outcome` with the 95% t interval over starts (and
+    of each of `others`, a contrast's own outcome, the mean of start means alone), the floor and collapse shares and
+    the realised early per-update KL on the routes the arm acts with."""
     rows = []
     for cell, g in runs.groupby("cell", sort=False):
         iv = start_mean_interval(g[outcome], g["start"])
-        rows.append(
-            {
-                "cell": cell,
-                "runs": len(g),
-                "starts": iv.n_starts,
-                outcome: iv.mean,
-                "lo": iv.lo,
-                "hi": iv.hi,
-                "floor_share": float((g["late_accuracy"] <= 0).mean()),
-                "collapsed": float(g["collapsed"].mean()),
-                "kl_acting": float(g["kl_acting"].mean()),
-            }
+        row = {"cell": cell, "runs": len(g), "starts": iv.n_starts, outcome: iv.mean, "lo": iv.lo, "hi": iv.hi}
+        for other in others:
+            row[other] = float(cluster_means(g[other], g["start"]).mean()) if g[other].notna().any() else math.nan
+        row.update(
+            floor_share=float((g["late_accuracy"] <= 0).mean()),
+            collapsed=float(g["collapsed"].mean()),
+            kl_acting=float(g["kl_acting"].mean()),
         )
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
 def start_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per start: its runs and the covariates its warm-up recorded (greedy accuracy, sampled reward)."""
+    """Per start: its runs, the covariates its warm-up recorded (greedy accuracy, sampled reward, the share of
+    prompts with no reward variance among their samples) and whether the study admitted it."""
     rows = []
     for start, g in runs.groupby("start", sort=True):
         cov = cold_start_meta(Path(str(g["run_dir"].iloc[0]))).get("covariates") or {}
@@ -274,6 +287,8 @@ def start_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "runs": len(g),
                 "greedy_accuracy": cov.get("greedy_accuracy", np.nan),
                 "sampled_reward": cov.get("sampled_reward", np.nan),
+                "zero_variance": zero_variance_share(cov.get("pass_counts")),
+                "admitted": bool(g["admitted"].all()) if "admitted" in g else True,
             }
         )
     return pd.DataFrame(rows)
@@ -293,12 +308,21 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     """`analyse`, once per declaration, runs folder and state of its runs (`stamp`: their newest status.json)."""
     study = load_study(study_file)
     table = per_run(runs_dir)
-    verdicts = pd.DataFrame([decide(study, table, c) for c in study.contrasts])
+    table["admitted"] = [
+        study.admission.admits(r, z) for r, z in zip(table["sampled_reward"], table["zero_variance"], strict=True)
+    ]
+    admitted = table[table["admitted"]]
+    verdicts = pd.DataFrame([decide(study, admitted, c) for c in study.contrasts])
     metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
     domains = sorted({f"{m.get('numerics', 'native')}, {'compiled' if m.get('compiled') else 'eager'}" for m in metas})
     provenance = load_provenance(runs_dir)
     return StudyResult(
-        table, cell_table(table, study.outcome), verdicts, start_table(table), domains, provenance_line(provenance)
+        table,
+        cell_table(admitted, study.outcome, study.other_outcomes()),
+        verdicts,
+        start_table(table),
+        domains,
+        provenance_line(provenance),
     )
 
 
@@ -324,7 +348,8 @@ def forest_figure(study: Study, result: StudyResult):
         ax.errorbar([row.estimate], [yi], xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=c)
     labels = [f"{r.contrast} (claim {r.claim})" if r.claim != "exploratory" else r.contrast for r in v.itertuples()]
     ax.set_yticks(y, labels, fontsize=8)
-    ax.set_xlabel(f"{study.outcome}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
+    outcomes = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
+    ax.set_xlabel(f"{outcomes}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
     ax.set_title(f"{study.name}: shaded +-{study.design.margin:g} (too small to matter)", fontsize=9)
     fig.tight_layout()
     return fig
@@ -386,14 +411,16 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     return path
 
 
-def rule_text(study: Study) -> str:
-    d = study.design
+def rule_text(study: Study, contrast: Contrast) -> str:
+    d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
+    outcome = "" if study.outcome_of(contrast) == study.outcome else f" of `{study.outcome_of(contrast)}`"
     return (
-        f"declared in experiments/conf/study/{study.name}.yaml: the contrast's one-sided t on start means, read as a "
+        f"declared in experiments/conf/study/{study.name}.yaml: the contrast's{outcome} one-sided t on start means, "
+        "read as a "
         f"z, against O'Brien-Fleming-type boundaries spending alpha {d.alpha:g} over looks at "
         f"{', '.join(map(str, d.looks))} starts (reproduced); at the last look its repeated interval inside "
-        f"+-{d.margin:g} or wholly against the claim (not reproduced); untestable at a floor, a ceiling or where the "
-        f"reference does not degrade; sized for {d.mde:g} at power {d.power:g}"
+        f"+-{margin:g} or wholly against the claim (not reproduced); untestable at a floor, a ceiling or where the "
+        f"reference does not degrade; sized for {mde:g} at power {d.power:g}"
     )
 
 
@@ -414,14 +441,17 @@ def study_claim(
             prior.notes.append(f"the declared study `{study_name}` that decides it has no finished runs here yet")
             return prior
         row = result.verdicts.set_index("contrast").loc[contrast]
+        declared = next(x for x in study.contrasts if x.name == contrast)
+        outcome = study.outcome_of(declared)
+        unit = UNITS[outcome]
         c = Claim(
             claim_id,
             prior.claim,
             prior.source,
-            rule_text(study),
+            rule_text(study, declared),
             experiment=study.name,
             cells=f"{contrast}: {int(row['starts'])} new cold starts x {study.seeds_per_start} seed(s)",
-            statistic=f"{100 * row['estimate']:+.1f} pp [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
+            statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
             p_value=float(stats.norm.sf(row.get("z", math.nan))),
             verdict=str(row["verdict"]),
@@ -437,8 +467,9 @@ def study_claim(
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
         for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
             if other["contrast"] != contrast:
+                other_unit = UNITS[study.outcome_of(next(x for x in study.contrasts if x.name == other["contrast"]))]
                 c.notes.append(
-                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} pp "
+                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {other_unit} "
                     f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
                 )
         cells = result.cells.set_index("cell")[study.outcome]
@@ -449,7 +480,7 @@ def study_claim(
         c.notes += prior.notes
         c.plain = (
             f"{study.question} Declared before its runs on new pool members; {c.cells}. The contrast "
-            f"{contrast} is {c.statistic} ({study.outcome}, mean of start means, repeated confidence interval). "
+            f"{contrast} is {c.statistic} ({outcome}, mean of start means, repeated confidence interval). "
             f"Verdict: **{c.verdict}** ({c.reason})."
         )
         return c
@@ -467,3 +498,32 @@ def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
         return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), out / "forest.png"]
 
     return write
+
+
+def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Callable[[Path, Path], list[str]]:
+    """CLAIMS.md's section of a declared study's secondary readings: each contrast of `claims` with its verdict by
+    the one rule, at the level it was read ([] where the study has no finished runs)."""
+
+    def section(root: Path, presets: Path) -> list[str]:
+        try:
+            study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+            result = analyse(study, Path(root) / study.name / "runs")
+        except FileNotFoundError:
+            return []
+        by_name = {c.name: c for c in study.contrasts}
+        lines = [
+            f"## {title}",
+            "",
+            f"From the declared study `{study_name}` (`results/{study_name}/`): {study.question}",
+        ]
+        lines += ["", "| claim | contrast | starts | difference [repeated CI] | look | verdict | reason |"]
+        lines.append("|---|---|---:|---|---:|---|---|")
+        for _, r in result.verdicts[result.verdicts["claim"].isin(claims)].iterrows():
+            unit = UNITS[study.outcome_of(by_name[r["contrast"]])]
+            lines.append(
+                f"| {r['claim']} | {r['contrast']} | {int(r['starts'])} | {100 * r['estimate']:+.1f} {unit} "
+                f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {int(r['look'])} | **{r['verdict']}** | {r['reason']} |"
+            )
+        return [*lines, ""]
+
+    return section

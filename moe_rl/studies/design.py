@@ -5,9 +5,11 @@ A declaration reads like a pre-registration. It names the question, the Hydra pr
 which an arm picks with `ref` and scales with `lr_scale`), the unit of replication (the pool members it draws, new
 for each study, and the seeds per member), the outcome (one named definition), the contrasts (a linear combination
 of cells `arm@level`, paired on the run seed (pool member and replicate), with the claimed direction, the claim it
-decides or "exploratory", and optionally the reference's own degradation that makes it testable), and the design:
+decides or "exploratory", optionally the reference's own degradation that makes it testable, and optionally an
+outcome of its own with its MDE and margin in that outcome's units), and the design:
 the smallest difference it is sized to detect, its power and level, the looks (starts after which it decides) and
-where its start count came from. `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
+where its start count came from. A study may admit only warm-ups with reward signal (`unit.admit`:
+`min_sampled_reward`, `max_zero_variance`, read from the covariates each warm-up records). `load_study` refuses a declaration whose first look is too small to decide anything (fewer than 3 starts),
 whose looks need more starts than it draws, or whose contrasts name cells it does not run.
 
 Member m of a study's pool is the warm-up at cold-start seed m (`cold_start.pool` is set above any member, so run
@@ -26,7 +28,9 @@ POOL = 1_000_000  # cold_start.pool of a declared study: run seed m + r * POOL s
 DIRECTIONS = ("greater", "less")
 OUTCOMES = {  # one named definition each: what every table of the study prints
     "change": "late accuracy (the mean of a run's last 3 evaluations) minus its step-0 accuracy",
+    "routing_share": "the run mean of `ratio/split/routing_share`, routing's share of the token log-ratio variance",
 }
+UNITS = {"change": "pp", "routing_share": "points of share"}  # each outcome x 100, as tables and claims print it
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class Contrast:
     claim: str  # a claim id, or "exploratory"
     requires: dict[tuple[str, str], float] = field(default_factory=dict)  # the reference's degradation
     requires_below: float = 0.0  # testable only where the `requires` combination's mean is below this
+    outcome: str | None = None  # what it combines; None: the study's outcome
+    mde: float | None = None  # in its outcome's units; None: the design's
+    margin: float | None = None
 
     @property
     def sign(self) -> float:
@@ -69,6 +76,21 @@ class Design:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """Which warm-ups a study admits, by the covariates recorded at the warm-up's end (8 temperature-1 samples per
+    held-out prompt, the default group size): a start RL cannot move is reported and left out of every contrast."""
+
+    min_sampled_reward: float = 0.0  # the mean reward of those samples
+    max_zero_variance: float = 1.0  # the share of held-out prompts whose samples are all wrong or all right
+
+    def admits(self, sampled_reward: float, zero_variance: float) -> bool:
+        """Whether a start with these covariates is admitted (NaN, not recorded: not admitted unless no bound is set)."""
+        if self == Admission():
+            return True
+        return bool(sampled_reward >= self.min_sampled_reward and zero_variance <= self.max_zero_variance)
+
+
+@dataclass(frozen=True)
 class Study:
     name: str
     question: str
@@ -82,6 +104,20 @@ class Study:
     contrasts: tuple[Contrast, ...]
     design: Design
     file: Path
+    admission: Admission = Admission()
+
+    def outcome_of(self, contrast: Contrast) -> str:
+        return contrast.outcome or self.outcome
+
+    def margin_of(self, contrast: Contrast) -> float:
+        return self.design.margin if contrast.margin is None else contrast.margin
+
+    def mde_of(self, contrast: Contrast) -> float:
+        return self.design.mde if contrast.mde is None else contrast.mde
+
+    def other_outcomes(self) -> tuple[str, ...]:
+        """The outcomes some contrast reads besides the study's own, in declaration order."""
+        return tuple(dict.fromkeys(o for c in self.contrasts if (o := self.outcome_of(c)) != self.outcome))
 
     def cells(self) -> list[tuple[str, str]]:
         """Every (arm, level) some contrast reads, in declaration order (arms, then levels)."""
@@ -121,6 +157,14 @@ def _members(raw: object, study: str) -> tuple[int, ...]:
     raise ValueError(f"study {study}: unit.members {raw!r} must be 'first..last' or a list of member ids")
 
 
+def _admission(raw: dict | None, study: str) -> Admission:
+    known = ("min_sampled_reward", "max_zero_variance")
+    unknown = sorted(set(raw or {}) - set(known))
+    if unknown:
+        raise ValueError(f"study {study}: unit.admit keys {unknown} are not among {list(known)}")
+    return Admission(**{k: float(v) for k, v in (raw or {}).items()})
+
+
 def load_study(path: str | Path) -> Study:
     """The study declared in `path`, checked (see the module docstring); a ValueError says what is wrong."""
     path = Path(path)
@@ -144,6 +188,9 @@ def load_study(path: str | Path) -> Study:
             claim=str(c.get("claim", "exploratory")),
             requires=_combination(c.get("requires", {}), name),
             requires_below=float(c.get("requires_below", 0.0)),
+            outcome=c.get("outcome"),
+            mde=None if c.get("mde") is None else float(c["mde"]),
+            margin=None if c.get("margin") is None else float(c["margin"]),
         )
         for c in raw["contrasts"]
     )
@@ -170,6 +217,7 @@ def load_study(path: str | Path) -> Study:
         contrasts=contrasts,
         design=design,
         file=path,
+        admission=_admission(unit.get("admit"), name),
     )
     check_study(study)
     return study
@@ -184,6 +232,10 @@ def check_study(study: Study) -> None:
     if study.outcome not in OUTCOMES:
         raise ValueError(f"study {name}: outcome {study.outcome!r} is not one of {sorted(OUTCOMES)}")
     for c in study.contrasts:
+        if study.outcome_of(c) not in OUTCOMES:
+            raise ValueError(f"study {name}, contrast {c.name}: outcome {c.outcome!r} is not one of {sorted(OUTCOMES)}")
+        if study.mde_of(c) <= 0 or study.margin_of(c) < 0:
+            raise ValueError(f"study {name}, contrast {c.name}: mde {c.mde} or margin {c.margin} out of range")
         if c.direction not in DIRECTIONS:
             raise ValueError(f"study {name}, contrast {c.name}: direction {c.direction!r} not in {DIRECTIONS}")
         unknown = [f"{a}@{lv}" for a, lv in (*c.weights, *c.requires) if a not in study.arms or lv not in study.levels]

@@ -254,7 +254,7 @@ def claims_section(root: Path, presets: Path) -> list[str]:
     found = decisions(str(root), str(presets))
     if found is None:
         return []
-    lines = ["## Claims 2 and 3 by response length", ""]
+    lines = ["## Claims 2 and 3 by response length: the length study (earlier looks, L = 16 and 32 on a floor)", ""]
     lines.append(
         "From the length study (`results/length/`): "
         + (__doc__ or "").split("\n\n")[1].replace("\n", " ")
