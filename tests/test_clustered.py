@@ -129,8 +129,13 @@ def test_arm_tests_take_the_start_as_the_unit() -> None:
     decided = arm_tests(_outcomes(6, 2), groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
     assert (decided["final_accuracy_starts"], decided["final_accuracy_pairs"]) == (6, 12)
     assert decided["final_accuracy_diff"] == pytest.approx(0.07)  # mean of 0.02 .. 0.12 over starts
-    assert decided["final_accuracy_p"] == 2 / 64  # six starts, all improving: one sign per start
-    assert 0.02 <= decided["final_accuracy_lo"] < 0.07 < decided["final_accuracy_hi"] <= 0.12
+    # the t on the six start means 0.02, 0.04, ..., 0.12 (mean 0.07, SD 0.0374): its p and its interval
+    means = 0.02 * np.arange(1, 7)
+    half = sps.t.isf(0.025, 5) * means.std(ddof=1) / math.sqrt(6)
+    assert decided["final_accuracy_p"] == pytest.approx(2 * sps.t.sf(0.07 / (means.std(ddof=1) / math.sqrt(6)), 5))
+    assert decided["final_accuracy_lo"] == pytest.approx(0.07 - half) and decided["final_accuracy_hi"] == pytest.approx(
+        0.07 + half
+    )
     few = arm_tests(_outcomes(1, 3), groups=["arm"], pair_on=["seed"])
     row = few.set_index("arm").loc["grpo+none"]
     assert row["final_accuracy_starts"] == 1 and row["final_accuracy_diff"] == pytest.approx(0.02)
@@ -158,7 +163,7 @@ def test_seeds_repeated_across_starts_pair_within_each_start() -> None:
     assert clustered.pair_keys(arms(_outcomes(6, 2)), ["seed"]) == ["seed"]  # unique seeds: the seed alone
     row = arm_tests(frame, groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
     assert (row["final_accuracy_starts"], row["final_accuracy_pairs"]) == (6, 12)
-    assert row["final_accuracy_diff"] == pytest.approx(0.07) and row["final_accuracy_p"] == 2 / 64
+    assert row["final_accuracy_diff"] == pytest.approx(0.07) and row["final_accuracy_p"] < 0.05
     pairs = pair_runs(frame, "grpo+r2", "grpo+none", [])
     assert len(pairs) == 12 and (pairs["start_w"] == pairs["start_b"]).all()
     shift = pairs["final_accuracy_b"] - pairs["final_accuracy_w"]

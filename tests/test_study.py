@@ -218,6 +218,22 @@ def test_admission_reads_the_zero_variance_share_of_the_warm_ups_samples(tmp_pat
     assert load_study(_write(tmp_path)).admission.admits(math.nan, math.nan)  # no bound: every start
 
 
+def test_a_look_with_too_few_admitted_starts_spends_nothing(tmp_path) -> None:
+    """Looks at 3 and 6 starts; member 302 ran but was not admitted, so look 1 holds 2 starts (below 3) and is
+    skipped: the contrast is decided at look 2 on 5 starts, as a single look (the whole alpha), and a pool whose
+    every look stays below 3 starts ends inconclusive at its limit rather than waiting for a look that cannot come."""
+    study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
+    runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.10, 0.06, 0.0, 0.11, 0.08, 0.09]})
+    admitted = runs[runs["seed"] != 302]
+    row = declared.decide(study, admitted, study.contrasts[0], ran=set(range(300, 306)))
+    assert (row["look"], row["look_starts"], row["starts"]) == (2, 5, 5)
+    assert row["boundary"] == pytest.approx(stats.norm.isf(0.025)) and row["verdict"] == declared.REPRODUCED
+    few = declared.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran=set(range(300, 306)))
+    assert few["verdict"] == declared.INCONCLUSIVE and few["reason"].startswith("pool limit reached with 2 starts")
+    early = declared.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran={300, 301, 302})
+    assert early["reason"].startswith("2 starts: before the first look")
+
+
 @pytest.mark.slow
 def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the

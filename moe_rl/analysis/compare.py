@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis import clustered
+from moe_rl.analysis.power import start_mean_interval
 from moe_rl.analysis.stats import collapse_test, holm, wilson_interval
 
 CONTINUOUS = ("final_accuracy", "reward_auc")
@@ -43,7 +44,9 @@ def arm_tests(
     reference group of the same stratum for each of `collapse_cols` (none below MIN_UNITS starts in either: the
     counts alone, descriptive); for CONTINUOUS outcomes the
     paired difference to the reference (`<name>_diff`, `_lo`, `_hi`, `_p`, `_poi`, and `_starts`, `_pairs`:
-    the independent starts and the pairs behind it; `clustered.paired_by_start`). `*_holm` columns hold Holm-adjusted p
+    the independent starts and the pairs behind it; `clustered.paired_by_start`), its interval and two-sided p from
+    the one t on start means (`power.start_mean_interval`, as the declared studies' rule), so the interval excludes
+    0 exactly when p < 0.05. `*_holm` columns hold Holm-adjusted p
     over the table's rows. The reference row has NaN tests. `start_col`: each run's cold start (outcomes
     without it count every pair as its own start).
     """
@@ -88,10 +91,14 @@ def arm_tests(
                         if start_col in g
                         else pd.Series(range(len(joined)))
                     )
-                    res = clustered.paired_by_start(joined[name] - joined[f"{name}_ref"], starts)
+                    d = joined[name] - joined[f"{name}_ref"]
+                    res = clustered.paired_by_start(d, starts)
                     res["n"] = res.pop("n_pairs")
                     if res["descriptive"] is not None:  # below 5 starts only the difference itself is shown
                         res["prob_improvement"] = math.nan
+                    else:  # interval and p from one statistic, the t on start means: they cannot disagree
+                        iv = start_mean_interval(d, starts)
+                        res.update(lo=iv.lo, hi=iv.hi, p_value=iv.p_value)
             row.update(
                 {
                     f"{name}_diff": res["mean_diff"],

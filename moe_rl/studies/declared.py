@@ -44,7 +44,7 @@ from moe_rl.analysis.power import (
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, RATIO_SPLIT_ROUTING_SHARE, TASK_ACCURACY
-from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Contrast, Study, load_study
+from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Admission, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
@@ -142,20 +142,27 @@ def pair_members(pairs: pd.DataFrame) -> pd.Series:
     return pairs["seed"].astype(int) % POOL
 
 
-def looks_reached(study: Study, pairs: pd.DataFrame, member: pd.Series) -> list[int]:
-    """The starts at each declared look the pairs (of pool members `member`) have reached, in order: look j is
-    reached once a member of its block (members[looks[j-1]:looks[j]]) has a pair; its information is the starts
-    among members[:looks[j]] (fewer than declared where runs failed). A look that adds no start is not counted."""
-    counts: list[int] = []
-    first = 0
-    for n in study.design.looks:
-        if not member.isin(study.members[first:n]).any():
+def looks_reached(study: Study, ran: set[int]) -> int:
+    """How many declared looks the study's runs have reached, in order: look j is reached once a member of its block
+    (members[looks[j-1]:looks[j]]) is among `ran`, the members with a finished run (admitted or not)."""
+    n, first = 0, 0
+    for last in study.design.looks:
+        if not ran.intersection(study.members[first:last]):
             break
-        c = int(pairs.loc[member.isin(study.members[:n]), "start"].nunique())
-        if not counts or c > counts[-1]:
-            counts.append(c)
-        first = n
-    return counts
+        n, first = n + 1, last
+    return n
+
+
+def usable_looks(study: Study, pairs: pd.DataFrame, member: pd.Series, reached: int) -> list[tuple[int, int]]:
+    """(look index, starts) of the reached looks a contrast is decided at: look j's information is the starts among
+    members[:looks[j]] with a pair (fewer than declared where runs failed or starts were not admitted); a look with
+    fewer than MIN_STARTS, or adding no start to the previous one, spends nothing and is skipped."""
+    out: list[tuple[int, int]] = []
+    for j in range(reached):
+        c = int(pairs.loc[member.isin(study.members[: study.design.looks[j]]), "start"].nunique())
+        if c >= MIN_STARTS and (not out or c > out[-1][1]):
+            out.append((j, c))
+    return out
 
 
 def kl_adjusted(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast) -> dict[str, float]:
@@ -189,10 +196,12 @@ def _z(means: np.ndarray, sign: float) -> tuple[float, float]:
     return se, 0.0 if mean == 0 else math.copysign(math.inf, sign * mean)
 
 
-def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, object]:
-    """The one rule (module docstring) for `contrast` on the finished `runs`: its verdict and reason, the look that
-    decided it and its starts, the estimate (mean of start means, in the contrast's units) with its repeated
-    confidence interval, the variance components over every pair and the difference the starts could detect."""
+def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] | None = None) -> dict[str, object]:
+    """The one rule (module docstring) for `contrast` on the finished (admitted) `runs`: its verdict and reason, the
+    look that decided it and its starts, the estimate (mean of start means, in the contrast's units) with its
+    repeated confidence interval, the variance components over every pair and the difference the starts could
+    detect. `ran`: the members with a finished run, admitted or not, which say how far the looks have reached
+    (default: those of `runs`)."""
     d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
     pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
@@ -215,19 +224,25 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
         elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
     member = pair_members(pairs)
-    counts = looks_reached(study, pairs, member) if len(pairs) else []
-    if not counts or counts[0] < MIN_STARTS:
+    reached = looks_reached(study, ran if ran is not None else set(pair_members(runs)))
+    looks = usable_looks(study, pairs, member, reached)
+    final = reached == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
+    if not looks:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
-        row["reason"] = f"{C_all} starts: before the first look at {d.looks[0]}" + (f" ({why})" if why else "")
+        row["reason"] = (
+            f"pool limit reached with {C_all} starts, fewer than {MIN_STARTS}"
+            if final
+            else f"{C_all} starts: before the first look at {d.looks[0]}"
+        ) + (f" ({why})" if why else "")
         return row
-    final = len(counts) == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
+    counts = [c for _, c in looks]
     info = counts if final else [*counts, d.looks[-1]]  # spending at the information reached
     bounds = boundaries(info, d.alpha, sides=1)
-    for k, n in enumerate(d.looks[: len(counts)]):
-        at = pairs[member.isin(study.members[:n])]
+    for k, (j, _) in enumerate(looks):
+        at = pairs[member.isin(study.members[: d.looks[j]])]
         means = cluster_means(at["value"], at["start"])  # (C_k,)
         se, z = _z(means, contrast.sign)
-        if z >= bounds[k] or k == len(counts) - 1:
+        if z >= bounds[k] or k == len(looks) - 1:
             break
     spent = float(stats.norm.sf(bounds[k]))  # the one-sided level at which this look's boundary rejects
     half = (
@@ -235,13 +250,13 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
     )  # the interval clears 0 in the claimed direction iff z >= bound
     mean = float(means.mean())
     lo, hi = mean - half, mean + half
-    row.update(look=k + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
+    row.update(look=j + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
     row["level"] = 1 - 2 * spent
-    last = final and k == len(counts) - 1
+    last = final and k == len(looks) - 1
     if why is not None:
         row.update(verdict=UNTESTABLE, reason=why)
     elif z >= bounds[k]:
-        row.update(verdict=REPRODUCED, reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {k + 1}")
+        row.update(verdict=REPRODUCED, reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}")
     elif last and ((-margin < lo and hi < margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
         inside = -margin < lo and hi < margin
         row.update(
@@ -252,7 +267,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast) -> dict[str, ob
         detectable = row.get("detectable", math.nan)
         row.update(verdict=INCONCLUSIVE, reason=f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}")
     else:
-        row.update(verdict=INCONCLUSIVE, reason=f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {k + 1}")
+        row.update(verdict=INCONCLUSIVE, reason=f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {j + 1}")
     return row
 
 
@@ -312,7 +327,8 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
         study.admission.admits(r, z) for r, z in zip(table["sampled_reward"], table["zero_variance"], strict=True)
     ]
     admitted = table[table["admitted"]]
-    verdicts = pd.DataFrame([decide(study, admitted, c) for c in study.contrasts])
+    ran = set(pair_members(table))
+    verdicts = pd.DataFrame([decide(study, admitted, c, ran) for c in study.contrasts])
     metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
     domains = sorted({f"{m.get('numerics', 'native')}, {'compiled' if m.get('compiled') else 'eager'}" for m in metas})
     provenance = load_provenance(runs_dir)
@@ -340,7 +356,9 @@ def forest_figure(study: Study, result: StudyResult):
     fig = Figure(figsize=(7, 0.5 + 0.45 * len(v)))
     ax = fig.subplots()
     y = np.arange(len(v))[::-1]
-    ax.axvspan(-study.design.margin, study.design.margin, color="0.92", zorder=0)
+    margins = {c.name: study.margin_of(c) for c in study.contrasts}
+    for yi, name in zip(y, v["contrast"]):  # each contrast's own margin (its outcome's units)
+        ax.fill_betweenx([yi - 0.4, yi + 0.4], -margins[name], margins[name], color="0.92", zorder=0)
     ax.axvline(0, color="0.4", lw=0.8)
     colors = {REPRODUCED: "tab:green", NOT_REPRODUCED: "tab:red", INCONCLUSIVE: "tab:gray", UNTESTABLE: "tab:orange"}
     for yi, row in zip(y, v.itertuples()):
@@ -350,7 +368,7 @@ def forest_figure(study: Study, result: StudyResult):
     ax.set_yticks(y, labels, fontsize=8)
     outcomes = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
     ax.set_xlabel(f"{outcomes}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
-    ax.set_title(f"{study.name}: shaded +-{study.design.margin:g} (too small to matter)", fontsize=9)
+    ax.set_title(f"{study.name}: shaded, each contrast's margin (too small to matter)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -370,6 +388,18 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
     forest_figure(study, result).savefig(out / "forest.png", dpi=120)
     shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
+    own = "".join(
+        f" Contrast {c.name} reads `{study.outcome_of(c)}` (MDE {study.mde_of(c):g}, margin +-{study.margin_of(c):g})."
+        for c in study.contrasts
+        if study.outcome_of(c) != study.outcome
+    )
+    a = study.admission
+    admit = (
+        f" Admitted starts: sampled reward >= {a.min_sampled_reward:g} and a share of held-out prompts without reward "
+        f"variance <= {a.max_zero_variance:g} (the warm-up's covariates); the others are listed and left out."
+        if a != Admission()
+        else ""
+    )
     beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
     lines = [
         f"# Study `{study.name}`",
@@ -378,8 +408,9 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         "",
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
-        f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.",
-        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} new cold starts, "
+        f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
+        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} new cold starts "
+        f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted), "
         f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
         f"{'; '.join(result.domains)}.",
         result.provenance,
@@ -460,7 +491,7 @@ def study_claim(
         if not math.isnan(float(row.get("kl_ratio", math.nan))):
             c.notes.append(
                 f"realised early acting KL ratio {float(row['kl_ratio']):.2f}; at equal KL (start means regressed on "
-                f"log-KL differences) {100 * float(row['adjusted']):+.1f} pp "
+                f"log-KL differences) {100 * float(row['adjusted']):+.1f} {unit} "
                 f"[{100 * float(row['adj_lo']):+.1f}, {100 * float(row['adj_hi']):+.1f}]"
             )
         if not math.isnan(float(row.get("reference", math.nan))):
@@ -472,10 +503,12 @@ def study_claim(
                     f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {other_unit} "
                     f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
                 )
-        cells = result.cells.set_index("cell")[study.outcome]
-        c.notes.append(
-            "each cell's mean of start means: " + ", ".join(f"{k} {100 * v:+.1f} pp" for k, v in cells.items())
-        )
+        if len(result.cells):
+            cells = result.cells.set_index("cell")[outcome]
+            c.notes.append(
+                f"each cell's mean of start means of `{outcome}`: "
+                + ", ".join(f"{k} {100 * v:+.1f} {unit}" for k, v in cells.items())
+            )
         c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
         c.notes += prior.notes
         c.plain = (

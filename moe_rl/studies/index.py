@@ -69,25 +69,39 @@ def _row(root: Path, study, found: dict[int, str], runs: pd.DataFrame) -> str:
     )
 
 
-def independent_line(rows: list, records: dict[str, pd.DataFrame]) -> str:
+def independent_line(rows: list, records: dict[str, pd.DataFrame], pilots: dict[str, pd.DataFrame]) -> str:
     """How many independent cold starts stand behind all the folders together (`records`: each folder's run
-    records): a start several folders share, or a member warmed twice (twins, `cold_start.unit`), counts once; and
-    how many of them the current folders use."""
+    records; `pilots`: those of the calibration pilots a folder keeps under pilot/): a start several folders share,
+    or a member warmed twice (twins, `cold_start.unit`), counts once; how many of them the current folders use, and
+    how many were warmed for a pilot alone (they placed an operating point; no contrast reads them)."""
     every = {k for r in records.values() for k in r["cold_start"].dropna()}
+    piloted = {k for r in pilots.values() for k in r["cold_start"].dropna()} - every
     current = {k for s in rows if not s.history for k in records[s.folder]["cold_start"].dropna()}
     history = [s.folder for s in rows if s.history]
+    where = ", ".join(f"{f}/pilot" for f in pilots)
     return (
-        f"Independent cold starts behind all {len(rows)} folders: {len(every)} (a start several folders share counts "
-        f"once; so does a pool member warmed twice, where its runs record `cold_start.unit`); {len(current)} behind "
-        f"the folders that are not history ({', '.join(history) or 'none'} are)."
+        f"Independent cold starts behind all {len(rows)} folders: {len(every) + len(piloted)}, of which "
+        f"{len(piloted)} warmed for calibration pilots alone ({where or 'none'}; they placed an operating point and no "
+        f"contrast reads them) (a start several folders share counts once; so does a pool member warmed twice, where "
+        f"its runs record `cold_start.unit`); {len(current)} behind the folders that are not history "
+        f"({', '.join(history) or 'none'} are)."
     )
+
+
+def _study_records(root: Path, folder: str) -> pd.DataFrame:
+    """The run records of a folder's own runs: its runs/ (or the folder itself), never a calibration pilot's."""
+    records = run_records(runs_folder(root, folder))
+    if not (root / folder / "runs").is_dir():
+        records = records[~records["run"].astype(str).str.startswith("pilot/")]
+    return records
 
 
 def index_markdown(root: Path, presets: Path) -> str:
     """The text of RESULTS_ROOT/README.md."""
     found = verdicts(root / "CLAIMS.md")
     rows = [s for s in STUDIES if (root / s.folder).is_dir()]
-    records = {s.folder: run_records(runs_folder(root, s.folder)) for s in rows}  # each folder's meta.json, read once
+    records = {s.folder: _study_records(root, s.folder) for s in rows}  # each folder's meta.json, read once
+    pilots = {s.folder: run_records(root / s.folder / "pilot") for s in rows if (root / s.folder / "pilot").is_dir()}
     named = {p for s in STUDIES for p in s.presets}
     unfiled = sorted(p.stem for p in Path(presets).glob("*.yaml") if p.stem not in named)
     others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in {s.folder for s in STUDIES})
@@ -105,7 +119,7 @@ def index_markdown(root: Path, presets: Path) -> str:
         "|---|---|---|---:|---:|---|---:|---|",
         *(_row(root, s, found, records[s.folder]) for s in rows),
         "",
-        independent_line(rows, records),
+        independent_line(rows, records, pilots),
         "",
     ]
     if unfiled:
