@@ -234,6 +234,18 @@ def test_a_look_with_too_few_admitted_starts_spends_nothing(tmp_path) -> None:
     assert early["reason"].startswith("2 starts: before the first look")
 
 
+def test_a_look_partly_run_is_not_read(tmp_path) -> None:
+    """Looks at 3 and 6 starts: members 303 and 304 ran both cells but 305 only one, so look 2 is not reached and the
+    contrast stays at look 1 (its 3 starts, against look 1's boundary of two), whatever the extra pairs say."""
+    study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
+    runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.10, 0.06, 0.11, 0.2, 0.2, 0.2]})
+    partial = runs[~((runs["cell"] == "r2@hi") & (runs["seed"] == 305))]
+    assert declared.complete_members(study, partial) == {300, 301, 302, 303, 304}
+    row = declared.decide(study, partial, study.contrasts[0])
+    assert (row["look"], row["look_starts"], row["starts"]) == (1, 3, 5)
+    assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["reason"].startswith("continue")
+
+
 @pytest.mark.slow
 def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the

@@ -14,6 +14,10 @@ start means (a start: the cold start, or the pool member where the cells are two
   inside +-margin or wholly on the other side of 0;
 - **inconclusive** otherwise: before the last look "continue", at it with the difference the starts could have
   detected at the declared power (`power.detectable_difference`).
+
+A look is read once every member of its block has all its runs in (`complete_members`; a look partly run is not
+read, so a study stopped mid-look decides at its last complete one), on the starts the study admits (`unit.admit`);
+a look with fewer than 3 admitted starts, or none more than the look before, spends no alpha and is skipped.
 """
 
 from __future__ import annotations
@@ -142,12 +146,22 @@ def pair_members(pairs: pd.DataFrame) -> pd.Series:
     return pairs["seed"].astype(int) % POOL
 
 
-def looks_reached(study: Study, ran: set[int]) -> int:
-    """How many declared looks the study's runs have reached, in order: look j is reached once a member of its block
-    (members[looks[j-1]:looks[j]]) is among `ran`, the members with a finished run (admitted or not)."""
+def complete_members(study: Study, runs: pd.DataFrame) -> set[int]:
+    """The pool members whose runs are all in: a finished run (admitted or not) of every replicate in every cell the
+    study runs."""
+    cells = [f"{a}@{lv}" for a, lv in study.cells()]
+    done = runs[runs["cell"].isin(cells)].assign(member=pair_members(runs)).groupby(["member", "cell"]).size()
+    counts = done.unstack("cell").reindex(columns=cells)
+    full = (counts >= study.seeds_per_start).all(axis=1)
+    return {int(m) for m in full[full].index}
+
+
+def looks_reached(study: Study, complete: set[int]) -> int:
+    """How many declared looks the study's runs have reached, in order: look j is reached once every member of its
+    block (members[looks[j-1]:looks[j]]) is `complete` (`complete_members`): a look partly run is not read."""
     n, first = 0, 0
     for last in study.design.looks:
-        if not ran.intersection(study.members[first:last]):
+        if not complete.issuperset(study.members[first:last]):
             break
         n, first = n + 1, last
     return n
@@ -200,8 +214,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     """The one rule (module docstring) for `contrast` on the finished (admitted) `runs`: its verdict and reason, the
     look that decided it and its starts, the estimate (mean of start means, in the contrast's units) with its
     repeated confidence interval, the variance components over every pair and the difference the starts could
-    detect. `ran`: the members with a finished run, admitted or not, which say how far the looks have reached
-    (default: those of `runs`)."""
+    detect. `ran`: the members whose runs are all in, admitted or not (`complete_members`), which say how far the
+    looks have reached (default: those of `runs`)."""
     d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
     pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
@@ -224,7 +238,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
         elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
     member = pair_members(pairs)
-    reached = looks_reached(study, ran if ran is not None else set(pair_members(runs)))
+    reached = looks_reached(study, ran if ran is not None else complete_members(study, runs))
     looks = usable_looks(study, pairs, member, reached)
     final = reached == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
     if not looks:
@@ -327,7 +341,7 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
         study.admission.admits(r, z) for r, z in zip(table["sampled_reward"], table["zero_variance"], strict=True)
     ]
     admitted = table[table["admitted"]]
-    ran = set(pair_members(table))
+    ran = complete_members(study, table)
     verdicts = pd.DataFrame([decide(study, admitted, c, ran) for c in study.contrasts])
     metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
     domains = sorted({f"{m.get('numerics', 'native')}, {'compiled' if m.get('compiled') else 'eager'}" for m in metas})
