@@ -27,6 +27,7 @@ analyses the claims declare and the frontier's grid.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
-from moe_rl.studies import causal_report, divergence_report, length_report
+from moe_rl.studies import causal_report, declared, divergence_report
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
@@ -45,7 +46,7 @@ README = Path("README.md")
 README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables
     (divergence_report.README_BLOCK, divergence_report.readme_table),
     (causal_report.README_BLOCK, causal_report.readme_table),
-    (length_report.README_BLOCK, length_report.readme_table),
+    (declared.readme_markers("length_edge"), functools.partial(declared.readme_table, "length_edge")),
 )
 
 

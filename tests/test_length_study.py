@@ -251,18 +251,6 @@ def test_a_contrast_table_mixing_decided_and_descriptive_rows_keeps_the_interval
     assert "| 5 (5) | -0.6 [-2.4, +1.5] |" in text and "| 3 (3) | -0.6 (descriptive) |" in text
 
 
-def test_the_readme_length_table_is_the_shipped_one() -> None:
-    """README.md's length table is generated from results/length/arms.csv and contrasts.csv (`report --readme`)."""
-    from helpers import ROOT
-
-    from moe_rl.analysis.pages import readme_block
-    from moe_rl.studies import length_report
-
-    table = length_report.readme_table(ROOT / "results")
-    assert table is not None, "results/length/arms.csv and contrasts.csv are shipped"
-    assert readme_block(ROOT / "README.md", length_report.README_BLOCK) == table
-
-
 def test_the_route_bytes_count_the_presets_rollout_and_question() -> None:
     from moe_rl.config import TrainConfig
     from moe_rl.studies import length_report

@@ -205,6 +205,11 @@ def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -
     pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
     assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
     assert pairs["value"].tolist() == pytest.approx([0.1, 0.1, 0.2])
+    some = runs[~((runs["seed"] == 301) & runs["cell"].str.endswith("@lo"))]  # member 301 at one level only
+    assert list(declared.pair_values(some, study.contrasts[0].weights, "change")["start"]) == [
+        "member 300",
+        "member 302",
+    ]
 
 
 def test_admission_reads_the_zero_variance_share_of_the_warm_ups_samples(tmp_path) -> None:
@@ -244,6 +249,30 @@ def test_a_look_partly_run_is_not_read(tmp_path) -> None:
     row = declared.decide(study, partial, study.contrasts[0])
     assert (row["look"], row["look_starts"], row["starts"]) == (1, 3, 5)
     assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["reason"].startswith("continue")
+
+
+def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
+    """A shipped contrasts.csv (two contrasts, two outcomes) as README.md prints it, x 100 in each outcome's units, an
+    interval only where the look gave one; and README.md's length_edge block is the shipped one."""
+    from moe_rl.analysis.pages import readme_block
+
+    (tmp_path / "s").mkdir()
+    rows = [
+        {"contrast": "a", "claim": "12", "outcome": "change", "starts": 8, "estimate": 0.021, "lo": -0.01, "hi": 0.052}
+        | {"look": 1, "verdict": "inconclusive"},
+        {"contrast": "b", "claim": "13", "outcome": "routing_share", "starts": 2, "estimate": -0.004, "lo": math.nan}
+        | {"hi": math.nan, "look": 0, "verdict": "inconclusive"},
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "s" / "contrasts.csv", index=False)
+    table = declared.readme_table("s", tmp_path)
+    assert table is not None and table.splitlines()[2:] == [
+        "| a | 12 | 8 | +2.1 pp [-1.0, +5.2] | 1 | inconclusive |",
+        "| b | 13 | 2 | -0.4 points of share | 0 | inconclusive |",
+    ]
+    assert declared.readme_table("none", tmp_path) is None
+    shipped = declared.readme_table("length_edge", ROOT / "results")
+    if shipped is not None:
+        assert readme_block(ROOT / "README.md", declared.readme_markers("length_edge")) == shipped
 
 
 @pytest.mark.slow

@@ -119,8 +119,9 @@ def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outco
     if not set(cols) <= set(wide.columns):
         return pd.DataFrame(columns=["start", "seed", "value"])
     wide = wide[list(cols)].dropna()
-    starts = used.groupby("seed")["start"].agg(lambda v: v.iloc[0] if v.nunique() == 1 else None)
-    block = [starts[s] if starts[s] is not None else f"member {int(s) % POOL}" for s in wide.index]
+    by_seed = used.groupby("seed")["start"]
+    distinct, first = by_seed.nunique(), by_seed.first()
+    block = [first[s] if distinct[s] == 1 else f"member {int(s) % POOL}" for s in wide.index]
     value = sum(wide[c] * w for c, w in cols.items())
     return pd.DataFrame({"start": block, "seed": wide.index, "value": np.asarray(value, dtype=float)})
 
@@ -220,6 +221,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
+    row["outcome"] = study.outcome_of(contrast)
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
     row.update(kl_adjusted(pairs, runs, contrast))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
@@ -574,3 +576,29 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
         return [*lines, ""]
 
     return section
+
+
+def readme_markers(study_name: str) -> tuple[str, str]:
+    """README.md's markers around a declared study's generated table."""
+    return (f"<!-- {study_name} table: python -m moe_rl.report --readme -->", f"<!-- end of {study_name} table -->")
+
+
+def readme_table(study_name: str, root: Path) -> str | None:
+    """README.md's table of a declared study, from its shipped results/<study>/contrasts.csv: each contrast, the claim
+    it reads, its starts, estimate with the repeated interval (x 100, in its outcome's units), look and verdict; None
+    where nothing is shipped."""
+    path = Path(root) / study_name / "contrasts.csv"
+    if not path.is_file():
+        return None
+    lines = [
+        "| contrast | claim | starts | difference [repeated CI] | look | verdict |",
+        "|:---|:---|---:|:---|---:|:---|",
+    ]
+    for r in pd.read_csv(path, keep_default_na=False, na_values=[""]).itertuples():
+        unit = UNITS[str(r.outcome)]
+        interval = "" if math.isnan(float(r.lo)) else f" [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}]"
+        lines.append(
+            f"| {r.contrast} | {r.claim} | {int(r.starts)} | {100 * r.estimate:+.1f} {unit}{interval} | {int(r.look)} "
+            f"| {r.verdict} |"
+        )
+    return "\n".join(lines) + "\n"
