@@ -205,6 +205,9 @@ def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -
     pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
     assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
     assert pairs["value"].tolist() == pytest.approx([0.1, 0.1, 0.2])
+    assert declared.decide(study, runs, study.contrasts[0])["unit"].startswith("pool members")
+    plain = load_study(_write(tmp_path))  # r2@hi - none@hi: one level, one warm-up per member
+    assert declared.decide(plain, runs, plain.contrasts[0])["unit"] == "cold starts"
     some = runs[~((runs["seed"] == 301) & runs["cell"].str.endswith("@lo"))]  # member 301 at one level only
     assert list(declared.pair_values(some, study.contrasts[0].weights, "change")["start"]) == [
         "member 300",

@@ -220,8 +220,10 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
     pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
+    members = bool(len(pairs)) and pairs["start"].astype(str).str.startswith("member ").all()
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row["outcome"] = study.outcome_of(contrast)
+    row["unit"] = "pool members (a warm-up of each per model or length)" if members else "cold starts"
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
     row.update(kl_adjusted(pairs, runs, contrast))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
@@ -497,7 +499,7 @@ def study_claim(
             prior.source,
             rule_text(study, declared),
             experiment=study.name,
-            cells=f"{contrast}: {int(row['starts'])} new cold starts x {study.seeds_per_start} seed(s)",
+            cells=f"{contrast}: {int(row['starts'])} new {row['unit']} x {study.seeds_per_start} seed(s)",
             statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
             p_value=float(stats.norm.sf(row.get("z", math.nan))),
