@@ -274,8 +274,7 @@ def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
     ]
     assert declared.readme_table("none", tmp_path) is None
     shipped = declared.readme_table("length_edge", ROOT / "results")
-    if shipped is not None:
-        assert readme_block(ROOT / "README.md", declared.readme_markers("length_edge")) == shipped
+    assert shipped is not None and readme_block(ROOT / "README.md", declared.readme_markers("length_edge")) == shipped
 
 
 @pytest.mark.slow
