@@ -91,9 +91,10 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     out["log_kl_acting"] = np.log(out["kl_acting"].where(out["kl_acting"] > 0))
     out["wall_s"] = [run_wall_s(Path(str(r))) for r in out["run_dir"]]
     covariates = [cold_start_meta(Path(str(r))).get("covariates") or {} for r in out["run_dir"]]
+    out["greedy_accuracy"] = [c.get("greedy_accuracy", np.nan) for c in covariates]
     out["sampled_reward"] = [c.get("sampled_reward", np.nan) for c in covariates]
     out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
-    covs = ["sampled_reward", "zero_variance"]
+    covs = ["greedy_accuracy", "sampled_reward", "zero_variance"]
     return out[[*keep, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
 
 
@@ -310,21 +311,12 @@ def cell_table(runs: pd.DataFrame, outcome: str, others: tuple[str, ...] = ()) -
 
 def start_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per start: its runs, the covariates its warm-up recorded (greedy accuracy, sampled reward, the share of
-    prompts with no reward variance among their samples) and whether the study admitted it."""
-    rows = []
-    for start, g in runs.groupby("start", sort=True):
-        cov = cold_start_meta(Path(str(g["run_dir"].iloc[0]))).get("covariates") or {}
-        rows.append(
-            {
-                "start": start,
-                "runs": len(g),
-                "greedy_accuracy": cov.get("greedy_accuracy", np.nan),
-                "sampled_reward": cov.get("sampled_reward", np.nan),
-                "zero_variance": zero_variance_share(cov.get("pass_counts")),
-                "admitted": bool(g["admitted"].all()) if "admitted" in g else True,
-            }
-        )
-    return pd.DataFrame(rows)
+    prompts with no reward variance among their samples; `per_run`) and whether the study admitted it."""
+    by = runs.groupby("start", sort=True)
+    table = by[["greedy_accuracy", "sampled_reward", "zero_variance"]].first()
+    table.insert(0, "runs", by.size())
+    table["admitted"] = by["admitted"].all()
+    return table.reset_index()
 
 
 def analyse(study: Study, runs_dir: Path) -> StudyResult:
@@ -491,7 +483,7 @@ def study_claim(
             return prior
         row = result.verdicts.set_index("contrast").loc[contrast]
         declared = next(x for x in study.contrasts if x.name == contrast)
-        outcome = study.outcome_of(declared)
+        outcome = str(row["outcome"])
         unit = UNITS[outcome]
         c = Claim(
             claim_id,
@@ -516,9 +508,8 @@ def study_claim(
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
         for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
             if other["contrast"] != contrast:
-                other_unit = UNITS[study.outcome_of(next(x for x in study.contrasts if x.name == other["contrast"]))]
                 c.notes.append(
-                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {other_unit} "
+                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]} "
                     f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
                 )
         if len(result.cells):
@@ -561,7 +552,6 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
             result = analyse(study, Path(root) / study.name / "runs")
         except FileNotFoundError:
             return []
-        by_name = {c.name: c for c in study.contrasts}
         lines = [
             f"## {title}",
             "",
@@ -570,9 +560,8 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
         lines += ["", "| claim | contrast | starts | difference [repeated CI] | look | verdict | reason |"]
         lines.append("|---|---|---:|---|---:|---|---|")
         for _, r in result.verdicts[result.verdicts["claim"].isin(claims)].iterrows():
-            unit = UNITS[study.outcome_of(by_name[r["contrast"]])]
             lines.append(
-                f"| {r['claim']} | {r['contrast']} | {int(r['starts'])} | {100 * r['estimate']:+.1f} {unit} "
+                f"| {r['claim']} | {r['contrast']} | {int(r['starts'])} | {100 * r['estimate']:+.1f} {UNITS[r['outcome']]} "
                 f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {int(r['look'])} | **{r['verdict']}** | {r['reason']} |"
             )
         return [*lines, ""]
