@@ -311,6 +311,7 @@ class ColdStartConfig:
     target: float | None = None  # matched starts: stop once `target_metric` reaches it (None: the band's low edge)
     target_metric: str = "greedy"  # greedy: held-out greedy accuracy; sampled: held-out mean reward at temperature 1
     pool: int = 1
+    n_train: int | None = None
 
     def check(self) -> None:
         _one_of("cold_start.mode", self.mode, COLD_START_MODES)
@@ -320,6 +321,7 @@ class ColdStartConfig:
             ("cold_start.max_steps", self.max_steps, 1),
             ("cold_start.patience", self.patience or 0, 0),
             ("cold_start.pool", self.pool, 1),
+            ("cold_start.n_train", 1 if self.n_train is None else self.n_train, 1),
         )
         if len(self.band) != 2 or not 0 <= self.band[0] <= self.band[1] <= 1:
             raise ValueError(f"cold_start.band={list(self.band)} must satisfy 0 <= low <= high <= 1")

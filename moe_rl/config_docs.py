@@ -79,6 +79,10 @@ MEANINGS = {
     "cold_start.cache_dir": "where warm-ups are cached, keyed by everything that determines them",
     "cold_start.pool": "cold starts per model: a run starts from member `seed` mod `pool`, the warm-up at cold-start "
     "seed `cold_start.seed + member`, cached like any cold start, with its covariates (docs/design.md §4); 1: one start",
+    "cold_start.n_train": "the warm-up's demonstrations: a train pool of its own of this size, drawn as the task's "
+    "train split is, beside the task's held-out split (refused where that split would move); null: the task's train "
+    "split (`task.n_train`). `cold_start.max_steps` x `cold_start.batch_size` gives fresh examples at every step: "
+    "at L = 16 digits it ends the warm-ups that memorise the 4,000 prompts without reaching the band (docs/performance.md)",
     "replay.split_every": "score each update's tokens also under the other routing (native vs replayed), one "
     "extra no-grad forward, every this many steps, for `ratio/split/*` and `clip/flipped_share`; 0: never",
     "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",

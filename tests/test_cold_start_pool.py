@@ -10,13 +10,21 @@ import pytest
 import torch
 from helpers import ROOT, run_metrics, tiny_config
 
-from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig, config_hash, validate
-from moe_rl.loop.cold_start import COVARIATES, cold_start_key, expected_key, member_config, pool_member
+from moe_rl.config import ColdStartConfig, GymConfig, ModelConfig, TaskConfig, TrainConfig, config_hash, validate
+from moe_rl.loop.cold_start import (
+    COVARIATES,
+    cold_start_key,
+    expected_key,
+    member_config,
+    pool_member,
+    warmup_task,
+)
 from moe_rl.loop.keys import run_keys
 from moe_rl.models import build_model
 from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy, start_covariates
 from moe_rl.tasks import make_tokenizer
 from moe_rl.tasks.setup import setup_task
+from moe_rl.tasks.tokenizer import data_alphabet
 from moe_rl.train import train
 
 TASK = TaskConfig(n_train=64, n_eval=8)
@@ -148,3 +156,49 @@ def test_the_pool_group_gives_every_study_six_starts() -> None:
     assert (cfg.cold_start.pool, cfg.cold_start.mode, pool_member(cfg.cold_start, cfg.seed)) == (6, "auto", 1)
     assert (matched.cold_start.pool, matched.cold_start.target_metric) == (6, "sampled")
     assert TrainConfig().cold_start.pool == 1  # a plain run: one start
+
+
+def test_a_warmup_pool_of_its_own_keeps_the_held_out_split_and_the_default_key() -> None:
+    """`cold_start.n_train` draws the warm-up a train pool of that size beside the task's own held-out prompts (a
+    reasoning-gym task's too, rendered as the run renders it); unset, the warm-up supervises on the task itself and
+    every key stays where it was."""
+    task = setup_task(TASK, 3)
+    own = warmup_task(TASK, ColdStartConfig(seed=3, n_train=200), task)
+    assert len(own.train) == 200 and own.eval == task.eval
+    gym = TaskConfig(name="gym", n_train=16, n_eval=8, gym=GymConfig(name="basic_arithmetic"))
+    gym_task = setup_task(gym, 3)
+    gym_own = warmup_task(gym, ColdStartConfig(seed=3, n_train=64), gym_task)
+    tokenizer = make_tokenizer(alphabet=data_alphabet(gym_task.texts() + gym_own.texts()))
+    rendered = gym_own.render(tokenizer)
+    assert len(rendered.train) == 64 and rendered.eval == gym_task.render(tokenizer).eval
+    assert len({e["prompt"] for e in own.train} - {e["prompt"] for e in task.train}) > 100
+    assert warmup_task(TASK, ColdStartConfig(seed=3), task) is task
+    plain = cold_start_key(ModelConfig(), TASK, ColdStartConfig())
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(n_train=None)) == plain
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(n_train=200)) != plain
+    assert config_hash(TrainConfig(cold_start=ColdStartConfig(n_train=None))) == config_hash(TrainConfig())
+    with pytest.raises(ValueError, match=r"cold_start.n_train=0 must be >= 1"):
+        validate(TrainConfig(cold_start=ColdStartConfig(n_train=0)))
+
+
+def test_the_warmup_samples_its_own_pool_and_refuses_another_held_out_split(monkeypatch) -> None:
+    """Every demonstration the warm-up supervises on comes from its own pool (with most of them outside the task's
+    64 train prompts); a task whose held-out split moves with its train size is refused, naming the key."""
+    from moe_rl.loop import cold_start
+
+    seen: list[str] = []
+    real_batch = cold_start._sft_batch
+
+    def batch(tokenizer, examples):
+        seen.extend(e["prompt"] for e in examples)
+        return real_batch(tokenizer, examples)
+
+    monkeypatch.setattr(cold_start, "_sft_batch", batch)
+    cold = ColdStartConfig(n_train=400, max_steps=3, eval_every=3, batch_size=32)
+    cold_start.train_cold_start(ModelConfig(), TASK, cold)
+    task, own = setup_task(TASK, 0), warmup_task(TASK, cold, setup_task(TASK, 0))
+    assert len(seen) == 96 and set(seen) <= {e["prompt"] for e in own.train}
+    assert sum(p not in {e["prompt"] for e in task.train} for p in seen) > 48
+    moved = dataclasses.replace(task, eval=task.eval[1:])
+    with pytest.raises(ValueError, match=r"another held-out split .* \(leave cold_start.n_train unset\)"):
+        warmup_task(TASK, cold, moved)

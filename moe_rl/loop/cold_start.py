@@ -198,9 +198,11 @@ def _train_cold_start(
     model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     task = setup_task(task_cfg, cold.seed)
-    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts())
-    task = task.render(tokenizer)
+    demos = warmup_task(task_cfg, cold, task)
+    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts() + demos.texts())
+    task, demos = task.render(tokenizer), demos.render(tokenizer)
     check_positions(model, tokenizer, task, task_cfg)
+    check_positions(model, tokenizer, demos, task_cfg)
     low, high = cold.band
     if cold.mode == "none":
         model.eval()
@@ -224,7 +226,7 @@ def _train_cold_start(
     accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None
     model.train()
     for step in range(1, cold.max_steps + 1):
-        sample = rng.sample(task.train, min(cold.batch_size, len(task.train)))
+        sample = rng.sample(demos.train, min(cold.batch_size, len(demos.train)))
         batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, sample).items()}
         loss = model(**batch).loss
         loss.backward()
@@ -285,6 +287,21 @@ def _train_cold_start(
             info["stopped"],
         )
     return model, tokenizer, info
+
+
+def warmup_task(task_cfg: TaskConfig, cold: ColdStartConfig, task: RLTask) -> RLTask:
+    """The task the warm-up supervises on: `task` itself, or with `cold_start.n_train` the task drawn at that train
+    size (its train split a pool of the warm-up's own, its held-out split `task`'s: checked)."""
+    if cold.n_train is None:
+        return task
+    own = setup_task(replace(task_cfg, n_train=cold.n_train), cold.seed)
+    if [e["prompt"] for e in own.eval] != [e["prompt"] for e in task.eval]:
+        raise ValueError(
+            f"cold_start.n_train={cold.n_train} draws task {task_cfg.name!r} with another held-out split than "
+            f"task.n_train={task_cfg.n_train}; the warm-up's band is read on the run's held-out prompts, so this "
+            "task cannot take a warm-up pool of its own (leave cold_start.n_train unset)"
+        )
+    return own
 
 
 def pool_member(cold: ColdStartConfig, seed: int) -> int:

@@ -83,6 +83,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "target": None,
         "target_metric": "greedy",
         "pool": 1,
+        "n_train": None,
     },
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
