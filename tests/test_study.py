@@ -280,10 +280,16 @@ def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
 @pytest.mark.slow
 def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the
-    look decides the contrast and the report's files are written."""
+    look decides the contrast and the report's files are written; each run's `drift` is the run mean of its
+    off-policy flip rate (2 updates per rollout, route instruments on every step)."""
     studies = tmp_path / "studies"
     studies.mkdir()
-    overrides = [*BASE["overrides"], f"cold_start.cache_dir={cache}"]
+    overrides = [
+        *BASE["overrides"],
+        f"cold_start.cache_dir={cache}",
+        "optim.updates_per_rollout=2",
+        "metrics.route_every=1",
+    ]
     _write(studies, overrides=overrides)
     out = subprocess.run(
         [sys.executable, "experiments/study.py", "tiny", "--studies", str(studies), "--runs", str(tmp_path)],
@@ -304,6 +310,11 @@ def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
         declared.INCONCLUSIVE,
         declared.UNTESTABLE,
     )
+    flips = [
+        m.loc[m["key"] == "route/old_vs_new/flip_rate/offpolicy", "value"]
+        for m in map(pd.read_parquet, sorted((tmp_path / "tiny" / "runs").glob("*/*/metrics.parquet")))
+    ]
+    assert [len(f) for f in flips] == [2] * 6 and sorted(runs["drift"]) == sorted(f.mean() for f in flips)
     assert (tmp_path / "tiny" / "forest.png").is_file() and "## Contrasts" in (
         tmp_path / "tiny" / "summary.md"
     ).read_text()

@@ -179,7 +179,15 @@ STUDIES: tuple[Study, ...] = (
         "How does per-update drift scale with experts, top-k, MoE depth and lr, and where does the GSPO paper's "
         "~10% begin?",
         report=with_provenance(drift_report.write_folder_report),
-        claims={4: drift_claims.claim_depth},
+    ),
+    Study(
+        "depth_drift",
+        ("depth_drift",),
+        "Claim 4 on new pool members: the off-policy flip rate per MoE layer of a model with 8 MoE layers against one "
+        "with 2, at the drift_scaling centre, each depth with a warm-up of its own per member, declared "
+        "(experiments/conf/study/depth_drift.yaml) with its power and looks from a pilot across starts.",
+        report=declared.study_report("depth_drift"),
+        claims={4: declared.study_claim(4, "depth_drift", "deep_minus_shallow", drift_claims.claim_depth)},
     ),
     Study(
         "drift_forecast",

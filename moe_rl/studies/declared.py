@@ -47,12 +47,20 @@ from moe_rl.analysis.power import (
 )
 from moe_rl.analysis.provenance import load_provenance, provenance_line
 from moe_rl.analysis.sequential import boundaries, t_to_z
-from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING, RATIO_SPLIT_ROUTING_SHARE, TASK_ACCURACY
+from moe_rl.metrics.names import (
+    KL_UPDATE_K3,
+    KL_UPDATE_K3_ACTING,
+    RATIO_SPLIT_ROUTING_SHARE,
+    ROUTE_FLIP_RATE,
+    TASK_ACCURACY,
+    offpolicy_key,
+)
 from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Admission, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
-KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING, RATIO_SPLIT_ROUTING_SHARE)
+RUN_MEANS = {"routing_share": RATIO_SPLIT_ROUTING_SHARE, "drift": offpolicy_key(ROUTE_FLIP_RATE)}  # outcome: key
+KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING, *RUN_MEANS.values())
 
 
 @dataclass
@@ -67,7 +75,8 @@ class StudyResult:
 
 def per_run(runs_dir: Path) -> pd.DataFrame:
     """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcomes
-    (`design.OUTCOMES`: `change`, late minus step-0 accuracy; `routing_share`, NaN where the run did not log it),
+    (`design.OUTCOMES`: `change`, late minus step-0 accuracy; the run means of `RUN_MEANS`, NaN where the run did
+    not log them),
     late accuracy, collapse label and early per-update KL on the routes it acts with (`kl_acting`,
     `dose.acting_kl_per_run`)."""
     frames = []
@@ -79,8 +88,8 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
         arm, level = cell_dir.name.split("@", 1)
         table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
         table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
-        share = df[df["key"] == RATIO_SPLIT_ROUTING_SHARE].groupby("run")["value"].mean()
-        table["routing_share"] = share.reindex(table.index)
+        for outcome, key in RUN_MEANS.items():
+            table[outcome] = df[df["key"] == key].groupby("run")["value"].mean().reindex(table.index)
         frames.append(table.reset_index(drop=True))
     if not frames:
         raise FileNotFoundError(f"no finished runs under {runs_dir}/<arm>@<level>/")

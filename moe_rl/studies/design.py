@@ -29,8 +29,10 @@ DIRECTIONS = ("greater", "less")
 OUTCOMES = {  # one named definition each: what every table of the study prints
     "change": "late accuracy (the mean of a run's last 3 evaluations) minus its step-0 accuracy",
     "routing_share": "the run mean of `ratio/split/routing_share`, routing's share of the token log-ratio variance",
+    "drift": "the run mean of `route/old_vs_new/flip_rate/offpolicy`, the share of (token, MoE layer) routes an "
+    "off-policy update flips",
 }
-UNITS = {"change": "pp", "routing_share": "points of share"}  # each outcome x 100, as tables and claims print it
+UNITS = {"change": "pp", "routing_share": "points of share", "drift": "pp of routes"}  # each outcome x 100
 
 
 @dataclass(frozen=True)
