@@ -82,7 +82,7 @@ MEANINGS = {
     "cold_start.n_train": "the warm-up's demonstrations: a train pool of its own of this size, drawn as the task's "
     "train split is, beside the task's held-out split (refused where that split would move); null: the task's train "
     "split (`task.n_train`). `cold_start.max_steps` x `cold_start.batch_size` gives fresh examples at every step: "
-    "at L = 16 digits it ends the warm-ups that memorise the 4,000 prompts without reaching the band (docs/performance.md)",
+    "at L = 16 digits 15 of 16 warm-ups reached the band against 11 of 16 from the 4,000 prompts (docs/performance.md)",
     "replay.split_every": "score each update's tokens also under the other routing (native vs replayed), one "
     "extra no-grad forward, every this many steps, for `ratio/split/*` and `clip/flipped_share`; 0: never",
     "collapse.reward_window": "rolling window (steps) of the reward-drop trigger",
