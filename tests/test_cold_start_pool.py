@@ -196,7 +196,8 @@ def test_the_warmup_samples_its_own_pool_and_refuses_another_held_out_split(monk
     monkeypatch.setattr(cold_start, "_sft_batch", batch)
     cold = ColdStartConfig(n_train=400, max_steps=3, eval_every=3, batch_size=32)
     cold_start.train_cold_start(ModelConfig(), TASK, cold)
-    task, own = setup_task(TASK, 0), warmup_task(TASK, cold, setup_task(TASK, 0))
+    task = setup_task(TASK, 0)
+    own = warmup_task(TASK, cold, task)
     assert len(seen) == 96 and set(seen) <= {e["prompt"] for e in own.train}
     assert sum(p not in {e["prompt"] for e in task.train} for p in seen) > 48
     moved = dataclasses.replace(task, eval=task.eval[1:])

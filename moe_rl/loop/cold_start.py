@@ -199,10 +199,13 @@ def _train_cold_start(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     task = setup_task(task_cfg, cold.seed)
     demos = warmup_task(task_cfg, cold, task)
-    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts() + demos.texts())
-    task, demos = task.render(tokenizer), demos.render(tokenizer)
+    own = demos is not task  # a pool of the warm-up's own: its texts and positions count too
+    model, tokenizer, tok_info = _start(model_cfg, task_cfg, cold, task.texts() + (demos.texts() if own else []))
+    task = task.render(tokenizer)
+    demos = demos.render(tokenizer) if own else task
     check_positions(model, tokenizer, task, task_cfg)
-    check_positions(model, tokenizer, demos, task_cfg)
+    if own:
+        check_positions(model, tokenizer, demos, task_cfg)
     low, high = cold.band
     if cold.mode == "none":
         model.eval()
