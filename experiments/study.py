@@ -26,7 +26,7 @@ STUDIES = HERE / "conf" / "study"
 
 def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jobs: int) -> list[str]:
     out = runs / study.name / "runs" / f"{arm}@{level}"
-    seeds = ",".join(str(s) for s in study.seeds(starts))
+    seeds = ",".join(str(s) for s in study.seeds(starts, (arm, level)))
     return [
         sys.executable,
         "experiments/train.py",
@@ -34,7 +34,7 @@ def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jo
         f"+preset={study.preset}",
         f"experiment={study.name}",
         f"out_dir={out}",
-        f"cold_start.pool={POOL}",
+        *([f"cold_start.pool={POOL}"] if study.pool is None else []),  # else the preset's pool: the runs' names
         *study.cell_overrides(arm, level),
         f"seed={seeds}",
         "progress=false",

@@ -47,8 +47,8 @@ SWEEP_SIZES = {
     "mechanism_fine": 20,
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
     "divergence": 1,  # its runs come from experiments/divergence.py, one multirun per row
-    "staleness": 1,  # its runs come from experiments/staleness.py, one multirun per value of an axis
-    "causal": 1,  # its runs come from experiments/causal.py, one multirun per block, level and lr
+    "staleness": 1,  # its runs come from its declaration (experiments/study.py staleness), one multirun per cell
+    "causal": 1,  # its runs come from its declaration (experiments/study.py causal), one multirun per cell
     "length": 1,  # its runs come from experiments/length.py, one multirun per block, level and length
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on

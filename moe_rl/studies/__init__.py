@@ -4,10 +4,11 @@ A study is a results folder, the presets whose runs it holds, the question it an
 folder report of `moe_rl.analysis.folder_report`, by arm), the claims it decides and the folders its report
 borrows runs from. A study's own analysis, report and claims live in its modules here (`frontier`,
 `frontier_report`, `frontier_claims`, ...); `moe_rl.analysis` is the generic toolkit they build on. A new
-study is its preset(s) (experiments/conf/preset/) and one row below; most also have modules here: its analysis
-(`causal`), its report (`causal_report`, the row's `report`) and its claims (`causal_claims`, the row's `claims`
-or `claims_section`). A study run as several multiruns adds a launcher (experiments/<study>.py, `studies.launch`),
-and one with a table in README.md a block in `moe_rl.report.README_TABLES`.
+study is its declaration (experiments/conf/study/NAME.yaml, `design`; run by `experiments/study.py NAME`) and one
+row below whose report is `declared.study_report(NAME)` and whose claims are `declared.study_claim(...)`: the one
+rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims) and a
+launcher (experiments/<study>.py, `studies.launch`); a study with a table in README.md adds a block in
+`moe_rl.report.README_TABLES`.
 
 The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
 here reads the checkout.
@@ -24,8 +25,6 @@ from moe_rl.analysis.folder_report import StudyReport, with_provenance
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
 from moe_rl.studies import (
-    causal_claims,
-    causal_report,
     declared,
     divergence_report,
     drift_claims,
@@ -33,6 +32,7 @@ from moe_rl.studies import (
     engine,
     forecast_report,
     frontier,
+    frontier_claims,
     frontier_report,
     length_claims,
     length_report,
@@ -41,8 +41,6 @@ from moe_rl.studies import (
     phase,
     shift,
     stabilizers,
-    staleness_claims,
-    staleness_report,
 )
 
 
@@ -265,7 +263,8 @@ STUDIES: tuple[Study, ...] = (
         ("staleness",),
         "Do the staleness claims hold on the axes their papers use? VESPO's rollout staleness S (one pass over an "
         "S-fold rollout) and an asynchronous lag k, 192 updates per run, from a pool of 6 cold starts.",
-        report=with_provenance(staleness_report.write_staleness_report),
+        report=declared.study_report("staleness"),
+        history="6 starts at the pool the earlier studies shared; claims 10 and 11 re-read by staleness_erosion",
     ),
     Study(
         "staleness_erosion",
@@ -276,13 +275,18 @@ STUDIES: tuple[Study, ...] = (
         report=declared.study_report("staleness_erosion"),
         claims={
             10: declared.study_claim(
-                10, "staleness_erosion", "vespo_vs_sapo_erosion", staleness_claims.claim_vespo_staleness
+                10,
+                "staleness_erosion",
+                "vespo_vs_sapo_erosion",
+                declared.study_claim(10, "staleness", "vespo_vs_sapo_erosion", frontier_claims.claim_vespo_staleness),
             ),
             11: declared.study_claim(
                 11,
                 "staleness_erosion",
                 "no_trust_region_vs_trust_region_erosion",
-                staleness_claims.claim_no_trust_region,
+                declared.study_claim(
+                    11, "staleness", "no_trust_region_vs_trust_region_erosion", frontier_claims.claim_no_trust_region
+                ),
             ),
         },
     ),
@@ -292,7 +296,8 @@ STUDIES: tuple[Study, ...] = (
         "Is route drift a cause of the MoE model's degradation, and is the sparse expert step? Anchored routing and a "
         "load-aware expert step in a 2 x 2, width- and lr-matched dense controls, at two per-update KL levels, from "
         "a pool of 6 cold starts per model x 2 seeds.",
-        report=with_provenance(causal_report.write_causal_report),
+        report=declared.study_report("causal"),
+        history="6 starts x 2 seeds at unmatched acting KL; claims 14, 15 and 7 re-read by causal_matched",
     ),
     Study(
         "causal_matched",
@@ -302,9 +307,30 @@ STUDIES: tuple[Study, ...] = (
         "(experiments/conf/study/causal_matched.yaml) with its power, looks and new pool members.",
         report=declared.study_report("causal_matched"),
         claims={
-            7: declared.study_claim(7, "causal_matched", "dense_total_mup_minus_moe", causal_claims.claim_moe_specific),
-            14: declared.study_claim(14, "causal_matched", "anchored_minus_moe", causal_claims.claim_route_drift),
-            15: declared.study_claim(15, "causal_matched", "load_aware_minus_moe", causal_claims.claim_load_aware),
+            7: declared.study_claim(
+                7,
+                "causal_matched",
+                "dense_total_mup_minus_moe",
+                declared.study_claim(
+                    7,
+                    "causal",
+                    "dense_total_mup_minus_moe",
+                    declared.stated_claim(
+                        7,
+                        "causal",
+                        (
+                            "first look, the dense control at a fixed lr (`dense_control`)",
+                            _paired(mechanism_claims.MOE_SPECIFIC),
+                        ),
+                    ),
+                ),
+            ),
+            14: declared.study_claim(
+                14, "causal_matched", "anchored_minus_moe", declared.study_claim(14, "causal", "anchored_minus_moe")
+            ),
+            15: declared.study_claim(
+                15, "causal_matched", "load_aware_minus_moe", declared.study_claim(15, "causal", "load_aware_minus_moe")
+            ),
         },
     ),
     Study(

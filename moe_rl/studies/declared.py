@@ -58,6 +58,8 @@ from moe_rl.metrics.names import (
 from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Admission, Contrast, Study, load_study
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
+# an exploratory contrast reproduces nothing: the same rule, its outcomes named for what they say
+DETECTED, NEGLIGIBLE, AGAINST = "detected", "negligible", "against"
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
 RUN_MEANS = {"routing_share": RATIO_SPLIT_ROUTING_SHARE, "drift": offpolicy_key(ROUTE_FLIP_RATE)}  # outcome: key
 KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING, *RUN_MEANS.values())
@@ -73,22 +75,22 @@ class StudyResult:
     provenance: str
 
 
-def per_run(runs_dir: Path) -> pd.DataFrame:
+def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFrame:
     """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcomes
     (`design.OUTCOMES`: `change`, late minus step-0 accuracy; the run means of `RUN_MEANS`, NaN where the run did
-    not log them),
-    late accuracy, collapse label and early per-update KL on the routes it acts with (`kl_acting`,
-    `dose.acting_kl_per_run`)."""
+    not log them), late accuracy, collapse label, early per-update KL on the routes it acts with (`kl_acting`,
+    `dose.acting_kl_per_run`) and the run mean of each of `columns` (name: metric key; NaN where not logged)."""
+    columns = columns or {}
     frames = []
     for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
         if not any(cell_dir.rglob("metrics.parquet")):
             continue
-        df = load_results(cell_dir, keys=list(KEYS))
+        df = load_results(cell_dir, keys=list(dict.fromkeys([*KEYS, *columns.values()])))
         table = finished_runs(df)
         arm, level = cell_dir.name.split("@", 1)
         table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
         table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
-        for outcome, key in RUN_MEANS.items():
+        for outcome, key in {**RUN_MEANS, **columns}.items():
             table[outcome] = df[df["key"] == key].groupby("run")["value"].mean().reindex(table.index)
         frames.append(table.reset_index(drop=True))
     if not frames:
@@ -104,7 +106,7 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     out["sampled_reward"] = [c.get("sampled_reward", np.nan) for c in covariates]
     out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
     covs = ["greedy_accuracy", "sampled_reward", "zero_variance"]
-    return out[[*keep, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
+    return out[[*keep, *columns, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
 
 
 def zero_variance_share(pass_counts: list[int] | None) -> float:
@@ -115,7 +117,9 @@ def zero_variance_share(pass_counts: list[int] | None) -> float:
     return (pass_counts[0] + pass_counts[-1]) / sum(pass_counts)
 
 
-def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str) -> pd.DataFrame:
+def pair_values(
+    runs: pd.DataFrame, weights: dict[tuple[str, str], float], outcome: str, pool: int = POOL
+) -> pd.DataFrame:
     """Per run seed where every cell of `weights` ran: the combination sum_c w_c * outcome (column `value`), with
     the block it belongs to (`start`): the cold start where every cell ran from the same one, else its pool member
     (`member m`): arms on two models start from two warm-ups of member m, which share the member's prompts and
@@ -131,7 +135,7 @@ def pair_values(runs: pd.DataFrame, weights: dict[tuple[str, str], float], outco
     wide = wide[list(cols)].dropna()
     by_seed = used.groupby("seed")["start"]
     distinct, first = by_seed.nunique(), by_seed.first()
-    block = [first[s] if distinct[s] == 1 else f"member {int(s) % POOL}" for s in wide.index]
+    block = [first[s] if distinct[s] == 1 else f"member {int(s) % pool}" for s in wide.index]
     value = sum(wide[c] * w for c, w in cols.items())
     return pd.DataFrame({"start": block, "seed": wide.index, "value": np.asarray(value, dtype=float)})
 
@@ -152,18 +156,20 @@ def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
     return None
 
 
-def pair_members(pairs: pd.DataFrame) -> pd.Series:
-    """Each pair's pool member (run seed m + r * POOL starts from member m)."""
-    return pairs["seed"].astype(int) % POOL
+def pair_members(pairs: pd.DataFrame, pool: int = POOL) -> pd.Series:
+    """Each pair's pool member (run seed m + r * pool starts from member m)."""
+    return pairs["seed"].astype(int) % pool
 
 
 def complete_members(study: Study, runs: pd.DataFrame) -> set[int]:
-    """The pool members whose runs are all in: a finished run (admitted or not) of every replicate in every cell the
-    study runs."""
+    """The pool members whose runs are all in: a finished run (admitted or not) of every replicate of every cell the
+    study runs (`Study.cell_replicates`)."""
     cells = [f"{a}@{lv}" for a, lv in study.cells()]
-    done = runs[runs["cell"].isin(cells)].assign(member=pair_members(runs)).groupby(["member", "cell"]).size()
+    member = pair_members(runs, study.member_pool)
+    done = runs[runs["cell"].isin(cells)].assign(member=member).groupby(["member", "cell"]).size()
     counts = done.unstack("cell").reindex(columns=cells)
-    full = (counts >= study.seeds_per_start).all(axis=1)
+    need = pd.Series({f"{a}@{lv}": len(study.cell_replicates(a, lv)) for a, lv in study.cells()})
+    full = (counts >= need[cells]).all(axis=1)
     return {int(m) for m in full[full].index}
 
 
@@ -190,13 +196,13 @@ def usable_looks(study: Study, pairs: pd.DataFrame, member: pd.Series, reached: 
     return out
 
 
-def kl_adjusted(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast) -> dict[str, float]:
+def kl_adjusted(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast, pool: int = POOL) -> dict[str, float]:
     """Beside the declared estimate (`pairs`: the contrast's `pair_values` of the outcome, on the finished `runs`),
     what the realised divergence says: `kl_ratio`, exp of the mean over starts of the contrast's combination of log
     early acting KL (1.0: the cells ran at equal divergence), and `adjusted`, the contrast at equal KL: the intercept of the least-squares line of each start's mean difference on its mean
     log-KL difference, with its 95% t interval (`adj_lo`, `adj_hi`; C - 2 degrees of freedom). NaN where fewer than
     3 starts have both, or the log-KL differences do not vary."""
-    log_kl = pair_values(runs, contrast.weights, "log_kl_acting")
+    log_kl = pair_values(runs, contrast.weights, "log_kl_acting", pool)
     both = pairs.merge(log_kl.drop(columns="start"), on="seed", suffixes=("", "_kl")).dropna()
     out = dict.fromkeys(("kl_ratio", "adjusted", "adj_lo", "adj_hi"), math.nan)
     if both.empty:
@@ -228,14 +234,15 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     detect. `ran`: the members whose runs are all in, admitted or not (`complete_members`), which say how far the
     looks have reached (default: those of `runs`)."""
     d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
-    pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast)).dropna(subset=["value"])
+    pool = study.member_pool
+    pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast), pool).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
     members = bool(len(pairs)) and pairs["start"].astype(str).str.startswith("member ").all()
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row["outcome"] = study.outcome_of(contrast)
     row["unit"] = "pool members (a warm-up of each per model or length)" if members else "cold starts"
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
-    row.update(kl_adjusted(pairs, runs, contrast))
+    row.update(kl_adjusted(pairs, runs, contrast, pool))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
     m = len(pairs) / C_all if C_all else math.nan
     if comp is not None:
@@ -244,14 +251,14 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
         row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, mde, m, d.power, d.alpha, sides=1)
     why = bound_reason(runs, contrast)
     if why is None and contrast.requires:
-        ref = pair_values(runs, contrast.requires, study.outcome)
+        ref = pair_values(runs, contrast.requires, study.outcome, pool)
         ref_mean = float(ref["value"].groupby(ref["start"]).mean().mean()) if len(ref) else math.nan
         row["reference"] = ref_mean
         if not len(ref):
             why = "no runs of the reference's cells yet"
         elif not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
-    member = pair_members(pairs)
+    member = pair_members(pairs, pool)
     reached = looks_reached(study, ran if ran is not None else complete_members(study, runs))
     looks = usable_looks(study, pairs, member, reached)
     final = reached == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
@@ -281,14 +288,16 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     row.update(look=j + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
     row["level"] = 1 - 2 * spent
     last = final and k == len(looks) - 1
+    exploratory = contrast.claim == "exploratory"
     if why is not None:
         row.update(verdict=UNTESTABLE, reason=why)
     elif z >= bounds[k]:
-        row.update(verdict=REPRODUCED, reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}")
+        row.update(verdict=DETECTED if exploratory else REPRODUCED)
+        row["reason"] = f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}"
     elif last and ((-margin < lo and hi < margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
         inside = -margin < lo and hi < margin
         row.update(
-            verdict=NOT_REPRODUCED,
+            verdict=(NEGLIGIBLE if inside else AGAINST) if exploratory else NOT_REPRODUCED,
             reason=f"interval inside +-{margin:g}" if inside else "interval wholly against the claimed direction",
         )
     elif last:
@@ -341,7 +350,7 @@ def analyse(study: Study, runs_dir: Path) -> StudyResult:
 def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     """`analyse`, once per declaration, runs folder and state of its runs (`stamp`: their newest status.json)."""
     study = load_study(study_file)
-    table = per_run(runs_dir)
+    table = per_run(runs_dir, study.columns)
     table["admitted"] = [
         study.admission.admits(r, z) for r, z in zip(table["sampled_reward"], table["zero_variance"], strict=True)
     ]
@@ -353,7 +362,7 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     provenance = load_provenance(runs_dir)
     return StudyResult(
         table,
-        cell_table(admitted, study.outcome, study.other_outcomes()),
+        cell_table(admitted, study.outcome, (*study.other_outcomes(), *study.columns)),
         verdicts,
         start_table(table),
         domains,
@@ -380,6 +389,7 @@ def forest_figure(study: Study, result: StudyResult):
         ax.fill_betweenx([yi - 0.4, yi + 0.4], -margins[name], margins[name], color="0.92", zorder=0)
     ax.axvline(0, color="0.4", lw=0.8)
     colors = {REPRODUCED: "tab:green", NOT_REPRODUCED: "tab:red", INCONCLUSIVE: "tab:gray", UNTESTABLE: "tab:orange"}
+    colors.update({DETECTED: "tab:green", NEGLIGIBLE: "tab:red", AGAINST: "tab:red"})
     for yi, row in zip(y, v.itertuples()):
         c = colors.get(str(row.verdict), "k")
         ax.errorbar([row.estimate], [yi], xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=c)
@@ -388,6 +398,35 @@ def forest_figure(study: Study, result: StudyResult):
     outcomes = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
     ax.set_xlabel(f"{outcomes}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
     ax.set_title(f"{study.name}: shaded, each contrast's margin (too small to matter)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def profile_figure(study: Study, result: StudyResult):
+    """Per declared axis, a panel: each arm's mean of start means of the study's outcome at each level of the axis
+    (x 100), with its 95% t interval over starts; None where the study declares no axis."""
+    from matplotlib.figure import Figure
+
+    if not study.axes:
+        return None
+    cells = result.cells.set_index("cell")
+    fig = Figure(figsize=(4.2 * len(study.axes), 3.4))
+    axs = fig.subplots(1, len(study.axes), squeeze=False)[0]
+    for ax, (axis, levels) in zip(axs, study.axes.items(), strict=True):
+        x = np.arange(len(levels))
+        for arm in study.arms:
+            names = [f"{arm}@{lv}" for lv in levels]
+            if not any(n in cells.index for n in names):
+                continue
+            row = cells.reindex(names)
+            mean = 100 * row[study.outcome].to_numpy(float)
+            err = 100 * np.vstack([mean / 100 - row["lo"], row["hi"] - mean / 100])
+            ax.errorbar(x, mean, yerr=err, marker="o", ms=3, capsize=2, lw=1, label=arm)
+        ax.axhline(0, color="0.5", lw=0.6)
+        ax.set_xticks(x, levels, fontsize=8)
+        ax.set_title(axis, fontsize=9)
+        ax.set_ylabel(f"{study.outcome} ({UNITS[study.outcome]})", fontsize=8)
+    axs[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -406,6 +445,9 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
     write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
     forest_figure(study, result).savefig(out / "forest.png", dpi=120)
+    profile = profile_figure(study, result)
+    if profile is not None:
+        profile.savefig(out / "profile.png", dpi=120)
     shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
     own = "".join(
         f" Contrast {c.name} reads `{study.outcome_of(c)}` (MDE {study.mde_of(c):g}, margin +-{study.margin_of(c):g})."
@@ -420,15 +462,18 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         else ""
     )
     beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
+    declared = study.declared or f"Declared in `experiments/conf/study/{study.file.name}` before its runs."
+    columns = "".join(f" `{k}`: the run mean of `{v}`." for k, v in study.columns.items())
     lines = [
         f"# Study `{study.name}`",
         "",
-        f"Declared in `experiments/conf/study/{study.file.name}` before its runs. {study.question}",
+        f"{declared} {study.question}",
         "",
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
         f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
-        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} new cold starts "
+        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {'new ' if not study.declared else ''}"
+        "cold starts "
         f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted), "
         f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
         f"{'; '.join(result.domains)}.",
@@ -447,7 +492,22 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         "",
         _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
+        *(
+            [
+                "## Profiles",
+                "",
+                "Each arm along each declared axis (95% t interval over starts).",
+                "",
+                "![profile](profile.png)",
+                "",
+            ]
+            if profile is not None
+            else []
+        ),
         "## Cells",
+        "",
+        f"Each cell's mean of start means of `{study.outcome}` with its 95% t interval over starts, the share of runs "
+        f"at accuracy 0 and collapsed, and the early acting KL.{columns}",
         "",
         _fmt(result.cells),
         "",
@@ -474,15 +534,40 @@ def rule_text(study: Study, contrast: Contrast) -> str:
     )
 
 
+def stated_claim(
+    claim_id: int, study_name: str, first_look: tuple[str, Callable[[Path, Path], Claim]] | None = None
+) -> Callable[[Path, Path], Claim]:
+    """Claim `claim_id` as the declared study `study_name` states it (its `claims` entry), before any look of it
+    ("no data"); `first_look` (label, claim) a reading by an older design, kept in its notes at the level it was
+    read."""
+
+    def judge(root: Path, presets: Path) -> Claim:
+        path = Path(presets).parent / "study" / f"{study_name}.yaml"
+        if path.is_file():
+            statement = load_study(path).claims[str(claim_id)]
+            c = Claim(claim_id, statement.text, statement.source, rule="", experiment=study_name)
+        else:
+            c = Claim(claim_id, f"claim {claim_id} ({path.name}, which states it, is not here)", "", rule="")
+        if first_look is not None:
+            label, look = first_look
+            old = look(root, presets)
+            c.notes += [f"{label}: {old.verdict} ({old.reason})", *old.notes]
+        return c
+
+    return judge
+
+
 def study_claim(
-    claim_id: int, study_name: str, contrast: str, earlier: Callable[[Path, Path], Claim]
+    claim_id: int, study_name: str, contrast: str, earlier: Callable[[Path, Path], Claim] | None = None
 ) -> Callable[[Path, Path], Claim]:
     """Claim `claim_id` decided by `contrast` of the declared study `study_name` (its declaration beside the presets
     folder, its runs under root/<study>/runs), the verdicts `earlier` gives kept in its notes as earlier looks at the
-    level they were read; `earlier`'s claim as it is where the study has no runs yet."""
+    level they were read (None: the first look, the claim as the declaration states it); `earlier`'s claim as it is
+    where the study has no runs yet."""
+    before = earlier or stated_claim(claim_id, study_name)
 
     def judge(root: Path, presets: Path) -> Claim:
-        prior = earlier(root, presets)
+        prior = before(root, presets)
         declaration = Path(presets).parent / "study" / f"{study_name}.yaml"
         try:  # no declaration here (a presets folder of another checkout) or no finished run: the earlier looks
             study = load_study(declaration)
@@ -500,7 +585,8 @@ def study_claim(
             prior.source,
             rule_text(study, declared),
             experiment=study.name,
-            cells=f"{contrast}: {int(row['starts'])} new {row['unit']} x {study.seeds_per_start} seed(s)",
+            cells=f"{contrast}: {int(row['starts'])} {'' if study.declared else 'new '}{row['unit']} x "
+            f"{study.seeds_per_start} seed(s)",
             statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
             p_value=float(stats.norm.sf(row.get("z", math.nan))),
@@ -515,22 +601,26 @@ def study_claim(
             )
         if not math.isnan(float(row.get("reference", math.nan))):
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
-        for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
-            if other["contrast"] != contrast:
+        for _, other in result.verdicts.iterrows():  # the study's other claims, at the level they were read
+            if other["contrast"] != contrast and other["claim"] != "exploratory":
                 c.notes.append(
                     f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]} "
                     f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
                 )
+        read = list(dict.fromkeys(f"{a}@{lv}" for a, lv in (*declared.weights, *declared.requires)))
         if len(result.cells):
-            cells = result.cells.set_index("cell")[outcome]
+            cells = result.cells.set_index("cell")[outcome].reindex(read).dropna()
             c.notes.append(
                 f"each cell's mean of start means of `{outcome}`: "
                 + ", ".join(f"{k} {100 * v:+.1f} {unit}" for k, v in cells.items())
             )
-        c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
-        c.notes += prior.notes
+        if earlier is not None:  # the earlier looks' verdict (none where `earlier` only states the claim)
+            if prior.reason != "no data":
+                c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
+            c.notes += prior.notes
         c.plain = (
-            f"{study.question} Declared before its runs on new pool members; {c.cells}. The contrast "
+            f"{study.question} {(study.declared or 'Declared before its runs on new pool members').rstrip('.')}; "
+            f"{c.cells}. The contrast "
             f"{contrast} is {c.statistic} ({outcome}, mean of start means, repeated confidence interval). "
             f"Verdict: **{c.verdict}** ({c.reason})."
         )
@@ -546,7 +636,8 @@ def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
     def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
         summary = write_study_report(study, analyse(study, runs_dir), out)
-        return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), out / "forest.png"]
+        figures = [out / f for f in ("forest.png", "profile.png") if f != "profile.png" or study.axes]
+        return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), *figures]
 
     return write
 
@@ -583,10 +674,10 @@ def readme_markers(study_name: str) -> tuple[str, str]:
     return (f"<!-- {study_name} table: python -m moe_rl.report --readme -->", f"<!-- end of {study_name} table -->")
 
 
-def readme_table(study_name: str, root: Path) -> str | None:
-    """README.md's table of a declared study, from its shipped results/<study>/contrasts.csv: each contrast, the claim
-    it reads, its starts, estimate with the repeated interval (x 100, in its outcome's units), look and verdict; None
-    where nothing is shipped."""
+def readme_table(study_name: str, root: Path, contrasts: tuple[str, ...] = ()) -> str | None:
+    """README.md's table of a declared study, from its shipped results/<study>/contrasts.csv: each contrast (those
+    named in `contrasts`, in that order; default all), the claim it reads, its starts, estimate with the repeated
+    interval (x 100, in its outcome's units), look and verdict; None where nothing is shipped."""
     path = Path(root) / study_name / "contrasts.csv"
     if not path.is_file():
         return None
@@ -594,7 +685,10 @@ def readme_table(study_name: str, root: Path) -> str | None:
         "| contrast | claim | starts | difference [repeated CI] | look | verdict |",
         "|:---|:---|---:|:---|---:|:---|",
     ]
-    for r in pd.read_csv(path, keep_default_na=False, na_values=[""]).itertuples():
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if contrasts:
+        table = table.set_index("contrast").loc[list(contrasts)].reset_index()
+    for r in table.itertuples():
         unit = UNITS[str(r.outcome)]
         interval = "" if math.isnan(float(r.lo)) else f" [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}]"
         lines.append(

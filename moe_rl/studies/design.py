@@ -13,7 +13,13 @@ where its start count came from. A study may admit only warm-ups with reward sig
 whose looks need more starts than it draws, or whose contrasts name cells it does not run.
 
 Member m of a study's pool is the warm-up at cold-start seed m (`cold_start.pool` is set above any member, so run
-seed m starts from member m; replicate r of member m runs at seed m + r * POOL).
+seed m starts from member m; replicate r of member m runs at seed m + r * POOL). A study run before this format
+(its design in a preset) is declared as it ran: `unit.pool` names the pool its preset's cold start draws from (run
+seed s starts from member s mod pool; the launcher then passes no `cold_start.pool`, so its runs keep their names),
+`runs` lists its cells in run order (controls no contrast reads included; a block may name the `replicates` it ran
+of each member), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
+of each claim it first decided, and `declared` where and when its design was written. Any study may name `axes`
+(an axis: its levels in order), which its report draws as each arm's profile along the axis.
 """
 
 from __future__ import annotations
@@ -78,6 +84,14 @@ class Design:
 
 
 @dataclass(frozen=True)
+class Statement:
+    """A claim as its paper states it: the text CLAIMS.md prints and where it comes from."""
+
+    text: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Admission:
     """Which warm-ups a study admits, by the covariates recorded at the warm-up's end (8 temperature-1 samples per
     held-out prompt, the default group size): a start RL cannot move is reported and left out of every contrast."""
@@ -107,6 +121,18 @@ class Study:
     design: Design
     file: Path
     admission: Admission = Admission()
+    pool: int | None = None  # the preset's cold-start pool (None: POOL, passed on the command line)
+    runs: tuple[tuple[str, str], ...] = ()  # cells run beside those the contrasts read, in run order
+    replicates: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # where not range(seeds_per_start)
+    columns: dict[str, str] = field(default_factory=dict)  # run means the cell table adds: name -> metric key
+    claims: dict[str, Statement] = field(default_factory=dict)  # claim id -> its statement
+    declared: str = ""  # where and when the design was written ("": this file, before its runs)
+    axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an axis: its levels in order (the profile plot)
+
+    @property
+    def member_pool(self) -> int:
+        """Run seed s starts from pool member s mod this."""
+        return POOL if self.pool is None else self.pool
 
     def outcome_of(self, contrast: Contrast) -> str:
         return contrast.outcome or self.outcome
@@ -122,9 +148,11 @@ class Study:
         return tuple(dict.fromkeys(o for c in self.contrasts if (o := self.outcome_of(c)) != self.outcome))
 
     def cells(self) -> list[tuple[str, str]]:
-        """Every (arm, level) some contrast reads, in declaration order (arms, then levels)."""
+        """Every (arm, level) the study runs: its `runs` in their order, then those some contrast reads, in
+        declaration order (arms, then levels)."""
         used = {c for contrast in self.contrasts for c in (*contrast.weights, *contrast.requires)}
-        return [(a, lv) for a in self.arms for lv in self.levels if (a, lv) in used]
+        read = [(a, lv) for a in self.arms for lv in self.levels if (a, lv) in used]
+        return list(dict.fromkeys([*self.runs, *read]))
 
     def cell_overrides(self, arm: str, level: str) -> list[str]:
         """The overrides of one cell: the study's, the arm's, the level's, and the lr its reference gets there."""
@@ -134,9 +162,15 @@ class Study:
             out.append(f"optim.lr={lv.lr[str(a.ref)] * a.lr_scale:.6g}")
         return out
 
-    def seeds(self, starts: int) -> list[int]:
-        """Run seeds of the first `starts` members, each replicated `seeds_per_start` times."""
-        return [m + r * POOL for m in self.members[:starts] for r in range(self.seeds_per_start)]
+    def cell_replicates(self, arm: str, level: str) -> tuple[int, ...]:
+        """The replicates r a cell runs of each member (seed m + r * pool): its `runs` blocks' (all of them where
+        several list it), else 0 .. seeds_per_start - 1."""
+        return self.replicates.get((arm, level), tuple(range(self.seeds_per_start)))
+
+    def seeds(self, starts: int, cell: tuple[str, str] | None = None) -> list[int]:
+        """Run seeds of the first `starts` members, each at the cell's replicates (default: `seeds_per_start`)."""
+        reps = self.cell_replicates(*cell) if cell else tuple(range(self.seeds_per_start))
+        return [m + r * self.member_pool for m in self.members[:starts] for r in reps]
 
 
 def _cell(text: str, study: str) -> tuple[str, str]:
@@ -165,6 +199,20 @@ def _admission(raw: dict | None, study: str) -> Admission:
     if unknown:
         raise ValueError(f"study {study}: unit.admit keys {unknown} are not among {list(known)}")
     return Admission(**{k: float(v) for k, v in (raw or {}).items()})
+
+
+def _runs(raw: list | None) -> tuple[tuple[tuple[str, str], ...], dict[tuple[str, str], tuple[int, ...]]]:
+    """`runs`: blocks of {arms: [...], levels: [...], replicates: [...] (optional)}, each its arms x levels, level by
+    level, in order; and the replicates of each cell some block names them for (the union over its blocks)."""
+    cells: list[tuple[str, str]] = []
+    reps: dict[tuple[str, str], set[int]] = {}
+    for block in raw or ():
+        block_cells = [(a, lv) for lv in block["levels"] for a in block["arms"]]
+        cells += block_cells
+        if "replicates" in block:
+            for cell in block_cells:
+                reps.setdefault(cell, set()).update(int(r) for r in block["replicates"])
+    return tuple(dict.fromkeys(cells)), {c: tuple(sorted(r)) for c, r in reps.items()}
 
 
 def load_study(path: str | Path) -> Study:
@@ -206,6 +254,7 @@ def load_study(path: str | Path) -> Study:
         sized_from=" ".join(str(d["sized_from"]).split()),
     )
     unit = raw["unit"]
+    runs, replicates = _runs(raw.get("runs"))
     study = Study(
         name=name,
         question=" ".join(str(raw["question"]).split()),
@@ -220,6 +269,13 @@ def load_study(path: str | Path) -> Study:
         design=design,
         file=path,
         admission=_admission(unit.get("admit"), name),
+        pool=None if unit.get("pool") is None else int(unit["pool"]),
+        runs=runs,
+        replicates=replicates,
+        columns={str(k): str(v) for k, v in (raw.get("columns") or {}).items()},
+        claims={str(k): Statement(str(v["text"]), str(v["source"])) for k, v in (raw.get("claims") or {}).items()},
+        declared=" ".join(str(raw.get("declared", "")).split()),
+        axes={str(k): tuple(str(x) for x in v) for k, v in (raw.get("axes") or {}).items()},
     )
     check_study(study)
     return study
@@ -247,6 +303,14 @@ def check_study(study: Study) -> None:
             raise ValueError(f"study {name}, contrast {c.name}: no cells")
         if abs(sum(c.weights.values())) > 1e-12:
             raise ValueError(f"study {name}, contrast {c.name}: weights sum to {sum(c.weights.values())}, not 0")
+    unknown_axes = {k: [lv for lv in v if lv not in study.levels] for k, v in study.axes.items()}
+    if any(unknown_axes.values()):
+        raise ValueError(f"study {name}: axes name levels it does not declare: {unknown_axes}")
+    unknown_runs = [f"{a}@{lv}" for a, lv in study.runs if a not in study.arms or lv not in study.levels]
+    if unknown_runs:
+        raise ValueError(f"study {name}: runs {unknown_runs} name an arm or level it does not declare")
+    if study.pool is not None and (study.pool < 1 or max(study.members) >= study.pool):
+        raise ValueError(f"study {name}: unit.pool {study.pool} must exceed every member id (run seed mod pool)")
     for arm in study.arms.values():
         for lv in study.levels.values():
             if lv.lr and arm.ref not in lv.lr:

@@ -32,11 +32,18 @@ from moe_rl.analysis.claims.rules import (
 from moe_rl.analysis.clustered import cluster_means
 from moe_rl.analysis.stats import holm
 from moe_rl.studies import length as ln
-from moe_rl.studies.causal_claims import one_sided
 
 FOLDER = "length"
 GRPO, R2, GSPO = "grpo_none", "grpo_r2", "gspo_none"
 SLOPE_MARGIN = 0.02  # per unit log L: ~4 points (accuracy, or share of variance) over L = 4 -> 32, too small to matter
+
+
+def one_sided(p_two: float, mean_diff: float) -> float:
+    """The one-sided p of a positive effect from a symmetric two-sided sign-flip p: half of it where the observed
+    mean is above 0, else 1 - half."""
+    if not math.isfinite(p_two):
+        return math.nan
+    return p_two / 2 if mean_diff > 0 else 1 - p_two / 2
 
 
 @lru_cache(maxsize=2)

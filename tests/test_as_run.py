@@ -1,0 +1,65 @@
+"""The studies declared as they ran (`experiments/conf/study/<name>.yaml` with `declared`): `experiments/study.py`
+names every shipped run as its multirun named it (so it reads them, not reruns them), and nothing else; every cell
+composes and validates through Hydra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers import PRESETS, ROOT
+
+from moe_rl.studies.design import load_study
+
+AS_RUN = {"causal": 252, "staleness": 522}  # the shipped runs of each
+EXCLUDED = {"experiment", "out_dir", "progress", "threads", "hydra.launcher.n_jobs"}  # config.yaml's override_dirname
+
+
+def run_name(overrides: list[str], seed: int) -> str:
+    """The run folder Hydra's multirun names a job (its task overrides sorted, the excluded keys left out)."""
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in EXCLUDED]
+    return ",".join(sorted([*kept, f"seed={seed}"]))
+
+
+def dry_run_runs(name: str) -> set[str]:
+    """<cell>/<run name> of every run the study's dry run lists."""
+    out = subprocess.run(
+        [sys.executable, "experiments/study.py", name, "--dry-run"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    runs = set()
+    for line in out.stdout.splitlines():
+        if not line.startswith("["):
+            continue
+        cell, *tokens = line.split()
+        overrides = [t for t in tokens if "=" in t and not t.startswith(("seed=", "hydra/", "+preset="))]
+        seeds = next(t for t in tokens if t.startswith("seed=")).split("=", 1)[1].split(",")
+        runs |= {f"{cell.strip('[]')}/{run_name(overrides, int(s))}" for s in seeds}
+    return runs
+
+
+@pytest.mark.parametrize("name", sorted(AS_RUN))
+def test_the_declared_launcher_names_every_shipped_run(name: str) -> None:
+    shipped = {
+        f"{p.parent.parent.name}/{p.parent.name}" for p in (ROOT / "results" / name / "runs").glob("*/*/status.json")
+    }
+    listed = dry_run_runs(name)
+    assert len(listed) == AS_RUN[name] and listed == shipped
+
+
+@pytest.mark.parametrize("name", sorted(AS_RUN))
+def test_every_cell_composes_and_validates(name: str) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig, to_train_config, validate
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    study = load_study(PRESETS.parent / "study" / f"{name}.yaml")
+    assert study.declared and study.pool == 6
+    with initialize_config_dir(config_dir=str(PRESETS.parent), version_base="1.3"):
+        for arm, level in study.cells():
+            over = [f"+preset={study.preset}", *study.cell_overrides(arm, level), "seed=7"]
+            cfg = validate(to_train_config(compose("config", overrides=over)))
+            assert cfg.experiment == name and cfg.cold_start.pool == study.pool, (arm, level)
