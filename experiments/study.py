@@ -6,8 +6,9 @@
 One Hydra multirun of `experiments/train.py` per cell (arm@level) over the seeds of the look's starts, into
 <runs>/NAME/runs/<arm>@<level>/. A look runs the starts up to its declared count (the earlier looks' runs are read,
 not rerun), then decides each contrast at that look by the one rule (`moe_rl.studies.declared`) and writes the
-study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast is
-decided (reproduced, not reproduced, untestable, or inconclusive at the pool limit); `--look K` runs look K alone.
+study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast has
+reached its boundary, else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
+can change the means it is read on); `--look K` runs look K alone.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> None:
         write_study_report(study, result, args.runs / study.name)
         print(result.verdicts.to_string(index=False), flush=True)
         if decided(result):
-            print(f"{study.name}: every contrast decided at look {look + 1}; stopping", flush=True)
+            print(
+                f"{study.name}: every contrast reached its boundary or its last look at look {look + 1}; stopping",
+                flush=True,
+            )
             break
     if failed:
         sys.exit(f"{study.name}: runs failed in {sorted(set(failed))}; rerun the same command to retry them")

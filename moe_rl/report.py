@@ -27,7 +27,6 @@ analyses the claims declare and the frontier's grid.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -43,26 +42,9 @@ from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
 README = Path("README.md")
-CAUSAL_ROWS = (  # the causal study's contrasts README.md shows: the claims, then the controls at `past`
-    "anchored_minus_moe",
-    "load_aware_minus_moe",
-    "dense_total_mup_minus_moe",
-    "anchored_load_aware_minus_moe",
-    "r2_minus_moe",
-    "expert_lr_quarter_minus_moe",
-    "expert_lr_quarter_minus_lr_matched",
-    "nonexpert_lr_quarter_minus_moe",
-    "soft_narrow_minus_moe",
-    "dense_minus_moe",
-    "dense_mlp_lr_quarter_minus_dense",
-    "dense_total_minus_dense_total_mup",
-    "dense_w256_minus_dense_w256_mup",
-)
-README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables
+README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables besides the declared studies'
     (divergence_report.README_BLOCK, divergence_report.readme_table),
-    (declared.readme_markers("causal"), functools.partial(declared.readme_table, "causal", contrasts=CAUSAL_ROWS)),
-    (declared.readme_markers("length_edge"), functools.partial(declared.readme_table, "length_edge")),
-)
+)  # a declared study adds its own with `readme` in its declaration (`declared.readme_tables`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
         if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
-            for markers, table in README_TABLES:
+            for markers, table in (*README_TABLES, *declared.readme_tables(Path(args.presets).parent / "study")):
                 written.append(write_readme_block(README, markers, table(root)))
         for path in written:
             if path is not None:

@@ -162,6 +162,10 @@ def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]])
     # (test_causal_study.py), 12 and 13 (test_length_study.py) have nothing to judge here; claim 7's first look, the
     # dense control, is in its notes
     expected = {i: kind for i in got if i <= 6} | {8: "untestable here", 9: "untestable here"}
+    if kind == "not reproduced":  # the clip fraction leads there, but the forward excess's interval (few planted
+        # runs) reaches past the 1% margin: the one rule cannot call it not reproduced, and says why
+        expected[6] = "inconclusive"
+        assert "the clip fraction leads the shift more than the shift leads it" in got[6][1]
     undecided = {i: "inconclusive" for i in (7, 10, 11, 12, 13, 14, 15)}
     assert {i: v for i, (v, _) in got.items()} == expected | undecided, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"

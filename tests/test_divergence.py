@@ -164,13 +164,16 @@ def test_the_readme_table_is_the_shipped_one() -> None:
     assert readme_block(ROOT / "README.md", dr.README_BLOCK) == dr.compact_table(table)
 
 
-def test_the_readme_causal_table_is_the_shipped_one() -> None:
-    """README.md's causal table is generated from results/causal/contrasts.csv (`report --readme`)."""
-    from moe_rl.studies import causal_report
+def test_the_declared_studies_readme_tables_are_the_shipped_ones() -> None:
+    """Each declared study that names `readme` has its table in README.md as `report --readme` writes it from its
+    shipped contrasts.csv (causal and length_edge)."""
+    from moe_rl.studies import declared
 
-    table = causal_report.readme_table(ROOT / "results")
-    assert table is not None, "results/causal/contrasts.csv is shipped"
-    assert readme_block(ROOT / "README.md", causal_report.README_BLOCK) == table
+    tables = declared.readme_tables(ROOT / "experiments" / "conf" / "study")
+    assert {markers[0].split()[1] for markers, _ in tables} >= {"causal", "length_edge"}
+    for markers, table in tables:
+        shipped = table(ROOT / "results")
+        assert shipped is not None and readme_block(ROOT / "README.md", markers) == shipped, markers
 
 
 def test_a_readme_block_is_replaced_between_its_markers_and_refused_without_them(tmp_path) -> None:

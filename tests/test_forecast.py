@@ -413,7 +413,7 @@ def test_claim_one_from_the_forecast(tmp_path: Path) -> None:
     assert drift_claims.claim_expert_drift(tmp_path).verdict == "not reproduced"
     _write_forecast(tmp_path, (0.85, 1.2), 16.0)
     c = drift_claims.claim_expert_drift(tmp_path)
-    assert c.verdict == "untestable at this scale" and c.experiment == "drift_forecast"
+    assert c.verdict == "untestable here" and c.experiment == "drift_forecast"
     # 16x the movement at lr^0.5 is 16^2 = 256x the lr: 1e-4 * 256
     assert "16x that movement (0.32 logits), i.e. lr ~0.026 for our models" in c.statistic
     assert any("not reproduced" in n for n in c.notes)  # the power law's verdict stays visible

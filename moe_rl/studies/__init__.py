@@ -7,8 +7,8 @@ borrows runs from. A study's own analysis, report and claims live in its modules
 study is its declaration (experiments/conf/study/NAME.yaml, `design`; run by `experiments/study.py NAME`) and one
 row below whose report is `declared.study_report(NAME)` and whose claims are `declared.study_claim(...)`: the one
 rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims) and a
-launcher (experiments/<study>.py, `studies.launch`); a study with a table in README.md adds a block in
-`moe_rl.report.README_TABLES`.
+launcher (experiments/<study>.py, `studies.launch`). A table in README.md: `readme` in a declaration, else a block
+in `moe_rl.report.README_TABLES`.
 
 The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
 here reads the checkout.
@@ -162,7 +162,16 @@ STUDIES: tuple[Study, ...] = (
         ("engine_mismatch", "engine_mismatch_gentle"),
         "With real engine rollouts (vLLM, bfloat16) and float32 training, where GRPO breaks, does R3 on the "
         "engine's own routes beat R2, and do the engine-gap corrections TIS and IcePop help?",
-        claims={5: engine.R3_VS_R2},
+        history="16 seed pairs of one cold start, most runs at accuracy 0; claim 5 re-read by engine_gap",
+    ),
+    Study(
+        "engine_gap",
+        ("engine_gap",),
+        "Claim 5 on new pool members: R3 against R2 with vLLM bfloat16 rollouts at N = 8 and lr 4e-4, where a pilot "
+        "across starts found GRPO with R2 degrading with most runs above the floor, declared "
+        "(experiments/conf/study/engine_gap.yaml) with its power and looks.",
+        report=declared.study_report("engine_gap"),
+        claims={5: declared.study_claim(5, "engine_gap", "r3_minus_r2", _paired(engine.R3_VS_R2))},
     ),
     Study(
         "engine_mismatch_stable",

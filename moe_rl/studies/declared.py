@@ -227,6 +227,37 @@ def _z(means: np.ndarray, sign: float) -> tuple[float, float]:
     return se, 0.0 if mean == 0 else math.copysign(math.inf, sign * mean)
 
 
+def verdict(
+    *,
+    untestable: str | None,
+    reached: bool,
+    reached_reason: str,
+    last: bool,
+    lo: float,
+    hi: float,
+    margin: float,
+    sign: float,
+    open_reason: str,
+    exploratory: bool = False,
+) -> tuple[str, str]:
+    """The one rule's verdict and reason, for every claim: **untestable here** where the runs cannot show what the
+    claim speaks of (`untestable`: a floor, a ceiling, a reference that does not degrade, a quantity this scale
+    cannot measure); **reproduced** where the claim's test reaches its level in the claimed direction (`reached`);
+    **not reproduced** at the last look where the estimate's interval [lo, hi] lies inside +-margin or wholly on the
+    other side of 0 from `sign`; **inconclusive** otherwise (`open_reason`: before the last look, what would
+    continue; at it, what the runs could have detected). An exploratory contrast reproduces nothing: its outcomes are
+    named `detected`, `negligible` and `against`."""
+    if untestable is not None:
+        return UNTESTABLE, untestable
+    if reached:
+        return (DETECTED if exploratory else REPRODUCED), reached_reason
+    inside = -margin < lo and hi < margin
+    if last and (inside or (hi < 0 if sign > 0 else lo > 0)):
+        word = (NEGLIGIBLE if inside else AGAINST) if exploratory else NOT_REPRODUCED
+        return word, f"interval inside +-{margin:g}" if inside else "interval wholly against the claimed direction"
+    return INCONCLUSIVE, open_reason
+
+
 def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] | None = None) -> dict[str, object]:
     """The one rule (module docstring) for `contrast` on the finished (admitted) `runs`: its verdict and reason, the
     look that decided it and its starts, the estimate (mean of start means, in the contrast's units) with its
@@ -262,6 +293,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     reached = looks_reached(study, ran if ran is not None else complete_members(study, runs))
     looks = usable_looks(study, pairs, member, reached)
     final = reached == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
+    row["final"] = final
     if not looks:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
         row["reason"] = (
@@ -288,23 +320,22 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     row.update(look=j + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
     row["level"] = 1 - 2 * spent
     last = final and k == len(looks) - 1
-    exploratory = contrast.claim == "exploratory"
-    if why is not None:
-        row.update(verdict=UNTESTABLE, reason=why)
-    elif z >= bounds[k]:
-        row.update(verdict=DETECTED if exploratory else REPRODUCED)
-        row["reason"] = f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}"
-    elif last and ((-margin < lo and hi < margin) or (hi < 0 if contrast.sign > 0 else lo > 0)):
-        inside = -margin < lo and hi < margin
-        row.update(
-            verdict=(NEGLIGIBLE if inside else AGAINST) if exploratory else NOT_REPRODUCED,
-            reason=f"interval inside +-{margin:g}" if inside else "interval wholly against the claimed direction",
-        )
-    elif last:
-        detectable = row.get("detectable", math.nan)
-        row.update(verdict=INCONCLUSIVE, reason=f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}")
-    else:
-        row.update(verdict=INCONCLUSIVE, reason=f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {j + 1}")
+    detectable = float(row.get("detectable", math.nan))  # type: ignore[arg-type]
+    word, reason = verdict(
+        untestable=why,
+        reached=z >= bounds[k],
+        reached_reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}",
+        last=last,
+        lo=lo,
+        hi=hi,
+        margin=margin,
+        sign=contrast.sign,
+        open_reason=f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}"
+        if last
+        else f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {j + 1}",
+        exploratory=contrast.claim == "exploratory",
+    )
+    row.update(verdict=word, reason=reason)
     return row
 
 
@@ -371,9 +402,12 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
 
 
 def decided(result: StudyResult) -> bool:
-    """Whether every contrast has a verdict no further look can change."""
+    """Whether every contrast has a verdict no further look can change: reached its boundary, or the last look read.
+    A floor, a ceiling or a reference that does not degrade at an earlier look does not stop the study: more
+    starts can change the means they are read on."""
     v = result.verdicts
-    return bool(((v["verdict"] != INCONCLUSIVE) | v["reason"].astype(str).str.startswith("pool limit")).all())
+    final = v["final"].astype(bool) if "final" in v else pd.Series(False, index=v.index)
+    return bool((v["verdict"].isin([REPRODUCED, DETECTED]) | final).all())
 
 
 def forest_figure(study: Study, result: StudyResult):
@@ -667,6 +701,19 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
         return [*lines, ""]
 
     return section
+
+
+def readme_tables(studies_dir: Path) -> list[tuple[tuple[str, str], Callable[[Path], str | None]]]:
+    """(markers, table from the results root) of every declared study in `studies_dir` that names `readme`, in file
+    order: README.md's generated tables of them."""
+    out: list[tuple[tuple[str, str], Callable[[Path], str | None]]] = []
+    for path in sorted(Path(studies_dir).glob("*.yaml")):
+        study = load_study(path)
+        if study.readme is not None:
+            out.append(
+                (readme_markers(study.name), functools.partial(readme_table, study.name, contrasts=study.readme))
+            )
+    return out
 
 
 def readme_markers(study_name: str) -> tuple[str, str]:

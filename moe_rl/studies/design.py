@@ -19,7 +19,8 @@ seed s starts from member s mod pool; the launcher then passes no `cold_start.po
 `runs` lists its cells in run order (controls no contrast reads included; a block may name the `replicates` it ran
 of each member), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
 of each claim it first decided, and `declared` where and when its design was written. Any study may name `axes`
-(an axis: its levels in order), which its report draws as each arm's profile along the axis.
+(an axis: its levels in order), which its report draws as each arm's profile along the axis, and `readme` (true,
+or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Study:
     claims: dict[str, Statement] = field(default_factory=dict)  # claim id -> its statement
     declared: str = ""  # where and when the design was written ("": this file, before its runs)
     axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an axis: its levels in order (the profile plot)
+    readme: tuple[str, ...] | None = None  # the contrasts README.md's table of it shows (): all; None: no table
 
     @property
     def member_pool(self) -> int:
@@ -276,6 +278,7 @@ def load_study(path: str | Path) -> Study:
         claims={str(k): Statement(str(v["text"]), str(v["source"])) for k, v in (raw.get("claims") or {}).items()},
         declared=" ".join(str(raw.get("declared", "")).split()),
         axes={str(k): tuple(str(x) for x in v) for k, v in (raw.get("axes") or {}).items()},
+        readme=None if raw.get("readme") is None else () if raw["readme"] is True else tuple(map(str, raw["readme"])),
     )
     check_study(study)
     return study
@@ -306,6 +309,9 @@ def check_study(study: Study) -> None:
     unknown_axes = {k: [lv for lv in v if lv not in study.levels] for k, v in study.axes.items()}
     if any(unknown_axes.values()):
         raise ValueError(f"study {name}: axes name levels it does not declare: {unknown_axes}")
+    unknown_shown = sorted(set(study.readme or ()) - {c.name for c in study.contrasts})
+    if unknown_shown:
+        raise ValueError(f"study {name}: readme shows contrasts it does not declare: {unknown_shown}")
     unknown_runs = [f"{a}@{lv}" for a, lv in study.runs if a not in study.arms or lv not in study.levels]
     if unknown_runs:
         raise ValueError(f"study {name}: runs {unknown_runs} name an arm or level it does not declare")

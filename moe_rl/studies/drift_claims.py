@@ -18,7 +18,6 @@ from moe_rl.analysis.claims.rules import (
     N_BOOT,
     NOT_REPRODUCED,
     REPRODUCED,
-    UNTESTABLE,
     Claim,
     descriptive,
     direction_verdict,
@@ -38,6 +37,7 @@ from moe_rl.metrics.names import (
     layer_key,
     offpolicy_key,
 )
+from moe_rl.studies.declared import verdict as one_rule
 
 PAPER_BAND = (0.05, 0.20)  # "~10% of activated experts change per update" (GSPO paper)
 
@@ -61,7 +61,7 @@ def claim_expert_drift(root: Path) -> Claim:
         1,
         "~10% of activated experts change per gradient update (Qwen3-30B-A3B)",
         "GSPO, arXiv 2507.18071",
-        "from the drift forecast P(flip) = F(logit gap / movement per update): untestable at this scale when "
+        "from the drift forecast P(flip) = F(logit gap / movement per update), by the one rule: untestable here when "
         f"the forecast holds on held-out design points (predicted / measured within {FORECAST_TOLERANCE}x) and "
         "the answer hinges on Qwen3-30B-A3B's margins and movement per update, which we cannot measure; "
         "inconclusive when the forecast does not hold",
@@ -101,20 +101,25 @@ def claim_expert_drift(root: Path) -> Claim:
             f"the power law of drift_scaling at lr 1e-4 gives {power.statistic} (verdict by its own rule: "
             f"{power.verdict}); the lr it keeps is a choice, not a measurement"
         )
-    if not within:
-        c.verdict, c.reason = (
-            INCONCLUSIVE,
-            (
-                f"the forecast does not transfer: held-out predicted / measured {lo:.2f}-"
-                f"{hi:.2f}, outside {FORECAST_TOLERANCE}x"
-            ),
-        )
-    else:
-        c.verdict = UNTESTABLE
-        c.reason = (
+    c.verdict, c.reason = one_rule(  # the one rule: a number of another model, untestable where the forecast holds
+        untestable=(
             "reaching ~10% hinges on Qwen3-30B-A3B's router margins and movement per update at its own lr, "
             "which cannot be measured on our models"
         )
+        if within
+        else None,
+        reached=False,
+        reached_reason="",
+        last=False,
+        lo=math.nan,
+        hi=math.nan,
+        margin=0.0,
+        sign=1.0,
+        open_reason=(
+            f"the forecast does not transfer: held-out predicted / measured {lo:.2f}-{hi:.2f}, outside "
+            f"{FORECAST_TOLERANCE}x"
+        ),
+    )
     return c
 
 

@@ -11,11 +11,9 @@ import pandas as pd
 from moe_rl.analysis.claims.cells import load_experiment
 from moe_rl.analysis.claims.rules import (
     ALPHA,
-    INCONCLUSIVE,
     LEAD_MARGIN,
     N_BOOT,
     NOT_REPRODUCED,
-    REPRODUCED,
     Claim,
     descriptive,
     drop_intervals,
@@ -28,6 +26,7 @@ from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, 
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.shift import CLIP_KEYS, MAX_LAG, SHIFT_AMOUNT, SHIFT_KEY, SHIFT_KEYS
 from moe_rl.analysis.stats import event_aligned, granger_surrogate_test, lagged_xcorr
+from moe_rl.studies.declared import verdict as one_rule
 
 GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
 N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)
@@ -65,12 +64,11 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
         f"`{SHIFT_KEY}` (its off-policy mean where logged): the share of the remaining variance the shift's past "
         "explains, averaged over runs, against surrogates that rotate each run's shift series in time by a random "
         f"offset ({N_SURROGATES} per run; a same-step correlation cannot pass or fail this test). reproduced if "
-        "the surrogate p < 0.05 with more shift followed by more clipping; not reproduced if the clip fraction "
-        "leads the shift by the same test (p < 0.05) while the shift does not lead it, or the excess over chance "
-        f"has a 95% interval (cold starts, then runs within each) below {LEAD_MARGIN:.0%} of the variance while the "
-        "smallest detectable excess is below that too; inconclusive otherwise, with fewer than 3 runs, or below 5 "
-        "independent cold starts. The smallest lead the test detects (80% power) is reported; the shift before "
-        "collapse events is support",
+        "the surrogate p < 0.05 with more shift followed by more clipping and the clip fraction not leading the "
+        "shift more (the one rule's test); not reproduced if the excess over chance has a 95% interval (cold "
+        f"starts, then runs within each) inside +-{LEAD_MARGIN:.0%} of the variance or wholly below 0 (the one "
+        "rule's margin); inconclusive otherwise, with fewer than 3 runs, or below 5 independent cold starts. The "
+        "smallest lead the test detects (80% power) is reported; the shift before collapse events is support",
         experiment="runs that log the shift metric",
     )
     frames = []
@@ -109,38 +107,29 @@ def claim_shift_leads(root: Path, experiments: tuple[str, ...] = ("phase", "phas
     )
     c.test, c.p_value = "Granger-style increment vs circular-shift surrogates", fwd["p_value"]
     reverse_leads = rev["p_value"] < ALPHA and rev["excess"] > fwd["excess"]
-    if fwd["p_value"] < ALPHA and fwd["direction"] > 0 and not reverse_leads:
-        c.verdict, c.reason = (
-            REPRODUCED,
-            f"the shift's past predicts more clipping (surrogate p = {fmt_p(fwd['p_value'])})",
-        )
-    elif reverse_leads:
-        c.verdict, c.reason = (
-            NOT_REPRODUCED,
-            (
-                f"the clip fraction leads the shift more than the shift leads it "
-                f"({pct(rev['excess'])} vs {pct(fwd['excess'])} of the variance, "
-                f"surrogate p = {fmt_p(rev['p_value'])} vs {fmt_p(fwd['p_value'])})"
-            ),
+    reached = fwd["p_value"] < ALPHA and fwd["direction"] > 0 and not reverse_leads
+    c.verdict, c.reason = one_rule(  # the one rule, on the surrogate test and the excess's interval
+        untestable=None,
+        reached=reached,
+        reached_reason=f"the shift's past predicts more clipping (surrogate p = {fmt_p(fwd['p_value'])})",
+        last=True,  # the shipped runs are the only look
+        lo=float(fwd["lo"]),
+        hi=float(fwd["hi"]),
+        margin=LEAD_MARGIN,
+        sign=1.0,
+        open_reason=(
+            f"no lead of the shift at level {ALPHA} with more shift followed by more clipping, and a lead of "
+            f"{LEAD_MARGIN:.0%} not ruled out (interval up to {pct(fwd['hi'])}; smallest detectable "
+            f"{pct(fwd['detectable'])})"
+        ),
+    )
+    if reverse_leads:
+        c.reason += (
+            f"; the clip fraction leads the shift more than the shift leads it ({pct(rev['excess'])} vs "
+            f"{pct(fwd['excess'])} of the variance, surrogate p = {fmt_p(rev['p_value'])} vs {fmt_p(fwd['p_value'])})"
         )
     elif fwd["p_value"] < ALPHA and fwd["direction"] <= 0:
-        c.verdict, c.reason = NOT_REPRODUCED, "the shift's past does not predict more clipping (no positive direction)"
-    elif fwd["hi"] < LEAD_MARGIN and fwd["detectable"] < LEAD_MARGIN:
-        c.verdict, c.reason = (
-            NOT_REPRODUCED,
-            (
-                f"no lead: the excess over chance is below {pct(fwd['hi'])} of the variance (p = {fmt_p(fwd['p_value'])})"
-            ),
-        )
-    else:
-        c.verdict, c.reason = (
-            INCONCLUSIVE,
-            (
-                f"no significant lead (p = {fmt_p(fwd['p_value'])}), and a lead of "
-                f"{LEAD_MARGIN:.0%} is not ruled out (interval up to {pct(fwd['hi'])}, "
-                f"smallest detectable {pct(fwd['detectable'])})"
-            ),
-        )
+        c.reason += "; the shift's past predicts clipping, but less clipping (no positive direction)"
     c.verdict, c.reason = descriptive(c.verdict, c.reason, n_starts)
     c.notes.append(
         f"reverse (clip fraction's past predicting the shift): {pct(rev['excess'])} [{pct(rev['lo'])}, "

@@ -16,7 +16,6 @@ from moe_rl.analysis.collapse_definitions import GRID_DROP_FRACS, GRID_ENTROPY_F
 # verdicts
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 FRAGILE = "fragile"  # a collapse verdict that changes within the declared grid of collapse definitions
-UNTESTABLE = "untestable at this scale"  # claim 1: the answer hinges on what our models cannot show
 UNTESTABLE_HERE = "untestable here"  # the runs hold no case the claim speaks of (none yet, or nothing degrades)
 
 # significance and the margins too small to matter
