@@ -256,8 +256,7 @@ def test_a_look_partly_run_is_not_read(tmp_path) -> None:
 
 def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
     """A shipped contrasts.csv (two contrasts, two outcomes) as README.md prints it, x 100 in each outcome's units, an
-    interval only where the look gave one; and README.md's length_edge block is the shipped one."""
-    from moe_rl.analysis.pages import readme_block
+    interval only where the look gave one (README.md's blocks: tests/test_divergence.py)."""
 
     (tmp_path / "s").mkdir()
     rows = [
