@@ -12,7 +12,7 @@ from helpers import PRESETS, ROOT
 
 from moe_rl.studies.design import load_study
 
-AS_RUN = {"causal": 252, "staleness": 522}  # the shipped runs of each
+AS_RUN = {"causal": 252, "divergence": 192, "staleness": 522}  # the shipped runs of each
 EXCLUDED = {"experiment", "out_dir", "progress", "threads", "hydra.launcher.n_jobs"}  # config.yaml's override_dirname
 
 

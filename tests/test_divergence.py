@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -134,21 +132,28 @@ def test_matched_pairs_compare_equal_lr2n_and_equal_lrn_points() -> None:
     )
 
 
-def test_the_preset_declares_the_study_and_the_launcher_runs_it_row_by_row() -> None:
-    spec = dv.load_spec(PRESETS)
-    assert spec.rows[0] == dv.REFERENCE and len(spec.seeds) >= 6 and spec.threshold == -0.05
-    jobs = dv.jobs(spec)
-    assert [j.family for j in jobs][-1] == "qwen3_dense" and jobs[len(spec.rows) - 1].N == spec.law_N
-    launcher_spec = importlib.util.spec_from_file_location(
-        "divergence_launcher", ROOT / "experiments" / "divergence.py"
+def test_the_declaration_gives_the_frontier_its_rows_grid_and_law() -> None:
+    """The frontier's spec read from experiments/conf/study/divergence.yaml: the MoE rows first (GRPO the reference),
+    the dense control at its own lrs, the N = 2 block at twice the MoE lrs (equal lr^2 N one octave down), and the
+    runs of the amended grid (x0.5) kept out of the fits."""
+    from moe_rl.studies.design import load_study
+
+    study = load_study(PRESETS.parent / "study" / "divergence.yaml")
+    spec = dv.spec_of(study)
+    assert spec.rows[0] == dv.REFERENCE and spec.rows[-1] == ("qwen3_dense", "grpo_none") and len(spec.rows) == 9
+    assert spec.lrs == (1.4e-4, 2.8e-4, 5.6e-4) and spec.lrs_by_family == {"qwen3_dense": (2.8e-4, 5.6e-4, 1.12e-3)}
+    assert (spec.N, spec.law_N, spec.law_rows) == (8, 2, ("grpo_none",)) and spec.law_lrs == (2.8e-4, 5.6e-4, 1.12e-3)
+    assert all(a**2 * 2 == pytest.approx(b**2 * 8) for a, b in zip(spec.law_lrs, spec.lrs, strict=True))
+    table = pd.DataFrame(
+        {"arm": ["grpo", "grpo", "grpo_N2", "dense_grpo"], "level": ["x1", "x0.5", "x1", "x4"], "kl_acting": 0.01}
     )
-    assert launcher_spec is not None and launcher_spec.loader is not None
-    launcher = importlib.util.module_from_spec(launcher_spec)
-    launcher_spec.loader.exec_module(launcher)
-    law = launcher.command(jobs[len(spec.rows) - 1], Path("/r"), 2)
-    assert "out_dir=/r/divergence/runs" in law and f"optim.updates_per_rollout={spec.law_N}" in law
-    assert "optim.lr=" + ",".join(f"{v:g}" for v in spec.law_lrs) in law
-    assert "model=qwen3_dense" in launcher.command(jobs[-1], Path("/r"), 2)
+    runs = dv.runs_of(study, table)
+    assert runs[["family", "arm_file", "N"]].values.tolist()[2:] == [
+        ["qwen3_moe", "grpo_none", 2],
+        ["qwen3_dense", "grpo_none", 8],
+    ]
+    assert runs["lr"].tolist() == pytest.approx([1.4e-4, 7e-5, 2.8e-4, 1.12e-3])
+    assert list(dv.declared(runs, spec).index) == [0, 2, 3]  # the x0.5 run stays out
 
 
 def test_the_frontier_keeps_runs_of_one_config_from_two_starts() -> None:

@@ -46,7 +46,7 @@ SWEEP_SIZES = {
     "mechanism_gentle": 110,
     "mechanism_fine": 20,
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
-    "divergence": 1,  # its runs come from experiments/divergence.py, one multirun per row
+    "divergence": 1,  # its runs come from its declaration (experiments/study.py divergence), one multirun per cell
     "staleness": 1,  # its runs come from its declaration (experiments/study.py staleness), one multirun per cell
     "causal": 1,  # its runs come from its declaration (experiments/study.py causal), one multirun per cell
     "length": 1,  # its runs come from experiments/length.py, one multirun per block, level and length

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,22 @@ def _write(tmp_path: Path, **changes: object) -> Path:
     return path
 
 
+def test_a_block_runs_its_own_replicates_and_the_other_cells_the_unit_s() -> None:
+    """Run seed m + r * pool is replicate r of member m: a block's `replicates` name its cells' r (the union over the
+    blocks that list a cell); a cell no block names replicates runs 0 .. seeds_per_start - 1."""
+    raw = {
+        **BASE,
+        "unit": {"members": "0..2", "pool": 3, "seeds_per_start": 1},
+        "runs": [
+            {"arms": ["none"], "levels": ["lo"]},
+            {"arms": ["none", "r2"], "levels": ["hi"], "replicates": [1, 2]},
+        ],
+    }
+    study = load_study(_write(Path(tempfile.mkdtemp()), **raw))
+    assert study.cells() == [("none", "lo"), ("none", "hi"), ("r2", "hi")]
+    assert study.seeds(2, ("none", "lo")) == [0, 1] and study.seeds(2, ("r2", "hi")) == [3, 6, 4, 7]
+
+
 def test_every_shipped_declaration_loads() -> None:
     for path in sorted(STUDIES.glob("*.yaml")):
         study = load_study(path)
@@ -57,6 +74,11 @@ def test_every_shipped_declaration_loads() -> None:
         ({"design": {**BASE["design"], "looks": [3, 3]}}, "must increase"),
         ({"contrasts": [{**BASE["contrasts"][0], "outcome": "reward"}]}, "outcome 'reward' is not one of"),
         ({"unit": {"members": "300..302", "admit": {"min_reward": 0.1}}}, r"unit.admit keys \['min_reward'\]"),
+        ({"unit": {"members": "300..302", "pool": 6}}, "unit.pool 6 must exceed every member id"),
+        ({"runs": [{"arms": ["r3"], "levels": ["hi"]}]}, r"runs \['r3@hi'\] name an arm or level"),
+        ({"axes": {"lr": ["lo", "mid"]}}, r"axes name levels it does not declare: \{'lr': \['mid'\]\}"),
+        ({"readme": ["nope"]}, r"readme shows contrasts it does not declare: \['nope'\]"),
+        ({"sections": ["moe_rl.studies.divergence_report.frontier_section"]}, "are not module:function"),
     ],
 )
 def test_a_declaration_that_cannot_decide_is_refused_with_its_reason(tmp_path, changes, message) -> None:

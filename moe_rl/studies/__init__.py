@@ -264,7 +264,7 @@ STUDIES: tuple[Study, ...] = (
         "At equal per-update divergence, which methods stay stable? Each method's accuracy change against its "
         "realised per-update KL over three lrs, from a pool of 6 cold starts; the KL where each crosses -5 pp, and "
         "whether lr^2 x N sets the outcome.",
-        report=with_provenance(divergence_report.write_divergence_report),
+        report=declared.study_report("divergence"),
         claims_section=divergence_report.claims_section,
     ),
     Study(

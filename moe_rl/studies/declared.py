@@ -60,6 +60,7 @@ from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, UNITS, Admission, 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 # an exploratory contrast reproduces nothing: the same rule, its outcomes named for what they say
 DETECTED, NEGLIGIBLE, AGAINST = "detected", "negligible", "against"
+NOTED_CONTRASTS = 6  # a claim's notes list its study's exploratory contrasts too where it declares at most this many
 BOUND_SHARE = 0.5  # a cell sits at a bound when more than this share of its runs ends there
 RUN_MEANS = {"routing_share": RATIO_SPLIT_ROUTING_SHARE, "drift": offpolicy_key(ROUTE_FLIP_RATE)}  # outcome: key
 KEYS = (TASK_ACCURACY, KL_UPDATE_K3, KL_UPDATE_K3_ACTING, *RUN_MEANS.values())
@@ -469,8 +470,20 @@ def _fmt(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, floatfmt=".4g")
 
 
+Section = Callable[[Study, "StudyResult", Path], tuple[list[str], list[Path]]]
+
+
+def section_function(name: str) -> Section:
+    """The computation a declaration names in `sections` ("module:function")."""
+    import importlib
+
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
-    """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv and forest.png from the declaration."""
+    """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv, forest.png (profile.png where the study
+    declares axes) from the declaration, and the sections it names (their markdown after the contrasts)."""
     from moe_rl.run.atomic import write_atomic
 
     out.mkdir(parents=True, exist_ok=True)
@@ -479,6 +492,10 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
     write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
     forest_figure(study, result).savefig(out / "forest.png", dpi=120)
+    sections_md: list[str] = []
+    for name in study.sections:
+        lines, _ = section_function(name)(study, result, out)
+        sections_md += lines
     profile = profile_figure(study, result)
     if profile is not None:
         profile.savefig(out / "profile.png", dpi=120)
@@ -526,6 +543,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
         "",
         _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
+        *sections_md,
         *(
             [
                 "## Profiles",
@@ -635,8 +653,9 @@ def study_claim(
             )
         if not math.isnan(float(row.get("reference", math.nan))):
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
-        for _, other in result.verdicts.iterrows():  # the study's other claims, at the level they were read
-            if other["contrast"] != contrast and other["claim"] != "exploratory":
+        few = len(result.verdicts) <= NOTED_CONTRASTS  # a small study's exploratory contrasts beside its claims
+        for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
+            if other["contrast"] != contrast and (few or other["claim"] != "exploratory"):
                 c.notes.append(
                     f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]} "
                     f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
@@ -669,7 +688,8 @@ def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
 
     def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
-        summary = write_study_report(study, analyse(study, runs_dir), out)
+        result = analyse(study, runs_dir)
+        summary = write_study_report(study, result, out)
         figures = [out / f for f in ("forest.png", "profile.png") if f != "profile.png" or study.axes]
         return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), *figures]
 

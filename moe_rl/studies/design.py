@@ -20,7 +20,9 @@ seed s starts from member s mod pool; the launcher then passes no `cold_start.po
 of each member), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
 of each claim it first decided, and `declared` where and when its design was written. Any study may name `axes`
 (an axis: its levels in order), which its report draws as each arm's profile along the axis, and `readme` (true,
-or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`).
+or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`). A study
+that needs a computation of its own (a crossing, a slope) names it in `sections` ("module:function", called by its
+report with the study, its result and the output folder, returning markdown lines and the files it wrote).
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class Study:
     declared: str = ""  # where and when the design was written ("": this file, before its runs)
     axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an axis: its levels in order (the profile plot)
     readme: tuple[str, ...] | None = None  # the contrasts README.md's table of it shows (): all; None: no table
+    sections: tuple[str, ...] = ()  # "module:function" of its own computations, called by its report
 
     @property
     def member_pool(self) -> int:
@@ -279,6 +282,7 @@ def load_study(path: str | Path) -> Study:
         declared=" ".join(str(raw.get("declared", "")).split()),
         axes={str(k): tuple(str(x) for x in v) for k, v in (raw.get("axes") or {}).items()},
         readme=None if raw.get("readme") is None else () if raw["readme"] is True else tuple(map(str, raw["readme"])),
+        sections=tuple(str(x) for x in raw.get("sections") or ()),
     )
     check_study(study)
     return study
@@ -309,6 +313,9 @@ def check_study(study: Study) -> None:
     unknown_axes = {k: [lv for lv in v if lv not in study.levels] for k, v in study.axes.items()}
     if any(unknown_axes.values()):
         raise ValueError(f"study {name}: axes name levels it does not declare: {unknown_axes}")
+    malformed = [f for f in study.sections if f.count(":") != 1]
+    if malformed:
+        raise ValueError(f"study {name}: sections {malformed} are not module:function")
     unknown_shown = sorted(set(study.readme or ()) - {c.name for c in study.contrasts})
     if unknown_shown:
         raise ValueError(f"study {name}: readme shows contrasts it does not declare: {unknown_shown}")

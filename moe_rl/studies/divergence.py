@@ -1,6 +1,7 @@
-"""The divergence frontier: each method's accuracy change against its realised per-update KL, from a pool of starts.
+"""The divergence frontier's own computation: each method's accuracy change against its realised per-update KL.
 
-Declared in `experiments/conf/preset/divergence.yaml` before its runs (`python experiments/divergence.py`).
+The study is declared in `experiments/conf/study/divergence.yaml` (as it ran; `python experiments/study.py
+divergence`), which names this computation in its `sections` (`divergence_report.frontier_section`).
 
 Each run's dose is its early per-update KL (`kl/update_k3`, k3 between the policy before and after each update on
 the update's tokens, mean over steps 1..20) and its outcome its accuracy change (late accuracy, the mean of the last
@@ -17,21 +18,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from moe_rl.analysis.clustered import bootstrap, descriptive_reason, paired_by_start, replicate_values, start_draws
-from moe_rl.analysis.dose import crossing, kl_per_run, law_exponent, law_fit
-from moe_rl.analysis.load import runs
-from moe_rl.metrics.names import KL_UPDATE_K3
-from moe_rl.studies import frontier as fr_
+from moe_rl.analysis.dose import crossing, law_exponent, law_fit
+from moe_rl.studies.design import Study
 
-PRESET = "divergence.yaml"  # the declaration, in the presets folder
 REFERENCE = ("qwen3_moe", "grpo_none")
-KEYS = (*fr_.KEYS, KL_UPDATE_K3)  # the metric keys the study reads
+THRESHOLD = -0.05  # the crossing: fitted mean accuracy change = -5 pp
+FIT_LEVELS = ("x1", "x2", "x4")  # the declared grid (x0.5: the amended grid's runs, kept out of the fits)
+LAW_ARM = "grpo_N2"  # the lr^2 N block
 
 
 @dataclass(frozen=True)
@@ -50,41 +48,44 @@ class Spec:
         return self.lrs_by_family.get(family, self.lrs)
 
 
-@dataclass(frozen=True)
-class Job:
-    """One multirun: a row's lrs x seeds at one N."""
-
-    family: str
-    arm: str
-    lrs: tuple[float, ...]
-    N: int
-    seeds: tuple[int, ...]
-    default_N: int  # the preset's N (a job at another N overrides it)
+def _override(overrides: tuple[str, ...], key: str, default: str) -> str:
+    return next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), default)
 
 
-def load_spec(presets: Path) -> Spec:
-    """The study declared in the `analysis.divergence` block of its preset in the presets folder `presets`."""
-    spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["divergence"]
-    law = spec["law"]
-    return Spec(
-        rows=tuple((str(f), str(a)) for f, a in spec["rows"]),
-        lrs=tuple(float(v) for v in spec["lrs"]),
-        lrs_by_family={str(k): tuple(float(v) for v in vs) for k, vs in spec.get("lrs_by_family", {}).items()},
-        N=int(spec["N"]),
-        seeds=tuple(int(s) for s in spec["seeds"]),
-        law_N=int(law["N"]),
-        law_rows=tuple(str(a) for a in law["rows"]),
-        law_lrs=tuple(float(v) for v in law["lrs"]),
-        threshold=float(spec["threshold"]),
+def arm_facts(study: Study, arm: str) -> tuple[str, str, int]:
+    """(model family, arm file, N) of a declared arm."""
+    overrides = study.arms[arm].overrides
+    family = _override(overrides, "model", REFERENCE[0])
+    return (
+        family,
+        _override(overrides, "arm", REFERENCE[1]),
+        int(_override(overrides, "optim.updates_per_rollout", "8")),
     )
 
 
-def jobs(spec: Spec) -> list[Job]:
-    """The study's multiruns in run order: the MoE rows, the lr^2 N block, then the rows of other families."""
-    main = [Job(f, a, spec.row_lrs(f), spec.N, spec.seeds, spec.N) for f, a in spec.rows]
-    law = [Job(REFERENCE[0], a, spec.law_lrs, spec.law_N, spec.seeds, spec.N) for a in spec.law_rows]
-    own = [j for j in main if j.family == REFERENCE[0]]
-    return own + law + [j for j in main if j.family != REFERENCE[0]]
+def spec_of(study: Study) -> Spec:
+    """The frontier's rows, grid and lr^2 N block, from the declaration."""
+    rows = tuple(arm_facts(study, a)[:2] for a in study.arms if a != LAW_ARM)
+    lrs = {ref: tuple(study.levels[lv].lr[ref] for lv in FIT_LEVELS) for ref in ("moe", "dense", "law")}
+    by_family = {arm_facts(study, a)[0]: lrs[str(study.arms[a].ref)] for a in study.arms if a != LAW_ARM}
+    by_family.pop(REFERENCE[0], None)
+    law_N = arm_facts(study, LAW_ARM)[2]
+    seeds = tuple(study.seeds(len(study.members)))
+    return Spec(rows, lrs["moe"], by_family, 8, seeds, law_N, (REFERENCE[1],), lrs["law"], THRESHOLD)
+
+
+def runs_of(study: Study, table: pd.DataFrame) -> pd.DataFrame:
+    """A declared study's per-run table (`declared.per_run`) with what the frontier reads: each run's family, arm
+    file, row, lr, N and early KL (`kl_early`: on the routes it acts with, its own for these arms)."""
+    out = table.copy()
+    facts = {a: arm_facts(study, a) for a in study.arms}
+    out["family"] = [facts[a][0] for a in out["arm"]]
+    out["arm_file"] = [facts[a][1] for a in out["arm"]]
+    out["N"] = [facts[a][2] for a in out["arm"]]
+    out["lr"] = [study.levels[lv].lr[str(study.arms[a].ref)] for a, lv in zip(out["arm"], out["level"], strict=True)]
+    out["row"] = [row_name(f, a) for f, a in zip(out["family"], out["arm_file"], strict=True)]
+    out["kl_early"] = out["kl_acting"]
+    return out
 
 
 def declared(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
@@ -102,27 +103,8 @@ def declared(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     return runs[np.array(keep, dtype=bool)]
 
 
-def per_run(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per finished run: the frontier's columns (family, arm file, lr, N, seed, change, collapsed, ...), its
-    cold start (`start`, the unit of replication) and its realised per-update KL (kl_early, kl_mean)."""
-    out = fr_.per_run(df).set_index("run", drop=False).rename_axis(None)
-    out = out.join(kl_per_run(df[df["run"].isin(out.index)]))
-    info = runs(df).set_index("run")
-    out["run_dir"] = info["run_dir"]
-    out["cold_seed"] = info["cold_seed"] if "cold_seed" in info else np.nan
-    out["row"] = [row_name(f, a) for f, a in zip(out["family"], out["arm_file"], strict=True)]
-    return out.reset_index(drop=True)
-
-
 def row_name(family: str, arm: str) -> str:
     return arm if family == REFERENCE[0] else f"{family}:{arm}"
-
-
-def load_runs(folder: Path) -> pd.DataFrame:
-    """`per_run` of every run under `folder` (the study's runs)."""
-    from moe_rl import analysis
-
-    return per_run(analysis.load_results(folder, keys=KEYS))
 
 
 def crossing_draws(own: pd.DataFrame, draws: list, threshold: float) -> np.ndarray:

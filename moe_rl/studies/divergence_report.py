@@ -1,9 +1,8 @@
-"""The divergence frontier's report (`results/divergence/`): the crossings table, the lr^2 N test, the starts, figures.
+"""The divergence frontier's section of its declared report (`results/divergence/`): the crossings, the lr^2 N test.
 
 Per row: every run's accuracy change against its early per-update KL, the isotonic fit and the KL where it crosses
 -5 pp, with an interval over cold starts (then seeds); headroom as the ratio of a row's crossing to grpo+none's, on
-the same draws. The lr^2 N test and the pool's start covariates follow. A row with fewer than 5 starts is
-descriptive (no interval).
+the same draws. The lr^2 N test follows. A row with fewer than 5 starts is descriptive (no interval).
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from moe_rl.analysis.configs import format_starts, start_covariates
 from moe_rl.analysis.dose import isotonic_fit
 from moe_rl.analysis.folder_report import write_csv, write_png
-from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import divergence as dv
+from moe_rl.studies.declared import StudyResult
+from moe_rl.studies.design import Study
 
 
 def _kl(v: float) -> str:
@@ -146,25 +145,22 @@ def format_law(law: pd.DataFrame, pairs: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
-    """results/divergence: divergence.csv (the crossings), law.csv and pairs.csv (the lr^2 N test), runs.csv (one
-    line per run), starts.csv (the pool's covariates), divergence.png and summary.md."""
-    spec = dv.load_spec(presets)
-    every = dv.load_runs(runs_dir)
+def frontier_section(study: Study, result: StudyResult, out: Path) -> tuple[list[str], list[Path]]:
+    """The divergence study's own computation (named in its declaration's `sections`): divergence.csv (the
+    crossings), law.csv and pairs.csv (the lr^2 N test) and divergence.png in `out`, and their markdown."""
+    spec = dv.spec_of(study)
+    every = dv.runs_of(study, result.runs)
     runs = dv.declared(every, spec)  # the declared points (runs of an amended grid stay in runs.csv)
     table = dv.frontier_table(runs, spec)
     law, pairs = dv.law_table(runs, spec), dv.matched_pairs(runs, spec)
-    starts = start_covariates(runs)
     text = [
-        "# divergence",
-        "",
         "## The divergence frontier",
         "",
         f"{len(runs)} finished runs at the declared points ({len(every) - len(runs)} more in runs.csv), N = {spec.N}, lrs {', '.join(f'{v:g}' for v in spec.lrs)} "
         f"({', '.join(f'{k}: ' + ', '.join(f'{v:g}' for v in vs) for k, vs in spec.lrs_by_family.items())}); "
         f"{runs['start'].nunique()} cold starts.",
         "",
-        (dv.__doc__ or "").split("\n\n", 1)[1].replace("\n", " ").strip(),
+        (dv.__doc__ or "").split("\n\n", 2)[2].replace("\n", " ").strip(),
         "",
         format_table(table, spec),
         '"> max" and "< min": the fit stays above -5 pp up to the largest KL seen, or is below it from the smallest '
@@ -178,16 +174,11 @@ def write_divergence_report(runs_dir: Path, out: Path, presets: Path) -> list[Pa
         "equal lr^2 N should agree; at equal lr x N they should not if the law holds.",
         "",
         format_law(law, pairs),
-        "## The starts (the unit of replication)",
-        "",
-        format_starts(starts),
     ]
-    write_atomic(out / "summary.md", "\n".join(text).encode())
     fig = plot_rows(runs, table, spec)
-    written = [out / "summary.md", write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
+    written = [write_csv(out / "divergence.csv", table), write_png(out / "divergence.png", fig)]
     written += [write_csv(out / "law.csv", law), write_csv(out / "pairs.csv", pairs)]
-    shipped = every.drop(columns=["run_dir"], errors="ignore")  # no machine paths in a shipped table
-    return [*written, write_csv(out / "runs.csv", shipped), write_csv(out / "starts.csv", starts)]
+    return text, written
 
 
 LABELS = {  # the methods as the papers name them (README, CLAIMS.md)

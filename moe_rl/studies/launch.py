@@ -1,4 +1,4 @@
-"""What the study launchers share (experiments/divergence.py, length.py, staleness.py; frontier.py runs
+"""What the study launchers share (experiments/length.py; frontier.py runs
 its own probes): one Hydra multirun of experiments/train.py per part of a study, run in order, stopping at the first
 that fails. Rerunning resumes: a finished run is read, not rerun."""
 
