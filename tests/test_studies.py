@@ -68,7 +68,7 @@ def test_results_index_is_current() -> None:
     )
     text = page.read_text()
     assert text.index("[compare](compare/summary.md)") < text.index("[phase](phase/summary.md)")
-    assert "| 6: not reproduced |" in text  # the phase map decides claim 6 (2 and 3: the offpolicy_replay study)
+    assert "| 6: inconclusive |" in text  # the phase map decides claim 6 (2 and 3: the offpolicy_edge study)
 
 
 def test_index_helpers() -> None:
