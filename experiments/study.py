@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         study = load_study(study_path(args.name, args.studies))
     except ValueError as err:
         sys.exit(f"error: {err}")
-    from moe_rl.studies.declared import analyse, decided, write_study_report
+    from moe_rl.studies.declared import analyse, decided
+    from moe_rl.studies.declared_report import write_study_report
 
     looks = range(len(study.design.looks))
     if args.look is not None:

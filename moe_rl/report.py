@@ -37,14 +37,14 @@ from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
-from moe_rl.studies import declared, divergence_report
+from moe_rl.studies import declared_report, divergence_report
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
 README = Path("README.md")
 README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables besides the declared studies'
     (divergence_report.README_BLOCK, divergence_report.readme_table),
-)  # a declared study adds its own with `readme` in its declaration (`declared.readme_tables`)
+)  # a declared study adds its own with `readme` in its declaration (`declared_report.readme_tables`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
         if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
-            for markers, table in (*README_TABLES, *declared.readme_tables(Path(args.presets).parent / "study")):
+            for markers, table in (*README_TABLES, *declared_report.readme_tables(Path(args.presets).parent / "study")):
                 written.append(write_readme_block(README, markers, table(root)))
         for path in written:
             if path is not None:

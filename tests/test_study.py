@@ -17,7 +17,7 @@ from helpers import ROOT, TINY, train_env
 from scipy import stats
 
 from moe_rl.analysis.sequential import boundaries
-from moe_rl.studies import declared
+from moe_rl.studies import declared, declared_claims, declared_report
 from moe_rl.studies.design import POOL, load_study
 
 STUDIES = ROOT / "experiments" / "conf" / "study"
@@ -211,10 +211,12 @@ def test_a_contrast_reads_its_own_outcome_with_its_own_margin(tmp_path) -> None:
     runs["routing_share"] = np.where(runs["cell"] == "r2@hi", 0.12, 0.1)
     assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
     assert declared.decide(study, runs, study.contrasts[0])["estimate"] == 0
-    assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in declared.rule_text(
+    assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in declared_claims.rule_text(
         study, share_c := study.contrasts[1]
     )
-    assert "+-0.01" in declared.rule_text(study, share_c) and "+-0.05" in declared.rule_text(study, study.contrasts[0])
+    assert "+-0.01" in declared_claims.rule_text(study, share_c) and "+-0.05" in declared_claims.rule_text(
+        study, study.contrasts[0]
+    )
 
 
 def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -> None:
@@ -288,13 +290,13 @@ def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
         | {"hi": math.nan, "look": 0, "verdict": "inconclusive"},
     ]
     pd.DataFrame(rows).to_csv(tmp_path / "s" / "contrasts.csv", index=False)
-    table = declared.readme_table("s", tmp_path)
+    table = declared_report.readme_table("s", tmp_path)
     assert table is not None and table.splitlines()[2:] == [
         "| a | 12 | 8 | +2.1 pp [-1.0, +5.2] | 1 | inconclusive |",
         "| b | 13 | 2 | -0.4 points of share | 0 | inconclusive |",
     ]
-    assert declared.readme_table("none", tmp_path) is None
-    shipped = declared.readme_table("length_edge", ROOT / "results")
+    assert declared_report.readme_table("none", tmp_path) is None
+    shipped = declared_report.readme_table("length_edge", ROOT / "results")
     assert shipped is not None
 
 

@@ -5,7 +5,7 @@ folder report of `moe_rl.analysis.folder_report`, by arm), the claims it decides
 borrows runs from. A study's own analysis, report and claims live in its modules here (`frontier`,
 `frontier_report`, `frontier_claims`, ...); `moe_rl.analysis` is the generic toolkit they build on. A new
 study is its declaration (experiments/conf/study/NAME.yaml, `design`; run by `experiments/study.py NAME`) and one
-row below whose report is `declared.study_report(NAME)` and whose claims are `declared.study_claim(...)`: the one
+row below whose report is `declared_report.study_report(NAME)` and whose claims are `declared_claims.study_claim(...)`: the one
 rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims) and a
 launcher (experiments/<study>.py, `studies.launch`). A table in README.md: `readme` in a declaration, else a block
 in `moe_rl.report.README_TABLES`.
@@ -25,7 +25,8 @@ from moe_rl.analysis.folder_report import StudyReport, with_provenance
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
 from moe_rl.studies import (
-    declared,
+    declared_claims,
+    declared_report,
     divergence_report,
     drift_claims,
     drift_report,
@@ -98,7 +99,7 @@ STUDIES: tuple[Study, ...] = (
         "Claims 2 and 3 at one off-policy cell where grpo+none degrades without reaching the floor (lr 2.5e-4, "
         "N = 8), declared (experiments/conf/study/offpolicy_replay.yaml) with its power, looks and new pool "
         "members: GRPO + R2 and GSPO against GRPO without replay.",
-        report=declared.study_report("offpolicy_replay"),
+        report=declared_report.study_report("offpolicy_replay"),
         history="grpo+none did not degrade there on new starts (claims 2 and 3 untestable); re-placed by offpolicy_edge",
     ),
     Study(
@@ -107,19 +108,19 @@ STUDIES: tuple[Study, ...] = (
         "Claims 2 and 3 at the off-policy cell a pilot across starts placed (lr 4e-4, N = 8: grpo+none loses on "
         "average, most runs above the floor), declared (experiments/conf/study/offpolicy_edge.yaml) on new pool "
         "members: GRPO + R2 and GSPO against GRPO without replay.",
-        report=declared.study_report("offpolicy_edge"),
+        report=declared_report.study_report("offpolicy_edge"),
         claims={
-            2: declared.study_claim(
+            2: declared_claims.study_claim(
                 2,
                 "offpolicy_edge",
                 "r2_minus_none",
-                declared.study_claim(2, "offpolicy_replay", "r2_minus_none", _paired(phase.OFFPOLICY_GRPO)),
+                declared_claims.study_claim(2, "offpolicy_replay", "r2_minus_none", _paired(phase.OFFPOLICY_GRPO)),
             ),
-            3: declared.study_claim(
+            3: declared_claims.study_claim(
                 3,
                 "offpolicy_edge",
                 "gspo_minus_grpo_none",
-                declared.study_claim(3, "offpolicy_replay", "gspo_minus_grpo_none", _paired(phase.GSPO_STABLE)),
+                declared_claims.study_claim(3, "offpolicy_replay", "gspo_minus_grpo_none", _paired(phase.GSPO_STABLE)),
             ),
         },
     ),
@@ -170,8 +171,8 @@ STUDIES: tuple[Study, ...] = (
         "Claim 5 on new pool members: R3 against R2 with vLLM bfloat16 rollouts at N = 8 and lr 4e-4, where a pilot "
         "across starts found GRPO with R2 degrading with most runs above the floor, declared "
         "(experiments/conf/study/engine_gap.yaml) with its power and looks.",
-        report=declared.study_report("engine_gap"),
-        claims={5: declared.study_claim(5, "engine_gap", "r3_minus_r2", _paired(engine.R3_VS_R2))},
+        report=declared_report.study_report("engine_gap"),
+        claims={5: declared_claims.study_claim(5, "engine_gap", "r3_minus_r2", _paired(engine.R3_VS_R2))},
     ),
     Study(
         "engine_mismatch_stable",
@@ -193,8 +194,8 @@ STUDIES: tuple[Study, ...] = (
         "Claim 4 on new pool members: the off-policy flip rate per MoE layer of a model with 8 MoE layers against one "
         "with 2, at the drift_scaling centre, each depth with a warm-up of its own per member, declared "
         "(experiments/conf/study/depth_drift.yaml) with its power and looks from a pilot across starts.",
-        report=declared.study_report("depth_drift"),
-        claims={4: declared.study_claim(4, "depth_drift", "deep_minus_shallow", drift_claims.claim_depth)},
+        report=declared_report.study_report("depth_drift"),
+        claims={4: declared_claims.study_claim(4, "depth_drift", "deep_minus_shallow", drift_claims.claim_depth)},
     ),
     Study(
         "drift_forecast",
@@ -224,10 +225,12 @@ STUDIES: tuple[Study, ...] = (
         "Claims 8 and 9 at the causal study's `past` cell, declared (experiments/conf/study/router_defaults.yaml) "
         "with its power, looks and new pool members: the family's load-balancing loss and a frozen router against "
         "a learning router without it.",
-        report=declared.study_report("router_defaults"),
+        report=declared_report.study_report("router_defaults"),
         claims={
-            8: declared.study_claim(8, "router_defaults", "aux_minus_moe", _paired(mechanism_claims.AUX_HURTS)),
-            9: declared.study_claim(9, "router_defaults", "frozen_minus_moe", _paired(mechanism_claims.FROZEN_ROUTER)),
+            8: declared_claims.study_claim(8, "router_defaults", "aux_minus_moe", _paired(mechanism_claims.AUX_HURTS)),
+            9: declared_claims.study_claim(
+                9, "router_defaults", "frozen_minus_moe", _paired(mechanism_claims.FROZEN_ROUTER)
+            ),
         },
     ),
     Study(
@@ -264,7 +267,7 @@ STUDIES: tuple[Study, ...] = (
         "At equal per-update divergence, which methods stay stable? Each method's accuracy change against its "
         "realised per-update KL over three lrs, from a pool of 6 cold starts; the KL where each crosses -5 pp, and "
         "whether lr^2 x N sets the outcome.",
-        report=declared.study_report("divergence"),
+        report=declared_report.study_report("divergence"),
         claims_section=divergence_report.claims_section,
     ),
     Study(
@@ -272,7 +275,7 @@ STUDIES: tuple[Study, ...] = (
         ("staleness",),
         "Do the staleness claims hold on the axes their papers use? VESPO's rollout staleness S (one pass over an "
         "S-fold rollout) and an asynchronous lag k, 192 updates per run, from a pool of 6 cold starts.",
-        report=declared.study_report("staleness"),
+        report=declared_report.study_report("staleness"),
         history="6 starts at the pool the earlier studies shared; claims 10 and 11 re-read by staleness_erosion",
     ),
     Study(
@@ -281,19 +284,21 @@ STUDIES: tuple[Study, ...] = (
         "Claims 10 and 11 on the erosion from S = 1 to S = 24, declared (experiments/conf/study/staleness_erosion.yaml) "
         "with its power, looks and new pool members: VESPO against SAPO, the losses without a trust region against "
         "those with one.",
-        report=declared.study_report("staleness_erosion"),
+        report=declared_report.study_report("staleness_erosion"),
         claims={
-            10: declared.study_claim(
+            10: declared_claims.study_claim(
                 10,
                 "staleness_erosion",
                 "vespo_vs_sapo_erosion",
-                declared.study_claim(10, "staleness", "vespo_vs_sapo_erosion", frontier_claims.claim_vespo_staleness),
+                declared_claims.study_claim(
+                    10, "staleness", "vespo_vs_sapo_erosion", frontier_claims.claim_vespo_staleness
+                ),
             ),
-            11: declared.study_claim(
+            11: declared_claims.study_claim(
                 11,
                 "staleness_erosion",
                 "no_trust_region_vs_trust_region_erosion",
-                declared.study_claim(
+                declared_claims.study_claim(
                     11, "staleness", "no_trust_region_vs_trust_region_erosion", frontier_claims.claim_no_trust_region
                 ),
             ),
@@ -305,7 +310,7 @@ STUDIES: tuple[Study, ...] = (
         "Is route drift a cause of the MoE model's degradation, and is the sparse expert step? Anchored routing and a "
         "load-aware expert step in a 2 x 2, width- and lr-matched dense controls, at two per-update KL levels, from "
         "a pool of 6 cold starts per model x 2 seeds.",
-        report=declared.study_report("causal"),
+        report=declared_report.study_report("causal"),
         history="6 starts x 2 seeds at unmatched acting KL; claims 14, 15 and 7 re-read by causal_matched",
     ),
     Study(
@@ -314,17 +319,17 @@ STUDIES: tuple[Study, ...] = (
         "Claims 14, 15 and 7 at the causal study's `past` cell with every arm at the MoE model's early KL on the "
         "routes it acts with, each by its own lr from a paired calibration pilot, declared "
         "(experiments/conf/study/causal_matched.yaml) with its power, looks and new pool members.",
-        report=declared.study_report("causal_matched"),
+        report=declared_report.study_report("causal_matched"),
         claims={
-            7: declared.study_claim(
+            7: declared_claims.study_claim(
                 7,
                 "causal_matched",
                 "dense_total_mup_minus_moe",
-                declared.study_claim(
+                declared_claims.study_claim(
                     7,
                     "causal",
                     "dense_total_mup_minus_moe",
-                    declared.stated_claim(
+                    declared_claims.stated_claim(
                         7,
                         "causal",
                         (
@@ -334,11 +339,17 @@ STUDIES: tuple[Study, ...] = (
                     ),
                 ),
             ),
-            14: declared.study_claim(
-                14, "causal_matched", "anchored_minus_moe", declared.study_claim(14, "causal", "anchored_minus_moe")
+            14: declared_claims.study_claim(
+                14,
+                "causal_matched",
+                "anchored_minus_moe",
+                declared_claims.study_claim(14, "causal", "anchored_minus_moe"),
             ),
-            15: declared.study_claim(
-                15, "causal_matched", "load_aware_minus_moe", declared.study_claim(15, "causal", "load_aware_minus_moe")
+            15: declared_claims.study_claim(
+                15,
+                "causal_matched",
+                "load_aware_minus_moe",
+                declared_claims.study_claim(15, "causal", "load_aware_minus_moe"),
             ),
         },
     ),
@@ -360,14 +371,16 @@ STUDIES: tuple[Study, ...] = (
         "where grpo+none loses about 10 pp, placed by a pilot across starts), declared "
         "(experiments/conf/study/length_edge.yaml) with its power, looks, admission by reward signal and new pool "
         "members.",
-        report=declared.study_report("length_edge"),
+        report=declared_report.study_report("length_edge"),
         claims={
-            12: declared.study_claim(
+            12: declared_claims.study_claim(
                 12, "length_edge", "gspo_advantage_growth", length_claims.claim_length_instability
             ),
-            13: declared.study_claim(13, "length_edge", "routing_share_growth", length_claims.claim_routing_share),
+            13: declared_claims.study_claim(
+                13, "length_edge", "routing_share_growth", length_claims.claim_routing_share
+            ),
         },
-        claims_section=declared.claims_section(
+        claims_section=declared_claims.claims_section(
             "length_edge", "Claims 2 and 3 by response length, at each length's own edge", ("2", "3")
         ),
     ),

@@ -1,0 +1,152 @@
+"""A declared study's claims on CLAIMS.md: a claim decided by one contrast of a declared study, its earlier looks
+in its notes (`study_claim`), a claim as a declaration states it before any look (`stated_claim`), and a study's
+section of secondary readings (`claims_section`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from scipy import stats
+
+from moe_rl.analysis.claims.rules import Claim
+from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
+from moe_rl.studies.design import UNITS, Contrast, Study, load_study
+
+
+def rule_text(study: Study, contrast: Contrast) -> str:
+    d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
+    outcome = "" if study.outcome_of(contrast) == study.outcome else f" of `{study.outcome_of(contrast)}`"
+    return (
+        f"declared in experiments/conf/study/{study.name}.yaml: the contrast's{outcome} one-sided t on start means, "
+        "read as a "
+        f"z, against O'Brien-Fleming-type boundaries spending alpha {d.alpha:g} over looks at "
+        f"{', '.join(map(str, d.looks))} starts (reproduced); at the last look its repeated interval inside "
+        f"+-{margin:g} or wholly against the claim (not reproduced); untestable at a floor, a ceiling or where the "
+        f"reference does not degrade; sized for {mde:g} at power {d.power:g}"
+    )
+
+
+def stated_claim(
+    claim_id: int, study_name: str, first_look: tuple[str, Callable[[Path, Path], Claim]] | None = None
+) -> Callable[[Path, Path], Claim]:
+    """Claim `claim_id` as the declared study `study_name` states it (its `claims` entry), before any look of it
+    ("no data"); `first_look` (label, claim) a reading by an older design, kept in its notes at the level it was
+    read."""
+
+    def judge(root: Path, presets: Path) -> Claim:
+        path = Path(presets).parent / "study" / f"{study_name}.yaml"
+        if path.is_file():
+            statement = load_study(path).claims[str(claim_id)]
+            c = Claim(claim_id, statement.text, statement.source, rule="", experiment=study_name)
+        else:
+            c = Claim(claim_id, f"claim {claim_id} ({path.name}, which states it, is not here)", "", rule="")
+        if first_look is not None:
+            label, look = first_look
+            old = look(root, presets)
+            c.notes += [f"{label}: {old.verdict} ({old.reason})", *old.notes]
+        return c
+
+    return judge
+
+
+def study_claim(
+    claim_id: int, study_name: str, contrast: str, earlier: Callable[[Path, Path], Claim] | None = None
+) -> Callable[[Path, Path], Claim]:
+    """Claim `claim_id` decided by `contrast` of the declared study `study_name` (its declaration beside the presets
+    folder, its runs under root/<study>/runs), the verdicts `earlier` gives kept in its notes as earlier looks at the
+    level they were read (None: the first look, the claim as the declaration states it); `earlier`'s claim as it is
+    where the study has no runs yet."""
+    before = earlier or stated_claim(claim_id, study_name)
+
+    def judge(root: Path, presets: Path) -> Claim:
+        prior = before(root, presets)
+        declaration = Path(presets).parent / "study" / f"{study_name}.yaml"
+        try:  # no declaration here (a presets folder of another checkout) or no finished run: the earlier looks
+            study = load_study(declaration)
+            result = analyse(study, Path(root) / study.name / "runs")
+        except FileNotFoundError:
+            prior.notes.append(f"the declared study `{study_name}` that decides it has no finished runs here yet")
+            return prior
+        row = result.verdicts.set_index("contrast").loc[contrast]
+        declared = next(x for x in study.contrasts if x.name == contrast)
+        outcome = str(row["outcome"])
+        unit = UNITS[outcome]
+        c = Claim(
+            claim_id,
+            prior.claim,
+            prior.source,
+            rule_text(study, declared),
+            experiment=study.name,
+            cells=f"{contrast}: {int(row['starts'])} {'' if study.declared else 'new '}{row['unit']} x "
+            f"{study.seeds_per_start} seed(s)",
+            statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
+            test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
+            p_value=float(stats.norm.sf(row.get("z", math.nan))),
+            verdict=str(row["verdict"]),
+            reason=str(row["reason"]),
+        )
+        if not math.isnan(float(row.get("kl_ratio", math.nan))):
+            c.notes.append(
+                f"realised early acting KL ratio {float(row['kl_ratio']):.2f}; at equal KL (start means regressed on "
+                f"log-KL differences) {100 * float(row['adjusted']):+.1f} {unit} "
+                f"[{100 * float(row['adj_lo']):+.1f}, {100 * float(row['adj_hi']):+.1f}]"
+            )
+        if not math.isnan(float(row.get("reference", math.nan))):
+            c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
+        few = len(result.verdicts) <= NOTED_CONTRASTS  # a small study's exploratory contrasts beside its claims
+        for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
+            if other["contrast"] != contrast and (few or other["claim"] != "exploratory"):
+                c.notes.append(
+                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]} "
+                    f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
+                )
+        read = list(dict.fromkeys(f"{a}@{lv}" for a, lv in (*declared.weights, *declared.requires)))
+        if len(result.cells):
+            cells = result.cells.set_index("cell")[outcome].reindex(read).dropna()
+            c.notes.append(
+                f"each cell's mean of start means of `{outcome}`: "
+                + ", ".join(f"{k} {100 * v:+.1f} {unit}" for k, v in cells.items())
+            )
+        if earlier is not None:  # the earlier looks' verdict (none where `earlier` only states the claim)
+            if prior.reason != "no data":
+                c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
+            c.notes += prior.notes
+        c.plain = (
+            f"{study.question} {(study.declared or 'Declared before its runs on new pool members').rstrip('.')}; "
+            f"{c.cells}. The contrast "
+            f"{contrast} is {c.statistic} ({outcome}, mean of start means, repeated confidence interval). "
+            f"Verdict: **{c.verdict}** ({c.reason})."
+        )
+        return c
+
+    judge.__name__ = f"claim_{claim_id}_{study_name}"
+    return judge
+
+
+def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Callable[[Path, Path], list[str]]:
+    """CLAIMS.md's section of a declared study's secondary readings: each contrast of `claims` with its verdict by
+    the one rule, at the level it was read ([] where the study has no finished runs)."""
+
+    def section(root: Path, presets: Path) -> list[str]:
+        try:
+            study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+            result = analyse(study, Path(root) / study.name / "runs")
+        except FileNotFoundError:
+            return []
+        lines = [
+            f"## {title}",
+            "",
+            f"From the declared study `{study_name}` (`results/{study_name}/`): {study.question}",
+        ]
+        lines += ["", "| claim | contrast | starts | difference [repeated CI] | look | verdict | reason |"]
+        lines.append("|---|---|---:|---|---:|---|---|")
+        for _, r in result.verdicts[result.verdicts["claim"].isin(claims)].iterrows():
+            lines.append(
+                f"| {r['claim']} | {r['contrast']} | {int(r['starts'])} | {100 * r['estimate']:+.1f} {UNITS[r['outcome']]} "
+                f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {int(r['look'])} | **{r['verdict']}** | {r['reason']} |"
+            )
+        return [*lines, ""]
+
+    return section

@@ -1,0 +1,243 @@
+"""A declared study's report (`moe_rl.studies.declared`'s result): summary.md with the contrasts, the cells and the
+starts, the forest and profile figures, the computations a declaration names in `sections`, and README.md's tables
+of the studies that name `readme`."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.studies.declared import (
+    AGAINST,
+    DETECTED,
+    INCONCLUSIVE,
+    NEGLIGIBLE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    UNTESTABLE,
+    StudyResult,
+    analyse,
+)
+from moe_rl.studies.design import UNITS, Admission, Study, load_study
+
+
+def forest_figure(study: Study, result: StudyResult):
+    """Each contrast's estimate and repeated confidence interval, the margin shaded, claims named."""
+    from matplotlib.figure import Figure
+
+    v = result.verdicts
+    fig = Figure(figsize=(7, 0.5 + 0.45 * len(v)))
+    ax = fig.subplots()
+    y = np.arange(len(v))[::-1]
+    margins = {c.name: study.margin_of(c) for c in study.contrasts}
+    for yi, name in zip(y, v["contrast"]):  # each contrast's own margin (its outcome's units)
+        ax.fill_betweenx([yi - 0.4, yi + 0.4], -margins[name], margins[name], color="0.92", zorder=0)
+    ax.axvline(0, color="0.4", lw=0.8)
+    colors = {REPRODUCED: "tab:green", NOT_REPRODUCED: "tab:red", INCONCLUSIVE: "tab:gray", UNTESTABLE: "tab:orange"}
+    colors.update({DETECTED: "tab:green", NEGLIGIBLE: "tab:red", AGAINST: "tab:red"})
+    for yi, row in zip(y, v.itertuples()):
+        c = colors.get(str(row.verdict), "k")
+        ax.errorbar([row.estimate], [yi], xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=c)
+    labels = [f"{r.contrast} (claim {r.claim})" if r.claim != "exploratory" else r.contrast for r in v.itertuples()]
+    ax.set_yticks(y, labels, fontsize=8)
+    outcomes = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
+    ax.set_xlabel(f"{outcomes}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
+    ax.set_title(f"{study.name}: shaded, each contrast's margin (too small to matter)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def profile_figure(study: Study, result: StudyResult):
+    """Per declared axis, a panel: each arm's mean of start means of the study's outcome at each level of the axis
+    (x 100), with its 95% t interval over starts; None where the study declares no axis."""
+    from matplotlib.figure import Figure
+
+    if not study.axes:
+        return None
+    cells = result.cells.set_index("cell")
+    fig = Figure(figsize=(4.2 * len(study.axes), 3.4))
+    axs = fig.subplots(1, len(study.axes), squeeze=False)[0]
+    for ax, (axis, levels) in zip(axs, study.axes.items(), strict=True):
+        x = np.arange(len(levels))
+        for arm in study.arms:
+            names = [f"{arm}@{lv}" for lv in levels]
+            if not any(n in cells.index for n in names):
+                continue
+            row = cells.reindex(names)
+            mean = 100 * row[study.outcome].to_numpy(float)
+            err = 100 * np.vstack([mean / 100 - row["lo"], row["hi"] - mean / 100])
+            ax.errorbar(x, mean, yerr=err, marker="o", ms=3, capsize=2, lw=1, label=arm)
+        ax.axhline(0, color="0.5", lw=0.6)
+        ax.set_xticks(x, levels, fontsize=8)
+        ax.set_title(axis, fontsize=9)
+        ax.set_ylabel(f"{study.outcome} ({UNITS[study.outcome]})", fontsize=8)
+    axs[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g")
+
+
+Section = Callable[[Study, "StudyResult", Path], tuple[list[str], list[Path]]]
+
+
+def section_function(name: str) -> Section:
+    """The computation a declaration names in `sections` ("module:function")."""
+    import importlib
+
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
+    """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv, forest.png (profile.png where the study
+    declares axes) from the declaration, and the sections it names (their markdown after the contrasts)."""
+    from moe_rl.run.atomic import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    d = study.design
+    for name, frame in (("cells", result.cells), ("contrasts", result.verdicts), ("starts", result.starts)):
+        write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
+    write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
+    forest_figure(study, result).savefig(out / "forest.png", dpi=120)
+    sections_md: list[str] = []
+    for name in study.sections:
+        lines, _ = section_function(name)(study, result, out)
+        sections_md += lines
+    profile = profile_figure(study, result)
+    if profile is not None:
+        profile.savefig(out / "profile.png", dpi=120)
+    shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
+    own = "".join(
+        f" Contrast {c.name} reads `{study.outcome_of(c)}` (MDE {study.mde_of(c):g}, margin +-{study.margin_of(c):g})."
+        for c in study.contrasts
+        if study.outcome_of(c) != study.outcome
+    )
+    a = study.admission
+    admit = (
+        f" Admitted starts: sampled reward >= {a.min_sampled_reward:g} and a share of held-out prompts without reward "
+        f"variance <= {a.max_zero_variance:g} (the warm-up's covariates); the others are listed and left out."
+        if a != Admission()
+        else ""
+    )
+    beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
+    declared = study.declared or f"Declared in `experiments/conf/study/{study.file.name}` before its runs."
+    columns = "".join(f" `{k}`: the run mean of `{v}`." for k, v in study.columns.items())
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        f"{declared} {study.question}",
+        "",
+        f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
+        f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
+        f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
+        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {'new ' if not study.declared else ''}"
+        "cold starts "
+        f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted), "
+        f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
+        f"{'; '.join(result.domains)}.",
+        result.provenance,
+        "",
+        "## Contrasts",
+        "",
+        _fmt(result.verdicts[[c for c in shown if c in result.verdicts]]),
+        "",
+        "![forest](forest.png)",
+        "",
+        "Beside the rule, the realised divergence: `kl_ratio` is the cells' early per-update KL on the routes each "
+        "arm acts with (steps 1..20), combined as the contrast combines outcomes (1.0: equal); `adjusted` is the "
+        "contrast at equal KL, the intercept of start mean differences regressed on their log-KL differences, with "
+        "its 95% t interval. It is descriptive: the verdict is the rule's.",
+        "",
+        _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
+        "",
+        *sections_md,
+        *(
+            [
+                "## Profiles",
+                "",
+                "Each arm along each declared axis (95% t interval over starts).",
+                "",
+                "![profile](profile.png)",
+                "",
+            ]
+            if profile is not None
+            else []
+        ),
+        "## Cells",
+        "",
+        f"Each cell's mean of start means of `{study.outcome}` with its 95% t interval over starts, the share of runs "
+        f"at accuracy 0 and collapsed, and the early acting KL.{columns}",
+        "",
+        _fmt(result.cells),
+        "",
+        "## Starts",
+        "",
+        _fmt(result.starts),
+        "",
+    ]
+    path = out / "summary.md"
+    write_atomic(path, "\n".join(lines).encode())
+    return path
+
+
+def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
+    """The report of the declared study `study_name` (a `StudyReport`: runs_dir, out, presets folder -> files)."""
+
+    def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
+        study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+        result = analyse(study, runs_dir)
+        summary = write_study_report(study, result, out)
+        figures = [out / f for f in ("forest.png", "profile.png") if f != "profile.png" or study.axes]
+        return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), *figures]
+
+    return write
+
+
+def readme_tables(studies_dir: Path) -> list[tuple[tuple[str, str], Callable[[Path], str | None]]]:
+    """(markers, table from the results root) of every declared study in `studies_dir` that names `readme`, in file
+    order: README.md's generated tables of them."""
+    out: list[tuple[tuple[str, str], Callable[[Path], str | None]]] = []
+    for path in sorted(Path(studies_dir).glob("*.yaml")):
+        study = load_study(path)
+        if study.readme is not None:
+            out.append(
+                (readme_markers(study.name), functools.partial(readme_table, study.name, contrasts=study.readme))
+            )
+    return out
+
+
+def readme_markers(study_name: str) -> tuple[str, str]:
+    """README.md's markers around a declared study's generated table."""
+    return (f"<!-- {study_name} table: python -m moe_rl.report --readme -->", f"<!-- end of {study_name} table -->")
+
+
+def readme_table(study_name: str, root: Path, contrasts: tuple[str, ...] = ()) -> str | None:
+    """README.md's table of a declared study, from its shipped results/<study>/contrasts.csv: each contrast (those
+    named in `contrasts`, in that order; default all), the claim it reads, its starts, estimate with the repeated
+    interval (x 100, in its outcome's units), look and verdict; None where nothing is shipped."""
+    path = Path(root) / study_name / "contrasts.csv"
+    if not path.is_file():
+        return None
+    lines = [
+        "| contrast | claim | starts | difference [repeated CI] | look | verdict |",
+        "|:---|:---|---:|:---|---:|:---|",
+    ]
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if contrasts:
+        table = table.set_index("contrast").loc[list(contrasts)].reset_index()
+    for r in table.itertuples():
+        unit = UNITS[str(r.outcome)]
+        interval = "" if math.isnan(float(r.lo)) else f" [{100 * r.lo:+.1f}, {100 * r.hi:+.1f}]"
+        lines.append(
+            f"| {r.contrast} | {r.claim} | {int(r.starts)} | {100 * r.estimate:+.1f} {unit}{interval} | {int(r.look)} "
+            f"| {r.verdict} |"
+        )
+    return "\n".join(lines) + "\n"
