@@ -298,3 +298,9 @@ def test_a_cell_where_every_run_sits_at_the_floor_is_untestable_not_a_refutation
     }
     verdict, reason = lc.claim2_at(at_floor)
     assert verdict == UNTESTABLE_HERE and "floor" in reason
+
+
+def test_one_sided_p_halves_the_symmetric_two_sided_one() -> None:
+    assert lc.one_sided(2 / 64, 0.07) == pytest.approx(1 / 64)
+    assert lc.one_sided(2 / 64, -0.07) == pytest.approx(1 - 1 / 64)
+    assert math.isnan(lc.one_sided(math.nan, 0.1))

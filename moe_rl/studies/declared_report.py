@@ -85,7 +85,7 @@ def _fmt(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, floatfmt=".4g")
 
 
-Section = Callable[[Study, "StudyResult", Path], tuple[list[str], list[Path]]]
+Section = Callable[[Study, StudyResult, Path], tuple[list[str], list[Path]]]
 
 
 def section_function(name: str) -> Section:
@@ -96,24 +96,30 @@ def section_function(name: str) -> Section:
     return getattr(importlib.import_module(module), attr)
 
 
-def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
+def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Path]:
     """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv, forest.png (profile.png where the study
-    declares axes) from the declaration, and the sections it names (their markdown after the contrasts)."""
+    declares axes) from the declaration, and the sections it names (their markdown after the contrasts): every file
+    written, summary.md first."""
     from moe_rl.run.atomic import write_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     d = study.design
+    written = []
     for name, frame in (("cells", result.cells), ("contrasts", result.verdicts), ("starts", result.starts)):
         write_atomic(out / f"{name}.csv", frame.to_csv(index=False).encode())
+        written.append(out / f"{name}.csv")
     write_atomic(out / "runs.csv", result.runs.drop(columns=["run_dir"]).to_csv(index=False).encode())
     forest_figure(study, result).savefig(out / "forest.png", dpi=120)
+    written += [out / "runs.csv", out / "forest.png"]
     sections_md: list[str] = []
     for name in study.sections:
-        lines, _ = section_function(name)(study, result, out)
+        lines, files = section_function(name)(study, result, out)
         sections_md += lines
+        written += files
     profile = profile_figure(study, result)
     if profile is not None:
         profile.savefig(out / "profile.png", dpi=120)
+        written.append(out / "profile.png")
     shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
     own = "".join(
         f" Contrast {c.name} reads `{study.outcome_of(c)}` (MDE {study.mde_of(c):g}, margin +-{study.margin_of(c):g})."
@@ -185,7 +191,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> Path:
     ]
     path = out / "summary.md"
     write_atomic(path, "\n".join(lines).encode())
-    return path
+    return [path, *written]
 
 
 def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
@@ -193,10 +199,7 @@ def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
 
     def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
         study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
-        result = analyse(study, runs_dir)
-        summary = write_study_report(study, result, out)
-        figures = [out / f for f in ("forest.png", "profile.png") if f != "profile.png" or study.axes]
-        return [summary, *(out / f"{n}.csv" for n in ("cells", "contrasts", "starts", "runs")), *figures]
+        return write_study_report(study, analyse(study, runs_dir), out)
 
     return write
 

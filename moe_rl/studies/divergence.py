@@ -30,6 +30,7 @@ REFERENCE = ("qwen3_moe", "grpo_none")
 THRESHOLD = -0.05  # the crossing: fitted mean accuracy change = -5 pp
 FIT_LEVELS = ("x1", "x2", "x4")  # the declared grid (x0.5: the amended grid's runs, kept out of the fits)
 LAW_ARM = "grpo_N2"  # the lr^2 N block
+PRESET_N = 8  # the divergence preset's optim.updates_per_rollout: an arm's N where it sets none
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,20 @@ def arm_facts(study: Study, arm: str) -> tuple[str, str, int]:
     return (
         family,
         _override(overrides, "arm", REFERENCE[1]),
-        int(_override(overrides, "optim.updates_per_rollout", "8")),
+        int(_override(overrides, "optim.updates_per_rollout", str(PRESET_N))),
     )
 
 
 def spec_of(study: Study) -> Spec:
     """The frontier's rows, grid and lr^2 N block, from the declaration."""
     rows = tuple(arm_facts(study, a)[:2] for a in study.arms if a != LAW_ARM)
-    lrs = {ref: tuple(study.levels[lv].lr[ref] for lv in FIT_LEVELS) for ref in ("moe", "dense", "law")}
+    refs = {str(a.ref) for a in study.arms.values()}
+    lrs = {ref: tuple(study.levels[lv].lr[ref] for lv in FIT_LEVELS) for ref in refs}
     by_family = {arm_facts(study, a)[0]: lrs[str(study.arms[a].ref)] for a in study.arms if a != LAW_ARM}
     by_family.pop(REFERENCE[0], None)
     law_N = arm_facts(study, LAW_ARM)[2]
     seeds = tuple(study.seeds(len(study.members)))
-    return Spec(rows, lrs["moe"], by_family, 8, seeds, law_N, (REFERENCE[1],), lrs["law"], THRESHOLD)
+    return Spec(rows, lrs["moe"], by_family, PRESET_N, seeds, law_N, (REFERENCE[1],), lrs["law"], THRESHOLD)
 
 
 def runs_of(study: Study, table: pd.DataFrame) -> pd.DataFrame:
