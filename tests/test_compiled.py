@@ -99,26 +99,47 @@ ROLLOUT_GAP = (
 
 
 @pytest.mark.slow
-def test_a_compiled_r2_run_has_no_graph_break_and_is_the_eager_run(tmp_path, cache) -> None:
-    """Two learning steps of R2, eager and compiled: Dynamo broke no graph; the losses, ratios, routes, grads and
-    accuracy are the eager run's bitwise, and the rollout-vs-old-pass log-prob gap stays at float32 rounding (each
-    log-prob of float32 logits below 100 in size is good to ~1e-5). The rollout samples without hooks, the old pass
-    records, the updates replay and record: a graph per pass, none traced without the hooks its pass has. (The
-    route-instrument steps, 1 in `metrics.route_every`, are left out: their old pass asks transformers for the router
-    logits, whose output capturing holds a lock Dynamo does not trace, so those frames run eager.)"""
+def test_a_compiled_r2_run_breaks_no_graph_traces_none_after_warm_up_and_is_the_eager_run(
+    tmp_path, cache, monkeypatch
+) -> None:
+    """Six learning steps of R2, eager and compiled, the route instruments and an evaluation every 2nd step: Dynamo
+    broke no graph, traced none after step 4 (each pass meets each of its variants by then: with or without the
+    route instruments' records, train or eval mode, a first or a later shape), and the losses, ratios, routes,
+    grads, router logits and accuracy are the eager run's bitwise; the rollout-vs-old-pass log-prob gap stays at
+    float32 rounding (each log-prob of float32 logits below 100 in size is good to ~1e-5). The rollout samples
+    without hooks, the old pass records, the updates replay and record."""
     import json
 
-    from moe_rl.train import train
+    from moe_rl import train as training
 
+    graphs: list[int] = []
+    step = training.Trainer.step
+
+    def counted(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(training.Trainer, "step", counted)
     runs = {}
     for flag in ("false", "true"):
-        changes = ("steps=2", "eval_every=2", "replay.mode=r2", "metrics.route_every=1000", f"compile={flag}")
-        assert train(tiny_config(tmp_path / flag, *changes, cache=cache))["status"] == "completed"
+        changes = (
+            "steps=6",
+            "eval_every=2",
+            "replay.mode=r2",
+            "metrics.route_every=2",
+            "optim.lr=2e-4",
+            f"compile={flag}",
+        )
+        assert training.train(tiny_config(tmp_path / flag, *changes, cache=cache))["status"] == "completed"
         runs[flag] = run_values(tmp_path / flag).set_index(["step", "key"])["value"]
     assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 3  # sampling, the old pass, the updates
+    compiled_graphs = graphs[6:]
+    assert graphs[:6] == [0] * 6 and compiled_graphs[0] >= 3  # sampling, the old pass, the updates
+    assert compiled_graphs[3:] == [compiled_graphs[3]] * 3, compiled_graphs
     eager, comp = runs["false"], runs["true"]
     assert eager.index.equals(comp.index)
+    assert eager.index.get_level_values("key").str.startswith("route/router/logit_rms").any()
     gap = eager.index.get_level_values("key").isin(ROLLOUT_GAP)
     assert comp[~gap].equals(eager[~gap])
     assert (comp[gap] - eager[gap]).abs().max() < 1e-5

@@ -29,6 +29,7 @@ from moe_rl.models.megablocks import (
     swap_moe_blocks,
 )
 from moe_rl.routing import RouteRecorder, RouteReplay, compare_routes, find_moe_layers, router_margins
+from moe_rl.routing.hooks import RouteHooks
 
 # --- a CPU stand-in for megablocks' dMoE --------------------------------------------------------
 
@@ -349,7 +350,8 @@ def test_hub_kernel_bypass_is_refused(monkeypatch) -> None:
             r"'MegaBlocksMoeMLP' .* never calls its router model.layers.1.mlp.router",
         ):
             attach()
-    assert not any(layer.router._forward_hooks for layer in find_moe_layers(model))
+    hooks = RouteHooks.of(model)  # registered by the first contexts, before the kernel: none opened since
+    assert not hooks.front and not hooks.back
 
 
 # --- GPU: the real dMoE --------------------------------------------------------------------------

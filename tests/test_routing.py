@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import itertools
 import math
 
@@ -26,7 +27,8 @@ from moe_rl.routing import (
     router_shift,
 )
 from moe_rl.routing.compare import router_shift_ratio
-from moe_rl.routing.hooks import filter_replayed
+from moe_rl.routing.hooks import RouteHooks, filter_replayed
+from moe_rl.routing.layers import returns_router_logits
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -227,7 +229,7 @@ def test_replay_shape_mismatch_raises(qwen, change, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         with RouteReplay(qwen, routes):
             qwen(x)
-    assert all(not layer.router._forward_hooks for layer in find_moe_layers(qwen))
+    assert _none_open(qwen)
 
 
 def test_replay_validation_errors(qwen) -> None:
@@ -300,14 +302,58 @@ def test_model_without_moe_layer_raises() -> None:
         RouteRecorder(dense)
 
 
-def test_hooks_removed_when_body_raises(qwen) -> None:
+def _hook_counts(model) -> list[int]:
+    routers = [layer.router for layer in find_moe_layers(model)]
+    return [len(model._forward_pre_hooks), len(model._forward_hooks), *(len(r._forward_hooks) for r in routers)]
+
+
+def _none_open(model) -> bool:
+    """No route context is open on `model`: its route hooks (registered once) run none, and none is in a pass."""
+    hooks = RouteHooks.of(model)
+    return not hooks.front and not hooks.back
+
+
+def test_contexts_leave_the_model_when_the_body_raises(qwen) -> None:
     routes = _routes_of(qwen, token_ids())
     with pytest.raises(KeyError):
-        with RouteRecorder(qwen), RouteReplay(qwen, routes):
+        with RouteRecorder(qwen) as rec, RouteReplay(qwen, routes) as replay:
             qwen(token_ids())
             raise KeyError("boom")
-    assert not qwen._forward_hooks and not qwen._forward_pre_hooks
-    assert all(not layer.router._forward_hooks for layer in find_moe_layers(qwen))
+    assert _none_open(qwen) and not rec.in_pass and not replay.in_pass
+
+
+def test_route_hooks_are_registered_once_per_model(qwen) -> None:
+    """Opening a context registers no hook: the model's hooks are the same whatever is open (a compiled model's
+    graphs so never meet a new hook), two on each router and a pre and a post hook on the model."""
+    x = token_ids()
+    routes = _routes_of(qwen, x)
+    counts = _hook_counts(qwen)
+    assert counts == [1, 1] + [2] * (len(counts) - 2)
+    with RouteReplay(qwen, routes), RouteRecorder(qwen) as rec:
+        assert _hook_counts(qwen) == counts
+        with torch.no_grad():
+            qwen(x)
+    assert torch.equal(rec.routes.indices, routes.indices) and _none_open(qwen)
+    with RoutedPass(qwen, routes) as routed, torch.no_grad():
+        qwen(x)
+    assert torch.equal(routed.used.indices, routes.indices) and _hook_counts(qwen) == counts
+
+
+def test_a_deep_copy_has_route_hooks_of_its_own(qwen) -> None:
+    """A copy of a model whose route hooks are registered carries hooks bound to the copy: a context on the copy
+    records the copy's pass, and a context on the original sees nothing of it."""
+    x = token_ids()
+    routes = _routes_of(qwen, x)
+    twin = copy.deepcopy(qwen)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(torch.randn_like(p))  # another model, other routes
+    with RouteRecorder(qwen) as original, RouteRecorder(twin) as copied, torch.no_grad():
+        twin(x)
+    assert not original._records and len(copied.records) == 1
+    assert compare_routes(copied.routes, routes)["expert_flip_frac"] > 0
+    assert RouteHooks.of(twin) is not RouteHooks.of(qwen) and RouteHooks.of(twin).model is twin
+    assert _hook_counts(twin) == _hook_counts(qwen)
 
 
 def test_generic_router_rule_and_its_check() -> None:
@@ -696,3 +742,16 @@ def test_router_shift_ratio_on_a_planted_shift() -> None:
     torch.testing.assert_close(gamma, torch.tensor([[0.5, 1.0, 1.0]], dtype=torch.float64), rtol=1e-15, atol=0)
     # the same gamma the router-shift metric summarises
     assert router_shift(old_scores, new_scores, old, mask)["shift/mean"] == pytest.approx(0.75, rel=1e-14)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_recorded_router_logits_are_what_transformers_returns(family: str) -> None:
+    """The old pass's router instruments read the logits the route hooks record, bitwise transformers'
+    `output_router_logits=True` (which also computes the load-balancing loss, and whose output capture breaks a
+    compiled graph)."""
+    model = build_model(family)
+    x = token_ids()
+    with torch.no_grad(), RouteRecorder(model, logits=True) as rec:
+        returned = model(input_ids=x, output_router_logits=True).router_logits
+    assert returns_router_logits(model) and len(returned) == len(rec.logits) == len(find_moe_layers(model))
+    assert all(torch.equal(a, b) for a, b in zip(returned, rec.logits))

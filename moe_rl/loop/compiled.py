@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from moe_rl.routing.hooks import RouteHooks
+from moe_rl.routing.layers import find_moe_layers
+
 if TYPE_CHECKING:
     from moe_rl.config import TrainConfig
 
@@ -61,6 +64,8 @@ def compile_policy(model: nn.Module, *, numerics: str) -> None:
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     if numerics != "native":
         inductor_config.cpp.simdlen = 256  # the pinned kernels' AVX2 width (moe_rl.run.folder.PINNED_ENV)
+    if find_moe_layers(model, required=False):
+        RouteHooks.of(model)  # the route hooks the graphs trace, registered before the first of them
     model.compile(backend=BACKEND, dynamic=True)
 
 

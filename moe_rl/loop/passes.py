@@ -9,8 +9,9 @@ from transformers import PreTrainedModel
 
 from moe_rl.loop.records import OldPass
 from moe_rl.metrics.partial import Partial
-from moe_rl.rollout.generate import Rollout, forward_logp, forward_logp_router
+from moe_rl.rollout.generate import Rollout, forward_logp
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes
+from moe_rl.routing.layers import returns_router_logits
 from moe_rl.routing.load import instrument_parts
 from moe_rl.routing.modes import ReplayMode
 
@@ -31,24 +32,30 @@ def old_pass(
     None) has no routes (None), margins or scores (empty). Margins and scores only feed the route instruments
     (and RSPO's factor, which reads the scores): without `instruments` they are left empty too. With
     `instruments`, the pass also returns the router logits' and the expert load's partial sums
-    (`moe_rl.routing.load.instrument_parts`): the same forward, asked for its router logits. `anchor`: the
+    (`moe_rl.routing.load.instrument_parts`): the same forward, its router logits recorded by the route hooks
+    (asking transformers for them, `output_router_logits`, would also compute the load-balancing loss, and its
+    output capture breaks a compiled model's graph). `anchor`: the
     reference's routes (`anchor_routes`), which an anchored mode's old pass replays."""
     if mode is None:
         with torch.no_grad():
             old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
         return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
     replay = mode.pick(old=None, rollout=rollout.routes, anchor=anchor) if mode.old_pass_replays else None
-    routed = RoutedPass(policy, replay, margins=instruments, scores=scores, weights=mode.weights, threshold=threshold)
+    routed = RoutedPass(
+        policy,
+        replay,
+        margins=instruments,
+        scores=scores,
+        weights=mode.weights,
+        logits=instruments,
+        threshold=threshold,
+    )
     parts: Partial | None = None
     with torch.no_grad(), routed:
-        if instruments:
-            forward = forward_logp_router(policy, rollout, temperature=temperature)
-            old_logp, logits = forward.logp, forward.router_logits
-        else:
-            old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
+        old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
     native = routed.native.with_mask(rollout.token_mask)
     if instruments:
-        parts = instrument_parts(native, logits, rollout.routes)
+        parts = instrument_parts(native, routed.logits if returns_router_logits(policy) else None, rollout.routes)
     return OldPass(
         old_logp,
         native,

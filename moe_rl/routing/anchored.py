@@ -19,30 +19,31 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
-from moe_rl.routing.hooks import take_native_order
-from moe_rl.routing.layers import find_moe_layers, refuse_hub_kernels, router_output
+from moe_rl.routing.hooks import _RouteContext, take_native_order
+from moe_rl.routing.layers import router_output
 from moe_rl.routing.rules import check_rule_on_output, resolve_rule
 
 CACHE_KWARGS = ("past_key_values", "cache")  # the forward's name for the KV cache (renamed in later v5 releases)
 
 
-class AnchoredRouting:
+class AnchoredRouting(_RouteContext):
     """Inside the context, every forward pass of `model` routes each token to the experts `anchor` picks
-    for it; the hooks are removed on exit, also when the body raises.
+    for it; it leaves both models' route hooks on exit, also when the body raises.
 
     `anchor` is a model of the same MoE layout (layers, experts, k), in any dtype, on the same device; it
     is called with the model's own arguments, its KV cache swapped for one of its own (a cache the model
     starts empty starts the anchor's anew)."""
 
+    front = True  # every recorder then sees the forced routes
+
     def __init__(self, model: nn.Module, anchor: nn.Module) -> None:
         if model is anchor:
             raise ValueError("anchored routing needs an anchor model distinct from the routed one")
-        self.model, self.anchor = model, anchor
-        self.layers, self.anchor_layers = find_moe_layers(model), find_moe_layers(anchor)
-        refuse_hub_kernels(model, self.layers)
-        refuse_hub_kernels(anchor, self.anchor_layers)
+        super().__init__(model)
+        self.anchor = anchor
+        self.capture = _AnchorCapture(anchor, self)
+        self.anchor_layers = self.capture.layers
         shape = [(layer.num_experts, layer.top_k) for layer in self.layers]
         anchor_shape = [(layer.num_experts, layer.top_k) for layer in self.anchor_layers]
         if shape != anchor_shape:
@@ -50,24 +51,19 @@ class AnchoredRouting:
         self.rules = [resolve_rule(layer) for layer in self.layers]
         self._ids: list[Tensor | None] = [None] * len(self.layers)  # per layer: the anchor's (N, k) ids, sorted
         self._cache: Any = None
-        self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> AnchoredRouting:
-        for i, layer in enumerate(self.anchor_layers):
-            self._handles.append(layer.router.register_forward_hook(self._capture(i)))
-        for i, layer in enumerate(self.layers):  # before any recorder, which then sees the forced routes
-            self._handles.append(layer.router.register_forward_hook(self._force(i), prepend=True))
-        self._handles.append(self.model.register_forward_pre_hook(self._anchor_pass, with_kwargs=True))
+        self.capture._attach()
+        self._attach()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.capture.__exit__(*exc)
+        super().__exit__(*exc)
         self._cache = None
 
-    def _anchor_pass(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Model pre-hook: the anchor's pass over the same call, its routes kept for the model's routers."""
+    def begin_pass(self, args: tuple, kwargs: dict) -> None:
+        """The anchor's pass over the same call, its routes kept for the model's routers."""
         kwargs = dict(kwargs)
         for key in CACHE_KWARGS:
             cache = kwargs.get(key)
@@ -85,33 +81,35 @@ class AnchoredRouting:
         if missing:
             raise RuntimeError(f"the anchor's pass recorded no route at MoE layers {missing}")
 
-    def _capture(self, i: int):
-        def hook(router: nn.Module, args: tuple, output: tuple) -> None:
-            if self._ids[i] is None:
-                _, _, indices = router_output(self.anchor_layers[i].name, router, output)
-                self._ids[i] = indices.detach().long().sort(dim=-1).values  # (N, k), in the router's row order
-
-        return hook
-
-    def _force(self, i: int):
+    def on_router(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
         layer = self.layers[i]
+        logits, weights, native = router_output(layer.name, router, output)
+        forced = self._ids[i]
+        if forced is None:
+            raise RuntimeError(f"{layer.name}: a forward pass reached the router outside an anchored pass")
+        if forced.shape[0] != logits.shape[0]:
+            raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, the anchor {forced.shape[0]}")
+        rule = self.rules[i]
+        if rule is None:
+            rule = self.rules[i] = check_rule_on_output(layer, output)
+        forced = forced.to(native.device)
+        keep_native = torch.zeros(forced.shape[0], 1, dtype=torch.bool, device=forced.device)
+        forced = take_native_order(forced, native.long(), keep_native)  # bitwise where the sets agree
+        return logits, rule(router, logits, forced).to(weights.dtype), forced.to(native.dtype)
 
-        def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
-            logits, weights, native = router_output(layer.name, router, output)
-            forced = self._ids[i]
-            if forced is None:
-                raise RuntimeError(f"{layer.name}: a forward pass reached the router outside an anchored pass")
-            if forced.shape[0] != logits.shape[0]:
-                raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, the anchor {forced.shape[0]}")
-            rule = self.rules[i]
-            if rule is None:
-                rule = self.rules[i] = check_rule_on_output(layer, output)
-            forced = forced.to(native.device)
-            keep_native = torch.zeros(forced.shape[0], 1, dtype=torch.bool, device=forced.device)
-            forced = take_native_order(forced, native.long(), keep_native)  # bitwise where the sets agree
-            return logits, rule(router, logits, forced).to(weights.dtype), forced.to(native.dtype)
 
-        return hook
+class _AnchorCapture(_RouteContext):
+    """The anchor's side: each MoE layer's top-k ids of the anchor's pass, kept for the routed model's routers."""
+
+    def __init__(self, anchor: nn.Module, routing: AnchoredRouting) -> None:
+        super().__init__(anchor)
+        self.routing = routing
+
+    def on_router(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
+        if self.routing._ids[i] is None:
+            _, _, indices = router_output(self.layers[i].name, router, output)
+            self.routing._ids[i] = indices.detach().long().sort(dim=-1).values  # (N, k), in the router's row order
+        return output
 
 
 def anchored_by(anchor: nn.Module | None, model: nn.Module) -> contextlib.AbstractContextManager:

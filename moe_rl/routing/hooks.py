@@ -13,13 +13,14 @@ which gives three guarantees:
 
 from __future__ import annotations
 
+import copy
+import functools
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
 from moe_rl.routing.layers import (
     MoeLayer,
@@ -101,42 +102,113 @@ def weights_in_order(ids: Tensor, sorted_ids: Tensor, sorted_weights: Tensor) ->
     return sorted_weights.gather(-1, slot)
 
 
-class _ModelHooks:
-    """Registers hooks on enter and always removes them on exit, also when the body raises."""
+class RouteHooks:
+    """The route hooks of one model, registered once (`RouteHooks.of(model)`, the first time a route context opens
+    on the model, or before it is compiled: `moe_rl.loop.compiled`): on each MoE layer's router a hook at the front
+    of its hooks, which runs the contexts that change routes (replay, anchored routing), and one at the back, which
+    runs the contexts that read them (recorders, which so see the forced routes); on the model a pre and a post hook
+    that mark each pass's start and end for every open context.
+
+    A context opens and closes by joining and leaving `front` or `back`, never by registering a hook: the model's
+    hooks are the same whatever is open, so a compiled model's graphs guard on which contexts are open and on their
+    state, and a context opened inside a traced frame breaks no graph. With no context open the hooks do nothing.
+    The hooks are bound methods (the routers' through `functools.partial`), so a deep copy of the model carries a
+    copy of them bound to the copy, with no context open."""
+
+    ATTRIBUTE = "_moe_rl_route_hooks"
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.layers = find_moe_layers(model)
         refuse_hub_kernels(model, self.layers)
-        self._handles: list[RemovableHandle] = []
-        self.in_pass = False
-
-    def _hook_layers(self, hook_for_layer, prepend: bool = False) -> None:
+        self.front: list[_RouteContext] = []  # entered last runs first, as a hook registered with prepend=True
+        self.back: list[_RouteContext] = []
         for i, layer in enumerate(self.layers):
-            self._handles.append(layer.router.register_forward_hook(hook_for_layer(i), prepend=prepend))
-        self._handles.append(self.model.register_forward_pre_hook(self._pre, with_kwargs=True))
-        self._handles.append(self.model.register_forward_hook(self._post, always_call=True))
+            layer.router.register_forward_hook(functools.partial(self._front, i), prepend=True)
+            layer.router.register_forward_hook(functools.partial(self._back, i))
+        model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.register_forward_hook(self._post, always_call=True)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> RouteHooks:
+        """`model`'s route hooks, registered on the first call."""
+        hooks = model.__dict__.get(cls.ATTRIBUTE)
+        if hooks is None:
+            hooks = model.__dict__[cls.ATTRIBUTE] = cls(model)
+        return hooks
+
+    def __deepcopy__(self, memo: dict) -> RouteHooks:
+        copied = RouteHooks.__new__(RouteHooks)
+        memo[id(self)] = copied  # before the model, whose copy refers back to this one
+        copied.model = copy.deepcopy(self.model, memo)
+        copied.layers = copy.deepcopy(self.layers, memo)
+        copied.front, copied.back = [], []
+        return copied
+
+    def attach(self, context: _RouteContext, *, front: bool) -> None:
+        if context in self.front or context in self.back:
+            raise RuntimeError(f"{type(context).__name__} is already open on this model")
+        if front:
+            self.front.insert(0, context)
+        else:
+            self.back.append(context)
+
+    def detach(self, context: _RouteContext) -> None:
+        for contexts in (self.front, self.back):
+            if context in contexts:
+                contexts.remove(context)
+
+    def _front(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
+        for context in self.front:
+            output = context.on_router(i, router, args, output)
+        return output
+
+    def _back(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
+        for context in self.back:
+            output = context.on_router(i, router, args, output)
+        return output
 
     # A pass's bookkeeping (records growing by one per KV-cache step, the applied-layer checks) runs eager under
     # `compile=true`: traced, each length of those lists would be a guard and every decode step a recompile.
     @torch._dynamo.disable
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self.in_pass = True
-        self.begin_pass(args, kwargs)
+        for context in [*self.front, *self.back]:
+            context.in_pass = True
+            context.begin_pass(args, kwargs)
 
     @torch._dynamo.disable
     def _post(self, module: nn.Module, args: tuple, output: object) -> None:
+        for context in [*self.front, *self.back]:
+            context.in_pass = False
+            context.end_pass()
+
+
+class _RouteContext:
+    """A context open on a model's `RouteHooks`: `on_router` sees (and may replace) each MoE layer's router output,
+    `begin_pass` and `end_pass` bracket each forward pass of the model; it leaves the hooks on exit, also when the
+    body raises."""
+
+    front = False  # changes routes: runs before the router's other hooks and before every reading context
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.hooks = RouteHooks.of(model)
+        self.layers = self.hooks.layers
+        refuse_hub_kernels(model, self.layers)
         self.in_pass = False
-        self.end_pass()
+
+    def _attach(self) -> None:
+        self.hooks.attach(self, front=self.front)
+
+    def on_router(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
+        return output
 
     def begin_pass(self, args: tuple, kwargs: dict) -> None: ...
 
     def end_pass(self) -> None: ...
 
     def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.hooks.detach(self)
         self.in_pass = False
 
     @property
@@ -159,7 +231,7 @@ class _Record:
     weights: list[list[Tensor | None]] = field(default_factory=list)
 
 
-class RouteRecorder(_ModelHooks):
+class RouteRecorder(_RouteContext):
     """Record the top-k expert ids of every MoE layer for every position of every forward pass.
 
     >>> with RouteRecorder(model) as rec:
@@ -172,19 +244,30 @@ class RouteRecorder(_ModelHooks):
     between the k-th and (k+1)-th router probability per (B, T, L); with `scores=True`, `scores`
     holds the router's selection probabilities per (B, T, L, E) (for the router-shift metric); with
     `weights=True`, `weights` holds the combine weights the experts received, (B, T, L, k) float32,
-    aligned with the ascending ids of `routes` (what `trr` replays).
+    aligned with the ascending ids of `routes` (what `trr` replays); with `logits=True`, `logits` holds each layer's
+    router logits of the latest pass as the router returned them (what transformers' `output_router_logits=True`
+    returns, without asking the model for them).
     """
 
-    def __init__(self, model: nn.Module, *, margins: bool = False, scores: bool = False, weights: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        margins: bool = False,
+        scores: bool = False,
+        weights: bool = False,
+        logits: bool = False,
+    ) -> None:
         super().__init__(model)
         self._dtype = index_dtype(self.num_experts)
         self.record_margins = margins
         self.record_scores = scores
         self.record_weights = weights
+        self.record_logits = logits
         self._records: list[_Record] = []
 
     def __enter__(self) -> RouteRecorder:
-        self._hook_layers(self._make_hook)
+        self._attach()
         return self
 
     def begin_pass(self, args: tuple, kwargs: dict) -> None:
@@ -203,35 +286,36 @@ class RouteRecorder(_ModelHooks):
         self._pass_margins: list[Tensor | None] = [None] * len(self.layers)
         self._pass_scores: list[Tensor | None] = [None] * len(self.layers)
         self._pass_weights: list[Tensor | None] = [None] * len(self.layers)
+        self._pass_logits: list[Tensor | None] = [None] * len(self.layers)
         record.masks.append(mask)
         record.passes.append(self._pass)
         record.margins.append(self._pass_margins)
         record.scores.append(self._pass_scores)
         record.weights.append(self._pass_weights)
 
-    def _make_hook(self, i: int):
-        def hook(router: nn.Module, args: tuple, output: tuple) -> None:
-            if not self.in_pass:  # gradient-checkpointing recomputation or a call outside the model
-                return
-            layer, current = self.layers[i], self._pass
-            if current[i] is not None:
-                return
-            B, T = self._mask.shape
-            if layer.seq_major:
-                _check_seq_major_input(layer, args, B, T)
-            _, weights, indices = router_output(layer.name, router, output)
-            current[i] = _batch_major(layer, indices.detach().to(self._dtype), B, T)  # compact at once
-            if self.record_weights:  # in the ascending id order of `routes`
-                ordered = weights.detach().gather(-1, indices.argsort(dim=-1)).float()
-                self._pass_weights[i] = _batch_major(layer, ordered, B, T)
-            if self.record_margins or self.record_scores:
-                scores = selection_scores(router, output[0].detach())
-                if self.record_margins:
-                    self._pass_margins[i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
-                if self.record_scores:
-                    self._pass_scores[i] = _batch_major(layer, scores, B, T)
+    def on_router(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
+        if self.in_pass and self._pass[i] is None:  # not gradient-checkpointing recomputation, a call outside the
+            self._record(i, router, args, output)  # model or a second call in one pass
+        return output
 
-        return hook
+    def _record(self, i: int, router: nn.Module, args: tuple, output: tuple) -> None:
+        layer, current = self.layers[i], self._pass
+        B, T = self._mask.shape
+        if layer.seq_major:
+            _check_seq_major_input(layer, args, B, T)
+        logits, weights, indices = router_output(layer.name, router, output)
+        current[i] = _batch_major(layer, indices.detach().to(self._dtype), B, T)  # compact at once
+        if self.record_logits:
+            self._pass_logits[i] = _batch_major(layer, logits.detach(), B, T)
+        if self.record_weights:  # in the ascending id order of `routes`
+            ordered = weights.detach().gather(-1, indices.argsort(dim=-1)).float()
+            self._pass_weights[i] = _batch_major(layer, ordered, B, T)
+        if self.record_margins or self.record_scores:
+            scores = selection_scores(router, output[0].detach())
+            if self.record_margins:
+                self._pass_margins[i] = _batch_major(layer, router_margins(scores, layer.top_k), B, T)
+            if self.record_scores:
+                self._pass_scores[i] = _batch_major(layer, scores, B, T)
 
     @property
     def records(self) -> list[Routes]:
@@ -267,6 +351,16 @@ class RouteRecorder(_ModelHooks):
             raise RuntimeError("construct RouteRecorder(model, weights=True) to record combine weights")
         record = self._records[-1]
         return _along_time(record.masks, record.weights)
+
+    @property
+    def logits(self) -> tuple[Tensor, ...]:
+        """Per MoE layer, the router's logits (B*T, E) of the latest pass, rows batch-major (needs `logits=True`)."""
+        if not self.record_logits:
+            raise RuntimeError("construct RouteRecorder(model, logits=True) to record router logits")
+        missing = [self.layers[i].name for i, x in enumerate(self._pass_logits) if x is None]
+        if missing:
+            raise RuntimeError(f"no router logits recorded for MoE layers {missing} in the latest pass")
+        return tuple(x for x in self._pass_logits if x is not None)
 
     def _assemble(self, record: _Record) -> Routes:
         steps = []
@@ -308,7 +402,7 @@ def router_margins(scores: Tensor, k: int) -> Tensor:
     return top[..., k - 1] - top[..., k]
 
 
-class RouteReplay(_ModelHooks):
+class RouteReplay(_RouteContext):
     """Force `routes.indices` into every MoE layer; gate weights come from the live router.
 
     Only the indices are forced. The weights are recomputed from the router's logits at the forced
@@ -327,6 +421,8 @@ class RouteReplay(_ModelHooks):
     bitwise (in the router's weight dtype), and the router's live weights enter only times 0, so its
     gradient is exactly zero while every parameter stays in the graph (DDP needs that).
     """
+
+    front = True
 
     def __init__(
         self,
@@ -390,7 +486,7 @@ class RouteReplay(_ModelHooks):
             self._forced_seq = [rows_to_seq_major(f, B, T) for f in self._forced]
             self._keep_native_seq = rows_to_seq_major(self._keep_native, B, T)
             self._weights_seq = [rows_to_seq_major(w, B, T) for w in self._weights]
-        self._hook_layers(self._make_hook, prepend=True)  # before any recorder, which then sees forced routes
+        self._attach()  # at the front: every recorder then sees the forced routes
         return self
 
     def begin_pass(self, args: tuple, kwargs: dict) -> None:
@@ -416,46 +512,42 @@ class RouteReplay(_ModelHooks):
         if exc[0] is None and self.passes == 0:
             raise RuntimeError("routing replay was armed but no forward pass ran inside it")
 
-    def _make_hook(self, i: int):
+    def on_router(self, i: int, router: nn.Module, args: tuple, output: tuple) -> tuple:
         layer = self.layers[i]
-
-        def hook(router: nn.Module, args: tuple, output: tuple) -> tuple:
-            logits, weights, native = router_output(layer.name, router, output)  # MegaBlocks: softmax scores
-            rule = self.rules[i]
-            if rule is None:
-                rule = self.rules[i] = check_rule_on_output(layer, output)
-            B, T = self.routes.shape[:2]
-            if layer.seq_major:
-                _check_seq_major_input(layer, args, B, T)
-                forced, keep_native = self._forced_seq[i], self._keep_native_seq
-                recorded = self._weights_seq[i] if self._weights else None
-            else:
-                forced, keep_native = self._forced[i], self._keep_native
-                recorded = self._weights[i] if self._weights else None
-            if forced.shape[0] != logits.shape[0]:
-                raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
-            sorted_forced = forced
-            if self.threshold is not None:
-                scores = selection_scores(router, logits.detach())
-                live = native.long()
-                forced = torch.where(keep_native, live, forced)  # masked rows may hold any id: never gather them
-                forced, refilled = filter_replayed(forced, live, scores, self.threshold)
-                forced = sort_topk(forced)  # take_native_order compares sorted rows
-                if self.in_pass and not self._applied[i]:
-                    valid = ~keep_native
-                    self._fallback.append(torch.stack([(refilled & valid).sum(), valid.sum() * forced.shape[1]]))
-            forced = take_native_order(forced, native, keep_native)
-            new_weights = rule(router, logits, forced).to(weights.dtype)
-            if recorded is not None:  # Total Router Recall: the recorded weights, with a zero-gradient path
-                replayed = weights_in_order(forced, sorted_forced, recorded).to(weights.dtype) + 0.0 * new_weights
-                new_weights = torch.where(keep_native, new_weights, replayed)
-            if self.in_pass:
-                self._applied[i] = True
-                if self.record_native and self._native[i] is None:
-                    self._native[i] = _batch_major(layer, native.detach(), B, T)
-            return logits, new_weights, forced.to(native.dtype)
-
-        return hook
+        logits, weights, native = router_output(layer.name, router, output)  # MegaBlocks: softmax scores
+        rule = self.rules[i]
+        if rule is None:
+            rule = self.rules[i] = check_rule_on_output(layer, output)
+        B, T = self.routes.shape[:2]
+        if layer.seq_major:
+            _check_seq_major_input(layer, args, B, T)
+            forced, keep_native = self._forced_seq[i], self._keep_native_seq
+            recorded = self._weights_seq[i] if self._weights else None
+        else:
+            forced, keep_native = self._forced[i], self._keep_native
+            recorded = self._weights[i] if self._weights else None
+        if forced.shape[0] != logits.shape[0]:
+            raise ValueError(f"{layer.name}: router saw {logits.shape[0]} tokens, routes hold {forced.shape[0]}")
+        sorted_forced = forced
+        if self.threshold is not None:
+            scores = selection_scores(router, logits.detach())
+            live = native.long()
+            forced = torch.where(keep_native, live, forced)  # masked rows may hold any id: never gather them
+            forced, refilled = filter_replayed(forced, live, scores, self.threshold)
+            forced = sort_topk(forced)  # take_native_order compares sorted rows
+            if self.in_pass and not self._applied[i]:
+                valid = ~keep_native
+                self._fallback.append(torch.stack([(refilled & valid).sum(), valid.sum() * forced.shape[1]]))
+        forced = take_native_order(forced, native, keep_native)
+        new_weights = rule(router, logits, forced).to(weights.dtype)
+        if recorded is not None:  # Total Router Recall: the recorded weights, with a zero-gradient path
+            replayed = weights_in_order(forced, sorted_forced, recorded).to(weights.dtype) + 0.0 * new_weights
+            new_weights = torch.where(keep_native, new_weights, replayed)
+        if self.in_pass:
+            self._applied[i] = True
+            if self.record_native and self._native[i] is None:
+                self._native[i] = _batch_major(layer, native.detach(), B, T)
+        return logits, new_weights, forced.to(native.dtype)
 
     @property
     def fallback(self) -> Tensor:
@@ -493,6 +585,7 @@ class RoutedPass:
         margins: bool = False,
         scores: bool = False,
         weights: bool = False,
+        logits: bool = False,
         threshold: float | None = None,
         replay_weights: Tensor | None = None,
     ) -> None:
@@ -501,7 +594,7 @@ class RoutedPass:
             if routes is not None
             else None
         )
-        self.recorder = RouteRecorder(model, margins=margins, scores=scores, weights=weights)
+        self.recorder = RouteRecorder(model, margins=margins, scores=scores, weights=weights, logits=logits)
         self._stack = ExitStack()
 
     def __enter__(self) -> RoutedPass:
@@ -533,6 +626,11 @@ class RoutedPass:
     def weights(self) -> Tensor:
         """The combine weights the experts received, aligned with `used` (needs `weights=True`)."""
         return self.recorder.weights
+
+    @property
+    def logits(self) -> tuple[Tensor, ...]:
+        """Per MoE layer, the router's logits of the pass (needs `logits=True`)."""
+        return self.recorder.logits
 
     @property
     def fallback(self) -> Tensor:

@@ -83,6 +83,14 @@ def _router_classes(model: nn.Module) -> tuple[type, ...]:
     return tuple(s.target_class for s in specs if getattr(s, "target_class", None) is not None)
 
 
+def returns_router_logits(model: nn.Module) -> bool:
+    """Whether transformers returns this model's router logits (`output_router_logits=True`): its MoE layers'
+    routers are of the classes it declares (a MegaBlocks router is not)."""
+    declared = _router_classes(model)
+    layers = find_moe_layers(model, required=False)
+    return bool(declared and layers) and all(isinstance(layer.router, declared) for layer in layers)
+
+
 _LAYER_CACHE: weakref.WeakKeyDictionary[nn.Module, list[MoeLayer]] = weakref.WeakKeyDictionary()
 
 
