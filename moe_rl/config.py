@@ -312,6 +312,7 @@ class ColdStartConfig:
     target_metric: str = "greedy"  # greedy: held-out greedy accuracy; sampled: held-out mean reward at temperature 1
     pool: int = 1
     n_train: int | None = None
+    compile: bool = False  # the SFT steps compiled (inductor): another numerics domain, so another start
 
     def check(self) -> None:
         _one_of("cold_start.mode", self.mode, COLD_START_MODES)

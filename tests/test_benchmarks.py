@@ -232,3 +232,18 @@ def test_anchored_cost(capsys: pytest.CaptureFixture[str]) -> None:
     load("anchored_cost").main(f"--steps 2 --modes none,anchored {tiny} optim.updates_per_rollout=2".split())
     step, low, high, rollout, old, update = numbers_after("anchored / none: step", capsys.readouterr().out)
     assert 0 < low <= step <= high and min(rollout, old, update) > 0
+
+
+def test_warmup_speed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Two members' warm-ups (2 SFT steps) at length_edge's L4 under two settings, the members in one process each:
+    every warm-up reports its steps and CPU time, and each setting's line sums them."""
+    argv = "--study length_edge --level L4 --members 1100,1101 --per-process 2 --jobs 2".split()
+    argv += ["--setting", "before=", "--setting", "other=cold_start.lr=1e-3", "--keep", str(tmp_path / "w")]
+    argv += ["--set", "cold_start.max_steps=2", "--set", "cold_start.eval_every=1", "--set", "task.n_eval=8"]
+    load("warmup_speed").main(argv)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("member ")]
+    assert len(rows) == 4 and all("2 SFT steps" in row for row in rows)
+    cpu = [float(re.search(r"(\d+) CPU s$", row).group(1)) for row in rows if " before:" in row]  # type: ignore[union-attr]
+    assert len(cpu) == 2 and numbers_after("before:", out)[1:3] == [2, 4]  # 0 of 2 in band, 4 SFT steps
+    assert "before / other CPU per member: median" in out

@@ -150,3 +150,24 @@ def test_runs_the_harness_does_not_compile_say_why() -> None:
     assert compiled.refuse_compile(engine="hf", world_size=1) is None
     assert "vllm" in str(compiled.refuse_compile(engine="vllm", world_size=1))
     assert "2 processes" in str(compiled.refuse_compile(engine="hf", world_size=2))
+
+
+def test_a_compiled_warm_up_is_a_start_of_its_own_and_traced_it_is_the_eager_warm_up() -> None:
+    """`cold_start.compile=true` compiles the SFT steps: another numerics domain under inductor, so another key (the
+    default's key unchanged); traced by Dynamo and run by ATen, its weights and history are the eager warm-up's
+    bitwise (the evaluations stay eager)."""
+    from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig
+    from moe_rl.loop.cold_start import cold_start_key, train_cold_start
+
+    task = TaskConfig(n_train=64, n_eval=8)
+    eager_cold = ColdStartConfig(eval_every=10, max_steps=20)
+    compiled_cold = ColdStartConfig(eval_every=10, max_steps=20, compile=True)
+    assert cold_start_key(ModelConfig(), task, ColdStartConfig(compile=False)) == cold_start_key(
+        ModelConfig(), task, ColdStartConfig()
+    )
+    assert cold_start_key(ModelConfig(), task, compiled_cold) != cold_start_key(ModelConfig(), task, eager_cold)
+    eager, _, eager_info = train_cold_start(ModelConfig(), task, eager_cold)
+    model, _, info = train_cold_start(ModelConfig(), task, compiled_cold)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert info["history"] == eager_info["history"] and info["steps"] == 20
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), eager.state_dict().values(), strict=True))

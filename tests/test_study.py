@@ -79,11 +79,22 @@ def test_every_shipped_declaration_loads() -> None:
         ({"axes": {"lr": ["lo", "mid"]}}, r"axes name levels it does not declare: \{'lr': \['mid'\]\}"),
         ({"readme": ["nope"]}, r"readme shows contrasts it does not declare: \['nope'\]"),
         ({"sections": ["moe_rl.studies.divergence_report.frontier_section"]}, "are not module:function"),
+        ({"compiled": "yes"}, "compiled 'yes' must be true"),
+        ({"arms": {**BASE["arms"], "r2": {"overrides": ["replay=r2", "compile=true"]}}}, "one for every run"),
     ],
 )
 def test_a_declaration_that_cannot_decide_is_refused_with_its_reason(tmp_path, changes, message) -> None:
     with pytest.raises(ValueError, match=message):
         load_study(_write(tmp_path, **changes))
+
+
+def test_a_study_is_one_numerics_domain(tmp_path) -> None:
+    """`compiled: true` compiles every run of every cell; the default runs every one eager (no override at all, so
+    the runs of a study declared as it ran keep their names)."""
+    eager, compiled = load_study(_write(tmp_path)), load_study(_write(tmp_path, compiled=True))
+    cells = compiled.cells()
+    assert all(compiled.cell_overrides(*c) == [*eager.cell_overrides(*c), "compile=true"] for c in cells)
+    assert not any(o.startswith("compile=") for c in eager.cells() for o in eager.cell_overrides(*c))
 
 
 def test_the_launch_runs_each_cell_over_the_looks_members(tmp_path) -> None:

@@ -28,6 +28,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig
+from moe_rl.loop.compiled import compiled_forward
 from moe_rl.models import build_model, load_model
 from moe_rl.rollout.evaluation import greedy_accuracy, sampled_reward_entropy, start_covariates
 from moe_rl.run.atomic import write_atomic
@@ -178,7 +179,7 @@ def _start(
 
 
 def train_cold_start(
-    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, *, numerics: str = "native"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     """Supervised warm-up until greedy held-out accuracy reaches the band's lower edge or stops
     improving (`cold_start_stop`), at most `cold_start.max_steps` steps (none with `cold_start.mode=none`).
@@ -189,13 +190,13 @@ def train_cold_start(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train_cold_start(model_cfg, task_cfg, cold)
+        return _train_cold_start(model_cfg, task_cfg, cold, numerics)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train_cold_start(
-    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig
+    model_cfg: ModelConfig, task_cfg: TaskConfig, cold: ColdStartConfig, numerics: str
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict]:
     task = setup_task(task_cfg, cold.seed)
     demos = warmup_task(task_cfg, cold, task)
@@ -223,6 +224,8 @@ def _train_cold_start(
             },
         )
     patience = cold_start_patience(cold, task_cfg)
+    # `cold_start.compile`: the SFT step's forward and backward compiled, the greedy evaluations eager
+    forward = compiled_forward(model, numerics=numerics) if cold.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
     rng = random.Random(cold.seed)
     history: list[dict] = []
@@ -231,7 +234,7 @@ def _train_cold_start(
     for step in range(1, cold.max_steps + 1):
         sample = rng.sample(demos.train, min(cold.batch_size, len(demos.train)))
         batch = {k: v.to(model.device) for k, v in _sft_batch(tokenizer, sample).items()}
-        loss = model(**batch).loss
+        loss = forward(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -415,7 +418,7 @@ def get_cold_start(
         if not (path / "cold_start.json").is_file():
             if path.exists():
                 shutil.rmtree(path)  # an interrupted earlier attempt
-            model, tokenizer, info = train_cold_start(model_cfg, task_cfg, cold)
+            model, tokenizer, info = train_cold_start(model_cfg, task_cfg, cold, numerics=numerics)
             tmp = root / f".{key}.tmp{os.getpid()}"
             model.save_pretrained(tmp)
             if not (tmp / "config.json").is_file():  # e.g. a torch.distributed rank other than 0

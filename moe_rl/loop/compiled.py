@@ -1,20 +1,23 @@
 """`compile=true`: the policy compiled in place with torch.compile (inductor), so every pass of the loop runs it
 compiled: the rollout's prefill and decoding steps, the old pass, the updates' forward and backward, the ratio
-split and the evaluations. Route recording and replay keep working: their hooks sit on the router modules inside
-the compiled model, and Dynamo traces them into the graph (no graph break: tests/test_compiled.py).
+split and the evaluations. Route recording and replay keep working: the route hooks (`moe_rl.routing.hooks.
+RouteHooks`) are registered on the routers and the model once, before the model is compiled, and Dynamo traces
+them into the graphs; a route context opens by joining them, never by registering a hook, so the graphs guard on
+which contexts are open and on their state, and a new context of a kind already seen reuses its graph.
 
-Dynamo's default is not to guard on module hooks (`skip_nnmodule_hook_guards`): a graph traced before a route
-context registered its hooks would keep running without them, and the context would record nothing (the loop's
-rollout records routes on some steps only). A compiled run turns those guards on: a graph is traced per set of
-hooks (none, recording, replay and recording, ...), and a new context of the same kind reuses it, since the hooks
-read their context's state through guarded attributes, not as constants (`benchmarks/compile_probe.py` shows both).
+Dynamo's default is not to guard on module hooks (`skip_nnmodule_hook_guards`): a graph traced before a hook was
+registered would keep running without it. The route hooks never change, but transformers registers its output
+capture hooks the first time a pass asks for router logits (the updates' aux-loss and z-loss terms), so a
+compiled run turns those guards on (`benchmarks/compile_probe.py` shows both settings).
 
-One compiled model serves passes that differ in grad mode, in the hooks that are on and in their inputs (a KV
-cache or not), and Dynamo keeps one graph per such variant (about 25 in an R2 run), with dynamic batch and sequence
-sizes (`dynamic=True`: no recompiling as rollouts change shape). Inductor's cache (`TORCHINDUCTOR_CACHE_DIR`,
-default /tmp/torchinductor_<user>) is shared by every process on the machine, so a sweep's later runs reuse the
-kernels its first run generated; and a process's later runs trace nothing (a second run in one process traced no
-new graph), so a joblib multirun pays the tracing once per worker (docs/performance.md).
+One compiled model serves passes that differ in grad mode, in train or eval mode, in the route contexts open and
+in their inputs (a KV cache or not), and Dynamo keeps one graph per such variant (11 in an R2 run whose route
+instruments and evaluations run every 2nd step, all traced by its 4th step, none breaking:
+tests/test_compiled.py), with dynamic batch and sequence sizes (`dynamic=True`: no recompiling as rollouts change
+shape). Inductor's cache (`TORCHINDUCTOR_CACHE_DIR`, default /tmp/torchinductor_<user>) is shared by every process
+on the machine, so a sweep's later runs reuse the kernels its first run generated; and a process's later runs
+trace nothing (a second run in one process traced no new graph), so a joblib multirun pays the tracing once per
+worker (docs/performance.md).
 
 A compiled run is its own numerics domain: inductor generates its own kernels (fusing what ATen runs as separate
 ops, in another order of floating-point operations), so its numbers leave the eager run's in the last bits and
@@ -25,8 +28,8 @@ ATen's kernels are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -54,8 +57,7 @@ def refuse_compile(*, engine: str, world_size: int) -> str | None:
     return None
 
 
-def compile_policy(model: nn.Module, *, numerics: str) -> None:
-    """Compile `model` in place (`nn.Module.compile`): its parameters, state dict and hooks stay as they are."""
+def _configure(numerics: str) -> None:
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
@@ -64,9 +66,23 @@ def compile_policy(model: nn.Module, *, numerics: str) -> None:
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     if numerics != "native":
         inductor_config.cpp.simdlen = 256  # the pinned kernels' AVX2 width (moe_rl.run.folder.PINNED_ENV)
+
+
+def compile_policy(model: nn.Module, *, numerics: str) -> None:
+    """Compile `model` in place (`nn.Module.compile`): its parameters, state dict and hooks stay as they are."""
+    _configure(numerics)
     if find_moe_layers(model, required=False):
         RouteHooks.of(model)  # the route hooks the graphs trace, registered before the first of them
     model.compile(backend=BACKEND, dynamic=True)
+
+
+def compiled_forward(model: nn.Module, *, numerics: str) -> Callable[..., Any]:
+    """A compiled wrapper of `model` (`cold_start.compile`: the warm-up's SFT steps), sharing its parameters; the
+    model itself stays eager (the warm-up's greedy evaluations)."""
+    import torch
+
+    _configure(numerics)
+    return torch.compile(model, backend=BACKEND, dynamic=True)
 
 
 def compile_run(models: Iterable[nn.Module], cfg: TrainConfig, world_size: int) -> bool:

@@ -389,6 +389,14 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     ran = complete_members(study, table)
     verdicts = pd.DataFrame([decide(study, admitted, c, ran) for c in study.contrasts])
     metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
+    outside = [
+        str(r) for r, m in zip(table["run_dir"], metas, strict=True) if bool(m.get("compiled")) != study.compiled
+    ]
+    if outside:
+        raise ValueError(
+            f"study {study.name} declares every run {'compiled' if study.compiled else 'eager'}, but {len(outside)} "
+            f"of its runs ran otherwise (meta.json `compiled`), e.g. {outside[0]}: one study, one numerics domain"
+        )
     domains = sorted({f"{m.get('numerics', 'native')}, {'compiled' if m.get('compiled') else 'eager'}" for m in metas})
     provenance = load_provenance(runs_dir)
     return StudyResult(

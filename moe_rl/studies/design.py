@@ -22,7 +22,9 @@ of each claim it first decided, and `declared` where and when its design was wri
 (an axis: its levels in order), which its report draws as each arm's profile along the axis, and `readme` (true,
 or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`). A study
 that needs a computation of its own (a crossing, a slope) names it in `sections` ("module:function", called by its
-report with the study, its result and the output folder, returning markdown lines and the files it wrote).
+report with the study, its result and the output folder, returning markdown lines and the files it wrote). A study
+is one numerics domain: `compiled: true` runs every run compiled (`compile=true`, inductor's kernels), the default
+every run eager; its report names the domain its runs recorded, and a run outside it is refused by the report.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class Study:
     axes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an axis: its levels in order (the profile plot)
     readme: tuple[str, ...] | None = None  # the contrasts README.md's table of it shows (): all; None: no table
     sections: tuple[str, ...] = ()  # "module:function" of its own computations, called by its report
+    compiled: bool = False  # its numerics domain: every run compiled (compile=true), or every run eager
 
     @property
     def member_pool(self) -> int:
@@ -165,6 +168,8 @@ class Study:
         out = [*self.overrides, *a.overrides, *lv.overrides]
         if lv.lr:
             out.append(f"optim.lr={lv.lr[str(a.ref)] * a.lr_scale:.6g}")
+        if self.compiled:
+            out.append("compile=true")
         return out
 
     def cell_replicates(self, arm: str, level: str) -> tuple[int, ...]:
@@ -218,6 +223,14 @@ def _runs(raw: list | None) -> tuple[tuple[tuple[str, str], ...], dict[tuple[str
             for cell in block_cells:
                 reps.setdefault(cell, set()).update(int(r) for r in block["replicates"])
     return tuple(dict.fromkeys(cells)), {c: tuple(sorted(r)) for c, r in reps.items()}
+
+
+def _compiled(raw: object, study: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(
+            f"study {study}: compiled {raw!r} must be true (every run compiled) or false (every run eager)"
+        )
+    return raw
 
 
 def load_study(path: str | Path) -> Study:
@@ -283,6 +296,7 @@ def load_study(path: str | Path) -> Study:
         axes={str(k): tuple(str(x) for x in v) for k, v in (raw.get("axes") or {}).items()},
         readme=None if raw.get("readme") is None else () if raw["readme"] is True else tuple(map(str, raw["readme"])),
         sections=tuple(str(x) for x in raw.get("sections") or ()),
+        compiled=_compiled(raw.get("compiled", False), name),
     )
     check_study(study)
     return study
@@ -296,6 +310,20 @@ def check_study(study: Study) -> None:
     name, d = study.name, study.design
     if study.outcome not in OUTCOMES:
         raise ValueError(f"study {name}: outcome {study.outcome!r} is not one of {sorted(OUTCOMES)}")
+    sets_compile = [
+        o
+        for o in (
+            *study.overrides,
+            *(o for a in study.arms.values() for o in a.overrides),
+            *(o for lv in study.levels.values() for o in lv.overrides),
+        )
+        if o.startswith("compile=")
+    ]
+    if sets_compile:
+        raise ValueError(
+            f"study {name}: {sets_compile[0]!r} in its overrides; a study's numerics domain is one for every run: "
+            "declare `compiled: true` (or leave it out: every run eager)"
+        )
     for c in study.contrasts:
         if study.outcome_of(c) not in OUTCOMES:
             raise ValueError(f"study {name}, contrast {c.name}: outcome {c.outcome!r} is not one of {sorted(OUTCOMES)}")
