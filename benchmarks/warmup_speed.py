@@ -75,8 +75,7 @@ def cell_overrides(study_name: str, level: str) -> list[str]:
     study = load_study(study_path(study_name, ROOT / "experiments" / "conf" / "study"))
     if level not in study.levels:
         raise SystemExit(f"--level {level}: study {study.name} has levels {list(study.levels)}")
-    pool = [] if study.pool is not None else [f"cold_start.pool={study.member_pool}"]
-    return [f"+preset={study.preset}", *pool, *study.cell_overrides(next(iter(study.arms)), level)]
+    return study.run_overrides(next(iter(study.arms)), level)
 
 
 def warm(members: list[list[str]], log: Path) -> list[dict]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moe_rl.studies.design import POOL, Study, load_study, study_path
+from moe_rl.studies.design import Study, load_study, study_path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -32,11 +32,9 @@ def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jo
         sys.executable,
         "experiments/train.py",
         "-m",
-        f"+preset={study.preset}",
+        *study.run_overrides(arm, level),
         f"experiment={study.name}",
         f"out_dir={out}",
-        *([f"cold_start.pool={POOL}"] if study.pool is None else []),  # else the preset's pool: the runs' names
-        *study.cell_overrides(arm, level),
         f"seed={seeds}",
         "progress=false",
         "threads=1",

@@ -41,13 +41,14 @@ def old_pass(
             old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
         return OldPass(old_logp, None, torch.empty(0), torch.empty(0), None)
     replay = mode.pick(old=None, rollout=rollout.routes, anchor=anchor) if mode.old_pass_replays else None
+    logits = instruments and returns_router_logits(policy)  # where `output_router_logits` would have returned them
     routed = RoutedPass(
         policy,
         replay,
         margins=instruments,
         scores=scores,
         weights=mode.weights,
-        logits=instruments,
+        logits=logits,
         threshold=threshold,
     )
     parts: Partial | None = None
@@ -55,7 +56,7 @@ def old_pass(
         old_logp, _ = forward_logp(policy, rollout, temperature=temperature)
     native = routed.native.with_mask(rollout.token_mask)
     if instruments:
-        parts = instrument_parts(native, routed.logits if returns_router_logits(policy) else None, rollout.routes)
+        parts = instrument_parts(native, routed.logits if logits else None, rollout.routes)
     return OldPass(
         old_logp,
         native,

@@ -172,6 +172,13 @@ class Study:
             out.append("compile=true")
         return out
 
+    def run_overrides(self, arm: str, level: str) -> list[str]:
+        """A run of one cell as the launcher composes it, less its seed and where it writes: the preset, the pool
+        (`cold_start.pool` on the command line, unless the preset names its own: its runs keep their names), the
+        cell's overrides."""
+        pool = [f"cold_start.pool={POOL}"] if self.pool is None else []
+        return [f"+preset={self.preset}", *pool, *self.cell_overrides(arm, level)]
+
     def cell_replicates(self, arm: str, level: str) -> tuple[int, ...]:
         """The replicates r a cell runs of each member (seed m + r * pool): its `runs` blocks' (all of them where
         several list it), else 0 .. seeds_per_start - 1."""
