@@ -5,7 +5,7 @@
                                           [--repeats 1] [--length L] [--set KEY=VALUE ...] [--keep DIR]
 
 Each setting is one Hydra multirun of `experiments/train.py` over arms x seeds (8 runs of the default model by
-default), launched as the studies launch theirs (`moe_rl.studies.launch`: the joblib launcher, `progress=false`),
+default), launched as `experiments/study.py` launches a study's (the joblib launcher, `progress=false`),
 with the setting's overrides (space-separated; default: `eager=` and `compiled=compile=true`) and a layout `JxT`,
 J runs at a time of T torch threads each. `--block causal_past` sweeps the causal study's moe and anchored arms at
 its `past` level (`+preset=causal`, their rungs, the level's lr, 200 steps unless `--steps` says otherwise) in place
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from moe_rl.run.launch import finished_status
-from moe_rl.studies.length import load_spec
+from moe_rl.studies.design import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "experiments" / "train.py"
@@ -52,11 +52,13 @@ PRESETS = ROOT / "experiments" / "conf" / "preset"
 
 
 def length_overrides(length: int) -> list[str]:
-    """The length study's run at L digits: its preset, its task overrides at L and its `stable` level's lr at L."""
-    spec = load_spec(PRESETS)
-    if length not in spec.lengths:
-        raise SystemExit(f"--length {length}: the length study has lengths {list(spec.lengths)}")
-    return ["+preset=length", *spec.task_overrides(length), f"optim.lr={spec.levels['stable'].lr[length]}"]
+    """The length study's run at L digits: its preset and its `stable_L<L>` level (the task overrides at L and
+    the `stable` lr there; experiments/conf/study/length.yaml)."""
+    study = load_study(PRESETS.parent / "study" / "length.yaml")
+    level = f"stable_L{length}"
+    if level not in study.levels:
+        raise SystemExit(f"--length {length}: the length study has levels {sorted(study.levels)}")
+    return ["+preset=length", *study.levels[level].overrides]
 
 
 # a named block of a study: its sweep overrides (the arms a multirun sweeps) and its steps

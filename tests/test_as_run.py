@@ -10,16 +10,18 @@ import sys
 import pytest
 from helpers import PRESETS, ROOT
 
+from moe_rl.run.launch import short_name
 from moe_rl.studies.design import load_study
 
-AS_RUN = {"causal": 252, "divergence": 192, "staleness": 522}  # the shipped runs of each
+AS_RUN = {"causal": 252, "divergence": 192, "length": 237, "staleness": 522}  # the shipped runs of each
 EXCLUDED = {"experiment", "out_dir", "progress", "threads", "hydra.launcher.n_jobs"}  # config.yaml's override_dirname
 
 
 def run_name(overrides: list[str], seed: int) -> str:
-    """The run folder Hydra's multirun names a job (its task overrides sorted, the excluded keys left out)."""
+    """The run folder Hydra's multirun names a job (its task overrides sorted, the excluded keys left out, a long
+    name cut and hashed as config.yaml's `short_name` resolver does)."""
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in EXCLUDED]
-    return ",".join(sorted([*kept, f"seed={seed}"]))
+    return short_name(",".join(sorted([*kept, f"seed={seed}"])))
 
 
 def dry_run_runs(name: str) -> set[str]:

@@ -49,7 +49,7 @@ SWEEP_SIZES = {
     "divergence": 1,  # its runs come from its declaration (experiments/study.py divergence), one multirun per cell
     "staleness": 1,  # its runs come from its declaration (experiments/study.py staleness), one multirun per cell
     "causal": 1,  # its runs come from its declaration (experiments/study.py causal), one multirun per cell
-    "length": 1,  # its runs come from experiments/length.py, one multirun per block, level and length
+    "length": 1,  # its runs come from its declaration (experiments/study.py length), one multirun per cell
 }
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults

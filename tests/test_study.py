@@ -80,6 +80,10 @@ def test_every_shipped_declaration_loads() -> None:
         ({"readme": ["nope"]}, r"readme shows contrasts it does not declare: \['nope'\]"),
         ({"sections": ["moe_rl.studies.divergence_report.frontier_section"]}, "are not module:function"),
         ({"compiled": "yes"}, "compiled 'yes' must be true"),
+        ({"unit": {"members": "300..302", "start": "seed"}}, "unit.start 'seed' must be 'cold start'"),
+        ({"unit": {"members": "300..302", "admit": {"in_band": "yes"}}}, "in_band 'yes' must be true or false"),
+        ({"not_run": [{"levels": ["hi"], "seeds": [1], "replicates": [0]}]}, "must have levels, seeds and optionally"),
+        ({"not_run": [{"levels": ["mid"], "seeds": [1]}]}, r"runs \['none@mid', 'r2@mid'\] name an arm or level"),
         ({"arms": {**BASE["arms"], "r2": {"overrides": ["replay=r2", "compile=true"]}}}, "one for every run"),
     ],
 )
@@ -123,6 +127,43 @@ def _runs(values: dict[str, list[float]], late: float = 0.5) -> pd.DataFrame:
         for i, v in enumerate(vals)
     ]
     return pd.DataFrame(rows).assign(kl_acting=np.nan, log_kl_acting=np.nan, run_dir="")
+
+
+def test_seeds_a_cell_skipped_as_it_ran_are_neither_listed_nor_awaited(tmp_path) -> None:
+    """`not_run` (a study declared as it ran): seed 4 of r2@hi was skipped (its member's warm-up ended out of band on
+    the machine that ran it), so the launcher lists it not, and member 1 is complete without it; a block without
+    arms covers every arm."""
+    raw = {
+        "unit": {"members": "0..2", "pool": 3, "seeds_per_start": 2},
+        "not_run": [{"levels": ["hi"], "arms": ["r2"], "seeds": [4]}, {"levels": ["lo"], "seeds": [5]}],
+    }
+    study = load_study(_write(tmp_path, **raw))
+    assert study.seeds(3, ("r2", "hi")) == [0, 3, 1, 2, 5] and study.seeds(3, ("none", "hi")) == [0, 3, 1, 4, 2, 5]
+    assert study.not_run[("none", "lo")] == (5,) and study.not_run[("r2", "lo")] == (5,)
+    runs = pd.DataFrame(
+        [{"cell": "none@hi", "seed": s} for s in range(6)] + [{"cell": "r2@hi", "seed": s} for s in (0, 3, 1, 2)]
+    )
+    assert declared.complete_members(study, runs) == {0, 1}  # member 2 still waits for seed 5 of r2@hi
+
+
+def test_a_warm_up_out_of_its_band_is_not_admitted_where_the_study_asks(tmp_path) -> None:
+    study = load_study(_write(tmp_path, unit={"members": "300..302", "admit": {"in_band": True}}))
+    assert study.admission.admits(math.nan, math.nan, True) and not study.admission.admits(0.5, 0.1, False)
+    assert load_study(_write(tmp_path)).admission.admits(math.nan, math.nan, False)  # no rule: every start
+
+
+def test_a_run_mean_read_on_the_floor_is_untestable(tmp_path) -> None:
+    """A run mean (here `routing_share`) of a cell whose runs mostly end at accuracy 0 is read over steps without a
+    policy gradient: untestable, though the other cell is off the floor; the accuracy change of the same runs is
+    read (one cell on the floor is what a collapse looks like)."""
+    share = {"name": "share", "cells": {"r2@hi": 1, "none@hi": -1}, "outcome": "routing_share", "mde": 0.03}
+    study = load_study(_write(tmp_path, contrasts=[share, BASE["contrasts"][0]]))
+    runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
+    runs["routing_share"] = runs["change"]
+    runs.loc[runs["cell"] == "none@hi", "late_accuracy"] = 0.0
+    row = declared.decide(study, runs, study.contrasts[0])
+    assert row["verdict"] == declared.UNTESTABLE and "none@hi's runs end at accuracy 0" in row["reason"]
+    assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
 
 
 def test_the_rule_by_hand_at_one_look(tmp_path) -> None:

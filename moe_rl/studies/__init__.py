@@ -6,8 +6,8 @@ borrows runs from. A study's own analysis, report and claims live in its modules
 `frontier_report`, `frontier_claims`, ...); `moe_rl.analysis` is the generic toolkit they build on. A new
 study is its declaration (experiments/conf/study/NAME.yaml, `design`; run by `experiments/study.py NAME`) and one
 row below whose report is `declared_report.study_report(NAME)` and whose claims are `declared_claims.study_claim(...)`: the one
-rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims) and a
-launcher (experiments/<study>.py, `studies.launch`). A table in README.md: `readme` in a declaration, else a block
+rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims); the
+frontier's bisection keeps its own launcher (experiments/frontier.py). A table in README.md: `readme` in a declaration, else a block
 in `moe_rl.report.README_TABLES`.
 
 The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
@@ -35,8 +35,6 @@ from moe_rl.studies import (
     frontier,
     frontier_claims,
     frontier_report,
-    length_claims,
-    length_report,
     mechanism,
     mechanism_claims,
     phase,
@@ -360,8 +358,12 @@ STUDIES: tuple[Study, ...] = (
         "GRPO with and without R2 and GSPO (and their kin) on reasoning-gym's basic_arithmetic at L = 4, 16, 32 "
         "digits, each length at the lr that gives grpo+none the same early per-update KL, from a pool of 6 cold "
         "starts per length.",
-        report=with_provenance(length_report.write_length_report),
-        claims_section=length_claims.claims_section,
+        report=declared_report.study_report("length"),
+        claims_section=declared_claims.claims_section(
+            "length",
+            "Claims 2 and 3 by response length: the length study (earlier looks, L = 16 and 32 on a floor)",
+            ("2", "3"),
+        ),
         history="L = 16 and 32 on a floor and KL matched over dead steps; claims 12 and 13 re-read by length_edge",
     ),
     Study(
@@ -374,10 +376,16 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("length_edge"),
         claims={
             12: declared_claims.study_claim(
-                12, "length_edge", "gspo_advantage_growth", length_claims.claim_length_instability
+                12,
+                "length_edge",
+                "gspo_advantage_growth",
+                declared_claims.study_claim(12, "length", "gspo_advantage_growth"),
             ),
             13: declared_claims.study_claim(
-                13, "length_edge", "routing_share_growth", length_claims.claim_routing_share
+                13,
+                "length_edge",
+                "routing_share_growth",
+                declared_claims.study_claim(13, "length", "routing_share_growth"),
             ),
         },
         claims_section=declared_claims.claims_section(

@@ -101,11 +101,14 @@ def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFra
     keep = ["run", "cell", "arm", "level", "start", "seed", "status", "start_accuracy", "late_accuracy", *OUTCOMES]
     out["log_kl_acting"] = np.log(out["kl_acting"].where(out["kl_acting"] > 0))
     out["wall_s"] = [run_wall_s(Path(str(r))) for r in out["run_dir"]]
-    covariates = [cold_start_meta(Path(str(r))).get("covariates") or {} for r in out["run_dir"]]
+    warmups = [cold_start_meta(Path(str(r))) for r in out["run_dir"]]
+    covariates = [w.get("covariates") or {} for w in warmups]
+    out["warmup"] = [w.get("key") for w in warmups]
     out["greedy_accuracy"] = [c.get("greedy_accuracy", np.nan) for c in covariates]
     out["sampled_reward"] = [c.get("sampled_reward", np.nan) for c in covariates]
     out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
-    covs = ["greedy_accuracy", "sampled_reward", "zero_variance"]
+    out["in_band"] = [bool(w.get("in_band", True)) for w in warmups]
+    covs = ["warmup", "greedy_accuracy", "sampled_reward", "zero_variance", "in_band"]
     return out[[*keep, *columns, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
 
 
@@ -140,9 +143,10 @@ def pair_values(
     return pd.DataFrame({"start": block, "seed": wide.index, "value": np.asarray(value, dtype=float)})
 
 
-def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
-    """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; else None
-    (also while some cell has no run yet)."""
+def bound_reason(runs: pd.DataFrame, contrast: Contrast, outcome: str = "change") -> str | None:
+    """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; for a run
+    mean (`outcome` other than `change`), most runs of any cell at the floor, where the mean is read over steps
+    without reward variance, so without a policy gradient; else None (also while some cell has no run yet)."""
     names = [f"{a}@{lv}" for a, lv in contrast.weights]
     cells = runs[runs["cell"].isin(names)]
     if set(cells["cell"]) != set(names):
@@ -153,6 +157,12 @@ def bound_reason(runs: pd.DataFrame, contrast: Contrast) -> str | None:
         return f"floor: most runs of every cell end at accuracy 0 ({floor.min():.0%}-{floor.max():.0%})"
     if (ceiling > BOUND_SHARE).all():
         return f"ceiling: most runs of every cell end at accuracy 1 ({ceiling.min():.0%}-{ceiling.max():.0%})"
+    dead = floor[floor > BOUND_SHARE]
+    if outcome != "change" and len(dead):
+        return (
+            f"floor: {floor[dead.index].max():.0%} of {dead.index[0]}'s runs end at accuracy 0, so its run mean of "
+            f"`{outcome}` is read over steps without a policy gradient"
+        )
     return None
 
 
@@ -162,15 +172,21 @@ def pair_members(pairs: pd.DataFrame, pool: int = POOL) -> pd.Series:
 
 
 def complete_members(study: Study, runs: pd.DataFrame) -> set[int]:
-    """The pool members whose runs are all in: a finished run (admitted or not) of every replicate of every cell the
-    study runs (`Study.cell_replicates`)."""
-    cells = [f"{a}@{lv}" for a, lv in study.cells()]
-    member = pair_members(runs, study.member_pool)
-    done = runs[runs["cell"].isin(cells)].assign(member=member).groupby(["member", "cell"]).size()
-    counts = done.unstack("cell").reindex(columns=cells)
-    need = pd.Series({f"{a}@{lv}": len(study.cell_replicates(a, lv)) for a, lv in study.cells()})
-    full = (counts >= need[cells]).all(axis=1)
-    return {int(m) for m in full[full].index}
+    """The pool members whose runs are all in: a finished run (admitted or not) of every seed the study runs of
+    them in every cell (`Study.seeds`: each replicate, less the seeds a cell skipped as it ran)."""
+    cells = study.cells()
+    done = set(zip(runs["cell"], runs["seed"].astype(int), strict=True))
+    pool = study.member_pool
+    return {
+        m
+        for m in study.members
+        if all(
+            (f"{a}@{lv}", s) in done
+            for a, lv in cells
+            for s in study.seeds(len(study.members), (a, lv))
+            if s % pool == m
+        )
+    }
 
 
 def looks_reached(study: Study, complete: set[int]) -> int:
@@ -280,7 +296,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
         row.update(sd_between=comp.sd_between, sd_within=comp.sd_within, icc=comp.icc)
         row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C_all, m, d.power, d.alpha, sides=1)
         row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, mde, m, d.power, d.alpha, sides=1)
-    why = bound_reason(runs, contrast)
+    why = bound_reason(runs, contrast, study.outcome_of(contrast))
     if why is None and contrast.requires:
         ref = pair_values(runs, contrast.requires, study.outcome, pool)
         ref_mean = float(ref["value"].groupby(ref["start"]).mean().mean()) if len(ref) else math.nan
@@ -359,10 +375,11 @@ def cell_table(runs: pd.DataFrame, outcome: str, others: tuple[str, ...] = ()) -
 
 
 def start_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per start: its runs, the covariates its warm-up recorded (greedy accuracy, sampled reward, the share of
-    prompts with no reward variance among their samples; `per_run`) and whether the study admitted it."""
-    by = runs.groupby("start", sort=True)
-    table = by[["greedy_accuracy", "sampled_reward", "zero_variance"]].first()
+    """Per start and warm-up (a start's twins warmed on two machines are two rows): its runs, the covariates its
+    warm-up recorded (greedy accuracy, sampled reward, the share of prompts with no reward variance among their
+    samples, whether it ended in its band; `per_run`) and whether the study admitted it."""
+    by = runs.assign(warmup=runs["warmup"].fillna("")).groupby(["start", "warmup"], sort=True)
+    table = by[["greedy_accuracy", "sampled_reward", "zero_variance", "in_band"]].first()
     table.insert(0, "runs", by.size())
     table["admitted"] = by["admitted"].all()
     return table.reset_index()
@@ -382,8 +399,11 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     """`analyse`, once per declaration, runs folder and state of its runs (`stamp`: their newest status.json)."""
     study = load_study(study_file)
     table = per_run(runs_dir, study.columns)
+    if study.by_member:  # a pool member's twins (its warm-ups on two machines) are one unit
+        table["start"] = [f"member {int(s) % study.member_pool}" for s in table["seed"]]
     table["admitted"] = [
-        study.admission.admits(r, z) for r, z in zip(table["sampled_reward"], table["zero_variance"], strict=True)
+        study.admission.admits(r, z, b)
+        for r, z, b in zip(table["sampled_reward"], table["zero_variance"], table["in_band"], strict=True)
     ]
     admitted = table[table["admitted"]]
     ran = complete_members(study, table)

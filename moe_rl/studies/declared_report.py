@@ -127,11 +127,26 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         if study.outcome_of(c) != study.outcome
     )
     a = study.admission
+    rules = [
+        *(["a warm-up that ended inside its band"] if a.in_band else []),
+        *(
+            [
+                f"sampled reward >= {a.min_sampled_reward:g} and a share of held-out prompts without reward "
+                f"variance <= {a.max_zero_variance:g}"
+            ]
+            if (a.min_sampled_reward, a.max_zero_variance) != (0.0, 1.0)
+            else []
+        ),
+    ]
     admit = (
-        f" Admitted starts: sampled reward >= {a.min_sampled_reward:g} and a share of held-out prompts without reward "
-        f"variance <= {a.max_zero_variance:g} (the warm-up's covariates); the others are listed and left out."
+        f" Admitted starts: {' and '.join(rules)} (the warm-up's record); the others are listed and left out."
         if a != Admission()
         else ""
+    )
+    unit = (
+        "pool members (a member's warm-ups on two machines one unit)"
+        if study.by_member
+        else f"{'new ' if not study.declared else ''}cold starts"
     )
     beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
     declared = study.declared or f"Declared in `experiments/conf/study/{study.file.name}` before its runs."
@@ -144,8 +159,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
         f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
-        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {'new ' if not study.declared else ''}"
-        "cold starts "
+        f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {unit} "
         f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted), "
         f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
         f"{'; '.join(result.domains)}.",

@@ -103,10 +103,13 @@ class Admission:
 
     min_sampled_reward: float = 0.0  # the mean reward of those samples
     max_zero_variance: float = 1.0  # the share of held-out prompts whose samples are all wrong or all right
+    in_band: bool = False  # only warm-ups that ended inside their band of greedy accuracy
 
-    def admits(self, sampled_reward: float, zero_variance: float) -> bool:
+    def admits(self, sampled_reward: float, zero_variance: float, in_band: bool = True) -> bool:
         """Whether a start with these covariates is admitted (NaN, not recorded: not admitted unless no bound is set)."""
-        if self == Admission():
+        if self.in_band and not in_band:
+            return False
+        if (self.min_sampled_reward, self.max_zero_variance) == (0.0, 1.0):
             return True
         return bool(sampled_reward >= self.min_sampled_reward and zero_variance <= self.max_zero_variance)
 
@@ -136,6 +139,8 @@ class Study:
     readme: tuple[str, ...] | None = None  # the contrasts README.md's table of it shows (): all; None: no table
     sections: tuple[str, ...] = ()  # "module:function" of its own computations, called by its report
     compiled: bool = False  # its numerics domain: every run compiled (compile=true), or every run eager
+    by_member: bool = False  # the unit is the pool member (seed mod pool): its twins warmed elsewhere count once
+    not_run: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # seeds a cell skipped, as it ran
 
     @property
     def member_pool(self) -> int:
@@ -185,9 +190,12 @@ class Study:
         return self.replicates.get((arm, level), tuple(range(self.seeds_per_start)))
 
     def seeds(self, starts: int, cell: tuple[str, str] | None = None) -> list[int]:
-        """Run seeds of the first `starts` members, each at the cell's replicates (default: `seeds_per_start`)."""
+        """Run seeds of the first `starts` members, each at the cell's replicates (default: `seeds_per_start`), less
+        those the cell skipped as it ran (`not_run`)."""
         reps = self.cell_replicates(*cell) if cell else tuple(range(self.seeds_per_start))
-        return [m + r * self.member_pool for m in self.members[:starts] for r in reps]
+        skipped = set(self.not_run.get(cell, ())) if cell else set()
+        seeds = [m + r * self.member_pool for m in self.members[:starts] for r in reps]
+        return [s for s in seeds if s not in skipped]
 
 
 def _cell(text: str, study: str) -> tuple[str, str]:
@@ -211,11 +219,15 @@ def _members(raw: object, study: str) -> tuple[int, ...]:
 
 
 def _admission(raw: dict | None, study: str) -> Admission:
-    known = ("min_sampled_reward", "max_zero_variance")
+    known = ("min_sampled_reward", "max_zero_variance", "in_band")
     unknown = sorted(set(raw or {}) - set(known))
     if unknown:
         raise ValueError(f"study {study}: unit.admit keys {unknown} are not among {list(known)}")
-    return Admission(**{k: float(v) for k, v in (raw or {}).items()})
+    raw = dict(raw or {})
+    in_band = raw.pop("in_band", False)
+    if not isinstance(in_band, bool):
+        raise ValueError(f"study {study}: unit.admit.in_band {in_band!r} must be true or false")
+    return Admission(**{k: float(v) for k, v in raw.items()}, in_band=in_band)
 
 
 def _runs(raw: list | None) -> tuple[tuple[tuple[str, str], ...], dict[tuple[str, str], tuple[int, ...]]]:
@@ -230,6 +242,30 @@ def _runs(raw: list | None) -> tuple[tuple[tuple[str, str], ...], dict[tuple[str
             for cell in block_cells:
                 reps.setdefault(cell, set()).update(int(r) for r in block["replicates"])
     return tuple(dict.fromkeys(cells)), {c: tuple(sorted(r)) for c, r in reps.items()}
+
+
+def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[str, str], tuple[int, ...]]:
+    """`not_run`: blocks of {levels: [...], arms: [...] (optional: every arm), seeds: [...]}, the run seeds those
+    cells skipped as the study ran (their pool member's warm-up ended outside its band on the machine that ran them),
+    so its launcher lists them not and its looks do not wait for them."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for block in raw or ():
+        unknown = sorted(set(block) - {"levels", "arms", "seeds"})
+        if unknown or "levels" not in block or "seeds" not in block:
+            raise ValueError(f"study {study}: not_run block {block} must have levels, seeds and optionally arms")
+        for lv in block["levels"]:
+            for arm in block.get("arms") or arms:
+                out.setdefault((str(arm), str(lv)), set()).update(int(s) for s in block["seeds"])
+    return {c: tuple(sorted(v)) for c, v in out.items()}
+
+
+def _start(raw: object, study: str) -> bool:
+    if raw not in ("cold start", "member"):
+        raise ValueError(
+            f"study {study}: unit.start {raw!r} must be 'cold start' (each warm-up a unit) or 'member' (a pool "
+            "member's warm-ups in two environments one unit)"
+        )
+    return raw == "member"
 
 
 def _compiled(raw: object, study: str) -> bool:
@@ -304,6 +340,8 @@ def load_study(path: str | Path) -> Study:
         readme=None if raw.get("readme") is None else () if raw["readme"] is True else tuple(map(str, raw["readme"])),
         sections=tuple(str(x) for x in raw.get("sections") or ()),
         compiled=_compiled(raw.get("compiled", False), name),
+        by_member=_start(unit.get("start", "cold start"), name),
+        not_run=_not_run(raw.get("not_run"), tuple(arms), name),
     )
     check_study(study)
     return study
@@ -354,7 +392,9 @@ def check_study(study: Study) -> None:
     unknown_shown = sorted(set(study.readme or ()) - {c.name for c in study.contrasts})
     if unknown_shown:
         raise ValueError(f"study {name}: readme shows contrasts it does not declare: {unknown_shown}")
-    unknown_runs = [f"{a}@{lv}" for a, lv in study.runs if a not in study.arms or lv not in study.levels]
+    unknown_runs = [
+        f"{a}@{lv}" for a, lv in (*study.runs, *study.not_run) if a not in study.arms or lv not in study.levels
+    ]
     if unknown_runs:
         raise ValueError(f"study {name}: runs {unknown_runs} name an arm or level it does not declare")
     if study.pool is not None and (study.pool < 1 or max(study.members) >= study.pool):
