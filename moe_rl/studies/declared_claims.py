@@ -10,7 +10,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from moe_rl.analysis.claims.rules import Claim
+from moe_rl.analysis.claims.rules import NO_DATA, Claim
 from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
 from moe_rl.studies.design import UNITS, Contrast, Study, load_study
 
@@ -32,7 +32,7 @@ def stated_claim(
     claim_id: int, study_name: str, first_look: tuple[str, Callable[[Path, Path], Claim]] | None = None
 ) -> Callable[[Path, Path], Claim]:
     """Claim `claim_id` as the declared study `study_name` states it (its `claims` entry), before any look of it
-    ("no data"); `first_look` (label, claim) a reading by an older design, kept in its notes at the level it was
+    (`NO_DATA`); `first_look` (label, claim) a reading by an older design, kept in its notes at the level it was
     read."""
 
     def judge(root: Path, presets: Path) -> Claim:
@@ -110,7 +110,7 @@ def study_claim(
                 + ", ".join(f"{k} {100 * v:+.1f} {unit}" for k, v in cells.items())
             )
         if earlier is not None:  # the earlier looks' verdict (none where `earlier` only states the claim)
-            if prior.reason != "no data":
+            if prior.reason != NO_DATA:  # read by earlier runs, not only stated
                 c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
             c.notes += prior.notes
         c.plain = (

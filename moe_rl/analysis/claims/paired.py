@@ -52,6 +52,7 @@ from moe_rl.analysis.claims.rules import (
     INTERVAL,
     MARGINS,
     N_BOOT,
+    NO_DATA,
     NOT_REPRODUCED,
     PRIMARY,
     REPRODUCED,
@@ -121,7 +122,7 @@ class PairedClaim:
     also: tuple[AlsoOn, ...] = ()
     plain: str = ""  # the paragraph for a person as a template; "" the outcomes' own (or the page's fallback)
     describe: Callable[[Path], list[str]] | None = None  # notes of the claim's own, measured, not tested
-    no_data: tuple[str, str] = (INCONCLUSIVE, "no data")  # verdict and reason ({experiment})
+    no_data: tuple[str, str] = (INCONCLUSIVE, NO_DATA)  # verdict and reason ({experiment})
     no_arms: tuple[str, str] = (INCONCLUSIVE, "no runs of {missing} in {experiment}")
     no_cell: tuple[str, str] = (
         UNTESTABLE_HERE,

@@ -41,6 +41,9 @@ CONTINUOUS = {ACCURACY: "final accuracy", "reward_auc": "reward AUC"}
 PRIMARY = [*CONTINUOUS, "time_to_collapse"]  # what an experiment file's `analysis.primary` should declare
 
 
+NO_DATA = "no data"  # the reason of a claim no runs have read: its statement alone
+
+
 @dataclass
 class Claim:
     """One row of CLAIMS.md."""
@@ -55,7 +58,7 @@ class Claim:
     test: str = ""
     p_value: float = math.nan
     verdict: str = INCONCLUSIVE
-    reason: str = "no data"
+    reason: str = NO_DATA
     notes: list[str] = field(default_factory=list)
     plain: str = ""  # a paragraph for a person: what was tested, found, how sure, what would change it
     robustness: dict[str, str] = field(default_factory=dict)  # collapse definition -> verdict, where it applies
