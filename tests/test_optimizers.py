@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
+from moe_rl.algos import optimizers
 from moe_rl.algos.optimizers import SignSGD, load_aware_scale
 from moe_rl.config import validate
 from moe_rl.loop.expert_step import ExpertStep
@@ -178,3 +179,31 @@ def test_an_instrumented_update_observes_each_experts_activity_and_move(tmp_path
     moved = "optim/expert_step/move_active/layer_0/expert_0"
     assert step["optim/expert_step/active/layer_0/expert_0"] == 0.5 and step[moved] == metrics[moved]
     assert "optim/expert_step/move_active/layer_0/expert_5" not in step  # active in no update: absent
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_the_multi_tensor_adamw_is_the_per_tensor_loop_bit_for_bit(weight_decay: float) -> None:
+    """`optimizers.adamw` runs torch's foreach implementation; on CPU torch's default is the per-tensor loop. Over
+    two parameter groups at two lrs (as the load-aware expert step builds them) and 12 steps of random gradients the
+    weights agree exactly, so the switch changes no run's numbers, only its time."""
+    torch.manual_seed(0)
+    shapes = [(7, 5), (5,), (3, 4, 2)]
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(12)]
+
+    def run(make) -> list[torch.Tensor]:  # noqa: ANN001
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = make([{"params": params[:2]}, {"params": params[2:], "lr": 3e-3}])
+        for step in grads:
+            for p, g in zip(params, step, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        return [p.detach() for p in params]
+
+    ours = run(lambda groups: optimizers.adamw(groups, lr=1e-3, weight_decay=weight_decay, eps=1e-8))
+    loop = run(
+        lambda groups: torch.optim.AdamW(
+            groups, lr=1e-3, weight_decay=weight_decay, betas=optimizers.BETAS, eps=1e-8, foreach=False
+        )
+    )
+    assert all(torch.equal(a, b) for a, b in zip(ours, loop, strict=True))

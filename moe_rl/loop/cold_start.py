@@ -226,7 +226,7 @@ def _train_cold_start(
     patience = cold_start_patience(cold, task_cfg)
     # `cold_start.compile`: the SFT step's forward and backward compiled, the greedy evaluations eager
     forward = compiled_forward(model, numerics=numerics) if cold.compile else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0, foreach=True)  # bitwise the loop
     rng = random.Random(cold.seed)
     history: list[dict] = []
     accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None
