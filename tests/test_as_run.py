@@ -41,6 +41,11 @@ def dry_run_runs(name: str) -> set[str]:
     return runs
 
 
+def test_every_study_declared_as_it_ran_is_checked_here() -> None:
+    declared = {p.stem for p in (PRESETS.parent / "study").glob("*.yaml") if load_study(p).declared}
+    assert declared == set(AS_RUN)
+
+
 @pytest.mark.parametrize("name", sorted(AS_RUN))
 def test_the_declared_launcher_names_every_shipped_run(name: str) -> None:
     shipped = {

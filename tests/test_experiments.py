@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, config_hash, identity_spec, to_train_config, validate
+from moe_rl.studies.design import load_study
 
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "preset").glob("*.yaml"))
@@ -46,15 +47,15 @@ SWEEP_SIZES = {
     "mechanism_gentle": 110,
     "mechanism_fine": 20,
     "frontier": 64,  # the shared point; the other points come from experiments/frontier.py, one multirun per probe
-    "divergence": 1,  # its runs come from its declaration (experiments/study.py divergence), one multirun per cell
-    "staleness": 1,  # its runs come from its declaration (experiments/study.py staleness), one multirun per cell
-    "causal": 1,  # its runs come from its declaration (experiments/study.py causal), one multirun per cell
-    "length": 1,  # its runs come from its declaration (experiments/study.py length), one multirun per cell
 }
+# a preset whose study is declared as it ran: its runs come from the declaration (experiments/study.py NAME), one
+# multirun per cell, so its own sweep is one run
+AS_RAN = sorted({s.preset for p in sorted((CONF / "study").glob("*.yaml")) if (s := load_study(p)).declared})
+SWEEP_SIZES |= dict.fromkeys(AS_RAN, 1)
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults
 # (the length study reads route flips and the ratio split too, as run means over the route steps, every 10th)
-LEAN = {"frontier", "divergence", "staleness", "causal", "length"}
+LEAN = {"frontier", *AS_RAN}
 # experiments that add seeds to another one's folder (same configs, so its report pools them)
 ADDS_TO = {
     "phase_edge": "phase",
