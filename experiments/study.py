@@ -50,6 +50,8 @@ def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> l
     print(f"== {study.name}: look {look + 1} of {len(study.design.looks)}, {starts} starts", flush=True)
     failed = []
     for arm, level in study.cells():
+        if not study.seeds(starts, (arm, level)):  # every seed of this look skipped as the study ran (`not_run`)
+            continue
         cmd = cell_command(study, arm, level, starts, runs, jobs)
         print(f"[{arm}@{level}] " + " ".join(cmd[2:]), flush=True)
         if not dry_run and subprocess.run(cmd, cwd=ROOT).returncode != 0:

@@ -181,15 +181,19 @@ def test_an_instrumented_update_observes_each_experts_activity_and_move(tmp_path
     assert "optim/expert_step/move_active/layer_0/expert_5" not in step  # active in no update: absent
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_the_multi_tensor_adamw_is_the_per_tensor_loop_bit_for_bit(weight_decay: float) -> None:
-    """`optimizers.adamw` runs torch's foreach implementation; on CPU torch's default is the per-tensor loop. Over
-    two parameter groups at two lrs (as the load-aware expert step builds them) and 12 steps of random gradients the
-    weights agree exactly, so the switch changes no run's numbers, only its time."""
+def test_the_multi_tensor_adamw_is_the_per_tensor_loop_bit_for_bit(weight_decay: float, dtype: torch.dtype) -> None:
+    """`optimizers.adamw` runs torch's foreach implementation in float32 and float64; on CPU torch's default is the
+    per-tensor loop. Over two parameter groups at two lrs (as the load-aware expert step builds them) and 12 steps of
+    random gradients the weights agree exactly, so the switch changes no run's numbers, only its time. In bfloat16,
+    where the two round differently, torch's default stays."""
     torch.manual_seed(0)
     shapes = [(7, 5), (5,), (3, 4, 2)]
-    start = [torch.randn(s) for s in shapes]
-    grads = [[torch.randn(s) for s in shapes] for _ in range(12)]
+    start = [torch.randn(s, dtype=dtype) for s in shapes]
+    grads = [[torch.randn(s, dtype=dtype) for s in shapes] for _ in range(12)]
+    assert optimizers.exact_foreach([torch.nn.Parameter(t) for t in start]) is True
+    assert optimizers.exact_foreach([{"params": [torch.nn.Parameter(start[0].bfloat16())]}]) is None
 
     def run(make) -> list[torch.Tensor]:  # noqa: ANN001
         params = [torch.nn.Parameter(t.clone()) for t in start]

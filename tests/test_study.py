@@ -82,7 +82,10 @@ def test_every_shipped_declaration_loads() -> None:
         ({"compiled": "yes"}, "compiled 'yes' must be true"),
         ({"unit": {"members": "300..302", "start": "seed"}}, "unit.start 'seed' must be 'cold start'"),
         ({"unit": {"members": "300..302", "admit": {"in_band": "yes"}}}, "in_band 'yes' must be true or false"),
-        ({"not_run": [{"levels": ["hi"], "seeds": [1], "replicates": [0]}]}, "must have levels, seeds and optionally"),
+        ({"not_run": [{"levels": ["hi"], "seeds": [1], "replicates": [0]}]}, "must have non-empty lists levels"),
+        ({"not_run": [{"levels": "hi", "seeds": [300]}]}, "must have non-empty lists levels"),
+        ({"not_run": [{"levels": ["hi"], "arms": [], "seeds": [300]}]}, "must have non-empty lists levels"),
+        ({"not_run": [{"levels": ["hi"], "seeds": [300, 7]}]}, r"not_run seeds \[7\] of none@hi are not seeds it runs"),
         ({"not_run": [{"levels": ["mid"], "seeds": [1]}]}, r"runs \['none@mid', 'r2@mid'\] name an arm or level"),
         ({"arms": {**BASE["arms"], "r2": {"overrides": ["replay=r2", "compile=true"]}}}, "one for every run"),
     ],
@@ -162,8 +165,16 @@ def test_a_run_mean_read_on_the_floor_is_untestable(tmp_path) -> None:
     runs["routing_share"] = runs["change"]
     runs.loc[runs["cell"] == "none@hi", "late_accuracy"] = 0.0
     row = declared.decide(study, runs, study.contrasts[0])
-    assert row["verdict"] == declared.UNTESTABLE and "none@hi's runs end at accuracy 0" in row["reason"]
+    assert row["verdict"] == declared.UNTESTABLE and "100% of none@hi's runs end at accuracy 0" in row["reason"]
     assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
+    three = {**share, "name": "three", "cells": {"r2@hi": 1, "none@hi": -0.5, "none@lo": -0.5}}
+    both = load_study(_write(tmp_path, contrasts=[three]))
+    runs3 = pd.concat([runs, runs[runs["cell"] == "none@hi"].assign(cell="none@lo")], ignore_index=True)
+    runs3.loc[(runs3["cell"] == "none@hi") & (runs3["seed"] == 300), "late_accuracy"] = 0.5  # 2 of 3 at 0
+    assert "100% of none@lo's" in declared.decide(both, runs3, both.contrasts[0])["reason"]  # the worse is named
+    runs["late_accuracy"] = np.where(runs["cell"] == "r2@hi", 1.0, 0.5)  # a ceiling: every sample right
+    row = declared.decide(study, runs, study.contrasts[0])
+    assert row["verdict"] == declared.UNTESTABLE and row["reason"].startswith("ceiling: 100% of r2@hi's runs")
 
 
 def test_the_rule_by_hand_at_one_look(tmp_path) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from moe_rl.algos.optimizers import exact_foreach
 from moe_rl.config import ColdStartConfig, ModelConfig, TaskConfig, TrainConfig
 from moe_rl.loop.compiled import compiled_forward
 from moe_rl.models import build_model, load_model
@@ -226,7 +227,8 @@ def _train_cold_start(
     patience = cold_start_patience(cold, task_cfg)
     # `cold_start.compile`: the SFT step's forward and backward compiled, the greedy evaluations eager
     forward = compiled_forward(model, numerics=numerics) if cold.compile else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cold.lr, weight_decay=0.0, foreach=True)  # bitwise the loop
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=cold.lr, weight_decay=0.0, foreach=exact_foreach(params))
     rng = random.Random(cold.seed)
     history: list[dict] = []
     accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None

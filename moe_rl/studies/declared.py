@@ -3,10 +3,11 @@ rule at its look, the cell and starts tables. Its report is `declared_report`, i
 `declared_claims`.
 
 The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on the run seed (`pair_values`) and reduced to
-start means (a start: the cold start, or the pool member where the cells are two models):
+start means (a start: the cold start, or the pool member where the cells are two models or the study declares
+`unit.start: member`):
 - **untestable here** where the contrast cannot differ: most runs of every cell it reads sit at the floor (late
-  accuracy 0) or at the ceiling (1), or the reference does not degrade (its declared `requires` combination's mean
-  is not below its bound);
+  accuracy 0) or at the ceiling (1); for a run-mean outcome, most runs of any one cell at a bound (`bound_reason`);
+  or the reference does not degrade (its declared `requires` combination's mean is not below its bound);
 - **reproduced** where, at the first look that reaches it (looks read in order, each on its members), the one-sided
   t on start means, read as a z (`sequential.t_to_z`), reaches the look's O'Brien-Fleming-type boundary
   (`sequential.boundaries` at the information reached, alpha spent one-sided in the claimed direction);
@@ -107,7 +108,7 @@ def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFra
     out["greedy_accuracy"] = [c.get("greedy_accuracy", np.nan) for c in covariates]
     out["sampled_reward"] = [c.get("sampled_reward", np.nan) for c in covariates]
     out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
-    out["in_band"] = [bool(w.get("in_band", True)) for w in warmups]
+    out["in_band"] = [w.get("in_band") is not False for w in warmups]  # None: no warm-up (a checkpoint as it is)
     covs = ["warmup", "greedy_accuracy", "sampled_reward", "zero_variance", "in_band"]
     return out[[*keep, *columns, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
 
@@ -145,8 +146,10 @@ def pair_values(
 
 def bound_reason(runs: pd.DataFrame, contrast: Contrast, outcome: str = "change") -> str | None:
     """Why the contrast's cells cannot differ: most runs of every cell at the floor, or at the ceiling; for a run
-    mean (`outcome` other than `change`), most runs of any cell at the floor, where the mean is read over steps
-    without reward variance, so without a policy gradient; else None (also while some cell has no run yet)."""
+    mean (`outcome` other than `change`), most runs of any one cell at the floor or the ceiling, where every sample
+    of a group scores alike, so the mean is read over steps without a policy gradient; else None (also while some
+    cell has no run yet). A run's bound is its final accuracy: a run that reaches it late in its steps counts as
+    at it, which suits runs that collapse early (the length study's, by step ~11 of 200), not late ones."""
     names = [f"{a}@{lv}" for a, lv in contrast.weights]
     cells = runs[runs["cell"].isin(names)]
     if set(cells["cell"]) != set(names):
@@ -157,12 +160,15 @@ def bound_reason(runs: pd.DataFrame, contrast: Contrast, outcome: str = "change"
         return f"floor: most runs of every cell end at accuracy 0 ({floor.min():.0%}-{floor.max():.0%})"
     if (ceiling > BOUND_SHARE).all():
         return f"ceiling: most runs of every cell end at accuracy 1 ({ceiling.min():.0%}-{ceiling.max():.0%})"
-    dead = floor[floor > BOUND_SHARE]
-    if outcome != "change" and len(dead):
-        return (
-            f"floor: {floor[dead.index].max():.0%} of {dead.index[0]}'s runs end at accuracy 0, so its run mean of "
-            f"`{outcome}` is read over steps without a policy gradient"
-        )
+    if outcome == "change":
+        return None
+    for word, share, bound in (("floor", floor, 0), ("ceiling", ceiling, 1)):
+        if (share > BOUND_SHARE).any():
+            cell = share.idxmax()
+            return (
+                f"{word}: {share[cell]:.0%} of {cell}'s runs end at accuracy {bound}, so its run mean of "
+                f"`{outcome}` is read over steps without a policy gradient"
+            )
     return None
 
 
@@ -287,7 +293,13 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     members = bool(len(pairs)) and pairs["start"].astype(str).str.startswith("member ").all()
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row["outcome"] = study.outcome_of(contrast)
-    row["unit"] = "pool members (a warm-up of each per model or length)" if members else "cold starts"
+    row["unit"] = (
+        "pool members (a member's warm-ups on two machines one unit)"
+        if study.by_member
+        else "pool members (a warm-up of each per model or length)"
+        if members
+        else "cold starts"
+    )
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
     row.update(kl_adjusted(pairs, runs, contrast, pool))
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None

@@ -148,6 +148,8 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         if study.by_member
         else f"{'new ' if not study.declared else ''}cold starts"
     )
+    out_w, out_r = result.starts[~result.starts["admitted"]], int((~result.runs["admitted"]).sum())
+    left_out = f"; {len(out_w)} of {len(result.starts)} warm-ups left out, {out_r} runs" if len(out_w) else ""
     beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
     declared = study.declared or f"Declared in `experiments/conf/study/{study.file.name}` before its runs."
     columns = "".join(f" `{k}`: the run mean of `{v}`." for k, v in study.columns.items())
@@ -160,7 +162,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
         f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
         f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {unit} "
-        f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted), "
+        f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted{left_out}), "
         f"{result.runs['wall_s'].sum() / 60:.0f} min of run time in all (status.json `wall_s`); numerics domain: "
         f"{'; '.join(result.domains)}.",
         result.provenance,

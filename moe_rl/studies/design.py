@@ -17,8 +17,11 @@ seed m starts from member m; replicate r of member m runs at seed m + r * POOL).
 (its design in a preset) is declared as it ran: `unit.pool` names the pool its preset's cold start draws from (run
 seed s starts from member s mod pool; the launcher then passes no `cold_start.pool`, so its runs keep their names),
 `runs` lists its cells in run order (controls no contrast reads included; a block may name the `replicates` it ran
-of each member), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
-of each claim it first decided, and `declared` where and when its design was written. Any study may name `axes`
+of each member), `not_run` the seeds a cell skipped as it ran (the launcher lists them not, the looks do not wait
+for them), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
+of each claim it first decided, and `declared` where and when its design was written; `unit.start: member` makes
+the pool member the unit (its twins warmed on two machines one start). `unit.admit.in_band` admits only warm-ups
+that ended inside their band. Any study may name `axes`
 (an axis: its levels in order), which its report draws as each arm's profile along the axis, and `readme` (true,
 or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`). A study
 that needs a computation of its own (a crossing, a slope) names it in `sections` ("module:function", called by its
@@ -250,9 +253,15 @@ def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[
     so its launcher lists them not and its looks do not wait for them."""
     out: dict[tuple[str, str], set[int]] = {}
     for block in raw or ():
-        unknown = sorted(set(block) - {"levels", "arms", "seeds"})
-        if unknown or "levels" not in block or "seeds" not in block:
-            raise ValueError(f"study {study}: not_run block {block} must have levels, seeds and optionally arms")
+        lists = {k: block.get(k) for k in ("levels", "arms", "seeds") if k in block}
+        if (
+            set(block) - {"levels", "arms", "seeds"}
+            or not {"levels", "seeds"} <= set(block)
+            or not all(isinstance(v, list) and v for v in lists.values())
+        ):
+            raise ValueError(
+                f"study {study}: not_run block {block} must have non-empty lists levels and seeds, and optionally arms"
+            )
         for lv in block["levels"]:
             for arm in block.get("arms") or arms:
                 out.setdefault((str(arm), str(lv)), set()).update(int(s) for s in block["seeds"])
@@ -397,6 +406,11 @@ def check_study(study: Study) -> None:
     ]
     if unknown_runs:
         raise ValueError(f"study {name}: runs {unknown_runs} name an arm or level it does not declare")
+    for cell, seeds in study.not_run.items():
+        reps = study.cell_replicates(*cell)
+        foreign = sorted(set(seeds) - {m + r * study.member_pool for m in study.members for r in reps})
+        if foreign:
+            raise ValueError(f"study {name}: not_run seeds {foreign} of {'@'.join(cell)} are not seeds it runs")
     if study.pool is not None and (study.pool < 1 or max(study.members) >= study.pool):
         raise ValueError(f"study {name}: unit.pool {study.pool} must exceed every member id (run seed mod pool)")
     for arm in study.arms.values():

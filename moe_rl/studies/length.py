@@ -54,19 +54,19 @@ def length_of(study: Study, level: str) -> int:
 def member_values(
     study: Study, runs: pd.DataFrame, levels: tuple[str, ...], value: str, a: str, b: str | None = None
 ) -> pd.DataFrame:
-    """Per (member, L) over `levels`: arm a's mean of `value` over its runs, or with `b` the mean of the paired
-    difference a - b on the run seed within the length; columns member, L, y."""
+    """Per (pool member, L) over `levels`: arm a's mean of `value` over its runs (the member's seeds, twins
+    included), or with `b` the mean of the paired difference a - b on the run seed within the length; columns
+    member, L, y."""
     rows = []
     for level in levels:
         at = runs[runs["level"] == level]
-        side = at[at["arm"] == a].set_index("seed")
-        y = side[value]
+        y = at[at["arm"] == a].set_index("seed")[value]
         if b is not None:
-            y = (y - at[at["arm"] == b].set_index("seed")[value]).dropna()
+            y = y - at[at["arm"] == b].set_index("seed")[value]
         y = y.dropna()
-        starts = side["start"].reindex(y.index)
-        for member, v in y.groupby(starts):
-            rows.append({"member": member, "L": length_of(study, level), "y": float(v.mean())})
+        members = y.index.to_series().astype(int) % study.member_pool  # run seed m + r * pool: member m
+        for member, v in y.groupby(members.to_numpy()):
+            rows.append({"member": f"member {member}", "L": length_of(study, level), "y": float(v.mean())})
     return pd.DataFrame(rows, columns=["member", "L", "y"])
 
 
@@ -95,7 +95,7 @@ def trend(
 def trend_table(study: Study, result: StudyResult) -> pd.DataFrame:
     """Every declared axis's trends (`TRENDS`, where its arms ran), with the levels whose cells sit on a floor."""
     runs = result.runs[result.runs["admitted"]]
-    floor = runs.groupby("cell")["late_accuracy"].apply(lambda v: (v <= 0).mean() > BOUND_SHARE)
+    floor = result.cells.set_index("cell")["floor_share"] > BOUND_SHARE  # the cells' table, on the admitted runs
     rows = []
     for axis, levels in study.axes.items():
         ran = set(runs.loc[runs["level"].isin(levels), "arm"])
