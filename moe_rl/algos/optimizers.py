@@ -3,9 +3,10 @@
 - `adamw`: torch's AdamW, betas (0.9, 0.99), `eps` exposed (`optim.eps`; 1e-8, torch's default, is the loop's
   optimizer bit for bit), its multi-tensor (`foreach`) implementation where every parameter is float32 or float64:
   on CPU the same numbers as the per-tensor loop torch picks there by default, bit for bit (tested), in 0.58x its
-  time for the default model (in bfloat16 the two round differently, so there torch's default stays). An expert that gets gradient on a share p of the updates keeps a second moment near
-  p g^2, so on the updates it is used it moves about 1/sqrt(p) as far as a busy one; a larger eps (1e-6,
-  1e-5) bounds that step where sqrt(v) is small and makes rarely used experts SGD-like.
+  time for the default model (in bfloat16 the two round differently, so there torch's default stays). An expert
+  that gets gradient on a share p of the updates keeps a second moment near p g^2, so on the updates it is used
+  it moves about 1/sqrt(p) as far as a busy one; a larger eps (1e-6, 1e-5) bounds that step where sqrt(v) is
+  small and makes rarely used experts SGD-like.
 - `sign`: sign-SGD with decoupled weight decay, stateless, as prime-rl ships it for MoE RL
   (`prime_rl/trainer/optim/sign_sgd.py`, read to confirm the rule): `w <- w - lr wd w - lr sign(g)`, AdamW
   with beta1 = beta2 = 0 and eps -> 0. Every coordinate with a gradient moves by lr, whatever its expert's load.

@@ -7,8 +7,8 @@ borrows runs from. A study's own analysis, report and claims live in its modules
 study is its declaration (experiments/conf/study/NAME.yaml, `design`; run by `experiments/study.py NAME`) and one
 row below whose report is `declared_report.study_report(NAME)` and whose claims are `declared_claims.study_claim(...)`: the one
 rule decides them (`declared`). Older studies keep their own modules here (an analysis, a report, claims); the
-frontier's bisection keeps its own launcher (experiments/frontier.py). A table in README.md: `readme` in a declaration, else a block
-in `moe_rl.report.README_TABLES`.
+frontier's bisection keeps its own launcher (experiments/frontier.py). A table in README.md: `readme` in a
+declaration, else a block in `moe_rl.report.README_TABLES`.
 
 The presets folder is passed in (`python -m moe_rl.report --presets`, default experiments/conf/preset): nothing
 here reads the checkout.

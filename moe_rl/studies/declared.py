@@ -55,7 +55,16 @@ from moe_rl.metrics.names import (
     TASK_ACCURACY,
     offpolicy_key,
 )
-from moe_rl.studies.design import MIN_STARTS, OUTCOMES, POOL, Contrast, Study, load_study
+from moe_rl.studies.design import (
+    MIN_STARTS,
+    OUTCOMES,
+    POOL,
+    TWINS_UNIT,
+    Contrast,
+    Study,
+    load_study,
+    member_start,
+)
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
 # an exploratory contrast reproduces nothing: the same rule, its outcomes named for what they say
@@ -139,7 +148,7 @@ def pair_values(
     wide = wide[list(cols)].dropna()
     by_seed = used.groupby("seed")["start"]
     distinct, first = by_seed.nunique(), by_seed.first()
-    block = [first[s] if distinct[s] == 1 else f"member {int(s) % pool}" for s in wide.index]
+    block = [first[s] if distinct[s] == 1 else member_start(s, pool) for s in wide.index]
     value = sum(wide[c] * w for c, w in cols.items())
     return pd.DataFrame({"start": block, "seed": wide.index, "value": np.asarray(value, dtype=float)})
 
@@ -180,19 +189,9 @@ def pair_members(pairs: pd.DataFrame, pool: int = POOL) -> pd.Series:
 def complete_members(study: Study, runs: pd.DataFrame) -> set[int]:
     """The pool members whose runs are all in: a finished run (admitted or not) of every seed the study runs of
     them in every cell (`Study.seeds`: each replicate, less the seeds a cell skipped as it ran)."""
-    cells = study.cells()
-    done = set(zip(runs["cell"], runs["seed"].astype(int), strict=True))
-    pool = study.member_pool
-    return {
-        m
-        for m in study.members
-        if all(
-            (f"{a}@{lv}", s) in done
-            for a, lv in cells
-            for s in study.seeds(len(study.members), (a, lv))
-            if s % pool == m
-        )
-    }
+    due = {(f"{a}@{lv}", s) for a, lv in study.cells() for s in study.seeds(len(study.members), (a, lv))}
+    missing = due - set(zip(runs["cell"], runs["seed"].astype(int), strict=True))
+    return set(study.members) - {s % study.member_pool for _, s in missing}
 
 
 def looks_reached(study: Study, complete: set[int]) -> int:
@@ -294,7 +293,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     row: dict[str, object] = {"contrast": contrast.name, "claim": contrast.claim, "direction": contrast.direction}
     row["outcome"] = study.outcome_of(contrast)
     row["unit"] = (
-        "pool members (a member's warm-ups on two machines one unit)"
+        TWINS_UNIT
         if study.by_member
         else "pool members (a warm-up of each per model or length)"
         if members
@@ -412,7 +411,7 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     study = load_study(study_file)
     table = per_run(runs_dir, study.columns)
     if study.by_member:  # a pool member's twins (its warm-ups on two machines) are one unit
-        table["start"] = [f"member {int(s) % study.member_pool}" for s in table["seed"]]
+        table["start"] = [member_start(s, study.member_pool) for s in table["seed"]]
     table["admitted"] = [
         study.admission.admits(r, z, b)
         for r, z, b in zip(table["sampled_reward"], table["zero_variance"], table["in_band"], strict=True)

@@ -23,7 +23,7 @@ from moe_rl.studies.declared import (
     StudyResult,
     analyse,
 )
-from moe_rl.studies.design import UNITS, Admission, Study, load_study
+from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, load_study
 
 
 def forest_figure(study: Study, result: StudyResult):
@@ -134,7 +134,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
                 f"sampled reward >= {a.min_sampled_reward:g} and a share of held-out prompts without reward "
                 f"variance <= {a.max_zero_variance:g}"
             ]
-            if (a.min_sampled_reward, a.max_zero_variance) != (0.0, 1.0)
+            if a.bounds_covariates
             else []
         ),
     ]
@@ -143,11 +143,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         if a != Admission()
         else ""
     )
-    unit = (
-        "pool members (a member's warm-ups on two machines one unit)"
-        if study.by_member
-        else f"{'new ' if not study.declared else ''}cold starts"
-    )
+    unit = TWINS_UNIT if study.by_member else f"{'new ' if not study.declared else ''}cold starts"
     out_w, out_r = result.starts[~result.starts["admitted"]], int((~result.runs["admitted"]).sum())
     left_out = f"; {len(out_w)} of {len(result.starts)} warm-ups left out, {out_r} runs" if len(out_w) else ""
     beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]

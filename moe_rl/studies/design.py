@@ -21,8 +21,8 @@ of each member), `not_run` the seeds a cell skipped as it ran (the launcher list
 for them), `columns` the run means its cell table adds (name: metric key), `claims` the statement and source
 of each claim it first decided, and `declared` where and when its design was written; `unit.start: member` makes
 the pool member the unit (its twins warmed on two machines one start). `unit.admit.in_band` admits only warm-ups
-that ended inside their band. Any study may name `axes`
-(an axis: its levels in order), which its report draws as each arm's profile along the axis, and `readme` (true,
+that ended inside their band. Any study may name `axes` (an axis: its levels in order), which its report draws as
+each arm's profile along the axis, and `readme` (true,
 or the contrasts to show), which puts a table of it into README.md (`python -m moe_rl.report --readme`). A study
 that needs a computation of its own (a crossing, a slope) names it in `sections` ("module:function", called by its
 report with the study, its result and the output folder, returning markdown lines and the files it wrote). A study
@@ -47,6 +47,12 @@ OUTCOMES = {  # one named definition each: what every table of the study prints
     "off-policy update flips",
 }
 UNITS = {"change": "pp", "routing_share": "points of share", "drift": "pp of routes"}  # each outcome x 100
+TWINS_UNIT = "pool members (a member's warm-ups on two machines one unit)"  # `unit.start: member`
+
+
+def member_start(seed: int, pool: int) -> str:
+    """The start a run of `seed` counts under where the pool member is the unit: member seed mod pool."""
+    return f"member {int(seed) % pool}"
 
 
 @dataclass(frozen=True)
@@ -108,11 +114,16 @@ class Admission:
     max_zero_variance: float = 1.0  # the share of held-out prompts whose samples are all wrong or all right
     in_band: bool = False  # only warm-ups that ended inside their band of greedy accuracy
 
+    @property
+    def bounds_covariates(self) -> bool:
+        """Whether it sets a bound on the sampled reward or the zero-variance share."""
+        return (self.min_sampled_reward, self.max_zero_variance) != (0.0, 1.0)
+
     def admits(self, sampled_reward: float, zero_variance: float, in_band: bool = True) -> bool:
         """Whether a start with these covariates is admitted (NaN, not recorded: not admitted unless no bound is set)."""
         if self.in_band and not in_band:
             return False
-        if (self.min_sampled_reward, self.max_zero_variance) == (0.0, 1.0):
+        if not self.bounds_covariates:
             return True
         return bool(sampled_reward >= self.min_sampled_reward and zero_variance <= self.max_zero_variance)
 

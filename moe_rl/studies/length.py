@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from moe_rl.analysis.power import t_interval
 from moe_rl.studies.declared import BOUND_SHARE, StudyResult
-from moe_rl.studies.design import Study
+from moe_rl.studies.design import Study, member_start
 
 # (label, outcome column, arm a, arm b or None, log scale): the trends each axis reports, where its arms ran
 TRENDS = (
@@ -64,9 +64,9 @@ def member_values(
         if b is not None:
             y = y - at[at["arm"] == b].set_index("seed")[value]
         y = y.dropna()
-        members = y.index.to_series().astype(int) % study.member_pool  # run seed m + r * pool: member m
-        for member, v in y.groupby(members.to_numpy()):
-            rows.append({"member": f"member {member}", "L": length_of(study, level), "y": float(v.mean())})
+        members = [member_start(s, study.member_pool) for s in y.index]  # run seed m + r * pool: member m
+        for member, v in y.groupby(members):
+            rows.append({"member": member, "L": length_of(study, level), "y": float(v.mean())})
     return pd.DataFrame(rows, columns=["member", "L", "y"])
 
 
@@ -87,9 +87,10 @@ def trend(
 ) -> dict[str, object]:
     """The mean of the members' slopes with its 95% t interval over members (`slopes`; NaN below 3 members)."""
     s = slopes(member_values(study, runs, levels, value, a, b), log_y)
-    n, mean = len(s), float(s.mean()) if len(s) else math.nan
-    half = float(stats.t.isf(0.025, n - 1) * s.std(ddof=1) / math.sqrt(n)) if n >= 3 else math.nan
-    return {"members": n, "slope": mean, "lo": mean - half, "hi": mean + half}
+    if len(s) < 3:
+        return {"members": len(s), "slope": float(s.mean()) if len(s) else math.nan, "lo": math.nan, "hi": math.nan}
+    mean, lo, hi, _, _ = (float(v) for v in t_interval(s.to_numpy()))
+    return {"members": len(s), "slope": mean, "lo": lo, "hi": hi}
 
 
 def trend_table(study: Study, result: StudyResult) -> pd.DataFrame:
