@@ -313,6 +313,7 @@ class ColdStartConfig:
     pool: int = 1
     n_train: int | None = None
     compile: bool = False  # the SFT steps compiled (inductor): another numerics domain, so another start
+    beta2: float = 0.999  # AdamW's beta2 in the SFT steps (torch's default; the RL updates use 0.99)
 
     def check(self) -> None:
         _one_of("cold_start.mode", self.mode, COLD_START_MODES)
@@ -324,6 +325,8 @@ class ColdStartConfig:
             ("cold_start.pool", self.pool, 1),
             ("cold_start.n_train", 1 if self.n_train is None else self.n_train, 1),
         )
+        if not 0 <= self.beta2 < 1:
+            raise ValueError(f"cold_start.beta2={self.beta2} must lie in [0, 1) (AdamW's second-moment decay)")
         if len(self.band) != 2 or not 0 <= self.band[0] <= self.band[1] <= 1:
             raise ValueError(f"cold_start.band={list(self.band)} must satisfy 0 <= low <= high <= 1")
         _one_of("cold_start.target_metric", self.target_metric, COLD_START_TARGETS)

@@ -203,3 +203,27 @@ def test_the_warmup_samples_its_own_pool_and_refuses_another_held_out_split(monk
     moved = dataclasses.replace(task, eval=task.eval[1:])
     with pytest.raises(ValueError, match=r"another held-out split .* \(leave cold_start.n_train unset\)"):
         warmup_task(TASK, cold, moved)
+
+
+def test_the_warmup_adam_beta2_is_its_own_key_and_reaches_the_optimizer(monkeypatch) -> None:
+    """`cold_start.beta2` at torch's default (0.999) is every shipped warm-up, key and run identity unchanged; another
+    value is another start, and the SFT steps' AdamW runs with betas (0.9, beta2); outside [0, 1) it is refused."""
+    from moe_rl.loop import cold_start
+
+    plain = cold_start_key(ModelConfig(), TASK, ColdStartConfig())
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(beta2=0.999)) == plain
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(beta2=0.95)) != plain
+    assert config_hash(TrainConfig(cold_start=ColdStartConfig(beta2=0.999))) == config_hash(TrainConfig())
+    betas: list[tuple[float, float]] = []
+    real = torch.optim.AdamW
+
+    class Recorded(real):  # type: ignore[misc, valid-type]
+        def __init__(self, params, **kwargs):
+            betas.append(kwargs["betas"])
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(cold_start.torch.optim, "AdamW", Recorded)
+    cold_start.train_cold_start(ModelConfig(), TASK, ColdStartConfig(beta2=0.95, max_steps=1, eval_every=1))
+    assert betas == [(0.9, 0.95)]
+    with pytest.raises(ValueError, match=r"cold_start.beta2=1.0 must lie in \[0, 1\)"):
+        validate(TrainConfig(cold_start=ColdStartConfig(beta2=1.0)))

@@ -228,7 +228,9 @@ def _train_cold_start(
     # `cold_start.compile`: the SFT step's forward and backward compiled, the greedy evaluations eager
     forward = compiled_forward(model, numerics=numerics) if cold.compile else model
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cold.lr, weight_decay=0.0, foreach=exact_foreach(params))
+    optimizer = torch.optim.AdamW(
+        params, lr=cold.lr, betas=(0.9, cold.beta2), weight_decay=0.0, foreach=exact_foreach(params)
+    )
     rng = random.Random(cold.seed)
     history: list[dict] = []
     accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None

@@ -85,6 +85,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "pool": 1,
         "n_train": None,
         "compile": False,
+        "beta2": 0.999,
     },
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
