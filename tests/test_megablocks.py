@@ -30,6 +30,7 @@ from moe_rl.models.megablocks import (
 )
 from moe_rl.routing import RouteRecorder, RouteReplay, compare_routes, find_moe_layers, router_margins
 from moe_rl.routing.hooks import RouteHooks
+from moe_rl.routing.layers import hub_kernel_of
 
 # --- a CPU stand-in for megablocks' dMoE --------------------------------------------------------
 
@@ -352,6 +353,26 @@ def test_hub_kernel_bypass_is_refused(monkeypatch) -> None:
             attach()
     hooks = RouteHooks.of(model)  # registered by the first contexts, before the kernel: none opened since
     assert not hooks.front and not hooks.back
+
+
+def test_a_loaded_checkpoint_runs_no_hub_kernel(tmp_path, monkeypatch) -> None:
+    """`load_model` loads without transformers' default kernelization: a checkpoint whose MoE block a hub kernel
+    would take over (here every block marked as one, as `use_kernel_forward_from_hub` marks GPT-OSS's) loads with
+    `use_kernels` off and each block running its class's own forward, so recording sees the routers."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    from moe_rl.models import load_model
+
+    build_model("gpt_oss").save_pretrained(tmp_path)
+    monkeypatch.setattr(GptOssMLP, "kernel_layer_name", "MegaBlocksMoeMLP", raising=False)
+    model = load_model(tmp_path)
+    model.train()
+    model.eval()
+    assert model.use_kernels is False and model.kernels_mode is None
+    assert all(hub_kernel_of(layer.mlp) is None for layer in model.model.layers)
+    with RouteRecorder(model) as rec:
+        model(token_ids())
+    assert rec.routes.indices.shape[-1] == model.config.num_experts_per_tok
 
 
 # --- GPU: the real dMoE --------------------------------------------------------------------------

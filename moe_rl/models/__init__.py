@@ -85,7 +85,13 @@ def load_model(
         from moe_rl.models.megablocks import load_megablocks_model
 
         return load_megablocks_model(source, dtype=dtype)
-    kwargs: dict[str, Any] = {"experts_implementation": experts_implementation or default_experts_implementation(dtype)}
+    # transformers kernelizes every from_pretrained by default (`use_kernels`): hub kernels, where the hub is reachable,
+    # would replace the family's own layers (a fused MoE block never calls its router: refused at attach), so a run's
+    # numbers would hang on the network; and every train()/eval() would re-kernelize (1.1 ms a pair, 0.36 without)
+    kwargs: dict[str, Any] = {
+        "experts_implementation": experts_implementation or default_experts_implementation(dtype),
+        "use_kernels": False,
+    }
     if config.model_type == "gpt_oss":  # attention sinks have no SDPA path
         kwargs["attn_implementation"] = "eager"
     try:
