@@ -14,7 +14,9 @@ skipped as finished. The clock is the multirun's wall time, start to end, so it 
 processes' start, the cold start's cache read, the compile (paid once per joblib worker process, since a worker's
 later runs reuse its compiled graphs) and the evaluations. It prints each setting's wall time and runs per hour, then,
 per repeat and as medians over repeats, each later setting / the first in runs per hour for each layout, and 2x1/1x2
-for each setting (above 1: the first is faster).
+for each setting (above 1: the first is faster); then each later setting / the first run by run (a run's own wall
+time, status.json's `wall_s`, the same run under both settings paired): the ratio of their sums with a 95% bootstrap
+interval over the runs, a spread that one repeat already gives.
 
 `--clock cpu` times the sweep's processes' CPU time (user + system) instead of the wall clock: runs per CPU-hour,
 which other load on the machine inflates far less (at one thread per run). Settings run in one order and then the
@@ -34,6 +36,7 @@ override to every run (e.g. `--set model=qwen3_moe_fine`).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import resource
 import statistics
@@ -42,6 +45,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from moe_rl.run.launch import finished_status
 from moe_rl.studies.design import load_study
@@ -131,6 +136,63 @@ def finished_runs(out_dir: Path) -> int:
     return sum(finished_status(run, None) is not None for run in out_dir.iterdir() if run.is_dir())
 
 
+def run_seconds(out_dir: Path, setting: list[str]) -> dict[str, float]:
+    """Each finished run's own wall time (its status.json `wall_s`: the loop, a worker's compile included, not the
+    process's start), keyed by its folder's name (Hydra's override list) less the setting's overrides, so that the
+    same run under two settings has one key."""
+    drop = {o.partition("=")[0] for o in setting}
+    seconds = {}
+    for run in out_dir.iterdir():
+        status = run / "status.json"
+        if run.is_dir() and status.is_file():
+            key = ",".join(t for t in run.name.split(",") if t.partition("=")[0] not in drop)
+            seconds[key] = json.loads(status.read_text())["wall_s"]
+    return seconds
+
+
+def _groups(labels: list[str]) -> dict[str, np.ndarray]:
+    """The positions of each label in `labels`."""
+    out: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        out.setdefault(label, []).append(i)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def paired_lines(
+    seconds: dict[tuple[str, str], list[dict[str, float]]], names: list[str], layouts: list[str], resamples: int = 4000
+) -> list[str]:
+    """Each later setting / the first per layout, run by run: the runs' own wall times summed under the first over
+    the same runs' under the later (a ratio of runs per hour of the runs' loops, each run paired with itself, over
+    every repeat), with a 95% percentile bootstrap interval over the paired runs, resampled within each arm (a
+    run's key less its seed): a spread that one repeat already gives. A worker's compile lands on its first runs,
+    so the resampling moves it too."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for layout in layouts:
+        for name in names[1:]:
+            keys = [
+                (k, first[k], later[k])
+                for first, later in zip(seconds[(names[0], layout)], seconds[(name, layout)])
+                for k in sorted(first.keys() & later.keys())
+            ]
+            if len(keys) < 2:
+                continue
+            pairs = np.array([(a, b) for _, a, b in keys])
+            # resampled within each arm (the key less its seed), so every resample is the block's own mix of arms
+            arms = [",".join(t for t in k.split(",") if not t.startswith("seed=")) for k, _, _ in keys]
+            picks = np.concatenate(
+                [rng.choice(idx, size=(resamples, len(idx))) for idx in _groups(arms).values()], axis=1
+            )
+            boot = pairs[picks, 0].sum(axis=1) / pairs[picks, 1].sum(axis=1)
+            lo, hi = np.quantile(boot, [0.025, 0.975])
+            label = f"{name} / {names[0]}, {layout}"
+            lines.append(
+                f"{label:<28} {pairs[:, 0].sum() / pairs[:, 1].sum():.2f}x  [{lo:.2f}, {hi:.2f}] (runs per hour of "
+                f"the runs' loops, {len(pairs)} runs paired; 95% bootstrap interval over them)"
+            )
+    return lines
+
+
 def ratio_lines(rate: dict[tuple[str, str], list[float]], names: list[str], layouts: list[str]) -> list[str]:
     """Each later setting / the first per layout and the first layout / each other per setting: per repeat, then
     the median."""
@@ -194,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     rate: dict[tuple[str, str], list[float]] = {s: [] for s in settings}
+    seconds_by_run: dict[tuple[str, str], list[dict[str, float]]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory(prefix="sweep_throughput_") as scratch:
         tmp = args.keep or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
@@ -206,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                 if done != n_runs:
                     raise SystemExit(f"{name} {layout}: {done} of {n_runs} runs finished")
                 rate[(name, layout)].append(n_runs / seconds * 3600)
+                seconds_by_run[(name, layout)].append(run_seconds(out_dir, named[name]))
                 print(
                     f"{name:<10} {layout:<4} repeat {repeat}: {seconds:7.1f} s  {rate[(name, layout)][-1]:6.1f} runs/h",
                     flush=True,
@@ -214,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, layout in settings:
         print(f"{name:<10} {layout:<4} {statistics.median(rate[(name, layout)]):6.1f} runs/h")
     for line in ratio_lines(rate, list(named), layouts):
+        print(line)
+    for line in paired_lines(seconds_by_run, list(named), layouts):
         print(line)
 
 
