@@ -36,7 +36,6 @@ override to every run (e.g. `--set model=qwen3_moe_fine`).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import resource
 import statistics
@@ -48,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_rl.run.folder import read_status
 from moe_rl.run.launch import finished_status
 from moe_rl.studies.design import load_study
 
@@ -136,26 +136,21 @@ def finished_runs(out_dir: Path) -> int:
     return sum(finished_status(run, None) is not None for run in out_dir.iterdir() if run.is_dir())
 
 
+def run_key(folder: str, dropped: set[str]) -> str:
+    """A run folder's name (Hydra's override list, `key=value` joined by commas) less the overrides of `dropped`."""
+    return ",".join(t for t in folder.split(",") if t.partition("=")[0] not in dropped)
+
+
 def run_seconds(out_dir: Path, setting: list[str]) -> dict[str, float]:
     """Each finished run's own wall time (its status.json `wall_s`: the loop, a worker's compile included, not the
-    process's start), keyed by its folder's name (Hydra's override list) less the setting's overrides, so that the
-    same run under two settings has one key."""
-    drop = {o.partition("=")[0] for o in setting}
-    seconds = {}
-    for run in out_dir.iterdir():
-        status = run / "status.json"
-        if run.is_dir() and status.is_file():
-            key = ",".join(t for t in run.name.split(",") if t.partition("=")[0] not in drop)
-            seconds[key] = json.loads(status.read_text())["wall_s"]
-    return seconds
-
-
-def _groups(labels: list[str]) -> dict[str, np.ndarray]:
-    """The positions of each label in `labels`."""
-    out: dict[str, list[int]] = {}
-    for i, label in enumerate(labels):
-        out.setdefault(label, []).append(i)
-    return {k: np.array(v) for k, v in out.items()}
+    process's start), keyed by `run_key` less the setting's overrides, so that the same run under two settings has
+    one key."""
+    dropped = {o.partition("=")[0] for o in setting}
+    return {
+        run_key(run.name, dropped): read_status(run)["wall_s"]
+        for run in out_dir.iterdir()
+        if run.is_dir() and finished_status(run, None) is not None
+    }
 
 
 def paired_lines(
@@ -170,19 +165,18 @@ def paired_lines(
     lines = []
     for layout in layouts:
         for name in names[1:]:
-            keys = [
-                (k, first[k], later[k])
+            paired = [
+                (key, first[key], later[key])
                 for first, later in zip(seconds[(names[0], layout)], seconds[(name, layout)])
-                for k in sorted(first.keys() & later.keys())
+                for key in sorted(first.keys() & later.keys())
             ]
-            if len(keys) < 2:
+            if len(paired) < 2:
                 continue
-            pairs = np.array([(a, b) for _, a, b in keys])
+            pairs = np.array([(a, b) for _, a, b in paired])
             # resampled within each arm (the key less its seed), so every resample is the block's own mix of arms
-            arms = [",".join(t for t in k.split(",") if not t.startswith("seed=")) for k, _, _ in keys]
-            picks = np.concatenate(
-                [rng.choice(idx, size=(resamples, len(idx))) for idx in _groups(arms).values()], axis=1
-            )
+            _, arm = np.unique([run_key(key, {"seed"}) for key, _, _ in paired], return_inverse=True)
+            groups = [np.flatnonzero(arm == a) for a in range(arm.max() + 1)]
+            picks = np.concatenate([rng.choice(g, size=(resamples, len(g))) for g in groups], axis=1)
             boot = pairs[picks, 0].sum(axis=1) / pairs[picks, 1].sum(axis=1)
             lo, hi = np.quantile(boot, [0.025, 0.975])
             label = f"{name} / {names[0]}, {layout}"

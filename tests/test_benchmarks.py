@@ -106,20 +106,22 @@ def test_sweep_throughput(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 
 def test_sweep_throughput_pairs_runs(tmp_path: Path) -> None:
     """The run-by-run ratio pairs a run with itself under the other setting (its folder's name less the setting's
-    overrides) and divides the sums of their wall times: old 2 s and 4 s, new 1 s and 0.5 s give 6 / 1.5 = 4.00x,
+    overrides), finished runs only, and divides the sums of their wall times: old 2 s and 4 s, new 1 s and 0.5 s give 6 / 1.5 = 4.00x,
     and its bootstrap interval lies between the runs' own ratios, 2 and 8."""
     bench = load("sweep_throughput")
     walls = {"old": {"seed=0": 2.0, "seed=1": 4.0}, "new": {"compile=True,seed=0": 1.0, "compile=True,seed=1": 0.5}}
+    (tmp_path / "old" / "seed=2").mkdir(parents=True)  # started, never finished: no status.json
     for name, runs in walls.items():
         for folder, wall in runs.items():
             (tmp_path / name / folder).mkdir(parents=True)
-            (tmp_path / name / folder / "status.json").write_text(json.dumps({"wall_s": wall}))
+            (tmp_path / name / folder / "status.json").write_text(json.dumps({"status": "completed", "wall_s": wall}))
+            (tmp_path / name / folder / "metrics.parquet").touch()  # a finished run's outputs
     old = bench.run_seconds(tmp_path / "old", [])
     new = bench.run_seconds(tmp_path / "new", ["compile=true"])
     assert old == {"seed=0": 2.0, "seed=1": 4.0} and new == {"seed=0": 1.0, "seed=1": 0.5}
     (line,) = bench.paired_lines({("old", "2x1"): [old], ("new", "2x1"): [new]}, ["old", "new"], ["2x1"])
-    gm, lo, hi = numbers_after("new / old, 2x1", line)[:3]
-    assert gm == 4.0 and 2.0 <= lo <= gm <= hi <= 8.0 and "2 runs paired" in line
+    ratio, lo, hi = numbers_after("new / old, 2x1", line)[:3]
+    assert ratio == 4.0 and 2.0 <= lo <= ratio <= hi <= 8.0 and "2 runs paired" in line
 
 
 def test_split_spread(capsys: pytest.CaptureFixture[str]) -> None:
