@@ -227,3 +227,16 @@ def test_the_warmup_adam_beta2_is_its_own_key_and_reaches_the_optimizer(monkeypa
     assert betas == [(0.9, 0.95)]
     with pytest.raises(ValueError, match=r"cold_start.beta2=1.0 must lie in \[0, 1\)"):
         validate(TrainConfig(cold_start=ColdStartConfig(beta2=1.0)))
+
+
+def test_the_sft_batch_left_pads_and_supervises_answer_and_eos_only() -> None:
+    """Two demonstrations of unequal length, by hand: prompt + answer + EOS right-aligned, pad (0) on the left, the
+    mask over the real tokens, labels -100 except the answer and its EOS (char ids: 1 -> 5, 2 -> 6, 3 -> 7,
+    5 -> 9, + -> 14; EOS 2)."""
+    from moe_rl.loop.cold_start import _sft_batch
+
+    batch = _sft_batch(make_tokenizer(), [{"prompt": "1+1", "answer": "2"}, {"prompt": "12+3", "answer": "15"}])
+    assert batch["input_ids"].tolist() == [[0, 0, 5, 14, 5, 6, 2], [5, 6, 14, 7, 5, 9, 2]]
+    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    assert batch["labels"].tolist() == [[-100] * 5 + [6, 2], [-100] * 4 + [5, 9, 2]]
+    assert {t.dtype for t in batch.values()} == {torch.long}

@@ -127,21 +127,23 @@ def cold_start_key(
 def _sft_batch(tokenizer: PreTrainedTokenizerBase, examples: list[dict]) -> dict[str, torch.Tensor]:
     """Left-padded prompt + answer + EOS rows, supervising answer + EOS only. Prompt and answer are
     tokenized apart, so the supervised span is exact for any tokenizer."""
-    rows = []
-    for e in examples:
-        prompt = tokenizer(e["prompt"], add_special_tokens=False)["input_ids"]
-        answer = tokenizer(e["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((prompt, answer))
-    T = max(len(p) + len(a) for p, a in rows)
-    input_ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), T), dtype=torch.long)
-    labels = torch.full((len(rows), T), -100, dtype=torch.long)
-    for b, (prompt, answer) in enumerate(rows):
-        n = len(prompt) + len(answer)
-        input_ids[b, T - n :] = torch.tensor(prompt + answer)
-        attention_mask[b, T - n :] = 1
-        labels[b, T - len(answer) :] = torch.tensor(answer)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    prompts = tokenizer([e["prompt"] for e in examples], add_special_tokens=False)["input_ids"]
+    answers = [
+        a + [tokenizer.eos_token_id]
+        for a in tokenizer([e["answer"] for e in examples], add_special_tokens=False)["input_ids"]
+    ]
+    T = max(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
+    input_ids, attention_mask, labels = [], [], []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        pad = T - len(prompt) - len(answer)
+        input_ids.append([tokenizer.pad_token_id] * pad + prompt + answer)
+        attention_mask.append([0] * pad + [1] * (T - pad))
+        labels.append([-100] * (T - len(answer)) + answer)
+    return {
+        "input_ids": torch.tensor(input_ids, dtype=torch.long),
+        "attention_mask": torch.tensor(attention_mask, dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+    }
 
 
 def _start(
