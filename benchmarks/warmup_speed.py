@@ -15,8 +15,9 @@ graphs). Inductor compiles in the warm-up's own process (`TORCHINDUCTOR_COMPILE_
 
 Prints each warm-up's SFT steps, where it stopped, whether it ended in band, its covariates and its CPU seconds;
 then per setting the starts in band, the SFT steps, CPU seconds per SFT step and per start in band, and each later
-setting's CPU per start in band against the first's (above 1: the later is faster). `--out FILE` writes the rows
-as CSV.
+setting's CPU per start in band against the first's (above 1: the later is faster), with a 95% bootstrap interval
+over the members (in CPU seconds and in SFT steps, which the machine's load does not move). `--out FILE` writes the
+rows as CSV.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
@@ -76,6 +79,41 @@ def cell_overrides(study_name: str, level: str) -> list[str]:
     if level not in study.levels:
         raise SystemExit(f"--level {level}: study {study.name} has levels {list(study.levels)}")
     return study.run_overrides(next(iter(study.arms)), level)
+
+
+def member_lines(rows: list[dict], names: list[str], resamples: int = 4000) -> list[str]:
+    """Each later setting against the first, per start in band: the first's CPU seconds (and SFT steps) per start
+    in band over the later's, summed over the members both warmed, with a 95% percentile bootstrap interval over
+    the members (resampled with replacement, each member's warm-ups under both settings together): the spread that
+    which members plateau long gives one run of the benchmark. A resample with no start in band under a setting
+    has no ratio and is left out of the interval (the count is printed)."""
+    rng = np.random.default_rng(0)
+    by = {(r["member"], r["setting"]): r for r in rows}
+    lines = []
+    for name in names[1:]:
+        members = sorted(m for m, s in by if s == names[0] and (m, name) in by)
+        if len(members) < 2:
+            continue
+        picks = rng.integers(0, len(members), size=(resamples, len(members)))
+        per_start = {}
+        for setting in (names[0], name):
+            own = [by[(m, setting)] for m in members]
+            in_band = np.array([bool(r["in_band"]) for r in own], dtype=float)
+            for what in ("cpu_s", "steps"):
+                x = np.array([float(r[what]) for r in own])
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    per_start[(setting, what)] = (x.sum() / in_band.sum(), x[picks].sum(1) / in_band[picks].sum(1))
+        for what, label in (("cpu_s", "CPU s"), ("steps", "SFT steps")):
+            point = per_start[(names[0], what)][0] / per_start[(name, what)][0]
+            boot = per_start[(names[0], what)][1] / per_start[(name, what)][1]
+            ok = np.isfinite(boot) & (boot > 0)
+            lo, hi = np.quantile(boot[ok], [0.025, 0.975]) if ok.any() else (float("nan"), float("nan"))
+            dropped = f", {(~ok).sum()} resamples without a start in band left out" if (~ok).any() else ""
+            lines.append(
+                f"{names[0]} / {name} {label} per start in band: {point:.2f}x [{lo:.2f}, {hi:.2f}] (95% bootstrap "
+                f"over {len(members)} members{dropped})"
+            )
+    return lines
 
 
 def warm(members: list[list[str]], log: Path) -> list[dict]:
@@ -156,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{names[0]} / {name} CPU per member: median {statistics.median(ratios):.2f}x "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
         )
+    for line in member_lines(rows, names):
+        print(line)
     if args.out:
         import pandas as pd
 

@@ -267,3 +267,27 @@ def test_warmup_speed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     cpu = [float(re.search(r"(\d+) CPU s$", row).group(1)) for row in rows if " before:" in row]  # type: ignore[union-attr]
     assert len(cpu) == 2 and numbers_after("before:", out)[1:3] == [2, 4]  # 0 of 2 in band, 4 SFT steps
     assert "before / other CPU per member: median" in out
+
+
+def test_warmup_speed_ratio_per_start_in_band_over_members() -> None:
+    """By hand: the first setting warms 3 members in 100, 300 and 100 CPU s (1,000, 3,000, 1,000 steps), the middle
+    one out of band, so 250 CPU s per start in band; the later in 50, 100, 50 (all in band), 66.7 s: 3.75x, in CPU and
+    in steps alike, inside its bootstrap interval; the resamples with no start in band under the first are counted,
+    not read."""
+    ws = load("warmup_speed")
+
+    def rows(setting: str, cpu: list[float], in_band: list[bool]) -> list[dict]:
+        return [
+            {"member": m, "setting": setting, "cpu_s": c, "steps": c * 10, "in_band": b}
+            for m, c, b in zip((1, 2, 3), cpu, in_band, strict=True)
+        ]
+
+    both = rows("a", [100, 300, 100], [True, False, True]) + rows("b", [50, 100, 50], [True] * 3)
+    lines = ws.member_lines(both, ["a", "b"])
+    assert len(lines) == 2 and "CPU s" in lines[0] and "SFT steps" in lines[1]
+    for line in lines:
+        point, lo, hi = (float(x) for x in re.search(r": ([\d.]+)x \[([\d.]+), ([\d.]+)\]", line).groups())  # type: ignore[union-attr]
+        assert point == 3.75 and lo <= point <= hi
+    # a resample of member 2 alone has no start in band under `a`: about 1 in 27 of them, counted
+    left_out = int(re.search(r"(\d+) resamples without a start in band left out", lines[0]).group(1))  # type: ignore[union-attr]
+    assert 0 < left_out < 4000 * 2 / 27
