@@ -314,6 +314,7 @@ class ColdStartConfig:
     n_train: int | None = None
     compile: bool = False  # the SFT steps compiled (inductor): another numerics domain, so another start
     beta2: float = 0.999  # AdamW's beta2 in the SFT steps (torch's default; the RL updates use 0.99)
+    warmup_steps: int = 0  # the SFT lr ramps linearly from lr/warmup_steps to lr over these first steps (0: constant)
 
     def check(self) -> None:
         _one_of("cold_start.mode", self.mode, COLD_START_MODES)
@@ -324,6 +325,7 @@ class ColdStartConfig:
             ("cold_start.patience", self.patience or 0, 0),
             ("cold_start.pool", self.pool, 1),
             ("cold_start.n_train", 1 if self.n_train is None else self.n_train, 1),
+            ("cold_start.warmup_steps", self.warmup_steps, 0),
         )
         if not 0 <= self.beta2 < 1:
             raise ValueError(f"cold_start.beta2={self.beta2} must lie in [0, 1) (AdamW's second-moment decay)")

@@ -229,6 +229,35 @@ def test_the_warmup_adam_beta2_is_its_own_key_and_reaches_the_optimizer(monkeypa
         validate(TrainConfig(cold_start=ColdStartConfig(beta2=1.0)))
 
 
+def test_the_warmup_lr_ramp_is_its_own_key_and_sets_each_steps_lr(monkeypatch) -> None:
+    """`cold_start.warmup_steps` at 0 is every shipped warm-up (constant lr, key and run identity unchanged); 4 is
+    another start whose SFT steps 1..6 take lr x 1/4, 2/4, 3/4, 1, 1, 1 (by hand: 7.5e-4, 1.5e-3, 2.25e-3, 3e-3 at
+    lr 3e-3); a negative count is refused."""
+    from moe_rl.loop import cold_start
+
+    plain = cold_start_key(ModelConfig(), TASK, ColdStartConfig())
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(warmup_steps=0)) == plain
+    assert cold_start_key(ModelConfig(), TASK, ColdStartConfig(warmup_steps=4)) != plain
+    assert config_hash(TrainConfig(cold_start=ColdStartConfig(warmup_steps=0))) == config_hash(TrainConfig())
+    lrs: list[float] = []
+    real = torch.optim.AdamW
+
+    class Recorded(real):  # type: ignore[misc, valid-type]
+        def step(self, closure=None):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(cold_start.torch.optim, "AdamW", Recorded)
+    cold = ColdStartConfig(lr=3e-3, warmup_steps=4, max_steps=6, eval_every=6)
+    cold_start.train_cold_start(ModelConfig(), TASK, cold)
+    assert lrs == pytest.approx([7.5e-4, 1.5e-3, 2.25e-3, 3e-3, 3e-3, 3e-3], rel=1e-15)
+    lrs.clear()
+    cold_start.train_cold_start(ModelConfig(), TASK, ColdStartConfig(lr=3e-3, max_steps=3, eval_every=3))
+    assert lrs == [3e-3] * 3
+    with pytest.raises(ValueError, match=r"cold_start.warmup_steps"):
+        validate(TrainConfig(cold_start=ColdStartConfig(warmup_steps=-1)))
+
+
 def test_the_sft_batch_left_pads_and_supervises_answer_and_eos_only() -> None:
     """Two demonstrations of unequal length, by hand: prompt + answer + EOS right-aligned, pad (0) on the left, the
     mask over the real tokens, labels -100 except the answer and its EOS (char ids: 1 -> 5, 2 -> 6, 3 -> 7,

@@ -233,6 +233,12 @@ def _train_cold_start(
     optimizer = torch.optim.AdamW(
         params, lr=cold.lr, betas=(0.9, cold.beta2), weight_decay=0.0, foreach=exact_foreach(params)
     )
+    # `cold_start.warmup_steps`: step k (from 1) at lr * min(1, k / warmup_steps)
+    scheduler = (
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / cold.warmup_steps))
+        if cold.warmup_steps
+        else None
+    )
     rng = random.Random(cold.seed)
     history: list[dict] = []
     accuracy, step, start, stop = 0.0, 0, time.perf_counter(), None
@@ -245,6 +251,8 @@ def _train_cold_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
         if step % cold.eval_every == 0:
             model.eval()
             accuracy = greedy_accuracy(model, tokenizer, task.eval, task, max_new_tokens=task_cfg.max_new_tokens)

@@ -86,6 +86,7 @@ ADDED_DEFAULTS: dict[str, dict[str, Any]] = {
         "n_train": None,
         "compile": False,
         "beta2": 0.999,
+        "warmup_steps": 0,
     },
     "collapse": {"definition": "absolute", "baseline_window": 10, "accuracy_drop_frac": 0.5, "accuracy_patience": 2},
     "pass_at_k": {"k": [], "n": 8, "temperature": 1.0},
