@@ -252,7 +252,7 @@ def plain_step(trainer: Trainer, step: int) -> float:
     return now() - start
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the harness's sampling loop
 def bare_sampling(
     model: torch.nn.Module,
     input_ids: torch.Tensor,

@@ -85,3 +85,28 @@ def test_loop_without_route_recording_and_unknown_sampler() -> None:
     _assert_same(loop, ref)
     with pytest.raises(ValueError, match="unknown sampler 'vllm'; valid"):
         generate(model, tokenizer, PROMPTS, sampler="vllm")
+
+
+def test_loop_samples_in_inference_mode_and_returns_tensors_autograd_can_save() -> None:
+    """The loop decodes in inference mode (bitwise `generate`'s tokens, above) but hands back ordinary tensors:
+    a teacher-forced pass with gradients on its rollout, replaying its routes, saves them and backpropagates."""
+    from moe_rl.rollout.generate import forward_logp
+    from moe_rl.rollout.sampler import sample_loop
+    from moe_rl.routing import RouteReplay
+
+    model = build_model("qwen3_moe")
+    tokenizer = make_tokenizer()
+    rollout = generate(model, tokenizer, PROMPTS, group_size=2, max_new_tokens=4, seed=5)
+    routes = rollout.routes
+    assert routes is not None
+    held = [rollout.sequences, rollout.attention_mask, rollout.response_mask, rollout.rollout_logp]
+    assert not any(t.is_inference() for t in [*held, routes.indices, routes.mask])
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    sampled = sample_loop(
+        model, enc["input_ids"], enc["attention_mask"], max_new_tokens=3, eos_token_id=2, pad_token_id=0
+    )
+    assert not sampled.sequences.is_inference() and not any(x.is_inference() for x in sampled.logits)
+    with RouteReplay(model, routes):
+        logp, _ = forward_logp(model, rollout)
+    (logp * rollout.response_mask).sum().backward()
+    assert all(p.grad is not None for p in model.lm_head.parameters())

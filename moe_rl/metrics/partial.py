@@ -87,6 +87,9 @@ def mean_finalize(parts: Partial) -> dict[str, float]:
     row (a world of size 1), and the first value when no row has weight (every row empty)."""
     out = {}
     for key, pairs in parts.rows.items():
+        if len(pairs) == 1:  # one process's row: its value, whatever its weight
+            out[key] = pairs[0, 0].item()
+            continue
         if not len(pairs):
             continue
         live = pairs[pairs[:, 1] > 0]
