@@ -14,7 +14,7 @@ several families, seeds, temperatures and dtypes):
   attention mask with ones and the positions by one, as `generate` does.
 
 The loop runs in inference mode (no autograd state per op: the same kernels and numbers as under no_grad, in
-about 0.92x the time at the default model; no_grad for FSDP2's sharded parameters) and returns copies made outside
+about 0.93x the time at the default model; no_grad for FSDP2's sharded parameters) and returns copies made outside
 it, so a loss may save them for backward.
 
 Forward hooks (RouteRecorder) see the same calls as under `generate`: one prefill pass, then one
