@@ -87,14 +87,9 @@ def mean_finalize(parts: Partial) -> dict[str, float]:
     row (a world of size 1), and the first value when no row has weight (every row empty)."""
     out = {}
     for key, pairs in parts.rows.items():
-        if len(pairs) == 1:  # one process's row: its value, whatever its weight
-            out[key] = pairs[0, 0].item()
-            continue
-        if not len(pairs):
-            continue
-        live = pairs[pairs[:, 1] > 0]
+        live = pairs[pairs[:, 1] > 0] if len(pairs) > 1 else pairs  # one row needs no weight test
         if len(live) > 1:
             out[key] = ((live[:, 0] * live[:, 1]).sum() / live[:, 1].sum()).item()
-        else:
+        elif len(pairs):
             out[key] = (live if len(live) else pairs)[0, 0].item()
     return out

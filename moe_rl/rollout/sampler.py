@@ -82,7 +82,6 @@ def _without_autograd(model: PreTrainedModel) -> AbstractContextManager:
     return torch.no_grad() if sharded else torch.inference_mode()
 
 
-@torch.no_grad()
 def sample_loop(
     model: PreTrainedModel,
     input_ids: Tensor,
