@@ -104,8 +104,9 @@ def member_lines(rows: list[dict], names: list[str], resamples: int = 4000) -> l
                 with np.errstate(divide="ignore", invalid="ignore"):
                     per_start[(setting, what)] = (x.sum() / in_band.sum(), x[picks].sum(1) / in_band[picks].sum(1))
         for what, label in (("cpu_s", "CPU s"), ("steps", "SFT steps")):
-            point = per_start[(names[0], what)][0] / per_start[(name, what)][0]
-            boot = per_start[(names[0], what)][1] / per_start[(name, what)][1]
+            with np.errstate(divide="ignore", invalid="ignore"):  # no start in band: no ratio (nan or inf)
+                point = per_start[(names[0], what)][0] / per_start[(name, what)][0]
+                boot = per_start[(names[0], what)][1] / per_start[(name, what)][1]
             ok = np.isfinite(boot) & (boot > 0)
             lo, hi = np.quantile(boot[ok], [0.025, 0.975]) if ok.any() else (float("nan"), float("nan"))
             dropped = f", {(~ok).sum()} resamples without a start in band left out" if (~ok).any() else ""
