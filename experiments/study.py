@@ -9,6 +9,13 @@ not rerun), then decides each contrast at that look by the one rule (`moe_rl.stu
 study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast has
 reached its boundary, else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
 can change the means it is read on); `--look K` runs look K alone.
+
+A study matched per start (`match.reference` in its declaration, `moe_rl.studies.matching`) first runs each look's
+probes: one multirun per cell and bracket multiplier over the look's seeds, `match.probe_steps` steps each, into
+<runs>/NAME/probes/<arm>@<level>@x<multiplier>/ (the reference at its declared lr alone); it then solves each seed's
+lr from them into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
+other arm's runs one seed at a time, each at its own lr, `--jobs` at a time. `--dry-run` prints the probes; the full
+runs' lrs come from them. A probe longer than 15% of its run's steps is refused.
 """
 
 from __future__ import annotations
@@ -16,8 +23,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pandas as pd
+
+from moe_rl.studies import matching
 from moe_rl.studies.design import Study, load_study, study_path
 
 HERE = Path(__file__).resolve().parent
@@ -25,22 +36,176 @@ ROOT = HERE.parent
 STUDIES = HERE / "conf" / "study"
 
 
-def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jobs: int) -> list[str]:
-    out = runs / study.name / "runs" / f"{arm}@{level}"
-    seeds = ",".join(str(s) for s in study.seeds(starts, (arm, level)))
+def train_command(overrides: list[str], experiment: str, out: Path, seeds: list[int], jobs: int | None) -> list[str]:
+    """A multirun of `experiments/train.py` over `seeds` into `out` (joblib with `jobs` at a time; `jobs` None: the
+    basic launcher, in process)."""
+    launcher = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"] if jobs is not None else []
     return [
         sys.executable,
         "experiments/train.py",
         "-m",
-        *study.run_overrides(arm, level),
-        f"experiment={study.name}",
+        *overrides,
+        f"experiment={experiment}",
         f"out_dir={out}",
-        f"seed={seeds}",
+        f"seed={','.join(str(s) for s in seeds)}",
         "progress=false",
         "threads=1",
-        "hydra/launcher=joblib",
-        f"hydra.launcher.n_jobs={jobs}",
+        *launcher,
     ]
+
+
+def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jobs: int) -> list[str]:
+    out = runs / study.name / "runs" / f"{arm}@{level}"
+    return train_command(study.run_overrides(arm, level), study.name, out, study.seeds(starts, (arm, level)), jobs)
+
+
+def probe_command(
+    study: Study, arm: str, level: str, multiplier: float, seeds: list[int], runs: Path, jobs: int
+) -> list[str]:
+    """The multirun of one cell's probes at one multiplier of its declared lr: its runs' first `match.probe_steps`
+    steps, under <runs>/NAME/probes/ (`matching.probe_folder`)."""
+    assert study.match is not None
+    over = matching.with_override(
+        study.run_overrides(arm, level), "optim.lr", matching.lr_text(matching.probe_lr(study, arm, level, multiplier))
+    )
+    over = matching.with_override(over, "steps", study.match.probe_steps)
+    out = runs / study.name / "probes" / matching.probe_folder(arm, level, multiplier)
+    return train_command(over, f"{study.name}_probe", out, seeds, jobs)
+
+
+def matched_command(study: Study, arm: str, level: str, seed: int, lr: float, runs: Path) -> list[str]:
+    """One run of a matched cell at its seed's own lr, into the cell's folder (named as the multirun names it)."""
+    over = matching.with_override(study.run_overrides(arm, level), "optim.lr", matching.lr_text(lr))
+    return train_command(over, study.name, runs / study.name / "runs" / f"{arm}@{level}", [seed], None)
+
+
+def run_steps(study: Study) -> dict[tuple[str, str], int]:
+    """Each cell's `steps` as its runs compose it (Hydra, the study's overrides on its preset)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    out = {}
+    with initialize_config_dir(config_dir=str(HERE / "conf"), version_base="1.3"):
+        for arm, level in study.cells():
+            out[(arm, level)] = int(compose("config", overrides=[*study.run_overrides(arm, level), "seed=0"]).steps)
+    return out
+
+
+def probe_cost(study: Study) -> str:
+    """Refuse a probe above `matching.MAX_PROBE_SHARE` of any cell's run; else the probes' cost, in steps, per seed."""
+    assert study.match is not None
+    steps = run_steps(study)
+    shares = [matching.check_probe_cost(study.match.probe_steps, n, f"{a}@{lv}") for (a, lv), n in steps.items()]
+    per_seed = matching.probes_per_seed(study)
+    total = {lv: sum(n for (_, lv2), n in steps.items() if lv2 == lv) for lv in per_seed}
+    each = ", ".join(
+        f"{lv}: {k} probes per seed, {k * study.match.probe_steps / total[lv]:.0%} of its {total[lv]} run steps"
+        for lv, k in per_seed.items()
+    )
+    return (
+        f"probes of {study.match.probe_steps} steps, {min(shares):.0%}-{max(shares):.0%} of a run's steps each; {each}"
+    )
+
+
+def finished_at(folder: Path) -> set[tuple[int, str]]:
+    """(seed, lr as launched) of every finished run under `folder` (its config.yaml): a matched run or probe found
+    here is not launched again (a run skips its finished folder itself, but each launch costs a process)."""
+    import yaml
+
+    from moe_rl.run.launch import finished_status
+
+    done = set()
+    for path in folder.glob("*/config.yaml"):
+        if finished_status(path.parent, None) is not None:
+            cfg = yaml.safe_load(path.read_text())
+            done.add((int(cfg["seed"]), matching.lr_text(float(cfg["optim"]["lr"]))))
+    return done
+
+
+def run_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
+    """Each cell's probes at each of its multipliers over the look's seeds (those not probed yet)."""
+    failed = []
+    for arm, level, mult in matching.probe_cells(study):
+        seeds = study.seeds(starts, (arm, level))
+        name = matching.probe_folder(arm, level, mult)
+        if not dry_run and seeds:
+            done = finished_at(runs / study.name / "probes" / name)
+            lr = matching.lr_text(matching.probe_lr(study, arm, level, mult))
+            seeds = [s for s in seeds if (s, lr) not in done]
+            if not seeds:
+                print(f"[probe {name}] every probe of the look finished", flush=True)
+        if not seeds:
+            continue
+        cmd = probe_command(study, arm, level, mult, seeds, runs, jobs)
+        print(f"[probe {name}] " + " ".join(cmd[2:]), flush=True)
+        if not dry_run and subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            failed.append(f"probe {matching.probe_folder(arm, level, mult)}")
+            print(f"{study.name}: a probe of {arm}@{level} at x{mult:g} failed; going on", flush=True)
+    return failed
+
+
+def choose_lrs(study: Study, runs: Path) -> pd.DataFrame:
+    """Each matched seed's lr from the probes run so far, the rows written before kept (`matching.study_lrs`)."""
+    path = matching.lrs_path(runs, study)
+    probes = matching.read_probes(runs / study.name / "probes", study)
+    lrs = matching.study_lrs(study, probes, matching.read_lrs(path))
+    matching.write_lrs(lrs, path)
+    return lrs
+
+
+def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
+    """A look of a study matched per start: its probes, each seed's lr, the reference's multiruns, then every other
+    arm's runs one seed at a time at its own lr."""
+    assert study.match is not None and study.match.reference is not None
+    failed = run_probes(study, starts, runs, jobs, dry_run)
+    path = matching.lrs_path(runs, study)
+    lrs = None if dry_run else choose_lrs(study, runs)
+    singles: list[tuple[str, list[str]]] = []
+    for arm, level in study.cells():
+        seeds = study.seeds(starts, (arm, level))
+        if not seeds:
+            continue
+        if arm == study.match.reference:
+            cmd = cell_command(study, arm, level, starts, runs, jobs)
+            print(f"[{arm}@{level}] " + " ".join(cmd[2:]), flush=True)
+            if not dry_run and subprocess.run(cmd, cwd=ROOT).returncode != 0:
+                failed.append(f"{arm}@{level}")
+                print(f"{study.name}: a run of {arm}@{level} failed (its status.json says why); going on", flush=True)
+            continue
+        if lrs is None:
+            print(f"[{arm}@{level}] {len(seeds)} runs, each at the lr its seed's probes give ({path})", flush=True)
+            continue
+        chosen = matching.seed_lrs(lrs, arm, level, seeds)
+        cell = lrs[(lrs["arm"] == arm) & (lrs["level"] == level)].set_index("seed")
+        done = finished_at(runs / study.name / "runs" / f"{arm}@{level}")
+        finished = [s for s in seeds if s in chosen and (s, matching.lr_text(chosen[s])) in done]
+        if finished:
+            print(f"[{arm}@{level}] {len(finished)} runs finished at their seeds' lrs", flush=True)
+        for seed in (s for s in seeds if s not in finished):
+            if seed not in chosen:
+                failed.append(f"{arm}@{level}")
+                why = cell.loc[seed, "status"] if seed in cell.index else "no probes"
+                print(f"{study.name}: seed {seed} of {arm}@{level} is not matched ({why}); its run waits", flush=True)
+                continue
+            row = cell.loc[seed]
+            print(
+                f"[{arm}@{level}] seed {seed} at lr {matching.lr_text(chosen[seed])} (x{row['multiplier']:.3f} of "
+                f"{matching.lr_text(row['lr_declared'])}, {row['status']}, slope {row['slope']:.2f} "
+                f"{row['slope_from']})",
+                flush=True,
+            )
+            singles.append((f"{arm}@{level}", matched_command(study, arm, level, seed, chosen[seed], runs)))
+    if singles:
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+            codes = list(pool.map(lambda c: subprocess.run(c[1], cwd=ROOT).returncode, singles))
+        for (cell_name, _), code in zip(singles, codes, strict=True):
+            if code != 0:
+                failed.append(cell_name)
+                print(f"{study.name}: a run of {cell_name} failed (its status.json says why); going on", flush=True)
+    return failed
 
 
 def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
@@ -48,6 +213,8 @@ def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> l
     look is decided on the pairs that finished)."""
     starts = study.design.looks[look]
     print(f"== {study.name}: look {look + 1} of {len(study.design.looks)}, {starts} starts", flush=True)
+    if study.match is not None and study.match.probes:
+        return run_matched_look(study, starts, runs, jobs, dry_run)
     failed = []
     for arm, level in study.cells():
         if not study.seeds(starts, (arm, level)):  # every seed of this look skipped as the study ran (`not_run`)
@@ -74,6 +241,11 @@ def main(argv: list[str] | None = None) -> None:
         study = load_study(study_path(args.name, args.studies))
     except ValueError as err:
         sys.exit(f"error: {err}")
+    if study.match is not None and study.match.probes:
+        try:
+            print(f"{study.name}: matched per start to {study.match.reference}: {probe_cost(study)}", flush=True)
+        except ValueError as err:
+            sys.exit(f"error: study {study.name}: {err}")
     from moe_rl.studies.declared import analyse, decided
     from moe_rl.studies.declared_report import write_study_report
 

@@ -9,6 +9,7 @@
     python -m moe_rl.report --all [RESULTS_ROOT]                   # every RESULTS_ROOT/*/runs (or */), then the pages
     python -m moe_rl.report --power RESULTS_DIR --contrast A-B [--mde 0.05] [--warmup-s S --run-s S]
                             [--by COLUMN] [--within KEY ...]        # starts needed for a paired contrast (printed)
+    python -m moe_rl.report --cost [RESULTS_ROOT] [--warmup-s S]    # CPU-minutes per declared study and claim (printed)
 
 A folder's runs name the study that made them (the `experiment` their meta.json records: a preset, or a declared
 study's name, of one row of `moe_rl.studies.STUDIES`); a row with a report of its own (a declared study's is
@@ -21,7 +22,8 @@ names those keys too (e.g. `--pool task.reward`). A group whose runs repeat a se
 steps is flagged at the top of summary.md. When the runs vary in learning rate and N the report adds the phase
 map. Every file is written to a temporary name and renamed into place, so a reader never sees a half-written
 report. The presets (`--presets`, default experiments/conf/preset under the working directory) hold the
-analyses the claims declare and the frontier's grid.
+analyses the claims declare and the frontier's grid. `--cost` prints the cost ledger (`moe_rl.analysis.cost`) of
+the studies declared beside the presets (experiments/conf/study/).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
-from moe_rl.studies import declared_report, divergence_report
+from moe_rl.studies import declared_report, divergence_report, ledger
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
@@ -90,7 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--power", type=Path, default=None, help="print the power of a paired contrast of this folder")
     parser.add_argument("--contrast", default=None, help="with --power: arm A against reference B, written A-B")
     parser.add_argument("--mde", type=float, default=0.05, help="with --power: the difference to detect (default 0.05)")
-    parser.add_argument("--warmup-s", type=float, default=None, help="with --power: seconds of one warm-up (a start)")
+    parser.add_argument(
+        "--cost",
+        action="store_true",
+        help="print the cost ledger of RESULTS_ROOT's declared studies: CPU-minutes per study, run, start, decided claim",
+    )
+    parser.add_argument(
+        "--warmup-s", type=float, default=None, help="with --power/--cost: seconds of one warm-up (a start)"
+    )
     parser.add_argument(
         "--run-s", type=float, default=None, help="with --power: seconds of one run (default: the runs' median wall_s)"
     )
@@ -98,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.power is not None:
         return power_report(args, parser)
+    if args.cost:
+        root = args.results_dir or Path("results")
+        print("\n".join(ledger.ledger(root, Path(args.presets).parent / "study", warmup_s=args.warmup_s)))
+        return 0
     by = [c for item in (args.by or ["arm"]) for c in item.split(",") if c]
     pool = [c for item in args.pool for c in item.split(",") if c]
 

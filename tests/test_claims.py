@@ -166,6 +166,10 @@ def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]])
         # runs) reaches past the 1% margin: the one rule cannot call it not reproduced, and says why
         expected[6] = "inconclusive"
         assert "the clip fraction leads the shift more than the shift leads it" in got[6][1]
+    if kind == "inconclusive":  # no lead planted: the forward excess's interval reaches far below 0, its upper end
+        # under the 1% margin, so the one-sided rule excludes the claimed lead
+        expected[6] = "not reproduced"
+        assert "an effect of +0.01 in the claimed direction excluded" in got[6][1]
     undecided = {i: "inconclusive" for i in (7, 10, 11, 12, 13, 14, 15)}
     assert {i: v for i, (v, _) in got.items()} == expected | undecided, got
     assert got[8][1] == got[9][1] == "no runs of mechanism"

@@ -196,7 +196,9 @@ def test_the_rule_names_floors_references_and_what_it_could_detect(tmp_path) -> 
     floor = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0, 0, 0]}, late=0.0), study.contrasts[0])
     assert floor["verdict"] == declared.UNTESTABLE and floor["reason"].startswith("floor")
     small = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.01, -0.01, 0.005]}), study.contrasts[0])
-    assert small["verdict"] == declared.NOT_REPRODUCED and "inside +-0.05" in small["reason"]
+    assert (
+        small["verdict"] == declared.NOT_REPRODUCED and "an effect of +0.05 in the claimed direction" in small["reason"]
+    )
     wide = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.3, -0.2, 0.1]}), study.contrasts[0])
     assert wide["verdict"] == declared.INCONCLUSIVE and f"{wide['detectable']:.3f}" in wide["reason"]
     ref = {"requires": {"none@hi": 1, "none@lo": -1}, "requires_below": -0.05}
@@ -234,17 +236,18 @@ def test_a_crossing_at_an_early_look_stands_when_later_starts_arrive(tmp_path) -
     assert row["estimate"] == pytest.approx(0.2) and row["starts"] == 6
 
 
-def test_the_contrast_at_equal_kl_is_the_intercept_over_starts(tmp_path) -> None:
-    """r2 - none = 0.02 + 0.1 * (its log-KL difference) at every start, exactly: at equal KL the contrast is 0.02
-    with no residual spread, and the KL ratio is exp of the mean log-KL difference."""
+def test_the_divergence_ratio_is_the_geometric_mean_over_starts_with_its_t_interval(tmp_path) -> None:
+    """The realised KL ratio of r2 over none is exp of the mean per-start log-KL difference, and its interval exp of
+    the 95% t interval of those differences (3 degrees of freedom, by hand); the estimate is not adjusted."""
     study = load_study(_write(tmp_path, unit={"members": "300..303"}, design={**BASE["design"], "looks": [4]}))
     d_log = np.array([-0.3, 0.1, 0.2, 0.4])
     runs = _runs({"none@hi": [0.0] * 4, "r2@hi": list(0.02 + 0.1 * d_log)})
     runs["log_kl_acting"] = np.where(runs["cell"] == "r2@hi", np.tile(d_log, 2), 0.0)
     row = declared.decide(study, runs, study.contrasts[0])
+    half = 3.182446305284263 * d_log.std(ddof=1) / 2  # t(0.975, 3) x sd / sqrt(4)
     assert row["kl_ratio"] == pytest.approx(math.exp(d_log.mean()))
-    assert row["adjusted"] == pytest.approx(0.02) and row["adj_hi"] - row["adj_lo"] == pytest.approx(0, abs=1e-12)
-    assert row["estimate"] == pytest.approx(0.02 + 0.1 * d_log.mean())  # the declared estimate is not adjusted
+    assert (row["kl_lo"], row["kl_hi"]) == pytest.approx((math.exp(d_log.mean() - half), math.exp(d_log.mean() + half)))
+    assert row["estimate"] == pytest.approx(0.02 + 0.1 * d_log.mean())
 
 
 def test_arms_on_two_models_pair_by_pool_member(tmp_path) -> None:
@@ -262,7 +265,7 @@ def test_arms_on_two_models_pair_by_pool_member(tmp_path) -> None:
 
 def test_a_contrast_reads_its_own_outcome_with_its_own_margin(tmp_path) -> None:
     """A contrast of `routing_share` (margin 0.01) beside the study's `change` (margin 0.05): its pairs are the share
-    differences (+0.004, -0.002, +0.001: inside +-0.01, not reproduced), where under the study's margin the same
+    differences (+0.004, -0.002, +0.001: an effect of +0.01 excluded, not reproduced), where under the study's margin the same
     interval would also lie inside; a share difference of 0.02 at every start is reproduced, while `change` is 0."""
     share = {**BASE["contrasts"][0], "name": "share", "outcome": "routing_share", "mde": 0.01, "margin": 0.01}
     study = load_study(_write(tmp_path, contrasts=[BASE["contrasts"][0], share]))
@@ -270,16 +273,15 @@ def test_a_contrast_reads_its_own_outcome_with_its_own_margin(tmp_path) -> None:
     runs["routing_share"] = np.where(runs["cell"] == "r2@hi", np.tile([0.104, 0.098, 0.101], 2), 0.1)
     row = declared.decide(study, runs, study.contrasts[1])
     assert row["estimate"] == pytest.approx(0.001) and row["verdict"] == declared.NOT_REPRODUCED
-    assert "inside +-0.01" in row["reason"]
+    assert "an effect of +0.01 in the claimed direction excluded" in row["reason"]
     runs["routing_share"] = np.where(runs["cell"] == "r2@hi", 0.12, 0.1)
     assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
     assert declared.decide(study, runs, study.contrasts[0])["estimate"] == 0
     assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in declared_claims.rule_text(
         study, share_c := study.contrasts[1]
     )
-    assert "+-0.01" in declared_claims.rule_text(study, share_c) and "+-0.05" in declared_claims.rule_text(
-        study, study.contrasts[0]
-    )
+    assert "an effect of 0.01" in declared_claims.rule_text(study, share_c)
+    assert "an effect of 0.05" in declared_claims.rule_text(study, study.contrasts[0])
 
 
 def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -> None:
@@ -432,17 +434,84 @@ def test_the_one_rule_orders_untestable_reached_not_reproduced_inconclusive(kw: 
 
 
 @pytest.mark.parametrize(
-    ("verdicts", "final", "stops"),
+    ("stopped", "final", "stops"),
     [
-        ([declared.REPRODUCED, declared.REPRODUCED], False, True),  # every boundary reached: stop early
-        ([declared.REPRODUCED, declared.UNTESTABLE], False, False),  # a reference flat at look 1 may degrade later
-        ([declared.REPRODUCED, declared.INCONCLUSIVE], False, False),
-        ([declared.NOT_REPRODUCED, declared.UNTESTABLE], True, True),  # the last look decides whatever it reads
+        ([True, True], False, True),  # every contrast stopped (efficacy, exclusion or futility): stop early
+        ([True, False], False, False),  # a reference flat at look 1 may degrade later: that contrast goes on
+        ([False, False], True, True),  # the last look decides whatever it reads
     ],
 )
-def test_a_study_stops_early_only_where_every_boundary_is_reached(
-    verdicts: list[str], final: bool, stops: bool
-) -> None:
-    table = pd.DataFrame({"verdict": verdicts, "reason": "", "final": final})
+def test_a_study_stops_early_only_where_every_contrast_stopped(stopped: list[bool], final: bool, stops: bool) -> None:
+    table = pd.DataFrame({"verdict": declared.INCONCLUSIVE, "reason": "", "final": final, "stopped": stopped})
     result = declared.StudyResult(pd.DataFrame(), pd.DataFrame(), table, pd.DataFrame(), [], "")
     assert declared.decided(result) is stops
+
+
+def test_holm_steps_down_over_repeated_p_values_by_hand() -> None:
+    """At 0.025 over three: 0.004 <= 0.025/3 passes, 0.012 <= 0.025/2 passes, 0.03 > 0.025 fails; with 0.009 first
+    instead, 0.009 > 0.025/3 stops the step-down at once."""
+    assert declared.holm({"a": 0.012, "b": 0.004, "c": 0.03}, 0.025) == {"a": True, "b": True, "c": False}
+    assert declared.holm({"a": 0.012, "b": 0.009, "c": 0.001}, 0.025) == {"a": True, "b": True, "c": True}
+    assert declared.holm({"a": 0.012, "b": 0.009}, 0.025) == {"a": True, "b": True}
+    assert declared.holm({"a": 0.013, "b": 0.014}, 0.025) == {"a": False, "b": False}
+
+
+def _verdicts(rows: list[dict]) -> pd.DataFrame:
+    base = {"claim": "1", "verdict": declared.REPRODUCED, "reason": "z 2.50 >= boundary 1.99 at look 3", "final": True}
+    base |= {"stopped": True, "p_repeated": 0.01, "estimate": 0.03, "margin": 0.05, "kl_ratio": 1.0}
+    return pd.DataFrame([{**base, "kl_lo": 0.9, "kl_hi": 1.1, **r} for r in rows])
+
+
+def test_a_crossing_that_fails_holm_within_its_study_reads_inconclusive(tmp_path) -> None:
+    """Two claims, repeated p 0.0137 and 0.5 (router_defaults' claim 9 beside claim 8): 0.0137 > 0.025 / 2, so the
+    contrast that reached its own boundary fails Holm and reads inconclusive; an exploratory contrast is outside
+    the family."""
+    study = load_study(_write(tmp_path))
+    v = _verdicts(
+        [
+            {"contrast": "a", "p_repeated": 0.0137},
+            {"contrast": "b", "claim": "2", "verdict": declared.NOT_REPRODUCED, "reason": "x", "p_repeated": 0.5},
+            {"contrast": "c", "claim": "exploratory", "verdict": declared.DETECTED, "p_repeated": 0.001},
+        ]
+    )
+    out = declared.correct(study, v).set_index("contrast")
+    assert out.loc["a", "verdict"] == declared.INCONCLUSIVE and out.loc["a", "holm"] == "fails"
+    assert "not Holm's across the study's 2 claims" in out.loc["a", "reason"]
+    assert out.loc["b", "verdict"] == declared.NOT_REPRODUCED and out.loc["c", "verdict"] == declared.DETECTED
+
+
+def test_a_matched_contrast_outside_its_tolerance_or_beside_a_failed_placebo_reads_unmatched(tmp_path) -> None:
+    """match.tolerance 1.05: a ratio of 0.916 (claim 15's) is outside [0.952, 1.05], 1.02 inside; a placebo reading
+    +7 pp against a 5 pp margin makes every matched contrast unmatched, whatever its ratio."""
+    contrasts = [
+        {"name": n, "claim": c, "cells": {"r2@hi": 1, "none@hi": -1}} for n, c in (("a", "1"), ("b", "2"), ("p", "x"))
+    ]
+    study = load_study(_write(tmp_path, contrasts=contrasts, match={"tolerance": 1.05, "placebo": "p"}))
+    rows = [
+        {"contrast": "a", "kl_ratio": 0.916},
+        {"contrast": "b", "claim": "2", "kl_ratio": 1.02, "p_repeated": 0.001},
+    ]
+    ok = declared.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.01}]))
+    ok = ok.set_index("contrast")
+    assert ok.loc["a", "verdict"] == declared.UNMATCHED and "0.916" in ok.loc["a", "reason"]
+    assert ok.loc["b", "verdict"] == declared.REPRODUCED
+    off = declared.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.07}]))
+    off = off.set_index("contrast")
+    assert off.loc["b", "verdict"] == declared.UNMATCHED and "the placebo (p) reads +7.0 pp" in off.loc["b", "reason"]
+    assert off.loc["p", "verdict"] == declared.REPRODUCED  # the placebo itself is read, not judged
+
+
+def test_a_relative_margin_is_a_share_of_the_references_own_loss(tmp_path) -> None:
+    """The reference loses 6 pp at every start; r2 - none averages +1 pp over 6 starts (SD 2.3 pp: one-sided upper
+    bound +3.4 pp). Against the absolute 5 pp margin the claimed effect is excluded (not reproduced); against a
+    third of the loss (2 pp) it is not (inconclusive), and the absolute margin is still reported."""
+    contrast = {**BASE["contrasts"][0], "requires": {"none@hi": 1}, "requires_below": -0.05}
+    raw = {"unit": {"members": "300..305"}, "contrasts": [contrast]}
+    runs = _runs({"none@hi": [-0.06] * 6, "r2@hi": [-0.02, -0.075, -0.04, -0.07, -0.03, -0.065]})
+    absolute = load_study(_write(tmp_path, **raw, design={**BASE["design"], "looks": [6]}))
+    relative = load_study(_write(tmp_path, **raw, design={**BASE["design"], "looks": [6], "margin_relative": 1 / 3}))
+    a = declared.decide(absolute, runs, absolute.contrasts[0])
+    r = declared.decide(relative, runs, relative.contrasts[0])
+    assert a["verdict"] == declared.NOT_REPRODUCED and a["margin"] == pytest.approx(0.05)
+    assert r["margin"] == pytest.approx(0.02) and r["margin_absolute"] == pytest.approx(0.05)
+    assert r["verdict"] == declared.INCONCLUSIVE

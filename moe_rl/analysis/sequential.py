@@ -28,13 +28,17 @@ sqrt(t_i / t_j); the tests measure the level this keeps by simulation.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize, stats
 
 REJECT, CONTINUE, STOP = "reject", "continue", "stop at the last look"
 GRID = 801  # grid points per look for the recursive integration (odd: Simpson's rule); error well below 1e-6
+FUTILITY_GRID = 201  # futility boundaries and repeated p-values, solved many times over: error below 1e-6
 WIDTH = 10.0  # the grid spans the mean +- WIDTH standard deviations of S_k where no boundary cuts it
 
 
@@ -78,17 +82,31 @@ class _Recursion:
     """The sub-density of S_k = Z_k sqrt(t_k) on look k's continuation region, carried from look to look, with
     drift theta (E[Z_k] = theta sqrt(t_k), E[Z_K] = theta)."""
 
-    def __init__(self, t: np.ndarray, sides: int, drift: float = 0.0) -> None:
-        self.t, self.sides, self.drift = t, sides, drift
+    def __init__(self, t: np.ndarray, sides: int, drift: float = 0.0, grid: int = GRID) -> None:
+        self.t, self.sides, self.drift, self.grid = t, sides, drift, grid
         self.x = self.w = self.f = np.zeros(0)
         self.k = 0  # looks already passed
 
-    def _region(self, k: int, c: float) -> tuple[float, float]:
-        """Look k's continuation region on the S scale (cut to where the density lives)."""
+    def _region(self, k: int, c: float, b: float = -np.inf) -> tuple[float, float]:
+        """Look k's continuation region on the S scale (cut to where the density lives): below c, above -c
+        (two-sided) or above a futility boundary b (one-sided)."""
         mean, sd = self.drift * self.t[k], np.sqrt(self.t[k])
         hi = min(c * sd, mean + WIDTH * sd) if np.isfinite(c) else mean + WIDTH * sd
         lo = max(-c * sd, mean - WIDTH * sd) if self.sides == 2 and np.isfinite(c) else mean - WIDTH * sd
+        if np.isfinite(b):
+            lo = max(lo, b * sd)
         return lo, hi
+
+    def crossing_below(self, b: float) -> float:
+        """P(no earlier look stopped, look k falls below b), k = the next look (one-sided designs)."""
+        k, t = self.k, self.t
+        if not np.isfinite(b):
+            return 0.0 if b < 0 else 1.0
+        if k == 0:
+            return float(stats.norm.cdf(b - self.drift * np.sqrt(t[0])))
+        dt = t[k] - t[k - 1]
+        shift, sd = self.x + self.drift * dt, np.sqrt(dt)
+        return float(np.sum(self.w * self.f * stats.norm.cdf((b * np.sqrt(t[k]) - shift) / sd)))
 
     def crossing(self, c: float) -> float:
         """P(no earlier look crossed, look k crosses at boundary c), k = the next look."""
@@ -106,10 +124,11 @@ class _Recursion:
             p = p + stats.norm.cdf((-c * np.sqrt(t[k]) - shift) / sd)
         return float(np.sum(self.w * self.f * p))
 
-    def advance(self, c: float) -> None:
-        """Pass look k with boundary c: the sub-density on its continuation region becomes the carried one."""
+    def advance(self, c: float, b: float = -np.inf) -> None:
+        """Pass look k with boundary c (and futility boundary b): the sub-density on its continuation region becomes
+        the carried one."""
         k, t = self.k, self.t
-        x, w = _simpson(*self._region(k, c))
+        x, w = _simpson(*self._region(k, c, b), self.grid)
         if k == 0:
             f = stats.norm.pdf(x, loc=self.drift * t[0], scale=np.sqrt(t[0]))
         else:
@@ -120,13 +139,16 @@ class _Recursion:
         self.k += 1
 
 
-def boundaries(looks: Sequence[float], alpha: float = 0.025, sides: int = 1) -> list[float]:
+def boundaries(
+    looks: Sequence[float], alpha: float = 0.025, sides: int = 1, upto: int | None = None, grid: int = GRID
+) -> list[float]:
     """The z boundaries c_1..c_K of looks after C_1 < ... < C_K starts (Lan-DeMets O'Brien-Fleming-type spending,
     `obf_spending`), each solving P(first crossing at look k) = f(t_k) - f(t_(k-1)) under the null. One look gives
-    Phi^-1(1 - alpha / sides); a look that spends nothing has boundary +inf."""
+    Phi^-1(1 - alpha / sides); a look that spends nothing has boundary +inf. `upto`: the first that many only;
+    `grid`: points per look of the recursive integration."""
     t = information_fractions(looks)
-    spent = np.diff(np.concatenate([[0.0], obf_spending(t, alpha, sides)]))
-    rec = _Recursion(t, sides)
+    spent = np.diff(np.concatenate([[0.0], obf_spending(t, alpha, sides)]))[:upto]
+    rec = _Recursion(t, sides, grid=grid)
     out: list[float] = []
     for k, target in enumerate(spent):
         if target <= 0:
@@ -174,3 +196,221 @@ def decide_look(stat: float, look: int, bounds: Sequence[float], *, df: float | 
     if z >= bounds[look]:
         return REJECT
     return CONTINUE if look < len(bounds) - 1 else STOP
+
+
+def futility_boundaries(
+    looks: Sequence[float], efficacy: Sequence[float], drift: float, beta: float = 0.2
+) -> list[float]:
+    """Non-binding futility boundaries b_1..b_(K-1) of a one-sided design (gsDesign's test.type 4): b_k spends
+    g(t_k) - g(t_(k-1)) of the type-II error under the alternative E[Z_K] = `drift`, with g the O'Brien-Fleming-type
+    spending function at beta (`obf_spending(t, beta)`), given that no earlier look crossed either boundary
+    (continuation b_i < Z_i < c_i, `efficacy` the c_i). A look stops for futility where Z_k < b_k; the efficacy
+    boundaries are computed without them (non-binding: ignoring a futility stop keeps the level). The last look
+    has none (-inf): there the repeated interval decides. b_k is capped at c_k; a drift <= 0 (no alternative to
+    lose power under) gives no futility boundary."""
+    t = information_fractions(looks)
+    if len(efficacy) != len(t):
+        raise ValueError(f"{len(efficacy)} efficacy boundaries for {len(t)} looks")
+    if not 0 < beta < 1:
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    out = [-np.inf] * len(t)
+    if not drift > 0:
+        return out
+    spent = np.diff(np.concatenate([[0.0], obf_spending(t, beta, 1)]))
+    rec = _Recursion(t, 1, drift, FUTILITY_GRID)
+    for k in range(len(t) - 1):
+        c = float(efficacy[k])
+        if spent[k] <= 0:
+            b = -np.inf
+        else:
+            target = float(spent[k])
+            below = rec.crossing_below(c)  # P(continue before, Z_k < c_k): the most look k can spend
+            b = (
+                c
+                if below <= target
+                else float(optimize.brentq(lambda z, p: rec.crossing_below(z) - p, -40.0, c, (target,)))
+            )
+        out[k] = b
+        rec.advance(c, b)
+    return out
+
+
+def repeated_p_value(looks: Sequence[float], z: Sequence[float], alpha_max: float = 0.5) -> float:
+    """The repeated p-value of a one-sided group-sequential test after looks with information `looks` and z values
+    `z` (one per look read so far, the earlier ones first): the smallest alpha at which the O'Brien-Fleming-type
+    boundaries spending alpha over `looks` (`boundaries`) are reached at some look read. It is valid at any look
+    (P(p <= a) <= a under the null), so a family of contrasts can be corrected on it (Holm); `alpha_max` where no
+    alpha below it is reached."""
+    zs = [float(v) for v in z]
+    if not zs or len(zs) > len(looks):
+        raise ValueError(f"{len(zs)} z values for {len(looks)} looks")
+    if any(math.isinf(v) and v > 0 for v in zs):
+        return 0.0
+
+    def crossed(a: float) -> float:
+        c = boundaries(looks, a, 1, upto=len(zs), grid=FUTILITY_GRID)
+        return max(v - ck for v, ck in zip(zs, c))  # > 0 where some look reaches its boundary at level a
+
+    if crossed(alpha_max) < 0:
+        return alpha_max
+    lo = 1e-12
+    if crossed(lo) >= 0:
+        return lo
+    return float(optimize.brentq(crossed, lo, alpha_max, xtol=1e-10, rtol=1e-6))
+
+
+EFFICACY, EXCLUDED, FUTILITY, GO_ON, END = "efficacy", "excluded", "futility", "continue", "end"
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a contrast read by `read_looks`, in the claimed direction's units where it says so."""
+
+    starts: int
+    mean: float  # the mean of start means (the contrast's own sign)
+    se: float
+    z: float  # the one-sided t in the claimed direction, read as a z (`t_to_z`)
+    efficacy: float  # its efficacy boundary c_k
+    futility: float  # its futility boundary b_k (-inf: none)
+    lo: float  # the repeated confidence interval at the level c_k spends (it clears 0 exactly when z >= c_k)
+    hi: float
+    bound: float  # the repeated one-sided bound on the effect in the claimed direction (sign x effect <= bound)
+    decision: str  # EFFICACY, EXCLUDED (bound < margin), FUTILITY (z < b_k), GO_ON, END (last look, none of these)
+
+
+@functools.lru_cache(maxsize=256)
+def _efficacy(info: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+    return tuple(boundaries(info, alpha, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _futility(info: tuple[float, ...], alpha: float, drift: float, beta: float) -> tuple[float, ...]:
+    return tuple(futility_boundaries(info, _efficacy(info, alpha), drift, beta))
+
+
+def read_looks(
+    samples: Sequence[np.ndarray],
+    planned: int,
+    final: bool,
+    *,
+    sign: float,
+    alpha: float,
+    beta: float,
+    mde: float,
+    margin: float,
+    futility: bool = True,
+) -> list[Look]:
+    """Read a one-sided claim's looks in order until one stops it (the rule of docs/statistics.md). `samples[k]`:
+    the start means of the paired contrast at the k-th look read (cumulative); `planned`: the starts of the last
+    declared look; `final`: whether the last sample is that last look (then the looks read are the information
+    the alpha is spent over; else the planned last look is added). At each look, with z the one-sided t read as a
+    z and c, b its efficacy and futility boundaries:
+    - EFFICACY where z >= c (the claim is reproduced);
+    - EXCLUDED where the repeated one-sided bound in the claimed direction is below `margin` (an effect of the
+      claimed sign as large as the margin is excluded: not reproduced);
+    - FUTILITY before the last look where z < b (`futility_boundaries` under the alternative at `mde`, its drift
+      mde / (sd / sqrt(planned)) at the look's own SD of start means, rounded to 0.001): the study stops there
+      (not reproduced); where its later looks were run all the same they are read, as a non-binding boundary allows
+      (they may still reach efficacy or exclusion);
+    - else GO_ON, or END at the last look (inconclusive).
+    The reading ends at an efficacy or exclusion; `stop_of` names the look that decides it."""
+    counts = [len(s) for s in samples]
+    info = tuple(float(c) for c in counts)
+    if not final and counts[-1] < planned:
+        info = (*info, float(planned))
+    eff = _efficacy(info, alpha)
+    out: list[Look] = []
+    for k, means in enumerate(samples):
+        C, mean = len(means), float(np.mean(means))
+        sd = float(np.std(means, ddof=1))
+        se = sd / math.sqrt(C)
+        if se > 0:
+            z = float(t_to_z(sign * mean / se, C - 1))
+        else:
+            z = 0.0 if mean == 0 else math.copysign(math.inf, sign * mean)
+        c = eff[k]
+        spent = float(stats.norm.sf(c))
+        half = float(stats.t.isf(spent, C - 1)) * se
+        b = -math.inf
+        if futility and k < len(info) - 1 and sd > 0:
+            b = _futility(info, alpha, round(mde * math.sqrt(info[-1]) / sd, 3), beta)[k]
+        last = k == len(samples) - 1
+        bound = sign * mean + half
+        if z >= c:
+            decision = EFFICACY
+        elif bound < margin:
+            decision = EXCLUDED
+        elif z < b:
+            decision = FUTILITY
+        else:
+            decision = END if last and final else GO_ON
+        out.append(Look(C, mean, se, z, c, b, mean - half, mean + half, bound, decision))
+        if decision in (EFFICACY, EXCLUDED):
+            break
+    return out
+
+
+def stop_of(looks: Sequence[Look]) -> Look:
+    """The look that decides a reading (`read_looks`): its efficacy or exclusion, else its first futility crossing
+    (the study stops there; looks read past it, as a non-binding boundary allows, reached neither), else the last."""
+    if looks[-1].decision in (EFFICACY, EXCLUDED):
+        return looks[-1]
+    return next((k for k in looks if k.decision == FUTILITY), looks[-1])
+
+
+@dataclass(frozen=True)
+class OperatingCharacteristics:
+    """How a design decides, by simulation (`operating_characteristics`): shares of simulated studies."""
+
+    effect: float  # the true effect, in SDs of a start's paired difference
+    reproduced: float  # efficacy at some look
+    futility: float  # stopped at a futility boundary
+    excluded: float  # the claimed effect as large as the margin excluded
+    inconclusive: float  # the last look reached, none of these
+    expected_starts: float  # mean starts run (a study stops at its first stop)
+
+
+def operating_characteristics(
+    looks: Sequence[int],
+    effect: float,
+    *,
+    mde: float,
+    margin: float,
+    alpha: float = 0.025,
+    beta: float = 0.2,
+    sims: int = 2000,
+    seed: int = 0,
+) -> OperatingCharacteristics:
+    """Simulate `sims` studies of paired start differences ~ N(effect, 1) read by `read_looks` look by look, each
+    stopping at its first stop (efficacy, exclusion or futility; a futility stop is taken): the share of each
+    outcome and the mean starts run. `mde` and `margin` in the same units (SDs of a start's difference)."""
+    rng = np.random.default_rng(seed)
+    counts = {EFFICACY: 0, FUTILITY: 0, EXCLUDED: 0, END: 0}
+    starts = 0
+    for _ in range(sims):
+        x = rng.normal(effect, 1.0, looks[-1])
+        decision, used = END, looks[-1]
+        for k in range(len(looks)):
+            read = read_looks(
+                [x[:c] for c in looks[: k + 1]],
+                looks[-1],
+                k == len(looks) - 1,
+                sign=1.0,
+                alpha=alpha,
+                beta=beta,
+                mde=mde,
+                margin=margin,
+            )
+            if read[-1].decision != GO_ON:
+                decision, used = read[-1].decision, looks[k]
+                break
+        counts[decision] += 1
+        starts += used
+    return OperatingCharacteristics(
+        effect,
+        counts[EFFICACY] / sims,
+        counts[FUTILITY] / sims,
+        counts[EXCLUDED] / sims,
+        counts[END] / sims,
+        starts / sims,
+    )

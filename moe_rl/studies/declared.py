@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy import stats
 
 from moe_rl.analysis.clustered import cluster_means
@@ -43,10 +44,21 @@ from moe_rl.analysis.power import (
     run_wall_s,
     start_mean_interval,
     starts_needed,
+    t_interval,
     variance_components,
 )
+from moe_rl.analysis.preregistration import Preregistration, declaration_history
 from moe_rl.analysis.provenance import load_provenance, provenance_line
-from moe_rl.analysis.sequential import boundaries, t_to_z
+from moe_rl.analysis.sequential import (
+    EFFICACY,
+    END,
+    EXCLUDED,
+    FUTILITY,
+    Look,
+    read_looks,
+    repeated_p_value,
+    stop_of,
+)
 from moe_rl.metrics.names import (
     KL_UPDATE_K3,
     KL_UPDATE_K3_ACTING,
@@ -65,8 +77,11 @@ from moe_rl.studies.design import (
     load_study,
     member_start,
 )
+from moe_rl.studies.secondary import KEYS as SECONDARY_KEYS
+from moe_rl.studies.secondary import SECONDARY, per_run_secondary, secondary_table
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, UNTESTABLE = "reproduced", "not reproduced", "inconclusive", "untestable here"
+UNMATCHED = "unmatched"  # a matched contrast read away from its reference's divergence: no verdict either way
 # an exploratory contrast reproduces nothing: the same rule, its outcomes named for what they say
 DETECTED, NEGLIGIBLE, AGAINST = "detected", "negligible", "against"
 NOTED_CONTRASTS = 6  # a claim's notes list its study's exploratory contrasts too where it declares at most this many
@@ -83,6 +98,8 @@ class StudyResult:
     starts: pd.DataFrame
     domains: list[str]  # numerics domains of the runs ("avx2, eager")
     provenance: str
+    secondary: pd.DataFrame = field(default_factory=pd.DataFrame)  # the mission's outcomes per contrast
+    preregistration: Preregistration | None = None  # the declaration's history from git against its runs' commits
 
 
 def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFrame:
@@ -95,11 +112,12 @@ def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFra
     for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
         if not any(cell_dir.rglob("metrics.parquet")):
             continue
-        df = load_results(cell_dir, keys=list(dict.fromkeys([*KEYS, *columns.values()])))
+        df = load_results(cell_dir, keys=list(dict.fromkeys([*KEYS, *SECONDARY_KEYS, *columns.values()])))
         table = finished_runs(df)
         arm, level = cell_dir.name.split("@", 1)
         table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
         table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
+        table = table.join(per_run_secondary(df))
         for outcome, key in {**RUN_MEANS, **columns}.items():
             table[outcome] = df[df["key"] == key].groupby("run")["value"].mean().reindex(table.index)
         frames.append(table.reset_index(drop=True))
@@ -119,7 +137,23 @@ def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFra
     out["zero_variance"] = [zero_variance_share(c.get("pass_counts")) for c in covariates]
     out["in_band"] = [w.get("in_band") is not False for w in warmups]  # None: no warm-up (a checkpoint as it is)
     covs = ["warmup", "greedy_accuracy", "sampled_reward", "zero_variance", "in_band"]
-    return out[[*keep, *columns, "collapsed", "kl_acting", "log_kl_acting", *covs, "wall_s", "run_dir"]]
+    out["collapsed"] = out["collapsed"].astype(float)
+    out["model"] = [model_label(Path(str(r))) for r in out["run_dir"]]
+    secondary = [c for c in SECONDARY if c != "collapsed"]
+    return out[
+        [*keep, *columns, "collapsed", *secondary, "kl_acting", "log_kl_acting", *covs, "model", "wall_s", "run_dir"]
+    ]
+
+
+def model_label(run_dir: Path) -> str:
+    """The model a run trained, in a few words: family, experts, top-k, MoE layers (from its config.yaml)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return ""
+    m = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+    if not m.get("num_experts") or "dense" in str(m.get("family", "")):
+        return f"{m.get('family', '?')} dense, {m.get('num_layers', '?')} layers"
+    return f"{m.get('family', '?')} E={m['num_experts']} k={m.get('top_k', '?')} L={m.get('num_layers', '?')}"
 
 
 def zero_variance_share(pass_counts: list[int] | None) -> float:
@@ -217,35 +251,47 @@ def usable_looks(study: Study, pairs: pd.DataFrame, member: pd.Series, reached: 
     return out
 
 
-def kl_adjusted(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast, pool: int = POOL) -> dict[str, float]:
+def kl_match(pairs: pd.DataFrame, runs: pd.DataFrame, contrast: Contrast, pool: int = POOL) -> dict[str, float]:
     """Beside the declared estimate (`pairs`: the contrast's `pair_values` of the outcome, on the finished `runs`),
-    what the realised divergence says: `kl_ratio`, exp of the mean over starts of the contrast's combination of log
-    early acting KL (1.0: the cells ran at equal divergence), and `adjusted`, the contrast at equal KL: the intercept of the least-squares line of each start's mean difference on its mean
-    log-KL difference, with its 95% t interval (`adj_lo`, `adj_hi`; C - 2 degrees of freedom). NaN where fewer than
-    3 starts have both, or the log-KL differences do not vary."""
+    the divergence it was read at: `kl_ratio`, exp of the mean over starts of the contrast's combination of log
+    early acting KL (for arm minus reference, the geometric mean of the per-start ratio arm / reference; 1.0: the
+    cells ran at equal divergence), with its 95% t interval over starts (`kl_lo`, `kl_hi`). NaN where no start
+    has both; no interval under 2 starts."""
     log_kl = pair_values(runs, contrast.weights, "log_kl_acting", pool)
     both = pairs.merge(log_kl.drop(columns="start"), on="seed", suffixes=("", "_kl")).dropna()
-    out = dict.fromkeys(("kl_ratio", "adjusted", "adj_lo", "adj_hi"), math.nan)
+    out = dict.fromkeys(("kl_ratio", "kl_lo", "kl_hi"), math.nan)
     if both.empty:
         return out
-    by = both.groupby("start")[["value", "value_kl"]].mean()
-    out["kl_ratio"] = float(np.exp(by["value_kl"].mean()))
-    if len(by) < 3 or float(by["value_kl"].std()) == 0:
-        return out
-    fit = stats.linregress(by["value_kl"], by["value"])
-    half = float(stats.t.isf(0.025, len(by) - 2)) * float(fit.intercept_stderr)
-    out.update(adjusted=float(fit.intercept), adj_lo=float(fit.intercept) - half, adj_hi=float(fit.intercept) + half)
+    by = both.groupby("start")["value_kl"].mean()
+    out["kl_ratio"] = float(np.exp(by.mean()))
+    if len(by) >= 2:
+        _, lo, hi, _, _ = t_interval(by.to_numpy(float))
+        out.update(kl_lo=float(np.exp(lo)), kl_hi=float(np.exp(hi)))
     return out
 
 
-def _z(means: np.ndarray, sign: float) -> tuple[float, float]:
-    """(se, z) of the one-sided t on start means in the claimed direction; no spread: z is 0 at a zero mean and
-    +-inf otherwise (every start the same difference)."""
-    C, mean = len(means), float(means.mean())
-    se = float(means.std(ddof=1)) / math.sqrt(C)
-    if se > 0:
-        return se, float(t_to_z(sign * mean / se, C - 1))
-    return se, 0.0 if mean == 0 else math.copysign(math.inf, sign * mean)
+def read_on(runs: pd.DataFrame, contrast: Contrast) -> str:
+    """The model a contrast was read on and routing's share of the token log-ratio variance there: the model labels
+    of its cells' runs, and the mean over its reference cells' runs (`requires`, else its cells of negative weight)
+    of their run mean of `ratio/split/routing_share`."""
+    names = [f"{a}@{lv}" for a, lv in contrast.weights]
+    ref = [f"{a}@{lv}" for a, lv in (contrast.requires or {k: w for k, w in contrast.weights.items() if w < 0})]
+    if "model" not in runs:  # a table built by hand (tests)
+        return ""
+    models = "; ".join(x for x in dict.fromkeys(runs.loc[runs["cell"].isin(names), "model"]) if x)
+    share = runs.loc[runs["cell"].isin(ref), "routing_share"].dropna() if "routing_share" in runs else pd.Series()
+    where = f"routing's share of the ratio variance {share.mean():.0%}" if len(share) else "routing share not logged"
+    return f"{models or 'model not recorded'}; {where}"
+
+
+def look_samples(study: Study, pairs: pd.DataFrame, looks: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The start means of `pairs` at each usable look (`usable_looks`), cumulative."""
+    member = pair_members(pairs, study.member_pool)
+    out = []
+    for j, _ in looks:
+        at = pairs[member.isin(study.members[: study.design.looks[j]])]
+        out.append(cluster_means(at["value"], at["start"]))  # (C_j,)
+    return out
 
 
 def verdict(
@@ -260,32 +306,53 @@ def verdict(
     sign: float,
     open_reason: str,
     exploratory: bool = False,
+    futile: str | None = None,
+    where: str = "",
 ) -> tuple[str, str]:
     """The one rule's verdict and reason, for every claim: **untestable here** where the runs cannot show what the
     claim speaks of (`untestable`: a floor, a ceiling, a reference that does not degrade, a quantity this scale
     cannot measure); **reproduced** where the claim's test reaches its level in the claimed direction (`reached`);
-    **not reproduced** at the last look where the estimate's interval [lo, hi] lies inside +-margin or wholly on the
-    other side of 0 from `sign`; **inconclusive** otherwise (`open_reason`: before the last look, what would
-    continue; at it, what the runs could have detected). An exploratory contrast reproduces nothing: its outcomes are
-    named `detected`, `negligible` and `against`."""
+    **not reproduced** where a futility boundary was crossed (`futile`, its reason) or, at a look that can stop
+    (`last`), the one-sided bound of [lo, hi] in the claimed direction (`sign`) excludes an effect as large as
+    `margin`; **inconclusive** otherwise (`open_reason`: before the last look, what would continue; at it, what the
+    runs could have detected). An exploratory contrast reproduces nothing: its outcomes are named `detected`,
+    `negligible` and `against` (its bound below 0). `where`: the look, appended to the reason."""
     if untestable is not None:
         return UNTESTABLE, untestable
     if reached:
         return (DETECTED if exploratory else REPRODUCED), reached_reason
-    inside = -margin < lo and hi < margin
-    if last and (inside or (hi < 0 if sign > 0 else lo > 0)):
-        word = (NEGLIGIBLE if inside else AGAINST) if exploratory else NOT_REPRODUCED
-        return word, f"interval inside +-{margin:g}" if inside else "interval wholly against the claimed direction"
+    bound = hi if sign > 0 else -lo  # sign x effect <= bound
+    if futile is not None or (last and bound < margin):
+        reason = futile or (
+            f"an effect of {sign * margin:+g} in the claimed direction excluded: one-sided bound "
+            f"{sign * bound:+.3f}{where}"
+        )
+        if exploratory:
+            return (AGAINST if bound < 0 else NEGLIGIBLE), reason
+        return NOT_REPRODUCED, reason
     return INCONCLUSIVE, open_reason
+
+
+def _reason(look: Look, j: int, last_reason: str) -> str:
+    """Why the reading stopped at `look` (the j-th declared look) where it reached efficacy, crossed futility or
+    read on: the rule's reason for an exclusion is `verdict`'s."""
+    if look.decision == EFFICACY:
+        return f"z {look.z:.2f} >= boundary {look.efficacy:.2f} at look {j}"
+    if look.decision == FUTILITY:
+        return f"futility stop at look {j}: z {look.z:.2f} < futility boundary {look.futility:.2f}"
+    if look.decision == END:
+        return last_reason
+    return f"continue: z {look.z:.2f} in ({look.futility:.2f}, {look.efficacy:.2f}) at look {j}"
 
 
 def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] | None = None) -> dict[str, object]:
     """The one rule (module docstring) for `contrast` on the finished (admitted) `runs`: its verdict and reason, the
     look that decided it and its starts, the estimate (mean of start means, in the contrast's units) with its
-    repeated confidence interval, the variance components over every pair and the difference the starts could
-    detect. `ran`: the members whose runs are all in, admitted or not (`complete_members`), which say how far the
-    looks have reached (default: those of `runs`)."""
-    d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
+    repeated confidence interval and one-sided bound, the repeated p-value, the variance components over every pair
+    and the difference the starts could detect. `ran`: the members whose runs are all in, admitted or not
+    (`complete_members`), which say how far the looks have reached (default: those of `runs`). Holm across the
+    study's claims and the matching checks are the study's (`correct`)."""
+    d, mde = study.design, study.mde_of(contrast)
     pool = study.member_pool
     pairs = pair_values(runs, contrast.weights, study.outcome_of(contrast), pool).dropna(subset=["value"])
     C_all = int(pairs["start"].nunique()) if len(pairs) else 0
@@ -300,7 +367,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
         else "cold starts"
     )
     row.update(starts=C_all, pairs=len(pairs), estimate=float(pairs["value"].groupby(pairs["start"]).mean().mean()))
-    row.update(kl_adjusted(pairs, runs, contrast, pool))
+    row.update(kl_match(pairs, runs, contrast, pool))
+    row["read_on"] = read_on(runs, contrast)
     comp = variance_components(pairs, "start", "value") if C_all >= 2 else None
     m = len(pairs) / C_all if C_all else math.nan
     if comp is not None:
@@ -308,62 +376,141 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
         row["detectable"] = detectable_difference(comp.sd_between, comp.sd_within, C_all, m, d.power, d.alpha, sides=1)
         row["starts_for_mde"] = starts_needed(comp.sd_between, comp.sd_within, mde, m, d.power, d.alpha, sides=1)
     why = bound_reason(runs, contrast, study.outcome_of(contrast))
-    if why is None and contrast.requires:
+    ref_mean = math.nan
+    if contrast.requires:
         ref = pair_values(runs, contrast.requires, study.outcome, pool)
         ref_mean = float(ref["value"].groupby(ref["start"]).mean().mean()) if len(ref) else math.nan
         row["reference"] = ref_mean
-        if not len(ref):
+        if why is None and not len(ref):
             why = "no runs of the reference's cells yet"
-        elif not ref_mean < contrast.requires_below:
+        elif why is None and not ref_mean < contrast.requires_below:
             why = f"the reference does not degrade: {100 * ref_mean:+.1f} pp, not below {100 * contrast.requires_below:+.1f}"
+    margin = study.margin_of(contrast)
+    row["margin_absolute"] = margin
+    if d.margin_relative is not None and contrast.margin is None and ref_mean < 0:
+        margin = d.margin_relative * -ref_mean  # a share of the reference's own loss
+    row["margin"] = margin
     member = pair_members(pairs, pool)
     reached = looks_reached(study, ran if ran is not None else complete_members(study, runs))
     looks = usable_looks(study, pairs, member, reached)
     final = reached == len(d.looks)  # the last declared look (its pool exhausted, failed runs or not)
     row["final"] = final
     if not looks:
-        row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan)
+        row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan, p_repeated=math.nan, stopped=False)
         row["reason"] = (
             f"pool limit reached with {C_all} starts, fewer than {MIN_STARTS}"
             if final
             else f"{C_all} starts: before the first look at {d.looks[0]}"
         ) + (f" ({why})" if why else "")
         return row
-    counts = [c for _, c in looks]
-    info = counts if final else [*counts, d.looks[-1]]  # spending at the information reached
-    bounds = boundaries(info, d.alpha, sides=1)
-    for k, (j, _) in enumerate(looks):
-        at = pairs[member.isin(study.members[: d.looks[j]])]
-        means = cluster_means(at["value"], at["start"])  # (C_k,)
-        se, z = _z(means, contrast.sign)
-        if z >= bounds[k] or k == len(looks) - 1:
-            break
-    spent = float(stats.norm.sf(bounds[k]))  # the one-sided level at which this look's boundary rejects
-    half = (
-        float(stats.t.isf(spent, len(means) - 1)) * se
-    )  # the interval clears 0 in the claimed direction iff z >= bound
-    mean = float(means.mean())
-    lo, hi = mean - half, mean + half
-    row.update(look=j + 1, look_starts=len(means), estimate=mean, z=z, boundary=bounds[k], lo=lo, hi=hi)
-    row["level"] = 1 - 2 * spent
-    last = final and k == len(looks) - 1
+    samples = look_samples(study, pairs, looks)
+    read = read_looks(
+        samples,
+        d.looks[-1],
+        final,
+        sign=contrast.sign,
+        alpha=d.alpha,
+        beta=1 - d.power,
+        mde=mde,
+        margin=margin,
+        futility=d.futility,
+    )
+    look = stop_of(read)
+    at = read.index(look)
+    j = looks[at][0]
+    info = [float(c) for _, c in looks]
+    info = info if final or info[-1] >= d.looks[-1] else [*info, float(d.looks[-1])]
+    row.update(look=j + 1, look_starts=look.starts, estimate=look.mean, z=look.z, boundary=look.efficacy)
+    row.update(futility=look.futility, lo=look.lo, hi=look.hi, bound=contrast.sign * look.bound)
+    row["level"] = 1 - 2 * float(stats.norm.sf(look.efficacy))
+    row["p_repeated"] = repeated_p_value(info, [r.z for r in read[: at + 1]])
+    row["stopped"] = look.decision in (EFFICACY, EXCLUDED, FUTILITY) and why is None
+    row["looks_past_stop"] = len(looks) - (at + 1) if row["stopped"] else 0  # looks run after the rule stopped
+    row["stop"] = look.decision
     detectable = float(row.get("detectable", math.nan))  # type: ignore[arg-type]
+    last_reason = f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}"
+    reason = _reason(look, j + 1, last_reason)
     word, reason = verdict(
         untestable=why,
-        reached=z >= bounds[k],
-        reached_reason=f"z {z:.2f} >= boundary {bounds[k]:.2f} at look {j + 1}",
-        last=last,
-        lo=lo,
-        hi=hi,
+        reached=look.decision == EFFICACY,
+        reached_reason=reason,
+        last=look.decision in (EXCLUDED, END),
+        lo=look.lo,
+        hi=look.hi,
         margin=margin,
         sign=contrast.sign,
-        open_reason=f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}"
-        if last
-        else f"continue: z {z:.2f} < boundary {bounds[k]:.2f} at look {j + 1}",
+        open_reason=reason,
         exploratory=contrast.claim == "exploratory",
+        futile=reason if look.decision == FUTILITY else None,
+        where=f" (repeated, at look {j + 1})",
     )
     row.update(verdict=word, reason=reason)
     return row
+
+
+def holm(p: dict[str, float], alpha: float) -> dict[str, bool]:
+    """Holm's step-down over a family of p-values: whether each hypothesis is rejected at family-wise `alpha`."""
+    order = sorted(p, key=lambda k: p[k])
+    out = dict.fromkeys(p, False)
+    for i, name in enumerate(order):
+        if not p[name] <= alpha / (len(order) - i):
+            break
+        out[name] = True
+    return out
+
+
+def correct(study: Study, verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The study-level checks on its contrasts' verdicts (`decide`'s rows):
+    - **Holm** across its claim contrasts that were tested (not exploratory, not the placebo, not untestable), on
+      their repeated p-values: a contrast that reaches its own boundary but not Holm's reads inconclusive (column
+      `holm`: passes / fails / blank where not in the family);
+    - **matching** (`match`): a matched contrast whose realised divergence ratio lies outside the declared tolerance
+      reads **unmatched**, and so does every matched contrast where the placebo's estimate lies outside its margin."""
+    v = verdicts.copy()
+    placebo = study.match.placebo if study.match else None
+    family = v[(v["claim"] != "exploratory") & (v["contrast"] != placebo) & (v["verdict"] != UNTESTABLE)]
+    family = family[family["p_repeated"].notna()]
+    passes = holm(dict(zip(family["contrast"], family["p_repeated"].astype(float), strict=True)), study.design.alpha)
+    reached = v["reason"].astype(str).str.startswith("z ") & v["verdict"].isin([REPRODUCED])
+    v["holm"] = [
+        ("passes" if passes[c] else "fails") if c in passes and r else "" for c, r in zip(v["contrast"], reached)
+    ]
+    for i, r in v.iterrows():
+        if r["verdict"] == REPRODUCED and r["holm"] == "fails":
+            v.loc[i, "verdict"] = INCONCLUSIVE
+            v.loc[i, "stopped"] = False
+            v.loc[i, "reason"] = (
+                f"{r['reason']}, but not Holm's across the study's {len(passes)} claims (repeated p "
+                f"{float(r['p_repeated']):.4f})" + ("" if r["final"] else "; continue")
+            )
+    if study.match is None:
+        return v
+    m = study.match
+    placebo_row = v[v["contrast"] == placebo]
+    placebo_off = None
+    if len(placebo_row):
+        pr = placebo_row.iloc[0]
+        if abs(float(pr["estimate"])) > float(pr["margin"]):
+            placebo_off = (
+                f"the placebo ({placebo}) reads {100 * float(pr['estimate']):+.1f} pp, outside +-{100 * float(pr['margin']):g}: "
+                "the matching adds more than the margin"
+            )
+    for i, r in v.iterrows():
+        if not m.covers(str(r["contrast"])) or r["verdict"] == UNTESTABLE:
+            continue
+        ratio = float(r["kl_ratio"])
+        if not 1 / m.tolerance <= ratio <= m.tolerance:
+            why = (
+                f"divergence ratio {ratio:.3f} [{float(r['kl_lo']):.2f}, {float(r['kl_hi']):.2f}] outside its "
+                f"tolerance [{1 / m.tolerance:.3f}, {m.tolerance:g}]"
+            )
+        elif placebo_off is not None:
+            why = placebo_off
+        else:
+            continue
+        v.loc[i, "verdict"] = UNMATCHED
+        v.loc[i, "reason"] = f"{why}; by the rule alone: {r['verdict']} ({r['reason']})"
+    return v
 
 
 def cell_table(runs: pd.DataFrame, outcome: str, others: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -418,7 +565,7 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     ]
     admitted = table[table["admitted"]]
     ran = complete_members(study, table)
-    verdicts = pd.DataFrame([decide(study, admitted, c, ran) for c in study.contrasts])
+    verdicts = correct(study, pd.DataFrame([decide(study, admitted, c, ran) for c in study.contrasts]))
     metas = [run_meta(Path(str(r))) for r in table["run_dir"]]
     outside = [
         str(r) for r, m in zip(table["run_dir"], metas, strict=True) if bool(m.get("compiled")) != study.compiled
@@ -437,7 +584,17 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
         start_table(table),
         domains,
         provenance_line(provenance),
+        secondary_table(admitted, secondary_contrasts(study)),
+        declaration_history(study.file, [Path(str(r)) for r in table["run_dir"]]),
     )
+
+
+def secondary_contrasts(study: Study) -> dict[str, dict[tuple[str, str], float]]:
+    """The contrasts the mission's outcomes are read on: the study's claims and its placebo, or every contrast
+    where it declares no claim."""
+    placebo = study.match.placebo if study.match else None
+    chosen = [c for c in study.contrasts if c.claim != "exploratory" or c.name == placebo] or list(study.contrasts)
+    return {c.name: c.weights for c in chosen}
 
 
 def decided(result: StudyResult) -> bool:
@@ -446,4 +603,5 @@ def decided(result: StudyResult) -> bool:
     starts can change the means they are read on."""
     v = result.verdicts
     final = v["final"].astype(bool) if "final" in v else pd.Series(False, index=v.index)
-    return bool((v["verdict"].isin([REPRODUCED, DETECTED]) | final).all())
+    stopped = v["stopped"].astype(bool) if "stopped" in v else pd.Series(False, index=v.index)
+    return bool((stopped | final).all())

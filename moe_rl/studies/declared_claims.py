@@ -8,24 +8,50 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from scipy import stats
-
 from moe_rl.analysis.claims.rules import NO_DATA, Claim
+from moe_rl.analysis.preregistration import Preregistration
+from moe_rl.analysis.sequential import FUTILITY
 from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
 from moe_rl.studies.design import UNITS, Contrast, Study, load_study
+from moe_rl.studies.secondary import describe as describe_secondary
 
 
 def rule_text(study: Study, contrast: Contrast) -> str:
     d, margin, mde = study.design, study.margin_of(contrast), study.mde_of(contrast)
     outcome = "" if study.outcome_of(contrast) == study.outcome else f" of `{study.outcome_of(contrast)}`"
+    relative = (
+        f" ({d.margin_relative:g} of the reference's own loss where it has one)"
+        if d.margin_relative is not None
+        else ""
+    )
+    futility = " or crosses its futility boundary (beta spending at power, non-binding)" if d.futility else ""
+    matched = (
+        f"; matched per start on `{study.match.divergence}` within [{1 / study.match.tolerance:.3f}, "
+        f"{study.match.tolerance:g}] (else unmatched)"
+        if study.match and study.match.covers(contrast.name)
+        else ""
+    )
     return (
         f"declared in experiments/conf/study/{study.name}.yaml: the contrast's{outcome} one-sided t on start means, "
-        "read as a "
-        f"z, against O'Brien-Fleming-type boundaries spending alpha {d.alpha:g} over looks at "
-        f"{', '.join(map(str, d.looks))} starts (reproduced); at the last look its repeated interval inside "
-        f"+-{margin:g} or wholly against the claim (not reproduced); untestable at a floor, a ceiling or where the "
-        f"reference does not degrade; sized for {mde:g} at power {d.power:g}"
+        f"read as a z, against O'Brien-Fleming-type boundaries spending alpha {d.alpha:g} over looks at "
+        f"{', '.join(map(str, d.looks))} starts, Holm across the study's claims (reproduced); not reproduced where "
+        f"the repeated one-sided bound excludes an effect of {margin:g} in the claimed direction{relative}{futility}; "
+        f"untestable at a floor, a ceiling or where the reference does not degrade{matched}; sized for {mde:g} at "
+        f"power {d.power:g}"
     )
+
+
+def declared_words(study: Study, prereg: Preregistration | None) -> str:
+    """How a claim's paragraph says when its design was written: checked against git where it can be."""
+    if study.declared:
+        return study.declared.rstrip(".")
+    if prereg is None or prereg.problem is not None:
+        return "Declared on new pool members (its history not checked)"
+    if prereg.before_runs:
+        return "Declared before its runs (checked against git) on new pool members"
+    if prereg.design_amended:
+        return "Declared on new pool members and amended after its runs began (each amendment in the notes)"
+    return "Declared before its runs on new pool members (amended after them in reporting keys only)"
 
 
 def stated_claim(
@@ -83,16 +109,42 @@ def study_claim(
             f"{study.seeds_per_start} seed(s)",
             statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
-            p_value=float(stats.norm.sf(row.get("z", math.nan))),
+            p_value=float(row.get("p_repeated", math.nan)),
             verdict=str(row["verdict"]),
             reason=str(row["reason"]),
+            repeated_p=declared.claim != "exploratory",
+            read_on=str(row.get("read_on", "")),
         )
-        if not math.isnan(float(row.get("kl_ratio", math.nan))):
-            c.notes.append(
-                f"realised early acting KL ratio {float(row['kl_ratio']):.2f}; at equal KL (start means regressed on "
-                f"log-KL differences) {100 * float(row['adjusted']):+.1f} {unit} "
-                f"[{100 * float(row['adj_lo']):+.1f}, {100 * float(row['adj_hi']):+.1f}]"
+        ratio = float(row.get("kl_ratio", math.nan))
+        if not math.isnan(ratio):
+            band = f" [{float(row['kl_lo']):.2f}, {float(row['kl_hi']):.2f}]" if row["kl_lo"] == row["kl_lo"] else ""
+            tolerance = (
+                f", matched within [{1 / study.match.tolerance:.3f}, {study.match.tolerance:g}]"
+                if study.match and study.match.covers(contrast)
+                else ", not a declared match"
             )
+            c.divergence = f"{ratio:.2f}{band}{tolerance}"
+            c.notes.append(f"realised early acting KL ratio {c.divergence}")
+        past = int(row.get("looks_past_stop", 0) or 0)
+        if past:
+            c.notes.append(
+                f"the rule stops at look {row['look']}; the {past} look(s) after it were run all the same"
+                + (
+                    " and read, as a non-binding futility boundary allows: they reach neither efficacy nor exclusion"
+                    if row.get("stop") == FUTILITY
+                    else " (not read)"
+                )
+            )
+        if row.get("holm"):
+            c.notes.append(f"Holm across the study's claims (repeated p {float(row['p_repeated']):.4f}): {row['holm']}")
+        if c.read_on:
+            c.notes.append(f"read on: {c.read_on}")
+        prereg = result.preregistration
+        if prereg is not None:
+            c.notes.append(f"pre-registration, from git: {prereg.text}")
+        c.secondary = describe_secondary(result.secondary, contrast) if len(result.secondary) else ""
+        if c.secondary:
+            c.notes.append(f"the mission's outcomes, paired over starts (95% t): {c.secondary}")
         if not math.isnan(float(row.get("reference", math.nan))):
             c.notes.append(f"the reference's own change: {100 * float(row['reference']):+.1f} pp")
         few = len(result.verdicts) <= NOTED_CONTRASTS  # a small study's exploratory contrasts beside its claims
@@ -114,10 +166,12 @@ def study_claim(
                 c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
             c.notes += prior.notes
         c.plain = (
-            f"{study.question} {(study.declared or 'Declared before its runs on new pool members').rstrip('.')}; "
+            f"{study.question} {declared_words(study, prereg)}; "
             f"{c.cells}. The contrast "
             f"{contrast} is {c.statistic} ({outcome}, mean of start means, repeated confidence interval). "
             f"Verdict: **{c.verdict}** ({c.reason})."
+            + (f" Read on {c.read_on}." if c.read_on else "")
+            + (f" Beside it: {c.secondary}." if c.secondary else "")
         )
         return c
 

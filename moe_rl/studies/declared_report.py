@@ -19,35 +19,57 @@ from moe_rl.studies.declared import (
     NEGLIGIBLE,
     NOT_REPRODUCED,
     REPRODUCED,
+    UNMATCHED,
     UNTESTABLE,
     StudyResult,
     analyse,
 )
 from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, load_study
+from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
+from moe_rl.studies.secondary import markdown as secondary_markdown
 
 
 def forest_figure(study: Study, result: StudyResult):
-    """Each contrast's estimate and repeated confidence interval, the margin shaded, claims named."""
+    """Each contrast's estimate and repeated confidence interval, the margin shaded, claims named; below, a panel per
+    secondary outcome (`result.secondary`) with each of its contrasts' estimate and 95% interval over starts."""
     from matplotlib.figure import Figure
 
-    v = result.verdicts
-    fig = Figure(figsize=(7, 0.5 + 0.45 * len(v)))
-    ax = fig.subplots()
+    v, sec = result.verdicts, result.secondary
+    outcomes = list(dict.fromkeys(sec["outcome"])) if len(sec) else []
+    names = list(dict.fromkeys(sec["contrast"])) if len(sec) else []
+    top, bottom = 0.5 + 0.45 * len(v), (1.2 + 0.3 * len(names)) if outcomes else 0.0
+    fig = Figure(figsize=(max(7, 1.9 * len(outcomes)), top + bottom))
+    grid = fig.add_gridspec(
+        2 if outcomes else 1, max(1, len(outcomes)), height_ratios=[top, bottom] if outcomes else None
+    )
+    ax = fig.add_subplot(grid[0, :])
     y = np.arange(len(v))[::-1]
-    margins = {c.name: study.margin_of(c) for c in study.contrasts}
+    margins = dict(zip(v["contrast"], v["margin"] if "margin" in v else [study.margin_of(c) for c in study.contrasts]))
     for yi, name in zip(y, v["contrast"]):  # each contrast's own margin (its outcome's units)
         ax.fill_betweenx([yi - 0.4, yi + 0.4], -margins[name], margins[name], color="0.92", zorder=0)
     ax.axvline(0, color="0.4", lw=0.8)
     colors = {REPRODUCED: "tab:green", NOT_REPRODUCED: "tab:red", INCONCLUSIVE: "tab:gray", UNTESTABLE: "tab:orange"}
-    colors.update({DETECTED: "tab:green", NEGLIGIBLE: "tab:red", AGAINST: "tab:red"})
+    colors.update({DETECTED: "tab:green", NEGLIGIBLE: "tab:red", AGAINST: "tab:red", UNMATCHED: "tab:purple"})
     for yi, row in zip(y, v.itertuples()):
         c = colors.get(str(row.verdict), "k")
         ax.errorbar([row.estimate], [yi], xerr=[[row.estimate - row.lo], [row.hi - row.estimate]], fmt="o", color=c)
     labels = [f"{r.contrast} (claim {r.claim})" if r.claim != "exploratory" else r.contrast for r in v.itertuples()]
     ax.set_yticks(y, labels, fontsize=8)
-    outcomes = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
-    ax.set_xlabel(f"{outcomes}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
+    primary = ", ".join(dict.fromkeys(study.outcome_of(c) for c in study.contrasts))
+    ax.set_xlabel(f"{primary}: paired difference (mean of start means, repeated CI at the look)", fontsize=8)
     ax.set_title(f"{study.name}: shaded, each contrast's margin (too small to matter)", fontsize=9)
+    ys = np.arange(len(names))[::-1]
+    for i, outcome in enumerate(outcomes):
+        sub = fig.add_subplot(grid[1, i])
+        rows = sec[sec["outcome"] == outcome].set_index("contrast").reindex(names)
+        ratio = outcome in LOG_SCALE
+        scale = 1.0 if ratio else 100.0
+        est, lo, hi = (scale * rows[k].to_numpy(float) for k in ("estimate", "lo", "hi"))
+        sub.errorbar(est, ys, xerr=[est - lo, hi - est], fmt="o", ms=3, color="tab:blue")
+        sub.axvline(1.0 if ratio else 0.0, color="0.4", lw=0.8)
+        sub.set_yticks(ys, names if i == 0 else [""] * len(names), fontsize=7)
+        sub.set_title(f"{SECONDARY[outcome]} ({'x' if ratio else 'pp'})", fontsize=7)
+        sub.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     return fig
 
@@ -120,7 +142,8 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
     if profile is not None:
         profile.savefig(out / "profile.png", dpi=120)
         written.append(out / "profile.png")
-    shown = ["contrast", "claim", "verdict", "starts", "pairs", "estimate", "lo", "hi", "look", "detectable", "reason"]
+    shown = ["contrast", "claim", "verdict", "starts", "estimate", "lo", "hi", "bound", "look", "z", "boundary"]
+    shown += ["futility", "p_repeated", "holm", "margin", "detectable", "reason"]
     own = "".join(
         f" Contrast {c.name} reads `{study.outcome_of(c)}` (MDE {study.mde_of(c):g}, margin +-{study.margin_of(c):g})."
         for c in study.contrasts
@@ -146,8 +169,39 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
     unit = TWINS_UNIT if study.by_member else f"{'new ' if not study.declared else ''}cold starts"
     out_w, out_r = result.starts[~result.starts["admitted"]], int((~result.runs["admitted"]).sum())
     left_out = f"; {len(out_w)} of {len(result.starts)} warm-ups left out, {out_r} runs" if len(out_w) else ""
-    beside = ["contrast", "estimate", "kl_ratio", "adjusted", "adj_lo", "adj_hi"]
-    declared = study.declared or f"Declared in `experiments/conf/study/{study.file.name}` before its runs."
+    beside = ["contrast", "estimate", "kl_ratio", "kl_lo", "kl_hi"]
+    match = study.match
+    matched = (
+        f"Arms are matched per start on `{match.divergence}`: a matched contrast whose ratio lies outside "
+        f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
+        + (f"; the placebo `{match.placebo}` must read inside its margin." if match.placebo else ".")
+        if match
+        else "The study matches no arm per start: the ratio is what the arms ran at, not a declared match."
+    )
+    margins = (
+        f"margin {d.margin_relative:g} of the reference's own loss (absolute {d.margin:g} where it has none)"
+        if d.margin_relative is not None
+        else f"margin {d.margin:g}"
+    )
+    secondary = result.secondary
+    secondary_md = (
+        [
+            "## The mission's outcomes",
+            "",
+            "Secondary, paired over starts like the primary outcome, with 95% t intervals over starts (not corrected; "
+            "they do not change a verdict): collapse events (difference of the share of runs that collapsed, the counts "
+            "and the exact McNemar test on discordant pairs), route flips on the routes each arm acts with and on the "
+            "live router's, the token importance-ratio variance over steps 1..20 and over the run (a ratio of the "
+            "cells), and the clip fraction (`moe_rl.studies.secondary`).",
+            "",
+            secondary_markdown(secondary),
+            "",
+        ]
+        if len(secondary)
+        else []
+    )
+    declared = f"{study.declared} " if study.declared else f"Declared in `experiments/conf/study/{study.file.name}`. "
+    declared += result.preregistration.text if result.preregistration else ""
     columns = "".join(f" `{k}`: the run mean of `{v}`." for k, v in study.columns.items())
     lines = [
         f"# Study `{study.name}`",
@@ -155,7 +209,8 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         f"{declared} {study.question}",
         "",
         f"Design: outcome `{study.outcome}`; MDE {d.mde:g} at power {d.power:g}, one-sided alpha {d.alpha:g} spent "
-        f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type); margin +-{d.margin:g}; "
+        f"over looks at {', '.join(map(str, d.looks))} starts (O'Brien-Fleming-type)"
+        f"{', futility by beta spending (non-binding)' if d.futility else ''}; {margins}; "
         f"{study.seeds_per_start} seed(s) per start; sized from: {d.sized_from}.{own}{admit}",
         f"Runs: {len(result.runs)} from {result.runs['start'].nunique()} {unit} "
         f"({result.runs.loc[result.runs['admitted'], 'start'].nunique()} admitted{left_out}), "
@@ -169,13 +224,19 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         "",
         "![forest](forest.png)",
         "",
-        "Beside the rule, the realised divergence: `kl_ratio` is the cells' early per-update KL on the routes each "
-        "arm acts with (steps 1..20), combined as the contrast combines outcomes (1.0: equal); `adjusted` is the "
-        "contrast at equal KL, the intercept of start mean differences regressed on their log-KL differences, with "
-        "its 95% t interval. It is descriptive: the verdict is the rule's.",
+        "The rule (docs/statistics.md): `z` is the one-sided t on start means in the claimed direction read as a z; "
+        "reproduced at `z >= boundary`; not reproduced where `bound`, the repeated one-sided bound on the effect in "
+        "the claimed direction, excludes the margin, or where z falls below the `futility` boundary; `p_repeated` "
+        "is the repeated p-value Holm corrects across the study's claims (`holm`, for a contrast that reached its own "
+        "boundary).",
+        "",
+        f"The realised divergence: `kl_ratio` is the cells' early per-update KL on the routes each arm acts with "
+        f"(steps 1..20), combined as the contrast combines outcomes (1.0: equal), with its 95% t interval over "
+        f"starts. {matched}",
         "",
         _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
+        *secondary_md,
         *sections_md,
         *(
             [

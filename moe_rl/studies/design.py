@@ -28,6 +28,20 @@ that needs a computation of its own (a crossing, a slope) names it in `sections`
 report with the study, its result and the output folder, returning markdown lines and the files it wrote). A study
 is one numerics domain: `compiled: true` runs every run compiled (`compile=true`, inductor's kernels), the default
 every run eager; its report names the domain its runs recorded, and a run outside it is refused by the report.
+
+Two cells a study runs that compose to the same run config (their `run_overrides` expanded through the config
+groups of the Hydra config folder above the declaration's, later values over earlier ones, keys that change nothing
+a run computes left out: `_same_config`) inform nothing one of them does not: `load_study` refuses them, naming
+them, unless one group of `duplicates` names them all: a list of {cells: [arm@level, ...] (two or more), reason: why
+they all run}. A group may also name cells whose configs differ but whose runs are known to repeat one another's
+numbers (staleness_erosion's S = 1 cells, where every ratio is 1), so that the report can say so.
+
+`match` brings arms to a reference's divergence (`Match`: `divergence`, `tolerance`, `placebo`, `contrasts`). With
+`match.reference: ARM` it does so per start, by probes (`moe_rl.studies.matching`): before each look's runs, each
+cell runs `match.probe_steps` steps (default 20, at most 15% of its run's steps) at each run seed, the reference at
+its declared lr, every other arm at each multiplier of its declared lr in `match.bracket` (default [0.8, 1.0,
+1.25]); each run then goes at the lr where its probes' log KL on log lr reaches the reference's probe KL on the
+same seed. Such a study must declare levels with an lr per reference model and a placebo (`check_match`).
 """
 
 from __future__ import annotations
@@ -93,8 +107,36 @@ class Design:
     power: float
     alpha: float  # one-sided, in the claimed direction, spent over the looks
     looks: tuple[int, ...]  # starts after which the contrasts are decided
-    margin: float  # |difference| below this does not matter: an interval inside +-margin is "not reproduced"
+    margin: float  # |difference| below this does not matter: a claimed effect this large excluded is "not reproduced"
     sized_from: str  # where the start count came from (the pilot or runs, their components)
+    margin_relative: float | None = None  # where set, the margin is this share of the reference's own loss
+    futility: bool = True  # non-binding futility boundaries (beta spending at 1 - power) stop a study early
+
+
+@dataclass(frozen=True)
+class Match:
+    """Arms brought to a reference's divergence per start (`match:` in a declaration). `divergence` names the per-run
+    divergence (`kl_acting`: the early per-update KL on the routes the arm acts with); a matched contrast whose
+    realised ratio (geometric mean over starts of the arm's over the reference's) lies outside [1/tolerance,
+    tolerance] reads **unmatched**; `placebo` names the contrast of the reference against itself at another lr,
+    matched back like any arm: outside +-margin it invalidates every matched verdict of the study."""
+
+    divergence: str = "kl_acting"
+    tolerance: float = 1.05
+    placebo: str | None = None
+    contrasts: tuple[str, ...] = ()  # the contrasts it holds for (empty: every contrast but the placebo)
+    # matched per start by probes (`moe_rl.studies.matching`, `experiments/study.py`); None: the lrs as declared
+    reference: str | None = None  # the arm the others are matched to, at its own declared lr
+    probe_steps: int = 20  # a probe: the run's first steps at the cell and seed, from the member's warm-up
+    bracket: tuple[float, ...] = (0.8, 1.0, 1.25)  # lr multipliers of each arm's declared lr its probes run at
+
+    @property
+    def probes(self) -> bool:
+        """Whether the study matches per start by probes (`reference` set)."""
+        return self.reference is not None
+
+    def covers(self, contrast: str) -> bool:
+        return contrast != self.placebo and (not self.contrasts or contrast in self.contrasts)
 
 
 @dataclass(frozen=True)
@@ -155,6 +197,7 @@ class Study:
     compiled: bool = False  # its numerics domain: every run compiled (compile=true), or every run eager
     by_member: bool = False  # the unit is the pool member (seed mod pool): its twins warmed elsewhere count once
     not_run: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # seeds a cell skipped, as it ran
+    match: Match | None = None  # arms matched to a reference's divergence per start; None: not a matched study
 
     @property
     def member_pool(self) -> int:
@@ -279,6 +322,95 @@ def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[
     return {c: tuple(sorted(v)) for c, v in out.items()}
 
 
+def _match(raw: dict | None, study: str) -> Match | None:
+    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket} (`Match`); None where
+    the study matches nothing per start."""
+    if raw is None:
+        return None
+    known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket")
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"study {study}: match keys {unknown} are not among {list(known)}")
+    tolerance = float(raw.get("tolerance", Match.tolerance))
+    if not tolerance > 1:
+        raise ValueError(f"study {study}: match.tolerance {tolerance} must exceed 1 (a ratio band [1/t, t])")
+    placebo = raw.get("placebo")
+    steps = raw.get("probe_steps", Match.probe_steps)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"study {study}: match.probe_steps {steps!r} must be a whole number of steps >= 1")
+    bracket = raw.get("bracket", list(Match.bracket))
+    if (
+        not isinstance(bracket, list)
+        or len(bracket) < 2
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in bracket)
+        or bracket != sorted(set(bracket))
+    ):
+        raise ValueError(
+            f"study {study}: match.bracket {bracket!r} must list 2 or more increasing lr multipliers > 0 (each arm's "
+            "probes fit log KL on log lr over them)"
+        )
+    reference = raw.get("reference")
+    return Match(
+        divergence=str(raw.get("divergence", Match.divergence)),
+        tolerance=tolerance,
+        placebo=None if placebo is None else str(placebo),
+        contrasts=tuple(str(c) for c in raw.get("contrasts") or ()),
+        reference=None if reference is None else str(reference),
+        probe_steps=steps,
+        bracket=tuple(float(x) for x in bracket),
+    )
+
+
+def check_match(study: Study) -> None:
+    """Refuse a study matched by probes (`match.reference`) that cannot be: the reference must be an arm run at every
+    level another arm runs at, each level must set the lr per reference model (the bracket multiplies it), and the
+    study must carry a placebo: `match.placebo` names a contrast of one arm against the reference at one level, the
+    arm the reference's model and method (its overrides and `ref`) at another `lr_scale`, matched back like any arm,
+    so that what it reads is what the matching itself adds."""
+    m, name = study.match, study.name
+    if m is None or m.reference is None:
+        return
+    if m.divergence != "kl_acting":
+        raise ValueError(
+            f"study {name}: match.divergence {m.divergence!r}: probes read the early acting KL (`kl_acting`) alone"
+        )
+    ref = study.arms.get(m.reference)
+    if ref is None:
+        raise ValueError(f"study {name}: match.reference {m.reference!r} is not one of its arms {sorted(study.arms)}")
+    cells = study.cells()
+    unmatched = sorted({lv for a, lv in cells if a != ref.name and (ref.name, lv) not in cells})
+    if unmatched:
+        raise ValueError(f"study {name}: match.reference {ref.name} is not run at levels {unmatched}, which others are")
+    no_lr = sorted({lv for _, lv in cells if not study.levels[lv].lr})
+    if no_lr:
+        raise ValueError(
+            f"study {name}: levels {no_lr} set no lr per reference model (`lr:`); a matched study's probes multiply "
+            "each arm's declared lr"
+        )
+    placebo = next((c for c in study.contrasts if c.name == m.placebo), None)
+    if placebo is None:
+        raise ValueError(
+            f"study {name}: a study matched by probes carries a placebo: `match.placebo` names the contrast of the "
+            f"reference's model and method at another lr against {ref.name} (none named)"
+        )
+    others = {a for a, _ in placebo.weights} - {ref.name}
+    arm = study.arms[next(iter(others))] if len(others) == 1 else None
+    levels = {lv for _, lv in placebo.weights}
+    if (
+        arm is None
+        or len(levels) != 1
+        or len(placebo.weights) != 2
+        or sorted(placebo.weights.values()) != [-1.0, 1.0]
+        or arm.overrides != ref.overrides
+        or arm.ref != ref.ref
+        or arm.lr_scale == ref.lr_scale
+    ):
+        raise ValueError(
+            f"study {name}: placebo {placebo.name} must be one arm minus {ref.name} at one level, the arm {ref.name}'s "
+            "overrides and ref at another lr_scale (the reference's model and method at another lr)"
+        )
+
+
 def _start(raw: object, study: str) -> bool:
     if raw not in ("cold start", "member"):
         raise ValueError(
@@ -286,6 +418,12 @@ def _start(raw: object, study: str) -> bool:
             "member's warm-ups in two environments one unit)"
         )
     return raw == "member"
+
+
+def _flag(raw: object, key: str, study: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"study {study}: {key} {raw!r} must be true or false")
+    return raw
 
 
 def _compiled(raw: object, study: str) -> bool:
@@ -333,6 +471,8 @@ def load_study(path: str | Path) -> Study:
         looks=tuple(int(x) for x in d["looks"]),
         margin=float(d.get("margin", d["mde"])),
         sized_from=" ".join(str(d["sized_from"]).split()),
+        margin_relative=None if d.get("margin_relative") is None else float(d["margin_relative"]),
+        futility=_flag(d.get("futility", True), "design.futility", name),
     )
     unit = raw["unit"]
     runs, replicates = _runs(raw.get("runs"))
@@ -362,8 +502,10 @@ def load_study(path: str | Path) -> Study:
         compiled=_compiled(raw.get("compiled", False), name),
         by_member=_start(unit.get("start", "cold start"), name),
         not_run=_not_run(raw.get("not_run"), tuple(arms), name),
+        match=_match(raw.get("match"), name),
     )
     check_study(study)
+    check_match(study)
     return study
 
 
@@ -430,6 +572,15 @@ def check_study(study: Study) -> None:
                 raise ValueError(
                     f"study {name}: level {lv.name} sets lr for {sorted(lv.lr)}, arm {arm.name} has ref {arm.ref!r}"
                 )
+    if study.match is not None:
+        names = {c.name for c in study.contrasts}
+        unknown_match = sorted(
+            {*study.match.contrasts, *([study.match.placebo] if study.match.placebo else [])} - names
+        )
+        if unknown_match:
+            raise ValueError(f"study {name}: match names contrasts it does not declare: {unknown_match}")
+    if d.margin_relative is not None and not 0 < d.margin_relative < 1:
+        raise ValueError(f"study {name}: design.margin_relative {d.margin_relative} must be a share in (0, 1)")
     if list(d.looks) != sorted(set(d.looks)):
         raise ValueError(f"study {name}: looks {list(d.looks)} must increase")
     if d.looks[0] < MIN_STARTS:
@@ -443,6 +594,7 @@ def check_study(study: Study) -> None:
         )
     if not 0 < d.alpha < 0.5 or not 0 < d.power < 1 or d.mde <= 0:
         raise ValueError(f"study {name}: alpha {d.alpha}, power {d.power}, mde {d.mde} out of range")
+    _check_duplicates(study)  # two cells composing to one run config: refused unless declared (`duplicates`)
 
 
 def study_path(name: str, folder: Path) -> Path:
@@ -451,3 +603,207 @@ def study_path(name: str, folder: Path) -> Path:
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         raise ValueError(f"no study {name!r} in {folder}: declared studies are {known}")
     return path
+
+
+# Duplicate cells (`duplicates:` in a declaration): two cells that compose to one run config run the same runs twice.
+
+
+def _check_duplicates(study: Study) -> None:
+    """Refuse cells the study runs that compose to one run config unless one `duplicates` group names them all, and
+    a group that names a cell the study does not run."""
+    declared = _declared_duplicates(study)
+    ran = set(study.cells())
+    for cells, _ in declared:
+        stray = [f"{a}@{lv}" for a, lv in cells if (a, lv) not in ran]
+        if stray:
+            raise ValueError(f"study {study.name}: duplicates names cells it does not run: {stray}")
+    for group in _same_config(study):
+        if not any(set(group) <= set(cells) for cells, _ in declared):
+            named = [f"{a}@{lv}" for a, lv in group]
+            listed = f"{', '.join(named[:-1])} and {named[-1]}"
+            raise ValueError(
+                f"study {study.name}: cells {listed} compose to the same run config, so their runs inform nothing "
+                "one of them does not: run one, or declare them under `duplicates` with the reason they all run"
+            )
+
+
+def _declared_duplicates(study: Study) -> list[tuple[tuple[tuple[str, str], ...], str]]:
+    """The declaration's `duplicates`: a list of {cells: [arm@level, ...] (two or more), reason: why they run},
+    each group as (its cells, its reason); [] where the declaration names none (or is not a file)."""
+    raw = yaml.safe_load(study.file.read_text()) if study.file.is_file() else None
+    groups = (raw or {}).get("duplicates") if isinstance(raw, dict) else None
+    if groups is None:
+        return []
+    if not isinstance(groups, list):
+        raise ValueError(f"study {study.name}: duplicates must be a list of {{cells: [arm@level, ...], reason: ...}}")
+    out = []
+    for group in groups:
+        if (
+            not isinstance(group, dict)
+            or set(group) != {"cells", "reason"}
+            or not isinstance(group["cells"], list)
+            or len(set(map(str, group["cells"]))) < 2
+            or not str(group["reason"] or "").strip()
+        ):
+            raise ValueError(
+                f"study {study.name}: duplicates entry {group!r} must be {{cells: [arm@level, ...] (two or more), "
+                "reason: why they all run}"
+            )
+        cells = tuple(dict.fromkeys(_cell(str(c), study.name) for c in group["cells"]))
+        out.append((cells, " ".join(str(group["reason"]).split())))
+    return out
+
+
+def _same_config(study: Study) -> list[list[tuple[str, str]]]:
+    """The groups (two cells or more, in run order) of the cells the study runs that compose to one run config: each
+    cell's run overrides (`Study.run_overrides`) expanded through the config groups of the declaration's Hydra
+    config folder (the folder above its own, where it holds config.yaml) and flattened, later values over earlier
+    ones, keys that do not change what a run computes (`moe_rl.run.identity.NOT_IDENTITY`) left out. Outside a
+    config folder the overrides alone are compared, a group choice as a key."""
+    conf = study.file.parent.parent
+    composer = _Composer(conf if (conf / "config.yaml").is_file() else None)
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for cell in study.cells():
+        groups.setdefault(composer.identity(study.run_overrides(*cell)), []).append(cell)
+    return [cells for cells in groups.values() if len(cells) > 1]
+
+
+_DELETED = object()  # a `~key` override: the key (or group) left out
+
+
+def _scalar(value: object) -> object:
+    """A config leaf as compared: numbers spelled as strings (`1e-3`, which YAML 1.1 reads as text) as floats."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if isinstance(value, list):
+        return tuple(_scalar(v) for v in value)
+    return value
+
+
+def _flat(body: object, prefix: str, out: dict[str, object]) -> None:
+    """Merge `body` into the flattened config `out` at `prefix` (dicts merge key by key; anything else replaces)."""
+    if isinstance(body, dict):
+        if not body and prefix and not any(k.startswith(prefix + ".") for k in out):
+            out[prefix] = "{}"  # an empty mapping where there was none: a key of its own
+        elif body:
+            out.pop(prefix, None)
+        for k, v in body.items():
+            _flat(v, f"{prefix}.{k}" if prefix else str(k), out)
+        return
+    for key in [k for k in out if k.startswith(prefix + ".")]:
+        del out[key]
+    out[prefix] = _scalar(body)
+
+
+_Config = tuple[bool, list, dict]  # (its package is _global_, its defaults list, its body)
+
+
+class _Composer:
+    """A run config as Hydra composes it from a config folder, flattened (dotted keys): the primary config's
+    defaults, each chosen group file (its defaults, then its body, at its package), the configs a `+group=x`
+    override adds, the defaults lists' `override /group: x` and the command line's `group=x` choices, then the
+    command line's values. Interpolations stay text; the structured base config, the same for every run, is left
+    out."""
+
+    def __init__(self, conf: Path | None) -> None:
+        self.conf = conf
+        self.files: dict[Path, _Config] = {}
+
+    def is_group(self, key: str) -> bool:
+        return self.conf is not None and "." not in key and (self.conf / key).is_dir()
+
+    def load(self, path: Path) -> _Config:
+        if path not in self.files:
+            text = path.read_text()
+            body = yaml.safe_load(text) or {}
+            defaults = list(body.pop("defaults", None) or [])
+            body.pop("hydra", None)
+            self.files[path] = ("# @package _global_" in text.split("\n", 1)[0], defaults, body)
+        return self.files[path]
+
+    def expand(
+        self,
+        group: str,
+        config: _Config,
+        choices: dict[str, object],
+        found: dict[str, object],
+        layers: list[tuple[str, object]],
+    ) -> None:
+        """Append the layers (prefix, body) of `config` of `group` in composition order, the configs its defaults
+        list chooses (or `choices` chooses for their group) first; record its list's overrides in `found`."""
+        assert self.conf is not None
+        is_global, defaults, body = config
+        entries: list[tuple[str, str] | None] = []  # None: its own body
+        for item in defaults:
+            if item == "_self_":
+                entries.append(None)
+            elif isinstance(item, str):
+                entries.append((group, item))  # a config of its own group
+            elif isinstance(item, dict):
+                for raw_key, value in item.items():
+                    key = str(raw_key).replace("optional ", "").strip()
+                    if key.startswith("override "):
+                        found[key.removeprefix("override ").strip().lstrip("/")] = str(value)
+                    elif key.startswith("/") or not group or not (self.conf / group / key).is_dir():
+                        entries.append((key.lstrip("/"), str(value)))
+                    else:
+                        entries.append((f"{group}/{key}", str(value)))
+        if None not in entries:
+            entries.append(None)  # Hydra >= 1.1: a config's own values after its defaults
+        for entry in entries:
+            if entry is None:
+                layers.append(("" if is_global or not group else group.replace("/", "."), body))
+                continue
+            sub, choice = entry
+            chosen = choices.get(sub, choice)
+            path = self.conf / sub / f"{chosen}.yaml"
+            if chosen is not _DELETED and not sub.startswith("hydra") and path.is_file():  # else the base config
+                self.expand(sub, self.load(path), choices, found, layers)
+
+    def identity(self, overrides: list[str]) -> tuple[tuple[str, str], ...]:
+        """The config `overrides` compose to, as sorted (dotted key, value) pairs, less the keys that do not change
+        what a run computes."""
+        from moe_rl.run.identity import NOT_IDENTITY
+
+        added: list[dict[str, str]] = []  # `+group=x`: appended to the primary's defaults in order
+        cli_choices: dict[str, object] = {}
+        values: list[tuple[str, object]] = []
+        for override in overrides:
+            text = override.strip()
+            deleting = text.startswith("~")
+            key, _, value = text.lstrip("~+").partition("=")
+            if key.startswith("hydra"):
+                continue
+            if self.is_group(key):
+                if text.startswith("+"):
+                    added.append({key: value})
+                cli_choices[key] = _DELETED if deleting else value
+            else:
+                values.append((key, _DELETED if deleting else yaml.safe_load(value) if value else value))
+        flat: dict[str, object] = {}
+        if self.conf is None:
+            flat.update(cli_choices)
+        else:
+            _, defaults, body = self.load(self.conf / "config.yaml")
+            primary: _Config = (True, [*defaults, *added], body)
+            found: dict[str, object] = {}
+            layers: list[tuple[str, object]] = []
+            for _ in range(4):  # a defaults list's override can choose a config whose list overrides more
+                layers = []
+                seen: dict[str, object] = {}
+                self.expand("", primary, {**found, **cli_choices}, seen, layers)
+                if seen == found:
+                    break
+                found = seen
+            for prefix, layer in layers:
+                _flat(layer, prefix, flat)
+        for dotted, setting in values:
+            if setting is _DELETED:
+                for k in [k for k in flat if k == dotted or k.startswith(dotted + ".")]:
+                    del flat[k]
+            else:
+                _flat(setting, dotted, flat)
+        return tuple(sorted((k, repr(v)) for k, v in flat.items() if k.split(".")[0] not in NOT_IDENTITY))

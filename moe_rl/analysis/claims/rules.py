@@ -62,6 +62,10 @@ class Claim:
     notes: list[str] = field(default_factory=list)
     plain: str = ""  # a paragraph for a person: what was tested, found, how sure, what would change it
     robustness: dict[str, str] = field(default_factory=dict)  # collapse definition -> verdict, where it applies
+    repeated_p: bool = False  # p_value is a declared study's repeated p-value: it joins Holm across the claims
+    read_on: str = ""  # the model the verdict was read on and routing's share of the ratio variance there
+    divergence: str = ""  # the realised divergence ratio of the cells it compares, with its interval
+    secondary: str = ""  # the mission's outcomes of the same contrast, paired over starts
 
 
 def pct(x: float) -> str:

@@ -1,0 +1,77 @@
+"""The cost ledger's study side (`python -m moe_rl.report --cost`): each declared study (experiments/conf/study/)
+with its records and its verdicts, re-decided at every look it read, for `moe_rl.analysis.cost` to price.
+
+A look j is re-decided by the one rule (`declared.decide`) on the admitted runs of the members of its blocks
+(members[:looks[j]]), with those members' complete set as the runs that were in: what the study would have said
+had it stopped there. The look from which every verdict equals its final one is where it settled
+(`cost.settled_look`); the runs of the looks read after it moved no verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moe_rl.analysis import cost
+from moe_rl.analysis.claims import runs_folder
+from moe_rl.studies import declared
+from moe_rl.studies.design import Study, load_study
+
+DECIDED = (declared.REPRODUCED, declared.NOT_REPRODUCED)
+
+
+def verdicts_by_look(study: Study, result: declared.StudyResult) -> list[list[str]]:
+    """The verdict of every contrast at each look the runs reached, in order; the last is the study's own."""
+    runs = result.runs
+    ran = declared.complete_members(study, runs)
+    reached = declared.looks_reached(study, ran)
+    if not reached:
+        return []
+    admitted = runs[runs["admitted"].astype(bool)]
+    member = admitted["seed"].astype(int) % study.member_pool
+    out = []
+    for j in range(reached - 1):
+        block = set(study.members[: study.design.looks[j]])
+        at = admitted[member.isin(block)]
+        out.append([str(declared.decide(study, at, c, ran & block)["verdict"]) for c in study.contrasts])
+    return [*out, [str(v) for v in result.verdicts["verdict"]]]
+
+
+def study_cost(study: Study, root: Path) -> cost.StudyCost:
+    """A study's records (runs under root/<study>/runs, pilots under root/<study>/pilot*) and verdicts."""
+    folder = Path(root) / study.name
+    runs_dir = runs_folder(Path(root), study.name)
+    pilots = tuple(r for p in sorted(folder.glob("pilot*")) if p.is_dir() for r in cost.records(p))
+    claims = tuple(dict.fromkeys(c.claim for c in study.contrasts if c.claim != "exploratory"))
+    runs = tuple(cost.records(runs_dir)) if runs_dir.is_dir() else ()
+    try:
+        result = declared.analyse(study, runs_dir)
+    except (FileNotFoundError, ValueError) as err:
+        return cost.StudyCost(study.name, runs, pilots, study.member_pool, claims, (), note=f"no verdicts: {err}")
+    by_look = verdicts_by_look(study, result)
+    settled, looks = cost.settled_look(by_look), study.design.looks
+    v = result.verdicts
+    decided = tuple(
+        dict.fromkeys(
+            str(c) for c, w in zip(v["claim"], v["verdict"], strict=True) if c != "exploratory" and w in DECIDED
+        )
+    )
+    return cost.StudyCost(
+        study.name,
+        runs,
+        pilots,
+        study.member_pool,
+        claims,
+        decided,
+        after=cost.members_after(study.members, looks, settled, len(by_look)),
+        settled=f"look {settled} of {len(looks)} ({len(by_look)} read)" if by_look else "no look read",
+    )
+
+
+def ledger(root: Path, studies_dir: Path, warmup_s: float | None = None) -> list[str]:
+    """The ledger's lines for every study declared in `studies_dir` whose folder is under `root`."""
+    costs = [
+        study_cost(study, root)
+        for study in (load_study(p) for p in sorted(Path(studies_dir).glob("*.yaml")))
+        if (Path(root) / study.name).is_dir()
+    ]
+    return cost.ledger_lines(cost.ledger_table(costs, warmup_s), Path(root), timed=warmup_s is not None)

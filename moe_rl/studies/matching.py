@@ -1,0 +1,304 @@
+"""Divergence matched per start: the probes of a study that declares `match.reference`, the lr each of its runs
+gets, and the file that records them.
+
+A study matched by one pilot lr per arm for the whole pool is matched on average at best: a start's early KL at a
+given lr is a property of the start (its warm-up), so an arm's ratio to the reference varies from member to member,
+and a pilot on a few members misses the pool's mean (`causal_matched`'s dense arm ran at 0.586x the MoE's early
+KL). Here each run seed is matched on its own. Before a look's runs, every cell runs **probes**: the run itself,
+same cell, same seed, from the member's cached warm-up, stopped after `match.probe_steps` steps (at most
+`MAX_PROBE_SHARE` of the run's steps). The reference arm probes at its declared lr, every other arm at each
+multiplier of `match.bracket` times its declared lr (the level's lr for the arm's reference model times its
+`lr_scale`). A probe's KL is its early per-update KL on the routes it acts with (`kl_acting`,
+`moe_rl.analysis.dose.acting_kl_per_run`, over steps 1 .. min(probe_steps, 20)). Per (seed, arm, level), log KL is
+fit on log lr by least squares over the arm's probes, and the run goes at the lr where that line reaches
+the reference's probe KL on the same seed (the reference's probe is the first steps of its own run: the target is
+the reference run's own early KL where probe_steps is the early window). A seed whose own slope is not positive (or
+that kept one probe) takes the arm's slope pooled over its seeds at that level (within seed), else the level's over
+every matched arm; with none the seed is not matched. A solution outside the bracket is extrapolated up to
+`EXTRAPOLATION` times beyond its ends, and clamped there beyond that (status `clamped`: that run is not matched, and
+its realised ratio says so).
+
+The chosen lrs are written to <runs>/<study>/match/lrs.csv (`LRS_COLUMNS`: seed, member, arm, level, the declared and
+chosen lr, the probes' multipliers and KLs, the slope and where it came from, the status). A seed's row, once
+written, is kept: its run is launched at that lr, and a later look (whose pooled slopes may differ) never moves it,
+so a study resumes and reruns at the lrs it ran at.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from moe_rl.studies.design import Study
+
+MAX_PROBE_SHARE = 0.15  # a probe runs at most this share of its run's steps
+EXTRAPOLATION = 1.25  # a solved lr may lie up to this factor beyond the bracket's ends; further, it is clamped there
+MATCHED = ("interpolated", "extrapolated")  # statuses whose lr is the solution itself
+LRS_COLUMNS = [
+    "seed",
+    "member",
+    "arm",
+    "level",
+    "lr_declared",
+    "lr",
+    "multiplier",
+    "kl_reference",
+    "probe_multipliers",
+    "probe_kls",
+    "slope",
+    "slope_from",
+    "status",
+]
+_FOLDER = re.compile(r"(?P<arm>[^@]+)@(?P<level>[^@]+)@x(?P<mult>[0-9.eE+-]+)")
+
+
+def lr_text(lr: float) -> str:
+    """An lr as the launcher writes it (`optim.lr=` on the command line, the run folder's name)."""
+    return f"{lr:.6g}"
+
+
+def declared_lr(study: Study, arm: str, level: str) -> float:
+    """The lr a cell runs at as declared: its level's lr for the arm's reference model times the arm's `lr_scale`,
+    as `Study.cell_overrides` writes it."""
+    a, lv = study.arms[arm], study.levels[level]
+    if str(a.ref) not in lv.lr:
+        raise ValueError(f"study {study.name}: level {level} sets no lr for {arm}'s reference model {a.ref!r}")
+    return float(lr_text(lv.lr[str(a.ref)] * a.lr_scale))
+
+
+def multipliers(study: Study, arm: str) -> tuple[float, ...]:
+    """The multipliers of its declared lr an arm probes at: the reference 1 alone, every other arm the bracket."""
+    assert study.match is not None and study.match.reference is not None
+    return (1.0,) if arm == study.match.reference else study.match.bracket
+
+
+def probe_lr(study: Study, arm: str, level: str, multiplier: float) -> float:
+    return float(lr_text(declared_lr(study, arm, level) * multiplier))
+
+
+def probe_cells(study: Study) -> list[tuple[str, str, float]]:
+    """(arm, level, multiplier) of every probe multirun, in the study's cell order (the reference's first at each
+    level, so its members' warm-ups are built by the first probes)."""
+    assert study.match is not None and study.match.reference is not None
+    ref = study.match.reference
+    cells = sorted(study.cells(), key=lambda c: c[0] != ref)
+    return [(a, lv, m) for a, lv in cells for m in multipliers(study, a)]
+
+
+def probe_folder(arm: str, level: str, multiplier: float) -> str:
+    """The folder of a probe multirun under <runs>/<study>/probes/: `arm@level@x<multiplier>`."""
+    return f"{arm}@{level}@x{multiplier:g}"
+
+
+def parse_probe_folder(name: str) -> tuple[str, str, float] | None:
+    m = _FOLDER.fullmatch(name)
+    return None if m is None else (m["arm"], m["level"], float(m["mult"]))
+
+
+def with_override(overrides: list[str], key: str, value: object) -> list[str]:
+    """`overrides` with `key=value` in place of every `key=...` (appended where there is none)."""
+    out = [o for o in overrides if o.partition("=")[0] != key]
+    return [*out, f"{key}={value}"]
+
+
+def probe_share(probe_steps: int, steps: int) -> float:
+    """A probe's steps as a share of its run's."""
+    return probe_steps / steps
+
+
+def check_probe_cost(probe_steps: int, steps: int, cell: str) -> float:
+    """The probe's share of its run's steps; a ValueError where it exceeds `MAX_PROBE_SHARE`."""
+    share = probe_share(probe_steps, steps)
+    if share > MAX_PROBE_SHARE + 1e-12:
+        raise ValueError(
+            f"{cell}: a probe of {probe_steps} steps is {share:.0%} of its run's {steps}; a probe may cost at most "
+            f"{MAX_PROBE_SHARE:.0%} of a run (lower match.probe_steps to {int(MAX_PROBE_SHARE * steps)} or fewer)"
+        )
+    return share
+
+
+def probes_per_seed(study: Study) -> dict[str, int]:
+    """Per level, how many probes a run seed takes: one for the reference, the bracket for each other arm."""
+    out: dict[str, int] = {}
+    for _, level, _ in probe_cells(study):
+        out[level] = out.get(level, 0) + 1
+    return out
+
+
+def read_probes(folder: Path, study: Study) -> pd.DataFrame:
+    """Every finished probe under `folder`/<arm>@<level>@x<m>/ (`probe_folder`): seed, member, arm, level,
+    multiplier, lr (as launched), kl (its early acting KL; NaN where it logged none), status, wall_s, run_dir."""
+    from moe_rl.analysis.dose import acting_kl_per_run
+    from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results, runs
+    from moe_rl.analysis.power import run_wall_s
+    from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING
+
+    columns = ["seed", "member", "arm", "level", "multiplier", "lr", "kl", "status", "wall_s", "run_dir"]
+    frames = []
+    for cell in sorted(p for p in Path(folder).glob("*@*@x*") if p.is_dir()):
+        parsed = parse_probe_folder(cell.name)
+        if parsed is None or not any(cell.rglob("metrics.parquet")):
+            continue
+        arm, level, mult = parsed
+        df = load_results(cell, keys=[KL_UPDATE_K3, KL_UPDATE_K3_ACTING])
+        if df.empty:
+            continue
+        table = runs(df).set_index("run")
+        table = table[~table["status"].isin(INCOMPLETE_STATUSES)]
+        kl = acting_kl_per_run(df) if (df["key"] == KL_UPDATE_K3).any() else pd.Series(dtype=float)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "seed": table["seed"].astype(int).to_numpy(),
+                    "arm": arm,
+                    "level": level,
+                    "multiplier": mult,
+                    "lr": probe_lr(study, arm, level, mult) if arm in study.arms and level in study.levels else np.nan,
+                    "kl": kl.reindex(table.index).to_numpy(float),
+                    "status": table["status"].to_numpy(),
+                    "wall_s": [run_wall_s(Path(str(r))) for r in table["run_dir"]],
+                    "run_dir": table["run_dir"].to_numpy(),
+                }
+            )
+        )
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)
+    out["member"] = out["seed"] % study.member_pool
+    return out[columns].sort_values(["level", "arm", "seed", "multiplier"], ignore_index=True)
+
+
+def solve_lrs(
+    probes: pd.DataFrame,
+    reference: str,
+    bracket: tuple[float, ...],
+    declared: dict[tuple[str, str], float],
+    pool: int,
+    extrapolation: float = EXTRAPOLATION,
+) -> pd.DataFrame:
+    """The lr each (seed, arm, level) of `declared` (every matched cell: its declared lr; the reference's cells are
+    left out) runs at, from `probes` (columns seed, arm, level, multiplier, lr, kl; see the module docstring).
+    Every seed some probe of the cell or of the reference at its level names gets a row (`LRS_COLUMNS`); where it
+    cannot be matched (`status` "no reference probe", "no probe KL", "no slope") its lr is NaN."""
+    keys = ["arm", "level", "seed"]
+    probes = probes.astype({"seed": int, "multiplier": float, "lr": float, "kl": float})
+    ok = probes[np.isfinite(probes["kl"]) & (probes["kl"] > 0)].assign(
+        x=lambda f: np.log(f["lr"]), y=lambda f: np.log(f["kl"])
+    )
+    refs = ok[ok["arm"] == reference].groupby(["level", "seed"])["y"].mean()
+    cells = pd.DataFrame(
+        [(a, lv, lr) for (a, lv), lr in declared.items() if a != reference], columns=["arm", "level", "lr_declared"]
+    )
+    named = probes[["arm", "level", "seed"]].drop_duplicates()
+    ref_seeds = named[named["arm"] == reference].drop(columns="arm")
+    own = named[named["arm"] != reference]
+    seeds = pd.concat([cells.merge(ref_seeds, on="level"), cells.merge(own, on=["arm", "level"])]).drop_duplicates(keys)
+    out = seeds.sort_values(["level", "arm", "seed"], ignore_index=True)
+    out["member"] = out["seed"] % pool
+    out["log_ref"] = pd.MultiIndex.from_frame(out[["level", "seed"]]).map(refs.to_dict()).astype(float)
+    matched = ok[ok["arm"] != reference]
+    stats = matched.groupby(keys).agg(
+        n=("x", "size"),
+        mx=("x", "mean"),
+        my=("y", "mean"),
+        probe_multipliers=("multiplier", lambda v: ";".join(f"{m:g}" for m in v)),
+        probe_kls=("kl", lambda v: ";".join(f"{k:.6g}" for k in v)),
+    )
+    if len(stats):
+        centred = matched.join(stats[["mx", "my"]], on=keys)
+        dx, dy = centred["x"] - centred["mx"], centred["y"] - centred["my"]
+        sums = pd.DataFrame({"sxx": dx**2, "sxy": dx * dy}).groupby([centred[k] for k in keys]).sum()
+        stats = stats.join(sums)
+        stats["own"] = np.where(stats["sxx"] > 0, stats["sxy"] / stats["sxx"].where(stats["sxx"] > 0), np.nan)
+        arm_slope = sums.groupby(["arm", "level"]).sum()
+        arm_slope = (arm_slope["sxy"] / arm_slope["sxx"].where(arm_slope["sxx"] > 0)).rename("arm_slope")
+        level_slope = sums.groupby("level").sum()
+        level_slope = (level_slope["sxy"] / level_slope["sxx"].where(level_slope["sxx"] > 0)).rename("level_slope")
+        stats = stats.join(arm_slope, on=["arm", "level"]).join(level_slope, on="level")
+    else:
+        stats = stats.assign(own=np.nan, arm_slope=np.nan, level_slope=np.nan)
+    out = out.join(
+        stats[["n", "mx", "my", "probe_multipliers", "probe_kls", "own", "arm_slope", "level_slope"]], on=keys
+    )
+    out["probe_multipliers"] = out["probe_multipliers"].fillna("")
+    out["probe_kls"] = out["probe_kls"].fillna("")
+    slope, source = np.full(len(out), np.nan), np.full(len(out), "", dtype=object)
+    for column, name in (("level_slope", "level"), ("arm_slope", "arm"), ("own", "own")):  # the last positive wins
+        usable = (out[column] > 0).to_numpy()
+        slope[usable], source[usable] = out.loc[usable, column], name
+    out["slope"], out["slope_from"] = slope, source
+    # the line through the seed's own probes' centre, at its slope: with its own slope, its least-squares line
+    log_lr = out["mx"] + (out["log_ref"] - out["my"]) / out["slope"]
+    mult = np.exp(log_lr) / out["lr_declared"]
+    lo, hi = min(bracket) / extrapolation, max(bracket) * extrapolation
+    status = np.where((mult >= min(bracket)) & (mult <= max(bracket)), "interpolated", "extrapolated")
+    status = np.where((mult < lo) | (mult > hi), "clamped", status)
+    out["multiplier"] = mult.clip(lo, hi)
+    out["status"] = np.select(
+        [out["log_ref"].isna(), out["n"].isna(), ~(out["slope"] > 0)],
+        ["no reference probe", "no probe KL", "no slope"],
+        status,
+    )
+    unmatched = ~out["status"].isin(MATCHED + ("clamped",))
+    out.loc[unmatched, ["multiplier", "slope"]] = np.nan
+    out.loc[unmatched, "slope_from"] = ""
+    out["lr"] = [
+        float(lr_text(d * m)) if np.isfinite(m) else math.nan
+        for d, m in zip(out["lr_declared"], out["multiplier"], strict=True)
+    ]
+    out["kl_reference"] = np.exp(out["log_ref"])
+    return out[LRS_COLUMNS].reset_index(drop=True)
+
+
+def matched_cells(study: Study) -> dict[tuple[str, str], float]:
+    """Every cell matched to the reference (all but the reference's own), with its declared lr."""
+    assert study.match is not None and study.match.reference is not None
+    return {(a, lv): declared_lr(study, a, lv) for a, lv in study.cells() if a != study.match.reference}
+
+
+def study_lrs(study: Study, probes: pd.DataFrame, kept: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`solve_lrs` for `study`'s matched cells, with each (seed, arm, level) `kept` already holds (a matched lr, as
+    written before) kept as it was; rows that could not be matched are not kept, so a later call retries them."""
+    assert study.match is not None and study.match.reference is not None
+    new = solve_lrs(probes, study.match.reference, study.match.bracket, matched_cells(study), study.member_pool)
+    if kept is None or kept.empty:
+        return new
+    kept = kept[kept["lr"].notna()]
+    keys = ["seed", "arm", "level"]
+    old = pd.MultiIndex.from_frame(kept[keys])
+    new = new[~pd.MultiIndex.from_frame(new[keys]).isin(old)]
+    return pd.concat([kept[LRS_COLUMNS], new], ignore_index=True).sort_values(
+        ["level", "arm", "seed"], ignore_index=True
+    )
+
+
+def lrs_path(runs: Path, study: Study) -> Path:
+    return Path(runs) / study.name / "match" / "lrs.csv"
+
+
+def read_lrs(path: Path) -> pd.DataFrame | None:
+    """The lrs a study chose so far (None: none written yet)."""
+    if not Path(path).is_file():
+        return None
+    frame = pd.read_csv(path, keep_default_na=True, dtype={"probe_multipliers": str, "probe_kls": str})
+    return frame.astype({"seed": int, "member": int, "arm": str, "level": str})
+
+
+def write_lrs(frame: pd.DataFrame, path: Path) -> None:
+    """Write the matched rows (those with an lr): a seed not matched yet is left for the next call."""
+    from moe_rl.run.atomic import write_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, frame[frame["lr"].notna()][LRS_COLUMNS].to_csv(index=False, float_format="%.6g"))
+
+
+def seed_lrs(lrs: pd.DataFrame, arm: str, level: str, seeds: list[int]) -> dict[int, float]:
+    """The chosen lr of each of `seeds` of a cell that has one."""
+    cell = lrs[(lrs["arm"] == arm) & (lrs["level"] == level) & lrs["lr"].notna()]
+    chosen = dict(zip(cell["seed"].astype(int), cell["lr"].astype(float), strict=True))
+    return {s: chosen[s] for s in seeds if s in chosen}

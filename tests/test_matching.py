@@ -1,0 +1,410 @@
+"""Divergence matched per start (`moe_rl.studies.matching`, `match.reference` in a declaration): planted data on
+which an arm whose only effect is its divergence reads 0 once matched per start and not under one pilot lr for the
+pool, the interpolation by hand, the declaration's refusals, the launch plan, and a matched study with its placebo end
+to end on the tiny model."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from helpers import ROOT, tiny_overrides, train_env
+from scipy import stats
+
+from moe_rl.analysis.dose import matched_lr
+from moe_rl.metrics.names import KL_UPDATE_K3
+from moe_rl.studies import matching
+from moe_rl.studies.design import POOL, load_study
+
+BRACKET = (0.8, 1.0, 1.25)
+
+
+def _study_raw(**changes: object) -> dict:
+    """A tiny matched study: `none` the reference, `r2` another method, `placebo` the reference at 1.3x its lr."""
+    raw = {
+        "name": "tiny_matched",
+        "question": "Does r2 change the gain at the reference's divergence?",
+        "preset": "staleness",
+        "overrides": [*tiny_overrides("steps=14", "eval_every=7"), "numerics=native"],
+        "arms": {
+            "none": {"overrides": ["replay=none"], "ref": "moe"},
+            "r2": {"overrides": ["replay=r2"], "ref": "moe"},
+            "placebo": {"overrides": ["replay=none"], "ref": "moe", "lr_scale": 1.3},
+        },
+        "levels": {"hi": {"lr": {"moe": 2e-3}}},
+        "unit": {"members": "310..312", "seeds_per_start": 1},
+        "outcome": "change",
+        "contrasts": [
+            {"name": "r2_minus_none", "claim": "x", "cells": {"r2@hi": 1, "none@hi": -1}},
+            {"name": "placebo_minus_none", "claim": "exploratory", "cells": {"placebo@hi": 1, "none@hi": -1}},
+        ],
+        "design": {"mde": 0.05, "looks": [3], "sized_from": "a test"},
+        "match": {
+            "reference": "none",
+            "placebo": "placebo_minus_none",
+            "tolerance": 1.5,
+            "probe_steps": 2,
+            "bracket": [0.8, 1.25],
+        },
+    }
+    return {**raw, **changes}
+
+
+def _write(folder: Path, raw: dict) -> Path:
+    path = folder / f"{raw['name']}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+# --- planted data ----------------------------------------------------------------------------------------------
+
+
+def _planted(reps: int = 300, n: int = 24, pilot: int = 6, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """`reps` planted studies of `n` starts: per start m, the reference's early KL at lr is a_m lr^b and the arm's
+    e^{d_m} a_m lr^b (a member-specific lr offset of the arm: its only effect), each probe and run read with
+    multiplicative noise; the outcome is -gamma log KL + noise (and the start's own level, which cancels in the pair),
+    so at equal KL the arm and the reference end alike. The arm's declared lr_scale is today's pool match:
+    `dose.matched_lr` on a 6-member pilot (the arm at the bracket, the reference at its lr) of each study's own. Per
+    way of matching ("start": each seed at the lr its probes give, `matching.solve_lrs`; "pool": every seed at the
+    declared lr), each study's contrast (arm - reference, mean over starts), its standard error, the realised KL
+    ratio (geometric mean over starts), and the share of seeds clamped."""
+    rng = np.random.default_rng(seed)
+    lr0, b, mu, sd_arm, sd_kl, gamma, sd_out = 4e-4, 1.3, 0.4, 0.25, 0.08, 0.3, 0.03
+    # today's pilot: one lr_scale per study for its whole pool
+    a = rng.normal(math.log(0.009), 0.3, (reps, pilot))
+    d = rng.normal(mu, sd_arm, (reps, pilot))
+    member = np.arange(reps * pilot).reshape(reps, pilot)
+    ref = pd.DataFrame(
+        {"arm": "ref", "lr": lr0, "member": member.ravel(), "kl": np.exp(a + rng.normal(0, sd_kl, a.shape)).ravel()}
+    )
+    arm = pd.concat(
+        pd.DataFrame(
+            {
+                "arm": np.repeat([f"a{r}" for r in range(reps)], pilot),
+                "lr": lr0 * k,
+                "member": member.ravel(),
+                "kl": np.exp(a + d + b * math.log(k) + rng.normal(0, sd_kl, a.shape)).ravel(),
+            }
+        )
+        for k in BRACKET
+    )
+    read = matched_lr(pd.concat([ref, arm]), "ref").drop_duplicates("arm").set_index("arm")["lr_matched"]
+    scale = read.reindex([f"a{r}" for r in range(reps)]).to_numpy() / lr0
+    assert np.isfinite(scale).all()
+    # the studies' own starts: probes, then each full run
+    a = rng.normal(math.log(0.009), 0.3, (reps, n))
+    d = rng.normal(mu, sd_arm, (reps, n))
+    log_ref = a + rng.normal(0, sd_kl, a.shape)  # the reference's probe is its run's own early window
+    seeds = np.arange(reps * n).reshape(reps, n)
+    levels = np.repeat([f"s{r}" for r in range(reps)], n)
+    probes = [
+        pd.DataFrame(
+            {
+                "seed": seeds.ravel(),
+                "arm": "ref",
+                "level": levels,
+                "multiplier": 1.0,
+                "lr": lr0,
+                "kl": np.exp(log_ref).ravel(),
+            }
+        )
+    ]
+    for k in BRACKET:
+        lr = lr0 * scale[:, None] * k
+        kl = np.exp(a + d + b * np.log(lr / lr0) + rng.normal(0, sd_kl, a.shape))
+        probes.append(
+            pd.DataFrame(
+                {
+                    "seed": seeds.ravel(),
+                    "arm": "arm",
+                    "level": levels,
+                    "multiplier": k,
+                    "lr": np.broadcast_to(lr, a.shape).ravel(),
+                    "kl": kl.ravel(),
+                }
+            )
+        )
+    declared = {("arm", f"s{r}"): lr0 * scale[r] for r in range(reps)}
+    lrs = matching.solve_lrs(pd.concat(probes), "ref", BRACKET, declared, pool=POOL**2).set_index("seed")
+    assert lrs["status"].isin(matching.MATCHED + ("clamped",)).all()
+    out = {}
+    for way, lr in (
+        ("start", lrs.loc[seeds.ravel(), "lr"].to_numpy().reshape(reps, n)),
+        ("pool", lr0 * scale[:, None] * np.ones((1, n))),
+    ):
+        log_arm = a + d + b * np.log(lr / lr0) + rng.normal(0, sd_kl, a.shape)
+        diff = (-gamma * log_arm + rng.normal(0, sd_out, a.shape)) - (-gamma * log_ref + rng.normal(0, sd_out, a.shape))
+        out[way] = {
+            "estimate": diff.mean(1),
+            "se": diff.std(1, ddof=1) / math.sqrt(n),
+            "ratio": np.exp((log_arm - log_ref).mean(1)),
+            "clamped": (lrs["status"] == "clamped").mean() if way == "start" else 0.0,
+        }
+    return out
+
+
+def test_an_arm_whose_only_effect_is_its_divergence_reads_zero_matched_per_start_and_not_by_one_pool_lr() -> None:
+    """On 300 planted studies of 24 starts: matched per start, the arm's contrast is 0 (the mean estimate within 3
+    standard errors of the mean, and a two-sided 5% t test rejecting 0 no more often than 5% + 3 binomial standard
+    errors), and the realised KL ratio inside 1.05 in most studies. Matched by today's one pilot lr for the pool, the
+    pilot's error is common to every start of a study, which no count of starts averages out: the same test rejects
+    the true 0 far more often than 5% (and the ratio misses 1.05 in most studies)."""
+    reps, n, alpha = 300, 24, 0.05
+    out = _planted(reps, n)
+    tcrit = stats.t.isf(alpha / 2, n - 1)
+    slack = 3 * math.sqrt(alpha * (1 - alpha) / reps)  # three binomial standard errors of a rejection rate
+    start = out["start"]
+    rejects = {way: float((np.abs(o["estimate"] / o["se"]) > tcrit).mean()) for way, o in out.items()}
+    assert abs(start["estimate"].mean()) <= 3 * start["estimate"].std(ddof=1) / math.sqrt(reps)
+    assert rejects["start"] <= alpha + slack, rejects
+    assert rejects["pool"] > alpha + slack, rejects  # today's: a planted 0 read as an effect
+    outside = {way: float((np.abs(np.log(o["ratio"])) > math.log(1.05)).mean()) for way, o in out.items()}
+    assert outside["start"] <= 0.1 < 0.5 <= outside["pool"], outside
+    assert start["clamped"] < 0.1  # the bracket around today's lr_scale reaches most starts' matches
+    # and per start the arm's own spread of KL offsets over starts leaves the pairs: planted SD of a pair 0.058 per
+    # start against 0.093 under one lr (gamma^2 (sd_arm^2 + 2 sd_kl^2) + 2 sd_out^2)
+    assert np.median(start["se"]) < 0.75 * np.median(out["pool"]["se"])
+
+
+# --- the solve by hand -------------------------------------------------------------------------------------------
+
+
+def _probes(rows: list[tuple[int, str, float, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["seed", "arm", "multiplier", "lr", "kl"]).assign(level="hi")
+
+
+def test_the_lr_between_two_probes_by_hand() -> None:
+    """An arm's probes at lr 1e-3 (KL 0.01) and 2e-3 (KL 0.04): log KL = log 0.01 + 2 log(lr / 1e-3). The reference's
+    probe reads 0.02 on seed 1, so the lr is 1e-3 sqrt(2) (x1.414 of the declared 1e-3, inside the bracket [1, 2]);
+    0.05 on seed 2 gives sqrt(5) = x2.236, past the bracket but within 1.25x of its end (extrapolated); 0.09 on seed 3
+    gives x3, clamped at 2 x 1.25 = 2.5; seed 4 has one probe, so it takes the arm's slope over the seeds with two
+    (2, within seed); seed 5 has no reference probe and is not matched."""
+    arm = [(s, "arm", m, 1e-3 * m, 0.01 * m**2) for s in (1, 2, 3) for m in (1.0, 2.0)]
+    ref = [
+        (1, "ref", 1.0, 5e-4, 0.02),
+        (2, "ref", 1.0, 5e-4, 0.05),
+        (3, "ref", 1.0, 5e-4, 0.09),
+        (4, "ref", 1.0, 5e-4, 0.02),
+    ]
+    probes = _probes(
+        [*arm, *ref, (4, "arm", 1.0, 1e-3, 0.005), (5, "arm", 1.0, 1e-3, 0.01), (5, "arm", 2.0, 2e-3, 0.04)]
+    )
+    lrs = matching.solve_lrs(
+        probes, "ref", (1.0, 2.0), {("arm", "hi"): 1e-3, ("ref", "hi"): 5e-4}, pool=1000
+    ).set_index("seed")
+    assert list(lrs.index) == [1, 2, 3, 4, 5] and set(lrs["arm"]) == {"arm"}  # the reference is not matched
+    assert lrs.loc[1, "lr"] == pytest.approx(1e-3 * math.sqrt(2), rel=1e-5) and lrs.loc[1, "status"] == "interpolated"
+    assert lrs.loc[1, "slope"] == pytest.approx(2.0) and lrs.loc[1, "slope_from"] == "own"
+    assert lrs.loc[1, "probe_multipliers"] == "1;2" and lrs.loc[1, "probe_kls"] == "0.01;0.04"
+    assert lrs.loc[2, "multiplier"] == pytest.approx(math.sqrt(5)) and lrs.loc[2, "status"] == "extrapolated"
+    assert lrs.loc[3, "multiplier"] == pytest.approx(2.5) and lrs.loc[3, "status"] == "clamped"
+    # seed 4: KL 0.005 at 1e-3 and slope 2: 0.02 = 0.005 (lr / 1e-3)^2 at lr 2e-3
+    assert lrs.loc[4, "slope_from"] == "arm" and lrs.loc[4, "lr"] == pytest.approx(2e-3, rel=1e-5)
+    assert lrs.loc[5, "status"] == "no reference probe" and math.isnan(lrs.loc[5, "lr"])
+    assert lrs.loc[1, "kl_reference"] == pytest.approx(0.02) and lrs.loc[1, "member"] == 1
+
+
+def test_a_flat_seed_takes_its_arm_s_slope_and_a_flat_arm_is_not_matched() -> None:
+    """A seed whose own line does not rise takes the arm's within-seed slope; where every seed is flat, no slope."""
+    rising = [(s, "arm", m, 1e-3 * m, 0.01 * m) for s in (1, 2) for m in (1.0, 2.0)]  # slope 1
+    flat = [(3, "arm", 1.0, 1e-3, 0.02), (3, "arm", 2.0, 2e-3, 0.019)]
+    ref = [(s, "ref", 1.0, 1e-3, 0.015) for s in (1, 2, 3)]
+    lrs = matching.solve_lrs(_probes([*rising, *flat, *ref]), "ref", (1.0, 2.0), {("arm", "hi"): 1e-3}, 1000)
+    row = lrs.set_index("seed").loc[3]
+    assert row["slope_from"] == "arm" and 0 < row["slope"] < 1  # pooled within seed: the flat seed pulls it down
+    none = matching.solve_lrs(_probes([*flat, ref[2]]), "ref", (1.0, 2.0), {("arm", "hi"): 1e-3}, 1000)
+    assert none["status"].tolist() == ["no slope"] and none["lr"].isna().all()
+
+
+def test_lrs_once_written_are_kept_and_the_unmatched_retried(tmp_path) -> None:
+    """A seed's lr, once written, is the one its run was launched at: a later solve (here on other probes) keeps it;
+    a seed not matched is not written, so the next look solves it again."""
+    study = load_study(_write(tmp_path, _study_raw()))
+    probes = pd.DataFrame(
+        [
+            (s, a, "hi", m, matching.probe_lr(study, a, "hi", m), 0.01 * m**1.5)
+            for s in (310, 311)
+            for a in ("r2", "placebo")
+            for m in (0.8, 1.25)
+        ]
+        + [(s, "none", "hi", 1.0, 2e-3, 0.01) for s in (310, 311)],
+        columns=["seed", "arm", "level", "multiplier", "lr", "kl"],
+    )
+    first = matching.study_lrs(study, probes)
+    path = matching.lrs_path(tmp_path, study)
+    matching.write_lrs(first, path)
+    kept = matching.read_lrs(path)
+    assert kept is not None and len(kept) == 4 and kept["lr"].notna().all()
+    assert np.allclose(kept["lr"], first["lr"], rtol=1e-5)
+    moved = probes.assign(kl=probes["kl"] * np.where(probes["arm"] == "none", 1.2, 1.0))  # slope 1.5: x1.2^(2/3)
+    again = matching.study_lrs(study, pd.concat([moved, moved.assign(seed=312)]), kept)
+    assert len(again) == 6 and np.allclose(again[again["seed"] < 312]["lr"], kept["lr"], rtol=1e-5)
+    assert np.allclose(again[again["seed"] == 312]["multiplier"], 1.2 ** (2 / 3))
+
+
+# --- the declaration and the launch ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"bracket": [1.25, 0.8]}, "must list 2 or more increasing"),
+        ({"bracket": [1.0]}, "must list 2 or more increasing"),
+        ({"probe_steps": 0}, "probe_steps 0 must be"),
+        ({"divergence": "kl_update"}, "probes read the early acting KL"),
+        ({"reference": "dense"}, "match.reference 'dense' is not one of its arms"),
+        ({"placebo": None}, "carries a placebo"),
+        ({"placebo": "r2_minus_none"}, "placebo r2_minus_none must be one arm minus none"),
+    ],
+)
+def test_a_matched_declaration_that_cannot_match_is_refused(tmp_path, change, message) -> None:
+    raw = _study_raw()
+    with pytest.raises(ValueError, match=message):
+        load_study(_write(tmp_path, {**raw, "match": {**raw["match"], **change}}))
+
+
+def test_a_placebo_at_its_reference_s_lr_or_with_other_overrides_is_refused(tmp_path) -> None:
+    raw = _study_raw()
+    for placebo in (
+        {"overrides": ["replay=none"], "ref": "moe"},
+        {"overrides": ["replay=r2"], "ref": "moe", "lr_scale": 1.3},
+    ):
+        with pytest.raises(ValueError, match="at another lr_scale|compose to the same run config"):
+            load_study(_write(tmp_path, {**raw, "arms": {**raw["arms"], "placebo": placebo}}))
+    arms = {k: {"overrides": v["overrides"]} for k, v in raw["arms"].items()}
+    arms["placebo"]["overrides"] = ["replay=none", "optim.weight_decay=0.01"]  # not a duplicate of none
+    no_lr = {**raw, "levels": {"hi": {"overrides": ["optim.lr=2e-3"]}}, "arms": arms}
+    with pytest.raises(ValueError, match="set no lr per reference model"):
+        load_study(_write(tmp_path, no_lr))
+
+
+def test_the_probe_plan_and_its_cost() -> None:
+    assert matching.check_probe_cost(20, 200, "c") == pytest.approx(0.1)
+    assert matching.check_probe_cost(30, 200, "c") == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="at most 15% of a run"):
+        matching.check_probe_cost(3, 14, "c")
+    assert matching.with_override(["a=1", "optim.lr=1", "b=2", "optim.lr=3"], "optim.lr", "4") == [
+        "a=1",
+        "b=2",
+        "optim.lr=4",
+    ]
+    assert matching.parse_probe_folder(matching.probe_folder("r2", "hi", 1.25)) == ("r2", "hi", 1.25)
+
+
+def _dry_run(folder: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "experiments/study.py", name, "--studies", str(folder), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=train_env(),
+        timeout=300,
+    )
+
+
+def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> None:
+    """Probes first (the reference's at its lr, each other arm's at the bracket, `probe_steps` steps), then the
+    reference's multirun; the other cells' runs wait for their probes. A probe above 15% of its run is refused."""
+    study = load_study(_write(tmp_path, _study_raw()))
+    out = _dry_run(tmp_path, study.name)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    heads = [line.split("]")[0][1:] for line in lines]
+    assert heads == [
+        "probe none@hi@x1",
+        "probe r2@hi@x0.8",
+        "probe r2@hi@x1.25",
+        "probe placebo@hi@x0.8",
+        "probe placebo@hi@x1.25",
+        "none@hi",
+        "r2@hi",
+        "placebo@hi",
+    ]
+    assert (
+        "probes of 2 steps, 14%-14% of a run's steps each; hi: 5 probes per seed, 24% of its 42 run steps" in out.stdout
+    )
+    probe = lines[1]
+    assert (
+        "steps=2" in probe and "steps=14" not in probe and "optim.lr=0.0016 " in probe and "seed=310,311,312" in probe
+    )
+    assert "tiny_matched/probes/r2@hi@x0.8" in probe and "experiment=tiny_matched_probe" in probe
+    assert "optim.lr=0.00208" in lines[3]  # the placebo's declared lr, 1.3 x 2e-3, x 0.8
+    assert "optim.lr=0.002 " in lines[5] and "seed=310,311,312" in lines[5] and " steps=14 " in lines[5]
+    assert all("each at the lr its seed's probes give" in line for line in lines[6:])
+    raw = _study_raw()
+    costly = {**raw, "name": "costly", "match": {**raw["match"], "probe_steps": 3}}
+    _write(tmp_path, costly)
+    refused = _dry_run(tmp_path, "costly")
+    assert refused.returncode != 0 and "a probe may cost at most 15% of a run" in refused.stderr
+
+
+# --- end to end ----------------------------------------------------------------------------------------------------
+
+
+def _config(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+@pytest.mark.slow
+def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache) -> None:
+    """3 members of the tiny model: probes of 2 steps (the reference at its lr, r2 and the placebo at x0.8 and
+    x1.25), each seed's lr solved into match/lrs.csv, the full runs of 14 steps at those lrs, the look decided.
+    The reference's probe is its run's first steps (the same KL, bitwise), from the member's one warm-up; the same
+    command again launches nothing and moves no lr."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    raw = _study_raw()
+    raw["overrides"] = [*raw["overrides"], f"cold_start.cache_dir={cache}"]
+    study = load_study(_write(studies, raw))
+    command = [sys.executable, "experiments/study.py", study.name, "--studies", str(studies), "--runs", str(tmp_path)]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=train_env(), timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    root = tmp_path / study.name
+    probes = matching.read_probes(root / "probes", study)
+    assert len(probes) == 3 * 5 and probes["kl"].gt(0).all()
+    assert sorted(set(zip(probes["arm"], probes["multiplier"], strict=True))) == [
+        ("none", 1.0),
+        ("placebo", 0.8),
+        ("placebo", 1.25),
+        ("r2", 0.8),
+        ("r2", 1.25),
+    ]
+    assert all(_config(Path(r))["steps"] == 2 for r in probes["run_dir"])
+    lrs = matching.read_lrs(matching.lrs_path(tmp_path, study))
+    assert lrs is not None and len(lrs) == 6 and lrs["status"].isin([*matching.MATCHED, "clamped"]).all()
+    assert np.allclose(lrs["lr"], lrs["lr_declared"] * lrs["multiplier"], rtol=1e-4)
+    runs = pd.read_csv(root / "runs.csv")
+    assert len(runs) == 9 and runs["start"].nunique() == 3
+    chosen = {(r.arm, int(r.seed)): float(r.lr) for r in lrs.itertuples()}
+    full = {
+        (d.parent.name.split("@")[0], int(_config(d)["seed"])): d
+        for d in (p.parent for p in root.glob("runs/*/*/config.yaml"))
+    }
+    assert len(full) == 9
+    for (arm, seed), run_dir in full.items():
+        cfg = _config(run_dir)
+        assert cfg["steps"] == 14 and cfg["optim"]["lr"] == pytest.approx(chosen.get((arm, seed), 2e-3), rel=1e-9)
+    for seed, probe_dir in probes[probes["arm"] == "none"].set_index("seed")["run_dir"].items():
+        kl = [
+            pd.read_parquet(Path(d) / "metrics.parquet").query(f"key == '{KL_UPDATE_K3}' and step <= 2")["value"]
+            for d in (probe_dir, full[("none", int(seed))])
+        ]
+        assert len(kl[0]) == 2 and kl[0].tolist() == kl[1].tolist()
+    contrasts = pd.read_csv(root / "contrasts.csv")
+    assert set(contrasts["contrast"]) == {"r2_minus_none", "placebo_minus_none"} and (contrasts["starts"] == 3).all()
+    # the same command again: every probe and matched run is found finished, and no seed's lr moves
+    written = matching.lrs_path(tmp_path, study).read_text()
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=train_env(), timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("every probe of the look finished") == 5
+    assert again.stdout.count("3 runs finished at their seeds' lrs") == 2 and "seed 310 at lr" not in again.stdout
+    assert (
+        matching.lrs_path(tmp_path, study).read_text() == written and len(list(root.glob("runs/*/*/config.yaml"))) == 9
+    )
