@@ -7,7 +7,8 @@ One Hydra multirun of `experiments/train.py` per cell (arm@level) over the seeds
 <runs>/NAME/runs/<arm>@<level>/. A look runs the starts up to its declared count (the earlier looks' runs are read,
 not rerun), then decides each contrast at that look by the one rule (`moe_rl.studies.declared`) and writes the
 study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast has
-reached its boundary, else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
+stopped (its efficacy boundary reached, the claimed effect excluded, or its futility boundary crossed: the remaining
+looks cannot move it), else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
 can change the means it is read on); `--look K` runs look K alone.
 
 A study matched per start (`match.reference` in its declaration, `moe_rl.studies.matching`) first runs each look's
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> None:
         print(result.verdicts.to_string(index=False), flush=True)
         if decided(result):
             print(
-                f"{study.name}: every contrast reached its boundary or its last look at look {look + 1}; stopping",
+                f"{study.name}: every contrast stopped (efficacy, exclusion or futility) or reached its last look at look "
+                f"{look + 1}; stopping",
                 flush=True,
             )
             break

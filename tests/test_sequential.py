@@ -161,8 +161,8 @@ def test_a_repeated_p_value_is_the_level_at_which_a_boundary_is_just_reached() -
 
 def test_the_one_sided_reading_stops_at_efficacy_exclusion_or_futility() -> None:
     """Three reading paths, by hand: start means with z past the first boundary (efficacy); an upper repeated bound
-    below the margin (exclusion, at any look); a look-1 z under the futility boundary that later looks do not
-    overturn (futility decides, the later looks read as non-binding allows)."""
+    below the margin (exclusion, at any look); a look-1 z under the futility boundary (the study stops there). A
+    study that ran on past that crossing (non-binding) is decided by its last look."""
     rng = np.random.default_rng(1)
     base = rng.normal(0.0, 1.0, 24)
     base = (base - base.mean()) / base.std(ddof=1)  # mean 0, sd 1 exactly
@@ -171,9 +171,11 @@ def test_the_one_sided_reading_stops_at_efficacy_exclusion_or_futility() -> None
     assert [r.decision for r in eff] == [sq.EFFICACY]
     narrow = sq.read_looks([0.01 * base[:8] - 0.1], 24, False, **kw)  # bound ~ -0.08 < 0.05
     assert narrow[-1].decision == sq.EXCLUDED and narrow[-1].bound < 0.05
-    futile = sq.read_looks([base[:8] - 0.5, base[:16] - 0.3, base - 0.2], 24, True, **{**kw, "margin": 0.0})
-    assert futile[0].decision == sq.FUTILITY and sq.stop_of(futile) is futile[0]
-    assert futile[0].z < futile[0].futility
+    futile = sq.read_looks([base[:8] - 0.5], 24, False, **{**kw, "margin": 0.0})
+    assert futile[0].decision == sq.FUTILITY and futile[0].z < futile[0].futility
+    ran_on = sq.read_looks([base[:8] - 0.5, base[:16] - 0.3, base - 0.2], 24, True, **{**kw, "margin": 0.0})
+    assert [r.decision for r in ran_on] == [sq.FUTILITY, sq.FUTILITY, sq.END]  # read on past them: the last decides
+    assert sq.stop_of(ran_on) is ran_on[-1]
 
 
 @pytest.mark.slow

@@ -310,8 +310,8 @@ def read_looks(
       claimed sign as large as the margin is excluded: not reproduced);
     - FUTILITY before the last look where z < b (`futility_boundaries` under the alternative at `mde`, its drift
       mde / (sd / sqrt(planned)) at the look's own SD of start means, rounded to 0.001): the study stops there
-      (not reproduced); where its later looks were run all the same they are read, as a non-binding boundary allows
-      (they may still reach efficacy or exclusion);
+      (not reproduced); where its later looks were run all the same they are read and decide, as a non-binding
+      boundary allows;
     - else GO_ON, or END at the last look (inconclusive).
     The reading ends at an efficacy or exclusion; `stop_of` names the look that decides it."""
     counts = [len(s) for s in samples]
@@ -351,11 +351,10 @@ def read_looks(
 
 
 def stop_of(looks: Sequence[Look]) -> Look:
-    """The look that decides a reading (`read_looks`): its efficacy or exclusion, else its first futility crossing
-    (the study stops there; looks read past it, as a non-binding boundary allows, reached neither), else the last."""
-    if looks[-1].decision in (EFFICACY, EXCLUDED):
-        return looks[-1]
-    return next((k for k in looks if k.decision == FUTILITY), looks[-1])
+    """The look that decides a reading (`read_looks`): the last look read. It ends the reading at an efficacy or an
+    exclusion; a futility crossing decides where it is the last look run (the study stopped there). A study that ran
+    on past a futility crossing (non-binding) is decided by its later looks."""
+    return looks[-1]
 
 
 @dataclass(frozen=True)

@@ -427,6 +427,8 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     row["stopped"] = look.decision in (EFFICACY, EXCLUDED, FUTILITY) and why is None
     row["looks_past_stop"] = len(looks) - (at + 1) if row["stopped"] else 0  # looks run after the rule stopped
     row["stop"] = look.decision
+    crossed = [looks[i][0] + 1 for i, r in enumerate(read[:-1]) if r.decision == FUTILITY]
+    row["futility_crossed"] = crossed[0] if crossed else 0  # a futility look the study ran on past (non-binding)
     detectable = float(row.get("detectable", math.nan))  # type: ignore[arg-type]
     last_reason = f"pool limit reached; detectable at {d.power:.0%}: {detectable:.3f}"
     reason = _reason(look, j + 1, last_reason)

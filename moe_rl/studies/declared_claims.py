@@ -10,7 +10,6 @@ from pathlib import Path
 
 from moe_rl.analysis.claims.rules import NO_DATA, Claim
 from moe_rl.analysis.preregistration import Preregistration
-from moe_rl.analysis.sequential import FUTILITY
 from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
 from moe_rl.studies.design import UNITS, Contrast, Study, load_study
 from moe_rl.studies.secondary import describe as describe_secondary
@@ -128,12 +127,13 @@ def study_claim(
         past = int(row.get("looks_past_stop", 0) or 0)
         if past:
             c.notes.append(
-                f"the rule stops at look {row['look']}; the {past} look(s) after it were run all the same"
-                + (
-                    " and read, as a non-binding futility boundary allows: they reach neither efficacy nor exclusion"
-                    if row.get("stop") == FUTILITY
-                    else " (not read)"
-                )
+                f"the rule stops at look {row['look']}; the {past} look(s) after it were run all the same (not read)"
+            )
+        crossed = int(row.get("futility_crossed", 0) or 0)
+        if crossed:
+            c.notes.append(
+                f"the futility boundary was crossed at look {crossed}; the study ran on (the boundary is non-binding), "
+                "so its later looks decide"
             )
         if row.get("holm"):
             c.notes.append(f"Holm across the study's claims (repeated p {float(row['p_repeated']):.4f}): {row['holm']}")
