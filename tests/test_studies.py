@@ -80,6 +80,7 @@ def test_index_helpers() -> None:
         "inconclusive",
         "reproduced",
         "untestable here",
+        "unmatched",
     }
 
 

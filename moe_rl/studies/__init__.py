@@ -35,6 +35,7 @@ from moe_rl.studies import (
     frontier,
     frontier_claims,
     frontier_report,
+    ladder,
     mechanism,
     mechanism_claims,
     phase,
@@ -393,6 +394,15 @@ STUDIES: tuple[Study, ...] = (
         ),
     ),
     Study(
+        "ladder",
+        ("phase",),
+        "Where does routing carry the divergence? A pilot of the routing-dominance ladder: GRPO without replay at N = 8 "
+        "over three lrs on 4 new pool members per model geometry (the default, 64 experts of width 64 at top-2 over 4 "
+        "and 8 layers, the fine-grained 64 x 16 at top-8): each rung's edge, routing's share of the ratio variance "
+        "and the routes an update changes.",
+        report=with_provenance(ladder.write_ladder_report),
+    ),
+    Study(
         "calibration",
         (),
         "Which lr reaches a target early per-update KL, per arm and model (experiments/calibrate_kl.py's cache of "
@@ -421,11 +431,13 @@ CLAIMS: dict[int, ClaimItem] = dict(sorted((i, c) for s in STUDIES for i, c in s
 
 
 def study_of_runs(runs_dir: Path) -> Study | None:
-    """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records); None
-    when no row names them all."""
+    """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records), the row of
+    the runs' own folder first where it has a report of its own; None when no row names them all."""
     experiments = set(run_records(runs_dir)["experiment"].dropna())
     found = [s for s in STUDIES if experiments and experiments <= set(s.presets)]
-    return found[0] if found else None
+    folder = runs_dir.parent.name if runs_dir.name == "runs" else runs_dir.name
+    own = [s for s in found if s.folder == folder and s.report is not None]  # a folder with a report of its own
+    return (own or found or [None])[0]
 
 
 def claims(root: Path, presets: Path) -> list[Claim]:

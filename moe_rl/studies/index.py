@@ -23,10 +23,13 @@ def verdicts(claims_page: Path) -> dict[int, str]:
         return {}
     out: dict[int, str] = {}
     text = claims_page.read_text().split("## Table", 1)[-1].split("\n## ", 1)[0]
+    column = None
     for line in text.splitlines():
         cells = [c.strip() for c in CELL.split(line)[1:-1]]
-        if len(cells) >= 7 and cells[0].isdigit():
-            out[int(cells[0])] = cells[6].strip("*")
+        if column is None and "verdict" in cells:  # the header names the column
+            column = cells.index("verdict")
+        elif column is not None and len(cells) > column and cells[0].isdigit():
+            out[int(cells[0])] = cells[column].strip("*")
     return out
 
 
