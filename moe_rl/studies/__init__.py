@@ -437,7 +437,8 @@ def study_of_runs(runs_dir: Path) -> Study | None:
     found = [s for s in STUDIES if experiments and experiments <= set(s.presets)]
     folder = runs_dir.parent.name if runs_dir.name == "runs" else runs_dir.name
     own = [s for s in found if s.folder == folder and s.report is not None]  # a folder with a report of its own
-    return (own or found or [None])[0]
+    chosen = own or found
+    return chosen[0] if chosen else None
 
 
 def claims(root: Path, presets: Path) -> list[Claim]:
