@@ -114,6 +114,9 @@ def study_claim(
             repeated_p=declared.claim != "exploratory",
             read_on=str(row.get("read_on", "")),
         )
+        cells_run = result.runs[result.runs["cell"].isin([f"{a}@{lv}" for a, lv in declared.weights])]
+        if "collapse" in c.claim.lower() and len(cells_run) and not cells_run["collapsed"].astype(bool).any():
+            c.reason += f"; read as an erosion of gain: none of the {len(cells_run)} runs of its cells collapsed"
         ratio = float(row.get("kl_ratio", math.nan))
         if not math.isnan(ratio):
             band = f" [{float(row['kl_lo']):.2f}, {float(row['kl_hi']):.2f}]" if row["kl_lo"] == row["kl_lo"] else ""
