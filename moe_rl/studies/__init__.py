@@ -395,7 +395,7 @@ STUDIES: tuple[Study, ...] = (
     ),
     Study(
         "ladder",
-        ("phase",),
+        (),  # its runs are the phase preset's, with a geometry and lr each (the preset fills `phase`)
         "Where does routing carry the divergence? A pilot of the routing-dominance ladder: GRPO without replay at N = 8 "
         "over three lrs on 4 new pool members per model geometry (the default, 64 experts of width 64 at top-2 over 4 "
         "and 8 layers, the fine-grained 64 x 16 at top-8): each rung's edge, routing's share of the ratio variance "
@@ -431,12 +431,13 @@ CLAIMS: dict[int, ClaimItem] = dict(sorted((i, c) for s in STUDIES for i, c in s
 
 
 def study_of_runs(runs_dir: Path) -> Study | None:
-    """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records), the row of
-    the runs' own folder first where it has a report of its own; None when no row names them all."""
+    """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records); first, the
+    row of the runs' own folder where it names no preset but a report of its own (a pilot run with another
+    preset's overrides, e.g. the ladder); None when no row names them all."""
     experiments = set(run_records(runs_dir)["experiment"].dropna())
     found = [s for s in STUDIES if experiments and experiments <= set(s.presets)]
     folder = runs_dir.parent.name if runs_dir.name == "runs" else runs_dir.name
-    own = [s for s in found if s.folder == folder and s.report is not None]  # a folder with a report of its own
+    own = [s for s in STUDIES if s.folder == folder and not s.presets and s.report is not None]  # its own report
     chosen = own or found
     return chosen[0] if chosen else None
 
