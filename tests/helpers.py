@@ -90,6 +90,19 @@ def train_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **extra}
 
 
+def study_dry_run(folder: Path, name: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`experiments/study.py NAME --dry-run` on the declarations in `folder`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "experiments/study.py", name, "--studies", str(folder), "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=train_env(),
+        timeout=timeout,
+    )
+
+
 def train_command(overrides: list[str], run: Path, cache: Path, *extra: str, nproc: int = 0) -> list[str]:
     """`experiments/train.py` with `overrides`, `extra`, the cold-start cache and the run folder; under
     torchrun with `nproc` processes when `nproc` is set."""

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, tiny_overrides, train_env
+from helpers import ROOT, study_dry_run, tiny_overrides, train_env
 from scipy import stats
 
 from moe_rl.analysis.dose import matched_lr
@@ -297,23 +297,11 @@ def test_the_probe_plan_and_its_cost() -> None:
     assert matching.parse_probe_folder(matching.probe_folder("r2", "hi", 1.25)) == ("r2", "hi", 1.25)
 
 
-def _dry_run(folder: Path, name: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "experiments/study.py", name, "--studies", str(folder), "--dry-run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=train_env(),
-        timeout=300,
-    )
-
-
 def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> None:
     """Probes first (the reference's at its lr, each other arm's at the bracket, `probe_steps` steps), then the
     reference's multirun; the other cells' runs wait for their probes. A probe above 15% of its run is refused."""
     study = load_study(_write(tmp_path, _study_raw()))
-    out = _dry_run(tmp_path, study.name)
+    out = study_dry_run(tmp_path, study.name)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
     heads = [line.split("]")[0][1:] for line in lines]
@@ -341,7 +329,7 @@ def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> No
     raw = _study_raw()
     costly = {**raw, "name": "costly", "match": {**raw["match"], "probe_steps": 3}}
     _write(tmp_path, costly)
-    refused = _dry_run(tmp_path, "costly")
+    refused = study_dry_run(tmp_path, "costly")
     assert refused.returncode != 0 and "a probe may cost at most 15% of a run" in refused.stderr
 
 

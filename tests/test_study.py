@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, TINY, train_env
+from helpers import ROOT, TINY, study_dry_run, train_env
 from scipy import stats
 
 from moe_rl.analysis.sequential import boundaries
@@ -106,15 +106,7 @@ def test_a_study_is_one_numerics_domain(tmp_path) -> None:
 
 def test_the_launch_runs_each_cell_over_the_looks_members(tmp_path) -> None:
     _write(tmp_path)
-    out = subprocess.run(
-        [sys.executable, "experiments/study.py", "tiny", "--studies", str(tmp_path), "--dry-run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=train_env(),
-        timeout=120,
-    )
+    out = study_dry_run(tmp_path, "tiny", timeout=120)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0][1:] for line in lines] == ["none@hi", "r2@hi"]  # the cells a contrast reads

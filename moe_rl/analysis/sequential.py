@@ -278,6 +278,13 @@ class Look:
     decision: str  # EFFICACY, EXCLUDED (bound < margin), FUTILITY (z < b_k), GO_ON, END (last look, none of these)
 
 
+def information(counts: Sequence[int], planned: int, final: bool) -> tuple[float, ...]:
+    """The information the alpha is spent over after looks read at `counts` starts: those looks, and the planned
+    last look (`planned` starts) where the last one read is not it (`final` false)."""
+    info = tuple(float(c) for c in counts)
+    return info if final or counts[-1] >= planned else (*info, float(planned))
+
+
 @functools.lru_cache(maxsize=256)
 def _efficacy(info: tuple[float, ...], alpha: float) -> tuple[float, ...]:
     return tuple(boundaries(info, alpha, 1))
@@ -314,10 +321,7 @@ def read_looks(
       boundary allows;
     - else GO_ON, or END at the last look (inconclusive).
     The reading ends at an efficacy or exclusion; `stop_of` names the look that decides it."""
-    counts = [len(s) for s in samples]
-    info = tuple(float(c) for c in counts)
-    if not final and counts[-1] < planned:
-        info = (*info, float(planned))
+    info = information([len(s) for s in samples], planned, final)
     eff = _efficacy(info, alpha)
     out: list[Look] = []
     for k, means in enumerate(samples):

@@ -55,6 +55,7 @@ from moe_rl.analysis.sequential import (
     EXCLUDED,
     FUTILITY,
     Look,
+    information,
     read_looks,
     repeated_p_value,
     stop_of,
@@ -418,8 +419,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     look = stop_of(read)
     at = read.index(look)
     j = looks[at][0]
-    info = [float(c) for _, c in looks]
-    info = info if final or info[-1] >= d.looks[-1] else [*info, float(d.looks[-1])]
+    info = information([len(m) for m in samples], d.looks[-1], final)
     row.update(look=j + 1, look_starts=look.starts, estimate=look.mean, z=look.z, boundary=look.efficacy)
     row.update(futility=look.futility, lo=look.lo, hi=look.hi, bound=contrast.sign * look.bound)
     row["level"] = 1 - 2 * float(stats.norm.sf(look.efficacy))
@@ -586,7 +586,7 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
         start_table(table),
         domains,
         provenance_line(provenance),
-        secondary_table(admitted, secondary_contrasts(study)),
+        secondary_table(admitted, secondary_contrasts(study), study.member_pool),
         declaration_history(study.file, [Path(str(r)) for r in table["run_dir"]]),
     )
 

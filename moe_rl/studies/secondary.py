@@ -37,6 +37,7 @@ from moe_rl.metrics.names import (
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     offpolicy_key,
 )
+from moe_rl.studies.design import POOL
 
 FLIP_LIVE_KEY = offpolicy_key(ROUTE_FLIP_RATE)
 RATIO_VAR_KEY = offpolicy_key(RATIO_TOKEN_VAR)
@@ -75,25 +76,25 @@ def per_run_secondary(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _combination(runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str) -> pd.DataFrame:
-    """Per run seed where every cell ran: the start it counts under and sum_c w_c * column (log for LOG_SCALE)."""
-    cols = {f"{a}@{lv}": w for (a, lv), w in weights.items()}
-    used = runs[runs["cell"].isin(list(cols))]
-    values = used[column].astype(float)
+def _combination(
+    runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pool: int = POOL
+) -> pd.DataFrame:
+    """Per run seed where every cell ran: the block it counts under and sum_c w_c * column (of its log for
+    LOG_SCALE), paired as the primary outcome is (`declared.pair_values`)."""
+    from moe_rl.studies.declared import pair_values  # declared reads this module's outcomes per run
+
+    values = runs[column].astype(float)
     if column in LOG_SCALE:
         values = np.log(values.where(values > 0))
-    wide = used.assign(v=values).pivot_table(index="seed", columns="cell", values="v", aggfunc="first")
-    if not set(cols) <= set(wide.columns):
-        return pd.DataFrame(columns=["start", "value"])
-    wide = wide[list(cols)].dropna()
-    start = used.groupby("seed")["start"].first().reindex(wide.index)
-    return pd.DataFrame({"start": start.to_numpy(), "value": sum(wide[c] * w for c, w in cols.items()).to_numpy()})
+    return pair_values(runs.assign(_value=values), weights, "_value", pool).dropna(subset=["value"])
 
 
-def secondary_row(runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str) -> dict[str, object]:
+def secondary_row(
+    runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pool: int = POOL
+) -> dict[str, object]:
     """One contrast's reading of one secondary outcome: starts, estimate and 95% t interval over starts (a ratio
     for LOG_SCALE), and for `collapsed` on two cells the counts and the exact McNemar p."""
-    pairs = _combination(runs, weights, column)
+    pairs = _combination(runs, weights, column, pool)
     means = pairs.groupby("start")["value"].mean().to_numpy(float) if len(pairs) else np.zeros(0)
     row: dict[str, object] = {"outcome": column, "starts": len(means), "estimate": math.nan}
     row.update(lo=math.nan, hi=math.nan)
@@ -120,13 +121,15 @@ def secondary_row(runs: pd.DataFrame, weights: dict[tuple[str, str], float], col
     return row
 
 
-def secondary_table(runs: pd.DataFrame, contrasts: dict[str, dict[tuple[str, str], float]]) -> pd.DataFrame:
+def secondary_table(
+    runs: pd.DataFrame, contrasts: dict[str, dict[tuple[str, str], float]], pool: int = POOL
+) -> pd.DataFrame:
     """Every secondary outcome of every contrast (name: its cell weights) on the finished runs (`per_run`)."""
     rows = []
     for name, weights in contrasts.items():
         for column in SECONDARY:
             if column in runs and runs[column].notna().any():
-                rows.append({"contrast": name, **secondary_row(runs, weights, column)})
+                rows.append({"contrast": name, **secondary_row(runs, weights, column, pool)})
     return pd.DataFrame(rows)
 
 
