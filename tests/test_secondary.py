@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from moe_rl.studies import secondary as sec
+from moe_rl.studies.declared import pair_values
 
 
 def _long(run: str, values: dict[str, list[float]]) -> pd.DataFrame:
@@ -55,14 +56,14 @@ def test_a_contrast_pairs_collapses_and_variances_over_starts() -> None:
         }
     )
     weights = {("a", "x"): 1.0, ("b", "x"): -1.0}
-    row = sec.secondary_row(runs, weights, "collapsed")
+    row = sec.secondary_row(runs, weights, "collapsed", pair_values)
     d = np.array([1.0, 1.0, 0.0, -1.0])
     half = stats.t.isf(0.025, 3) * d.std(ddof=1) / 2
     assert row["estimate"] == pytest.approx(0.25)
     assert (row["lo"], row["hi"]) == pytest.approx((0.25 - half, 0.25 + half))
     assert (row["k_first"], row["k_second"], row["runs"]) == (3, 2, 4)
     assert row["mcnemar_p"] == pytest.approx(1.0)
-    var = sec.secondary_row(runs, weights, "ratio_var")
+    var = sec.secondary_row(runs, weights, "ratio_var", pair_values)
     assert var["estimate"] == pytest.approx(math.exp(np.log([2.0, 4.0, 1.0, 4.0]).mean()))
-    line = sec.describe(sec.secondary_table(runs, {"a_minus_b": weights}), "a_minus_b")
+    line = sec.describe(sec.secondary_table(runs, {"a_minus_b": weights}, pair_values), "a_minus_b")
     assert line.startswith("collapse events +25.0 pp") and "(3 vs 2 of 4, McNemar p 1)" in line and "x [" in line

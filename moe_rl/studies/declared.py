@@ -586,7 +586,11 @@ def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
         start_table(table),
         domains,
         provenance_line(provenance),
-        secondary_table(admitted, secondary_contrasts(study), study.member_pool),
+        secondary_table(
+            admitted,
+            secondary_contrasts(study),
+            lambda runs, weights, column: pair_values(runs, weights, column, study.member_pool),
+        ),
         declaration_history(study.file, [Path(str(r)) for r in table["run_dir"]]),
     )
 

@@ -22,6 +22,7 @@ runs with the exact McNemar test on the discordant pairs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,6 @@ from moe_rl.metrics.names import (
     ROUTE_USED_VS_CACHED_FLIP_RATE,
     offpolicy_key,
 )
-from moe_rl.studies.design import POOL
 
 FLIP_LIVE_KEY = offpolicy_key(ROUTE_FLIP_RATE)
 RATIO_VAR_KEY = offpolicy_key(RATIO_TOKEN_VAR)
@@ -76,25 +76,24 @@ def per_run_secondary(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _combination(
-    runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pool: int = POOL
-) -> pd.DataFrame:
-    """Per run seed where every cell ran: the block it counts under and sum_c w_c * column (of its log for
-    LOG_SCALE), paired as the primary outcome is (`declared.pair_values`)."""
-    from moe_rl.studies.declared import pair_values  # declared reads this module's outcomes per run
+Pair = Callable[[pd.DataFrame, dict[tuple[str, str], float], str], pd.DataFrame]  # runs, weights, column -> pairs
 
+
+def _combination(runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pair: Pair) -> pd.DataFrame:
+    """Per run seed where every cell ran: the block it counts under and sum_c w_c * column (of its log for
+    LOG_SCALE), paired by `pair` as the primary outcome is (the study's `declared.pair_values`)."""
     values = runs[column].astype(float)
     if column in LOG_SCALE:
         values = np.log(values.where(values > 0))
-    return pair_values(runs.assign(_value=values), weights, "_value", pool).dropna(subset=["value"])
+    return pair(runs.assign(_value=values), weights, "_value").dropna(subset=["value"])
 
 
 def secondary_row(
-    runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pool: int = POOL
+    runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pair: Pair
 ) -> dict[str, object]:
     """One contrast's reading of one secondary outcome: starts, estimate and 95% t interval over starts (a ratio
     for LOG_SCALE), and for `collapsed` on two cells the counts and the exact McNemar p."""
-    pairs = _combination(runs, weights, column, pool)
+    pairs = _combination(runs, weights, column, pair)
     means = pairs.groupby("start")["value"].mean().to_numpy(float) if len(pairs) else np.zeros(0)
     row: dict[str, object] = {"outcome": column, "starts": len(means), "estimate": math.nan}
     row.update(lo=math.nan, hi=math.nan)
@@ -121,15 +120,13 @@ def secondary_row(
     return row
 
 
-def secondary_table(
-    runs: pd.DataFrame, contrasts: dict[str, dict[tuple[str, str], float]], pool: int = POOL
-) -> pd.DataFrame:
+def secondary_table(runs: pd.DataFrame, contrasts: dict[str, dict[tuple[str, str], float]], pair: Pair) -> pd.DataFrame:
     """Every secondary outcome of every contrast (name: its cell weights) on the finished runs (`per_run`)."""
     rows = []
     for name, weights in contrasts.items():
         for column in SECONDARY:
             if column in runs and runs[column].notna().any():
-                rows.append({"contrast": name, **secondary_row(runs, weights, column, pool)})
+                rows.append({"contrast": name, **secondary_row(runs, weights, column, pair)})
     return pd.DataFrame(rows)
 
 
