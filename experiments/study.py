@@ -81,17 +81,26 @@ def matched_command(study: Study, arm: str, level: str, seed: int, lr: float, ru
 
 
 def run_steps(study: Study) -> dict[tuple[str, str], int]:
-    """Each cell's `steps` as its runs compose it (Hydra, the study's overrides on its preset)."""
+    """Each cell's `steps` as its runs compose it (Hydra, the study's overrides on its preset, validated as a run
+    validates it); a cell that does not compose (an override naming no config, a key the config lacks, a value a run
+    refuses) is refused in one line naming the declaration, the cell and why."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    from moe_rl.config import TrainConfig
+    from moe_rl.config import TrainConfig, to_train_config, validate
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
     out = {}
     with initialize_config_dir(config_dir=str(HERE / "conf"), version_base="1.3"):
         for arm, level in study.cells():
-            out[(arm, level)] = int(compose("config", overrides=[*study.run_overrides(arm, level), "seed=0"]).steps)
+            try:
+                cfg = validate(
+                    to_train_config(compose("config", overrides=[*study.run_overrides(arm, level), "seed=0"]))
+                )
+            except Exception as err:  # Hydra's and the config's refusals alike: one line, the first of its message
+                why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ValueError(f"{study.file}: cell {arm}@{level} does not compose: {why}") from None
+            out[(arm, level)] = int(cfg.steps)
     return out
 
 
@@ -240,6 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     args.runs = args.runs.resolve()  # the runs are launched from the repository root and read from here
     try:
         study = load_study(study_path(args.name, args.studies))
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    try:  # a study declared as it ran composed as it ran (tests/test_study.py composes every declaration's cells)
+        if not study.declared:
+            run_steps(study)
     except ValueError as err:
         sys.exit(f"error: {err}")
     if study.match is not None and study.match.probes:

@@ -1,6 +1,6 @@
 """The studies declared as they ran (`experiments/conf/study/<name>.yaml` with `declared`): `experiments/study.py`
-names every shipped run as its multirun named it (so it reads them, not reruns them), and nothing else; every cell
-composes and validates through Hydra."""
+names every shipped run as its multirun named it (so it reads them, not reruns them), and nothing else (every cell
+composes and validates through Hydra: tests/test_study.py)."""
 
 from __future__ import annotations
 
@@ -53,20 +53,3 @@ def test_the_declared_launcher_names_every_shipped_run(name: str) -> None:
     }
     listed = dry_run_runs(name)
     assert len(listed) == AS_RUN[name] and listed == shipped
-
-
-@pytest.mark.parametrize("name", sorted(AS_RUN))
-def test_every_cell_composes_and_validates(name: str) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
-
-    from moe_rl.config import TrainConfig, to_train_config, validate
-
-    ConfigStore.instance().store(name="base_config", node=TrainConfig)
-    study = load_study(PRESETS.parent / "study" / f"{name}.yaml")
-    assert study.declared and study.pool == 6
-    with initialize_config_dir(config_dir=str(PRESETS.parent), version_base="1.3"):
-        for arm, level in study.cells():
-            over = [f"+preset={study.preset}", *study.cell_overrides(arm, level), "seed=7"]
-            cfg = validate(to_train_config(compose("config", overrides=over)))
-            assert cfg.experiment == name and cfg.cold_start.pool == study.pool, (arm, level)

@@ -327,7 +327,8 @@ def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> No
     assert "optim.lr=0.002 " in lines[5] and "seed=310,311,312" in lines[5] and " steps=14 " in lines[5]
     assert all("each at the lr its seed's probes give" in line for line in lines[6:])
     raw = _study_raw()
-    costly = {**raw, "name": "costly", "match": {**raw["match"], "probe_steps": 3}}
+    reuse = {**raw["unit"], "reuse": {"tiny_matched": "the same study with costlier probes"}}
+    costly = {**raw, "name": "costly", "unit": reuse, "match": {**raw["match"], "probe_steps": 3}}
     _write(tmp_path, costly)
     refused = study_dry_run(tmp_path, "costly")
     assert refused.returncode != 0 and "a probe may cost at most 15% of a run" in refused.stderr

@@ -443,6 +443,8 @@ def test_ratio_split_by_hand() -> None:
     assert out["ratio/split/routing_share"] == pytest.approx(0.125 / 0.155, abs=1e-6)
     assert out["ratio/split/flipped_mass"] == pytest.approx(1.0 / 1.4, abs=1e-7)
     assert out["clip/flipped_share"] == 0.5
+    # per changed route: |rho| on tokens 2 and 4 (0.5 each) over their 2 changed routes
+    assert out["ratio/split/flip_logp"] == pytest.approx(0.5, abs=1e-7)
     rho, w = ratio_split_tokens(native_logp=native, replayed_logp=replayed, old_logp=old, mask=mask)
     assert rho[0, 4] == 0.0 and w[0, 4] == 0.0  # masked out
     # the shares' denominators, by which a step weights its updates: 4 * Var log r, sum |log r|, clipped tokens
@@ -453,6 +455,7 @@ def test_ratio_split_by_hand() -> None:
     assert weights["ratio/split/routing_share"] == pytest.approx(4 * 0.155, abs=1e-6)
     assert weights["ratio/split/flipped_mass"] == pytest.approx(1.4, abs=1e-6)
     assert weights["clip/flipped_share"] == 2.0
+    assert weights["ratio/split/flip_logp"] == 2.0  # the changed routes
     # nothing clipped, no spread: undefined shares are NaN, never 0
     flat = ratio_split(
         native_logp=old, replayed_logp=old, old_logp=old, mask=mask, flipped=flipped, clipped=torch.zeros_like(mask)
@@ -481,13 +484,19 @@ def test_ratio_split_per_layer_by_hand() -> None:
     assert out["ratio/split/flipped_mass/layer_0"] == pytest.approx(1.0 / 1.4, abs=1e-7)
     assert out["ratio/split/flipped_mass/layer_1"] == pytest.approx(0.3 / 1.4, abs=1e-7)
     assert (out["clip/flipped_share/layer_0"], out["clip/flipped_share/layer_1"]) == (0.5, 0.0)
+    # per changed route: |rho| = 0.5 on tokens 2 and 4 over 3 changed routes (token 4 changed in both layers);
+    # given only "changed in some layer", the routes are the 2 tokens
+    assert out["ratio/split/flip_logp"] == pytest.approx(1.0 / 3, abs=1e-7)
     anywhere = ratio_split(**args, flipped=per_layer.any(dim=-1))
-    assert {k: v for k, v in out.items() if "/layer_" not in k} == anywhere
+    assert anywhere["ratio/split/flip_logp"] == pytest.approx(0.5, abs=1e-7)
+    same = {k: v for k, v in out.items() if "/layer_" not in k and k != "ratio/split/flip_logp"}
+    assert same == {k: v for k, v in anywhere.items() if k != "ratio/split/flip_logp"}
     assert not any("/layer_" in k for k in anywhere)
     # a step weighs each layer's share by the denominator of the share it refines
     weights = ratio_split_weights(ratio_split_parts(**args, flipped=per_layer))
     assert weights["ratio/split/flipped_mass/layer_1"] == weights["ratio/split/flipped_mass"]
     assert weights["clip/flipped_share/layer_0"] == weights["clip/flipped_share"] == 2.0
+    assert weights["ratio/split/flip_logp"] == 3.0
     with pytest.raises(ValueError, match="flipped shape"):
         ratio_split(**args, flipped=per_layer[:, :3])
 

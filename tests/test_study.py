@@ -64,6 +64,72 @@ def test_every_shipped_declaration_loads() -> None:
         assert study.cells() and study.design.looks[-1] <= len(study.members)
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in STUDIES.glob("*.yaml")))
+def test_every_cell_of_every_declaration_composes_and_validates(name: str) -> None:
+    """Each cell as the launcher composes its runs (the preset, the pool, the cell's overrides) through Hydra, validated
+    as a run validates it; a study declared as it ran composes to its own experiment and pool."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig, to_train_config, validate
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    study = load_study(STUDIES / f"{name}.yaml")
+    with initialize_config_dir(config_dir=str(STUDIES.parent), version_base="1.3"):
+        for arm, level in study.cells():
+            cfg = validate(to_train_config(compose("config", overrides=[*study.run_overrides(arm, level), "seed=7"])))
+            if study.declared:
+                assert cfg.experiment == name and cfg.cold_start.pool == study.pool, (arm, level)
+            else:
+                assert cfg.cold_start.pool == POOL, (arm, level)
+
+
+def test_a_broken_declaration_is_refused_in_one_line_naming_its_file_and_line(tmp_path) -> None:
+    """A YAML error, a misspelt key at any depth: `path:line: ...`, with the nearest key where one is close."""
+    path = _write(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("outcome: change", "outcom: change"))
+    line = 1 + path.read_text().splitlines().index("outcom: change")
+    with pytest.raises(ValueError, match=rf"^{path}:{line}: unknown key 'outcom' \(did you mean 'outcome'\?\)$"):
+        load_study(path)
+    path.write_text(text.replace("  mde: 0.05", "  mdee: 0.05"))
+    with pytest.raises(ValueError, match=r"tiny.yaml:\d+: unknown key 'design.mdee' \(did you mean 'mde'\?\)"):
+        load_study(path)
+    path.write_text(text + "arms: [\n")
+    with pytest.raises(ValueError, match=rf"^{path}:\d+: not valid YAML: "):
+        load_study(path)
+
+
+def test_a_new_study_draws_new_pool_members(tmp_path) -> None:
+    """Members another declaration in the folder draws are refused unless `unit.reuse` names that study with why; a
+    study declared as it ran keeps the pool it ran."""
+    _write(tmp_path)  # tiny: members 300..302
+    twin = {**BASE, "name": "twin", "unit": {"members": "302..305"}}
+    (tmp_path / "twin.yaml").write_text(yaml.safe_dump(twin))
+    with pytest.raises(ValueError, match=r"share 1 members \(302..302\) with study tiny: .* \(e.g. from 306\)"):
+        load_study(tmp_path / "twin.yaml")
+    twin["unit"] = {"members": "302..305", "reuse": {"tiny": "the same warm-ups under another question"}}
+    (tmp_path / "twin.yaml").write_text(yaml.safe_dump(twin))
+    assert load_study(tmp_path / "twin.yaml").members == (302, 303, 304, 305)
+    twin["unit"] = {"members": "302..305", "reuse": {"tiny": ""}}
+    (tmp_path / "twin.yaml").write_text(yaml.safe_dump(twin))
+    with pytest.raises(ValueError, match="unit.reuse must map each study whose members it shares to why"):
+        load_study(tmp_path / "twin.yaml")
+
+
+def test_a_cell_that_does_not_compose_is_refused_by_the_launcher(tmp_path) -> None:
+    """An arm naming a config that does not exist is refused before anything runs, naming the file and the cell."""
+    raw = yaml.safe_load((STUDIES / "routing_dominant.yaml").read_text())
+    raw["arms"]["grpo_r2"]["overrides"] = ["arm=grpo_r2", "+rung=nosuch"]
+    (tmp_path / "routing_dominant.yaml").write_text(yaml.safe_dump(raw))
+    out = study_dry_run(tmp_path, "routing_dominant")
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"error: {tmp_path}/routing_dominant.yaml: cell grpo_r2@offpolicy does not compose: In 'config': Could not "
+        "find 'rung/nosuch'"
+    ]
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -73,7 +139,7 @@ def test_every_shipped_declaration_loads() -> None:
         ({"contrasts": [{"name": "c", "cells": {"r2@hi": 1, "none@hi": -0.5}}]}, "weights sum to 0.5"),
         ({"design": {**BASE["design"], "looks": [3, 3]}}, "must increase"),
         ({"contrasts": [{**BASE["contrasts"][0], "outcome": "reward"}]}, "outcome 'reward' is not one of"),
-        ({"unit": {"members": "300..302", "admit": {"min_reward": 0.1}}}, r"unit.admit keys \['min_reward'\]"),
+        ({"unit": {"members": "300..302", "admit": {"min_reward": 0.1}}}, r"unknown key 'unit.admit.min_reward'"),
         ({"unit": {"members": "300..302", "pool": 6}}, "unit.pool 6 must exceed every member id"),
         ({"runs": [{"arms": ["r3"], "levels": ["hi"]}]}, r"runs \['r3@hi'\] name an arm or level"),
         ({"axes": {"lr": ["lo", "mid"]}}, r"axes name levels it does not declare: \{'lr': \['mid'\]\}"),
@@ -82,7 +148,7 @@ def test_every_shipped_declaration_loads() -> None:
         ({"compiled": "yes"}, "compiled 'yes' must be true"),
         ({"unit": {"members": "300..302", "start": "seed"}}, "unit.start 'seed' must be 'cold start'"),
         ({"unit": {"members": "300..302", "admit": {"in_band": "yes"}}}, "in_band 'yes' must be true or false"),
-        ({"not_run": [{"levels": ["hi"], "seeds": [1], "replicates": [0]}]}, "must have non-empty lists levels"),
+        ({"not_run": [{"levels": ["hi"], "seeds": [1], "replicates": [0]}]}, r"unknown key 'not_run\[\].replicates'"),
         ({"not_run": [{"levels": "hi", "seeds": [300]}]}, "must have non-empty lists levels"),
         ({"not_run": [{"levels": ["hi"], "arms": [], "seeds": [300]}]}, "must have non-empty lists levels"),
         ({"not_run": [{"levels": ["hi"], "seeds": [300, 7]}]}, r"not_run seeds \[7\] of none@hi are not seeds it runs"),

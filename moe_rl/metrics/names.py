@@ -125,6 +125,7 @@ RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
 RATIO_SPLIT_COV = "ratio/split/cov"
 RATIO_SPLIT_ROUTING_SHARE = "ratio/split/routing_share"
 RATIO_SPLIT_FLIPPED_MASS = "ratio/split/flipped_mass"
+RATIO_SPLIT_FLIP_LOGP = "ratio/split/flip_logp"
 RATIO_SPLIT_ENGINE_VAR = "ratio/split/engine_var"
 CLIP_FLIPPED_SHARE = "clip/flipped_share"
 
@@ -182,6 +183,7 @@ SPLIT_KEYS = (
     RATIO_SPLIT_ROUTING_SHARE,
     RATIO_SPLIT_FLIPPED_MASS,
     CLIP_FLIPPED_SHARE,
+    RATIO_SPLIT_FLIP_LOGP,
 )
 
 # Also logged averaged over the off-policy updates 2..N only, as `{key}/offpolicy`: update 1 runs on
@@ -363,6 +365,14 @@ METRICS: tuple[Metric, ...] = (
         "routing's share of the token log-ratio variance by the covariance split, `(Var rho + Cov) / Var(rho + w)` "
         "(the weights' share is `(Var w + Cov) / Var(rho + w)`, so the two add to 1); a step pools its updates' shares "
         "weighted by `n Var(rho + w)`, so an update without spread (update 1) weighs nothing",
+    ),
+    Metric(
+        RATIO_SPLIT_FLIP_LOGP,
+        "the log-probability change per changed route, in nats: `sum |rho|` over the tokens whose route changed in "
+        "some MoE layer, over the number of (token, MoE layer) routes that changed; how much a flipped route moves "
+        "a token's log-probability under the same weights (how much experts differ: expert specialisation). `rho` "
+        "also carries what a flip at an earlier position passes on through attention; a step weights its updates "
+        "by their changed routes",
     ),
     Metric(
         RATIO_SPLIT_FLIPPED_MASS,

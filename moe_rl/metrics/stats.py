@@ -42,6 +42,7 @@ from moe_rl.metrics.names import (
     RATIO_SEQ_VAR,
     RATIO_SPLIT_COV,
     RATIO_SPLIT_ENGINE_VAR,
+    RATIO_SPLIT_FLIP_LOGP,
     RATIO_SPLIT_FLIPPED_MASS,
     RATIO_SPLIT_ROUTING_SHARE,
     RATIO_SPLIT_ROUTING_VAR,
@@ -172,6 +173,8 @@ def ratio_split_finalize(parts: Partial) -> dict[str, float]:
         RATIO_SPLIT_ROUTING_SHARE: (var_rho + cov) / total if total > 0 else nan,
     }
     stats[RATIO_SPLIT_FLIPPED_MASS], stats[CLIP_FLIPPED_SHARE] = shares(flipped)
+    routes = _changed_routes(rows)
+    stats[RATIO_SPLIT_FLIP_LOGP] = (rho.abs() * flipped).sum() / routes if routes > 0 else nan
     if "flipped_layers" in rows:  # the same two shares with "changed in MoE layer i"
         per_layer = rows["flipped_layers"]
         for i in range(per_layer.shape[1]):
@@ -181,14 +184,20 @@ def ratio_split_finalize(parts: Partial) -> dict[str, float]:
     return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
 
 
+def _changed_routes(rows: dict[str, Tensor]) -> Tensor:
+    """The (token, MoE layer) routes that changed; where only "in some layer" was given, the tokens."""
+    return (rows["flipped_layers"] if "flipped_layers" in rows else rows["flipped"]).sum()
+
+
 # The shares pool over a step's updates by their denominators (`ratio_split_weights`), so an update
-# without spread (update 1: rounding-level log-ratios) weighs nothing instead of a share of noise.
-SPLIT_SHARE_KEYS = (RATIO_SPLIT_ROUTING_SHARE, RATIO_SPLIT_FLIPPED_MASS, CLIP_FLIPPED_SHARE)
+# without spread (update 1: rounding-level log-ratios) weighs nothing instead of a share of noise; the
+# log-probability change per changed route pools by the changed routes.
+SPLIT_SHARE_KEYS = (RATIO_SPLIT_ROUTING_SHARE, RATIO_SPLIT_FLIPPED_MASS, CLIP_FLIPPED_SHARE, RATIO_SPLIT_FLIP_LOGP)
 
 
 def ratio_split_weights(parts: Partial) -> dict[str, float]:
-    """The denominator of each share in SPLIT_SHARE_KEYS on the pooled rows: n Var(rho + w), sum |rho + w|
-    and the clipped tokens; a step's share is the mean of its updates' shares weighted by these."""
+    """The denominator of each share in SPLIT_SHARE_KEYS on the pooled rows: n Var(rho + w), sum |rho + w|,
+    the clipped tokens and the changed routes; a step's share is the mean of its updates' shares weighted by these."""
     rows = parts.rows
     log_r = rows["rho"] + rows["w"]
     n = log_r.numel()
@@ -196,6 +205,7 @@ def ratio_split_weights(parts: Partial) -> dict[str, float]:
         n * log_r.var(correction=0) if n else torch.tensor(0.0),
         log_r.abs().sum(),
         rows["clipped"].sum(),
+        _changed_routes(rows),
     ]
     weights = dict(zip(SPLIT_SHARE_KEYS, torch.stack([v.double() for v in values]).tolist()))
     for i in range(rows["flipped_layers"].shape[1] if "flipped_layers" in rows else 0):  # per layer: the same

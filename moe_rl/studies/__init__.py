@@ -403,6 +403,20 @@ STUDIES: tuple[Study, ...] = (
         report=with_provenance(ladder.write_ladder_report),
     ),
     Study(
+        "routing_dominant",
+        ("routing_dominant",),
+        "Claims 2 and 3 on the ladder's most routing-dominant affordable rung (64 experts of width 64, top-2, 4 "
+        "layers: routing carries about 45% of the ratio variance), off-policy at N = 8 with every arm matched per "
+        "start to GRPO without replay's early acting KL and a placebo arm, declared "
+        "(experiments/conf/study/routing_dominant.yaml) on new pool members.",
+        report=declared_report.study_report("routing_dominant"),
+        claims_section=declared_claims.claims_section(
+            "routing_dominant",
+            "Claims 2 and 3 where routing carries about half of the ratio variance (64 experts, top-2, 4 layers)",
+            ("2", "3"),
+        ),
+    ),
+    Study(
         "calibration",
         (),
         "Which lr reaches a target early per-update KL, per arm and model (experiments/calibrate_kl.py's cache of "

@@ -52,6 +52,8 @@ from pathlib import Path
 
 import yaml
 
+from moe_rl.studies.keys import read_declaration
+
 POOL = 1_000_000  # cold_start.pool of a declared study: run seed m + r * POOL starts from member m
 DIRECTIONS = ("greater", "less")
 OUTCOMES = {  # one named definition each: what every table of the study prints
@@ -437,7 +439,7 @@ def _compiled(raw: object, study: str) -> bool:
 def load_study(path: str | Path) -> Study:
     """The study declared in `path`, checked (see the module docstring); a ValueError says what is wrong."""
     path = Path(path)
-    raw = yaml.safe_load(path.read_text())
+    raw = read_declaration(path)
     name = str(raw.get("name") or path.stem)
     arms = {
         k: Arm(k, tuple(v.get("overrides", ())), v.get("ref"), float(v.get("lr_scale", 1.0)))
@@ -506,7 +508,34 @@ def load_study(path: str | Path) -> Study:
     )
     check_study(study)
     check_match(study)
+    _check_members(study, unit.get("reuse") or {})
     return study
+
+
+def _check_members(study: Study, reuse: object) -> None:
+    """A study declared before its runs draws new pool members: refuse members another declaration in its folder
+    draws, unless `unit.reuse` names that study with the reason (a study declared as it ran keeps the pool it ran)."""
+    if not isinstance(reuse, dict) or not all(isinstance(v, str) and v.strip() for v in reuse.values()):
+        raise ValueError(f"{study.file}: unit.reuse must map each study whose members it shares to why")
+    if study.declared:
+        return
+    mine = set(study.members)
+    for other in sorted(study.file.parent.glob("*.yaml")):
+        if other == study.file:
+            continue
+        try:
+            raw = yaml.safe_load(other.read_text()) or {}
+            name = str(raw.get("name") or other.stem)
+            theirs = set(_members(raw["unit"]["members"], name))
+        except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
+            continue  # not a declaration it could share with; refused on its own load
+        shared = sorted(mine & theirs)
+        if shared and name not in reuse:
+            raise ValueError(
+                f"{study.file}: unit.members share {len(shared)} members ({shared[0]}..{shared[-1]}) with study "
+                f"{name}: a new study draws new pool members (e.g. from {max(mine | theirs) + 1}); to reuse them, "
+                f"name it under unit.reuse with why"
+            )
 
 
 MIN_STARTS = 3  # a first look on fewer starts (a t with 1 degree of freedom) has next to no power at spent levels
