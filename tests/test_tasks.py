@@ -91,14 +91,15 @@ def test_demonstrations_score_one(name, kwargs):
     for _ in range(200):
         ex = task.make_example(rng, **kwargs)
         assert task.reward(ex["answer"], ex) == 1.0, ex
-        assert ex["prompt"][0] == task.prefix and ex["prompt"][-1] in "=:"
+        assert ex["prompt"][0] in task.prefix and ex["prompt"][-1] in "=:"
         assert set(ex["prompt"] + ex["answer"]) <= alphabet
         assert len(ex["prompt"]) + len(ex["answer"]) <= max_chars
 
 
 def test_task_examples_and_prefixes():
-    assert sorted(TASKS) == ["addition", "countdown", "reversal", "running_sum", "sorting"]
-    assert len({t.prefix for t in TASKS.values()}) == 5
+    assert sorted(TASKS) == ["addition", "countdown", "mixture", "reversal", "running_sum", "sorting"]
+    single = [t.prefix for n, t in TASKS.items() if n != "mixture"]
+    assert len(set(single)) == 5 and all(len(p) == 1 for p in single)
     ex = get_task("countdown").make_example(random.Random(0))
     assert set(ex) == {"prompt", "answer", "numbers", "target"}
     assert len(ex["numbers"]) == 3 and all(1 <= n <= 9 for n in ex["numbers"]) and ex["target"] > 0
@@ -123,6 +124,19 @@ def test_running_sum_by_hand_and_at_length():
     # an error at one position carries into every later digit: one wrong digit, one wrong answer
     assert task.reward(answer[:-1] + str((int(answer[-1]) + 1) % 10), ex) == 0.0
     assert task.longest_answer(min_len=48, max_len=48) == 48 and get_task("addition").longest_answer() is None
+
+
+def test_a_mixture_draws_each_part_under_its_own_prefix():
+    task, rng = get_task("mixture"), random.Random(0)
+    examples = [task.make_example(rng) for _ in range(300)]
+    counts = {n: sum(e["task"] == n for e in examples) for n in ("reversal", "sorting", "running_sum")}
+    assert sum(counts.values()) == 300 and min(counts.values()) > 70  # uniform: 100 each, SD ~8
+    for e in examples:
+        part = get_task(e["task"])
+        assert e["prompt"] == f"{part.prefix}{e['digits']}=" and e["answer"] == part.solve(e["digits"])
+    # the same digits, three answers: "3071" -> reversal 1703, sorting 0137, running sum 3301
+    assert [get_task(n).solve("3071") for n in ("reversal", "sorting", "running_sum")] == ["1703", "0137", "3301"]
+    assert task.reward("1703", {"answer": "1703"}) == 1.0 and task.longest_answer(max_len=6) == 6
 
 
 def test_max_new_tokens_sized_to_the_answers():
@@ -160,7 +174,7 @@ def test_load_task_deterministic_and_held_out():
 def test_load_task_every_task(name):
     ds = load_task(name, n_train=64, n_eval=16, seed=0)
     assert not set(ds["train"]["prompt"]) & set(ds["eval"]["prompt"])
-    assert all(p[0] == get_task(name).prefix for p in ds["train"]["prompt"])
+    assert all(p[0] in get_task(name).prefix for p in ds["train"]["prompt"])
     empty = load_task(name, n_train=0, n_eval=0, seed=0)
     assert empty["train"].column_names == ds["train"].column_names
 

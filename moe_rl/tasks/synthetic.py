@@ -229,8 +229,29 @@ def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[str, int
     return f"{left_text}{op}{right_text}", value, prec
 
 
+@dataclass(frozen=True)
+class MixtureTask(_DigitStringTask):
+    """Reversal, sorting and running sum drawn with equal chance, each under its own prefix: the same digit strings
+    map three ways, so a token's answer depends on its task ("R3071=" -> "1703", "S3071=" -> "0137", "P3071=" ->
+    "3301"). A task whose experts have something to specialise on (the routing-dominance ladder's specialisation
+    rung): a warm-up on it trains experts that serve different tasks, as pretraining on mixed data does."""
+
+    name: str = "mixture"
+    prefix: str = "RSP"  # each example takes one of these, its task's
+    parts: tuple[_DigitStringTask, ...] = (ReversalTask(), SortingTask(), RunningSumTask())
+
+    def solve(self, digits: str) -> str:
+        raise NotImplementedError("a mixture's answer depends on the example's task: see make_example")
+
+    def make_example(self, rng: random.Random, *, min_len: int = 3, max_len: int = 6) -> dict[str, Any]:
+        """One part's example (chosen first, uniformly), with its task's name under "task"."""
+        part = self.parts[rng.randrange(len(self.parts))]
+        return {**part.make_example(rng, min_len=min_len, max_len=max_len), "task": part.name}
+
+
 TASKS: dict[str, Task] = {
-    task.name: task for task in (ReversalTask(), SortingTask(), RunningSumTask(), AdditionTask(), CountdownTask())
+    task.name: task
+    for task in (ReversalTask(), SortingTask(), RunningSumTask(), AdditionTask(), CountdownTask(), MixtureTask())
 }
 
 
