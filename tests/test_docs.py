@@ -128,6 +128,39 @@ def test_readme_is_a_front_door() -> None:
     assert {p.relative_to(ROOT).as_posix() for p in pages()[1:]} <= mapped, "a page of docs/ missing from the map"
 
 
+PROSE_WIDTH = 120  # characters; tables and code blocks are exempt
+
+
+def long_prose_lines(text: str) -> list[int]:
+    """The line numbers (1-based) of prose lines wider than PROSE_WIDTH: outside code fences, not table rows."""
+    found, fence = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and not line.startswith("|") and len(line) > PROSE_WIDTH:
+            found.append(number)
+    return found
+
+
+def test_long_prose_lines_are_found() -> None:
+    text = "\n".join(["x" * 121, "| " + "y" * 200, "```", "z" * 200, "```", "w" * 120])
+    assert long_prose_lines(text) == [1]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_prose_lines_keep_to_the_width(page: Path) -> None:
+    """So a page's line cap cannot be dodged sideways."""
+    assert long_prose_lines(page.read_text()) == [], f"{page.name}: rewrap to {PROSE_WIDTH} characters"
+
+
+def test_the_declaration_key_table_is_generated() -> None:
+    from moe_rl.studies.keys import key_table
+
+    text = (ROOT / "docs" / "experiments.md").read_text()
+    begin, end = "<!-- declaration keys: python -m moe_rl.studies.keys -->", "<!-- end of declaration keys -->"
+    assert text.split(begin, 1)[1].split(end, 1)[0].strip() == key_table(), "paste python -m moe_rl.studies.keys"
+
+
 def test_readme_verdicts_are_those_of_claims_md() -> None:
     shipped = verdicts(_section((ROOT / "results" / "CLAIMS.md").read_text(), "## Table"))
     assert len(shipped) >= 7

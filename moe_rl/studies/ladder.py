@@ -1,8 +1,9 @@
-"""The routing-dominance ladder: where routing carries the divergence. Each rung is a model geometry (a subfolder of
-the runs, `<runs>/<rung>/`), run with GRPO without replay off-policy across new pool members at a bracket of lrs;
-per rung and lr, the accuracy change (where the rung's edge lies) beside what routing does per off-policy update:
-routing's share of the token log-ratio variance, the activated experts changed, the top-k sets changed and the
-tokens with a changed route in some layer, each a run mean with its 95% t interval over starts."""
+"""The routing-dominance ladder: where routing carries the divergence. Each rung is a model geometry and the task its
+members warm up and train on (a subfolder of the runs, `<runs>/<rung>/`), run with GRPO without replay off-policy
+across new pool members at a bracket of lrs; per rung and lr, the accuracy change (where the rung's edge lies) beside
+what routing does per off-policy update: routing's share of the token log-ratio variance, the log-probability change
+per changed route (how much the experts a flip swaps differ), the activated experts changed, the top-k sets changed
+and the tokens with a changed route in some layer, each a run mean with its 95% t interval over starts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from moe_rl.analysis.load import load_results
 from moe_rl.analysis.outcomes import finished_runs
 from moe_rl.analysis.power import t_interval
 from moe_rl.metrics.names import (
+    RATIO_SPLIT_FLIP_LOGP,
     RATIO_SPLIT_ROUTING_SHARE,
     ROUTE_EXPERT_FLIP_FRAC,
     ROUTE_FLIP_RATE,
@@ -27,10 +29,15 @@ from moe_rl.run.atomic import write_atomic
 
 COLUMNS = {  # column: (metric key, what it is)
     "routing_share": (offpolicy_key(RATIO_SPLIT_ROUTING_SHARE), "routing's share of the token log-ratio variance"),
+    "flip_logp": (
+        offpolicy_key(RATIO_SPLIT_FLIP_LOGP),
+        "the log-probability change per changed route, in millinats: how much experts differ",
+    ),
     "experts_changed": (offpolicy_key(ROUTE_EXPERT_FLIP_FRAC), "activated experts changed per off-policy update"),
     "topk_changed": (offpolicy_key(ROUTE_FLIP_RATE), "top-k sets changed per off-policy update"),
     "tokens_changed": (offpolicy_key(ROUTE_TOKEN_FLIP_RATE), "tokens with a changed route in some MoE layer"),
 }
+UNIT = {"flip_logp": "mnat"}  # x 1000 (millinats); every other column x 100 (pp)
 PAPERS = (
     "The papers' figures: ~10% of activated experts change per gradient update on Qwen3-30B-A3B (128 experts, "
     "top-8, 48 layers; GSPO arXiv 2507.18071); ~94% of tokens are routed differently in at least one layer between "
@@ -61,15 +68,15 @@ def _lr(run_dir: Path) -> float:
     return float((yaml.safe_load((run_dir / "config.yaml").read_text()) or {})["optim"]["lr"])
 
 
-def _interval(values: pd.Series) -> str:
-    """mean [95% t interval over starts], x 100 (one run per start here)."""
+def _interval(values: pd.Series, scale: float = 100.0) -> str:
+    """mean [95% t interval over starts], x `scale` (one run per start here)."""
     v = values.dropna().to_numpy(float)
     if not len(v):
         return "—"
     if len(v) < 2 or np.ptp(v) == 0:
-        return f"{100 * v.mean():+.1f}"
+        return f"{scale * v.mean():+.1f}"
     mean, lo, hi, _, _ = t_interval(v)
-    return f"{100 * float(mean):+.1f} [{100 * float(lo):+.1f}, {100 * float(hi):+.1f}]"
+    return f"{scale * float(mean):+.1f} [{scale * float(lo):+.1f}, {scale * float(hi):+.1f}]"
 
 
 def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +87,8 @@ def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
         row = {"rung": rung, "lr": f"{lr:g}", "starts": g["start"].nunique(), "change (pp)": _interval(g["change"])}
         row["at the floor"] = f"{int(g['floor'].sum())} of {len(g)}"
         for name in COLUMNS:
-            row[f"{name} (pp)"] = _interval(g[name])
+            unit = UNIT.get(name, "pp")
+            row[f"{name} ({unit})"] = _interval(g[name], 1000.0 if unit == "mnat" else 100.0)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -96,9 +104,10 @@ def write_ladder_report(runs_dir: Path, out: Path, presets: Path | None = None) 
         "# The routing-dominance ladder: a pilot",
         "",
         "GRPO without replay, N = 8 updates per rollout, 200 steps, one run per pool member and lr; each rung a model "
-        "geometry with a warm-up of its own per member (`moe_rl.studies.ladder`). A rung's edge: the lr where GRPO "
-        "loses about 10-20 points with most runs above the floor. Each column: the mean over starts of the run means, "
-        "with its 95% t interval over starts, x 100. " + legend + ".",
+        "geometry and a task, with a warm-up of its own per member (`moe_rl.studies.ladder`). A rung's edge: the lr "
+        "where GRPO loses about 10-20 points with most runs above the floor. Each column: the mean over starts of the "
+        "run means, with its 95% t interval over starts, x 100 (x 1000 for `flip_logp`, logged by runs from "
+        "commit e46d213 on; — where a rung's runs predate it). " + legend + ".",
         "",
         table.to_markdown(index=False),
         "",
