@@ -1,7 +1,7 @@
 """Run a declared study (`experiments/conf/study/NAME.yaml`, `moe_rl.studies.design`) look by look.
 
     python experiments/study.py NAME --dry-run            # the declaration's multiruns, nothing run
-    python experiments/study.py NAME [--jobs 2] [--runs results] [--look K]
+    python experiments/study.py NAME [--jobs 2] [--runs runs] [--look K]
 
 One Hydra multirun of `experiments/train.py` per cell (arm@level) over the seeds of the look's starts, into
 <runs>/NAME/runs/<arm>@<level>/. A look runs the starts up to its declared count (the earlier looks' runs are read,
@@ -17,6 +17,12 @@ probes: one multirun per cell and bracket multiplier over the look's seeds, `mat
 lr from them into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
 other arm's runs one seed at a time, each at its own lr, `--jobs` at a time. `--dry-run` prints the probes; the full
 runs' lrs come from them. A probe longer than 15% of its run's steps is refused.
+
+A pilot (`pilot:` in its declaration, no contrasts: `moe_rl.studies.pilot`) runs its cells look by look the same way
+and decides nothing: after each look it writes <runs>/NAME/summary.md, each cell's change over starts and the edge
+its reference reaches (the level in `pilot.loss`), with the starts a study there needs.
+
+Runs go to `runs/` (untracked) unless `--runs` says otherwise; a shipped study runs into `--runs results`.
 """
 
 from __future__ import annotations
@@ -240,7 +246,7 @@ def run_look(study: Study, look: int, runs: Path, jobs: int, dry_run: bool) -> l
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="a study declared in experiments/conf/study/")
-    ap.add_argument("--runs", type=Path, default=Path("results"), help="runs land in <runs>/NAME/runs")
+    ap.add_argument("--runs", type=Path, default=Path("runs"), help="runs land in <runs>/NAME/runs (default: runs/)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     ap.add_argument("--look", type=int, default=None, help="run look K (1-based) only; default: each look in turn")
     ap.add_argument("--dry-run", action="store_true")
@@ -273,6 +279,13 @@ def main(argv: list[str] | None = None) -> None:
     for look in looks:
         failed += run_look(study, look, args.runs, args.jobs, args.dry_run)
         if args.dry_run:
+            continue
+        if study.pilot is not None:  # a pilot decides nothing: its table and the edge it reads, after every look
+            from moe_rl.studies.declared import per_run
+            from moe_rl.studies.pilot import write_pilot_report
+
+            summary = write_pilot_report(study, per_run(args.runs / study.name / "runs"), args.runs / study.name)[0]
+            print(summary.read_text(), flush=True)
             continue
         result = analyse(study, args.runs / study.name / "runs")
         write_study_report(study, result, args.runs / study.name)

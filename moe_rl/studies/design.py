@@ -142,6 +142,17 @@ class Match:
 
 
 @dataclass(frozen=True)
+class Pilot:
+    """A pilot across starts (`pilot:` in a declaration, no contrasts): where `reference` reaches a loss in `loss`
+    (late minus step-0 accuracy, as a positive fraction) with at most `floor` of its runs at accuracy 0
+    (`moe_rl.studies.pilot`)."""
+
+    reference: str
+    loss: tuple[float, float] = (0.10, 0.20)
+    floor: float = 0.5
+
+
+@dataclass(frozen=True)
 class Statement:
     """A claim as its paper states it: the text CLAIMS.md prints and where it comes from."""
 
@@ -200,6 +211,7 @@ class Study:
     by_member: bool = False  # the unit is the pool member (seed mod pool): its twins warmed elsewhere count once
     not_run: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # seeds a cell skipped, as it ran
     match: Match | None = None  # arms matched to a reference's divergence per start; None: not a matched study
+    pilot: Pilot | None = None  # a pilot: decides nothing, reads where its reference reaches the declared loss
 
     @property
     def member_pool(self) -> int:
@@ -220,10 +232,10 @@ class Study:
         return tuple(dict.fromkeys(o for c in self.contrasts if (o := self.outcome_of(c)) != self.outcome))
 
     def cells(self) -> list[tuple[str, str]]:
-        """Every (arm, level) the study runs: its `runs` in their order, then those some contrast reads, in
-        declaration order (arms, then levels)."""
+        """Every (arm, level) the study runs: its `runs` in their order, then those some contrast reads (a pilot:
+        every arm at every level), in declaration order (arms, then levels)."""
         used = {c for contrast in self.contrasts for c in (*contrast.weights, *contrast.requires)}
-        read = [(a, lv) for a in self.arms for lv in self.levels if (a, lv) in used]
+        read = [(a, lv) for a in self.arms for lv in self.levels if (a, lv) in used or self.pilot is not None]
         return list(dict.fromkeys([*self.runs, *read]))
 
     def cell_overrides(self, arm: str, level: str) -> list[str]:
@@ -413,6 +425,24 @@ def check_match(study: Study) -> None:
         )
 
 
+def _pilot(raw: object, path: Path) -> Pilot | None:
+    """`pilot`: {reference: ARM, loss: [lo, hi], floor: share}; None where the study is not a pilot."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "reference" not in raw:
+        raise ValueError(f"{path}: pilot must name its reference arm: pilot: {{reference: ARM, loss: [0.1, 0.2]}}")
+    loss = raw.get("loss", list(Pilot.loss))
+    if (
+        not (isinstance(loss, list) and len(loss) == 2 and all(isinstance(x, int | float) for x in loss))
+        or not 0 <= loss[0] < loss[1] <= 1
+    ):
+        raise ValueError(f"{path}: pilot.loss {loss!r} must be [lo, hi] with 0 <= lo < hi <= 1 (accuracy lost)")
+    floor = float(raw.get("floor", Pilot.floor))
+    if not 0 <= floor <= 1:
+        raise ValueError(f"{path}: pilot.floor {floor} must be a share in [0, 1]")
+    return Pilot(str(raw["reference"]), (float(loss[0]), float(loss[1])), floor)
+
+
 def _start(raw: object, study: str) -> bool:
     if raw not in ("cold start", "member"):
         raise ValueError(
@@ -463,9 +493,12 @@ def load_study(path: str | Path) -> Study:
             mde=None if c.get("mde") is None else float(c["mde"]),
             margin=None if c.get("margin") is None else float(c["margin"]),
         )
-        for c in raw["contrasts"]
+        for c in raw.get("contrasts") or ()
     )
+    pilot = _pilot(raw.get("pilot"), path)
     d = raw["design"]
+    if pilot is not None:  # a pilot sizes the study after it: the MDE it reports starts for, a look per bracket
+        d = {"mde": 0.05, "sized_from": "a pilot: it decides nothing", **d}
     design = Design(
         mde=float(d["mde"]),
         power=float(d.get("power", 0.8)),
@@ -505,6 +538,7 @@ def load_study(path: str | Path) -> Study:
         by_member=_start(unit.get("start", "cold start"), name),
         not_run=_not_run(raw.get("not_run"), tuple(arms), name),
         match=_match(raw.get("match"), name),
+        pilot=pilot,
     )
     check_study(study)
     check_match(study)
@@ -546,6 +580,18 @@ def check_study(study: Study) -> None:
     name, d = study.name, study.design
     if study.outcome not in OUTCOMES:
         raise ValueError(f"study {name}: outcome {study.outcome!r} is not one of {sorted(OUTCOMES)}")
+    if study.pilot is not None:
+        if study.contrasts or study.match is not None:
+            raise ValueError(
+                f"{study.file}: a pilot decides nothing: declare its contrasts and match in the study it sizes"
+            )
+        if study.pilot.reference not in study.arms:
+            raise ValueError(f"{study.file}: pilot.reference {study.pilot.reference!r} is not one of its arms")
+    elif not study.contrasts:
+        raise ValueError(
+            f"{study.file}: no contrasts: a study decides contrasts; a run of cells that decides nothing is a "
+            "pilot (pilot: {reference: ARM})"
+        )
     sets_compile = [
         o
         for o in (
