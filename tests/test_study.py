@@ -438,7 +438,17 @@ def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     ]
     _write(studies, overrides=overrides)
     out = subprocess.run(
-        [sys.executable, "experiments/study.py", "tiny", "--studies", str(studies), "--runs", str(tmp_path)],
+        [
+            sys.executable,
+            "experiments/study.py",
+            "tiny",
+            "--studies",
+            str(studies),
+            "--runs",
+            str(tmp_path),
+            "--jobs",
+            "1",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
