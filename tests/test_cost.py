@@ -146,3 +146,16 @@ def test_report_cost_prints_the_ledger(tree: tuple[Path, Path], capsys: pytest.C
             "timed / 2 decided claims: x, y)"
         )
     )
+
+
+def test_a_matched_study_s_probes_are_priced_as_pilots(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    """Probes (root/<study>/probes/<cell>@x<m>/, a study matched per start) count with its pilots: two 12 s probes
+    beside big's two 90 s pilot runs."""
+    import shutil
+
+    root, studies = tree
+    copy = tmp_path / "results"
+    shutil.copytree(root / "big", copy / "big")
+    _runs(copy / "big" / "probes", {"none@hi@x0.8": [0.0, 0.0]}, [300, 301], {"none@hi@x0.8": 12.0})
+    big = ledger.study_cost(load_study(studies / "big.yaml"), copy)
+    assert len(big.pilots) == 4 and cost.seconds(big.pilots) == pytest.approx(2 * 90.0 + 2 * 12.0)

@@ -120,7 +120,7 @@ class StudyCost:
 
     name: str
     runs: tuple[Record, ...]  # under results/<study>/runs
-    pilots: tuple[Record, ...]  # under results/<study>/pilot*
+    pilots: tuple[Record, ...]  # under results/<study>/pilot* and, matched per start, probes/
     pool: int  # run seed s starts from pool member s mod pool
     claims: tuple[str, ...]  # the claim ids its contrasts decide (not exploratory), declaration order
     decided: tuple[str, ...]  # those whose verdict is reproduced or not reproduced

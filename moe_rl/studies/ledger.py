@@ -37,10 +37,12 @@ def verdicts_by_look(study: Study, result: declared.StudyResult) -> list[list[st
 
 
 def study_cost(study: Study, root: Path) -> cost.StudyCost:
-    """A study's records (runs under root/<study>/runs, pilots under root/<study>/pilot*) and verdicts."""
+    """A study's records (runs under root/<study>/runs; pilots under root/<study>/pilot* and, matched per start, the
+    probes under root/<study>/probes, priced as pilots) and verdicts."""
     folder = Path(root) / study.name
     runs_dir = runs_folder(Path(root), study.name)
-    pilots = tuple(r for p in sorted(folder.glob("pilot*")) if p.is_dir() for r in cost.records(p))
+    overhead = [*sorted(folder.glob("pilot*")), folder / "probes"]
+    pilots = tuple(r for p in overhead if p.is_dir() for r in cost.records(p))
     claims = tuple(dict.fromkeys(c.claim for c in study.contrasts if c.claim != "exploratory"))
     runs = tuple(cost.records(runs_dir)) if runs_dir.is_dir() else ()
     try:
