@@ -154,11 +154,16 @@ def test_prose_lines_keep_to_the_width(page: Path) -> None:
 
 
 def test_the_declaration_key_table_is_generated() -> None:
-    from moe_rl.studies.keys import key_table
+    from moe_rl.studies.declaration_keys import key_table
 
     text = (ROOT / "docs" / "experiments.md").read_text()
-    begin, end = "<!-- declaration keys: python -m moe_rl.studies.keys -->", "<!-- end of declaration keys -->"
-    assert text.split(begin, 1)[1].split(end, 1)[0].strip() == key_table(), "paste python -m moe_rl.studies.keys"
+    begin, end = (
+        "<!-- declaration keys: python -m moe_rl.studies.declaration_keys -->",
+        "<!-- end of declaration keys -->",
+    )
+    assert text.split(begin, 1)[1].split(end, 1)[0].strip() == key_table(), (
+        "paste python -m moe_rl.studies.declaration_keys"
+    )
 
 
 def test_readme_verdicts_are_those_of_claims_md() -> None:

@@ -12,7 +12,7 @@ from helpers import PRESETS, ROOT
 
 from moe_rl import studies
 from moe_rl.analysis.claims import PairedClaim
-from moe_rl.studies import Study
+from moe_rl.studies import ResultsFolder
 from moe_rl.studies.index import independent_line, index_markdown, seed_ranges, verdicts, wall
 
 
@@ -98,7 +98,7 @@ def test_the_frontier_launcher_reads_run_status_with_the_status_module(tmp_path:
 def test_the_index_counts_a_start_once_and_a_pilots_own_starts_apart() -> None:
     """Folders a and b share start s1; b's pilot warmed s9 (its own) and s2 (also a folder's): 3 starts behind the
     folders plus 1 a pilot alone warmed; the history folder b does not count toward the current ones."""
-    rows = [Study("a", (), "?"), Study("b", (), "?", history="superseded")]
+    rows = [ResultsFolder("a", (), "?"), ResultsFolder("b", (), "?", history="superseded")]
     records = {"a": pd.DataFrame({"cold_start": ["s1", "s2"]}), "b": pd.DataFrame({"cold_start": ["s1", "s3", None]})}
     line = independent_line(rows, records, {"b": pd.DataFrame({"cold_start": ["s9", "s2"]})})
     assert "all 2 folders: 4, of which 1 warmed for calibration pilots alone (b/pilot;" in line

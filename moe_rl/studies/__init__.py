@@ -64,7 +64,7 @@ def _paired(claim: PairedClaim) -> Callable[[Path, Path], Claim]:
 
 
 @dataclass(frozen=True)
-class Study:
+class ResultsFolder:
     """One results folder: what it asks, which presets fill it, how it is reported and what it decides."""
 
     folder: str  # results/<folder>
@@ -78,21 +78,21 @@ class Study:
 
 
 _MECHANISM_REPORT = with_provenance(mechanism.write_mechanism_report)
-STUDIES: tuple[Study, ...] = (
-    Study(
+STUDIES: tuple[ResultsFolder, ...] = (
+    ResultsFolder(
         "compare",
         ("compare",),
         "The main job: does R2 or a sequence-level ratio keep routing and training stable? GRPO+R2, GRPO, GSPO, "
         "GSPO+R2, one run of each from each of 5 cold starts.",
     ),
-    Study(
+    ResultsFolder(
         "phase",
         ("phase", "phase_band", "phase_edge"),
         "Where does GRPO without replay break? grpo+none, grpo+r2 and gspo+none over lr x N, with the edge cell "
         "and the band where collapse is a coin flip seeded further; does router shift lead clip bursts?",
         claims={6: _shift_leads},
     ),
-    Study(
+    ResultsFolder(
         "offpolicy_replay",
         ("offpolicy_replay",),
         "Claims 2 and 3 at one off-policy cell where grpo+none degrades without reaching the floor (lr 2.5e-4, "
@@ -101,7 +101,7 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("offpolicy_replay"),
         history="grpo+none did not degrade there on new starts (claims 2 and 3 untestable); re-placed by offpolicy_edge",
     ),
-    Study(
+    ResultsFolder(
         "offpolicy_edge",
         ("offpolicy_edge",),
         "Claims 2 and 3 at the off-policy cell a pilot across starts placed (lr 4e-4, N = 8: grpo+none loses on "
@@ -123,48 +123,48 @@ STUDIES: tuple[Study, ...] = (
             ),
         },
     ),
-    Study(
+    ResultsFolder(
         "phase_mixtral",
         ("phase_mixtral",),
         "Does the phase map's edge hold for Mixtral's routing rule (softmax over the selected top-2)?",
     ),
-    Study(
+    ResultsFolder(
         "phase_mismatch",
         ("phase_mismatch",),
         "With bf16 rollouts and N = 8, does R3 keep GRPO more stable than R2?",
         history="emulated bf16 rollouts; superseded by engine_mismatch, on the engine's own bf16 kernels",
     ),
-    Study(
+    ResultsFolder(
         "offpolicy",
         ("offpolicy",),
         "How do flips, ratio variance and collapses grow with updates per rollout N in {1, 2, 4, 8}?",
     ),
-    Study(
+    ResultsFolder(
         "stress",
         ("stress",),
         "With large, stale updates (lr 3e-4, N = 8), does GRPO without replay collapse where R2 or GSPO hold?",
         history="one cell of 3 seeds; superseded by phase, which maps lr x N",
     ),
-    Study(
+    ResultsFolder(
         "mismatch",
         ("mismatch",),
         "With bfloat16 rollouts and float32 training, does R3 beat R2 and none?",
         history="emulated bf16 rollouts, 3 seeds; superseded by engine_mismatch",
     ),
-    Study(
+    ResultsFolder(
         "engine_phase",
         ("engine_phase",),
         "Where does the engine model (vLLM bfloat16 rollouts) break? A pilot scan of grpo+none over lr x N.",
         history="the pilot that placed engine_mismatch's cells",
     ),
-    Study(
+    ResultsFolder(
         "engine_mismatch",
         ("engine_mismatch", "engine_mismatch_gentle"),
         "With real engine rollouts (vLLM, bfloat16) and float32 training, where GRPO breaks, does R3 on the "
         "engine's own routes beat R2, and do the engine-gap corrections TIS and IcePop help?",
         history="16 seed pairs of one cold start, most runs at accuracy 0; claim 5 re-read by engine_gap",
     ),
-    Study(
+    ResultsFolder(
         "engine_gap",
         ("engine_gap",),
         "Claim 5 on new pool members: R3 against R2 with vLLM bfloat16 rollouts at N = 8 and lr 4e-4, where a pilot "
@@ -173,21 +173,21 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("engine_gap"),
         claims={5: declared_claims.study_claim(5, "engine_gap", "r3_minus_r2", _paired(engine.R3_VS_R2))},
     ),
-    Study(
+    ResultsFolder(
         "engine_mismatch_stable",
         ("engine_mismatch_stable",),
         "The first engine sweep, kept as the stable reference: grpo+none/r2/r3 where every run ends above its "
         "cold start.",
         history="a cell where nothing degrades; superseded by engine_mismatch, where GRPO breaks",
     ),
-    Study(
+    ResultsFolder(
         "drift_scaling",
         ("drift_scaling", "drift_scaling_depth"),
         "How does per-update drift scale with experts, top-k, MoE depth and lr, and where does the GSPO paper's "
         "~10% begin?",
         report=with_provenance(drift_report.write_folder_report),
     ),
-    Study(
+    ResultsFolder(
         "depth_drift",
         ("depth_drift",),
         "Claim 4 on new pool members: the off-policy flip rate per MoE layer of a model with 8 MoE layers against one "
@@ -196,14 +196,14 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("depth_drift"),
         claims={4: declared_claims.study_claim(4, "depth_drift", "deep_minus_shallow", drift_claims.claim_depth)},
     ),
-    Study(
+    ResultsFolder(
         "drift_forecast",
         ("drift_forecast",),
         "Is the per-update flip rate one curve of margin / router-logit movement across E, k, L and lr?",
         report=with_provenance(forecast_report.write_folder_report),
         claims={1: _expert_drift},
     ),
-    Study(
+    ResultsFolder(
         "dense_control",
         ("dense_control",),
         "Is the instability at this scale specific to MoE? The dense control next to the MoE model, each from "
@@ -211,14 +211,14 @@ STUDIES: tuple[Study, ...] = (
         "re-decides it at matched divergence).",
         history="claim 7's first look, at unmatched divergence; superseded by causal",
     ),
-    Study(
+    ResultsFolder(
         "mechanism",
         ("mechanism",),
         "What in the MoE model breaks where its dense control holds (lr 3e-4, N = 8)? A ladder of rungs from "
         "matched starts, each changing one difference between the two.",
         report=_MECHANISM_REPORT,
     ),
-    Study(
+    ResultsFolder(
         "router_defaults",
         ("router_defaults",),
         "Claims 8 and 9 at the causal study's `past` cell, declared (experiments/conf/study/router_defaults.yaml) "
@@ -232,19 +232,19 @@ STUDIES: tuple[Study, ...] = (
             ),
         },
     ),
-    Study(
+    ResultsFolder(
         "mechanism_gentle",
         ("mechanism_gentle",),
         "Does the ladder read the same at a gentler cell (lr 3e-4, N = 4), where the MoE model degrades less?",
         report=_MECHANISM_REPORT,
     ),
-    Study(
+    ResultsFolder(
         "mechanism_fine",
         ("mechanism_fine",),
         "Does the MoE-specific gap hold with many small experts (64 experts, top-8)?",
         report=_MECHANISM_REPORT,
     ),
-    Study(
+    ResultsFolder(
         "stabilizers",
         ("stabilizers",),
         "Does any published stabilizer keep GRPO from degrading where it degrades? A leaderboard against grpo+none.",
@@ -252,7 +252,7 @@ STUDIES: tuple[Study, ...] = (
         borrows=(stabilizers.BORROWS[0],),
         claims_section=stabilizers.claims_section,
     ),
-    Study(
+    ResultsFolder(
         "frontier",
         ("frontier",),
         "Where does each method stop being stable? Each arm's edge along lr and along staleness N, by bisection.",
@@ -260,7 +260,7 @@ STUDIES: tuple[Study, ...] = (
         borrows=tuple(s for s in frontier.SOURCES if s != "frontier"),
         claims_section=frontier_report.claims_section,
     ),
-    Study(
+    ResultsFolder(
         "divergence",
         ("divergence",),
         "At equal per-update divergence, which methods stay stable? Each method's accuracy change against its "
@@ -269,7 +269,7 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("divergence"),
         claims_section=divergence_report.claims_section,
     ),
-    Study(
+    ResultsFolder(
         "staleness",
         ("staleness",),
         "Do the staleness claims hold on the axes their papers use? VESPO's rollout staleness S (one pass over an "
@@ -277,7 +277,7 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("staleness"),
         history="6 starts at the pool the earlier studies shared; claims 10 and 11 re-read by staleness_erosion",
     ),
-    Study(
+    ResultsFolder(
         "staleness_erosion",
         ("staleness_erosion",),
         "Claims 10 and 11 on the erosion from S = 1 to S = 24, declared (experiments/conf/study/staleness_erosion.yaml) "
@@ -303,7 +303,7 @@ STUDIES: tuple[Study, ...] = (
             ),
         },
     ),
-    Study(
+    ResultsFolder(
         "causal",
         ("causal",),
         "Is route drift a cause of the MoE model's degradation, and is the sparse expert step? Anchored routing and a "
@@ -312,7 +312,7 @@ STUDIES: tuple[Study, ...] = (
         report=declared_report.study_report("causal"),
         history="6 starts x 2 seeds at unmatched acting KL; claims 14, 15 and 7 re-read by causal_matched",
     ),
-    Study(
+    ResultsFolder(
         "causal_matched",
         ("causal_matched",),
         "Claims 14, 15 and 7 at the causal study's `past` cell with every arm at the MoE model's early KL on the "
@@ -352,7 +352,7 @@ STUDIES: tuple[Study, ...] = (
             ),
         },
     ),
-    Study(
+    ResultsFolder(
         "length",
         ("length",),
         "Does response length change whether GRPO needs routing replay, and whether GSPO makes it unnecessary? "
@@ -367,7 +367,7 @@ STUDIES: tuple[Study, ...] = (
         ),
         history="L = 16 and 32 on a floor and KL matched over dead steps; claims 12 and 13 re-read by length_edge",
     ),
-    Study(
+    ResultsFolder(
         "length_edge",
         ("length_edge",),
         "Claims 12 and 13, and claims 2 and 3 along length, at each length's own edge (L = 4 and 16, each at the lr "
@@ -393,7 +393,7 @@ STUDIES: tuple[Study, ...] = (
             "length_edge", "Claims 2 and 3 by response length, at each length's own edge", ("2", "3")
         ),
     ),
-    Study(
+    ResultsFolder(
         "ladder",
         (),  # its runs are the phase preset's, with a geometry and lr each (the preset fills `phase`)
         "Where does routing carry the divergence? A pilot of the routing-dominance ladder: GRPO without replay at N = 8 "
@@ -402,7 +402,7 @@ STUDIES: tuple[Study, ...] = (
         "and the routes an update changes.",
         report=with_provenance(ladder.write_ladder_report),
     ),
-    Study(
+    ResultsFolder(
         "routing_dominant",
         ("routing_dominant",),
         "Claims 2 and 3 on the ladder's most routing-dominant affordable rung (64 experts of width 64, top-2, 4 "
@@ -416,13 +416,13 @@ STUDIES: tuple[Study, ...] = (
             ("2", "3"),
         ),
     ),
-    Study(
+    ResultsFolder(
         "calibration",
         (),
         "Which lr reaches a target early per-update KL, per arm and model (experiments/calibrate_kl.py's cache of "
         "its pilots and fits, kl.json; no runs kept)?",
     ),
-    Study(
+    ResultsFolder(
         "gpu_check",
         (),
         "Do the GPU tests and the MegaBlocks backend pass on a GPU (scripts/gpu_check.sh; no runs)?",
@@ -444,7 +444,7 @@ COLLAPSE_FOLDERS = ("stress", "compare")
 CLAIMS: dict[int, ClaimItem] = dict(sorted((i, c) for s in STUDIES for i, c in s.claims.items()))
 
 
-def study_of_runs(runs_dir: Path) -> Study | None:
+def study_of_runs(runs_dir: Path) -> ResultsFolder | None:
     """The study whose presets made the runs under `runs_dir` (the experiment their meta.json records); first, the
     row of the runs' own folder where it names no preset but a report of its own (a pilot run with another
     preset's overrides, e.g. the ladder); None when no row names them all."""

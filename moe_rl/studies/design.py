@@ -52,7 +52,7 @@ from pathlib import Path
 
 import yaml
 
-from moe_rl.studies.keys import read_declaration
+from moe_rl.studies.declaration_keys import read_declaration
 
 POOL = 1_000_000  # cold_start.pool of a declared study: run seed m + r * POOL starts from member m
 DIRECTIONS = ("greater", "less")

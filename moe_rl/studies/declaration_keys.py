@@ -3,7 +3,7 @@
 `KEYS` is the one list of a declaration's keys (a dotted path, `*` for a name of the study's own choosing, `[]` for
 an entry of a list), each with its meaning, its default and an example; `read_declaration` refuses a YAML error or a
 key outside it in one line, `path:line: ...`, with the nearest known key where one is close; `key_table` is the
-markdown table docs/experiments.md shows (`python -m moe_rl.studies.keys`)."""
+markdown table docs/experiments.md shows (`python -m moe_rl.studies.declaration_keys`)."""
 
 from __future__ import annotations
 
