@@ -40,6 +40,7 @@ from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
 from moe_rl.studies import declared_report, divergence_report, ledger
+from moe_rl.studies.design import studies_folder
 from moe_rl.studies.index import write_index
 
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return power_report(args, parser)
     if args.cost:
         root = args.results_dir or Path("results")
-        print("\n".join(ledger.ledger(root, Path(args.presets).parent / "study", warmup_s=args.warmup_s)))
+        print("\n".join(ledger.ledger(root, studies_folder(args.presets), warmup_s=args.warmup_s)))
         return 0
     by = [c for item in (args.by or ["arm"]) for c in item.split(",") if c]
     pool = [c for item in args.pool for c in item.split(",") if c]
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
         if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
-            for markers, table in (*README_TABLES, *declared_report.readme_tables(Path(args.presets).parent / "study")):
+            for markers, table in (*README_TABLES, *declared_report.readme_tables(studies_folder(args.presets))):
                 written.append(write_readme_block(README, markers, table(root)))
         for path in written:
             if path is not None:

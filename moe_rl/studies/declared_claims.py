@@ -11,7 +11,7 @@ from pathlib import Path
 from moe_rl.analysis.claims.rules import NO_DATA, Claim
 from moe_rl.analysis.preregistration import Preregistration
 from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
-from moe_rl.studies.design import UNITS, Contrast, Study, load_study
+from moe_rl.studies.design import UNITS, Contrast, Study, declaration, load_study
 from moe_rl.studies.secondary import describe as describe_secondary
 
 
@@ -61,7 +61,7 @@ def stated_claim(
     read."""
 
     def judge(root: Path, presets: Path) -> Claim:
-        path = Path(presets).parent / "study" / f"{study_name}.yaml"
+        path = declaration(study_name, presets)
         if path.is_file():
             statement = load_study(path).claims[str(claim_id)]
             c = Claim(claim_id, statement.text, statement.source, rule="", experiment=study_name)
@@ -87,9 +87,8 @@ def study_claim(
 
     def judge(root: Path, presets: Path) -> Claim:
         prior = before(root, presets)
-        declaration = Path(presets).parent / "study" / f"{study_name}.yaml"
         try:  # no declaration here (a presets folder of another checkout) or no finished run: the earlier looks
-            study = load_study(declaration)
+            study = load_study(declaration(study_name, presets))
             result = analyse(study, Path(root) / study.name / "runs")
         except FileNotFoundError:
             prior.notes.append(f"the declared study `{study_name}` that decides it has no finished runs here yet")
@@ -188,7 +187,7 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
 
     def section(root: Path, presets: Path) -> list[str]:
         try:
-            study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+            study = load_study(declaration(study_name, presets))
             result = analyse(study, Path(root) / study.name / "runs")
         except FileNotFoundError:
             return []

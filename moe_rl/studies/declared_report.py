@@ -24,7 +24,7 @@ from moe_rl.studies.declared import (
     StudyResult,
     analyse,
 )
-from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, load_study
+from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study
 from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
 from moe_rl.studies.secondary import markdown as secondary_markdown
 
@@ -271,7 +271,7 @@ def study_report(study_name: str) -> Callable[[Path, Path, Path], list[Path]]:
     """The report of the declared study `study_name` (a `StudyReport`: runs_dir, out, presets folder -> files)."""
 
     def write(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
-        study = load_study(Path(presets).parent / "study" / f"{study_name}.yaml")
+        study = load_study(declaration(study_name, presets))
         return write_study_report(study, analyse(study, runs_dir), out)
 
     return write

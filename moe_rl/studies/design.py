@@ -672,6 +672,17 @@ def check_study(study: Study) -> None:
     _check_duplicates(study)  # two cells composing to one run config: refused unless declared (`duplicates`)
 
 
+def studies_folder(presets: str | Path) -> Path:
+    """The folder of declarations beside a presets folder (experiments/conf/study beside experiments/conf/preset)."""
+    return Path(presets).parent / "study"
+
+
+def declaration(name: str, presets: str | Path) -> Path:
+    """The declaration of study `name` beside a presets folder (it may not exist: a presets folder of another
+    checkout)."""
+    return studies_folder(presets) / f"{name}.yaml"
+
+
 def study_path(name: str, folder: Path) -> Path:
     path = folder / f"{name}.yaml"
     if not path.is_file():
