@@ -583,3 +583,41 @@ def test_a_relative_margin_is_a_share_of_the_references_own_loss(tmp_path) -> No
     assert a["verdict"] == declared.NOT_REPRODUCED and a["margin"] == pytest.approx(0.05)
     assert r["margin"] == pytest.approx(0.02) and r["margin_absolute"] == pytest.approx(0.05)
     assert r["verdict"] == declared.INCONCLUSIVE
+
+
+def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_path, monkeypatch) -> None:
+    """CLAIMS.md's section of a declared study: each claim's row with the routing share it was read at and its
+    realised divergence ratio (matched or not), and the placebo's reading beside them."""
+    raw = {
+        **BASE,
+        "arms": {**BASE["arms"], "placebo": {"overrides": ["replay=none", "optim.weight_decay=0.01"]}},
+        "contrasts": [
+            {"name": "r2_minus_none", "claim": "2", "cells": {"r2@hi": 1, "none@hi": -1}},
+            {"name": "placebo_minus_none", "claim": "exploratory", "cells": {"placebo@hi": 1, "none@hi": -1}},
+        ],
+        "match": {"placebo": "placebo_minus_none", "tolerance": 1.05},
+    }
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(raw))
+    row = {"starts": 8, "outcome": "change", "look": 1, "verdict": "inconclusive", "reason": "open"}
+    verdicts = pd.DataFrame(
+        [
+            {**row, "contrast": "r2_minus_none", "claim": "2", "estimate": 0.031, "lo": -0.02, "hi": 0.08}
+            | {"read_on": "qwen3_moe E=64; routing's share 45%", "kl_ratio": 0.97, "kl_lo": 0.9, "kl_hi": 1.04},
+            {**row, "contrast": "placebo_minus_none", "claim": "exploratory", "estimate": -0.004, "lo": -0.03}
+            | {"hi": 0.02, "read_on": "", "kl_ratio": float("nan"), "kl_lo": float("nan"), "kl_hi": float("nan")},
+        ]
+    )
+    result = declared.StudyResult(pd.DataFrame(), pd.DataFrame(), verdicts, pd.DataFrame(), [], "")
+    monkeypatch.setattr(declared_claims, "analyse", lambda study, runs: result)
+    lines = declared_claims.claims_section("tiny", "Claim 2 on a rung", ("2",))(tmp_path, tmp_path / "preset")
+    table = [line for line in lines if line.startswith("| 2 ")]
+    assert table == [
+        "| 2 | r2_minus_none | 8 | +3.1 pp [-2.0, +8.0] | 1 | **inconclusive** | open | qwen3_moe E=64; routing's share "
+        "45% | 0.97 [0.90, 1.04], matched within [0.952, 1.05] |"
+    ]
+    assert lines[-2] == (
+        "The placebo `placebo_minus_none` (the reference against itself at another lr, matched back like any arm) "
+        "reads -0.4 pp [-3.0, +2.0]: inconclusive (open)."
+    )

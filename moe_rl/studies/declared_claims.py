@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
 from moe_rl.analysis.claims.rules import NO_DATA, Claim
 from moe_rl.analysis.preregistration import Preregistration
 from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
@@ -116,15 +118,8 @@ def study_claim(
         cells_run = result.runs[result.runs["cell"].isin([f"{a}@{lv}" for a, lv in declared.weights])]
         if "collapse" in c.claim.lower() and len(cells_run) and not cells_run["collapsed"].astype(bool).any():
             c.reason += f"; read as an erosion of gain: none of the {len(cells_run)} runs of its cells collapsed"
-        ratio = float(row.get("kl_ratio", math.nan))
-        if not math.isnan(ratio):
-            band = f" [{float(row['kl_lo']):.2f}, {float(row['kl_hi']):.2f}]" if row["kl_lo"] == row["kl_lo"] else ""
-            tolerance = (
-                f", matched within [{1 / study.match.tolerance:.3f}, {study.match.tolerance:g}]"
-                if study.match and study.match.covers(contrast)
-                else ", not a declared match"
-            )
-            c.divergence = f"{ratio:.2f}{band}{tolerance}"
+        c.divergence = divergence_text(study, row, contrast)
+        if c.divergence:
             c.notes.append(f"realised early acting KL ratio {c.divergence}")
         past = int(row.get("looks_past_stop", 0) or 0)
         if past:
@@ -181,6 +176,21 @@ def study_claim(
     return judge
 
 
+def divergence_text(study: Study, row: pd.Series, contrast: str) -> str:
+    """A contrast's realised early acting KL ratio with its interval over starts and whether it is a declared match
+    ("" where not measured)."""
+    ratio = float(row.get("kl_ratio", math.nan))
+    if math.isnan(ratio):
+        return ""
+    band = f" [{float(row['kl_lo']):.2f}, {float(row['kl_hi']):.2f}]" if row["kl_lo"] == row["kl_lo"] else ""
+    tolerance = (
+        f", matched within [{1 / study.match.tolerance:.3f}, {study.match.tolerance:g}]"
+        if study.match and study.match.covers(contrast)
+        else ", not a declared match"
+    )
+    return f"{ratio:.2f}{band}{tolerance}"
+
+
 def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Callable[[Path, Path], list[str]]:
     """CLAIMS.md's section of a declared study's secondary readings: each contrast of `claims` with its verdict by
     the one rule, at the level it was read ([] where the study has no finished runs)."""
@@ -196,13 +206,26 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
             "",
             f"From the declared study `{study_name}` (`results/{study_name}/`): {study.question}",
         ]
-        lines += ["", "| claim | contrast | starts | difference [repeated CI] | look | verdict | reason |"]
-        lines.append("|---|---|---:|---|---:|---|---|")
+        lines += [
+            "",
+            "| claim | contrast | starts | difference [repeated CI] | look | verdict | reason | read on | divergence ratio |",
+        ]
+        lines.append("|---|---|---:|---|---:|---|---|---|---|")
         for _, r in result.verdicts[result.verdicts["claim"].isin(claims)].iterrows():
             lines.append(
                 f"| {r['claim']} | {r['contrast']} | {int(r['starts'])} | {100 * r['estimate']:+.1f} {UNITS[r['outcome']]} "
-                f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {int(r['look'])} | **{r['verdict']}** | {r['reason']} |"
+                f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}] | {int(r['look'])} | **{r['verdict']}** | {r['reason']} "
+                f"| {r.get('read_on', '') or '—'} | {divergence_text(study, r, str(r['contrast'])) or '—'} |"
             )
+        placebo = study.match.placebo if study.match else None
+        if placebo is not None and placebo in set(result.verdicts["contrast"]):
+            p = result.verdicts.set_index("contrast").loc[placebo]
+            lines += [
+                "",
+                f"The placebo `{placebo}` (the reference against itself at another lr, matched back like any arm) reads "
+                f"{100 * p['estimate']:+.1f} {UNITS[p['outcome']]} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]: "
+                f"{p['verdict']} ({p['reason']}).",
+            ]
         return [*lines, ""]
 
     return section
