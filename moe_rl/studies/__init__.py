@@ -39,6 +39,7 @@ from moe_rl.studies import (
     mechanism,
     mechanism_claims,
     phase,
+    premise,
     shift,
     stabilizers,
 )
@@ -410,10 +411,12 @@ STUDIES: tuple[ResultsFolder, ...] = (
         "start to GRPO without replay's early acting KL and a placebo arm, declared "
         "(experiments/conf/study/routing_dominant.yaml) on new pool members.",
         report=declared_report.study_report("routing_dominant"),
-        claims_section=declared_claims.claims_section(
-            "routing_dominant",
-            "Claims 2 and 3 where routing carries about half of the ratio variance (64 experts, top-2, 4 layers)",
-            ("2", "3"),
+        claims_section=premise.with_premise(
+            declared_claims.claims_section(
+                "routing_dominant",
+                "Claims 2 and 3 where routing carries about half of the ratio variance (64 experts, top-2, 4 layers)",
+                ("2", "3"),
+            )
         ),
     ),
     ResultsFolder(
