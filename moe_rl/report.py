@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme",
         action="store_true",
-        help="regenerate README.md's generated tables (divergence, causal) from RESULTS_ROOT",
+        help="regenerate README.md's generated tables (each between its markers: declared studies with a `readme` "
+        "and the older studies' blocks) from RESULTS_ROOT",
     )
     parser.add_argument(
         "--all", action="store_true", help="report every RESULTS_ROOT/*/runs into its folder, then the pages"

@@ -10,40 +10,12 @@ is significant or the interval of the effect lies inside a margin too small to m
 cold starts stand behind the runs compared by seed (`rules.descriptive`: the seed-level reading stays in the
 reason).
 
-A claim that compares arms on paired runs (2, 3, 5, 7, 8, 9) is a `PairedClaim` declaration in its study's
-module, judged by one engine, `paired.judge_paired`; a claim with a statistic of its own is a function of the
-results root and the presets folder in its study's module (1 and 4: `studies.drift_claims`; 6:
-`studies.shift`; 10 and 11: `studies.frontier_claims`).
-
-Adding a paired claim: declare it in its study's module and add it to the study's row in `moe_rl.studies`
-(the claims it decides, by id). The first five fields are the id, the claim, its source, the rule as the page
-states it and the experiment (the result folder; its preset's `analysis` block gives the claims and outcomes
-it declares and the extensions added after a look, which the verdict counts); then `worse` and `better`, the
-arm predicted to win. The defaults compare final accuracy, reward AUC and time to collapse (Holm over the
-three, the grid of collapse definitions for robustness) in the cells where both arms end below their cold
-start, paired by the phase map's cells and seed. Say only what differs, e.g. for "MoE with the auxiliary loss
-is more stable than without" on a phase-style sweep::
-
-    AUX_LOSS = PairedClaim(
-        8, "The load-balancing loss stabilizes RL", "its source", "the rule, in words",
-        experiment="aux_loss", worse="grpo+none", better="grpo+none+aux", runs=offpolicy_runs,
-        degrading=("grpo+none",),
-    )
-
-Final accuracy is one definition in every claim, `rules.ACCURACY` (`late_accuracy`: the mean of a run's last 3
-evaluations). Where a paired claim is judged pooled over several cells, its notes give the same rule on each cell
-alone, descriptive, beside the pooled verdict, which decides.
-
-Other fields: `rivals` (comparisons that must not come out reproduced), `holds_start` (the better arm must
-not end below its own cold start), `outcomes=COLLAPSE_OUTCOMES` (collapse pooled over cells and final
-accuracy), `compare_by` (arms in another run column, e.g. the model family), `from_own_start`, `pairing`,
-`margins`, `also` (the same judgement on another experiment, as a note) and the wording of the page.
-
-Modules by job: `rules` (labels, margins, the Claim row, shared verdict rules and wording), `cells`
-(the runs and cells a claim reads), `declared` (the experiment files' declared analyses and their
-extensions), `pooled` (collapse pooled over cells), `arms` (paired arm comparisons and their wording),
-`paired` (the record and its engine), `evaluate` (the claims' verdicts), `scale` (the scale paragraph) and
-`markdown` (the page).
+A claim is decided by a declared study (experiments/conf/study/NAME.yaml) under the one rule
+(`moe_rl.studies.declared`); adding one is a contrast in a declaration and its study's row in `moe_rl.studies`
+(docs/experiments.md, "Declared studies"). The `PairedClaim` engine here (`paired.judge_paired`) only re-reads
+the earlier looks of claims 2, 3, 5, 7, 8 and 9 for their history notes; a claim with a statistic of its own is a
+function of the results root and the presets folder in its study's module (1 and 4: `studies.drift_claims`; 6:
+`studies.shift`).
 """
 
 from __future__ import annotations
