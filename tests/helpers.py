@@ -4,9 +4,14 @@ Fixtures (the cold-start cache) are in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import io
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -90,17 +95,34 @@ def train_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **extra}
 
 
-def study_dry_run(folder: Path, name: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`experiments/study.py NAME --dry-run` on the declarations in `folder`, its output captured."""
-    return subprocess.run(
-        [sys.executable, "experiments/study.py", name, "--studies", str(folder), "--dry-run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=train_env(),
-        timeout=timeout,
-    )
+@functools.cache
+def launcher() -> types.ModuleType:
+    """experiments/study.py as a module, to call its `main(argv)` in this process (no interpreter to start)."""
+    spec = importlib.util.spec_from_file_location("study_launcher", ROOT / "experiments" / "study.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def study_dry_run(folder: Path | None, name: str) -> subprocess.CompletedProcess:
+    """`experiments/study.py NAME --dry-run` on the declarations in `folder` (None: the shipped ones), run in this
+    process from the repository root, its output captured as a subprocess would give it (an exit message on stderr,
+    return code 1)."""
+    argv = [name, "--dry-run", *(["--studies", str(folder)] if folder is not None else [])]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            launcher().main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, int) and stop.code is not None:
+            err.write(f"{stop.code}\n")
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def train_command(overrides: list[str], run: Path, cache: Path, *extra: str, nproc: int = 0) -> list[str]:

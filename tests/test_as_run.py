@@ -4,11 +4,8 @@ composes and validates through Hydra: tests/test_study.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from helpers import PRESETS, ROOT
+from helpers import PRESETS, ROOT, study_dry_run
 
 from moe_rl.run.launch import short_name
 from moe_rl.studies.design import load_study
@@ -26,9 +23,7 @@ def run_name(overrides: list[str], seed: int) -> str:
 
 def dry_run_runs(name: str) -> set[str]:
     """<cell>/<run name> of every run the study's dry run lists."""
-    out = subprocess.run(
-        [sys.executable, "experiments/study.py", name, "--dry-run"], cwd=ROOT, capture_output=True, text=True
-    )
+    out = study_dry_run(None, name)
     assert out.returncode == 0, out.stderr
     runs = set()
     for line in out.stdout.splitlines():

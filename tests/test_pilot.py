@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 import yaml
-from helpers import TINY, study_dry_run
+from helpers import TINY, launcher
 from scipy import stats
 
 from moe_rl.studies.design import load_study
@@ -108,8 +108,8 @@ def test_a_malformed_pilot_is_refused(tmp_path, changes, message) -> None:
         load_study(_write(tmp_path, raw))
 
 
-def test_a_pilot_launches_its_cells_like_a_study(tmp_path) -> None:
-    out = study_dry_run(_write(tmp_path, PILOT).parent, "tiny_pilot")
-    assert out.returncode == 0, out.stderr
-    cells = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert cells == ["[none@lo]", "[none@mid]", "[none@hi]"] and "seed=900,901,902,903" in out.stdout
+def test_a_pilot_launches_its_cells_like_a_study(tmp_path, capsys) -> None:
+    launcher().main(["tiny_pilot", "--studies", str(_write(tmp_path, PILOT).parent), "--dry-run"])
+    out = capsys.readouterr().out
+    cells = [line.split()[0] for line in out.splitlines() if line.startswith("[")]
+    assert cells == ["[none@lo]", "[none@mid]", "[none@hi]"] and "seed=900,901,902,903" in out
