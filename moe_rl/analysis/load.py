@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from moe_rl.metrics.status import COLLAPSED, DIVERGED, FAILED, MISSING, RUNNING
 
@@ -235,3 +236,8 @@ def runs(df: pd.DataFrame) -> pd.DataFrame:
 def metric_keys(df: pd.DataFrame) -> list[str]:
     """Sorted metric keys present in `df`."""
     return sorted(df["key"].unique())
+
+
+def run_lr(run_dir: str | PathLike) -> float:
+    """The lr a run trained at (its config.yaml)."""
+    return float((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {})["optim"]["lr"])

@@ -266,6 +266,18 @@ def t_interval(
     return x.mean(-1), np.asarray(ci.low), np.asarray(ci.high), np.asarray(res.statistic), np.asarray(res.pvalue)
 
 
+def interval_text(values: pd.Series, scale: float = 100.0) -> str:
+    """mean [95% t interval over its values] x `scale`, signed to one decimal ("—" without values; the mean alone
+    where fewer than 2 values or all equal): a column of start means as a table prints it."""
+    v = values.dropna().to_numpy(float)
+    if not len(v):
+        return "—"
+    if len(v) < 2 or np.ptp(v) == 0:
+        return f"{scale * v.mean():+.1f}"
+    mean, lo, hi, _, _ = t_interval(v)
+    return f"{scale * float(mean):+.1f} [{scale * float(lo):+.1f}, {scale * float(hi):+.1f}]"
+
+
 def start_mean_interval(
     d: Sequence[float] | np.ndarray | pd.Series,
     starts: Sequence[object] | np.ndarray | pd.Series,

@@ -90,11 +90,7 @@ KEYS: tuple[Key, ...] = (
 FREE = ("columns", "axes", "unit.reuse", "levels.*.lr", "contrasts.[].cells", "contrasts.[].requires")
 
 
-def _pattern(path: str) -> str:
-    return ".".join(path.replace("[]", ".[]").split("."))
-
-
-_KNOWN = {_pattern(k.path) for k in KEYS}
+_KNOWN = {k.path.replace("[]", ".[]") for k in KEYS}  # as `_walk` spells a path: a list entry a part of its own
 _PREFIXES = {p.rsplit(".", i)[0] for p in _KNOWN for i in range(1, p.count(".") + 1)}
 
 
@@ -146,14 +142,17 @@ def read_declaration(path: str | Path) -> dict:
     is refused in one line naming the file and line."""
     path = Path(path)
     text = path.read_text()
-    try:
-        root = yaml.compose(text)
-        raw = yaml.safe_load(text)
+    loader = yaml.SafeLoader(text)
+    try:  # parsed once: the node tree (its lines) and the data constructed from it
+        root = loader.get_single_node()
+        raw = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"{path}{line}: not valid YAML: {problem}") from None
+    finally:
+        loader.dispose()
     if not isinstance(raw, dict) or root is None:
         raise ValueError(f"{path}:1: a declaration is a mapping of keys (name, question, preset, arms, ...)")
     _check(path, root)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import yaml
 
-from moe_rl.analysis.load import load_results
+from moe_rl.analysis.load import load_results, run_lr
 from moe_rl.analysis.outcomes import finished_runs
-from moe_rl.analysis.power import t_interval
+from moe_rl.analysis.power import interval_text
 from moe_rl.metrics.names import (
     RATIO_SPLIT_FLIP_LOGP,
     RATIO_SPLIT_ROUTING_SHARE,
@@ -55,7 +53,7 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
         for name, (key, _) in COLUMNS.items():
             table[name] = df[(df["key"] == key) & (df["step"] >= 1)].groupby("run")["value"].mean()
         table["rung"] = rung.name
-        table["lr"] = [_lr(Path(str(r))) for r in table["run_dir"]]
+        table["lr"] = [run_lr(Path(str(r))) for r in table["run_dir"]]
         table["floor"] = table["late_accuracy"] <= 0
         frames.append(table[["rung", "lr", "start", "change", "floor", *COLUMNS]].reset_index(drop=True))
     if not frames:
@@ -63,32 +61,16 @@ def per_run(runs_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _lr(run_dir: Path) -> float:
-    """The lr a run trained at (its config.yaml)."""
-    return float((yaml.safe_load((run_dir / "config.yaml").read_text()) or {})["optim"]["lr"])
-
-
-def _interval(values: pd.Series, scale: float = 100.0) -> str:
-    """mean [95% t interval over starts], x `scale` (one run per start here)."""
-    v = values.dropna().to_numpy(float)
-    if not len(v):
-        return "—"
-    if len(v) < 2 or np.ptp(v) == 0:
-        return f"{scale * v.mean():+.1f}"
-    mean, lo, hi, _, _ = t_interval(v)
-    return f"{scale * float(mean):+.1f} [{scale * float(lo):+.1f}, {scale * float(hi):+.1f}]"
-
-
 def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per rung and lr: starts, the accuracy change and each routing column (pp, mean [95% t interval]), the share of
     runs at the floor."""
     rows = []
     for (rung, lr), g in runs.groupby(["rung", "lr"], sort=True):
-        row = {"rung": rung, "lr": f"{lr:g}", "starts": g["start"].nunique(), "change (pp)": _interval(g["change"])}
+        row = {"rung": rung, "lr": f"{lr:g}", "starts": g["start"].nunique(), "change (pp)": interval_text(g["change"])}
         row["at the floor"] = f"{int(g['floor'].sum())} of {len(g)}"
         for name in COLUMNS:
             unit = UNIT.get(name, "pp")
-            row[f"{name} ({unit})"] = _interval(g[name], 1000.0 if unit == "mnat" else 100.0)
+            row[f"{name} ({unit})"] = interval_text(g[name], 1000.0 if unit == "mnat" else 100.0)
         rows.append(row)
     return pd.DataFrame(rows)
 

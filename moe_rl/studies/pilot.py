@@ -17,27 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
 
-from moe_rl.analysis.power import t_interval
+from moe_rl.analysis.load import run_lr
+from moe_rl.analysis.power import interval_text
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies.design import Study
-
-
-def run_lr(run_dir: Path) -> float:
-    """The lr a run trained at (its config.yaml)."""
-    return float((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {})["optim"]["lr"])
-
-
-def _interval(values: pd.Series, scale: float = 100.0) -> str:
-    v = values.dropna().to_numpy(float)
-    if not len(v):
-        return "—"
-    if len(v) < 2 or np.ptp(v) == 0:
-        return f"{scale * v.mean():+.1f}"
-    mean, lo, hi, _, _ = t_interval(v)
-    return f"{scale * float(mean):+.1f} [{scale * float(lo):+.1f}, {scale * float(hi):+.1f}]"
 
 
 def pilot_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -52,9 +37,9 @@ def pilot_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "level": level,
                 "lr": float(g["lr"].median()),
                 "starts": int(g["start"].nunique()),
-                "change (pp)": _interval(g["change"]),
+                "change (pp)": interval_text(g["change"]),
                 "at the floor": f"{int((g['late_accuracy'] <= 0).sum())} of {len(g)}",
-                "routing share (pp)": _interval(g["routing_share"]),
+                "routing share (pp)": interval_text(g["routing_share"]),
                 "early acting KL": f"{math.exp(np.log(kl[kl > 0]).mean()):.3g}" if (kl > 0).any() else "—",
                 "loss": float(-g["change"].mean()),
                 "floor_share": float((g["late_accuracy"] <= 0).mean()),
