@@ -12,7 +12,7 @@
     python -m moe_rl.report --cost [RESULTS_ROOT] [--warmup-s S]    # CPU-minutes per declared study and claim (printed)
 
 A folder's runs name the study that made them (the `experiment` their meta.json records: a preset, or a declared
-study's name, of one row of `moe_rl.studies.STUDIES`); a row with a report of its own (a declared study's is
+study's name, of one declaration in the registry, `moe_rl.studies.registry`); a row with a report of its own (a declared study's is
 `moe_rl.studies.declared`'s, from its declaration) writes it whatever the options and wherever `--out` points.
 Other runs get the folder report (`moe_rl.analysis.folder_report`): `--by` names the comparison (default arm); every other run key
 that varies is added to the grouping unless `--pool` names it, and summary.md says what was added and what was
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     def report_one(out: Path, runs_dir: Path) -> list[Path]:
         """The report of the runs under `runs_dir` into `out`; runs of a study with a report of its own (e.g.
         results/stabilizers) get it whatever the options."""
-        study = studies.study_of_runs(runs_dir)
+        study = studies.study_of_runs(runs_dir, args.presets)
         if study is not None and study.report is not None:
             return study.report(runs_dir, out, args.presets)
         return write_report(runs_dir, out, by=by, pool=pool, variant=args.variant, reference=args.ref)

@@ -8,7 +8,7 @@ import pytest
 from helpers import PRESETS, ROOT, study_dry_run
 
 from moe_rl.run.launch import short_name
-from moe_rl.studies.design import load_study
+from moe_rl.studies.design import load_study, study_files
 
 AS_RUN = {"causal": 252, "divergence": 192, "length": 237, "staleness": 522}  # the shipped runs of each
 EXCLUDED = {"experiment", "out_dir", "progress", "threads", "hydra.launcher.n_jobs"}  # config.yaml's override_dirname
@@ -37,7 +37,7 @@ def dry_run_runs(name: str) -> set[str]:
 
 
 def test_every_study_declared_as_it_ran_is_checked_here() -> None:
-    declared = {p.stem for p in (PRESETS.parent / "study").glob("*.yaml") if load_study(p).declared}
+    declared = {p.stem for p in study_files(PRESETS.parent / "study") if load_study(p).declared}
     assert declared == set(AS_RUN)
 
 

@@ -21,6 +21,8 @@ from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_test
 from moe_rl.studies import drift_claims, engine, mechanism_claims, shift
 from moe_rl.studies import phase as phase_study
 
+DECLARATIONS = PRESETS.parent / "study"  # the registry, read with presets that have no declarations beside them
+
 STEPS = 30
 STARTS = 6  # the planted worlds' runs begin from 6 cold starts: one sign per start, smallest one-sided p 1/64
 
@@ -150,7 +152,7 @@ def _world(root: Path, kind: str) -> Path:
 @pytest.fixture(scope="module", params=["reproduced", "not reproduced", "inconclusive"])
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[C.Claim]]:
     root = _world(tmp_path_factory.mktemp(request.param.replace(" ", "_")), request.param)
-    return request.param, studies.claims(root, root / "no_declarations")
+    return request.param, studies.claims(root, root / "no_declarations", DECLARATIONS)
 
 
 def test_every_claim_gets_the_expected_verdict(world: tuple[str, list[C.Claim]]) -> None:
@@ -570,7 +572,7 @@ def test_claims_2_and_3_per_family_and_pooled_within_families(tmp_path: Path) ->
             n_collapse=lambda a, lr, N, L, k=k: k.get(a, 0),
             starts=STARTS,
         )
-    claims = {c.id: c for c in studies.claims(tmp_path, tmp_path / "none")}
+    claims = {c.id: c for c in studies.claims(tmp_path, tmp_path / "none", DECLARATIONS)}
     assert claims[2].verdict == "reproduced"
     alone = next(n for n in claims[2].notes if n.startswith("mixtral alone (phase_mixtral): "))
     pooled = next(n for n in claims[2].notes if n.startswith("qwen3_moe and mixtral pooled"))

@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, config_hash, identity_spec, to_train_config, validate
-from moe_rl.studies.design import load_study
+from moe_rl.studies.design import load_study, study_files
 
 CONF = ROOT / "experiments" / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "preset").glob("*.yaml"))
@@ -50,7 +50,7 @@ SWEEP_SIZES = {
 }
 # a preset whose study is declared as it ran: its runs come from the declaration (experiments/study.py NAME), one
 # multirun per cell, so its own sweep is one run
-AS_RAN = sorted({s.preset for p in sorted((CONF / "study").glob("*.yaml")) if (s := load_study(p)).declared})
+AS_RAN = sorted({s.preset for p in study_files(CONF / "study") if (s := load_study(p)).declared})
 SWEEP_SIZES |= dict.fromkeys(AS_RAN, 1)
 # experiments whose analysis reads only outcome metrics (accuracy, reward, collapse, ratio/token_var, logged on
 # every step whatever `metrics.route_every`): they run at the lean defaults

@@ -129,6 +129,16 @@ def test_an_amendment_after_the_runs_began_is_listed_with_what_changed_and_its_l
     # a version that changes only what the report says is said to
     _declare(repo, text + "readme: false\n")
     assert declaration_history(path, runs).working_copy == "changed readme, reporting keys only"
+    # one that changes only the registry's bookkeeping (its place, which reading of a claim is current) is no version
+    _declare(repo, "# a note\n" + text)
+    before = declaration_history(path, runs).text
+    _declare(repo, "# a note\n" + text + "order: 5\ndecides:\n  '2': {contrast: r2_minus_none}\n")
+    assert declaration_history(path, runs).working_copy is None
+    _commit(repo, "registry keys", 14, monkeypatch)
+    after = declaration_history(path, runs)
+    assert after.text == before and len(after.versions) == 3
+    _declare(repo, "# a note\n" + text + "order: 5\ndecides:\n  '2': {contrast: r2_minus_none}\nreadme: false\n")
+    assert declaration_history(path, runs).working_copy == "changed readme, reporting keys only"
 
 
 def test_a_declaration_written_after_its_runs_a_renamed_one_and_its_working_copy(

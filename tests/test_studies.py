@@ -8,34 +8,98 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from helpers import PRESETS, ROOT
 
 from moe_rl import studies
-from moe_rl.analysis.claims import PairedClaim
 from moe_rl.studies import ResultsFolder
+from moe_rl.studies.design import load_study, study_files
 from moe_rl.studies.index import independent_line, index_markdown, seed_ranges, verdicts, wall
 
+ROWS = studies.registry(PRESETS)
 
-def test_every_results_folder_has_one_row_and_every_row_its_presets() -> None:
-    folders = [s.folder for s in studies.STUDIES]
+
+def test_every_results_folder_has_one_declaration_and_every_row_its_presets() -> None:
+    folders = [s.folder for s in ROWS]
     assert len(folders) == len(set(folders))
     assert folders[0] == "compare"  # the main job first
-    declared = {p.stem for p in (PRESETS.parent / "study").glob("*.yaml")}  # a declared study names its runs
+    assert [s.order for s in ROWS] == sorted(s.order for s in ROWS)
+    declared = {p.stem for p in study_files(PRESETS.parent / "study")}  # a declared study names its runs
     shipped_folders = {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
     assert shipped_folders <= set(folders) and set(folders) - shipped_folders <= declared  # declared: runs may come
     shipped = {p.stem for p in PRESETS.glob("*.yaml")} | declared
-    assert {p for s in studies.STUDIES for p in s.presets} <= shipped
-    named = [p for s in studies.STUDIES for p in s.presets]
+    assert {p for s in ROWS for p in s.presets} <= shipped
+    named = [p for s in ROWS for p in s.presets]
     assert len(named) == len(set(named)), "a preset fills one folder"
-    assert {b for s in studies.STUDIES for b in s.borrows} <= set(folders) | set(named)  # a folder, or a sweep's own
+    assert {s.superseded_by for s in ROWS if s.superseded_by} <= set(folders)
+    assert all(s.history for s in ROWS if s.superseded_by)
 
 
 def test_every_claim_is_decided_by_one_study_in_id_order() -> None:
-    ids = [i for s in studies.STUDIES for i in s.claims]
+    ids = [i for s in ROWS for i in s.claims]
     declared = list(range(1, 16))
     assert sorted(ids) == declared and len(ids) == len(set(ids))
-    assert list(studies.CLAIMS) == declared
-    assert all(c.id == i for i, c in studies.CLAIMS.items() if isinstance(c, PairedClaim))
+    assert list(studies.claim_items(PRESETS)) == declared
+    assert {s.folder: sorted(s.claims) for s in ROWS if s.claims} == {
+        "phase": [6],
+        "offpolicy_edge": [2, 3],
+        "engine_gap": [5],
+        "depth_drift": [4],
+        "drift_forecast": [1],
+        "router_defaults": [8, 9],
+        "staleness_erosion": [10, 11],
+        "causal_matched": [7, 14, 15],
+        "length_edge": [12, 13],
+    }
+
+
+def _declare(folder: Path, name: str, **keys: object) -> None:
+    import yaml
+
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, "question": "?", **keys}))
+
+
+def test_the_registry_follows_each_claim_to_its_current_reading_and_refuses_two(tmp_path: Path) -> None:
+    """a's reader is followed by b's, b's by c's: c holds the claim; a second reading nobody follows is refused in
+    one line naming the fix, as is a missing order and an `earlier` that does not read the claim."""
+    presets = tmp_path / "preset"
+    folder = tmp_path / "study"
+    folder.mkdir()
+    reader = "moe_rl.studies.shift:claim"
+    _declare(folder, "a", order=1, decides={"6": {"reader": reader}})
+    _declare(
+        folder, "b", order=3, status="history", reason="re-read by c", decides={"6": {"reader": reader, "earlier": "a"}}
+    )
+    _declare(folder, "c", order=2, decides={"6": {"reader": reader, "earlier": "b"}})
+    rows = studies.registry(presets)
+    assert [r.folder for r in rows] == ["a", "c", "b"] and [sorted(r.claims) for r in rows] == [[], [6], []]
+    assert rows[2].history == "re-read by c" and rows[0].report is None
+    _declare(folder, "d", order=4, decides={"6": {"reader": reader}})
+    studies._registry.cache_clear()
+    with pytest.raises(ValueError, match="claim 6 is also read by"):
+        studies.registry(presets)
+    _declare(folder, "d", order=4, decides={"6": {"contrast": "x", "earlier": "nosuch"}})
+    studies._registry.cache_clear()
+    with pytest.raises(ValueError, match="names 'nosuch', which does not read claim 6"):
+        studies.registry(presets)
+    _declare(folder, "d")
+    studies._registry.cache_clear()
+    with pytest.raises(ValueError, match="d.yaml: a declaration needs `order`"):
+        studies.registry(presets)
+    _declare(folder, "d", order=4, report="moe_rl.studies.nosuch:report")
+    studies._registry.cache_clear()
+    with pytest.raises(ValueError, match="names no module:function"):
+        studies.registry(presets)
+    _declare(folder, "d", order=1)
+    studies._registry.cache_clear()
+    with pytest.raises(ValueError, match="share an order: \\[1, 1\\]"):
+        studies.registry(presets)
+    studies._registry.cache_clear()
+
+
+def test_a_folder_declaration_is_not_a_study_to_launch() -> None:
+    with pytest.raises(ValueError, match="declares a results folder, not a study \\(no arms\\): its runs came from"):
+        load_study(PRESETS.parent / "study" / "phase.yaml")
 
 
 def test_the_study_of_runs_is_read_from_their_meta_json(tmp_path: Path) -> None:
@@ -44,10 +108,10 @@ def test_the_study_of_runs_is_read_from_their_meta_json(tmp_path: Path) -> None:
         (tmp_path / name / "meta.json").write_text(json.dumps({"run_keys": {"experiment": experiment, "seed": 0}}))
 
     run("a", "mechanism_gentle")
-    assert studies.study_of_runs(tmp_path).folder == "mechanism_gentle"
+    assert studies.study_of_runs(tmp_path, PRESETS).folder == "mechanism_gentle"
     run("b", "phase_edge")  # runs of two studies: no study's report, the folder report
-    assert studies.study_of_runs(tmp_path) is None
-    assert studies.study_of_runs(tmp_path / "nothing") is None
+    assert studies.study_of_runs(tmp_path, PRESETS) is None
+    assert studies.study_of_runs(tmp_path / "nothing", PRESETS) is None
 
 
 def test_nothing_in_the_package_reads_the_checkout() -> None:

@@ -18,7 +18,7 @@ from scipy import stats
 
 from moe_rl.analysis.sequential import boundaries
 from moe_rl.studies import declared, declared_claims, declared_report
-from moe_rl.studies.design import POOL, load_study
+from moe_rl.studies.design import POOL, load_study, study_files
 
 STUDIES = ROOT / "experiments" / "conf" / "study"
 
@@ -59,12 +59,12 @@ def test_a_block_runs_its_own_replicates_and_the_other_cells_the_unit_s() -> Non
 
 
 def test_every_shipped_declaration_loads() -> None:
-    for path in sorted(STUDIES.glob("*.yaml")):
+    for path in study_files(STUDIES):
         study = load_study(path)
         assert study.cells() and study.design.looks[-1] <= len(study.members)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in STUDIES.glob("*.yaml")))
+@pytest.mark.parametrize("name", [p.stem for p in study_files(STUDIES)])
 def test_every_cell_of_every_declaration_composes_and_validates(name: str) -> None:
     """Each cell as the launcher composes its runs (the preset, the pool, the cell's overrides) through Hydra, validated
     as a run validates it; a study declared as it ran composes to its own experiment and pool."""

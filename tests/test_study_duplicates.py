@@ -9,7 +9,7 @@ import pytest
 import yaml
 from helpers import ROOT
 
-from moe_rl.studies.design import _Composer, _declared_duplicates, _same_config, load_study
+from moe_rl.studies.design import _Composer, _declared_duplicates, _same_config, load_study, study_files
 
 CONF = ROOT / "experiments" / "conf"
 STUDIES = CONF / "study"
@@ -90,7 +90,7 @@ def test_outside_a_config_folder_the_overrides_alone_are_compared(tmp_path: Path
 
 
 def test_every_shipped_declaration_loads_and_runs_each_config_once_or_says_why() -> None:
-    for path in sorted(STUDIES.glob("*.yaml")):
+    for path in study_files(STUDIES):
         study = load_study(path)
         assert _same_config(study) == [], f"{path.stem}: cells composing to one run config"
     # staleness_erosion's S = 1 cells compose to different configs that compute the same runs: declared, with why

@@ -31,6 +31,12 @@ import yaml
 # Keys that change what a study's report says of it, not what it runs or how it decides: an amendment touching only
 # these is said to be so ("reporting keys only").
 REPORTING_KEYS = frozenset({"question", "claims", "declared", "columns", "axes", "readme", "sections", "duplicates"})
+# The registry's bookkeeping (`moe_rl.studies`): where the study sits on the pages, whether it is history, which reading
+# of a claim is the current one. A version changing only these (and comments) is not a version of the design at all:
+# it is left out of the history.
+REGISTRY_KEYS = frozenset(
+    {"order", "status", "reason", "superseded_by", "presets", "report", "decides", "claims_section"}
+)
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,12 @@ def declaration_history(
     history = git.history(rel)
     if not history:
         return Preregistration(study_file, problem=f"{rel} was never committed (no history to hold its runs to)")
+    history = [
+        h
+        for i, h in enumerate(history)
+        if i == 0
+        or _changed(git.show(history[i - 1][0].sha, history[i - 1][1]), git.show(h[0].sha, h[1]))[0] != REGISTRY
+    ]
     versions = tuple(c for c, _ in history)
 
     runs = [_run(Path(d), pool, rel, git) for d in run_dirs]
@@ -214,7 +226,11 @@ def declaration_history(
         last = git.show(versions[-1].sha, history[-1][1])
         if current != last:
             changed, design = _changed(last, current)
-            working = changed + ("" if design or "changed " not in changed else ", reporting keys only")
+            working = (
+                None
+                if changed == REGISTRY
+                else changed + ("" if design or "changed " not in changed else ", reporting keys only")
+            )
     return Preregistration(
         file=study_file,
         versions=versions,
@@ -279,12 +295,16 @@ def _changed(before: str | None, after: str | None) -> tuple[str, bool]:
         for k in dict.fromkeys([*old, *new])
         if old.get(k, _MISSING) != new.get(k, _MISSING)
     ]
+    if keys and all(k.lstrip("+-") in REGISTRY_KEYS for k in keys):
+        return REGISTRY, False
+    keys = [k for k in keys if k.lstrip("+-") not in REGISTRY_KEYS]
     if not keys:
         return "comments only", False
     return "changed " + ", ".join(keys), any(k.lstrip("+-") not in REPORTING_KEYS for k in keys)
 
 
 _MISSING = object()
+REGISTRY = "registry keys only"  # a version `_changed` finds changing nothing but REGISTRY_KEYS
 
 
 class _Git:

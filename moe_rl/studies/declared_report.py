@@ -24,7 +24,7 @@ from moe_rl.studies.declared import (
     StudyResult,
     analyse,
 )
-from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study
+from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study, study_files
 from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
 from moe_rl.studies.secondary import markdown as secondary_markdown
 
@@ -281,7 +281,7 @@ def readme_tables(studies_dir: Path) -> list[tuple[tuple[str, str], Callable[[Pa
     """(markers, table from the results root) of every declared study in `studies_dir` that names `readme`, in file
     order: README.md's generated tables of them."""
     out: list[tuple[tuple[str, str], Callable[[Path], str | None]]] = []
-    for path in sorted(Path(studies_dir).glob("*.yaml")):
+    for path in study_files(studies_dir):
         study = load_study(path)
         if study.readme is not None:
             out.append(

@@ -471,6 +471,11 @@ def load_study(path: str | Path) -> Study:
     path = Path(path)
     raw = read_declaration(path)
     name = str(raw.get("name") or path.stem)
+    if "arms" not in raw:
+        raise ValueError(
+            f"{path}: {name} declares a results folder, not a study (no arms): its runs came from its presets "
+            f"({', '.join(map(str, raw.get('presets') or [])) or 'none'}), so there is nothing to launch or decide"
+        )
     arms = {
         k: Arm(k, tuple(v.get("overrides", ())), v.get("ref"), float(v.get("lr_scale", 1.0)))
         for k, v in raw["arms"].items()
@@ -683,10 +688,24 @@ def declaration(name: str, presets: str | Path) -> Path:
     return studies_folder(presets) / f"{name}.yaml"
 
 
+def is_study(path: Path) -> bool:
+    """Whether the declaration at `path` is a study (it declares arms), not a results folder its presets filled."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return True  # refused on its load, naming the line
+    return not isinstance(raw, dict) or "arms" in raw
+
+
+def study_files(folder: str | Path) -> list[Path]:
+    """The declarations of studies in `folder` (those with arms), by name."""
+    return [p for p in sorted(Path(folder).glob("*.yaml")) if is_study(p)]
+
+
 def study_path(name: str, folder: Path) -> Path:
     path = folder / f"{name}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        known = [p.stem for p in study_files(folder)]
         raise ValueError(f"no study {name!r} in {folder}: declared studies are {known}")
     return path
 

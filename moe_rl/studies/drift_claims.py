@@ -49,7 +49,7 @@ FORECAST_TOLERANCE = 1.3  # predicted / measured on held-out design points that 
 FORECAST_EXPERT_KEY = offpolicy_key(ROUTE_EXPERT_FLIP_FRAC)
 
 
-def claim_expert_drift(root: Path) -> Claim:
+def claim_expert_drift(root: Path, presets: Path | None = None) -> Claim:
     """Claim 1 from the drift forecast (results/drift_forecast) where it was run, else from the power law
     of drift_scaling: the forecast says which movement per update (and, for our models, which lr)
     reaches the paper's level; whether Qwen3-30B-A3B's updates move its router that far is not

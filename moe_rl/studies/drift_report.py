@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.folder_report import kept_wall
+from moe_rl.analysis.folder_report import kept_wall, with_provenance
 from moe_rl.analysis.load import load_results
 from moe_rl.analysis.tables import mean_ci95
 from moe_rl.run.atomic import write_atomic
@@ -288,3 +288,8 @@ def write_folder_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
     """results/drift_scaling: the fits and the extrapolation (what `python -m moe_rl.drift_report` writes),
     keeping the wall time its summary.md quotes; `presets` is not read."""
     return write_report(runs_dir, out, wall=kept_wall(out))
+
+
+report = with_provenance(
+    write_folder_report
+)  # the report its declaration names: summary.md says where its runs came from

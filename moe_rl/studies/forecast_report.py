@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moe_rl.analysis.folder_report import kept_wall
+from moe_rl.analysis.folder_report import kept_wall, with_provenance
 from moe_rl.analysis.load import load_results
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies.drift import GEOMETRY
@@ -329,3 +329,8 @@ def write_folder_report(runs_dir: Path, out: Path, presets: Path) -> list[Path]:
     keeping the wall time its summary.md quotes; `presets` is not read."""
     run_fit(runs_dir, out, kept_wall(out))
     return [out / n for n in FILES]
+
+
+report = with_provenance(
+    write_folder_report
+)  # the report its declaration names: summary.md says where its runs came from

@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from moe_rl.analysis.clustered import descriptive_reason, paired_by_start
-from moe_rl.analysis.folder_report import write_csv, write_png
+from moe_rl.analysis.folder_report import with_provenance, write_csv, write_png
 from moe_rl.analysis.stats import pair_by
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import frontier as fr_
@@ -227,3 +227,8 @@ def claims_section(root: Path, presets: Path) -> list[str]:
         "",
         format_frontier_markdown(pd.read_csv(csv, keep_default_na=False, na_values=[""]), fr_.load_frontier(presets)),
     ]
+
+
+report = with_provenance(
+    write_frontier_report
+)  # the report its declaration names: summary.md says where its runs came from

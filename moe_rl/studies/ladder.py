@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from moe_rl.analysis.folder_report import with_provenance
 from moe_rl.analysis.load import load_results, run_lr
 from moe_rl.analysis.outcomes import finished_runs
 from moe_rl.analysis.power import interval_text
@@ -98,3 +99,8 @@ def write_ladder_report(runs_dir: Path, out: Path, presets: Path | None = None) 
     ]
     write_atomic(out / "summary.md", "\n".join(lines).encode())
     return [out / "summary.md", out / "ladder.csv"]
+
+
+report = with_provenance(
+    write_ladder_report
+)  # the report its declaration names: summary.md says where its runs came from

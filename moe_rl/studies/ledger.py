@@ -14,7 +14,7 @@ from pathlib import Path
 from moe_rl.analysis import cost
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.studies import declared
-from moe_rl.studies.design import Study, load_study
+from moe_rl.studies.design import Study, load_study, study_files
 
 DECIDED = (declared.REPRODUCED, declared.NOT_REPRODUCED)
 
@@ -73,7 +73,7 @@ def ledger(root: Path, studies_dir: Path, warmup_s: float | None = None) -> list
     """The ledger's lines for every study declared in `studies_dir` whose folder is under `root`."""
     costs = [
         study_cost(study, root)
-        for study in (load_study(p) for p in sorted(Path(studies_dir).glob("*.yaml")))
+        for study in (load_study(p) for p in study_files(studies_dir))
         if (Path(root) / study.name).is_dir()
     ]
     return cost.ledger_lines(cost.ledger_table(costs, warmup_s), Path(root), timed=warmup_s is not None)

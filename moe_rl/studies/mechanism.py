@@ -40,7 +40,7 @@ from moe_rl.analysis.clustered import (
     start_draws,
 )
 from moe_rl.analysis.configs import run_starts
-from moe_rl.analysis.folder_report import after_title, write_csv, write_png, write_report
+from moe_rl.analysis.folder_report import after_title, with_provenance, write_csv, write_png, write_report
 from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results
 from moe_rl.analysis.stats import holm
 from moe_rl.metrics.names import (
@@ -351,3 +351,8 @@ def write_mechanism_report(runs_dir: Path, out: Path, presets: Path) -> list[Pat
     ]
     after_title(out / "summary.md", text)
     return written
+
+
+report = with_provenance(
+    write_mechanism_report
+)  # the report its declaration names: summary.md says where its runs came from

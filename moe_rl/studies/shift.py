@@ -213,3 +213,8 @@ def shift_before_collapse(df: pd.DataFrame, starts: pd.Series, *, before: int = 
         f"router shift (1 - gamma) in the {before} steps before {len(d)} collapse event(s) minus the {baseline} "
         f"steps before those: {mean:+.4f}{interval}"
     )
+
+
+def claim(root: Path, presets: Path | None = None) -> Claim:
+    """Claim 6 as the registry reads it (root, presets): on the default experiments; no preset is read."""
+    return claim_shift_leads(root)
