@@ -537,11 +537,10 @@ def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(
 
 
 @pytest.mark.slow
-def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path) -> None:
+def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path, cache) -> None:
     """SAPO with RSPO's factor, thresholded R2 and TIS in one config: 2 ranks log what 1 logs. Their
     statistics are sums of the rows' counts (fallback slots, truncated tokens) or loss means with their
     denominators, so they pool exactly; the bounds are those of `test_two_ranks_log_what_one_rank_logs`."""
-    cache = tmp_path / "cold_start"
     extra = ("steps=3", "algo=sapo", "algo.router_shift=true", "replay=r2_threshold", "rollout.is_correction=tis")
     for n in (1, 2):
         _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
@@ -563,11 +562,10 @@ def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path) -> 
     assert ((close["value_1"] - close["value_2"]).abs() <= 1e-4 * (1 + close["value_1"].abs())).all(), close
 
 
-def test_two_ranks_anchor_and_scale_expert_steps_as_one_rank(tmp_path) -> None:
+def test_two_ranks_anchor_and_scale_expert_steps_as_one_rank(tmp_path, cache) -> None:
     """Anchored routing (each rank's anchor a whole copy of the cold start) with the load-aware expert step (the
     tokens per expert summed over the ranks, FSDP2's sharded experts scaled row by row): 2 ranks end at the
     weights 1 rank ends at, within the bound of `test_two_ranks_log_what_one_rank_logs`."""
-    cache = tmp_path / "cold_start"
     extra = ("steps=3", "replay=anchored", "optim.expert_step=load_aware", "keep_checkpoint=true")
     for n in (1, 2):
         _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
