@@ -40,7 +40,7 @@ import moe_rl.loop.step_metrics as step_module
 from moe_rl.config import TrainConfig
 from moe_rl.loop.step_metrics import WEIGHT_SUFFIX, aggregate, split_subsample
 from moe_rl.metrics.names import SPLIT_KEYS, offpolicy_key
-from moe_rl.metrics.stats import ratio_split_finalize, ratio_split_parts, ratio_split_weights
+from moe_rl.metrics.ratio_stats import ratio_split_finalize, ratio_split_parts, ratio_split_weights
 from moe_rl.train import Trainer
 
 ARMS = {

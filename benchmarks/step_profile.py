@@ -107,7 +107,7 @@ FLOORED = {
 # missing there is an error (a refactor renamed it), not a phase that silently stops being timed.
 LOOP_MODULES = (train_module, step_module)
 ROUTE_MODULES = ("moe_rl.routing",)
-METRIC_MODULES = ("moe_rl.metrics.stats", "moe_rl.metrics.partial", "moe_rl.algos.advantages")
+METRIC_MODULES = ("moe_rl.metrics.ratio_stats", "moe_rl.metrics.partial", "moe_rl.algos.advantages")
 NAMED = {
     (train_module, "generate"): "generate",
     (train_module, "token_entropy"): "metrics",

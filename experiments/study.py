@@ -5,7 +5,7 @@
 
 One Hydra multirun of `experiments/train.py` per cell (arm@level) over the seeds of the look's starts, into
 <runs>/NAME/runs/<arm>@<level>/. A look runs the starts up to its declared count (the earlier looks' runs are read,
-not rerun), then decides each contrast at that look by the one rule (`moe_rl.studies.declared`) and writes the
+not rerun), then decides each contrast at that look by the one rule (`moe_rl.studies.study_rule`) and writes the
 study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast has
 stopped (its efficacy boundary reached, the claimed effect excluded, or its futility boundary crossed: the remaining
 looks cannot move it), else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{study.name}: matched per start to {study.match.reference}: {probe_cost(study)}", flush=True)
         except ValueError as err:
             sys.exit(f"error: study {study.name}: {err}")
-    from moe_rl.studies.declared import analyse, decided
-    from moe_rl.studies.declared_report import write_study_report
+    from moe_rl.studies.study_report import write_study_report
+    from moe_rl.studies.study_rule import analyse, decided
 
     looks = range(len(study.design.looks))
     if args.look is not None:
@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run:
             continue
         if study.pilot is not None:  # a pilot decides nothing: its table and the edge it reads, after every look
-            from moe_rl.studies.declared import per_run
             from moe_rl.studies.pilot import write_pilot_report
+            from moe_rl.studies.study_rule import per_run
 
             summary = write_pilot_report(study, per_run(args.runs / study.name / "runs"), args.runs / study.name)[0]
             print(summary.read_text(), flush=True)

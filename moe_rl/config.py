@@ -338,7 +338,7 @@ class ColdStartConfig:
 
 @dataclass
 class CollapseConfig:
-    """In-loop collapse labels (moe_rl.metrics.stats.detect_collapse); analysis can recompute any definition.
+    """In-loop collapse labels (moe_rl.metrics.collapse.detect_collapse); analysis can recompute any definition.
 
     The defaults are the analysis' main definition (`moe_rl.analysis.collapse_definitions`), so a run's
     status.json and its report agree unless a run sets other values.

@@ -5,7 +5,7 @@ intervals, held-out checks, the extrapolation to Qwen3-30B-A3B and the flip-vs-m
 
 Writes drift_table.csv (one row per run), points.csv (one row per design point), fit.json (read
 by the claims table), flip_vs_margin.csv, summary.md and the figures drift_scaling.png and
-flip_vs_margin.png (`moe_rl.studies.drift_report`, the report itself).
+flip_vs_margin.png (`moe_rl.studies.drift_scaling_report`, the report itself).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import matplotlib
 
-from moe_rl.studies.drift_report import write_report
+from moe_rl.studies.drift_scaling_report import write_report
 
 
 def main(argv: list[str] | None = None) -> None:

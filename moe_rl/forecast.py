@@ -14,7 +14,7 @@ updates and decays as training goes on, so the forecast is for a stated window o
 fit runs, for a 3-step probe; other probe lengths get no window forecast). It predicts the mean
 per-update flip rate, share of activated experts changed and share of tokens with a changed layer
 over the window two ways: with the fitted curve F(gap / movement)
-(`moe_rl.studies.forecast.predict_flips`), and with a gaussian model in which every router logit
+(`moe_rl.studies.forecast_fit.predict_flips`), and with a gaussian model in which every router logit
 moves by that amount (`simulate_flips`), which also covers movements large enough to change several
 experts of a router at once. Validation on the held-out design points of `drift_forecast`, from each
 run's own steps 1-3 to its steps 11-40: forecast / measured flip rate 0.52-1.11, 4 of 5 within
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.run.atomic import write_atomic
-from moe_rl.studies.forecast import (
+from moe_rl.studies.forecast_fit import (
     EXPERT_KEY,
     FLIP_KEY,
     SIGMA_KEY,

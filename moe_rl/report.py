@@ -13,7 +13,7 @@
 
 A folder's runs name the study that made them (the `experiment` their meta.json records: a preset, or a declared
 study's name, of one declaration in the registry, `moe_rl.studies.registry`); a row with a report of its own (a declared study's is
-`moe_rl.studies.declared`'s, from its declaration) writes it whatever the options and wherever `--out` points.
+`moe_rl.studies.study_rule`'s, from its declaration) writes it whatever the options and wherever `--out` points.
 Other runs get the folder report (`moe_rl.analysis.folder_report`): `--by` names the comparison (default arm); every other run key
 that varies is added to the grouping unless `--pool` names it, and summary.md says what was added and what was
 pooled. Runs are pooled only when they share every config key except the seed (their `config.yaml`): other
@@ -39,7 +39,7 @@ from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
 from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
-from moe_rl.studies import declared_report, divergence_report, ledger
+from moe_rl.studies import divergence_report, ledger, study_report
 from moe_rl.studies.design import studies_folder
 from moe_rl.studies.index import write_index
 
@@ -47,7 +47,7 @@ PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, w
 README = Path("README.md")
 README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables besides the declared studies'
     (divergence_report.README_BLOCK, divergence_report.readme_table),
-)  # a declared study adds its own with `readme` in its declaration (`declared_report.readme_tables`)
+)  # a declared study adds its own with `readme` in its declaration (`study_report.readme_tables`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.all or args.index:
             written.append(write_index(root, args.presets, args.out))
         if args.readme:  # only when asked: --all writes inside RESULTS_ROOT alone
-            for markers, table in (*README_TABLES, *declared_report.readme_tables(studies_folder(args.presets))):
+            for markers, table in (*README_TABLES, *study_report.readme_tables(studies_folder(args.presets))):
                 written.append(write_readme_block(README, markers, table(root)))
         for path in written:
             if path is not None:

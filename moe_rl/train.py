@@ -96,14 +96,20 @@ from moe_rl.metrics.names import (
     TIME_UPDATE_S,
 )
 from moe_rl.metrics.partial import mean_finalize, mean_parts
-from moe_rl.metrics.stats import ratio_finalize, ratio_parts
+from moe_rl.metrics.ratio_stats import ratio_finalize, ratio_parts
 from moe_rl.metrics.status import COLLAPSED, COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
 from moe_rl.metrics.verdict import no_signal_warning
 from moe_rl.rollout.evaluation import held_out_metrics
 from moe_rl.rollout.generate import Rollout, forward_logp, generate, token_entropy
 from moe_rl.routing import RoutedPass, RouteReplay, Routes, anchored_by, find_moe_layers
 from moe_rl.routing.compare import router_shift_ratio
-from moe_rl.routing.load import EXPERT_STEP, expert_step_finalize, expert_step_parts, expert_step_rms, router_drift
+from moe_rl.routing.expert_load import (
+    EXPERT_STEP,
+    expert_step_finalize,
+    expert_step_parts,
+    expert_step_rms,
+    router_drift,
+)
 from moe_rl.routing.modes import replay_mode
 from moe_rl.run.atomic import write_atomic
 from moe_rl.run.folder import RunDirectoryError, note_meta, pin_numerics, read_status, status_on_failure

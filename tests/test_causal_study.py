@@ -11,8 +11,8 @@ import torch
 from helpers import PRESETS, ROOT
 
 from moe_rl.algos.optimizers import load_aware_scale
-from moe_rl.studies.declared import pair_members, pair_values
 from moe_rl.studies.design import load_study
+from moe_rl.studies.study_rule import pair_members, pair_values
 
 STUDY = load_study(PRESETS.parent / "study" / "causal.yaml")
 RUNGS = PRESETS.parent / "rung"

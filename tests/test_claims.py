@@ -18,8 +18,7 @@ from moe_rl.analysis import claims as C
 from moe_rl.analysis.claims import paired
 from moe_rl.analysis.collapse_definitions import collapse_definitions_markdown, collapse_events
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
-from moe_rl.studies import drift_claims, engine, mechanism_claims, shift
-from moe_rl.studies import phase as phase_study
+from moe_rl.studies import drift_claims, engine_claim, mechanism_claims, phase_claims, shift_claim
 
 DECLARATIONS = PRESETS.parent / "study"  # the registry, read with presets that have no declarations beside them
 
@@ -197,7 +196,7 @@ def test_shift_lead_claim_counts_cold_starts(tmp_path: Path) -> None:
     the seed-level reading in the reason), from 5 it decides, its interval over starts."""
     for n in (2, 5):
         make_fake_grid(tmp_path / str(n), lrs=(1e-3,), steps=STEPS, starts=n, **WORLDS["reproduced"]["phase"])
-    two, five = (shift.claim_shift_leads(tmp_path / str(n), ("phase",)) for n in (2, 5))
+    two, five = (shift_claim.claim_shift_leads(tmp_path / str(n), ("phase",)) for n in (2, 5))
     assert (five.verdict, two.verdict) == ("reproduced", "inconclusive")
     assert two.reason == (
         f"descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ({five.reason})"
@@ -419,7 +418,7 @@ def test_the_starts_are_read_from_the_run_folders(tmp_path: Path) -> None:
         make_fake_grid(
             tmp_path / str(n), experiment="engine_mismatch", **grid, n_collapse=lambda a, *_: 6 * (a == "grpo+r2")
         )
-        claims[n] = C.judge_paired(engine.R3_VS_R2, tmp_path / str(n))
+        claims[n] = C.judge_paired(engine_claim.R3_VS_R2, tmp_path / str(n))
     assert (claims[6].verdict, claims[2].verdict) == (C.REPRODUCED, C.INCONCLUSIVE)
     assert claims[2].reason.startswith(
         "descriptive: 2 independent starts (an interval needs 5); by seed pairs it reads: reproduced ("
@@ -439,7 +438,7 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
         {"primary": ["late_accuracy"]},
         [{"name": "more_seeds", "look": 2, "runs": {"seed": [3, 4, 5]}}],
     )
-    c = C.judge_paired(phase_study.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out)
+    c = C.judge_paired(phase_claims.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out)
     assert c.verdict == "fragile" and c.robustness == {
         "relative:d0.5:p2": "reproduced",
         "absolute:d0.5": "not reproduced",
@@ -454,7 +453,7 @@ def test_a_verdict_that_changes_inside_the_grid_is_fragile() -> None:
     assert "lr=0.001, N=8: 6 of 12 runs alike, kappa +0.00" in kappa
     # the same pairs from 2 cold starts: the grid describes, it decides nothing, not even "fragile"
     two = C.judge_paired(
-        phase_study.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out.assign(start=out["seed"] % 2)
+        phase_claims.OFFPOLICY_GRPO, Path("unused"), {"phase": ext}, runs=out.assign(start=out["seed"] % 2)
     )
     assert two.verdict == "inconclusive" and two.robustness == dict.fromkeys(c.robustness, "inconclusive")
     assert two.reason == (
@@ -770,7 +769,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
         gap = frame[frame["key"] == frame["key"].iloc[0]].copy()
         gap["key"], gap["value"] = "rollout/logp_gap", 0.01 if i % 2 == 0 else 0.03
         pd.concat([frame, gap]).to_parquet(run / "metrics.parquet", index=False)
-    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine_claim.R3_VS_R2, tmp_path)
     assert (claim.verdict, claim.experiment) == (C.REPRODUCED, "engine_mismatch")
     assert "collapsed r2 6 of 8 vs r3 0 of 8" in claim.statistic
     emulated = next(n for n in claim.notes if n.startswith("emulated gap"))
@@ -783,7 +782,7 @@ def test_claim_5_is_decided_by_the_engine_runs_and_reports_the_emulated_ones_and
 def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
     """A stability claim needs cells where training breaks: runs that all end above their start decide nothing."""
     make_fake_grid(tmp_path, experiment="engine_mismatch", **MISMATCH_GRID, final_acc=lambda *_: 0.6)
-    claim = C.judge_paired(engine.R3_VS_R2, tmp_path)
+    claim = C.judge_paired(engine_claim.R3_VS_R2, tmp_path)
     assert claim.verdict == C.UNTESTABLE_HERE
     assert claim.reason == "grpo+r2 and grpo+r3 end above their cold start's accuracy in every cell (lr=0.0001, N=8)"
     # one cell that degrades (both arms collapse in 6 of 8 seeds) is tested, the one that holds is not
@@ -794,7 +793,7 @@ def test_claim_5_is_untestable_here_where_no_cell_degrades(tmp_path) -> None:
         n_collapse=lambda a, lr, N, L: 6 if lr == 1e-3 else 0,
         final_acc=lambda *_: 0.6,
     )
-    claim = C.judge_paired(engine.R3_VS_R2, tmp_path / "mixed")
+    claim = C.judge_paired(engine_claim.R3_VS_R2, tmp_path / "mixed")
     assert claim.verdict != C.UNTESTABLE_HERE and claim.cells == "1 cell(s): lr=0.001, N=8"
 
 
@@ -840,7 +839,7 @@ def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() ->
         final_accuracy=outcomes["run"].map(final),
         collapsed_relative=False,
     )
-    c = C.judge_paired(engine.R3_VS_R2, Path("unused"), runs=outcomes)
+    c = C.judge_paired(engine_claim.R3_VS_R2, Path("unused"), runs=outcomes)
     assert (c.verdict, c.cells) == (C.REPRODUCED, "1 cell(s): lr=0.001, N=8")
     assert c.p_value == pytest.approx(1 / 64) and c.reason == f"R3 better at Holm p = {1 / 64:.3g}"
     # 6 starts (seed mod 6): starts 0 and 1 hold a +5 pair and a tie (+2.5 each), starts 2-5 +5: mean 25/6, every
@@ -848,7 +847,7 @@ def test_claim_5_reads_final_accuracy_as_the_mean_of_the_last_3_evaluations() ->
     assert "final accuracy r3 - r2 = +4.2 pp" in c.statistic and "(8 pairs, P(r3 > r2) = 1.00)" in c.statistic
     # the last evaluation alone would have read the other way: R2 ahead in the same 6 pairs
     by_last = C.judge_paired(
-        engine.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"])
+        engine_claim.R3_VS_R2, Path("unused"), runs=outcomes.assign(late_accuracy=outcomes["final_accuracy"])
     )
     assert by_last.verdict == C.NOT_REPRODUCED and by_last.reason.startswith("R2 better at Holm p = ")
 
@@ -870,8 +869,8 @@ def test_claim_5_counts_the_looks_of_a_cell_added_by_an_extension(tmp_path) -> N
         [{"name": "engine_mismatch_gentle", "look": 2, "runs": {"lr": [6.5e-4]}}],
     )
     once, twice = (
-        C.judge_paired(engine.R3_VS_R2, tmp_path),
-        C.judge_paired(engine.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
+        C.judge_paired(engine_claim.R3_VS_R2, tmp_path),
+        C.judge_paired(engine_claim.R3_VS_R2, tmp_path, {"engine_mismatch": declared}),
     )
     assert once.cells == twice.cells == "2 cell(s): lr=0.00065, N=8; lr=0.001, N=8"
     assert 0 < once.p_value < 0.5 and twice.p_value == pytest.approx(2 * once.p_value)

@@ -124,7 +124,7 @@ def _outcomes(n_starts: int, seeds: int) -> pd.DataFrame:
 
 
 def test_arm_tests_take_the_start_as_the_unit() -> None:
-    from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
+    from moe_rl.analysis.arm_vs_reference import arm_tests, format_arm_tests_markdown
 
     decided = arm_tests(_outcomes(6, 2), groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
     assert (decided["final_accuracy_starts"], decided["final_accuracy_pairs"]) == (6, 12)
@@ -151,8 +151,8 @@ def test_arm_tests_take_the_start_as_the_unit() -> None:
 def test_seeds_repeated_across_starts_pair_within_each_start() -> None:
     """Every start runs seeds 0 and 1 (as a pool's members do): arm tests and the claims' pairs join runs of one start
     only, so each start's difference is its own shift (0.02 x (start + 1)), never a cross-start one."""
+    from moe_rl.analysis.arm_vs_reference import arm_tests
     from moe_rl.analysis.claims.arms import pair_runs
-    from moe_rl.analysis.compare import arm_tests
 
     frame = _outcomes(6, 2).assign(seed=lambda f: f["seed"] % 100)  # seeds 0, 1 under every start
 

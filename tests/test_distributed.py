@@ -25,7 +25,7 @@ from helpers import ROOT, launch, planted_routes, run_values, tiny_overrides, tr
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.loop.distributed import Dist, SilentWriter, group_block, local_rows
 from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts, pool
-from moe_rl.metrics.stats import (
+from moe_rl.metrics.ratio_stats import (
     margin_finalize,
     margin_parts,
     margin_stats,

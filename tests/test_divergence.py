@@ -172,9 +172,9 @@ def test_the_readme_table_is_the_shipped_one() -> None:
 def test_the_declared_studies_readme_tables_are_the_shipped_ones() -> None:
     """Each declared study that names `readme` has its table in README.md as `report --readme` writes it from its
     shipped contrasts.csv (causal and length_edge)."""
-    from moe_rl.studies import declared_report
+    from moe_rl.studies import study_report
 
-    tables = declared_report.readme_tables(ROOT / "experiments" / "conf" / "study")
+    tables = study_report.readme_tables(ROOT / "experiments" / "conf" / "study")
     assert {markers[0].split()[1] for markers, _ in tables} >= {"causal", "length_edge"}
     for markers, table in tables:
         shipped = table(ROOT / "results")

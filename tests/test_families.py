@@ -18,7 +18,7 @@ from helpers import ROOT
 from moe_rl.models.survey import _build, render_markdown, survey
 from moe_rl.models.zoo import moe_families, tiny_config
 from moe_rl.routing import RouteRecorder, RouteReplay, UnsupportedRouterError, find_moe_layers
-from moe_rl.routing.rules import GENERIC_RULES, pick_rule, softmax_selected, softmax_topk
+from moe_rl.routing.gate_rules import GENERIC_RULES, pick_rule, softmax_selected, softmax_topk
 
 DOC = ROOT / "docs" / "families.md"
 

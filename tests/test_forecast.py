@@ -17,7 +17,7 @@ from helpers import DRIFT_BASE, DRIFT_VARIED, ROOT, planted_routes
 
 from moe_rl.metrics.bins import MOVE_EDGES
 from moe_rl.routing.compare import boundary_gaps, boundary_movement, movement_finalize, movement_parts
-from moe_rl.studies.forecast import (
+from moe_rl.studies.forecast_fit import (
     SIGMA_KEY,
     bin_index,
     fit_decay,
@@ -356,7 +356,7 @@ def test_gaussian_model_against_the_normal_cdf() -> None:
     """Two experts, top-1, gap g: the gap moves by N(0, sigma^2), so P(flip) = Phi(-g / sigma)."""
     from scipy.stats import norm
 
-    from moe_rl.studies.forecast import scale_for_level, simulate_flips
+    from moe_rl.studies.forecast_fit import scale_for_level, simulate_flips
 
     gaps = np.array([0.0, 0.5, 1.0, 2.0])
     logits = np.stack([np.stack([gaps, np.zeros(4)], -1)] * 2000).reshape(-1, 1, 2)  # (8000, 1, 2)

@@ -33,7 +33,7 @@ from moe_rl.models.knobs import (
 from moe_rl.rollout.generate import forward_logp_router
 from moe_rl.rollout.sampler import position_ids
 from moe_rl.routing import RoutedPass, RouteRecorder, compare_routes, find_moe_layers
-from moe_rl.routing.load import expert_step_rms
+from moe_rl.routing.expert_load import expert_step_rms
 from moe_rl.tasks import make_tokenizer
 from moe_rl.train import Batch, Trainer
 

@@ -14,8 +14,8 @@ from helpers import PRESETS, ROOT
 from scipy import stats
 
 from moe_rl.config import TaskConfig
-from moe_rl.studies import declared
 from moe_rl.studies import length as ln
+from moe_rl.studies import study_rule
 from moe_rl.studies.design import load_study
 
 STUDY = PRESETS.parent / "study" / "length.yaml"
@@ -75,12 +75,12 @@ def test_the_shipped_runs_by_the_one_rule() -> None:
     out of their band (L = 4 member 2, L = 16 member 1 on the EPYC) are left out, and L = 16 at `past`, where every
     run ends at accuracy 0, is untestable, not a refutation; claim 13's growth reads a run mean on that floor."""
     study = load_study(STUDY)
-    result = declared.analyse(study, ROOT / "results" / "length" / "runs")
+    result = study_rule.analyse(study, ROOT / "results" / "length" / "runs")
     assert len(result.runs) == 237 and (~result.runs["admitted"]).sum() == 12
     out = result.starts[~result.starts["admitted"]]
     assert sorted(out["start"]) == ["member 1", "member 2"] and not out["in_band"].any()
     v = result.verdicts.set_index("contrast")
     assert (v.loc["r2_minus_none_L4", ["starts", "pairs"]] == [5, 9]).all()
     for name in ("r2_minus_none_L16", "gspo_minus_grpo_none_L16", "routing_share_growth"):
-        assert v.loc[name, "verdict"] == declared.UNTESTABLE and v.loc[name, "reason"].startswith("floor"), name
+        assert v.loc[name, "verdict"] == study_rule.UNTESTABLE and v.loc[name, "reason"].startswith("floor"), name
     assert Path(study.file).name == "length.yaml" and study.not_run[("grpo_none", "past_L4")] == (7, 8)

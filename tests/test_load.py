@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import planted_routes
 
-from moe_rl.routing.load import (
+from moe_rl.routing.expert_load import (
     expert_load,
     expert_step_finalize,
     expert_step_metrics,
@@ -98,7 +98,7 @@ def test_the_loops_partial_sums_pool_to_the_whole_batch() -> None:
     """instrument_parts on two halves of a batch, added as processes add them, give the metrics of the whole:
     the load by hand (`load_metrics`), the shift against the rollout's routes, and the router statistics."""
     from moe_rl.metrics.partial import pool
-    from moe_rl.routing.load import instrument_finalize, instrument_parts
+    from moe_rl.routing.expert_load import instrument_finalize, instrument_parts
 
     torch.manual_seed(0)
     B, T, L, E = 4, 3, 2, 4

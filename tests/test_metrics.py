@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import planted_routes
 
-from moe_rl.metrics.stats import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
+from moe_rl.metrics.ratio_stats import RATIO_KEYS, CollapseEvent, detect_collapse, judge_collapse, ratio_stats
 
 LN = math.log
 
@@ -392,7 +392,7 @@ def test_a_run_that_ends_above_its_cold_start_is_collapsed_under_no_definition()
 
 
 def test_rollout_gap_stats_by_hand() -> None:
-    from moe_rl.metrics.stats import rollout_gap_stats
+    from moe_rl.metrics.ratio_stats import rollout_gap_stats
 
     # e = train - rollout on the 4 masked-in tokens: -0.1, 1.0 (> ln 2), 0.0, -2.0 (> ln 5 = 1.609);
     # the masked-out token (gap 5) never counts
@@ -419,7 +419,7 @@ def test_rollout_gap_stats_by_hand() -> None:
 
 
 def test_ratio_split_by_hand() -> None:
-    from moe_rl.metrics.stats import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
+    from moe_rl.metrics.ratio_stats import ratio_split, ratio_split_parts, ratio_split_tokens, ratio_split_weights
 
     # 4 valid tokens (the 5th is masked out and holds a huge value that must not count):
     #   rho = native - replayed = (0, 0.5, 0, -0.5), w = replayed - old = (0.2, 0.2, -0.2, 0.2)
@@ -467,7 +467,7 @@ def test_ratio_split_by_hand() -> None:
 
 
 def test_ratio_split_per_layer_by_hand() -> None:
-    from moe_rl.metrics.stats import ratio_split, ratio_split_parts, ratio_split_weights
+    from moe_rl.metrics.ratio_stats import ratio_split, ratio_split_parts, ratio_split_weights
 
     # the tokens of the test above (|log r| = 0.2, 0.7, 0.2, 0.3 on the valid ones; clipped: 1 and 2), with
     # 2 MoE layers: token 2 changed route in layer 0 only, token 4 in both, token 3 in neither; the masked

@@ -8,7 +8,7 @@ import math
 import pytest
 from scipy import stats
 
-from moe_rl.studies import declared, premise
+from moe_rl.studies import premise, study_rule
 from moe_rl.studies.premise import Side
 
 
@@ -34,9 +34,9 @@ def test_the_difference_of_differences_by_hand(monkeypatch) -> None:
     table = premise.read(None, None).set_index("part")
     assert table.loc["r2", "estimate"] == pytest.approx(0.08) and table.loc["r2", "se"] == pytest.approx(0.025)
     assert table.loc["r2", "p"] == pytest.approx(float(stats.norm.sf(3.2)))
-    assert table.loc["r2", "verdict"] == declared.REPRODUCED
+    assert table.loc["r2", "verdict"] == study_rule.REPRODUCED
     assert table.loc["anchored", "upper"] == pytest.approx(0.01 + float(stats.norm.isf(0.025)) * 0.025)
-    assert table.loc["anchored", "verdict"] == declared.INCONCLUSIVE
+    assert table.loc["anchored", "verdict"] == study_rule.INCONCLUSIVE
 
 
 def test_a_side_not_final_or_missing_leaves_it_open(monkeypatch) -> None:
@@ -51,11 +51,13 @@ def test_a_side_not_final_or_missing_leaves_it_open(monkeypatch) -> None:
     readings = {"routing_dominant": wide, "offpolicy_edge": default, "routing_dominant_mechanism": missing}
     _sides(monkeypatch, {**readings, "causal_matched": other})
     table = premise.read(None, None).set_index("part")
-    assert table.loc["r2", "verdict"] == declared.NOT_REPRODUCED and table.loc["r2", "upper"] < premise.MARGIN
-    assert table.loc["anchored", "verdict"] == declared.INCONCLUSIVE
+    assert table.loc["r2", "verdict"] == study_rule.NOT_REPRODUCED and table.loc["r2", "upper"] < premise.MARGIN
+    assert table.loc["anchored", "verdict"] == study_rule.INCONCLUSIVE
     assert table.loc["anchored", "reason"] == "waits: no runs here yet"
     running = Side("routing_dominant", "r2_minus_none", 8, -0.03, 0.006, False)
     _sides(monkeypatch, {**readings, "routing_dominant": running, "causal_matched": other})
     r2 = premise.read(None, None).set_index("part").loc["r2"]
-    assert r2["verdict"] == declared.INCONCLUSIVE and r2["reason"] == "waits for the final reading of routing_dominant"
+    assert (
+        r2["verdict"] == study_rule.INCONCLUSIVE and r2["reason"] == "waits for the final reading of routing_dominant"
+    )
     assert math.isclose(r2["estimate"], -0.04)

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from moe_rl.studies import secondary as sec
-from moe_rl.studies.declared import pair_values
+from moe_rl.studies.study_rule import pair_values
 
 
 def _long(run: str, values: dict[str, list[float]]) -> pd.DataFrame:

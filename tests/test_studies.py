@@ -65,7 +65,7 @@ def test_the_registry_follows_each_claim_to_its_current_reading_and_refuses_two(
     presets = tmp_path / "preset"
     folder = tmp_path / "study"
     folder.mkdir()
-    reader = "moe_rl.studies.shift:claim"
+    reader = "moe_rl.studies.shift_claim:claim"
     _declare(folder, "a", order=1, decides={"6": {"reader": reader}})
     _declare(
         folder, "b", order=3, status="history", reason="re-read by c", decides={"6": {"reader": reader, "earlier": "a"}}

@@ -1,5 +1,5 @@
 """A study is its declaration (`moe_rl.studies.design`), launched by `experiments/study.py` and decided by one rule
-(`moe_rl.studies.declared`): refusals at load, the launch plan, the rule by hand, and one tiny study end to end."""
+(`moe_rl.studies.study_rule`): refusals at load, the launch plan, the rule by hand, and one tiny study end to end."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from helpers import ROOT, TINY, launcher, study_dry_run, train_env
 from scipy import stats
 
 from moe_rl.analysis.sequential import boundaries
-from moe_rl.studies import declared, declared_claims, declared_report
+from moe_rl.studies import study_claims, study_report, study_rule
 from moe_rl.studies.design import POOL, load_study, study_files
 
 STUDIES = ROOT / "experiments" / "conf" / "study"
@@ -204,7 +204,7 @@ def test_seeds_a_cell_skipped_as_it_ran_are_neither_listed_nor_awaited(tmp_path)
     runs = pd.DataFrame(
         [{"cell": "none@hi", "seed": s} for s in range(6)] + [{"cell": "r2@hi", "seed": s} for s in (0, 3, 1, 2)]
     )
-    assert declared.complete_members(study, runs) == {0, 1}  # member 2 still waits for seed 5 of r2@hi
+    assert study_rule.complete_members(study, runs) == {0, 1}  # member 2 still waits for seed 5 of r2@hi
 
 
 def test_a_warm_up_out_of_its_band_is_not_admitted_where_the_study_asks(tmp_path) -> None:
@@ -222,17 +222,17 @@ def test_a_run_mean_read_on_the_floor_is_untestable(tmp_path) -> None:
     runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
     runs["routing_share"] = runs["change"]
     runs.loc[runs["cell"] == "none@hi", "late_accuracy"] = 0.0
-    row = declared.decide(study, runs, study.contrasts[0])
-    assert row["verdict"] == declared.UNTESTABLE and "100% of none@hi's runs end at accuracy 0" in row["reason"]
-    assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
+    row = study_rule.decide(study, runs, study.contrasts[0])
+    assert row["verdict"] == study_rule.UNTESTABLE and "100% of none@hi's runs end at accuracy 0" in row["reason"]
+    assert study_rule.decide(study, runs, study.contrasts[1])["verdict"] == study_rule.REPRODUCED
     three = {**share, "name": "three", "cells": {"r2@hi": 1, "none@hi": -0.5, "none@lo": -0.5}}
     both = load_study(_write(tmp_path, contrasts=[three]))
     runs3 = pd.concat([runs, runs[runs["cell"] == "none@hi"].assign(cell="none@lo")], ignore_index=True)
     runs3.loc[(runs3["cell"] == "none@hi") & (runs3["seed"] == 300), "late_accuracy"] = 0.5  # 2 of 3 at 0
-    assert "100% of none@lo's" in declared.decide(both, runs3, both.contrasts[0])["reason"]  # the worse is named
+    assert "100% of none@lo's" in study_rule.decide(both, runs3, both.contrasts[0])["reason"]  # the worse is named
     runs["late_accuracy"] = np.where(runs["cell"] == "r2@hi", 1.0, 0.5)  # a ceiling: every sample right
-    row = declared.decide(study, runs, study.contrasts[0])
-    assert row["verdict"] == declared.UNTESTABLE and row["reason"].startswith("ceiling: 100% of r2@hi's runs")
+    row = study_rule.decide(study, runs, study.contrasts[0])
+    assert row["verdict"] == study_rule.UNTESTABLE and row["reason"].startswith("ceiling: 100% of r2@hi's runs")
 
 
 def test_the_rule_by_hand_at_one_look(tmp_path) -> None:
@@ -240,48 +240,49 @@ def test_the_rule_by_hand_at_one_look(tmp_path) -> None:
     boundary is z 1.96 and the interval is mean +- t(0.975, 2) se; reproduced since t's p < 0.025."""
     study = load_study(_write(tmp_path))
     runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
-    row = declared.decide(study, runs, study.contrasts[0])
+    row = study_rule.decide(study, runs, study.contrasts[0])
     d = np.array([0.10, 0.06, 0.11])
     se = d.std(ddof=1) / math.sqrt(3)
     assert row["estimate"] == pytest.approx(0.09) and row["boundary"] == pytest.approx(stats.norm.isf(0.025))
     assert row["lo"] == pytest.approx(0.09 - stats.t.isf(0.025, 2) * se)
     assert row["z"] == pytest.approx(stats.norm.isf(stats.t.sf(0.09 / se, 2)))
-    assert row["verdict"] == declared.REPRODUCED and row["starts"] == 3
+    assert row["verdict"] == study_rule.REPRODUCED and row["starts"] == 3
 
 
 def test_the_rule_names_floors_references_and_what_it_could_detect(tmp_path) -> None:
     study = load_study(_write(tmp_path))
-    floor = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0, 0, 0]}, late=0.0), study.contrasts[0])
-    assert floor["verdict"] == declared.UNTESTABLE and floor["reason"].startswith("floor")
-    small = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.01, -0.01, 0.005]}), study.contrasts[0])
+    floor = study_rule.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0, 0, 0]}, late=0.0), study.contrasts[0])
+    assert floor["verdict"] == study_rule.UNTESTABLE and floor["reason"].startswith("floor")
+    small = study_rule.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.01, -0.01, 0.005]}), study.contrasts[0])
     assert (
-        small["verdict"] == declared.NOT_REPRODUCED and "an effect of +0.05 in the claimed direction" in small["reason"]
+        small["verdict"] == study_rule.NOT_REPRODUCED
+        and "an effect of +0.05 in the claimed direction" in small["reason"]
     )
-    wide = declared.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.3, -0.2, 0.1]}), study.contrasts[0])
-    assert wide["verdict"] == declared.INCONCLUSIVE and f"{wide['detectable']:.3f}" in wide["reason"]
+    wide = study_rule.decide(study, _runs({"none@hi": [0, 0, 0], "r2@hi": [0.3, -0.2, 0.1]}), study.contrasts[0])
+    assert wide["verdict"] == study_rule.INCONCLUSIVE and f"{wide['detectable']:.3f}" in wide["reason"]
     ref = {"requires": {"none@hi": 1, "none@lo": -1}, "requires_below": -0.05}
     gated = load_study(_write(tmp_path, contrasts=[{**BASE["contrasts"][0], **ref}]))
     flat = _runs({"none@hi": [0, 0, 0], "none@lo": [0, 0, 0], "r2@hi": [0.1, 0.06, 0.11]})
-    row = declared.decide(gated, flat, gated.contrasts[0])
-    assert row["verdict"] == declared.UNTESTABLE and "does not degrade" in row["reason"]
+    row = study_rule.decide(gated, flat, gated.contrasts[0])
+    assert row["verdict"] == study_rule.UNTESTABLE and "does not degrade" in row["reason"]
 
 
 def test_two_looks_reject_only_past_the_spent_boundary(tmp_path) -> None:
     """At the first of looks (3, 6), O'Brien-Fleming-type spending asks for z >= boundaries([3, 6])[0] (~2.8): the
     same data that reproduce at a single look continue here."""
     study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
-    row = declared.decide(study, _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]}), study.contrasts[0])
+    row = study_rule.decide(study, _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]}), study.contrasts[0])
     assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["z"] < row["boundary"]
-    assert row["verdict"] == declared.INCONCLUSIVE and row["reason"].startswith("continue")
+    assert row["verdict"] == study_rule.INCONCLUSIVE and row["reason"].startswith("continue")
 
 
 def test_no_difference_is_never_reproduced_and_a_repeated_pair_is_refused(tmp_path) -> None:
     study = load_study(_write(tmp_path))
-    same = declared.decide(study, _runs({"none@hi": [0.1, 0.2, 0.3], "r2@hi": [0.1, 0.2, 0.3]}), study.contrasts[0])
-    assert same["z"] == 0 and same["verdict"] == declared.NOT_REPRODUCED  # [0, 0] lies inside the margin
+    same = study_rule.decide(study, _runs({"none@hi": [0.1, 0.2, 0.3], "r2@hi": [0.1, 0.2, 0.3]}), study.contrasts[0])
+    assert same["z"] == 0 and same["verdict"] == study_rule.NOT_REPRODUCED  # [0, 0] lies inside the margin
     twice = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.1, 0.2, 0.3]})
     with pytest.raises(ValueError, match="repeat"):
-        declared.decide(study, pd.concat([twice, twice.iloc[[0]]]), study.contrasts[0])
+        study_rule.decide(study, pd.concat([twice, twice.iloc[[0]]]), study.contrasts[0])
 
 
 def test_a_crossing_at_an_early_look_stands_when_later_starts_arrive(tmp_path) -> None:
@@ -289,8 +290,8 @@ def test_a_crossing_at_an_early_look_stands_when_later_starts_arrive(tmp_path) -
     3 later starts at -0.3 would pull the mean to -0.05, but the verdict is the first crossing's."""
     study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
     runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.2, 0.2, 0.2, -0.3, -0.3, -0.3]})
-    row = declared.decide(study, runs, study.contrasts[0])
-    assert (row["verdict"], row["look"], row["look_starts"]) == (declared.REPRODUCED, 1, 3)
+    row = study_rule.decide(study, runs, study.contrasts[0])
+    assert (row["verdict"], row["look"], row["look_starts"]) == (study_rule.REPRODUCED, 1, 3)
     assert row["estimate"] == pytest.approx(0.2) and row["starts"] == 6
 
 
@@ -301,7 +302,7 @@ def test_the_divergence_ratio_is_the_geometric_mean_over_starts_with_its_t_inter
     d_log = np.array([-0.3, 0.1, 0.2, 0.4])
     runs = _runs({"none@hi": [0.0] * 4, "r2@hi": list(0.02 + 0.1 * d_log)})
     runs["log_kl_acting"] = np.where(runs["cell"] == "r2@hi", np.tile(d_log, 2), 0.0)
-    row = declared.decide(study, runs, study.contrasts[0])
+    row = study_rule.decide(study, runs, study.contrasts[0])
     half = 3.182446305284263 * d_log.std(ddof=1) / 2  # t(0.975, 3) x sd / sqrt(4)
     assert row["kl_ratio"] == pytest.approx(math.exp(d_log.mean()))
     assert (row["kl_lo"], row["kl_hi"]) == pytest.approx((math.exp(d_log.mean() - half), math.exp(d_log.mean() + half)))
@@ -314,10 +315,12 @@ def test_arms_on_two_models_pair_by_pool_member(tmp_path) -> None:
     study = load_study(_write(tmp_path))
     runs = _runs({"none@hi": [0.0, 0.0, 0.0], "r2@hi": [0.10, 0.06, 0.11]})
     runs.loc[runs["cell"] == "r2@hi", "start"] = ["d0", "d1", "d2"]
-    pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
+    pairs = study_rule.pair_values(runs, study.contrasts[0].weights, "change")
     assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
     assert pairs["value"].tolist() == pytest.approx([0.10, 0.06, 0.11])
-    same = declared.pair_values(_runs({"none@hi": [0.0] * 3, "r2@hi": [0.1] * 3}), study.contrasts[0].weights, "change")
+    same = study_rule.pair_values(
+        _runs({"none@hi": [0.0] * 3, "r2@hi": [0.1] * 3}), study.contrasts[0].weights, "change"
+    )
     assert list(same["start"]) == ["s0", "s1", "s2"]  # one model: the cold start itself
 
 
@@ -329,17 +332,17 @@ def test_a_contrast_reads_its_own_outcome_with_its_own_margin(tmp_path) -> None:
     study = load_study(_write(tmp_path, contrasts=[BASE["contrasts"][0], share]))
     runs = _runs({"none@hi": [0.0] * 3, "r2@hi": [0.0] * 3})
     runs["routing_share"] = np.where(runs["cell"] == "r2@hi", np.tile([0.104, 0.098, 0.101], 2), 0.1)
-    row = declared.decide(study, runs, study.contrasts[1])
-    assert row["estimate"] == pytest.approx(0.001) and row["verdict"] == declared.NOT_REPRODUCED
+    row = study_rule.decide(study, runs, study.contrasts[1])
+    assert row["estimate"] == pytest.approx(0.001) and row["verdict"] == study_rule.NOT_REPRODUCED
     assert "an effect of +0.01 in the claimed direction excluded" in row["reason"]
     runs["routing_share"] = np.where(runs["cell"] == "r2@hi", 0.12, 0.1)
-    assert declared.decide(study, runs, study.contrasts[1])["verdict"] == declared.REPRODUCED
-    assert declared.decide(study, runs, study.contrasts[0])["estimate"] == 0
-    assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in declared_claims.rule_text(
+    assert study_rule.decide(study, runs, study.contrasts[1])["verdict"] == study_rule.REPRODUCED
+    assert study_rule.decide(study, runs, study.contrasts[0])["estimate"] == 0
+    assert study.other_outcomes() == ("routing_share",) and "of `routing_share`" in study_claims.rule_text(
         study, share_c := study.contrasts[1]
     )
-    assert "an effect of 0.01" in declared_claims.rule_text(study, share_c)
-    assert "an effect of 0.05" in declared_claims.rule_text(study, study.contrasts[0])
+    assert "an effect of 0.01" in study_claims.rule_text(study, share_c)
+    assert "an effect of 0.05" in study_claims.rule_text(study, study.contrasts[0])
 
 
 def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -> None:
@@ -349,14 +352,14 @@ def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -
     study = load_study(_write(tmp_path, contrasts=[ddd]))
     runs = _runs({"none@hi": [0.0] * 3, "r2@hi": [0.1, 0.2, 0.3], "none@lo": [0.5] * 3, "r2@lo": [0.5, 0.6, 0.6]})
     runs.loc[runs["cell"].str.endswith("@lo"), "start"] += "-lo"
-    pairs = declared.pair_values(runs, study.contrasts[0].weights, "change")
+    pairs = study_rule.pair_values(runs, study.contrasts[0].weights, "change")
     assert list(pairs["start"]) == ["member 300", "member 301", "member 302"]
     assert pairs["value"].tolist() == pytest.approx([0.1, 0.1, 0.2])
-    assert declared.decide(study, runs, study.contrasts[0])["unit"].startswith("pool members")
+    assert study_rule.decide(study, runs, study.contrasts[0])["unit"].startswith("pool members")
     plain = load_study(_write(tmp_path))  # r2@hi - none@hi: one level, one warm-up per member
-    assert declared.decide(plain, runs, plain.contrasts[0])["unit"] == "cold starts"
+    assert study_rule.decide(plain, runs, plain.contrasts[0])["unit"] == "cold starts"
     some = runs[~((runs["seed"] == 301) & runs["cell"].str.endswith("@lo"))]  # member 301 at one level only
-    assert list(declared.pair_values(some, study.contrasts[0].weights, "change")["start"]) == [
+    assert list(study_rule.pair_values(some, study.contrasts[0].weights, "change")["start"]) == [
         "member 300",
         "member 302",
     ]
@@ -365,8 +368,8 @@ def test_a_difference_of_differences_pairs_each_member_across_levels(tmp_path) -
 def test_admission_reads_the_zero_variance_share_of_the_warm_ups_samples(tmp_path) -> None:
     """pass_counts[c]: prompts with c of n samples right; [6, 2, 0] (n = 2) has 6 of 8 prompts without variance
     (0.75); a study admitting at most 0.7 does not admit it, and a study that sets no bound admits every start."""
-    assert declared.zero_variance_share([6, 2, 0]) == 0.75 and declared.zero_variance_share([2, 3, 1]) == 0.5
-    assert math.isnan(declared.zero_variance_share(None))
+    assert study_rule.zero_variance_share([6, 2, 0]) == 0.75 and study_rule.zero_variance_share([2, 3, 1]) == 0.5
+    assert math.isnan(study_rule.zero_variance_share(None))
     study = load_study(_write(tmp_path, unit={"members": "300..302", "admit": {"max_zero_variance": 0.7}}))
     assert study.admission.admits(0.1, 0.5) and not study.admission.admits(0.1, 0.75)
     assert not study.admission.admits(math.nan, math.nan)  # a bound is set and nothing was recorded
@@ -380,12 +383,12 @@ def test_a_look_with_too_few_admitted_starts_spends_nothing(tmp_path) -> None:
     study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
     runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.10, 0.06, 0.0, 0.11, 0.08, 0.09]})
     admitted = runs[runs["seed"] != 302]
-    row = declared.decide(study, admitted, study.contrasts[0], ran=set(range(300, 306)))
+    row = study_rule.decide(study, admitted, study.contrasts[0], ran=set(range(300, 306)))
     assert (row["look"], row["look_starts"], row["starts"]) == (2, 5, 5)
-    assert row["boundary"] == pytest.approx(stats.norm.isf(0.025)) and row["verdict"] == declared.REPRODUCED
-    few = declared.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran=set(range(300, 306)))
-    assert few["verdict"] == declared.INCONCLUSIVE and few["reason"].startswith("pool limit reached with 2 starts")
-    early = declared.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran={300, 301, 302})
+    assert row["boundary"] == pytest.approx(stats.norm.isf(0.025)) and row["verdict"] == study_rule.REPRODUCED
+    few = study_rule.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran=set(range(300, 306)))
+    assert few["verdict"] == study_rule.INCONCLUSIVE and few["reason"].startswith("pool limit reached with 2 starts")
+    early = study_rule.decide(study, admitted[admitted["seed"] < 302], study.contrasts[0], ran={300, 301, 302})
     assert early["reason"].startswith("2 starts: before the first look")
 
 
@@ -395,8 +398,8 @@ def test_a_look_partly_run_is_not_read(tmp_path) -> None:
     study = load_study(_write(tmp_path, unit={"members": "300..305"}, design={**BASE["design"], "looks": [3, 6]}))
     runs = _runs({"none@hi": [0.0] * 6, "r2@hi": [0.10, 0.06, 0.11, 0.2, 0.2, 0.2]})
     partial = runs[~((runs["cell"] == "r2@hi") & (runs["seed"] == 305))]
-    assert declared.complete_members(study, partial) == {300, 301, 302, 303, 304}
-    row = declared.decide(study, partial, study.contrasts[0])
+    assert study_rule.complete_members(study, partial) == {300, 301, 302, 303, 304}
+    row = study_rule.decide(study, partial, study.contrasts[0])
     assert (row["look"], row["look_starts"], row["starts"]) == (1, 3, 5)
     assert row["boundary"] == pytest.approx(boundaries([3, 6])[0]) and row["reason"].startswith("continue")
 
@@ -413,13 +416,13 @@ def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
         | {"hi": math.nan, "look": 0, "verdict": "inconclusive"},
     ]
     pd.DataFrame(rows).to_csv(tmp_path / "s" / "contrasts.csv", index=False)
-    table = declared_report.readme_table("s", tmp_path)
+    table = study_report.readme_table("s", tmp_path)
     assert table is not None and table.splitlines()[2:] == [
         "| a | 12 | 8 | +2.1 pp [-1.0, +5.2] | 1 | inconclusive |",
         "| b | 13 | 2 | -0.4 points of share | 0 | inconclusive |",
     ]
-    assert declared_report.readme_table("none", tmp_path) is None
-    shipped = declared_report.readme_table("length_edge", ROOT / "results")
+    assert study_report.readme_table("none", tmp_path) is None
+    shipped = study_report.readme_table("length_edge", ROOT / "results")
     assert shipped is not None
 
 
@@ -461,10 +464,10 @@ def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
     assert sorted(runs["cell"].unique()) == ["none@hi", "r2@hi"] and runs["start"].nunique() == 3
     contrasts = pd.read_csv(tmp_path / "tiny" / "contrasts.csv")
     assert contrasts["starts"].tolist() == [3] and contrasts["verdict"].iloc[0] in (
-        declared.REPRODUCED,
-        declared.NOT_REPRODUCED,
-        declared.INCONCLUSIVE,
-        declared.UNTESTABLE,
+        study_rule.REPRODUCED,
+        study_rule.NOT_REPRODUCED,
+        study_rule.INCONCLUSIVE,
+        study_rule.UNTESTABLE,
     )
     flips = [
         m.loc[m["key"] == "route/old_vs_new/flip_rate/offpolicy", "value"]
@@ -478,23 +481,23 @@ def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
 
 def _rule(**kw) -> tuple[str, str]:
     base = dict(untestable=None, reached=False, reached_reason="z", last=True, lo=-0.02, hi=0.03, margin=0.05)
-    return declared.verdict(**{**base, "sign": 1.0, "open_reason": "open", **kw})
+    return study_rule.verdict(**{**base, "sign": 1.0, "open_reason": "open", **kw})
 
 
 @pytest.mark.parametrize(
     ("kw", "word"),
     [
-        ({"untestable": "floor", "reached": True}, declared.UNTESTABLE),  # a floor decides nothing, even a z
-        ({"reached": True}, declared.REPRODUCED),
-        ({}, declared.NOT_REPRODUCED),  # inside +-0.05 at the last look
-        ({"last": False}, declared.INCONCLUSIVE),  # before it, the same interval decides nothing yet
-        ({"lo": -0.2, "hi": -0.01}, declared.NOT_REPRODUCED),  # wholly against the claimed direction
-        ({"lo": 0.01, "hi": 0.2, "sign": -1.0}, declared.NOT_REPRODUCED),  # the same for a claimed decrease
-        ({"lo": -0.02, "hi": 0.09}, declared.INCONCLUSIVE),
-        ({"lo": float("nan"), "hi": float("nan")}, declared.INCONCLUSIVE),  # no interval: never not reproduced
-        ({"reached": True, "exploratory": True}, declared.DETECTED),
-        ({"exploratory": True}, declared.NEGLIGIBLE),
-        ({"lo": -0.2, "hi": -0.01, "exploratory": True}, declared.AGAINST),
+        ({"untestable": "floor", "reached": True}, study_rule.UNTESTABLE),  # a floor decides nothing, even a z
+        ({"reached": True}, study_rule.REPRODUCED),
+        ({}, study_rule.NOT_REPRODUCED),  # inside +-0.05 at the last look
+        ({"last": False}, study_rule.INCONCLUSIVE),  # before it, the same interval decides nothing yet
+        ({"lo": -0.2, "hi": -0.01}, study_rule.NOT_REPRODUCED),  # wholly against the claimed direction
+        ({"lo": 0.01, "hi": 0.2, "sign": -1.0}, study_rule.NOT_REPRODUCED),  # the same for a claimed decrease
+        ({"lo": -0.02, "hi": 0.09}, study_rule.INCONCLUSIVE),
+        ({"lo": float("nan"), "hi": float("nan")}, study_rule.INCONCLUSIVE),  # no interval: never not reproduced
+        ({"reached": True, "exploratory": True}, study_rule.DETECTED),
+        ({"exploratory": True}, study_rule.NEGLIGIBLE),
+        ({"lo": -0.2, "hi": -0.01, "exploratory": True}, study_rule.AGAINST),
     ],
 )
 def test_the_one_rule_orders_untestable_reached_not_reproduced_inconclusive(kw: dict, word: str) -> None:
@@ -510,22 +513,27 @@ def test_the_one_rule_orders_untestable_reached_not_reproduced_inconclusive(kw: 
     ],
 )
 def test_a_study_stops_early_only_where_every_contrast_stopped(stopped: list[bool], final: bool, stops: bool) -> None:
-    table = pd.DataFrame({"verdict": declared.INCONCLUSIVE, "reason": "", "final": final, "stopped": stopped})
-    result = declared.StudyResult(pd.DataFrame(), pd.DataFrame(), table, pd.DataFrame(), [], "")
-    assert declared.decided(result) is stops
+    table = pd.DataFrame({"verdict": study_rule.INCONCLUSIVE, "reason": "", "final": final, "stopped": stopped})
+    result = study_rule.StudyResult(pd.DataFrame(), pd.DataFrame(), table, pd.DataFrame(), [], "")
+    assert study_rule.decided(result) is stops
 
 
 def test_holm_steps_down_over_repeated_p_values_by_hand() -> None:
     """At 0.025 over three: 0.004 <= 0.025/3 passes, 0.012 <= 0.025/2 passes, 0.03 > 0.025 fails; with 0.009 first
     instead, 0.009 > 0.025/3 stops the step-down at once."""
-    assert declared.holm({"a": 0.012, "b": 0.004, "c": 0.03}, 0.025) == {"a": True, "b": True, "c": False}
-    assert declared.holm({"a": 0.012, "b": 0.009, "c": 0.001}, 0.025) == {"a": True, "b": True, "c": True}
-    assert declared.holm({"a": 0.012, "b": 0.009}, 0.025) == {"a": True, "b": True}
-    assert declared.holm({"a": 0.013, "b": 0.014}, 0.025) == {"a": False, "b": False}
+    assert study_rule.holm({"a": 0.012, "b": 0.004, "c": 0.03}, 0.025) == {"a": True, "b": True, "c": False}
+    assert study_rule.holm({"a": 0.012, "b": 0.009, "c": 0.001}, 0.025) == {"a": True, "b": True, "c": True}
+    assert study_rule.holm({"a": 0.012, "b": 0.009}, 0.025) == {"a": True, "b": True}
+    assert study_rule.holm({"a": 0.013, "b": 0.014}, 0.025) == {"a": False, "b": False}
 
 
 def _verdicts(rows: list[dict]) -> pd.DataFrame:
-    base = {"claim": "1", "verdict": declared.REPRODUCED, "reason": "z 2.50 >= boundary 1.99 at look 3", "final": True}
+    base = {
+        "claim": "1",
+        "verdict": study_rule.REPRODUCED,
+        "reason": "z 2.50 >= boundary 1.99 at look 3",
+        "final": True,
+    }
     base |= {"stopped": True, "p_repeated": 0.01, "estimate": 0.03, "margin": 0.05, "kl_ratio": 1.0}
     return pd.DataFrame([{**base, "kl_lo": 0.9, "kl_hi": 1.1, **r} for r in rows])
 
@@ -538,14 +546,14 @@ def test_a_crossing_that_fails_holm_within_its_study_reads_inconclusive(tmp_path
     v = _verdicts(
         [
             {"contrast": "a", "p_repeated": 0.0137},
-            {"contrast": "b", "claim": "2", "verdict": declared.NOT_REPRODUCED, "reason": "x", "p_repeated": 0.5},
-            {"contrast": "c", "claim": "exploratory", "verdict": declared.DETECTED, "p_repeated": 0.001},
+            {"contrast": "b", "claim": "2", "verdict": study_rule.NOT_REPRODUCED, "reason": "x", "p_repeated": 0.5},
+            {"contrast": "c", "claim": "exploratory", "verdict": study_rule.DETECTED, "p_repeated": 0.001},
         ]
     )
-    out = declared.correct(study, v).set_index("contrast")
-    assert out.loc["a", "verdict"] == declared.INCONCLUSIVE and out.loc["a", "holm"] == "fails"
+    out = study_rule.correct(study, v).set_index("contrast")
+    assert out.loc["a", "verdict"] == study_rule.INCONCLUSIVE and out.loc["a", "holm"] == "fails"
     assert "not Holm's across the study's 2 claims" in out.loc["a", "reason"]
-    assert out.loc["b", "verdict"] == declared.NOT_REPRODUCED and out.loc["c", "verdict"] == declared.DETECTED
+    assert out.loc["b", "verdict"] == study_rule.NOT_REPRODUCED and out.loc["c", "verdict"] == study_rule.DETECTED
 
 
 def test_a_matched_contrast_outside_its_tolerance_or_beside_a_failed_placebo_reads_unmatched(tmp_path) -> None:
@@ -559,14 +567,14 @@ def test_a_matched_contrast_outside_its_tolerance_or_beside_a_failed_placebo_rea
         {"contrast": "a", "kl_ratio": 0.916},
         {"contrast": "b", "claim": "2", "kl_ratio": 1.02, "p_repeated": 0.001},
     ]
-    ok = declared.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.01}]))
+    ok = study_rule.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.01}]))
     ok = ok.set_index("contrast")
-    assert ok.loc["a", "verdict"] == declared.UNMATCHED and "0.916" in ok.loc["a", "reason"]
-    assert ok.loc["b", "verdict"] == declared.REPRODUCED
-    off = declared.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.07}]))
+    assert ok.loc["a", "verdict"] == study_rule.UNMATCHED and "0.916" in ok.loc["a", "reason"]
+    assert ok.loc["b", "verdict"] == study_rule.REPRODUCED
+    off = study_rule.correct(study, _verdicts([*rows, {"contrast": "p", "claim": "x", "estimate": 0.07}]))
     off = off.set_index("contrast")
-    assert off.loc["b", "verdict"] == declared.UNMATCHED and "the placebo (p) reads +7.0 pp" in off.loc["b", "reason"]
-    assert off.loc["p", "verdict"] == declared.REPRODUCED  # the placebo itself is read, not judged
+    assert off.loc["b", "verdict"] == study_rule.UNMATCHED and "the placebo (p) reads +7.0 pp" in off.loc["b", "reason"]
+    assert off.loc["p", "verdict"] == study_rule.REPRODUCED  # the placebo itself is read, not judged
 
 
 def test_a_relative_margin_is_a_share_of_the_references_own_loss(tmp_path) -> None:
@@ -578,11 +586,11 @@ def test_a_relative_margin_is_a_share_of_the_references_own_loss(tmp_path) -> No
     runs = _runs({"none@hi": [-0.06] * 6, "r2@hi": [-0.02, -0.075, -0.04, -0.07, -0.03, -0.065]})
     absolute = load_study(_write(tmp_path, **raw, design={**BASE["design"], "looks": [6]}))
     relative = load_study(_write(tmp_path, **raw, design={**BASE["design"], "looks": [6], "margin_relative": 1 / 3}))
-    a = declared.decide(absolute, runs, absolute.contrasts[0])
-    r = declared.decide(relative, runs, relative.contrasts[0])
-    assert a["verdict"] == declared.NOT_REPRODUCED and a["margin"] == pytest.approx(0.05)
+    a = study_rule.decide(absolute, runs, absolute.contrasts[0])
+    r = study_rule.decide(relative, runs, relative.contrasts[0])
+    assert a["verdict"] == study_rule.NOT_REPRODUCED and a["margin"] == pytest.approx(0.05)
     assert r["margin"] == pytest.approx(0.02) and r["margin_absolute"] == pytest.approx(0.05)
-    assert r["verdict"] == declared.INCONCLUSIVE
+    assert r["verdict"] == study_rule.INCONCLUSIVE
 
 
 def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_path, monkeypatch) -> None:
@@ -609,9 +617,9 @@ def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_
             | {"hi": 0.02, "read_on": "", "kl_ratio": float("nan"), "kl_lo": float("nan"), "kl_hi": float("nan")},
         ]
     )
-    result = declared.StudyResult(pd.DataFrame(), pd.DataFrame(), verdicts, pd.DataFrame(), [], "")
-    monkeypatch.setattr(declared_claims, "analyse", lambda study, runs: result)
-    lines = declared_claims.claims_section("tiny", "Claim 2 on a rung", ("2",))(tmp_path, tmp_path / "preset")
+    result = study_rule.StudyResult(pd.DataFrame(), pd.DataFrame(), verdicts, pd.DataFrame(), [], "")
+    monkeypatch.setattr(study_claims, "analyse", lambda study, runs: result)
+    lines = study_claims.claims_section("tiny", "Claim 2 on a rung", ("2",))(tmp_path, tmp_path / "preset")
     table = [line for line in lines if line.startswith("| 2 ")]
     assert table == [
         "| 2 | r2_minus_none | 8 | +3.1 pp [-2.0, +8.0] | 1 | **inconclusive** | open | qwen3_moe E=64; routing's share "

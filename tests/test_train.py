@@ -390,7 +390,7 @@ def test_ratio_split_routing_part_is_exactly_0_on_update_1_under_r2(tmp_path, ca
 def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, cache) -> None:
     """Replay other experts at chosen tokens in the last MoE layer (its output reaches only its own position's
     logits): on update 1 the routing part is non-zero at exactly those tokens, and the logged split matches."""
-    from moe_rl.metrics.stats import ratio_split_tokens
+    from moe_rl.metrics.ratio_stats import ratio_split_tokens
     from moe_rl.routing import RouteReplay
 
     chosen = [(0, 0), (3, 2), (9, 1)]  # (row, completion token)
@@ -433,7 +433,7 @@ def test_ratio_split_planted_route_changes_are_the_only_routing_part(tmp_path, c
 def test_ratio_split_parts_add_up_to_the_logged_log_ratio(tmp_path, cache) -> None:
     """replay=none, update 2 (off-policy): rho + w equals the loss's log-ratio logp - old_logp per token, to
     float64 rounding (3 roundings of values below max |logp|); under R2 the logged log-ratio is w itself."""
-    from moe_rl.metrics.stats import ratio_split_tokens
+    from moe_rl.metrics.ratio_stats import ratio_split_tokens
     from moe_rl.routing import RouteReplay
 
     for replay in ("none", "r2"):

@@ -3,6 +3,7 @@ phase maps, the claims' verdict engine, figures (returned, never saved), a folde
 root's pages. What one study computes lives in `moe_rl.studies`."""
 
 from moe_rl.analysis import stats
+from moe_rl.analysis.arm_vs_reference import arm_tests, format_arm_tests_markdown
 from moe_rl.analysis.claims import Claim, evaluate_claims, format_claims_markdown
 from moe_rl.analysis.collapse_definitions import (
     COLLAPSE_DEFINITIONS,
@@ -10,7 +11,6 @@ from moe_rl.analysis.collapse_definitions import (
     collapse_definitions_markdown,
     collapse_events,
 )
-from moe_rl.analysis.compare import arm_tests, format_arm_tests_markdown
 from moe_rl.analysis.load import load_events, load_results, metric_keys, run_key_columns, runs, to_wide
 from moe_rl.analysis.phase import format_phase_markdown, phase_table, phase_tests, run_outcomes
 from moe_rl.analysis.plots import (

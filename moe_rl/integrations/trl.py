@@ -77,7 +77,7 @@ from moe_rl.metrics.names import (  # noqa: E402
     ROLLOUT_VS_OLD,
     ROUTE_USED_VS_CACHED_FLIP_RATE,
 )
-from moe_rl.metrics.stats import margin_stats, ratio_stats  # noqa: E402
+from moe_rl.metrics.ratio_stats import margin_stats, ratio_stats  # noqa: E402
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes, compare_routes, find_moe_layers, route_metrics  # noqa: E402
 from moe_rl.routing.modes import mode_names, replay_mode  # noqa: E402
 from moe_rl.tasks import get_task  # noqa: E402
@@ -222,7 +222,7 @@ class _PolicyPass:
 class MoeGRPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` with Routing Replay (`routing_replay`: none, r2, r3) and docs/design.md §3 metrics.
 
-    Adds to TRL's logs, per update: `ratio/*` and `kl/k3` (`moe_rl.metrics.stats.ratio_stats`),
+    Adds to TRL's logs, per update: `ratio/*` and `kl/k3` (`moe_rl.metrics.ratio_stats.ratio_stats`),
     `ratio/clipfrac_low|high`, `route/old_vs_new/*` (the current policy's own routes vs the old
     pass's), and under replay `route/native_vs_replayed/*` and `route/used_vs_cached/flip_rate`
     (0 when replay applied); per generation: `route/rollout_vs_old/*` and `route/margin_mean|p10`.

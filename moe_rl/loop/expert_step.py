@@ -30,7 +30,7 @@ from moe_rl.loop.step_metrics import WEIGHT_SUFFIX
 from moe_rl.metrics.names import OPTIM_EXPERT_ACTIVE, OPTIM_EXPERT_MOVE_ACTIVE
 from moe_rl.models.knobs import expert_rows
 from moe_rl.routing import RouteRecorder
-from moe_rl.routing.load import expert_counts, expert_step_rms
+from moe_rl.routing.expert_load import expert_counts, expert_step_rms
 
 Snapshot = Callable[[nn.Module], "list[Tensor] | None"]  # the experts' weights, one row per expert (None: none)
 

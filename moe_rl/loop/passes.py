@@ -11,8 +11,8 @@ from moe_rl.loop.records import OldPass
 from moe_rl.metrics.partial import Partial
 from moe_rl.rollout.generate import Rollout, forward_logp
 from moe_rl.routing import RoutedPass, RouteRecorder, Routes
+from moe_rl.routing.expert_load import instrument_parts
 from moe_rl.routing.layers import returns_router_logits
-from moe_rl.routing.load import instrument_parts
 from moe_rl.routing.modes import ReplayMode
 
 
@@ -32,7 +32,7 @@ def old_pass(
     None) has no routes (None), margins or scores (empty). Margins and scores only feed the route instruments
     (and RSPO's factor, which reads the scores): without `instruments` they are left empty too. With
     `instruments`, the pass also returns the router logits' and the expert load's partial sums
-    (`moe_rl.routing.load.instrument_parts`): the same forward, its router logits recorded by the route hooks
+    (`moe_rl.routing.expert_load.instrument_parts`): the same forward, its router logits recorded by the route hooks
     (asking transformers for them, `output_router_logits`, would also compute the load-balancing loss, and its
     output capture breaks a compiled model's graph). `anchor`: the
     reference's routes (`anchor_routes`), which an anchored mode's old pass replays."""

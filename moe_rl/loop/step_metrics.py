@@ -51,7 +51,7 @@ from moe_rl.metrics.names import (
     route_key,
 )
 from moe_rl.metrics.partial import Partial, mean_finalize, mean_parts
-from moe_rl.metrics.stats import (
+from moe_rl.metrics.ratio_stats import (
     margin_finalize,
     margin_parts,
     ratio_split_finalize,
@@ -78,8 +78,8 @@ from moe_rl.routing.compare import (
     router_shift_gaps,
     shift_summary,
 )
+from moe_rl.routing.expert_load import INSTRUMENTS, instrument_finalize
 from moe_rl.routing.hooks import RoutedPass
-from moe_rl.routing.load import INSTRUMENTS, instrument_finalize
 from moe_rl.routing.routes import Routes
 from moe_rl.tasks.rewards import zero_variance_frac
 
@@ -278,7 +278,7 @@ def rollout_metrics(
     acc: Metrics, rewards: Tensor, errors: float, rollout: Rollout, old: OldPass, *, group_size: int, engine_part: bool
 ) -> None:
     """A step's response lengths, rewards and reward errors, and the rollout policy's (engine's) gap to the trainer
-    per completion token (`rollout` vs the `old` pass; moe_rl.metrics.stats.rollout_gap_stats). `engine_part`: the
+    per completion token (`rollout` vs the `old` pass; moe_rl.metrics.ratio_stats.rollout_gap_stats). `engine_part`: the
     rollout policy is not the trained one, so the gap has an engine part (`ratio/split/engine_var`)."""
     mask = rollout.response_mask
     sums = {

@@ -1,6 +1,6 @@
 """Collapse detection (docs/design.md §3): pure Python over a run's (step, value) records, no torch, so
 analysis can recompute any definition without importing the training stack. Re-exported by
-`moe_rl.metrics.stats`.
+`moe_rl.metrics.ratio_stats`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ ROUTE_FLIP_RATE = route_key(OLD_VS_NEW, FLIP_RATE)
 ROUTE_EXPERT_FLIP_FRAC = route_key(OLD_VS_NEW, EXPERT_FLIP_FRAC)
 ROUTE_TOKEN_FLIP_RATE = route_key(OLD_VS_NEW, TOKEN_FLIP_RATE)
 ROUTE_USED_VS_CACHED_FLIP_RATE = route_key(USED_VS_CACHED, FLIP_RATE)
-# expert load and router statistics (moe_rl.routing.load)
+# expert load and router statistics (moe_rl.routing.expert_load)
 ROUTE_LOAD_ENTROPY = "route/load/entropy"
 ROUTE_LOAD_MAX_SHARE = "route/load/max_share"
 ROUTE_LOAD_DEAD_FRAC = "route/load/dead_frac"
@@ -119,7 +119,7 @@ KL_UPDATE_K3 = (
 KL_UPDATE_K3_ACTING = "kl/update_k3/acting"  # the same step under the routes the policy acts with (anchored runs)
 # its early window, steps 1..20: scored on every update there (metrics.update_kl_window), read there
 KL_EARLY_STEPS = 20
-# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.stats.ratio_split_parts)
+# the token log-ratio split into a routing, a weights and an engine part (moe_rl.metrics.ratio_stats.ratio_split_parts)
 RATIO_SPLIT_ROUTING_VAR = "ratio/split/routing_var"
 RATIO_SPLIT_WEIGHTS_VAR = "ratio/split/weights_var"
 RATIO_SPLIT_COV = "ratio/split/cov"
@@ -175,7 +175,7 @@ def pass_at_key(k: int | str) -> str:
     return f"eval/pass@{k}"
 
 
-# The ratio split's metrics (moe_rl.metrics.stats.ratio_split_finalize), in the order it returns them.
+# The ratio split's metrics (moe_rl.metrics.ratio_stats.ratio_split_finalize), in the order it returns them.
 SPLIT_KEYS = (
     RATIO_SPLIT_ROUTING_VAR,
     RATIO_SPLIT_WEIGHTS_VAR,

@@ -5,7 +5,7 @@ Every logged metric is computed in two steps: a pure function of this process's 
 metric. Between the two, `moe_rl.loop.distributed.Dist.merge` adds the sums, takes the maxima and
 concatenates the rows of every process (in rank order); in a world of size 1 it returns its input,
 so a one-process run finalizes exactly what its own rows give. The one-process metric functions
-(`moe_rl.metrics.stats.ratio_stats`, `moe_rl.routing.compare_routes`, ...) are `finalize(parts(...))`.
+(`moe_rl.metrics.ratio_stats.ratio_stats`, `moe_rl.routing.compare_routes`, ...) are `finalize(parts(...))`.
 
 Sums keep the dtype the one-process computation uses (float32 sums of float32 values stay float32),
 so a world of size 1 logs bitwise what the metric functions return.

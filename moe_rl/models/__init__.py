@@ -24,7 +24,7 @@ from moe_rl.models.families import default_experts_implementation as default_exp
 from moe_rl.models.families import dense_config as dense_config
 from moe_rl.models.families import family_config as family_config
 from moe_rl.routing import find_moe_layers
-from moe_rl.routing.rules import resolve_rule
+from moe_rl.routing.gate_rules import resolve_rule
 
 # Backends other than a transformers family: MoE blocks computed by another library (GPU only).
 BACKENDS = ("megablocks",)

@@ -5,7 +5,7 @@ One job per module:
   the vLLM / SGLang route exports;
 - `layers`: where the routers are (`find_moe_layers`), their shape and row order, and what is refused
   (`UnsupportedRouterError`);
-- `rules`: each family's gate-weight rule, and the check that picks the one a router computes;
+- `gate_rules`: each family's gate-weight rule, and the check that picks the one a router computes;
 - `hooks`: `RouteRecorder`, `RouteReplay` and `RoutedPass`, the context managers that use them;
 - `compare`: route metrics between two `Routes` (flip rates, overlap, router shift, margins);
 - `anchored`: every pass of a model takes the routes a frozen anchor model picks for the same tokens.

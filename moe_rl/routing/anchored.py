@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from moe_rl.routing.gate_rules import check_rule_on_output, resolve_rule
 from moe_rl.routing.hooks import _RouteContext, take_native_order
 from moe_rl.routing.layers import router_output
-from moe_rl.routing.rules import check_rule_on_output, resolve_rule
 
 CACHE_KWARGS = ("past_key_values", "cache")  # the forward's name for the KV cache (renamed in later v5 releases)
 

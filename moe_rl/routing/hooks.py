@@ -2,7 +2,7 @@
 
 Both hook the router module of every MoE layer (found by `moe_rl.routing.layers`), whose outputs
 feed the experts; replay recomputes the gate weights at the forced indices with the router's rule
-(`moe_rl.routing.rules`). Layers whose router rows are sequence-major (MegaBlocks) are permuted to
+(`moe_rl.routing.gate_rules`). Layers whose router rows are sequence-major (MegaBlocks) are permuted to
 and from batch-major here. A hook on the model itself marks the start and end of each forward pass,
 which gives three guarantees:
 - a route is recorded once per layer per pass, so gradient-checkpointing recomputation during
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from moe_rl.routing.gate_rules import check_rule_on_output, resolve_rule, selection_scores
 from moe_rl.routing.layers import (
     MoeLayer,
     find_moe_layers,
@@ -31,7 +32,6 @@ from moe_rl.routing.layers import (
     rows_to_seq_major,
 )
 from moe_rl.routing.routes import Routes, index_dtype, sort_topk
-from moe_rl.routing.rules import check_rule_on_output, resolve_rule, selection_scores
 
 
 def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
@@ -406,7 +406,7 @@ class RouteReplay(_RouteContext):
     """Force `routes.indices` into every MoE layer; gate weights come from the live router.
 
     Only the indices are forced. The weights are recomputed from the router's logits at the forced
-    indices by the family's own rule (`moe_rl.routing.rules`), so gradients reach the router and a
+    indices by the family's own rule (`moe_rl.routing.gate_rules`), so gradients reach the router and a
     forced expert outside the live top-k keeps its true, non-zero weight. Masked positions keep
     their native routes. With `record_native=True`, `native_routes` is what the router would have
     chosen in the last pass (for `route/native_vs_replayed`).

@@ -3,7 +3,7 @@ whose runs its presets made), loaded from that folder in its `order`.
 
 A declaration's registry keys (`moe_rl.studies.declaration_keys`) say what the pages need of it: its question, whether
 it is history (`status`, `reason`, `superseded_by`), the presets whose runs it holds, its report (`report`, a
-"module:function"; a declared study's is `declared_report`, a folder's the folder report by arm), the claims it reads
+"module:function"; a declared study's is `study_report`, a folder's the folder report by arm), the claims it reads
 (`decides`: by a contrast of its own or a reader of its own, each after the reading it follows, `earlier`) and its
 section of CLAIMS.md (`claims_section`). A claim's current reading is the one no other reading follows; the others are
 its earlier looks, in its notes. A new study is its declaration alone.
@@ -24,7 +24,7 @@ from moe_rl.analysis.claims import Claim, ClaimItem, PairedClaim, evaluate_claim
 from moe_rl.analysis.folder_report import StudyReport
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
-from moe_rl.studies import declared_claims, declared_report, phase
+from moe_rl.studies import phase_claims, study_claims, study_report
 from moe_rl.studies.declaration_keys import read_declaration
 from moe_rl.studies.design import studies_folder
 
@@ -56,7 +56,7 @@ SCALE_FOLDERS = (
     "engine_mismatch",
     "engine_mismatch_stable",
     "dense_control",
-    *phase.FAMILY_PHASES,
+    *phase_claims.FAMILY_PHASES,
     "stabilizers",  # the leaderboard at the end of the page
 )
 COLLAPSE_FOLDERS = ("stress", "compare")
@@ -100,7 +100,7 @@ def _section(raw: object, name: str, where: Path) -> Section | None:
         return named(raw, where)  # type: ignore[return-value]
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: claims_section is a module:function or a mapping (title, claims, then)")
-    section = declared_claims.claims_section(name, str(raw["title"]), tuple(str(c) for c in raw["claims"]))
+    section = study_claims.claims_section(name, str(raw["title"]), tuple(str(c) for c in raw["claims"]))
     if raw.get("then") is None:
         return section
     then: Section = named(raw["then"], where)  # type: ignore[assignment]
@@ -116,10 +116,10 @@ def _judge(cid: int, name: str, decides: dict[str, dict], files: dict[str, Path]
     if (earlier := entry.get("earlier")) is not None:
         first = decides[earlier][str(cid)]
         if "label" in first:  # a first look by an older design, noted under this study's statement of the claim
-            prior = declared_claims.stated_claim(cid, name, (str(first["label"]), _judge(cid, earlier, decides, files)))
+            prior = study_claims.stated_claim(cid, name, (str(first["label"]), _judge(cid, earlier, decides, files)))
         else:
             prior = _judge(cid, earlier, decides, files)
-    return declared_claims.study_claim(cid, name, str(entry["contrast"]), prior)
+    return study_claims.study_claim(cid, name, str(entry["contrast"]), prior)
 
 
 @functools.cache
@@ -162,7 +162,7 @@ def _registry(folder: Path) -> tuple[ResultsFolder, ...]:
                 folder=name,
                 presets=tuple(str(p) for p in raw.get("presets", [name] if study else [])),
                 question=" ".join(str(raw["question"]).split()),
-                report=_report(report, path) if report else declared_report.study_report(name) if study else None,
+                report=_report(report, path) if report else study_report.study_report(name) if study else None,
                 claims={c: _judge(c, name, decides, files) for c, n in sorted(heads.items()) if n == name},
                 claims_section=_section(raw.get("claims_section"), name, path),
                 history=" ".join(str(raw.get("reason", "")).split()) if history else "",

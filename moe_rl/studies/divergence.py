@@ -77,7 +77,7 @@ def spec_of(study: Study) -> Spec:
 
 
 def runs_of(study: Study, table: pd.DataFrame) -> pd.DataFrame:
-    """A declared study's per-run table (`declared.per_run`) with what the frontier reads: each run's family, arm
+    """A declared study's per-run table (`study_rule.per_run`) with what the frontier reads: each run's family, arm
     file, row, lr, N and early KL (`kl_early`: on the routes it acts with, its own for these arms)."""
     out = table.copy()
     facts = {a: arm_facts(study, a) for a in study.arms}

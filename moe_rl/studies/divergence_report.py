@@ -17,8 +17,8 @@ from matplotlib.figure import Figure
 from moe_rl.analysis.dose import isotonic_fit
 from moe_rl.analysis.folder_report import write_csv, write_png
 from moe_rl.studies import divergence as dv
-from moe_rl.studies.declared import StudyResult
 from moe_rl.studies.design import Study
+from moe_rl.studies.study_rule import StudyResult
 
 
 def _kl(v: float) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.claims.cells import load_experiment
-from moe_rl.analysis.claims.declared import declared_or_none, extension_of, looks_note
+from moe_rl.analysis.claims.preset_analyses import declared_or_none, extension_of, looks_note
 from moe_rl.analysis.claims.rules import (
     ALPHA,
     DRIFT_MARGIN,
@@ -37,7 +37,7 @@ from moe_rl.metrics.names import (
     layer_key,
     offpolicy_key,
 )
-from moe_rl.studies.declared import verdict as one_rule
+from moe_rl.studies.study_rule import verdict as one_rule
 
 PAPER_BAND = (0.05, 0.20)  # "~10% of activated experts change per update" (GSPO paper)
 

@@ -20,7 +20,7 @@ from moe_rl.analysis.folder_report import kept_wall, with_provenance
 from moe_rl.analysis.load import load_results
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies.drift import GEOMETRY
-from moe_rl.studies.forecast import (
+from moe_rl.studies.forecast_fit import (
     EXPERT_KEY,
     FLIP_KEY,
     PROBE_STEPS,

@@ -1,7 +1,7 @@
 """The cost ledger's study side (`python -m moe_rl.report --cost`): each declared study (experiments/conf/study/)
 with its records and its verdicts, re-decided at every look it read, for `moe_rl.analysis.cost` to price.
 
-A look j is re-decided by the one rule (`declared.decide`) on the admitted runs of the members of its blocks
+A look j is re-decided by the one rule (`study_rule.decide`) on the admitted runs of the members of its blocks
 (members[:looks[j]]), with those members' complete set as the runs that were in: what the study would have said
 had it stopped there. The look from which every verdict equals its final one is where it settled
 (`cost.settled_look`); the runs of the looks read after it moved no verdict.
@@ -13,17 +13,17 @@ from pathlib import Path
 
 from moe_rl.analysis import cost
 from moe_rl.analysis.claims import runs_folder
-from moe_rl.studies import declared
+from moe_rl.studies import study_rule
 from moe_rl.studies.design import Study, load_study, study_files
 
-DECIDED = (declared.REPRODUCED, declared.NOT_REPRODUCED)
+DECIDED = (study_rule.REPRODUCED, study_rule.NOT_REPRODUCED)
 
 
-def verdicts_by_look(study: Study, result: declared.StudyResult) -> list[list[str]]:
+def verdicts_by_look(study: Study, result: study_rule.StudyResult) -> list[list[str]]:
     """The verdict of every contrast at each look the runs reached, in order; the last is the study's own."""
     runs = result.runs
-    ran = declared.complete_members(study, runs)
-    reached = declared.looks_reached(study, ran)
+    ran = study_rule.complete_members(study, runs)
+    reached = study_rule.looks_reached(study, ran)
     if not reached:
         return []
     admitted = runs[runs["admitted"].astype(bool)]
@@ -32,7 +32,7 @@ def verdicts_by_look(study: Study, result: declared.StudyResult) -> list[list[st
     for j in range(reached - 1):
         block = set(study.members[: study.design.looks[j]])
         at = admitted[member.isin(block)]
-        out.append([str(declared.decide(study, at, c, ran & block)["verdict"]) for c in study.contrasts])
+        out.append([str(study_rule.decide(study, at, c, ran & block)["verdict"]) for c in study.contrasts])
     return [*out, [str(v) for v in result.verdicts["verdict"]]]
 
 
@@ -46,7 +46,7 @@ def study_cost(study: Study, root: Path) -> cost.StudyCost:
     claims = tuple(dict.fromkeys(c.claim for c in study.contrasts if c.claim != "exploratory"))
     runs = tuple(cost.records(runs_dir)) if runs_dir.is_dir() else ()
     try:
-        result = declared.analyse(study, runs_dir)
+        result = study_rule.analyse(study, runs_dir)
     except (FileNotFoundError, ValueError) as err:
         return cost.StudyCost(study.name, runs, pilots, study.member_pool, claims, (), note=f"no verdicts: {err}")
     by_look = verdicts_by_look(study, result)

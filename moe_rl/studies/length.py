@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.analysis.power import t_interval
-from moe_rl.studies.declared import BOUND_SHARE, StudyResult
 from moe_rl.studies.design import Study, member_start
+from moe_rl.studies.study_rule import BOUND_SHARE, StudyResult
 
 # (label, outcome column, arm a, arm b or None, log scale): the trends each axis reports, where its arms ran
 TRENDS = (

@@ -58,7 +58,7 @@ from moe_rl.metrics.names import (
 REFERENCE, TARGET = "moe", "dense"
 COLD = "cold_seed"
 PAIR = [COLD, "seed"]
-# What each rung does to the routers and experts (moe_rl.routing.load), as the report shows it: the mean over a
+# What each rung does to the routers and experts (moe_rl.routing.expert_load), as the report shows it: the mean over a
 # run's logged steps, but the router's drift from the cold start, read at the run's last logged step.
 INSTRUMENTS = {
     ROUTE_LOAD_ENTROPY: "load entropy",

@@ -93,7 +93,7 @@ def edge(study: Study, table: pd.DataFrame) -> str:
 
 
 def write_pilot_report(study: Study, runs: pd.DataFrame, out: Path) -> list[Path]:
-    """<out>/summary.md and cells.csv of a pilot (its runs as `declared.per_run` reads them)."""
+    """<out>/summary.md and cells.csv of a pilot (its runs as `study_rule.per_run` reads them)."""
     runs = runs.assign(lr=[run_lr(Path(str(r))) for r in runs["run_dir"]])
     table = pilot_table(runs)
     out.mkdir(parents=True, exist_ok=True)

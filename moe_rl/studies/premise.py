@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from moe_rl.studies import declared
+from moe_rl.studies import study_rule
 from moe_rl.studies.design import declaration, load_study
 
 ALPHA = 0.025  # one-sided, Holm over the parts
@@ -75,17 +75,17 @@ def side(root: Path, presets: Path, study_name: str, contrast: str) -> Side:
     """One side's start differences at the look its study read."""
     try:
         study = load_study(declaration(study_name, presets))
-        result = declared.analyse(study, Path(root) / study_name / "runs")
+        result = study_rule.analyse(study, Path(root) / study_name / "runs")
     except FileNotFoundError:
         return Side(study_name, contrast, missing=f"`{study_name}` has no finished runs here yet")
     row = result.verdicts.set_index("contrast").loc[contrast]
     c = next(x for x in study.contrasts if x.name == contrast)
     runs = result.runs[result.runs["admitted"].astype(bool)]
-    block = set(study.members[: study.design.looks[int(row["look"]) - 1]]) & declared.complete_members(
+    block = set(study.members[: study.design.looks[int(row["look"]) - 1]]) & study_rule.complete_members(
         study, result.runs
     )
     runs = runs[(runs["seed"].astype(int) % study.member_pool).isin(block)]
-    pairs = declared.pair_values(runs, c.weights, study.outcome_of(c), study.member_pool)
+    pairs = study_rule.pair_values(runs, c.weights, study.outcome_of(c), study.member_pool)
     values = pairs.groupby("start")["value"].mean().to_numpy(float)
     if len(values) < 2:
         return Side(study_name, contrast, missing=f"`{study_name}` has fewer than 2 starts of {contrast}")
@@ -108,7 +108,7 @@ def read(root: Path, presets: Path) -> pd.DataFrame:
         row = {"part": part.name, "what": part.what, "wide": wide, "default": default}
         if wide.missing or default.missing:
             rows.append(
-                {**row, "verdict": declared.INCONCLUSIVE, "reason": f"waits: {wide.missing or default.missing}"}
+                {**row, "verdict": study_rule.INCONCLUSIVE, "reason": f"waits: {wide.missing or default.missing}"}
             )
             continue
         est, se = wide.mean - default.mean, math.hypot(wide.se, default.se)
@@ -126,19 +126,22 @@ def read(root: Path, presets: Path) -> pd.DataFrame:
         )
     table = pd.DataFrame(rows)
     tested = table[table["p"].notna()] if "p" in table else table.iloc[:0]
-    holm = declared.holm(dict(zip(tested["part"], tested["p"], strict=True)), ALPHA) if len(tested) else {}
+    holm = study_rule.holm(dict(zip(tested["part"], tested["p"], strict=True)), ALPHA) if len(tested) else {}
     for i, r in table.iterrows():
         if isinstance(r.get("verdict"), str):  # a side has no reading yet
             continue
         waits = [s.study for s in (r["wide"], r["default"]) if not s.final]
         if waits:
-            verdict, reason = declared.INCONCLUSIVE, f"waits for the final reading of {', '.join(waits)}"
+            verdict, reason = study_rule.INCONCLUSIVE, f"waits for the final reading of {', '.join(waits)}"
         elif holm.get(r["part"]):
-            verdict, reason = declared.REPRODUCED, f"one-sided p {r['p']:.4f} passes Holm over {len(holm)} parts"
+            verdict, reason = study_rule.REPRODUCED, f"one-sided p {r['p']:.4f} passes Holm over {len(holm)} parts"
         elif r["upper"] < MARGIN:
-            verdict, reason = declared.NOT_REPRODUCED, f"a growth of {MARGIN:g} excluded: upper bound {r['upper']:+.3f}"
+            verdict, reason = (
+                study_rule.NOT_REPRODUCED,
+                f"a growth of {MARGIN:g} excluded: upper bound {r['upper']:+.3f}",
+            )
         else:
-            verdict, reason = declared.INCONCLUSIVE, f"upper bound {r['upper']:+.3f} does not exclude {MARGIN:g}"
+            verdict, reason = study_rule.INCONCLUSIVE, f"upper bound {r['upper']:+.3f} does not exclude {MARGIN:g}"
         table.loc[i, "verdict"], table.loc[i, "reason"] = verdict, reason
     return table
 

@@ -81,7 +81,7 @@ Pair = Callable[[pd.DataFrame, dict[tuple[str, str], float], str], pd.DataFrame]
 
 def _combination(runs: pd.DataFrame, weights: dict[tuple[str, str], float], column: str, pair: Pair) -> pd.DataFrame:
     """Per run seed where every cell ran: the block it counts under and sum_c w_c * column (of its log for
-    LOG_SCALE), paired by `pair` as the primary outcome is (the study's `declared.pair_values`)."""
+    LOG_SCALE), paired by `pair` as the primary outcome is (the study's `study_rule.pair_values`)."""
     values = runs[column].astype(float)
     if column in LOG_SCALE:
         values = np.log(values.where(values > 0))

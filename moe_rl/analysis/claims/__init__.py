@@ -11,11 +11,11 @@ cold starts stand behind the runs compared by seed (`rules.descriptive`: the see
 reason).
 
 A claim is decided by a declared study (experiments/conf/study/NAME.yaml) under the one rule
-(`moe_rl.studies.declared`); adding one is a contrast in a declaration and its study's row in `moe_rl.studies`
+(`moe_rl.studies.study_rule`); adding one is a contrast in a declaration and its study's row in `moe_rl.studies`
 (docs/experiments.md, "Declared studies"). The `PairedClaim` engine here (`paired.judge_paired`) only re-reads
 the earlier looks of claims 2, 3, 5, 7, 8 and 9 for their history notes; a claim with a statistic of its own is a
 function of the results root and the presets folder in its study's module (1 and 4: `studies.drift_claims`; 6:
-`studies.shift`).
+`studies.shift_claim`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from moe_rl.analysis.claims.cells import (
     runs_folder,
     runs_in_cells,
 )
-from moe_rl.analysis.claims.declared import Declared, declared_analyses, declared_or_none, extension_of
 from moe_rl.analysis.claims.evaluate import ClaimItem, evaluate_claims
 from moe_rl.analysis.claims.markdown import format_claims_markdown
 from moe_rl.analysis.claims.paired import (
@@ -53,6 +52,7 @@ from moe_rl.analysis.claims.paired import (
     own_start_drop,
 )
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell, pooled_rate_difference
+from moe_rl.analysis.claims.preset_analyses import Declared, declared_analyses, declared_or_none, extension_of
 from moe_rl.analysis.claims.rules import (
     ACCURACY,
     ACCURACY_MARGIN,

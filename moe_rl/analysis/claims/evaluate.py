@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from moe_rl.analysis.claims.declared import declared_analyses
 from moe_rl.analysis.claims.paired import PairedClaim, judge_paired
+from moe_rl.analysis.claims.preset_analyses import declared_analyses
 from moe_rl.analysis.claims.rules import INCONCLUSIVE, Claim
 
 # a paired claim is a declaration judged by one engine; a claim with a statistic of its own a function of the

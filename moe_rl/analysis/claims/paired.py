@@ -7,7 +7,7 @@ training breaks), the outcomes and so the test (`outcomes`), the direction (`bet
 `worse`), what must not happen beside it (`rivals` that must not beat the claimed arm, `holds_start`: the
 better arm must not itself end below its cold start), the margins and the words of the page. The looks at the
 data come from the experiment's preset (its `analysis` block and the extensions added after a look,
-`declared`), as do the outcomes and claims it declares, which the page checks against the record. One engine
+`preset_analyses`), as do the outcomes and claims it declares, which the page checks against the record. One engine
 turns a record into a CLAIMS.md row: the same steps, texts and corrections for every paired claim.
 
 Seeds are not the unit of replication: runs that share a cold start share its weights. The engine counts the
@@ -43,8 +43,8 @@ from moe_rl.analysis.claims.cells import (
     phase_outcomes,
     runs_in_cells,
 )
-from moe_rl.analysis.claims.declared import Declared, extension_of, looks_note
 from moe_rl.analysis.claims.pooled import compare_collapse, kappa_by_cell
+from moe_rl.analysis.claims.preset_analyses import Declared, extension_of, looks_note
 from moe_rl.analysis.claims.rules import (
     ACCURACY,
     ALPHA,

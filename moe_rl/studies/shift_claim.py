@@ -26,7 +26,7 @@ from moe_rl.analysis.collapse_definitions import HISTORY_KEYS, MAIN_DEFINITION, 
 from moe_rl.analysis.configs import run_starts
 from moe_rl.analysis.shift import CLIP_KEYS, MAX_LAG, SHIFT_AMOUNT, SHIFT_KEY, SHIFT_KEYS
 from moe_rl.analysis.stats import event_aligned, granger_surrogate_test, lagged_xcorr
-from moe_rl.studies.declared import verdict as one_rule
+from moe_rl.studies.study_rule import verdict as one_rule
 
 GRANGER_LAGS = 3  # previous updates of both series in claim 6's regression
 N_SURROGATES = 199  # circular shifts per run (smallest p 1/200)

@@ -1,6 +1,6 @@
 """The rule of a declared study (`moe_rl.studies.design`): per-run outcomes, pairs, each contrast decided by the one
-rule at its look, the cell and starts tables. Its report is `declared_report`, its claims on CLAIMS.md
-`declared_claims`.
+rule at its look, the cell and starts tables. Its report is `study_report`, its claims on CLAIMS.md
+`study_claims`.
 
 The rule (`decide`), for a contrast sum_c w_c * outcome(c) paired on the run seed (`pair_values`) and reduced to
 start means (a start: the cold start, or the pool member where the cells are two models or the study declares

@@ -1,4 +1,4 @@
-"""A declared study's report (`moe_rl.studies.declared`'s result): summary.md with the contrasts, the cells and the
+"""A declared study's report (`moe_rl.studies.study_rule`'s result): summary.md with the contrasts, the cells and the
 starts, the forest and profile figures, the computations a declaration names in `sections`, and README.md's tables
 of the studies that name `readme`."""
 
@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moe_rl.studies.declared import (
+from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study, study_files
+from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
+from moe_rl.studies.secondary import markdown as secondary_markdown
+from moe_rl.studies.study_rule import (
     AGAINST,
     DETECTED,
     INCONCLUSIVE,
@@ -24,9 +27,6 @@ from moe_rl.studies.declared import (
     StudyResult,
     analyse,
 )
-from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study, study_files
-from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
-from moe_rl.studies.secondary import markdown as secondary_markdown
 
 
 def forest_figure(study: Study, result: StudyResult):

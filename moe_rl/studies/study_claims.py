@@ -12,9 +12,9 @@ import pandas as pd
 
 from moe_rl.analysis.claims.rules import NO_DATA, Claim
 from moe_rl.analysis.preregistration import Preregistration
-from moe_rl.studies.declared import NOTED_CONTRASTS, analyse
 from moe_rl.studies.design import UNITS, Contrast, Study, declaration, load_study
 from moe_rl.studies.secondary import describe as describe_secondary
+from moe_rl.studies.study_rule import NOTED_CONTRASTS, analyse
 
 
 def rule_text(study: Study, contrast: Contrast) -> str:
