@@ -185,6 +185,12 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
         if not seeds:
             continue
         if arm == study.match.reference:
+            if not dry_run:  # a resumed look: the reference's runs finished at its declared lr launch nothing
+                done = finished_at(runs / study.name / "runs" / f"{arm}@{level}")
+                lr = matching.lr_text(matching.declared_lr(study, arm, level))
+                if all((s, lr) in done for s in seeds):
+                    print(f"[{arm}@{level}] every run of the look finished", flush=True)
+                    continue
             cmd = cell_command(study, arm, level, starts, runs, jobs)
             print(f"[{arm}@{level}] " + " ".join(cmd[2:]), flush=True)
             if not dry_run and subprocess.run(cmd, cwd=ROOT).returncode != 0:

@@ -396,6 +396,7 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache) -> None
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=train_env(), timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("every probe of the look finished") == 3
+    assert again.stdout.count("[none@hi] every run of the look finished") == 1 and "[none@hi] -m" not in again.stdout
     assert again.stdout.count("3 runs finished at their seeds' lrs") == 1 and "seed 310 at lr" not in again.stdout
     assert (
         matching.lrs_path(tmp_path, study).read_text() == written and len(list(root.glob("runs/*/*/config.yaml"))) == 6
