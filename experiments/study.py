@@ -263,6 +263,11 @@ def main(argv: list[str] | None = None) -> None:
         study = load_study(study_path(args.name, args.studies))
     except ValueError as err:
         sys.exit(f"error: {err}")
+    if study.as_ran is not None and not args.dry_run:
+        sys.exit(
+            f"error: {study.name} re-reads runs its presets made (as_ran): launch those presets "
+            f"(experiments/conf/preset/{study.preset}.yaml), not the declaration"
+        )
     try:  # a study declared as it ran composed as it ran (tests/test_study.py composes every declaration's cells)
         if not study.declared:
             run_steps(study)

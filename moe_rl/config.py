@@ -468,8 +468,8 @@ class TrainConfig:
     cold_start: ColdStartConfig = field(default_factory=ColdStartConfig)
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     dist: DistConfig = field(default_factory=DistConfig)
-    # the analysis an experiment file declares before its runs (claims, primary outcome, cells, test;
-    # an extension names the experiment it extends and its look); read by the claims report, not the loop
+    # an older preset's declared analysis, as its shipped runs' configs record it: read by nothing (a study's
+    # design is its declaration in experiments/conf/study/), kept so that those configs load as they are
     analysis: dict[str, Any] = field(default_factory=dict)
     signal: SignalConfig = field(default_factory=SignalConfig)
     pass_at_k: PassAtKConfig = field(default_factory=PassAtKConfig)

@@ -24,9 +24,8 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 # meanings of keys whose line in moe_rl/config.py carries no comment
 MEANINGS = {
-    "analysis": "the analysis an experiment file declares before its runs (claims, primary outcome, cells, "
-    "test; an extension names the experiment it extends and its look); read by `moe_rl.report --claims`, "
-    "not by the loop",
+    "analysis": "an older preset's declared analysis, as the configs of its shipped runs record it; nothing reads "
+    "it (a study's design is its declaration in experiments/conf/study/)",
     "experiment": "the run's name: runs go to `results_dir/experiment/`; `experiment=NAME` needs no file; "
     "`+preset=NAME` loads `experiments/conf/preset/NAME.yaml` (its deltas and its own name, which "
     "`experiment=MINE` overrides)",

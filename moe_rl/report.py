@@ -21,9 +21,9 @@ differences (a reward, a step count, a data file) become a `config` column of th
 names those keys too (e.g. `--pool task.reward`). A group whose runs repeat a seed or ran different numbers of
 steps is flagged at the top of summary.md. When the runs vary in learning rate and N the report adds the phase
 map. Every file is written to a temporary name and renamed into place, so a reader never sees a half-written
-report. The presets (`--presets`, default experiments/conf/preset under the working directory) hold the
-analyses the claims declare and the frontier's grid. `--cost` prints the cost ledger (`moe_rl.analysis.cost`) of
-the studies declared beside the presets (experiments/conf/study/).
+report. The studies that decide the claims are declared beside the presets (`--presets`, default experiments/conf/preset
+under the working directory), in experiments/conf/study/. `--cost` prints the cost ledger (`moe_rl.analysis.cost`) of
+those studies.
 """
 
 from __future__ import annotations

@@ -149,10 +149,9 @@ def test_arm_tests_take_the_start_as_the_unit() -> None:
 
 
 def test_seeds_repeated_across_starts_pair_within_each_start() -> None:
-    """Every start runs seeds 0 and 1 (as a pool's members do): arm tests and the claims' pairs join runs of one start
-    only, so each start's difference is its own shift (0.02 x (start + 1)), never a cross-start one."""
+    """Every start runs seeds 0 and 1 (as a pool's members do): arm tests join runs of one start only, so each
+    start's difference is its own shift (0.02 x (start + 1)), never a cross-start one."""
     from moe_rl.analysis.arm_vs_reference import arm_tests
-    from moe_rl.analysis.claims.arms import pair_runs
 
     frame = _outcomes(6, 2).assign(seed=lambda f: f["seed"] % 100)  # seeds 0, 1 under every start
 
@@ -164,10 +163,6 @@ def test_seeds_repeated_across_starts_pair_within_each_start() -> None:
     row = arm_tests(frame, groups=["arm"], pair_on=["seed"]).set_index("arm").loc["grpo+none"]
     assert (row["final_accuracy_starts"], row["final_accuracy_pairs"]) == (6, 12)
     assert row["final_accuracy_diff"] == pytest.approx(0.07) and row["final_accuracy_p"] < 0.05
-    pairs = pair_runs(frame, "grpo+r2", "grpo+none", [])
-    assert len(pairs) == 12 and (pairs["start_w"] == pairs["start_b"]).all()
-    shift = pairs["final_accuracy_b"] - pairs["final_accuracy_w"]
-    assert np.allclose(shift, 0.02 * (pairs["start"].str[1:].astype(int) + 1))
 
 
 def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:
@@ -186,17 +181,6 @@ def test_run_starts_reads_the_cold_start_key_of_meta(tmp_path) -> None:
         {"run": ["a", "b"], "seed": [0, 0], "step": [0, 0], "key": ["k", "k"], "value": [1.0, 1.0]}
     ).assign(run_dir=[str(tmp_path / "a"), str(tmp_path / "b")])
     assert run_starts(df).to_dict() == {"a": "cb1e", "b": "cold_seed=3"}
-
-
-def test_compare_pairs_takes_the_start_as_the_unit_from_five_starts() -> None:
-    from moe_rl.analysis.stats import compare_pairs, paired_compare
-
-    a, b = np.array([0.5, 0.6, 0.4, 0.7, 0.5, 0.6, 0.8, 0.4]), np.full(8, 0.3)
-    few = compare_pairs(a, b, ["s0", "s0", "s1", "s1", "s2", "s2", "s3", "s3"], alternative="greater")
-    assert few == paired_compare(a, b, alternative="greater")  # 4 starts: by seed pairs (a descriptive reading)
-    six = compare_pairs(a, b, ["s0", "s0", "s1", "s2", "s3", "s4", "s5", "s5"], alternative="greater")
-    assert six["n"] == 8 and six["p_value"] == 1 / 64  # six starts, all above: one sign per start
-    assert six["mean_diff"] == pytest.approx(np.mean([0.25, 0.1, 0.4, 0.2, 0.3, 0.3]))
 
 
 def test_the_sweep_figure_draws_intervals_only_from_five_starts() -> None:

@@ -7,9 +7,7 @@ import pandas as pd
 import pytest
 from helpers import PRESETS
 
-from moe_rl.analysis.claims.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from moe_rl.studies import frontier as fr_
-from moe_rl.studies import frontier_claims as cf
 
 AXIS = fr_.Axis("N", {"lr": 3e-4}, (1.0, 2.0, 4.0, 8.0, 16.0, 32.0), 8.0)
 FR = fr_.Frontier(rows=(("qwen3_moe", "grpo_none"),), axes=(AXIS,), seeds=(0, 1, 2, 3), edge_seeds=tuple(range(8)))
@@ -123,37 +121,6 @@ def test_preset_declares_a_valid_frontier():
 
 def _edges(draws: dict[tuple[str, str], list[int]]) -> dict:
     return {(row, "N"): fr_.Edge(row, AXIS, d[0], True, np.array(d), pd.DataFrame()) for row, d in draws.items()}
-
-
-@pytest.mark.parametrize(
-    ("vespo", "grpo", "sapo", "verdict"),
-    [([4] * 100, [2] * 100, [1] * 100, REPRODUCED), ([3] * 100, [2] * 100, [1] * 100, INCONCLUSIVE),
-     ([2] * 100, [2] * 100, [1] * 100, NOT_REPRODUCED), ([4] * 96 + [2] * 4, [2] * 100, [2] * 100, REPRODUCED),
-     ([4] * 94 + [2] * 6, [2] * 100, [2] * 100, INCONCLUSIVE)],
-)  # fmt: skip
-def test_claim_10_reads_the_share_of_draws(monkeypatch, tmp_path, vespo, grpo, sapo, verdict):
-    (tmp_path / "frontier").mkdir()
-    edges = _edges({cf.VESPO: vespo, cf.GRPO: grpo, cf.SAPO: sapo})
-    monkeypatch.setattr(
-        cf, "_frontier", lambda root, presets: (pd.DataFrame(columns=["family", "arm_file", "arm"]), FR, edges)
-    )
-    assert cf.claim_vespo_staleness(tmp_path, PRESETS).verdict == verdict
-
-
-def test_claim_11_needs_all_four_pairs(monkeypatch, tmp_path):
-    (tmp_path / "frontier").mkdir()
-    runs = pd.DataFrame(columns=["family", "arm_file", "arm", "N", "lr", "token_ratio_var"])
-    ok = {cf.CISPO: [1] * 50, cf.PLAIN_IS: [0] * 50, cf.GRPO: [2] * 50, cf.DPPO: [3] * 50}
-    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, _edges(ok)))
-    assert cf.claim_no_trust_region(tmp_path, PRESETS).verdict == REPRODUCED
-    tie = {**ok, cf.CISPO: [2] * 50}  # CISPO's edge equals GRPO's in every draw: at or above one trust region
-    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, _edges(tie)))
-    assert cf.claim_no_trust_region(tmp_path, PRESETS).verdict == NOT_REPRODUCED
-    unlocated = _edges(ok)
-    unlocated[(cf.DPPO, "N")] = fr_.Edge(cf.DPPO, AXIS, 3, False, np.array([3] * 50), pd.DataFrame())
-    monkeypatch.setattr(cf, "_frontier", lambda root, presets: (runs, FR, unlocated))
-    c = cf.claim_no_trust_region(tmp_path, PRESETS)
-    assert c.verdict == INCONCLUSIVE and "not located" in c.reason
 
 
 def test_the_frontier_section_gives_edges_brackets_and_a_figure():

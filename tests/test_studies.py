@@ -99,7 +99,7 @@ def test_the_registry_follows_each_claim_to_its_current_reading_and_refuses_two(
 
 def test_a_folder_declaration_is_not_a_study_to_launch() -> None:
     with pytest.raises(ValueError, match="declares a results folder, not a study \\(no arms\\): its runs came from"):
-        load_study(PRESETS.parent / "study" / "phase.yaml")
+        load_study(PRESETS.parent / "study" / "phase_mixtral.yaml")
 
 
 def test_the_study_of_runs_is_read_from_their_meta_json(tmp_path: Path) -> None:

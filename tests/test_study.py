@@ -67,7 +67,8 @@ def test_every_shipped_declaration_loads() -> None:
 @pytest.mark.parametrize("name", [p.stem for p in study_files(STUDIES)])
 def test_every_cell_of_every_declaration_composes_and_validates(name: str) -> None:
     """Each cell as the launcher composes its runs (the preset, the pool, the cell's overrides) through Hydra, validated
-    as a run validates it; a study declared as it ran composes to its own experiment and pool."""
+    as a run validates it; a study declared as it ran composes to its own experiment and pool (or names its member by an
+    override of its own)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
@@ -78,7 +79,9 @@ def test_every_cell_of_every_declaration_composes_and_validates(name: str) -> No
     with initialize_config_dir(config_dir=str(STUDIES.parent), version_base="1.3"):
         for arm, level in study.cells():
             cfg = validate(to_train_config(compose("config", overrides=[*study.run_overrides(arm, level), "seed=7"])))
-            if study.declared:
+            if study.as_ran is not None and study.as_ran.member is not None:
+                assert cfg.experiment == name, (arm, level)  # its member is an override of its own (cold_start.seed)
+            elif study.declared:
                 assert cfg.experiment == name and cfg.cold_start.pool == study.pool, (arm, level)
             else:
                 assert cfg.cold_start.pool == POOL, (arm, level)

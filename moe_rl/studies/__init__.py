@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_rl.analysis.claims import Claim, ClaimItem, PairedClaim, evaluate_claims
+from moe_rl.analysis.claims import Claim, ClaimItem, evaluate_claims
 from moe_rl.analysis.folder_report import StudyReport
 from moe_rl.analysis.pages import write_claims_page
 from moe_rl.analysis.provenance import run_records
-from moe_rl.studies import phase_claims, study_claims, study_report
+from moe_rl.studies import study_claims, study_report
 from moe_rl.studies.declaration_keys import read_declaration
 from moe_rl.studies.design import studies_folder
 
@@ -56,7 +56,7 @@ SCALE_FOLDERS = (
     "engine_mismatch",
     "engine_mismatch_stable",
     "dense_control",
-    *phase_claims.FAMILY_PHASES,
+    "phase_mixtral",  # the phase map of another family
     "stabilizers",  # the leaderboard at the end of the page
 )
 COLLAPSE_FOLDERS = ("stress", "compare")
@@ -72,15 +72,8 @@ def named(text: str, where: Path) -> object:
 
 
 def _reader(text: str, where: Path) -> Reader:
-    """A claim's own reader, (root, presets) -> Claim; a paired claim of the old engine is judged by it."""
+    """A claim's own reader, (root, presets) -> Claim: a claim with a statistic of its own (claims 1 and 6)."""
     found = named(text, where)
-    if isinstance(found, PairedClaim):
-        claim = found
-
-        def judge(root: Path, presets: Path) -> Claim:
-            return evaluate_claims(root, {claim.id: claim}, presets)[0]
-
-        return judge
     if not callable(found):
         raise ValueError(f"{where}: {text!r} is not a reader of a claim")
     return found  # type: ignore[return-value]
@@ -112,13 +105,8 @@ def _judge(cid: int, name: str, decides: dict[str, dict], files: dict[str, Path]
     entry = decides[name][str(cid)]
     if "reader" in entry:
         return _reader(entry["reader"], files[name])
-    prior: Reader | None = None
-    if (earlier := entry.get("earlier")) is not None:
-        first = decides[earlier][str(cid)]
-        if "label" in first:  # a first look by an older design, noted under this study's statement of the claim
-            prior = study_claims.stated_claim(cid, name, (str(first["label"]), _judge(cid, earlier, decides, files)))
-        else:
-            prior = _judge(cid, earlier, decides, files)
+    earlier = entry.get("earlier")
+    prior = None if earlier is None else _judge(cid, str(earlier), decides, files)
     return study_claims.study_claim(cid, name, str(entry["contrast"]), prior)
 
 
@@ -153,6 +141,7 @@ def _registry(folder: Path) -> tuple[ResultsFolder, ...]:
         if "order" not in raw:
             raise ValueError(f"{path}: a declaration needs `order`, its place in the registry (the pages' order)")
         study = "arms" in raw
+        launched = study and "as_ran" not in raw  # a study re-reading its presets' runs keeps its folder's report
         report = raw.get("report")
         history = raw.get("status", "current") == "history"
         if history and not raw.get("reason"):
@@ -162,7 +151,7 @@ def _registry(folder: Path) -> tuple[ResultsFolder, ...]:
                 folder=name,
                 presets=tuple(str(p) for p in raw.get("presets", [name] if study else [])),
                 question=" ".join(str(raw["question"]).split()),
-                report=_report(report, path) if report else study_report.study_report(name) if study else None,
+                report=_report(report, path) if report else study_report.study_report(name) if launched else None,
                 claims={c: _judge(c, name, decides, files) for c, n in sorted(heads.items()) if n == name},
                 claims_section=_section(raw.get("claims_section"), name, path),
                 history=" ".join(str(raw.get("reason", "")).split()) if history else "",

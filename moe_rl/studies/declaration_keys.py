@@ -45,7 +45,6 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("decides.*.reader", "or a reading of its own, module:function (root, presets) -> Claim", "or a contrast"),
     Key("decides.*.earlier", "the folder whose reading of the claim this one follows (its earlier look)", "none"),
-    Key("decides.*.label", "a first look's label, noted under the statement of the study that follows it", "none"),
     Key("claims_section", "its section of CLAIMS.md: module:function (root, presets) -> lines", "none"),
     Key("claims_section.title", "or its contrasts of other claims' readings in a table: the section's title"),
     Key("claims_section.claims", "the claims whose contrasts the table shows", example='["2", "3"]'),
@@ -105,13 +104,21 @@ KEYS: tuple[Key, ...] = (
     Key("claims.*.text", "as ran: the statement of a claim it first decided"),
     Key("claims.*.source", "as ran: where the claim comes from"),
     Key("declared", "as ran: where and when its design was written", '"" (declared before its runs)'),
+    Key(
+        "as_ran.member",
+        "as ran by presets (runs named by their overrides, no `arm@level` folders): the override naming a run's "
+        "pool member",
+        "member 0 (one cold start per model)",
+        "cold_start.seed",
+    ),
     Key("axes.*", "an axis (its levels in order) its report draws each arm's profile along", "{}", "{S: [s1, s2]}"),
     Key("readme", "a table of it in README.md: true, or the contrasts to show", "none", "true"),
     Key("sections", 'computations of its own its report calls, "module:function"', "[]"),
+    Key("frontier.*", "the frontier's bisection (rows, axes, seeds; `moe_rl.studies.frontier`)", "none"),
     Key("compiled", "every run compiled (inductor's kernels) instead of eager", "false", "true"),
 )
 # mappings whose keys are the study's own (metric names, cells, studies, reference models), as patterns
-FREE = ("columns", "axes", "unit.reuse", "levels.*.lr", "contrasts.[].cells", "contrasts.[].requires")
+FREE = ("columns", "axes", "frontier", "unit.reuse", "levels.*.lr", "contrasts.[].cells", "contrasts.[].requires")
 
 
 _KNOWN = {k.path.replace("[]", ".[]") for k in KEYS}  # as `_walk` spells a path: a list entry a part of its own

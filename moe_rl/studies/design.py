@@ -184,6 +184,35 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class AsRan:
+    """A study whose runs its presets made, re-read by the one rule: each run lies in runs/ under the name Hydra gave
+    it (its overrides, `k=v,k=v,...,seed=s`) and belongs to the cell whose overrides its name lists, less its seed
+    and `member`. Run seed s of member m reads as seed m + s * pool, so the rule pairs and counts starts as it does
+    for a launched study."""
+
+    member: str | None = None  # the override naming the run's pool member (cold_start.seed); None: member 0
+
+    def cell_and_seed(self, name: str, cells: dict[str, frozenset[str]], pool: int) -> tuple[str, int] | None:
+        """The cell (arm@level) and the study's run seed of the run folder `name`; None where no cell lists it."""
+        tokens = dict(t.split("=", 1) for t in name.split(",") if "=" in t)
+        if "seed" not in tokens:
+            return None
+        member = int(tokens.pop(self.member)) if self.member is not None and self.member in tokens else 0
+        seed = int(tokens.pop("seed"))
+        mine = frozenset(f"{k}={_number(v)}" for k, v in tokens.items())
+        found = [c for c, overrides in cells.items() if overrides == mine]
+        return (found[0], member + seed * pool) if found else None
+
+
+def _number(text: str) -> str:
+    """An override's value as one spelling (2.5e-4 and 0.00025 alike)."""
+    try:
+        return repr(float(text))
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
 class Study:
     name: str
     question: str
@@ -212,6 +241,7 @@ class Study:
     not_run: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # seeds a cell skipped, as it ran
     match: Match | None = None  # arms matched to a reference's divergence per start; None: not a matched study
     pilot: Pilot | None = None  # a pilot: decides nothing, reads where its reference reaches the declared loss
+    as_ran: AsRan | None = None  # runs its presets made, named by their overrides; None: launched as arm@level
 
     @property
     def member_pool(self) -> int:
@@ -259,6 +289,15 @@ class Study:
         """The replicates r a cell runs of each member (seed m + r * pool): its `runs` blocks' (all of them where
         several list it), else 0 .. seeds_per_start - 1."""
         return self.replicates.get((arm, level), tuple(range(self.seeds_per_start)))
+
+    def as_ran_cells(self) -> dict[str, frozenset[str]]:
+        """Each cell's overrides as a run folder's name spells them (`AsRan`): the arm's and the level's."""
+        return {
+            f"{a}@{lv}": frozenset(
+                f"{k}={_number(v)}" for k, _, v in (o.partition("=") for o in self.cell_overrides(a, lv))
+            )
+            for a, lv in self.cells()
+        }
 
     def seeds(self, starts: int, cell: tuple[str, str] | None = None) -> list[int]:
         """Run seeds of the first `starts` members, each at the cell's replicates (default: `seeds_per_start`), less
@@ -443,6 +482,17 @@ def _pilot(raw: object, path: Path) -> Pilot | None:
     return Pilot(str(raw["reference"]), (float(loss[0]), float(loss[1])), floor)
 
 
+def _as_ran(raw: dict, path: Path) -> AsRan | None:
+    if "as_ran" not in raw:
+        return None
+    body = raw["as_ran"] or {}
+    if not raw.get("declared"):
+        raise ValueError(f"{path}: as_ran re-reads runs its presets made: say where its design was written (declared)")
+    if "unit" in raw and raw["unit"].get("pool") is None:
+        raise ValueError(f"{path}: as_ran needs unit.pool, the pool its runs' members come from (1: one cold start)")
+    return AsRan(member=None if body.get("member") is None else str(body["member"]))
+
+
 def _start(raw: object, study: str) -> bool:
     if raw not in ("cold start", "member"):
         raise ValueError(
@@ -544,6 +594,7 @@ def load_study(path: str | Path) -> Study:
         not_run=_not_run(raw.get("not_run"), tuple(arms), name),
         match=_match(raw.get("match"), name),
         pilot=pilot,
+        as_ran=_as_ran(raw, path),
     )
     check_study(study)
     check_match(study)
@@ -663,7 +714,7 @@ def check_study(study: Study) -> None:
         raise ValueError(f"study {name}: design.margin_relative {d.margin_relative} must be a share in (0, 1)")
     if list(d.looks) != sorted(set(d.looks)):
         raise ValueError(f"study {name}: looks {list(d.looks)} must increase")
-    if d.looks[0] < MIN_STARTS:
+    if d.looks[0] < MIN_STARTS and study.as_ran is None:  # as ran: the rule reads no look under MIN_STARTS
         raise ValueError(
             f"study {name}: its first look at {d.looks[0]} starts has next to no power at the level it spends (a t on "
             f"start means with one degree of freedom); look first at {MIN_STARTS} starts or more"

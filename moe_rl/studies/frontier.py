@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from moe_rl.analysis.clustered import bootstrap, descriptive_reason, start_draws
 from moe_rl.analysis.dose import crossing
@@ -27,8 +26,9 @@ from moe_rl.analysis.outcomes import finished_runs
 from moe_rl.analysis.phase import reward_auc
 from moe_rl.analysis.tables import variant_per_run
 from moe_rl.metrics.names import OFFPOLICY_SUFFIX, RATIO_TOKEN_VAR, REWARD_MEAN, TASK_ACCURACY
+from moe_rl.studies.declaration_keys import read_declaration
+from moe_rl.studies.design import declaration
 
-PRESET = "frontier.yaml"  # the declaration, in the presets folder
 # folders whose runs of the same configs (but the experiment name) the frontier reads rather than reruns
 SOURCES = ("frontier", "phase", "phase_edge", "phase_band", "stabilizers", "dense_control")
 THRESHOLD = -0.05  # mean accuracy change at or above which a point is stable
@@ -59,8 +59,9 @@ class Frontier:
 
 
 def load_frontier(presets: Path) -> Frontier:
-    """The frontier declared in the `analysis.frontier` block of its preset in the presets folder `presets`."""
-    spec = yaml.safe_load((Path(presets) / PRESET).read_text())["analysis"]["frontier"]
+    """The frontier's bisection, declared under `frontier` in its declaration beside the presets folder `presets`
+    (experiments/conf/study/frontier.yaml)."""
+    spec = read_declaration(declaration("frontier", presets))["frontier"]
     axes = tuple(
         Axis(
             name=name,

@@ -136,19 +136,6 @@ def plot_frontier(runs: pd.DataFrame, fr: fr_.Frontier, edges: dict | None = Non
     return fig
 
 
-def gap_by_n(runs: pd.DataFrame, fr: fr_.Frontier, rows: list[tuple[str, str]]) -> pd.DataFrame:
-    """Per row and N on the staleness axis: the off-policy token log-ratio variance, mean over runs (claim 11's
-    rollout/update gap, descriptive)."""
-    axis = fr.axis("N")
-    frames = []
-    for row in rows:
-        sub = fr_.on_axis(runs, axis, row)
-        if len(sub):
-            g = sub.groupby("N")["token_ratio_var"].mean().rename(row_label(runs, row))
-            frames.append(g)
-    return pd.concat(frames, axis=1) if frames else pd.DataFrame()
-
-
 def _interp_edge(r: pd.Series) -> str:
     """`3.5 [2.9, 4.1]`; past or below the probed values `> 8` or `< 2`; descriptive below 5 starts."""
     if pd.isna(r["edge"]):

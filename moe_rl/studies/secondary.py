@@ -137,10 +137,7 @@ def describe(table: pd.DataFrame, contrast: str) -> str:
         name, est, lo, hi = SECONDARY[str(r.outcome)], float(r.estimate), float(r.lo), float(r.hi)  # type: ignore[arg-type]
         if math.isnan(est):
             continue
-        if r.outcome in LOG_SCALE:
-            text = f"{name} {est:.2f}x [{lo:.2f}, {hi:.2f}]"
-        else:
-            text = f"{name} {100 * est:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        text = f"{name} {_cell_text(pd.Series({'estimate': est, 'lo': lo, 'hi': hi, 'outcome': r.outcome}))}"
         if r.outcome == "collapsed" and isinstance(getattr(r, "first", None), str):
             text += (
                 f" ({int(r.k_first)} vs {int(r.k_second)} of {int(r.runs)}, "  # type: ignore[arg-type]
@@ -151,10 +148,11 @@ def describe(table: pd.DataFrame, contrast: str) -> str:
 
 
 def _cell_text(r: pd.Series) -> str:
+    """ "estimate [lo, hi]" in the outcome's units (no interval where one start gives none)."""
     est, lo, hi = float(r["estimate"]), float(r["lo"]), float(r["hi"])
     if r["outcome"] in LOG_SCALE:
-        return f"{est:.2f}x [{lo:.2f}, {hi:.2f}]"
-    return f"{100 * est:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        return f"{est:.2f}x" + ("" if math.isnan(lo) else f" [{lo:.2f}, {hi:.2f}]")
+    return f"{100 * est:+.1f} pp" + ("" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
 
 
 def markdown(table: pd.DataFrame) -> str:

@@ -42,6 +42,12 @@ def rule_text(study: Study, contrast: Contrast) -> str:
     )
 
 
+def interval(row: pd.Series) -> str:
+    """ " [lo, hi]" of a contrast's repeated interval in its units x 100; "" where its starts give none."""
+    lo, hi = float(row["lo"]), float(row["hi"])
+    return "" if math.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
 def declared_words(study: Study, prereg: Preregistration | None) -> str:
     """How a claim's paragraph says when its design was written: checked against git where it can be."""
     if study.declared:
@@ -99,15 +105,16 @@ def study_claim(
         declared = next(x for x in study.contrasts if x.name == contrast)
         outcome = str(row["outcome"])
         unit = UNITS[outcome]
+        stated = study.claims.get(str(claim_id))  # the latest declaration that states the claim words it
         c = Claim(
             claim_id,
-            prior.claim,
-            prior.source,
+            stated.text if stated else prior.claim,
+            stated.source if stated else prior.source,
             rule_text(study, declared),
             experiment=study.name,
             cells=f"{contrast}: {int(row['starts'])} {'' if study.declared else 'new '}{row['unit']} x "
             f"{study.seeds_per_start} seed(s)",
-            statistic=f"{100 * row['estimate']:+.1f} {unit} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]",
+            statistic=f"{100 * row['estimate']:+.1f} {unit}{interval(row)}",
             test=f"z {row.get('z', math.nan):.2f}, boundary {row.get('boundary', math.nan):.2f} at look {row['look']}",
             p_value=float(row.get("p_repeated", math.nan)),
             verdict=str(row["verdict"]),
@@ -115,6 +122,8 @@ def study_claim(
             repeated_p=declared.claim != "exploratory",
             read_on=str(row.get("read_on", "")),
         )
+        if study.as_ran is not None:
+            c.looked = f"re-read by the one rule as `{study.name}` ran"
         cells_run = result.runs[result.runs["cell"].isin([f"{a}@{lv}" for a, lv in declared.weights])]
         if "collapse" in c.claim.lower() and len(cells_run) and not cells_run["collapsed"].astype(bool).any():
             c.reason += f"; read as an erosion of gain: none of the {len(cells_run)} runs of its cells collapsed"
@@ -138,7 +147,10 @@ def study_claim(
             c.notes.append(f"read on: {c.read_on}")
         prereg = result.preregistration
         if prereg is not None:
-            c.notes.append(f"pre-registration, from git: {prereg.text}")
+            label = (
+                "not a pre-registration, its declaration's history" if study.as_ran is not None else "pre-registration"
+            )
+            c.notes.append(f"{label}, from git: {prereg.text}")
         c.secondary = describe_secondary(result.secondary, contrast) if len(result.secondary) else ""
         if c.secondary:
             c.notes.append(f"the mission's outcomes, paired over starts (95% t): {c.secondary}")
@@ -148,8 +160,8 @@ def study_claim(
         for _, other in result.verdicts.iterrows():  # the study's other contrasts, at the level they were read
             if other["contrast"] != contrast and (few or other["claim"] != "exploratory"):
                 c.notes.append(
-                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]} "
-                    f"[{100 * other['lo']:+.1f}, {100 * other['hi']:+.1f}], {other['verdict']} ({other['reason']})"
+                    f"{other['contrast']} ({other['claim']}): {100 * other['estimate']:+.1f} {UNITS[other['outcome']]}"
+                    f"{interval(other)}, {other['verdict']} ({other['reason']})"
                 )
         read = list(dict.fromkeys(f"{a}@{lv}" for a, lv in (*declared.weights, *declared.requires)))
         if len(result.cells):
@@ -160,7 +172,7 @@ def study_claim(
             )
         if earlier is not None:  # the earlier looks' verdict (none where `earlier` only states the claim)
             if prior.reason != NO_DATA:  # read by earlier runs, not only stated
-                c.notes.append(f"earlier looks, at the level they were read: {prior.verdict} ({prior.reason})")
+                c.notes.append(f"earlier looks, {prior.looked}: {prior.verdict} ({prior.reason})")
             c.notes += prior.notes
         c.plain = (
             f"{study.question} {declared_words(study, prereg)}; "

@@ -103,25 +103,44 @@ class StudyResult:
     preregistration: Preregistration | None = None  # the declaration's history from git against its runs' commits
 
 
-def per_run(runs_dir: Path, columns: dict[str, str] | None = None) -> pd.DataFrame:
-    """Every finished run under `runs_dir`/<arm>@<level>/: its cell, start (the cold start's unit), seed, outcomes
-    (`design.OUTCOMES`: `change`, late minus step-0 accuracy; the run means of `RUN_MEANS`, NaN where the run did
-    not log them), late accuracy, collapse label, early per-update KL on the routes it acts with (`kl_acting`,
-    `dose.acting_kl_per_run`) and the run mean of each of `columns` (name: metric key; NaN where not logged)."""
+def _cell_frames(runs_dir: Path, keys: list[str], study: Study | None) -> list[tuple[str, pd.DataFrame]]:
+    """(cell, its runs' metrics) of each cell with runs: each <arm>@<level>/ folder, or for a study `as_ran` the
+    runs its cells' overrides name, with the study's run seed (`design.AsRan.cell_and_seed`)."""
+    if study is None or study.as_ran is None:
+        dirs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and "@" in p.name)
+        return [(d.name, load_results(d, keys=keys)) for d in dirs if any(d.rglob("metrics.parquet"))]
+    cells, pool = study.as_ran_cells(), study.member_pool
+    found = {p.name: hit for p in runs_dir.iterdir() if (hit := study.as_ran.cell_and_seed(p.name, cells, pool))}
+    if not found:
+        return []
+    df = pd.concat([load_results(runs_dir / n, keys=keys) for n in sorted(found)], ignore_index=True)
+    name = df["run_dir"].map(lambda r: Path(r).name)
+    df["seed"] = name[df.index].map(lambda n: found[n][1]).astype(int)
+    cell = name[df.index].map(lambda n: found[n][0])
+    return [(c, df[cell == c]) for c in sorted(set(cell))]
+
+
+def _cell_runs(df: pd.DataFrame, cell: str, columns: dict[str, str]) -> pd.DataFrame:
+    """One cell's finished runs (`per_run`'s columns before the covariates)."""
+    table = finished_runs(df)
+    arm, level = cell.split("@", 1)
+    table["arm"], table["level"], table["cell"] = arm, level, cell
+    table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
+    table = table.join(per_run_secondary(df))
+    for outcome, key in {**RUN_MEANS, **columns}.items():
+        table[outcome] = df[df["key"] == key].groupby("run")["value"].mean().reindex(table.index)
+    return table.reset_index(drop=True)
+
+
+def per_run(runs_dir: Path, columns: dict[str, str] | None = None, study: Study | None = None) -> pd.DataFrame:
+    """Every finished run under `runs_dir`/<arm>@<level>/ (a study `as_ran`: the runs in `runs_dir` its cells'
+    overrides name, `design.AsRan`): its cell, start (the cold start's unit), seed, outcomes (`design.OUTCOMES`:
+    `change`, late minus step-0 accuracy; the run means of `RUN_MEANS`, NaN where the run did not log them), late
+    accuracy, collapse label, early per-update KL on the routes it acts with (`kl_acting`, `dose.acting_kl_per_run`)
+    and the run mean of each of `columns` (name: metric key; NaN where not logged)."""
     columns = columns or {}
-    frames = []
-    for cell_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir() and "@" in p.name):
-        if not any(cell_dir.rglob("metrics.parquet")):
-            continue
-        df = load_results(cell_dir, keys=list(dict.fromkeys([*KEYS, *SECONDARY_KEYS, *columns.values()])))
-        table = finished_runs(df)
-        arm, level = cell_dir.name.split("@", 1)
-        table["arm"], table["level"], table["cell"] = arm, level, cell_dir.name
-        table = table.join(acting_kl_per_run(df)) if (df["key"] == KL_UPDATE_K3).any() else table
-        table = table.join(per_run_secondary(df))
-        for outcome, key in {**RUN_MEANS, **columns}.items():
-            table[outcome] = df[df["key"] == key].groupby("run")["value"].mean().reindex(table.index)
-        frames.append(table.reset_index(drop=True))
+    keys = list(dict.fromkeys([*KEYS, *SECONDARY_KEYS, *columns.values()]))
+    frames = [_cell_runs(df, cell, columns) for cell, df in _cell_frames(Path(runs_dir), keys, study)]
     if not frames:
         raise FileNotFoundError(f"no finished runs under {runs_dir}/<arm>@<level>/")
     out = pd.concat(frames, ignore_index=True)
@@ -399,7 +418,7 @@ def decide(study: Study, runs: pd.DataFrame, contrast: Contrast, ran: set[int] |
     if not looks:
         row.update(verdict=INCONCLUSIVE, look=0, lo=math.nan, hi=math.nan, p_repeated=math.nan, stopped=False)
         row["reason"] = (
-            f"pool limit reached with {C_all} starts, fewer than {MIN_STARTS}"
+            f"pool limit reached with {C_all} start{'' if C_all == 1 else 's'}, fewer than {MIN_STARTS}"
             if final
             else f"{C_all} starts: before the first look at {d.looks[0]}"
         ) + (f" ({why})" if why else "")
@@ -558,7 +577,7 @@ def analyse(study: Study, runs_dir: Path) -> StudyResult:
 def _analysed(study_file: Path, runs_dir: Path, stamp: int) -> StudyResult:
     """`analyse`, once per declaration, runs folder and state of its runs (`stamp`: their newest status.json)."""
     study = load_study(study_file)
-    table = per_run(runs_dir, study.columns)
+    table = per_run(runs_dir, study.columns, study)
     if study.by_member:  # a pool member's twins (its warm-ups on two machines) are one unit
         table["start"] = [member_start(s, study.member_pool) for s in table["seed"]]
     table["admitted"] = [
