@@ -37,7 +37,7 @@ import matplotlib
 from moe_rl import analysis, studies
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.analysis.folder_report import write_report
-from moe_rl.analysis.pages import write_collapse_definitions, write_readme_block
+from moe_rl.analysis.pages import README_CLAIMS, readme_claims_table, write_collapse_definitions, write_readme_block
 from moe_rl.analysis.power import arm_column, contrast_power_table, describe, load_outcomes, strata
 from moe_rl.studies import divergence_report, ledger, study_report
 from moe_rl.studies.design import studies_folder
@@ -46,6 +46,7 @@ from moe_rl.studies.index import write_index
 PRESETS = Path("experiments") / "conf" / "preset"  # from the repository root, where results/ is too
 README = Path("README.md")
 README_TABLES = (  # (markers, table from RESULTS_ROOT): README.md's generated tables besides the declared studies'
+    (README_CLAIMS, readme_claims_table),  # from claims.csv, which --claims writes beside CLAIMS.md
     (divergence_report.README_BLOCK, divergence_report.readme_table),
 )  # a declared study adds its own with `readme` in its declaration (`study_report.readme_tables`)
 
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_dir is None:
         parser.error("RESULTS_DIR is required (or pass --claims / --collapse-definitions / --index / --all)")
     try:
-        files = report_one(args.out or args.results_dir, args.results_dir)
+        # a shipped folder keeps its runs under runs/ (probes or pilots beside them are not its runs)
+        files = report_one(args.out or args.results_dir, runs_folder(args.results_dir.parent, args.results_dir.name))
     except (FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

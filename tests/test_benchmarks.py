@@ -171,11 +171,24 @@ def test_compile_probe(capsys: pytest.CaptureFixture[str]) -> None:
     assert ("off", "recorder after a hookless pass", "NO") in rows
 
 
+def test_experts_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """Both kernels' trainers per model take their steps in turn and end with the same weights (one thread)."""
+    load("experts_step").main("--repeats 1 --prompts 2 --group 2 --cold-start-steps 2 --updates 1".split())
+    out = capsys.readouterr().out
+    assert out.count("same weights after every step: True") == 2
+    assert len(re.findall(r"^fine/default per MoE layer, \S+: \d+\.\d+x$", out, re.M)) == 2
+
+
 def test_experts_impl(capsys: pytest.CaptureFixture[str]) -> None:
     load("experts_impl").main("--batch 2 --seq 4 --repeats 1".split())
     out = capsys.readouterr().out
     rows = {}
-    for impl in ("eager", "batched_mm", "grouped_mm"):  # max|diff| to eager, forward and fwd+bwd time ratios
+    for impl in (
+        "eager",
+        "batched_mm",
+        "grouped_mm",
+        "grouped_mm_cpu",
+    ):  # max|diff| to eager, forward and fwd+bwd time ratios
         found = re.search(rf"^{impl}\s+max\|diff\|=(\S+)\s+forward\s+(\S+)x\s+fwd\+bwd\s+(\S+)x", out, re.M)
         assert found, impl
         rows[impl] = [float(x) for x in found.groups()]

@@ -22,7 +22,7 @@ README_MAX_LINES = 200
 CONF = ROOT / "experiments" / "conf"
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 LOG_ENTRY = re.compile(r"^## (\d{4}-\d{2}-\d{2}) .+")
-VERDICT = re.compile(r"\*\*(reproduced|not reproduced|inconclusive|fragile|untestable here)\*\*")
+VERDICT = re.compile(r"\*\*(reproduced|not reproduced|inconclusive|untestable here|unmatched)\*\*")
 
 
 def pages() -> list[Path]:
@@ -224,33 +224,18 @@ def test_log_dates_reads_entry_headings() -> None:
             log_dates(heading + "\n")
 
 
-NUMBER = re.compile(r"\d+(?:\.\d+)?")
+def test_the_readme_claim_table_is_generated_from_claims_csv() -> None:
+    """README.md's claim table is `report --readme`'s from results/claims.csv, which `report --claims` writes with
+    CLAIMS.md: the same claims and verdicts as CLAIMS.md's table."""
+    from moe_rl.analysis.pages import README_CLAIMS, read_claims, readme_block, readme_claims_table
 
-
-def claim_record(claims_page: str, claim_id: int) -> str:
-    """A claim's row of the CLAIMS.md table and its section under "Rules and reasons"."""
-    table = _section(claims_page, "## Table")
-    row = next(line for line in table.splitlines() if line.startswith(f"| {claim_id} |"))
-    section = claims_page.split(f"### {claim_id}. ", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
-    return row + "\n" + section
-
-
-def test_readme_claim_lines_quote_only_numbers_of_claims_md() -> None:
-    """Every number in the README's one-line summary of a claim appears in that claim's record on CLAIMS.md
-    (generated from the runs), and every number of its reading on another rung (the column after it) somewhere on
-    CLAIMS.md (the rung's study section): a number typed by hand that the runs do not give fails here."""
-    claims_page = (ROOT / "results" / "CLAIMS.md").read_text()
-    rows = [_cells(line) for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
-    on_page = set(NUMBER.findall(claims_page))
-    checked = 0
-    for cells in rows:
-        if len(cells) in (4, 5) and cells[0].isdigit():
-            found = set(NUMBER.findall(claim_record(claims_page, int(cells[0]))))
-            missing = [n for n in NUMBER.findall(cells[3]) if n not in found]
-            missing += [n for n in NUMBER.findall(cells[4]) if n not in on_page] if len(cells) == 5 else []
-            assert not missing, f"README claim {cells[0]}: {missing} not in its CLAIMS.md record"
-            checked += 1
-    assert checked >= 7
+    table = read_claims(ROOT / "results")
+    assert table is not None, "results/claims.csv is shipped"
+    shipped = verdicts(_section((ROOT / "results" / "CLAIMS.md").read_text(), "## Table"))
+    assert dict(zip(table["id"].astype(int), table["verdict"], strict=True)) == shipped
+    assert readme_block(ROOT / "README.md", README_CLAIMS) == readme_claims_table(ROOT / "results"), (
+        "README.md's claim table is stale: run `python -m moe_rl.report --readme results`"
+    )
 
 
 def test_findings_quote_the_shipped_runs_at_n_4() -> None:

@@ -632,3 +632,15 @@ def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_
         "The placebo `placebo_minus_none` (the reference against itself at another lr, matched back like any arm) "
         "reads -0.4 pp [-3.0, +2.0]: inconclusive (open)."
     )
+
+
+def test_the_divergence_note_says_whether_a_matched_contrast_landed_inside_its_tolerance() -> None:
+    from moe_rl.studies.study_claims import divergence_text
+
+    study = load_study(STUDIES / "dense_matched.yaml")  # tolerance 1.05: [0.952, 1.05]
+    row = pd.Series({"kl_ratio": 0.937, "kl_lo": 0.83, "kl_hi": 1.06})
+    assert divergence_text(study, row, "dense_total_mup_minus_moe") == (
+        "0.94 [0.83, 1.06], outside its declared match [0.952, 1.05]"
+    )
+    row["kl_ratio"] = 0.96
+    assert divergence_text(study, row, "dense_total_mup_minus_moe").endswith(", matched within [0.952, 1.05]")

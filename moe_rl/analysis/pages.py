@@ -1,10 +1,13 @@
 """The pages of a results root: CLAIMS.md (the verdicts, the sections studies add, the provenance of every
-folder) and collapse_definitions.md; each written to a temporary name and renamed into place."""
+folder) with claims.csv beside it (the same table as data: what the index and README.md's claim table read),
+and collapse_definitions.md; each written to a temporary name and renamed into place."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import Claim, format_claims_markdown, runs_folder
@@ -21,8 +24,55 @@ def write_claims_page(
     path.parent.mkdir(parents=True, exist_ok=True)
     text = format_claims_markdown(claims, root, scale_folders)
     text = text.rstrip("\n") + "\n\n" + "\n".join([*sections, *provenance_section(root)]) + "\n"
+    write_atomic(path.with_name(CLAIMS_TABLE), claims_frame(claims).to_csv(index=False, lineterminator="\n").encode())
     write_atomic(path, text.encode())
     return path
+
+
+CLAIMS_TABLE = "claims.csv"  # beside CLAIMS.md
+CLAIMS_COLUMNS = (
+    "id",
+    "claim",
+    "source",
+    "experiment",
+    "cells",
+    "read_on",
+    "statistic",
+    "divergence",
+    "verdict",
+    "reason",
+)
+README_CLAIMS = ("<!-- claim table: python -m moe_rl.report --claims --readme -->", "<!-- end of claim table -->")
+
+
+def claims_frame(claims: list[Claim]) -> pd.DataFrame:
+    """The claim table of CLAIMS.md as data, one row per claim."""
+    return pd.DataFrame([{k: getattr(c, k) for k in CLAIMS_COLUMNS} for c in claims], columns=list(CLAIMS_COLUMNS))
+
+
+def read_claims(root: Path) -> pd.DataFrame | None:
+    """RESULTS_ROOT/claims.csv (every column text, empty cells ""), None where it has not been written."""
+    path = root / CLAIMS_TABLE
+    return pd.read_csv(path, dtype=str, keep_default_na=False) if path.is_file() else None
+
+
+def readme_claims_table(root: Path) -> str | None:
+    """README.md's claim table from RESULTS_ROOT/claims.csv: each claim, its verdict, the model and routing share it
+    was read on, and what the runs show (the statistic, the study and cells, the divergence ratio, the reason)."""
+    table = read_claims(root)
+    if table is None:
+        return None
+
+    def shows(row: pd.Series) -> str:
+        where = f" ({row['experiment']}: {row['cells']})" if row["cells"] else f" ({row['experiment']})"
+        ratio = f"; divergence ratio {row['divergence']}" if row["divergence"] else ""
+        return f"{row['statistic'] or 'no statistic'}{where if row['experiment'] else ''}{ratio}; {row['reason']}"
+
+    lines = ["| # | claim | verdict | read on | what the runs show |", "|---:|:---|:---|:---|:---|"]
+    for _, row in table.iterrows():
+        cells = (row["id"], row["claim"], f"**{row['verdict']}**", row["read_on"] or "—", shows(row))
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def provenance_section(root: Path) -> list[str]:

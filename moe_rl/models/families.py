@@ -23,6 +23,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
+from moe_rl.models import cpu_experts
 from moe_rl.routing import find_moe_layers
 
 # Shared tiny dimensions. Families translate them to their own config keys below.
@@ -144,18 +145,21 @@ _ALIASES = {
     },
 }
 
-EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", cpu_experts.NAME)
 
 
 def default_experts_implementation(dtype: torch.dtype = torch.float32) -> str:
     """Fastest correct experts kernel, measured by `benchmarks/experts_impl.py`.
 
     On CPU `grouped_mm` matches `eager` bitwise and is 0.9x its time, while `batched_mm`, which
-    materialises one weight matrix per (token, slot), is 12-27x slower. On CUDA `grouped_mm` is
-    the fused kernel (transformers itself switches to `batched_mm` inside `generate` there).
-    `grouped_mm` has no float64 kernel: float64 models (equivalence tests) take `eager`.
+    materialises one weight matrix per (token, slot), is 12-27x slower. `grouped_mm_cpu`
+    (`moe_rl.models.cpu_experts`) is `grouped_mm` with its row gathers by `index_select`, bit for bit
+    the same on one thread, and faster where experts are many and small; on CUDA, or for experts it
+    does not cover, it is `grouped_mm` itself (the fused kernel; transformers switches to
+    `batched_mm` inside `generate` there). Neither has a float64 kernel: float64 models (equivalence
+    tests) take `eager`.
     """
-    return "eager" if dtype == torch.float64 else "grouped_mm"
+    return "eager" if dtype == torch.float64 else cpu_experts.NAME
 
 
 def dense_config(family: str = "qwen3_dense", **overrides: Any) -> PretrainedConfig:

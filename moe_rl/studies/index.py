@@ -1,36 +1,24 @@
 """results/README.md: one row per results folder, in the registry's order (the main job first): its question,
 presets, runs, cold starts and seeds, the wall time of its runs, and the claims it decides with their verdicts
-(read from CLAIMS.md beside it, itself generated)."""
+(claims.csv beside it, written with CLAIMS.md)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from moe_rl.analysis.claims import runs_folder
+from moe_rl.analysis.pages import read_claims
 from moe_rl.analysis.provenance import run_records
 from moe_rl.run.atomic import write_atomic
 from moe_rl.studies import registry
 
-CELL = re.compile(r"(?<!\\)\|")  # a markdown table's cell separator (an escaped pipe is text)
 
-
-def verdicts(claims_page: Path) -> dict[int, str]:
-    """Claim id -> verdict, from the table of a CLAIMS.md; empty without one."""
-    if not claims_page.is_file():
-        return {}
-    out: dict[int, str] = {}
-    text = claims_page.read_text().split("## Table", 1)[-1].split("\n## ", 1)[0]
-    column = None
-    for line in text.splitlines():
-        cells = [c.strip() for c in CELL.split(line)[1:-1]]
-        if column is None and "verdict" in cells:  # the header names the column
-            column = cells.index("verdict")
-        elif column is not None and len(cells) > column and cells[0].isdigit():
-            out[int(cells[0])] = cells[column].strip("*")
-    return out
+def verdicts(root: Path) -> dict[int, str]:
+    """Claim id -> verdict, from RESULTS_ROOT/claims.csv (`report --claims` writes it); empty without one."""
+    table = read_claims(root)
+    return {} if table is None else {int(i): str(v) for i, v in zip(table["id"], table["verdict"], strict=True)}
 
 
 def seed_ranges(seeds: list[int]) -> str:
@@ -101,7 +89,7 @@ def _study_records(root: Path, folder: str) -> pd.DataFrame:
 
 def index_markdown(root: Path, presets: Path) -> str:
     """The text of RESULTS_ROOT/README.md."""
-    found = verdicts(root / "CLAIMS.md")
+    found = verdicts(root)
     studies = registry(presets)
     rows = [s for s in studies if (root / s.folder).is_dir()]
     records = {s.folder: _study_records(root, s.folder) for s in rows}  # each folder's meta.json, read once

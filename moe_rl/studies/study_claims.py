@@ -195,11 +195,11 @@ def divergence_text(study: Study, row: pd.Series, contrast: str) -> str:
     if math.isnan(ratio):
         return ""
     band = f" [{float(row['kl_lo']):.2f}, {float(row['kl_hi']):.2f}]" if row["kl_lo"] == row["kl_lo"] else ""
-    tolerance = (
-        f", matched within [{1 / study.match.tolerance:.3f}, {study.match.tolerance:g}]"
-        if study.match and study.match.covers(contrast)
-        else ", not a declared match"
-    )
+    if not (study.match and study.match.covers(contrast)):
+        return f"{ratio:.2f}{band}, not a declared match"
+    low, high = 1 / study.match.tolerance, study.match.tolerance
+    inside = "matched within" if low <= ratio <= high else "outside its declared match"
+    tolerance = f", {inside} [{low:.3f}, {high:g}]"
     return f"{ratio:.2f}{band}{tolerance}"
 
 
