@@ -39,6 +39,19 @@ def test_the_same_bits_as_grouped_mm_forward_and_backward(family: str, overrides
     assert covered and all(covered) == (family != "gpt_oss")  # gpt_oss gates on its own: transformers' path
 
 
+def test_the_same_bits_in_bfloat16(one_thread) -> None:
+    """bfloat16 rollouts (`rollout.dtype=bfloat16`) on the fine model: the same bits as `grouped_mm` too."""
+    tokens = torch.randint(3, 40, (8, 12), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for impl in (NAME, "grouped_mm"):
+        model = build_model("qwen3_moe", experts_implementation=impl, dtype=torch.bfloat16, **FINE)
+        logits = model(tokens).logits
+        logits.float().pow(2).mean().backward()
+        runs.append((logits, [p.grad for p in model.parameters() if p.grad is not None]))
+    (logits, grads), (ref_logits, ref_grads) = runs
+    assert torch.equal(logits, ref_logits) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
+
+
 def test_it_is_the_default_but_for_float64() -> None:
     assert default_experts_implementation(torch.float32) == NAME
     assert default_experts_implementation(torch.float64) == "eager"
