@@ -193,8 +193,7 @@ def study_of_runs(runs_dir: Path, presets: str | Path) -> ResultsFolder | None:
 
 def claims(root: Path, presets: Path, declarations: Path | None = None) -> list[Claim]:
     """Every study's claims, judged on the result folders under `root`, in id order. The registry is read from
-    `declarations` where given: a presets folder without declarations beside it reads every claim as its earlier
-    looks (the old designs' readings, on the analyses of `presets`)."""
+    `declarations` where given, else beside `presets`; a claim no declaration reads has no data."""
     return evaluate_claims(root, claim_items(presets, declarations), presets)
 
 
