@@ -5,7 +5,8 @@
 Four trainers (`default`: 8 experts of width 64, top-2, 2 MoE layers; `fine`: 64 of width 16, top-8, 4 layers; each
 with `model.experts_implementation` `grouped_mm` and `grouped_mm_cpu`, `moe_rl.models.cpu_experts`) are built as
 `benchmarks/step_profile.py` builds its own, each from the same short warm-up per model, and take uninstrumented
-`Trainer.step`s in turn, the order reversed every round (ABCD DCBA ...). Printed: each trainer's median step; per
+`Trainer.step`s in turn, the order reversed every round (ABCD DCBA ...). Printed: each trainer's median step (this
+process's CPU time, step_profile's clock); per
 model the two kernels' step ratio and whether their trainers hold the same weights after every step (bit for bit,
 at one thread); per kernel the fine model's step per MoE layer over the default's (a step / its MoE layers).
 """
@@ -22,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from step_profile import MODELS, config, plain_step  # noqa: E402
+from step_profile import MODELS, add_step_options, config, plain_step  # noqa: E402
 
 from moe_rl.train import Trainer  # noqa: E402
 
@@ -35,14 +36,7 @@ def same_weights(a: Trainer, b: Trainer) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="default,fine")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--updates", type=int, default=4)
-    parser.add_argument("--cold-start-steps", type=int, default=50)
+    add_step_options(parser)  # step_profile's: the models, rollout sizes, warm-up steps, threads and repeats
     args = parser.parse_args(argv)  # argv: the smoke test runs main in-process at tiny sizes
     args.replay, args.compile = "none", False
     models = args.models.split(",")

@@ -473,18 +473,23 @@ def _with(trainer: Trainer, route_every: int, split_rows: int | None, split_ever
         return fn()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_step_options(parser: argparse.ArgumentParser) -> None:
+    """The options `config` reads (less `--replay` and `--compile`), and the models and repeats to time."""
     parser.add_argument("--models", default="default,fine")
-    parser.add_argument("--replay", default="r3", choices=("none", "r2", "r3"))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--cold-start-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_options(parser)
+    parser.add_argument("--replay", default="r3", choices=("none", "r2", "r3"))
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--route-every", type=int, default=None, help="metrics.route_every (default: the config's)")
     parser.add_argument(
         "--split-rows", type=int, default=None, help="metrics.split_rows (default: the config's; 0: all rows)"

@@ -11,6 +11,7 @@ import pandas as pd
 
 from moe_rl import analysis
 from moe_rl.analysis.claims import Claim, format_claims_markdown, runs_folder
+from moe_rl.analysis.claims.markdown import escape_cell
 from moe_rl.analysis.provenance import commits, load_provenance
 from moe_rl.run.atomic import write_atomic
 
@@ -64,14 +65,15 @@ def readme_claims_table(root: Path) -> str | None:
         return None
 
     def shows(row: pd.Series) -> str:
-        where = f" ({row['experiment']}: {row['cells']})" if row["cells"] else f" ({row['experiment']})"
+        named = ": ".join(part for part in (row["experiment"], row["cells"]) if part)
+        where = f" ({named})" if row["experiment"] else ""  # the study, and its cells where it names them
         ratio = f"; divergence ratio {row['divergence']}" if row["divergence"] else ""
-        return f"{row['statistic'] or 'no statistic'}{where if row['experiment'] else ''}{ratio}; {row['reason']}"
+        return f"{row['statistic'] or 'no statistic'}{where}{ratio}; {row['reason']}"
 
     lines = ["| # | claim | verdict | read on | what the runs show |", "|---:|:---|:---|:---|:---|"]
     for _, row in table.iterrows():
         cells = (row["id"], row["claim"], f"**{row['verdict']}**", row["read_on"] or "—", shows(row))
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(escape_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,11 @@ def _plain_fallback(c: Claim) -> str:
     )
 
 
+def escape_cell(text: object) -> str:
+    """`text` as a markdown table cell: a pipe escaped."""
+    return str(text).replace("|", "\\|")
+
+
 def holm_across(claims: list[Claim], alpha: float = 0.025) -> dict[int, str]:
     """Whether each reproduced verdict of a declared study also holds with Holm across every claim a declared study
     tested (their repeated p-values, one-sided `alpha`): "holds" or "fails" by claim id; the others absent."""
@@ -96,9 +101,7 @@ def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders:
         "|---:|:---|:---|:---|:---|:---|---:|:---|:---|:---|:---|",
     ]
 
-    def esc(s):
-        return str(s).replace("|", "\\|")
-
+    esc = escape_cell
     held = holm_across(claims)
     for c in claims:
         lines.append(
