@@ -115,8 +115,8 @@ def _cell_frames(runs_dir: Path, keys: list[str], study: Study | None) -> list[t
         return []
     df = pd.concat([load_results(runs_dir / n, keys=keys) for n in sorted(found)], ignore_index=True)
     name = df["run_dir"].map(lambda r: Path(r).name)
-    df["seed"] = name[df.index].map(lambda n: found[n][1]).astype(int)
-    cell = name[df.index].map(lambda n: found[n][0])
+    df["seed"] = name.map(lambda n: found[n][1]).astype(int)
+    cell = name.map(lambda n: found[n][0])
     return [(c, df[cell == c]) for c in sorted(set(cell))]
 
 
