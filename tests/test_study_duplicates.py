@@ -131,3 +131,16 @@ def test_the_composition_groups_cells_as_hydra_does() -> None:
         ours["preset arm"] == ours["arm spelled"] == ours["rung label"]
         and ours["staleness"] == ours["staleness default arm"]
     )
+
+
+def test_a_cell_leaving_an_axis_of_its_presets_sweep_unset_is_refused_naming_it(tmp_path: Path) -> None:
+    # the phase preset sweeps arm over three values: a cell that does not choose one would run all three as one arm
+    raw = yaml.safe_load((STUDIES / "routing_dominant_mechanism.yaml").read_text())
+    assert "arm=grpo_none" in raw["overrides"]
+    load_study(_conf_copy(tmp_path / "ok", "routing_dominant_mechanism"))
+    bare = [o for o in raw["overrides"] if not o.startswith("arm=")]
+    with pytest.raises(ValueError) as refused:
+        load_study(_conf_copy(tmp_path / "open", "routing_dominant_mechanism", overrides=bare))
+    assert "cell moe@offpolicy leaves ['arm'] of preset phase's sweep unset" in str(refused.value)
+    arms = {name: {**arm, "overrides": [*arm["overrides"], "arm=grpo_none"]} for name, arm in raw["arms"].items()}
+    load_study(_conf_copy(tmp_path / "per_arm", "routing_dominant_mechanism", overrides=bare, arms=arms))

@@ -726,6 +726,29 @@ def check_study(study: Study) -> None:
     if not 0 < d.alpha < 0.5 or not 0 < d.power < 1 or d.mde <= 0:
         raise ValueError(f"study {name}: alpha {d.alpha}, power {d.power}, mde {d.mde} out of range")
     _check_duplicates(study)  # two cells composing to one run config: refused unless declared (`duplicates`)
+    if study.as_ran is None:
+        _check_sweeps(study)  # one run per seed and cell: no axis of the preset's sweep left open
+
+
+def _check_sweeps(study: Study) -> None:
+    """Refuse a cell whose overrides leave an axis of its preset's own sweep (`hydra.sweeper.params`, less `seed`,
+    which the launcher sets) unset: its multirun would run every value of that axis under the cell's name, a mix of
+    configs read as one arm, at that many times the declared cost."""
+    preset = study.file.parent.parent / "preset" / f"{study.preset}.yaml"
+    if not preset.is_file():
+        return
+    raw = yaml.safe_load(preset.read_text()) or {}
+    params = ((raw.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    axes = [str(k).lstrip("+") for k in params if str(k).lstrip("+") != "seed"]
+    for cell in study.cells():
+        given = {o.lstrip("~+").partition("=")[0] for o in study.run_overrides(*cell)}
+        open_axes = [a for a in axes if a not in given]
+        if open_axes:
+            raise ValueError(
+                f"study {study.name}: cell {'@'.join(cell)} leaves {open_axes} of preset {study.preset}'s sweep "
+                f"unset, so its multirun would run every value of each under one cell; set them in the study's, "
+                "the arm's or the level's overrides"
+            )
 
 
 def studies_folder(presets: str | Path) -> Path:
