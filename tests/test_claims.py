@@ -425,7 +425,8 @@ def _ladder(cold_seeds: int, seeds: int) -> pd.DataFrame:
 def test_the_claims_page_writes_its_table_as_data_and_the_readme_table_reads_it(tmp_path) -> None:
     """`write_claims_page` writes claims.csv beside CLAIMS.md (one row per claim, every field as text); README.md's
     claim table is built from it alone: the claim, its verdict, the model it was read on ("—" where none) and what
-    the runs show, a pipe in a field escaped."""
+    the runs show, a pipe in a field escaped, and its reading on the routing-dominant rung ("—" where none; the row's
+    verdict alone in bold)."""
     from moe_rl.analysis.pages import read_claims, readme_claims_table, write_claims_page
 
     assert read_claims(tmp_path) is None and readme_claims_table(tmp_path) is None
@@ -441,15 +442,17 @@ def test_the_claims_page_writes_its_table_as_data_and_the_readme_table_reads_it(
         reason="an effect of +0.05 excluded",
         read_on="qwen3_moe E=8 k=2 L=2",
         divergence="0.99 [0.92, 1.08]",
+        on_rung="inconclusive: -2.2 pp [-10.7, +6.4], 24 starts, look 3 (wide: r2_minus_none); pool limit reached",
     )
     stated = C.Claim(id=9, claim="Freezing the router stabilises GRPO", source="s", rule="r")
     write_claims_page(tmp_path, [decided, stated], [], ())
     table = read_claims(tmp_path)
     assert table is not None and list(table["id"]) == ["2", "9"] and table.loc[1, "read_on"] == ""
     assert readme_claims_table(tmp_path) == (
-        "| # | claim | verdict | read on | what the runs show |\n"
-        "|---:|:---|:---|:---|:---|\n"
+        "| # | claim | verdict | read on | what the runs show | on the routing-dominant rung |\n"
+        "|---:|:---|:---|:---|:---|:---|\n"
         "| 2 | R2 \\| stabilises | **not reproduced** | qwen3_moe E=8 k=2 L=2 | -1.8 pp [-7.0, +3.4] (edge: "
-        "r2_minus_none: 24 starts); divergence ratio 0.99 [0.92, 1.08]; an effect of +0.05 excluded |\n"
-        "| 9 | Freezing the router stabilises GRPO | **inconclusive** | — | no statistic; no data |\n"
+        "r2_minus_none: 24 starts); divergence ratio 0.99 [0.92, 1.08]; an effect of +0.05 excluded | "
+        "inconclusive: -2.2 pp [-10.7, +6.4], 24 starts, look 3 (wide: r2_minus_none); pool limit reached |\n"
+        "| 9 | Freezing the router stabilises GRPO | **inconclusive** | — | no statistic; no data | — |\n"
     )

@@ -596,9 +596,8 @@ def test_a_relative_margin_is_a_share_of_the_references_own_loss(tmp_path) -> No
     assert r["verdict"] == study_rule.INCONCLUSIVE
 
 
-def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_path, monkeypatch) -> None:
-    """CLAIMS.md's section of a declared study: each claim's row with the routing share it was read at and its
-    realised divergence ratio (matched or not), and the placebo's reading beside them."""
+def _read_tiny_matched_study(tmp_path, monkeypatch) -> None:
+    """A matched study `tiny` in tmp_path/study whose analysis (patched) reads claim 2 and its placebo at look 1."""
     raw = {
         **BASE,
         "arms": {**BASE["arms"], "placebo": {"overrides": ["replay=none", "optim.weight_decay=0.01"]}},
@@ -622,6 +621,12 @@ def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_
     )
     result = study_rule.StudyResult(pd.DataFrame(), pd.DataFrame(), verdicts, pd.DataFrame(), [], "")
     monkeypatch.setattr(study_claims, "analyse", lambda study, runs: result)
+
+
+def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_path, monkeypatch) -> None:
+    """CLAIMS.md's section of a declared study: each claim's row with the routing share it was read at and its
+    realised divergence ratio (matched or not), and the placebo's reading beside them."""
+    _read_tiny_matched_study(tmp_path, monkeypatch)
     lines = study_claims.claims_section("tiny", "Claim 2 on a rung", ("2",))(tmp_path, tmp_path / "preset")
     table = [line for line in lines if line.startswith("| 2 ")]
     assert table == [
@@ -632,6 +637,26 @@ def test_a_claims_section_shows_where_each_verdict_was_read_and_the_placebo(tmp_
         "The placebo `placebo_minus_none` (the reference against itself at another lr, matched back like any arm) "
         "reads -0.4 pp [-3.0, +2.0]: inconclusive (open)."
     )
+
+
+def test_a_rung_reading_is_the_claims_cell_of_the_claim_table_and_the_registry_names_its_studies(
+    tmp_path, monkeypatch
+) -> None:
+    """A study whose section names a rung gives each of its claims one cell of the claim table's rung column: the
+    verdict, difference [repeated CI], starts, look, where it was read and the divergence ratio, then the reason; a
+    claim of another contrast or the placebo gets none. The registry's rung studies are the two on the ladder's
+    routing-dominant rung."""
+    from moe_rl import studies
+
+    _read_tiny_matched_study(tmp_path, monkeypatch)
+    cells = study_claims.rung_readings("tiny", ("2",))(tmp_path, tmp_path / "preset")
+    assert cells == {
+        2: "inconclusive: +3.1 pp [-2.0, +8.0], 8 starts, look 1 (tiny: r2_minus_none; qwen3_moe E=64; routing's "
+        "share 45%; divergence ratio 0.97 [0.90, 1.04], matched within [0.952, 1.05]); open"
+    }
+    assert study_claims.rung_readings("tiny", ("9",))(tmp_path, tmp_path / "preset") == {}
+    rungs = {s.folder: s.rung for s in studies.registry(ROOT / "experiments" / "conf" / "preset") if s.rung}
+    assert rungs == {n: "64 experts, top-2, 4 layers" for n in ("routing_dominant", "routing_dominant_mechanism")}
 
 
 def test_the_divergence_note_says_whether_a_matched_contrast_landed_inside_its_tolerance() -> None:

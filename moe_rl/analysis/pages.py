@@ -42,6 +42,7 @@ CLAIMS_COLUMNS = (
     "divergence",
     "verdict",
     "reason",
+    "on_rung",
 )
 README_CLAIMS = ("<!-- claim table: python -m moe_rl.report --claims --readme -->", "<!-- end of claim table -->")
 
@@ -59,7 +60,8 @@ def read_claims(root: Path) -> pd.DataFrame | None:
 
 def readme_claims_table(root: Path) -> str | None:
     """README.md's claim table from RESULTS_ROOT/claims.csv: each claim, its verdict, the model and routing share it
-    was read on, and what the runs show (the statistic, the study and cells, the divergence ratio, the reason)."""
+    was read on, what the runs show (the statistic, the study and cells, the divergence ratio, the reason) and its
+    reading on the routing-dominant rung (the row's verdict alone in bold)."""
     table = read_claims(root)
     if table is None:
         return None
@@ -70,9 +72,19 @@ def readme_claims_table(root: Path) -> str | None:
         ratio = f"; divergence ratio {row['divergence']}" if row["divergence"] else ""
         return f"{row['statistic'] or 'no statistic'}{where}{ratio}; {row['reason']}"
 
-    lines = ["| # | claim | verdict | read on | what the runs show |", "|---:|:---|:---|:---|:---|"]
+    lines = [
+        "| # | claim | verdict | read on | what the runs show | on the routing-dominant rung |",
+        "|---:|:---|:---|:---|:---|:---|",
+    ]
     for _, row in table.iterrows():
-        cells = (row["id"], row["claim"], f"**{row['verdict']}**", row["read_on"] or "—", shows(row))
+        cells = (
+            row["id"],
+            row["claim"],
+            f"**{row['verdict']}**",
+            row["read_on"] or "—",
+            shows(row),
+            row.get("on_rung") or "—",
+        )
         lines.append("| " + " | ".join(escape_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

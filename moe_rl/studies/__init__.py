@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from moe_rl.analysis.claims import Claim, ClaimItem, evaluate_claims
@@ -42,6 +42,8 @@ class ResultsFolder:
     report: StudyReport | None = None  # (runs_dir, out, presets) -> files; None: the folder report by arm
     claims: Mapping[int, ClaimItem] = field(default_factory=dict)  # the claims whose current reading it holds, by id
     claims_section: Section | None = None  # its section of CLAIMS.md
+    rung: str = ""  # the rung its section's claims were read on ("" where it names none)
+    rung_readings: Callable[[Path, Path], dict[int, str]] | None = None  # their cells of the claim table's rung column
     history: str = ""  # a superseded sweep or a pilot kept as history: by what, and why ("" where current)
     superseded_by: str = ""  # the study that re-reads what it read ("" where none)
     order: int = 0
@@ -144,6 +146,11 @@ def _registry(folder: Path) -> tuple[ResultsFolder, ...]:
         launched = study and "as_ran" not in raw  # a study re-reading its presets' runs keeps its folder's report
         report = raw.get("report")
         history = raw.get("status", "current") == "history"
+        section = raw.get("claims_section")
+        rung, readings = "", None
+        if isinstance(section, dict) and section.get("rung"):
+            rung = " ".join(str(section["rung"]).split())
+            readings = study_claims.rung_readings(name, tuple(str(c) for c in section["claims"]))
         if history and not raw.get("reason"):
             raise ValueError(f"{path}: status history needs a reason (superseded by what, or kept why)")
         rows.append(
@@ -154,6 +161,8 @@ def _registry(folder: Path) -> tuple[ResultsFolder, ...]:
                 report=_report(report, path) if report else study_report.study_report(name) if launched else None,
                 claims={c: _judge(c, name, decides, files) for c, n in sorted(heads.items()) if n == name},
                 claims_section=_section(raw.get("claims_section"), name, path),
+                rung=rung,
+                rung_readings=readings,
                 history=" ".join(str(raw.get("reason", "")).split()) if history else "",
                 superseded_by=str(raw.get("superseded_by") or ""),
                 order=int(raw["order"]),
@@ -192,9 +201,15 @@ def study_of_runs(runs_dir: Path, presets: str | Path) -> ResultsFolder | None:
 
 
 def claims(root: Path, presets: Path, declarations: Path | None = None) -> list[Claim]:
-    """Every study's claims, judged on the result folders under `root`, in id order. The registry is read from
+    """Every study's claims, judged on the result folders under `root`, in id order, each with its reading on the
+    routing-dominant rung where a study's section reads it there (`on_rung`). The registry is read from
     `declarations` where given, else beside `presets`; a claim no declaration reads has no data."""
-    return evaluate_claims(root, claim_items(presets, declarations), presets)
+    judged = evaluate_claims(root, claim_items(presets, declarations), presets)
+    on_rung: dict[int, str] = {}
+    for s in registry(presets, declarations):
+        if s.rung_readings is not None:
+            on_rung.update(s.rung_readings(root, presets))
+    return [replace(c, on_rung=on_rung.get(c.id, "")) for c in judged]
 
 
 def write_claims(root: Path, presets: Path, out: Path | None = None) -> Path:

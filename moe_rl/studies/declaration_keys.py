@@ -49,6 +49,12 @@ KEYS: tuple[Key, ...] = (
     Key("claims_section.title", "or its contrasts of other claims' readings in a table: the section's title"),
     Key("claims_section.claims", "the claims whose contrasts the table shows", example='["2", "3"]'),
     Key("claims_section.then", "a section that follows that table, module:function", "none"),
+    Key(
+        "claims_section.rung",
+        "the rung those claims were read on: their readings fill the claim table's rung column",
+        "none",
+        '"64 experts, top-2, 4 layers"',
+    ),
     Key("preset", "the Hydra preset every run composes (experiments/conf/preset/NAME.yaml)", example="phase"),
     Key("overrides", "Hydra overrides every run gets", "[]", "[model.num_experts=64]"),
     Key("arms.*.overrides", "an arm: its Hydra overrides", example="[arm=grpo_r2]"),

@@ -1,6 +1,7 @@
 """A declared study's claims on CLAIMS.md: a claim decided by one contrast of a declared study, its earlier looks
 in its notes (`study_claim`), a claim as a declaration states it before any look (`stated_claim`), and a study's
-section of secondary readings (`claims_section`)."""
+section of secondary readings (`claims_section`) and those readings as one cell of the claim table per claim
+(`rung_readings`)."""
 
 from __future__ import annotations
 
@@ -241,3 +242,28 @@ def claims_section(study_name: str, title: str, claims: tuple[str, ...]) -> Call
         return [*lines, ""]
 
     return section
+
+
+def rung_readings(study_name: str, claims: tuple[str, ...]) -> Callable[[Path, Path], dict[int, str]]:
+    """The claim table's cell of each of `claims` read by a declared study on another rung than the claim's current
+    reading: its verdict, difference [repeated CI] over its starts, the look, the model and routing share it was read
+    on and the divergence ratio ({} where the study has no finished runs)."""
+
+    def readings(root: Path, presets: Path) -> dict[int, str]:
+        try:
+            study = load_study(declaration(study_name, presets))
+            result = analyse(study, Path(root) / study.name / "runs")
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for _, r in result.verdicts[result.verdicts["claim"].isin(claims)].iterrows():
+            ratio = divergence_text(study, r, str(r["contrast"]))
+            out[int(r["claim"])] = (
+                f"{r['verdict']}: {100 * r['estimate']:+.1f} {UNITS[r['outcome']]} [{100 * r['lo']:+.1f}, "
+                f"{100 * r['hi']:+.1f}], {int(r['starts'])} starts, look {int(r['look'])} ({study_name}: "
+                f"{r['contrast']}{'; ' + str(r['read_on']) if r.get('read_on') else ''}"
+                f"{'; divergence ratio ' + ratio if ratio else ''}); {r['reason']}"
+            )
+        return out
+
+    return readings

@@ -80,7 +80,9 @@ def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders:
             "the runs could have detected. p: a declared study's repeated p-value; `Holm (all)`: whether a reproduced "
             "verdict also holds with Holm across every claim a declared study tested; `read on`: the model and "
             "routing's share of the token log-ratio variance on the reference's runs; `divergence ratio`: the "
-            "cells' early acting KL, arm over reference, geometric mean over starts with its 95% interval. Earlier "
+            "cells' early acting KL, arm over reference, geometric mean over starts with its 95% interval; `on the "
+            "routing-dominant rung`: the claim read by the same rule on the ladder's rung where routing carries about "
+            "half of the ratio variance, by a study of its own (its section below). Earlier "
             "looks, in each claim's notes, are read by the same rule at the looks and starts they had; a sweep its "
             "presets ran before studies were declared is re-read by it as it ran (`as_ran`, most on one cold start: "
             "too few starts to decide). Collapse labels move with their definition: see the grid of "
@@ -97,8 +99,8 @@ def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders:
         ),
         "",
         "| # | claim | experiment and cells | read on | statistic [95% interval] | test | p | Holm (all) | divergence "
-        "ratio | verdict | why |",
-        "|---:|:---|:---|:---|:---|:---|---:|:---|:---|:---|:---|",
+        "ratio | verdict | why | on the routing-dominant rung |",
+        "|---:|:---|:---|:---|:---|:---|---:|:---|:---|:---|:---|:---|",
     ]
 
     esc = escape_cell
@@ -107,7 +109,8 @@ def format_claims_markdown(claims: list[Claim], root: str | Path, scale_folders:
         lines.append(
             f"| {c.id} | {esc(c.claim)} ({esc(c.source)}) | {esc(c.experiment)}: {esc(c.cells) or '—'} | "
             f"{esc(c.read_on) or '—'} | {esc(c.statistic) or '—'} | {esc(c.test) or '—'} | {fmt_p(c.p_value)} | "
-            f"{held.get(c.id, '—')} | {esc(c.divergence) or '—'} | **{c.verdict}** | {esc(c.reason)} |"
+            f"{held.get(c.id, '—')} | {esc(c.divergence) or '—'} | **{c.verdict}** | {esc(c.reason)} | "
+            f"{esc(c.on_rung) or '—'} |"
         )
     lines += ["", "## Rules and reasons", ""]
     for c in claims:

@@ -51,6 +51,7 @@ class Claim:
     read_on: str = ""  # the model the verdict was read on and routing's share of the ratio variance there
     divergence: str = ""  # the realised divergence ratio of the cells it compares, with its interval
     secondary: str = ""  # the mission's outcomes of the same contrast, paired over starts
+    on_rung: str = ""  # its reading on the routing-dominant rung (a study whose CLAIMS.md section names a rung)
     looked: str = "at the level they were read"  # how a later look's notes name this reading
 
 
