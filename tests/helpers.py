@@ -90,9 +90,13 @@ def run_values(run: Path) -> pd.DataFrame:
     return run_metrics(run)[["step", "key", "value"]]
 
 
+# What a launched run's environment sets: one thread, this checkout first, Hydra's full errors.
+TRAIN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1"}
+
+
 def train_env(**extra: str) -> dict[str, str]:
-    """The environment a launched run gets: one thread, this checkout first, Hydra's full errors."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "1", **extra}
+    """The environment a launched run gets: this one with TRAIN_ENV (and `extra`) set."""
+    return {**os.environ, **TRAIN_ENV, **extra}
 
 
 @functools.cache
@@ -107,22 +111,104 @@ def launcher() -> types.ModuleType:
 
 def study_dry_run(folder: Path | None, name: str) -> subprocess.CompletedProcess:
     """`experiments/study.py NAME --dry-run` on the declarations in `folder` (None: the shipped ones), run in this
-    process from the repository root, its output captured as a subprocess would give it (an exit message on stderr,
-    return code 1)."""
-    argv = [name, "--dry-run", *(["--studies", str(folder)] if folder is not None else [])]
+    process (`run_study`)."""
+    return run_study(name, "--dry-run", *(["--studies", str(folder)] if folder is not None else []))
+
+
+def run_study(*argv: str) -> subprocess.CompletedProcess:
+    """`experiments/study.py ARGV` run in this process from the repository root (no interpreter to start, nothing to
+    import again; the runs it launches are still processes of their own, with this process's environment), its own
+    output captured as a subprocess would give it (an exit message on stderr, return code 1)."""
     out, err, code = io.StringIO(), io.StringIO(), 0
     cwd = os.getcwd()
     try:
         os.chdir(ROOT)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            launcher().main(argv)
+            launcher().main(list(argv))
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
         if not isinstance(stop.code, int) and stop.code is not None:
             err.write(f"{stop.code}\n")
     finally:
         os.chdir(cwd)
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
+
+
+def run_train(*argv: str) -> subprocess.CompletedProcess:
+    """`python experiments/train.py ARGV` as `launch` runs it (from the repository root, TRAIN_ENV set, one torch
+    thread), in this process: the script runs as `__main__` (`runpy`), so its Hydra entry point composes, checks and
+    runs exactly what a launch's does, with no interpreter to start and nothing to import again. Its output is
+    captured as a subprocess would give it: what it prints (its log lines too), the message and return code 1 of a
+    `sys.exit`, and a traceback and return code 1 for an exception that escapes it (HYDRA_FULL_ERROR=1 lets Hydra
+    re-raise). The environment, the working folder, sys.argv, torch's thread count and the root logger (Hydra
+    configures logging for its jobs) are put back after."""
+    import logging
+    import runpy
+    import traceback
+
+    import torch
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    environ, cwd, args, threads = dict(os.environ), os.getcwd(), sys.argv, torch.get_num_threads()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        os.environ.update(TRAIN_ENV)
+        os.chdir(ROOT)
+        sys.argv = ["experiments/train.py", *argv]
+        torch.set_num_threads(1)  # OMP_NUM_THREADS=1 of a launch
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(str(ROOT / "experiments" / "train.py"), run_name="__main__")
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+                if not isinstance(stop.code, int) and stop.code is not None:
+                    err.write(f"{stop.code}\n")
+            except Exception:  # noqa: BLE001 - what the interpreter would print, and its exit status
+                traceback.print_exc()
+                code = 1
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+        torch.set_num_threads(threads)
+        sys.argv = args
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(["experiments/train.py", *argv], code, out.getvalue(), err.getvalue())
+
+
+def train_in_process(monkeypatch, module: types.ModuleType, launch_if=lambda cmd: False) -> list[list[str]]:
+    """Make `module`'s `subprocess.run` (its own name for the module, no one else's) run each
+    `python experiments/train.py ARGV` it is given in this process (`run_train`: the script's own entry point, no
+    interpreter to start) rather than launch it; those `launch_if(cmd)` picks, and every other command, are run as
+    before. Returns the list of the train commands it is given, in order, as they come. A run's output is captured
+    (returned where the caller captures it; a failed run's stderr printed)."""
+    real = subprocess.run
+    given: list[list[str]] = []
+
+    def run(cmd, *args, **kwargs):
+        if len(cmd) < 2 or cmd[0] != sys.executable or Path(ROOT, cmd[1]) != ROOT / "experiments" / "train.py":
+            return real(cmd, *args, **kwargs)
+        given.append(list(cmd))
+        if launch_if(cmd):
+            return real(cmd, *args, **kwargs)
+        assert Path(kwargs.get("cwd", os.getcwd())).resolve() == ROOT, kwargs  # the paths in cmd are the root's
+        done = run_train(*cmd[2:])
+        if done.returncode != 0:
+            print(done.stderr[-3000:], file=sys.stderr)
+        if kwargs.get("check") and done.returncode != 0:
+            raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
+        return done
+
+    monkeypatch.setattr(module, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "run": run}))
+    return given
 
 
 def train_command(overrides: list[str], run: Path, cache: Path, *extra: str, nproc: int = 0) -> list[str]:

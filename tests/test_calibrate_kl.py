@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import pytest
-from helpers import ROOT, tiny_overrides
+from helpers import ROOT, tiny_overrides, train_in_process
 
 from moe_rl.analysis.dose import acting_kl_per_run, kl_summary
 from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING
@@ -82,9 +82,14 @@ def test_the_key_holds_what_the_calibration_depends_on() -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_calibration_runs_its_pilots_and_is_cached(tmp_path, cache) -> None:
+def test_a_tiny_calibration_runs_its_pilots_and_is_cached(tmp_path, cache, monkeypatch) -> None:
     """Two 2-step pilots and the held-out one on the tiny config: the cache holds the lr, the fit and the held-out
-    pilot's measured vs predicted KL; a second call reads it without running anything."""
+    pilot's measured vs predicted KL; a second call reads it without running anything.
+
+    Each pilot's command is the one `pilot` builds; the held-out pilot is launched as in real use (a process of its
+    own), the grid's two run that command's script in this process (`train_in_process`: the same entry point, no
+    interpreter to start)."""
+    launched = train_in_process(monkeypatch, ck, launch_if=lambda cmd: any("/heldout_lr_" in arg for arg in cmd))
     overrides = (*tiny_overrides(), f"cold_start.cache_dir={cache}")
     table = tmp_path / "kl.json"
     kwargs = dict(lrs=(1e-3, 1e-2), steps=2, overrides=overrides, runs=tmp_path / "runs", cache=table)
@@ -95,9 +100,9 @@ def test_a_tiny_calibration_runs_its_pilots_and_is_cached(tmp_path, cache) -> No
     assert held["early"] > 0 and held["measured_over_predicted"] == pytest.approx(held["early"] / 1e-3)
     assert len(json.loads(table.read_text())) == 1
     runs = sorted((tmp_path / "runs").rglob("metrics.parquet"))
-    assert len(runs) == 3
+    assert len(runs) == 3 and len(launched) == 3
     again = ck.calibrate("grpo_none", "qwen3_moe", 1e-3, **kwargs)
-    assert again["cached"] and again["lr"] == out["lr"]
+    assert again["cached"] and again["lr"] == out["lr"] and len(launched) == 3
     assert ck.cached_lr("grpo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) == out["lr"]
     assert ck.cached_lr("sapo_none", "qwen3_moe", 1e-3, overrides=overrides, steps=2, cache=table) is None
 

@@ -8,13 +8,14 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 
-from moe_rl.config import TrainConfig, to_train_config
+from moe_rl.config import TrainConfig, to_train_config, validate
 from moe_rl.run.launch import interrupted_line, old_preset_spelling, refuse_old_preset_spelling
 
 CONF = ROOT / "experiments" / "conf"
@@ -46,15 +47,8 @@ def test_the_old_preset_spelling_is_refused_with_the_new_one() -> None:
     assert old_preset_spelling(["+preset=smoke", "experiment=mine", "steps=4"]) is None
     with pytest.raises(SystemExit, match=re.escape(f"error: {line}")):
         refuse_old_preset_spelling(["+experiment=smoke"])
-    out = subprocess.run(
-        [sys.executable, "experiments/train.py", "+experiment=smoke", "dry_run=true"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    # the command as typed: `python experiments/train.py ...`, the script run in this process (`run_train`)
+    out = run_train("+experiment=smoke", "dry_run=true")
     assert out.returncode == 1 and out.stderr.strip() == f"error: {line}", out.stderr[-2000:]
 
 
@@ -86,11 +80,29 @@ def test_interrupted_line_says_what_a_rerun_does(tmp_path) -> None:
         ),
     ],
 )
-def test_a_bad_config_value_ends_with_its_one_line(overrides: list[str], line: str, tmp_path) -> None:
-    """As a new user types it: the reason in one line and exit status 1, not a traceback under Hydra's banner."""
+def test_a_bad_config_value_is_refused_in_its_one_line(overrides: list[str], line: str) -> None:
+    """Composed as `experiments/train.py` composes it, each bad value is refused by a ValueError whose message is its
+    one line, with no warning printed on the way (Python's default filters: a deprecation is not shown). A launch
+    prints any such refusal as `error: <message>` and exits 1 (`run_from_hydra`, the same path for every value: the
+    next test launches one), so these are checked in this process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for quiet in (DeprecationWarning, PendingDeprecationWarning):
+            warnings.filterwarnings("ignore", category=quiet)
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+            with pytest.raises(ValueError) as refused:
+                validate(to_train_config(cfg))
+    assert str(refused.value) == line
+
+
+def test_a_bad_config_value_ends_the_launch_with_its_one_line_and_marks_its_folder_invalid(tmp_path) -> None:
+    """As a new user types it: the reason in one line and exit status 1, not a traceback under Hydra's banner; the
+    run folder (out_dir is honoured: Hydra's folder is it) says why it holds no run, and no work was done."""
+    run = tmp_path / "my_run"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     out = subprocess.run(
-        [sys.executable, "experiments/train.py", *overrides, f"results_dir={tmp_path}"],
+        [sys.executable, "experiments/train.py", "optim.lr=-1", f"out_dir={run}"],
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -98,7 +110,12 @@ def test_a_bad_config_value_ends_with_its_one_line(overrides: list[str], line: s
         timeout=300,
         check=False,
     )
+    line = "optim.lr=-1.0 must be > 0"
     assert out.returncode == 1 and out.stderr.strip() == f"error: {line}", out.stderr[-2000:]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "invalid"
+    assert status["error"] == {"type": "ValueError", "message": line}
+    assert not (run / "metrics.parquet").exists()
 
 
 def test_the_trace_of_a_bad_config_value_on_request(tmp_path) -> None:

@@ -1,8 +1,10 @@
 """One run over many processes: reductions against one-process references, and torchrun runs on gloo.
 
 The pure reductions are checked in-process against the one-process metric functions on the union of
-the rows. The torchrun tests launch `experiments/train.py` on 1 and 2 CPU processes (gloo) and compare
-the run directories; `dist_worker.py` checks replay and gradient checkpointing on FSDP2-sharded routers.
+the rows. The torchrun tests launch `experiments/train.py` on 2 CPU processes (gloo) and compare the run
+directories with one process's (torchrun with one process once, plain python, bitwise the same, elsewhere: the
+script run in this process, `run_train`);
+`dist_worker.py` checks replay and gradient checkpointing on FSDP2-sharded routers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import ROOT, launch, planted_routes, run_values, tiny_overrides, train_command, train_env
+from helpers import ROOT, launch, planted_routes, run_train, run_values, tiny_overrides, train_command, train_env
 
 from moe_rl.algos import cispo_loss, grpo_loss, gspo_loss, gspo_token_loss, sapo_loss
 from moe_rl.loop.distributed import Dist, SilentWriter, group_block, local_rows
@@ -48,6 +50,7 @@ from moe_rl.routing.compare import (
     position_finalize,
     position_parts,
 )
+from moe_rl.run.folder import RunDirectoryError
 from moe_rl.tasks import make_tokenizer
 
 
@@ -313,8 +316,11 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 
 def _python(run: Path, cache: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    """The same launch as `_torchrun`, with plain python."""
-    return launch(train_command(OVERRIDES, run, cache, *extra), check=check)
+    """The same launch as `_torchrun`, with plain python: `python experiments/train.py ...` run in this process
+    (`run_train`: the script's own entry point, no interpreter to start), a world of size 1."""
+    out = run_train(*train_command(OVERRIDES, run, cache, *extra)[2:])
+    assert not check or out.returncode == 0, out.stderr[-4000:]
+    return out
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -329,6 +335,14 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """This module's own cold-start cache, not the session's (conftest.py): the float64 warm-up is trained by this
+    module's first launch (in file order, the `runs` fixture's 2-rank run: a warm-up trained under torchrun), not
+    read from another module's (test_staleness warms the same one)."""
+    return tmp_path_factory.mktemp("cold_start")
+
+
+@pytest.fixture(scope="module")
 def runs(tmp_path_factory, cache):
     """One R3 config run on 2 and on 1 ranks (6 steps, the checkpoint of step 4 kept). The 2-rank run
     comes first, so it trains the cold start under torchrun (rank 0 writes it, rank 1 loads it)."""
@@ -340,7 +354,9 @@ def runs(tmp_path_factory, cache):
 
 @pytest.mark.slow
 def test_python_and_torchrun_with_one_process_log_bitwise_the_same(runs) -> None:
-    """A plain run is a world of size 1: the same sampling, metrics and checkpoint as torchrun with one process."""
+    """A plain run is a world of size 1: the same sampling, metrics and checkpoint as torchrun with one process (so
+    the other tests' one-process references and resumes are plain python runs, which `_python` runs in this process:
+    no interpreter to start). The plain run here is one of those, so it is what they stand on."""
     root, cache = runs
     _python(root / "r3_python", cache, "steps=6", "replay=r3", "keep_checkpoint=true")
     plain, one = run_values(root / "r3_python"), run_values(root / "r3_1")
@@ -351,11 +367,34 @@ def test_python_and_torchrun_with_one_process_log_bitwise_the_same(runs) -> None
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _composed(run: Path, cache: Path, *extra: str):
+    """The TrainConfig that `_python(run, cache, *extra)` runs, composed in this process as experiments/train.py
+    composes it (Hydra, then validation; the run folder and the absolute cache as the launch sets them)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from moe_rl.config import TrainConfig, to_train_config, validate
+
+    ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    with initialize_config_dir(config_dir=str(ROOT / "experiments" / "conf"), version_base="1.3"):
+        overrides = [*OVERRIDES, *extra, f"cold_start.cache_dir={cache}"]
+        cfg = validate(to_train_config(compose("config", overrides=overrides)))
+    cfg.out_dir = str(run)
+    return cfg
+
+
 @pytest.mark.slow
 def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None:
-    """Config mismatch, foreign checkpoint, other cold start, a single-process checkpoint under N > 1: each
-    refused with RunDirectoryError, under python and under torchrun, and the folder (.hydra/ included) is as
-    it was."""
+    """Config mismatch of either checkpoint, other cold start, a single-process checkpoint under N > 1: each
+    refused with RunDirectoryError, and the folder (.hydra/ included) is as it was.
+
+    Every refusal is one check, `refuse_foreign_dir`, which `experiments/train.py` makes before it writes anything
+    (under python and under torchrun alike): each of the four is checked in this process on the config the launch
+    composes, and two are launched, one with plain python (the config mismatch of the sharded checkpoint; the script
+    run in this process, `_python`) and one under torchrun (the single-process checkpoint only a world of 2 meets), to
+    show that a refused launch writes nothing in the folder, Hydra's record included."""
+    from moe_rl.config import config_hash
+    from moe_rl.train import refuse_foreign_dir
 
     root, cache = runs
     extra = ("steps=6", "replay=r3", "keep_checkpoint=true")
@@ -369,17 +408,27 @@ def test_refused_launches_leave_every_byte_of_the_folder(runs, tmp_path) -> None
     shutil.copytree(sharded, tmp_path / "other_cold" / "run")
     other_cold = tmp_path / "other_cold" / "run"
     (other_cold / "checkpoint.json").write_text(json.dumps({**pointer, "cold_start_key": "another"}))
-    # (torchrun and python share the check, `refuse_foreign_dir` before any work: torchrun launches the two
-    # refusals only a world of 2 can meet, python the config mismatch of either checkpoint)
+    # the composed config is the launched one: both checkpoints carry its hash (so no refusal below is vacuous)
+    own = config_hash(_composed(single, cache, *extra))
+    assert pointer["config_hash"] == own == torch.load(single / "checkpoint.pt", weights_only=True)["config_hash"]
+    checks = [
+        (single, ("optim.lr=1e-4",), 1, "another config"),
+        (sharded, ("optim.lr=1e-4",), 1, "another config"),
+        (single, (), 2, "single-process checkpoint"),
+        (other_cold, (), 2, "another cold start"),
+    ]
+    for run, change, world_size, reason in checks:
+        before = _digest(run)
+        assert any(name.startswith(".hydra/") for name in before) and "checkpoint" in " ".join(before)
+        with pytest.raises(RunDirectoryError, match=reason):
+            refuse_foreign_dir(_composed(run, cache, *extra, *change), world_size)
+        assert _digest(run) == before, (reason, run.name)
     launches = [
-        (lambda run: _python(run, cache, *extra, "optim.lr=1e-4", check=False), single, "another config"),
         (lambda run: _python(run, cache, *extra, "optim.lr=1e-4", check=False), sharded, "another config"),
         (lambda run: _torchrun(2, run, cache, *extra, check=False), single, "single-process checkpoint"),
-        (lambda run: _torchrun(2, run, cache, *extra, check=False), other_cold, "another cold start"),
     ]
     for relaunch, run, reason in launches:
         before = _digest(run)
-        assert any(name.startswith(".hydra/") for name in before) and "checkpoint" in " ".join(before)
         out = relaunch(run)
         assert out.returncode != 0 and "RunDirectoryError" in out.stderr and reason in out.stderr, out.stderr[-3000:]
         assert _digest(run) == before, (reason, run.name)
@@ -462,12 +511,54 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_rerun_resumes_exactly(runs) ->
     assert not (run / "checkpoint.json").exists() and not list(run.glob("checkpoint-*"))
 
 
+# The submitit sweep's runs: R2 on 2 ranks, 4 steps, the final checkpoint kept, one job per strategy.
+SWEEP = ("steps=4", "replay=r2", "keep_checkpoint=true")
+
+
+@pytest.fixture(scope="module")
+def sweep(runs, tmp_path_factory):
+    """The Slurm recipe of docs/scale.md with submitit's local executor (2 tasks per node: each task of a job is one
+    rank), a multirun of two jobs, DDP and FSDP2: (its command, its results folder, the launch's output). The
+    submitit test reads the sweep and reruns it; the DDP test resumes a copy of its DDP run."""
+    _, cache = runs
+    results = tmp_path_factory.mktemp("submitit")
+    cmd = [
+        sys.executable,
+        "experiments/train.py",
+        "-m",
+        *OVERRIDES,
+        *SWEEP,
+        "dist.strategy=ddp,fsdp",
+        f"cold_start.cache_dir={cache}",
+        f"results_dir={results}",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.timeout_min=10",
+    ]
+    out = subprocess.run(cmd, check=False, cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=900)
+    return cmd, results, out
+
+
+def _sweep_runs(sweep) -> dict[str, Path]:
+    """The sweep's run folders by their strategy (meta.json's), once the launch is seen to have succeeded."""
+    _, results, out = sweep
+    assert out.returncode == 0, out.stderr[-3000:]
+    metas = sorted(results.rglob("meta.json"))
+    return {json.loads(meta.read_text())["strategy"]: meta.parent for meta in metas}
+
+
 @pytest.mark.slow
-def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path) -> None:
+def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, sweep, tmp_path) -> None:
+    """The DDP run is the submitit sweep's DDP job (2 ranks, one per task), resumed here in a copy of its folder. The
+    world of size 1 that resumes its checkpoint is plain python: a world of size 1 takes the same path under torchrun
+    with one process (no process group: `Dist` is inactive), and the two launches log bitwise the same
+    (`test_python_and_torchrun_with_one_process_log_bitwise_the_same`)."""
     _, cache = runs
     run = tmp_path / "ddp"
-    extra = ("steps=4", "replay=r2", "keep_checkpoint=true")
-    _torchrun(2, run, cache, *extra, "dist.strategy=ddp")
+    extra = SWEEP
+    shutil.copytree(_sweep_runs(sweep)["ddp"], run)  # the sweep's own folder stays as the sweep left it
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["strategy"] == "ddp" and (run / "checkpoint.json").is_file()
     first = run_values(run)
     used = first[first["key"] == "route/used_vs_cached/flip_rate"]
     assert len(used) == 4 and (used["value"] == 0).all()
@@ -475,9 +566,7 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     # reshards, and the world of size 1 writes back bitwise the weights the two ranks saved.
     (run / "status.json").unlink()  # else the finished run is skipped
     sharded = _params(run)
-    copy = tmp_path / "plain"
-    shutil.copytree(run, copy)  # for the plain run below
-    out = _torchrun(1, run, cache, *extra, "dist.strategy=fsdp")
+    out = _python(run, cache, *extra)
     assert "resuming" in out.stdout + out.stderr and "resharding" in out.stdout + out.stderr
     assert json.loads((run / "status.json").read_text())["steps_done"] == 4
     resharded = _params(run)
@@ -485,9 +574,6 @@ def test_ddp_r2_replays_exactly_and_resumes_on_another_world_size(runs, tmp_path
     again = run_values(run)
     rewards = again["key"].isin(["reward/mean", "route/used_vs_cached/flip_rate"])
     pd.testing.assert_frame_equal(again[rewards], first[rewards])
-    plain = _python(copy, cache, *extra)  # a plain run is that world of size 1 and resumes the same way
-    assert "resuming" in plain.stdout + plain.stderr and "resharding" in plain.stdout + plain.stderr
-    assert all(torch.equal(sharded[k], v) for k, v in _params(copy).items())
 
 
 @pytest.mark.slow
@@ -500,40 +586,23 @@ def test_fsdp2_sharded_routers_record_and_replay_under_gradient_checkpointing() 
 
 
 @pytest.mark.slow
-def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(runs, tmp_path) -> None:
-    """The Slurm recipe of docs/scale.md with submitit's local executor: each task of a job is one rank."""
-    _, cache = runs
-    cmd = [
-        sys.executable,
-        "experiments/train.py",
-        "-m",
-        *OVERRIDES,
-        "steps=2",
-        "replay=r2,r3",
-        f"cold_start.cache_dir={cache}",
-        f"results_dir={tmp_path}",
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.tasks_per_node=2",
-        "hydra.launcher.timeout_min=10",
-    ]
-    env = train_env()
-    out = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    metas = sorted(tmp_path.rglob("meta.json"))
-    assert len(metas) == 2
-    for meta in metas:
-        doc = json.loads(meta.read_text())
-        assert doc["world_size"] == 2 and doc["strategy"] == "fsdp", doc
-        assert json.loads((meta.parent / "status.json").read_text())["status"] in ("completed", "collapsed")
-    # The same sweep again (Hydra's basic launcher this time): both runs are finished, so both are skipped
-    # and nothing in their folders is rewritten.
-    stamps = [(meta.parent / "metrics.parquet").stat().st_mtime_ns for meta in metas]
-    again = subprocess.run(
-        [c for c in cmd if not c.startswith("hydra")], check=False, cwd=ROOT, env=env, capture_output=True, text=True
-    )
+def test_submitit_tasks_per_node_runs_each_job_of_a_multirun_on_that_many_ranks(sweep) -> None:
+    """The Slurm recipe of docs/scale.md with submitit's local executor: each task of a job is one rank, in each job
+    of the sweep (one per strategy, DDP and FSDP2, each as the job's config names it)."""
+    cmd, results, _ = sweep
+    folders = _sweep_runs(sweep)
+    assert sorted(folders) == ["ddp", "fsdp"] and len(list(results.rglob("meta.json"))) == 2
+    for strategy, folder in folders.items():
+        doc = json.loads((folder / "meta.json").read_text())
+        assert doc["world_size"] == 2 and doc["strategy"] == strategy, doc
+        assert json.loads((folder / "status.json").read_text())["status"] in ("completed", "collapsed")
+    # The same sweep again (Hydra's basic launcher this time), the script run in this process (`run_train`): both
+    # runs are finished, so both are skipped and nothing in their folders is rewritten.
+    stamps = {s: (folder / "metrics.parquet").stat().st_mtime_ns for s, folder in folders.items()}
+    again = run_train(*(c for c in cmd[2:] if not c.startswith("hydra")))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (again.stdout + again.stderr).count("skipping") == 2
-    assert [(meta.parent / "metrics.parquet").stat().st_mtime_ns for meta in metas] == stamps
+    assert (again.stdout + again.stderr).count("skipping") == 2, again.stdout[-3000:]
+    assert {s: (folder / "metrics.parquet").stat().st_mtime_ns for s, folder in folders.items()} == stamps
 
 
 @pytest.mark.slow
@@ -542,8 +611,8 @@ def test_two_ranks_log_what_one_rank_logs_with_the_new_stabilizers(tmp_path, cac
     statistics are sums of the rows' counts (fallback slots, truncated tokens) or loss means with their
     denominators, so they pool exactly; the bounds are those of `test_two_ranks_log_what_one_rank_logs`."""
     extra = ("steps=3", "algo=sapo", "algo.router_shift=true", "replay=r2_threshold", "rollout.is_correction=tis")
-    for n in (1, 2):
-        _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
+    _python(tmp_path / "run_1", cache, *extra)  # one rank: plain python (torchrun's world of 1, bitwise)
+    _torchrun(2, tmp_path / "run_2", cache, *extra)
     one, two = run_values(tmp_path / "run_1"), run_values(tmp_path / "run_2")
     assert one[["step", "key"]].equals(two[["step", "key"]])
     both = one.merge(two, on=["step", "key"], suffixes=("_1", "_2"))
@@ -567,8 +636,8 @@ def test_two_ranks_anchor_and_scale_expert_steps_as_one_rank(tmp_path, cache) ->
     tokens per expert summed over the ranks, FSDP2's sharded experts scaled row by row): 2 ranks end at the
     weights 1 rank ends at, within the bound of `test_two_ranks_log_what_one_rank_logs`."""
     extra = ("steps=3", "replay=anchored", "optim.expert_step=load_aware", "keep_checkpoint=true")
-    for n in (1, 2):
-        _torchrun(n, tmp_path / f"run_{n}", cache, *extra)
+    _python(tmp_path / "run_1", cache, *extra)  # one rank: plain python (torchrun's world of 1, bitwise)
+    _torchrun(2, tmp_path / "run_2", cache, *extra)
     one, two = run_values(tmp_path / "run_1"), run_values(tmp_path / "run_2")
     assert one[["step", "key"]].equals(two[["step", "key"]])
     a, b = _params(tmp_path / "run_1"), _params(tmp_path / "run_2")

@@ -5,13 +5,11 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, run_train
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -326,40 +324,38 @@ def test_every_method_arm_composes_and_validates(arm: str) -> None:
     assert {p.stem for p in (CONF / "arm").glob("*.yaml")} >= set(ARMS)
 
 
-def test_invalid_override_is_rejected_before_work(tmp_path) -> None:
-    out = subprocess.run(
-        [sys.executable, "experiments/train.py", "algo=gspo", "optim.lr=-1", f"results_dir={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode != 0
-    assert "optim.lr=-1.0 must be > 0" in out.stderr
-    assert not (tmp_path / "default").exists() or not list((tmp_path / "default").rglob("metrics.parquet"))
+def test_invalid_override_is_rejected_before_work() -> None:
+    """Composed as a launch composes it, the invalid value is refused by validation, which a launch runs before any
+    work (a launch of it fails with this message, writes no metrics and marks its folder invalid:
+    test_cli.test_a_bad_config_value_ends_the_launch_with_its_one_line_and_marks_its_folder_invalid)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = to_train_config(compose("config", overrides=["algo=gspo", "optim.lr=-1"]))
+    assert cfg.algo.name == "gspo"
+    with pytest.raises(ValueError, match=r"^optim.lr=-1.0 must be > 0$"):
+        validate(cfg)
 
 
-def _multirun(args: list[str], tmp_path: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-    out = subprocess.run(
-        [sys.executable, "experiments/train.py", "-m", *args, f"results_dir={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+def _multirun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """`python experiments/train.py -m ARGS results_dir=TMP_PATH`, the script run in this process (`run_train`: its
+    Hydra entry point and launcher as a launch runs them, no interpreter to start)."""
+    out = run_train("-m", *args, f"results_dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
 # Every combination of every experiment is composed and validated in-process above; through Hydra's
-# own launcher (a subprocess of some 20-40 s) we dry-run the main job's sweep.
+# own launcher (the whole sweep, each job's run folder and its progress lines) we dry-run the main job's sweep.
 @pytest.mark.parametrize("experiment", ["compare"])
 def test_multirun_dry_run(experiment: str, tmp_path) -> None:
+    """Each run of the sweep dry-runs, none writes metrics, and the sweep reports its runs: the launch line (how
+    many to run, how many read as finished) and "k of n runs done" after each job."""
     out = _multirun([f"+preset={experiment}", "dry_run=true"], tmp_path)
-    assert out.stderr.count("dry run ") + out.stdout.count("dry run ") == SWEEP_SIZES[experiment]
+    n = SWEEP_SIZES[experiment]
+    assert out.stderr.count("dry run ") + out.stdout.count("dry run ") == n
     assert not list(tmp_path.rglob("metrics.parquet"))
+    text = out.stdout + out.stderr
+    assert [f"{k} of {n} runs done" in text for k in range(1, n + 1)] == [True] * n
+    assert f"sweep: {n} runs, {n} to run, 0 read as finished (skipped)" in text
 
 
 def test_short_name_never_nests_and_keeps_values_apart() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import FAULTS, ROOT, run_metrics, tiny_config, tiny_overrides
+from helpers import FAULTS, ROOT, run_metrics, run_train, tiny_config, tiny_overrides
 from omegaconf import OmegaConf
 
 from moe_rl.config import TrainConfig, validate
@@ -44,7 +44,11 @@ def _steps_done(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache) -> None:
+def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache, caplog) -> None:
+    """A launched run killed mid-run (SIGKILL: no handler runs) leaves a resumable folder; the rerun resumes from its
+    last checkpoint to the metrics of a run never stopped. The rerun is the same config in this process: `tiny_config`
+    composes what the command line does (the same config hash, or the folder would be refused), and a launched
+    rerun resumes through the same `train` (launched python resumes: test_distributed)."""
     reference = tmp_path / "reference"
     train(tiny_config(reference, *FAULTS, cache=cache))
     run = tmp_path / "killed"
@@ -59,9 +63,9 @@ def test_sigkill_mid_run_then_rerun_resumes_to_identical_metrics(tmp_path, cache
     proc.wait()
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "running" and 4 <= status["steps_done"] < 10
-    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert "resuming" in rerun.stdout + rerun.stderr
+    with caplog.at_level("INFO", logger="moe_rl.loop.checkpoint"):
+        train(tiny_config(run, *FAULTS, cache=cache))
+    assert any(record.getMessage().startswith(f"resuming {run} after step") for record in caplog.records)
     assert json.loads((run / "status.json").read_text())["steps_done"] == 10
     pd.testing.assert_frame_equal(run_metrics(run).drop(columns="run"), run_metrics(reference).drop(columns="run"))
 
@@ -87,23 +91,16 @@ def test_corrupt_metrics_part_is_reported_by_name(tmp_path, cache) -> None:
 
 
 def test_nan_in_one_run_of_a_multirun_is_data_not_a_crash(tmp_path, cache) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "experiments/train.py",
-            "-m",
-            *tiny_overrides(*FAULTS, "steps=5"),
-            f"cold_start.cache_dir={cache}",
-            "fault_nan_step=3,null",
-            # reward-based labels only: at lr 3e-3 the healthy run's 16-prompt accuracy falls 0.25 -> 0, which
-            # the default (relative) definition calls a collapse; this test counts the NaN run's
-            "collapse.definition=absolute",
-            f"results_dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    """`python experiments/train.py -m ...` (the script run in this process, `run_train`): the multirun ends well."""
+    out = run_train(
+        "-m",
+        *tiny_overrides(*FAULTS, "steps=5"),
+        f"cold_start.cache_dir={cache}",
+        "fault_nan_step=3,null",
+        # reward-based labels only: at lr 3e-3 the healthy run's 16-prompt accuracy falls 0.25 -> 0, which
+        # the default (relative) definition calls a collapse; this test counts the NaN run's
+        "collapse.definition=absolute",
+        f"results_dir={tmp_path}",
     )
     assert out.returncode == 0, out.stderr[-2000:]
     runs = [p.parent for p in (tmp_path / "default").rglob("status.json")]

@@ -6,15 +6,13 @@ to end on the tiny model."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, study_dry_run, tiny_overrides, train_env
+from helpers import TRAIN_ENV, launcher, run_study, study_dry_run, tiny_overrides, train_in_process
 from scipy import stats
 
 from moe_rl.analysis.dose import matched_lr
@@ -342,24 +340,34 @@ def _config(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache) -> None:
+def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeypatch) -> None:
     """3 members of the tiny model, the reference and its placebo (the study's r2 arm left out: the placebo is matched
     back like any arm, at a third of the launches): probes of 2 steps (the reference at its lr, the placebo at x0.8
     and x1.25), each seed's lr solved into match/lrs.csv, the full runs of 14 steps at those lrs, the look decided.
     The reference's probe is its run's first steps (the same KL, bitwise), from the member's one warm-up; the same
-    command again launches nothing and moves no lr."""
+    command again launches nothing and moves no lr. The launcher runs in this process (`run_study`), and so does each
+    `experiments/train.py` command it launches (`train_in_process`: the command it builds, run by the script's own
+    entry point in a launched run's environment; no interpreter to start)."""
     studies = tmp_path / "studies"
     studies.mkdir()
     raw = _study_raw()
     raw["arms"] = {k: v for k, v in raw["arms"].items() if k != "r2"}
     raw["contrasts"] = [c for c in raw["contrasts"] if c["name"] != "r2_minus_none"]
     raw["overrides"] = [*raw["overrides"], f"cold_start.cache_dir={cache}"]
+    # test_study's tiny study warms these members of the same tiny config: their warm-ups, kept in the session's
+    # cold-start cache, are trained once for both end-to-end studies
+    raw["unit"] = {**raw["unit"], "members": "300..302"}
     study = load_study(_write(studies, raw))
+    for key, value in TRAIN_ENV.items():  # what the launched runs inherit
+        monkeypatch.setenv(key, value)
+    launched = train_in_process(monkeypatch, launcher())
     # one job: each multirun in one process, no joblib workers importing torch again (36% less CPU than two)
-    command = [sys.executable, "experiments/study.py", study.name, "--studies", str(studies), "--runs", str(tmp_path)]
-    command += ["--jobs", "1"]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=train_env(), timeout=1200)
+    command = [study.name, "--studies", str(studies), "--runs", str(tmp_path), "--jobs", "1"]
+    out = run_study(*command)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # 3 probe multiruns (the reference's, the placebo's two), the reference's multirun, the placebo's 3 single runs
+    probe = f"experiment={study.name}_probe"
+    assert [("-m" in cmd, probe in cmd) for cmd in launched] == [(True, True)] * 3 + [(True, False)] * 4
     root = tmp_path / study.name
     probes = matching.read_probes(root / "probes", study)
     assert len(probes) == 3 * 3 and probes["kl"].gt(0).all()
@@ -393,11 +401,12 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache) -> None
     assert set(contrasts["contrast"]) == {"placebo_minus_none"} and (contrasts["starts"] == 3).all()
     # the same command again: every probe and matched run is found finished, and no seed's lr moves
     written = matching.lrs_path(tmp_path, study).read_text()
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=train_env(), timeout=600)
+    again = run_study(*command)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert len(launched) == 7  # nothing launched again
     assert again.stdout.count("every probe of the look finished") == 3
     assert again.stdout.count("[none@hi] every run of the look finished") == 1 and "[none@hi] -m" not in again.stdout
-    assert again.stdout.count("3 runs finished at their seeds' lrs") == 1 and "seed 310 at lr" not in again.stdout
+    assert again.stdout.count("3 runs finished at their seeds' lrs") == 1 and "seed 300 at lr" not in again.stdout
     assert (
         matching.lrs_path(tmp_path, study).read_text() == written and len(list(root.glob("runs/*/*/config.yaml"))) == 6
     )

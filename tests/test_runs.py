@@ -11,15 +11,13 @@ import os
 import pickle
 import random
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import FAULTS, ROOT, tiny_config
+from helpers import FAULTS, tiny_config
 
 from moe_rl.analysis import load_results
 from moe_rl.config import validate
@@ -235,19 +233,8 @@ def test_progress_lines_go_to_train_log(watched) -> None:
     assert all("acc=" in line and "ETA" in line for line in lines) and "acc=nan" not in log
 
 
-def test_multirun_reports_runs_done(tmp_path) -> None:
-    out = subprocess.run(
-        [sys.executable, "experiments/train.py", "-m", "+preset=smoke", "dry_run=true", f"results_dir={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    text = out.stdout + out.stderr
-    assert [f"{k} of 4 runs done" in text for k in range(1, 5)] == [True] * 4
-    assert "sweep: 4 runs, 4 to run, 0 read as finished (skipped)" in text
+# A multirun's progress ("k of n runs done" after each job) and its launch line are checked on the compare
+# sweep's dry run, which test_experiments.test_multirun_dry_run launches anyway.
 
 
 def test_a_launch_names_the_runs_it_skips_and_where_they_were_made(tmp_path) -> None:
@@ -301,21 +288,9 @@ def test_failure_anywhere_leaves_failed_status_with_reason(tmp_path, cache, monk
         assert sorted(pd.read_parquet(run / "metrics.parquet")["step"].unique()) == [0, 1]
 
 
-def test_invalid_config_under_hydra_is_marked_invalid_in_out_dir(tmp_path) -> None:
-    run = tmp_path / "my_run"
-    out = subprocess.run(
-        [sys.executable, "experiments/train.py", "optim.lr=-1", f"out_dir={run}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode != 0 and "optim.lr=-1.0 must be > 0" in out.stderr
-    status = json.loads((run / "status.json").read_text())  # out_dir is honoured: Hydra's folder is it
-    assert status["status"] == "invalid"
-    assert status["error"] == {"type": "ValueError", "message": "optim.lr=-1.0 must be > 0"}
-    assert not (run / "metrics.parquet").exists()
+# An invalid config launched under Hydra marks its out_dir invalid (status.json, its error, no metrics): the launch
+# of test_cli.test_a_bad_config_value_ends_the_launch_with_its_one_line_and_marks_its_folder_invalid, which also
+# checks what it prints.
 
 
 # --- checkpoints that cannot run code -----------------------------------------------------------------

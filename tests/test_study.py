@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from helpers import ROOT, TINY, launcher, study_dry_run, train_env
+from helpers import ROOT, TINY, TRAIN_ENV, launcher, run_study, study_dry_run, train_in_process
 from scipy import stats
 
 from moe_rl.analysis.sequential import boundaries
@@ -430,10 +428,12 @@ def test_the_readme_table_of_a_declared_study(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
+def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache, monkeypatch) -> None:
     """Two cells x 3 starts of a tiny model: every run lands in its cell's folder from its own new pool member, the
     look decides the contrast and the report's files are written; each run's `drift` is the run mean of its
-    off-policy flip rate (2 updates per rollout, route instruments on every step)."""
+    off-policy flip rate (2 updates per rollout, route instruments on every step). The launcher runs in this process
+    (`run_study`), and so does each `experiments/train.py` multirun it launches (`train_in_process`: the command it
+    builds, run by the script's own entry point in a launched run's environment; no interpreter to start)."""
     studies = tmp_path / "studies"
     studies.mkdir()
     overrides = [
@@ -443,26 +443,12 @@ def test_a_tiny_study_runs_decides_and_reports(tmp_path, cache) -> None:
         "metrics.route_every=1",
     ]
     _write(studies, overrides=overrides)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "experiments/study.py",
-            "tiny",
-            "--studies",
-            str(studies),
-            "--runs",
-            str(tmp_path),
-            "--jobs",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=train_env(),
-        timeout=900,
-    )
+    for key, value in TRAIN_ENV.items():  # what the launched runs inherit
+        monkeypatch.setenv(key, value)
+    launched = train_in_process(monkeypatch, launcher())
+    out = run_study("tiny", "--studies", str(studies), "--runs", str(tmp_path), "--jobs", "1")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert len(launched) == 2 and all("-m" in cmd for cmd in launched)  # one multirun per cell
     runs = pd.read_csv(tmp_path / "tiny" / "runs.csv")
     assert sorted(runs["cell"].unique()) == ["none@hi", "r2@hi"] and runs["start"].nunique() == 3
     contrasts = pd.read_csv(tmp_path / "tiny" / "contrasts.csv")
