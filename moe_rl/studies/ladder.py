@@ -25,6 +25,7 @@ from moe_rl.metrics.names import (
     offpolicy_key,
 )
 from moe_rl.run.atomic import write_atomic
+from moe_rl.studies.ladder_mission import mission_section
 
 COLUMNS = {  # column: (metric key, what it is)
     "routing_share": (offpolicy_key(RATIO_SPLIT_ROUTING_SHARE), "routing's share of the token log-ratio variance"),
@@ -77,7 +78,8 @@ def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_ladder_report(runs_dir: Path, out: Path, presets: Path | None = None) -> list[Path]:
-    """<out>/summary.md and ladder.csv from the rungs under `runs_dir`."""
+    """<out>/summary.md and ladder.csv from the rungs under `runs_dir`; with `presets`, the mission's comparison per
+    rung from the declared studies beside it (`moe_rl.studies.ladder_mission`)."""
     runs = per_run(runs_dir)
     table = ladder_table(runs)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,6 +99,8 @@ def write_ladder_report(runs_dir: Path, out: Path, presets: Path | None = None) 
         PAPERS,
         "",
     ]
+    if presets is not None:  # the declared studies beside this one: <root>/<study>/runs
+        lines += mission_section(Path(runs_dir).parent.parent, presets)
     write_atomic(out / "summary.md", "\n".join(lines).encode())
     return [out / "summary.md", out / "ladder.csv"]
 
