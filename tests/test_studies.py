@@ -46,9 +46,10 @@ def test_every_claim_is_decided_by_one_study_in_id_order() -> None:
         "engine_gap": [5],
         "depth_drift": [4],
         "drift_forecast": [1],
-        "router_defaults": [8, 9],
+        "router_defaults": [8],
         "staleness_erosion": [10, 11],
-        "causal_matched": [14, 15],
+        "causal_matched": [14],
+        "default_mechanism": [9, 15],
         "dense_matched": [7],
         "length_edge": [12, 13],
     }

@@ -630,7 +630,7 @@ def test_a_rung_reading_is_the_claims_cell_of_the_claim_table_and_the_registry_n
 ) -> None:
     """A study whose section names a rung gives each of its claims one cell of the claim table's rung column: the
     verdict, difference [repeated CI], starts, look, where it was read and the divergence ratio, then the reason; a
-    claim of another contrast or the placebo gets none. The registry's rung studies are the two on the ladder's
+    claim of another contrast or the placebo gets none. The registry's rung studies are the three on the ladder's
     routing-dominant rung."""
     from moe_rl import studies
 
@@ -642,7 +642,8 @@ def test_a_rung_reading_is_the_claims_cell_of_the_claim_table_and_the_registry_n
     }
     assert study_claims.rung_readings("tiny", ("9",))(tmp_path, tmp_path / "preset") == {}
     rungs = {s.folder: s.rung for s in studies.registry(ROOT / "experiments" / "conf" / "preset") if s.rung}
-    assert rungs == {n: "64 experts, top-2, 4 layers" for n in ("routing_dominant", "routing_dominant_mechanism")}
+    names = ("routing_dominant", "routing_dominant_mechanism", "routing_dominant_anchoring")
+    assert rungs == {n: "64 experts, top-2, 4 layers" for n in names}
 
 
 def test_the_divergence_note_says_whether_a_matched_contrast_landed_inside_its_tolerance() -> None:
