@@ -10,7 +10,7 @@ import pandas as pd
 from scipy import stats
 
 from moe_rl.studies import ladder_mission
-from moe_rl.studies.study_rule import StudyResult
+from moe_rl.studies.study_rule import StudyResult, routing_share_text
 
 
 def _result() -> StudyResult:
@@ -56,7 +56,8 @@ def test_the_reference_cell_reads_its_admitted_starts_with_t_intervals_and_geome
     half = t * logs.std() / 2**0.5
     assert cells[4] == f"0.200 [{math.exp(logs.mean() - half):.3f}, {math.exp(logs.mean() + half):.3f}]"
     assert cells[5] == "0.200"  # equal over starts: the mean alone
-    assert ladder_mission._share(_result(), "grpo_none@edge") == "routing share 45%"
+    admitted = _result().runs[_result().runs["admitted"]]
+    assert routing_share_text(admitted, ["grpo_none@edge"]) == "routing's share of the ratio variance 45%"
 
 
 def test_a_method_reads_its_verdict_and_paired_secondary_outcomes() -> None:

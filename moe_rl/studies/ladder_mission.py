@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from moe_rl.analysis.power import interval_text, t_interval
 from moe_rl.studies.design import declaration, load_study
-from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
-from moe_rl.studies.study_rule import StudyResult, analyse
+from moe_rl.studies.secondary import LOG_SCALE, SECONDARY, cell_text
+from moe_rl.studies.study_rule import StudyResult, analyse, routing_share_text
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,9 @@ RUNGS = (
     ),
 )
 REFERENCE = "grpo_none"
-METHODS = (  # (label, arm, contrast against the reference)
-    ("GRPO + R2", "grpo_r2", "r2_minus_none"),
-    ("GSPO", "gspo_none", "gspo_minus_grpo_none"),
+METHODS = (  # (label, contrast against the reference)
+    ("GRPO + R2", "r2_minus_none"),
+    ("GSPO", "gspo_minus_grpo_none"),
 )
 OUTCOMES = ("collapsed", "flip_acting", "ratio_var_early", "ratio_var")
 HEAD = ["rung", "method", "starts", "accuracy change (pp)", *(SECONDARY[o] for o in OUTCOMES)]
@@ -83,20 +84,12 @@ def _contrast_row(result: StudyResult, contrast: str) -> list[str]:
         if o not in sec.index or math.isnan(float(sec.loc[o, "estimate"])):
             cells.append("—")
             continue
-        est, lo, hi = (float(sec.loc[o, k]) for k in ("estimate", "lo", "hi"))
-        if o in LOG_SCALE:
-            cells.append(f"{est:.2f}x [{lo:.2f}, {hi:.2f}]")
-        else:
-            text = f"{100 * est:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-            if o == "collapsed" and isinstance(sec.loc[o].get("first"), str):
-                text += f" ({int(sec.loc[o, 'k_first'])} vs {int(sec.loc[o, 'k_second'])} of {int(sec.loc[o, 'runs'])})"
-            cells.append(text)
+        r = sec.loc[o]
+        text = cell_text(pd.Series({**r, "outcome": o}))
+        if o == "collapsed" and isinstance(r.get("first"), str):
+            text += f" ({int(r['k_first'])} vs {int(r['k_second'])} of {int(r['runs'])})"
+        cells.append(text)
     return cells
-
-
-def _share(result: StudyResult, cell: str) -> str:
-    share = result.runs.loc[(result.runs["cell"] == cell) & result.runs["admitted"], "routing_share"].dropna()
-    return f"routing share {share.mean():.0%}" if len(share) else "routing share not logged"
 
 
 def mission_rows(root: Path, presets: Path) -> list[list[str]]:
@@ -113,11 +106,12 @@ def mission_rows(root: Path, presets: Path) -> list[list[str]]:
         except FileNotFoundError:
             rows.append([rung.name, "—", "—", f"`{rung.study}` has no runs here", *(["—"] * len(OUTCOMES))])
             continue
-        r2 = next(c for c in study.contrasts if c.name == METHODS[0][2])
+        r2 = next(c for c in study.contrasts if c.name == METHODS[0][1])
         level = next(iter(r2.weights))[1]
-        where = f"{rung.name}; `{rung.study}`, {_share(result, f'{REFERENCE}@{level}')}"
-        rows.append([where, "GRPO without replay", *_cell_row(result, f"{REFERENCE}@{level}")])
-        for label, _, contrast in METHODS:
+        cell = f"{REFERENCE}@{level}"
+        share = routing_share_text(result.runs[result.runs["admitted"]], [cell])
+        rows.append([f"{rung.name}; `{rung.study}`, {share}", "GRPO without replay", *_cell_row(result, cell)])
+        for label, contrast in METHODS:
             rows.append(["", f"{label} minus GRPO without replay", *_contrast_row(result, contrast)])
     return rows
 

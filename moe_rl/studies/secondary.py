@@ -137,7 +137,7 @@ def describe(table: pd.DataFrame, contrast: str) -> str:
         name, est, lo, hi = SECONDARY[str(r.outcome)], float(r.estimate), float(r.lo), float(r.hi)  # type: ignore[arg-type]
         if math.isnan(est):
             continue
-        text = f"{name} {_cell_text(pd.Series({'estimate': est, 'lo': lo, 'hi': hi, 'outcome': r.outcome}))}"
+        text = f"{name} {cell_text(pd.Series({'estimate': est, 'lo': lo, 'hi': hi, 'outcome': r.outcome}))}"
         if r.outcome == "collapsed" and isinstance(getattr(r, "first", None), str):
             text += (
                 f" ({int(r.k_first)} vs {int(r.k_second)} of {int(r.runs)}, "  # type: ignore[arg-type]
@@ -147,7 +147,7 @@ def describe(table: pd.DataFrame, contrast: str) -> str:
     return "; ".join(parts)
 
 
-def _cell_text(r: pd.Series) -> str:
+def cell_text(r: pd.Series) -> str:
     """ "estimate [lo, hi]" in the outcome's units (no interval where one start gives none)."""
     est, lo, hi = float(r["estimate"]), float(r["lo"]), float(r["hi"])
     if r["outcome"] in LOG_SCALE:
@@ -164,7 +164,7 @@ def markdown(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---", "---:", *([":---"] * (len(head) - 2))]) + "|"]
     for name, g in shown.groupby("contrast", sort=False):
         by = g.set_index("outcome")
-        cells = [_cell_text(pd.Series({**by.loc[o], "outcome": o})) if o in by.index else "" for o in outcomes]
+        cells = [cell_text(pd.Series({**by.loc[o], "outcome": o})) if o in by.index else "" for o in outcomes]
         counts = ""
         if "collapsed" in by.index and isinstance(by.loc["collapsed"].get("first"), str):
             c = by.loc["collapsed"]

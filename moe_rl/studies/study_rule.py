@@ -299,9 +299,13 @@ def read_on(runs: pd.DataFrame, contrast: Contrast) -> str:
     if "model" not in runs:  # a table built by hand (tests)
         return ""
     models = "; ".join(x for x in dict.fromkeys(runs.loc[runs["cell"].isin(names), "model"]) if x)
-    share = runs.loc[runs["cell"].isin(ref), "routing_share"].dropna() if "routing_share" in runs else pd.Series()
-    where = f"routing's share of the ratio variance {share.mean():.0%}" if len(share) else "routing share not logged"
-    return f"{models or 'model not recorded'}; {where}"
+    return f"{models or 'model not recorded'}; {routing_share_text(runs, ref)}"
+
+
+def routing_share_text(runs: pd.DataFrame, cells: list[str]) -> str:
+    """The mean over `cells`' runs of their run mean of `ratio/split/routing_share`, in words."""
+    share = runs.loc[runs["cell"].isin(cells), "routing_share"].dropna() if "routing_share" in runs else pd.Series()
+    return f"routing's share of the ratio variance {share.mean():.0%}" if len(share) else "routing share not logged"
 
 
 def look_samples(study: Study, pairs: pd.DataFrame, looks: list[tuple[int, int]]) -> list[np.ndarray]:
