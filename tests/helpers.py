@@ -115,6 +115,15 @@ def study_dry_run(folder: Path | None, name: str) -> subprocess.CompletedProcess
     return run_study(name, "--dry-run", *(["--studies", str(folder)] if folder is not None else []))
 
 
+def exit_status(stop: SystemExit, err: io.StringIO) -> int:
+    """The return code the interpreter gives a `sys.exit`: its int, 0 for none, else 1 with its message written to
+    `err` (stderr)."""
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    err.write(f"{stop.code}\n")
+    return 1
+
+
 def run_study(*argv: str) -> subprocess.CompletedProcess:
     """`experiments/study.py ARGV` run in this process from the repository root (no interpreter to start, nothing to
     import again; the runs it launches are still processes of their own, with this process's environment), its own
@@ -126,9 +135,7 @@ def run_study(*argv: str) -> subprocess.CompletedProcess:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             launcher().main(list(argv))
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-        if not isinstance(stop.code, int) and stop.code is not None:
-            err.write(f"{stop.code}\n")
+        code = exit_status(stop, err)
     finally:
         os.chdir(cwd)
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
@@ -161,9 +168,7 @@ def run_train(*argv: str) -> subprocess.CompletedProcess:
             try:
                 runpy.run_path(str(ROOT / "experiments" / "train.py"), run_name="__main__")
             except SystemExit as stop:
-                code = stop.code if isinstance(stop.code, int) else 1
-                if not isinstance(stop.code, int) and stop.code is not None:
-                    err.write(f"{stop.code}\n")
+                code = exit_status(stop, err)
             except Exception:  # noqa: BLE001 - what the interpreter would print, and its exit status
                 traceback.print_exc()
                 code = 1
