@@ -14,7 +14,9 @@ can change the means it is read on); `--look K` runs look K alone.
 A study matched per start (`match.reference` in its declaration, `moe_rl.studies.matching`) first runs each look's
 probes: one multirun per cell and bracket multiplier over the look's seeds, `match.probe_steps` steps each, into
 <runs>/NAME/probes/<arm>@<level>@x<multiplier>/ (the reference at its declared lr alone); it then solves each seed's
-lr from them into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
+lr from them (and, where it declares `match.confirm`, probes each seed at those multipliers of its solved lr, one
+process per seed into <runs>/NAME/probes/<arm>@<level>@c<multiplier>/, and takes the lr of its probe nearest the
+reference's KL) into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
 other arm's runs one seed at a time, each at its own lr, `--jobs` at a time. `--dry-run` prints the probes; the full
 runs' lrs come from them. A probe longer than 15% of its run's steps is refused.
 
@@ -163,6 +165,56 @@ def run_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) 
     return failed
 
 
+def confirm_command(
+    study: Study, arm: str, level: str, multiplier: float, seed: int, lr: float, runs: Path
+) -> list[str]:
+    """One confirm probe: the seed's run at `lr` (a multiplier of its solved lr) for `match.probe_steps` steps, under
+    <runs>/NAME/probes/ (`matching.confirm_folder`)."""
+    assert study.match is not None
+    over = matching.with_override(study.run_overrides(arm, level), "optim.lr", matching.lr_text(lr))
+    over = matching.with_override(over, "steps", study.match.probe_steps)
+    out = runs / study.name / "probes" / matching.confirm_folder(arm, level, multiplier)
+    return train_command(over, f"{study.name}_probe", out, [seed], None)
+
+
+def run_confirm_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
+    """Each matched seed's confirm probes (`match.confirm` multipliers of its solved lr) not run yet, `--jobs` at a
+    time; a seed whose lr was written before (an earlier look's) takes none."""
+    assert study.match is not None
+    if not study.match.confirm:
+        return []
+    if dry_run:
+        for arm, level in matching.matched_cells(study):
+            mults = ", ".join(f"x{c:g}" for c in study.match.confirm)
+            print(f"[confirm {arm}@{level}] each seed's probes at {mults} of its solved lr", flush=True)
+        return []
+    folder = runs / study.name / "probes"
+    probes = matching.read_probes(folder, study)
+    wanted = matching.confirm_probes(matching.solved_lrs(study, probes), study.match.confirm)
+    kept = matching.read_lrs(matching.lrs_path(runs, study))
+    written = set() if kept is None else set(zip(kept["seed"], kept["arm"], kept["level"], strict=True))
+    commands: list[tuple[str, list[str]]] = []
+    done: dict[str, set[tuple[int, str]]] = {}
+    for p in wanted.itertuples():
+        seed, arm, level, mult, lr = int(p.seed), str(p.arm), str(p.level), float(p.multiplier), float(p.lr)
+        name = matching.confirm_folder(arm, level, mult)
+        if seed not in study.seeds(starts, (arm, level)) or (seed, arm, level) in written:
+            continue
+        if name not in done:
+            done[name] = finished_at(folder / name)
+        if (seed, matching.lr_text(lr)) not in done[name]:
+            commands.append((name, confirm_command(study, arm, level, mult, seed, lr, runs)))
+    print(f"[confirm] {len(commands)} probes at {len(study.match.confirm)} multipliers of each seed's solved lr")
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        codes = list(pool.map(lambda c: subprocess.run(c[1], cwd=ROOT).returncode, commands))
+    for (name, _), code in zip(commands, codes, strict=True):
+        if code != 0:
+            failed.append(f"probe {name}")
+            print(f"{study.name}: a confirm probe of {name} failed; going on", flush=True)
+    return failed
+
+
 def choose_lrs(study: Study, runs: Path) -> pd.DataFrame:
     """Each matched seed's lr from the probes run so far, the rows written before kept (`matching.study_lrs`)."""
     path = matching.lrs_path(runs, study)
@@ -177,6 +229,7 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
     arm's runs one seed at a time at its own lr."""
     assert study.match is not None and study.match.reference is not None
     failed = run_probes(study, starts, runs, jobs, dry_run)
+    failed += run_confirm_probes(study, starts, runs, jobs, dry_run)
     path = matching.lrs_path(runs, study)
     lrs = None if dry_run else choose_lrs(study, runs)
     singles: list[tuple[str, list[str]]] = []

@@ -246,6 +246,95 @@ def test_lrs_once_written_are_kept_and_the_unmatched_retried(tmp_path) -> None:
     assert np.allclose(again[again["seed"] == 312]["multiplier"], 1.2 ** (2 / 3))
 
 
+def test_the_nearest_probe_by_hand() -> None:
+    """Seed 1 solved at 1.2e-3 (the reference's KL 0.02) and confirmed at x0.9 and x1.1 of it: its probes read 0.01
+    (1e-3), 0.04 (2e-3), 0.026 (1.08e-3) and 0.0205 (1.32e-3); |log(KL / 0.02)| is least at 1.32e-3 (0.0247, inside
+    log 1.05 = 0.0488): confirmed there. Seed 2's nearest is its bracket probe at 1e-3 (0.0109 against 0.0105; its
+    confirm probes read 0.03 and 0.009), whose gap log(0.0109 / 0.0105) = 0.037 lies inside the tolerance too; at a
+    tolerance of 1.02 it reads `nearest`. Seed 3 has one of its two confirm probes: no lr yet (`unconfirmed`)."""
+    solved = pd.DataFrame(
+        {
+            "seed": [1, 2, 3],
+            "member": [1, 2, 3],
+            "arm": "arm",
+            "level": "hi",
+            "lr_declared": 1e-3,
+            "lr": [1.2e-3, 1.1e-3, 1.5e-3],
+            "multiplier": [1.2, 1.1, 1.5],
+            "kl_reference": [0.02, 0.0105, 0.02],
+            "probe_multipliers": "1;2",
+            "probe_kls": "",
+            "slope": 2.0,
+            "slope_from": "own",
+            "status": ["interpolated", "interpolated", "extrapolated"],
+        }
+    )
+    rows = [
+        (1, 1e-3, 0.01, False),
+        (1, 2e-3, 0.04, False),
+        (1, 1.08e-3, 0.026, True),
+        (1, 1.32e-3, 0.0205, True),
+        (2, 1e-3, 0.0109, False),
+        (2, 2e-3, 0.05, False),
+        (2, 0.99e-3, 0.03, True),
+        (2, 1.21e-3, 0.009, True),
+        (3, 1e-3, 0.01, False),
+        (3, 1.35e-3, 0.02, True),
+    ]
+    probes = pd.DataFrame(rows, columns=["seed", "lr", "kl", "confirm"]).assign(arm="arm", level="hi")
+    out = matching.nearest_lrs(solved, probes, 2, 1.05).set_index("seed")
+    assert out.loc[1, "lr"] == 1.32e-3 and out.loc[1, "status"] == "confirmed"
+    assert out.loc[1, "multiplier"] == pytest.approx(1.32)
+    assert out.loc[1, "probe_multipliers"] == "1;1.08;1.32;2" and out.loc[1, "probe_kls"] == "0.01;0.026;0.0205;0.04"
+    assert out.loc[2, "lr"] == 1e-3 and out.loc[2, "status"] == "confirmed"
+    assert matching.nearest_lrs(solved, probes, 2, 1.02).set_index("seed").loc[2, "status"] == "nearest"
+    assert out.loc[3, "status"] == "unconfirmed" and math.isnan(out.loc[3, "lr"]) and out.loc[3, "slope_from"] == ""
+    assert out.loc[1, "slope"] == 2.0 and out.loc[1, "kl_reference"] == 0.02
+    wanted = matching.confirm_probes(solved, (0.9, 1.1))
+    assert wanted["lr"].tolist() == pytest.approx([1.08e-3, 1.32e-3, 0.99e-3, 1.21e-3, 1.35e-3, 1.65e-3])
+
+
+def test_confirm_probes_bound_each_start_where_the_kl_is_a_noisy_function_of_the_lr() -> None:
+    """Planted starts whose early KL at an lr is a_m lr^1.3 times its own noise at every lr (SD 0.25 in log: a start's
+    run is chaotic in its lr, as the shipped studies' probes show), 2000 starts: solved from a bracket of 3 probes, a
+    run's realised log ratio to the reference has an SD near the noise's (>= 0.25); with 3 confirm probes at x0.95,
+    x1.0, x1.05 of the solved lr and the nearest of the 6 probes taken, the run's ratio is its probe's, known before
+    it runs. The nearest of 3 independent N(0, s) draws (the bracket's probes lie a trend away) has E|.| about 0.34 s
+    (the least of three half-normals: 0.335 s by quadrature), so the mean absolute log ratio falls below half of
+    the solved one's and the share within log 1.05 at least doubles."""
+    rng = np.random.default_rng(3)
+    n, b, sd = 2000, 1.3, 0.25
+    a = rng.normal(math.log(0.009), 0.3, n) + rng.normal(0.4, 0.4, n)  # the arm's offset from the reference
+    seeds = np.arange(n)
+
+    def kl(lr: np.ndarray) -> np.ndarray:  # a fresh draw of the chaos at each lr
+        return np.exp(a + b * np.log(lr / 4e-4) + rng.normal(0, sd, n))
+
+    log_ref = rng.normal(math.log(0.009), 0.3, n)
+    probes = [pd.DataFrame({"seed": seeds, "arm": "ref", "multiplier": 1.0, "lr": 4e-4, "kl": np.exp(log_ref)})]
+    for k in (0.6, 1.0, 1.6):
+        lr = np.full(n, 4e-4 * k)
+        probes.append(pd.DataFrame({"seed": seeds, "arm": "arm", "multiplier": k, "lr": lr, "kl": kl(lr)}))
+    bracket = pd.concat(probes).assign(level="hi", confirm=False)
+    solved = matching.solve_lrs(bracket, "ref", (0.6, 1.0, 1.6), {("arm", "hi"): 4e-4}, pool=10 * n)
+    solved = solved.set_index("seed").loc[seeds].reset_index()
+    plain = np.log(kl(solved["lr"].to_numpy())) - log_ref  # the run at the solved lr: one more draw
+    wanted = matching.confirm_probes(solved, (0.95, 1.0, 1.05))
+    confirm = [
+        pd.DataFrame({"seed": g["seed"], "arm": "arm", "lr": g["lr"], "kl": kl(g["lr"].to_numpy())})
+        for _, g in wanted.groupby("multiplier")
+    ]
+    every = pd.concat([bracket[bracket["arm"] == "arm"], *(c.assign(level="hi", confirm=True) for c in confirm)])
+    chosen = matching.nearest_lrs(solved, every, 3, 1.05).set_index("seed").loc[seeds]
+    assert chosen["status"].isin(matching.CONFIRMED).all()
+    picked = every.set_index(["seed", "lr"])["kl"]
+    near = np.log(picked.loc[list(zip(seeds, chosen["lr"], strict=True))].to_numpy()) - log_ref
+    assert plain.std() >= sd * 0.9 and np.abs(near).mean() < 0.5 * np.abs(plain).mean()
+    inside = math.log(1.05)
+    assert (np.abs(near) <= inside).mean() >= 2 * (np.abs(plain) <= inside).mean()
+    assert (chosen["status"] == "confirmed").mean() == pytest.approx((np.abs(near) <= inside + 1e-12).mean())
+
+
 # --- the declaration and the launch ---------------------------------------------------------------------------
 
 
@@ -255,6 +344,8 @@ def test_lrs_once_written_are_kept_and_the_unmatched_retried(tmp_path) -> None:
         ({"bracket": [1.25, 0.8]}, "must list 2 or more increasing"),
         ({"bracket": [1.0]}, "must list 2 or more increasing"),
         ({"probe_steps": 0}, "probe_steps 0 must be"),
+        ({"confirm": [1.1, 0.9]}, "match.confirm .* must list increasing multipliers"),
+        ({"confirm": [0.0, 1.0]}, "match.confirm .* must list increasing multipliers"),
         ({"divergence": "kl_update"}, "probes read the early acting KL"),
         ({"reference": "dense"}, "match.reference 'dense' is not one of its arms"),
         ({"placebo": None}, "carries a placebo"),
@@ -330,6 +421,14 @@ def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> No
     _write(tmp_path, costly)
     refused = study_dry_run(tmp_path, "costly")
     assert refused.returncode != 0 and "a probe may cost at most 15% of a run" in refused.stderr
+    reuse = {**raw["unit"], "reuse": {"tiny_matched": "the same", "costly": "the same, with confirm probes"}}
+    confirmed = {**raw, "name": "confirmed", "unit": reuse, "match": {**raw["match"], "confirm": [0.9, 1.1]}}
+    _write(tmp_path, confirmed)
+    out = study_dry_run(tmp_path, "confirmed")
+    assert out.returncode == 0, out.stderr
+    assert "hi: 9 probes per seed" in out.stdout  # 1 + 2 x (2 of the bracket + 2 confirm)
+    assert "[confirm r2@hi] each seed's probes at x0.9, x1.1 of its solved lr" in out.stdout
+    assert "[confirm placebo@hi] each seed's probes at x0.9, x1.1 of its solved lr" in out.stdout
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -343,8 +442,9 @@ def _config(run_dir: Path) -> dict:
 def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeypatch) -> None:
     """3 members of the tiny model, the reference and its placebo (the study's r2 arm left out: the placebo is matched
     back like any arm, at a third of the launches): probes of 2 steps (the reference at its lr, the placebo at x0.8
-    and x1.25), each seed's lr solved into match/lrs.csv, the full runs of 14 steps at those lrs, the look decided.
-    The reference's probe is its run's first steps (the same KL, bitwise), from the member's one warm-up; the same
+    and x1.25, then at each seed's solved lr: `match.confirm`), each seed's lr that of its probe nearest the
+    reference's KL in match/lrs.csv, the full runs of 14 steps at those lrs, the look decided. A run's first steps
+    are its chosen probe (the same KL, bitwise), from the member's one warm-up; the same
     command again launches nothing and moves no lr. The launcher runs in this process (`run_study`), and so does each
     `experiments/train.py` command it launches (`train_in_process`: the command it builds, run by the script's own
     entry point in a launched run's environment; no interpreter to start)."""
@@ -354,6 +454,7 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeyp
     raw["arms"] = {k: v for k, v in raw["arms"].items() if k != "r2"}
     raw["contrasts"] = [c for c in raw["contrasts"] if c["name"] != "r2_minus_none"]
     raw["overrides"] = [*raw["overrides"], f"cold_start.cache_dir={cache}"]
+    raw["match"] = {**raw["match"], "confirm": [1.0]}  # a probe at each seed's solved lr; the nearest probe's lr wins
     # test_study's tiny study warms these members of the same tiny config: their warm-ups, kept in the session's
     # cold-start cache, are trained once for both end-to-end studies
     raw["unit"] = {**raw["unit"], "members": "300..302"}
@@ -365,21 +466,31 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeyp
     command = [study.name, "--studies", str(studies), "--runs", str(tmp_path), "--jobs", "1"]
     out = run_study(*command)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    # 3 probe multiruns (the reference's, the placebo's two), the reference's multirun, the placebo's 3 single runs
+    # 3 probe multiruns (the reference's, the placebo's two), the placebo's 3 confirm probes (one per seed, at its
+    # solved lr), the reference's multirun, the placebo's 3 single runs
     probe = f"experiment={study.name}_probe"
-    assert [("-m" in cmd, probe in cmd) for cmd in launched] == [(True, True)] * 3 + [(True, False)] * 4
+    assert [("-m" in cmd, probe in cmd) for cmd in launched] == [(True, True)] * 6 + [(True, False)] * 4
     root = tmp_path / study.name
     probes = matching.read_probes(root / "probes", study)
-    assert len(probes) == 3 * 3 and probes["kl"].gt(0).all()
-    assert sorted(set(zip(probes["arm"], probes["multiplier"], strict=True))) == [
+    assert len(probes) == 3 * 4 and probes["kl"].gt(0).all() and probes["confirm"].sum() == 3
+    bracket = probes[~probes["confirm"]]
+    assert sorted(set(zip(bracket["arm"], bracket["multiplier"], strict=True))) == [
         ("none", 1.0),
         ("placebo", 0.8),
         ("placebo", 1.25),
     ]
     assert all(_config(Path(r))["steps"] == 2 for r in probes["run_dir"])
     lrs = matching.read_lrs(matching.lrs_path(tmp_path, study))
-    assert lrs is not None and len(lrs) == 3 and lrs["status"].isin([*matching.MATCHED, "clamped"]).all()
+    assert lrs is not None and len(lrs) == 3 and lrs["status"].isin(matching.CONFIRMED).all()
     assert np.allclose(lrs["lr"], lrs["lr_declared"] * lrs["multiplier"], rtol=1e-4)
+    # each placebo seed runs at the lr of its probe nearest the reference's KL: the confirm probe sits at the lr its
+    # bracket solved, and every probe of the seed is a candidate
+    placebo = probes[probes["arm"] == "placebo"]
+    ref_kl = probes[probes["arm"] == "none"].set_index("seed")["kl"]
+    for row in lrs.itertuples():
+        mine = placebo[placebo["seed"] == row.seed]
+        gap = np.abs(np.log(mine["kl"].to_numpy() / ref_kl[row.seed]))
+        assert float(row.lr) == pytest.approx(float(mine["lr"].iloc[int(np.argmin(gap))]), rel=1e-9)
     runs = pd.read_csv(root / "runs.csv")
     assert len(runs) == 6 and runs["start"].nunique() == 3
     chosen = {(r.arm, int(r.seed)): float(r.lr) for r in lrs.itertuples()}
@@ -391,10 +502,15 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeyp
     for (arm, seed), run_dir in full.items():
         cfg = _config(run_dir)
         assert cfg["steps"] == 14 and cfg["optim"]["lr"] == pytest.approx(chosen.get((arm, seed), 2e-3), rel=1e-9)
-    for seed, probe_dir in probes[probes["arm"] == "none"].set_index("seed")["run_dir"].items():
+    # a run's first steps are its chosen probe (the same KL, bitwise): the reference's and each placebo seed's
+    nearest = {("placebo", int(r.seed)): float(r.lr) for r in lrs.itertuples()}
+    for p in probes.itertuples():
+        key = (str(p.arm), int(p.seed))
+        if p.arm == "placebo" and float(p.lr) != pytest.approx(nearest[key], rel=1e-9):
+            continue
         kl = [
             pd.read_parquet(Path(d) / "metrics.parquet").query(f"key == '{KL_UPDATE_K3}' and step <= 2")["value"]
-            for d in (probe_dir, full[("none", int(seed))])
+            for d in (p.run_dir, full[key])
         ]
         assert len(kl[0]) == 2 and kl[0].tolist() == kl[1].tolist()
     contrasts = pd.read_csv(root / "contrasts.csv")
@@ -403,7 +519,7 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeyp
     written = matching.lrs_path(tmp_path, study).read_text()
     again = run_study(*command)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert len(launched) == 7  # nothing launched again
+    assert len(launched) == 10  # nothing launched again
     assert again.stdout.count("every probe of the look finished") == 3
     assert again.stdout.count("[none@hi] every run of the look finished") == 1 and "[none@hi] -m" not in again.stdout
     assert again.stdout.count("3 runs finished at their seeds' lrs") == 1 and "seed 300 at lr" not in again.stdout

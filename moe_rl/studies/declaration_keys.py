@@ -98,6 +98,9 @@ KEYS: tuple[Key, ...] = (
     Key("match.reference", "match per start by probes to this arm", "none", "grpo_none"),
     Key("match.probe_steps", "a probe's steps", "20"),
     Key("match.bracket", "the lr multipliers each arm probes at", "[0.8, 1.0, 1.25]"),
+    Key(
+        "match.confirm", "multipliers of each seed's solved lr it also probes at; the run takes its nearest probe", "[]"
+    ),
     Key("runs[].arms", "as ran: a block's arms", example="[grpo_none]"),
     Key("runs[].levels", "as ran: a block's levels", example="[hi]"),
     Key("runs[].replicates", "as ran: the replicates a block ran of each member", "0 .. seeds_per_start - 1"),

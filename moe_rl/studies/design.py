@@ -41,7 +41,10 @@ numbers (staleness_erosion's S = 1 cells, where every ratio is 1), so that the r
 cell runs `match.probe_steps` steps (default 20, at most 15% of its run's steps) at each run seed, the reference at
 its declared lr, every other arm at each multiplier of its declared lr in `match.bracket` (default [0.8, 1.0,
 1.25]); each run then goes at the lr where its probes' log KL on log lr reaches the reference's probe KL on the
-same seed. Such a study must declare levels with an lr per reference model and a placebo (`check_match`).
+same seed. With `match.confirm` (multipliers of each seed's solved lr, e.g. [0.95, 1.0, 1.05]) each arm's seed also
+probes there, and its run goes at the lr of whichever of its probes came nearest the reference's KL: the run's first
+steps are that probe, so its realised ratio is known before it runs. Such a study must declare levels with an lr per
+reference model and a placebo (`check_match`).
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ class Match:
     reference: str | None = None  # the arm the others are matched to, at its own declared lr
     probe_steps: int = 20  # a probe: the run's first steps at the cell and seed, from the member's warm-up
     bracket: tuple[float, ...] = (0.8, 1.0, 1.25)  # lr multipliers of each arm's declared lr its probes run at
+    # multipliers of each seed's solved lr it also probes at; the run takes its nearest probe's lr (empty: the solved)
+    confirm: tuple[float, ...] = ()
 
     @property
     def probes(self) -> bool:
@@ -376,11 +381,11 @@ def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[
 
 
 def _match(raw: dict | None, study: str) -> Match | None:
-    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket} (`Match`); None where
-    the study matches nothing per start."""
+    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket, confirm} (`Match`); None
+    where the study matches nothing per start."""
     if raw is None:
         return None
-    known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket")
+    known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket", "confirm")
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"study {study}: match keys {unknown} are not among {list(known)}")
@@ -402,7 +407,18 @@ def _match(raw: dict | None, study: str) -> Match | None:
             f"study {study}: match.bracket {bracket!r} must list 2 or more increasing lr multipliers > 0 (each arm's "
             "probes fit log KL on log lr over them)"
         )
+    confirm = raw.get("confirm", [])
+    if (
+        not isinstance(confirm, list)
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in confirm)
+        or confirm != sorted(set(confirm))
+    ):
+        raise ValueError(
+            f"study {study}: match.confirm {confirm!r} must list increasing multipliers > 0 of each seed's solved lr"
+        )
     reference = raw.get("reference")
+    if confirm and reference is None:
+        raise ValueError(f"study {study}: match.confirm probes around each seed's solved lr: it needs match.reference")
     return Match(
         divergence=str(raw.get("divergence", Match.divergence)),
         tolerance=tolerance,
@@ -411,6 +427,7 @@ def _match(raw: dict | None, study: str) -> Match | None:
         reference=None if reference is None else str(reference),
         probe_steps=steps,
         bracket=tuple(float(x) for x in bracket),
+        confirm=tuple(float(x) for x in confirm),
     )
 
 

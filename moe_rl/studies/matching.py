@@ -18,6 +18,13 @@ every matched arm; with none the seed is not matched. A solution outside the bra
 `EXTRAPOLATION` times beyond its ends, and clamped there beyond that (status `clamped`: that run is not matched, and
 its realised ratio says so).
 
+Where the study declares `match.confirm`, the solved lr is only a centre: each (seed, arm, level) then probes at
+each confirm multiplier of it (`confirm_folder`), and its run goes at the lr of whichever of its probes (bracket and
+confirm alike) came nearest the reference's KL in log (status `confirmed` within `match.tolerance`, else `nearest`).
+A start's early KL is a noisy function of the lr (a probe at 1.04x the reference's lr differs from the reference's
+own by an SD of 14-36% in log over members), so a line through three probes places a run only about that well;
+the nearest probe is the run's own first steps, so its ratio is the run's realised ratio, known before it runs.
+
 The chosen lrs are written to <runs>/<study>/match/lrs.csv (`LRS_COLUMNS`: seed, member, arm, level, the declared and
 chosen lr, the probes' multipliers and KLs, the slope and where it came from, the status). A seed's row, once
 written, is kept: its run is launched at that lr, and a later look (whose pooled slopes may differ) never moves it,
@@ -38,6 +45,7 @@ from moe_rl.studies.design import Study
 MAX_PROBE_SHARE = 0.15  # a probe runs at most this share of its run's steps
 EXTRAPOLATION = 1.25  # a solved lr may lie up to this factor beyond the bracket's ends; further, it is clamped there
 MATCHED = ("interpolated", "extrapolated")  # statuses whose lr is the solution itself
+CONFIRMED = ("confirmed", "nearest")  # statuses whose lr is that of the seed's probe nearest the reference's KL
 LRS_COLUMNS = [
     "seed",
     "member",
@@ -53,7 +61,7 @@ LRS_COLUMNS = [
     "slope_from",
     "status",
 ]
-_FOLDER = re.compile(r"(?P<arm>[^@]+)@(?P<level>[^@]+)@x(?P<mult>[0-9.eE+-]+)")
+_FOLDER = re.compile(r"(?P<arm>[^@]+)@(?P<level>[^@]+)@(?P<kind>[xc])(?P<mult>[0-9.eE+-]+)")
 
 
 def lr_text(lr: float) -> str:
@@ -94,9 +102,21 @@ def probe_folder(arm: str, level: str, multiplier: float) -> str:
     return f"{arm}@{level}@x{multiplier:g}"
 
 
+def confirm_folder(arm: str, level: str, multiplier: float) -> str:
+    """The folder of a cell's confirm probes at one multiplier of each seed's solved lr: `arm@level@c<multiplier>`
+    (each seed at its own lr)."""
+    return f"{arm}@{level}@c{multiplier:g}"
+
+
 def parse_probe_folder(name: str) -> tuple[str, str, float] | None:
+    """(arm, level, multiplier) of a bracket probe's folder; None for any other name (a confirm folder included)."""
     m = _FOLDER.fullmatch(name)
-    return None if m is None else (m["arm"], m["level"], float(m["mult"]))
+    return None if m is None or m["kind"] != "x" else (m["arm"], m["level"], float(m["mult"]))
+
+
+def parse_confirm_folder(name: str) -> tuple[str, str, float] | None:
+    m = _FOLDER.fullmatch(name)
+    return None if m is None or m["kind"] != "c" else (m["arm"], m["level"], float(m["mult"]))
 
 
 def with_override(overrides: list[str], key: str, value: object) -> list[str]:
@@ -122,25 +142,31 @@ def check_probe_cost(probe_steps: int, steps: int, cell: str) -> float:
 
 
 def probes_per_seed(study: Study) -> dict[str, int]:
-    """Per level, how many probes a run seed takes: one for the reference, the bracket for each other arm."""
+    """Per level, how many probes a run seed takes: one for the reference, the bracket and the confirm multipliers
+    for each other arm."""
+    assert study.match is not None
     out: dict[str, int] = {}
     for _, level, _ in probe_cells(study):
         out[level] = out.get(level, 0) + 1
+    for _, level in matched_cells(study):
+        out[level] = out.get(level, 0) + len(study.match.confirm)
     return out
 
 
 def read_probes(folder: Path, study: Study) -> pd.DataFrame:
-    """Every finished probe under `folder`/<arm>@<level>@x<m>/ (`probe_folder`): seed, member, arm, level,
-    multiplier, lr (as launched), kl (its early acting KL; NaN where it logged none), status, wall_s, run_dir."""
+    """Every finished probe under `folder`/<arm>@<level>@x<m>/ (`probe_folder`) and <arm>@<level>@c<m>/
+    (`confirm_folder`): seed, member, arm, level, multiplier (of the cell's declared lr), lr (as launched), kl (its
+    early acting KL; NaN where it logged none), status, wall_s, run_dir, confirm (whether a confirm probe)."""
     from moe_rl.analysis.dose import acting_kl_per_run
-    from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results, runs
+    from moe_rl.analysis.load import INCOMPLETE_STATUSES, load_results, run_lr, runs
     from moe_rl.analysis.power import run_wall_s
     from moe_rl.metrics.names import KL_UPDATE_K3, KL_UPDATE_K3_ACTING
 
-    columns = ["seed", "member", "arm", "level", "multiplier", "lr", "kl", "status", "wall_s", "run_dir"]
+    columns = ["seed", "member", "arm", "level", "multiplier", "lr", "kl", "status", "wall_s", "run_dir", "confirm"]
     frames = []
-    for cell in sorted(p for p in Path(folder).glob("*@*@x*") if p.is_dir()):
-        parsed = parse_probe_folder(cell.name)
+    for cell in sorted(p for p in Path(folder).glob("*@*@*") if p.is_dir()):
+        confirm = parse_confirm_folder(cell.name)
+        parsed = parse_probe_folder(cell.name) or confirm
         if parsed is None or not any(cell.rglob("metrics.parquet")):
             continue
         arm, level, mult = parsed
@@ -150,18 +176,26 @@ def read_probes(folder: Path, study: Study) -> pd.DataFrame:
         table = runs(df).set_index("run")
         table = table[~table["status"].isin(INCOMPLETE_STATUSES)]
         kl = acting_kl_per_run(df) if (df["key"] == KL_UPDATE_K3).any() else pd.Series(dtype=float)
+        known = arm in study.arms and level in study.levels
+        if confirm is None:
+            lr: object = probe_lr(study, arm, level, mult) if known else np.nan
+            mults: object = mult
+        else:  # each seed at its own lr: as its run launched it
+            lr = np.array([run_lr(Path(str(r))) for r in table["run_dir"]], dtype=float)
+            mults = lr / declared_lr(study, arm, level) if known else np.nan
         frames.append(
             pd.DataFrame(
                 {
                     "seed": table["seed"].astype(int).to_numpy(),
                     "arm": arm,
                     "level": level,
-                    "multiplier": mult,
-                    "lr": probe_lr(study, arm, level, mult) if arm in study.arms and level in study.levels else np.nan,
+                    "multiplier": mults,
+                    "lr": lr,
                     "kl": kl.reindex(table.index).to_numpy(float),
                     "status": table["status"].to_numpy(),
                     "wall_s": [run_wall_s(Path(str(r))) for r in table["run_dir"]],
                     "run_dir": table["run_dir"].to_numpy(),
+                    "confirm": confirm is not None,
                 }
             )
         )
@@ -254,6 +288,56 @@ def solve_lrs(
     return out[LRS_COLUMNS].reset_index(drop=True)
 
 
+def confirm_probes(solved: pd.DataFrame, confirm: tuple[float, ...]) -> pd.DataFrame:
+    """The confirm probes the solved rows (`solve_lrs`) with an lr ask for: seed, arm, level, multiplier (of the
+    solved lr) and lr, as launched."""
+    rows = [
+        (int(r.seed), str(r.arm), str(r.level), c, float(lr_text(float(r.lr) * c)))
+        for r in solved[solved["lr"].notna()].itertuples()
+        for c in confirm
+    ]
+    return pd.DataFrame(rows, columns=["seed", "arm", "level", "multiplier", "lr"])
+
+
+def nearest_lrs(solved: pd.DataFrame, probes: pd.DataFrame, confirm: int, tolerance: float) -> pd.DataFrame:
+    """`solved` (`solve_lrs`) with each row's lr that of the seed's probe of the cell (bracket and confirm alike,
+    `probes` as `read_probes` reads them) whose KL came nearest the reference's in log: status `confirmed` within
+    `tolerance`, `nearest` beyond it. A row with fewer than `confirm` confirm probes finished (or none with a KL)
+    keeps no lr (status `unconfirmed`), so a later call retries it; one that was not solved stays as it was."""
+    keys = ["seed", "arm", "level"]
+    out = solved.copy()
+    found = probes.astype({"seed": int, "lr": float, "kl": float})
+    counts = found[found["confirm"].astype(bool)].groupby(keys).size()
+    found = found[np.isfinite(found["kl"]) & (found["kl"] > 0)].sort_values([*keys, "lr"])
+    groups = {k: g for k, g in found.groupby(keys)}
+    for i, row in out.iterrows():
+        if not np.isfinite(row["lr"]):
+            continue
+        key = (int(row["seed"]), str(row["arm"]), str(row["level"]))
+        cands = groups.get(key)
+        if counts.get(key, 0) < confirm or cands is None:
+            out.loc[i, ["lr", "multiplier", "slope"]] = np.nan
+            out.loc[i, ["slope_from", "status"]] = ["", "unconfirmed"]
+            continue
+        gap = np.abs(np.log(cands["kl"].to_numpy()) - math.log(row["kl_reference"]))
+        best = cands.iloc[int(np.argmin(gap))]
+        out.loc[i, "lr"] = float(best["lr"])
+        out.loc[i, "multiplier"] = float(best["lr"]) / row["lr_declared"]
+        out.loc[i, "status"] = "confirmed" if gap.min() <= math.log(tolerance) + 1e-12 else "nearest"
+        mults = cands["lr"].to_numpy() / row["lr_declared"]
+        out.loc[i, "probe_multipliers"] = ";".join(f"{m:.6g}" for m in mults)
+        out.loc[i, "probe_kls"] = ";".join(f"{k:.6g}" for k in cands["kl"])
+    return out
+
+
+def solved_lrs(study: Study, probes: pd.DataFrame) -> pd.DataFrame:
+    """`solve_lrs` for `study`'s matched cells from its bracket probes alone (a confirm probe does not move the
+    solution, so a resumed look asks for the confirm probes it launched before)."""
+    assert study.match is not None and study.match.reference is not None
+    bracket = probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
+    return solve_lrs(bracket, study.match.reference, study.match.bracket, matched_cells(study), study.member_pool)
+
+
 def matched_cells(study: Study) -> dict[tuple[str, str], float]:
     """Every cell matched to the reference (all but the reference's own), with its declared lr."""
     assert study.match is not None and study.match.reference is not None
@@ -261,10 +345,13 @@ def matched_cells(study: Study) -> dict[tuple[str, str], float]:
 
 
 def study_lrs(study: Study, probes: pd.DataFrame, kept: pd.DataFrame | None = None) -> pd.DataFrame:
-    """`solve_lrs` for `study`'s matched cells, with each (seed, arm, level) `kept` already holds (a matched lr, as
-    written before) kept as it was; rows that could not be matched are not kept, so a later call retries them."""
+    """`solve_lrs` for `study`'s matched cells (then `nearest_lrs` where it declares `match.confirm`), with each
+    (seed, arm, level) `kept` already holds (a matched lr, as written before) kept as it was; rows that could not be
+    matched are not kept, so a later call retries them."""
     assert study.match is not None and study.match.reference is not None
-    new = solve_lrs(probes, study.match.reference, study.match.bracket, matched_cells(study), study.member_pool)
+    new = solved_lrs(study, probes)
+    if study.match.confirm:
+        new = nearest_lrs(new, probes, len(study.match.confirm), study.match.tolerance)
     if kept is None or kept.empty:
         return new
     kept = kept[kept["lr"].notna()]

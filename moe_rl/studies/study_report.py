@@ -175,6 +175,13 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         f"Arms are matched per start on `{match.divergence}`: a matched contrast whose ratio lies outside "
         f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
         + (f"; the placebo `{match.placebo}` must read inside its margin." if match.placebo else ".")
+        + (
+            " Each run goes at the lr of its seed's probe nearest the reference's KL, among its bracket's and those at "
+            f"{', '.join(f'x{c:g}' for c in match.confirm)} of the lr its bracket solved (`match.confirm`): the run's "
+            "first steps are that probe, so its ratio was known before it ran."
+            if match.confirm
+            else ""
+        )
         if match
         else "The study matches no arm per start: the ratio is what the arms ran at, not a declared match."
     )
