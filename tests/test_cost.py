@@ -3,6 +3,7 @@ on a fake results tree of two declared studies whose runs' wall_s are known: eve
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -123,6 +124,18 @@ def test_ledger_by_hand(tree: tuple[Path, Path]) -> None:
     assert (every["runs"], every["claims"], every["decided"], every["decided_claims"]) == (22, 3, 2, "x, y")
     assert every["total_min"] == pytest.approx(36.5) and every["per_claim_min"] == pytest.approx(18.25)
     assert every["after_share"] == pytest.approx(12 / 36.5)
+
+    assert (big.geometry, small.geometry) == ("", "")  # neither is matched per start
+    # per model, the studies matched per start: big alone on one model, small alone on another
+    rows = cost.ledger_table([dataclasses.replace(big, geometry="m1"), dataclasses.replace(small, geometry="m2")])
+    rows = rows.set_index("study")
+    assert rows.loc["matched per start: m1", "per_claim_min"] == pytest.approx(27.0)
+    assert rows.loc["matched per start: m2", "total_min"] == pytest.approx(9.5)
+    line = cost.headline(rows.reset_index(), timed=False)
+    assert line.endswith(
+        "; matched per start on m1: 27.0 (27.0 CPU-min / 1); matched per start on m2: 9.5 (9.5 CPU-min / 1)"
+    )
+    assert "matched per start" not in cost.headline(table.reset_index(), timed=False)
 
     priced = cost.ledger_table([big, small], warmup_s=30.0).set_index("study")  # 11 warm-ups of half a minute
     assert priced.loc["big", "total_min"] == pytest.approx(31.0)

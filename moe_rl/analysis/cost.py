@@ -127,6 +127,7 @@ class StudyCost:
     after: frozenset[int] = frozenset()  # pool members of the looks read after its verdicts settled
     settled: str = ""  # how its verdicts settled, in words ("look 2 of 3, 3 read")
     note: str = ""  # why it has no verdicts ("": it has)
+    geometry: str = ""  # matched per start: the model its reference arm ran ("": not matched per start)
 
     def members(self) -> set[int]:
         """The pool members its runs started from."""
@@ -213,8 +214,10 @@ def _row(
 
 def ledger_table(costs: Sequence[StudyCost], warmup_s: float | None = None) -> pd.DataFrame:
     """One row per study (`COLUMNS`; minutes are CPU-minutes, shares of the study's total), then `all`: every study
-    together, a warm-up shared by two studies and a claim decided by two counted once, and `deciding`: the studies
-    that decided at least one claim. `warmup_s`: the seconds one warm-up is priced at (None: not timed, NaN)."""
+    together, a warm-up shared by two studies and a claim decided by two counted once, `deciding`: the studies
+    that decided at least one claim, and `matched per start: <model>`: per model, the studies matched per start
+    (probes, a placebo, futility stops: the verdict engine's design). `warmup_s`: the seconds one warm-up is priced
+    at (None: not timed, NaN)."""
     rows = []
     for c in costs:
         warm = warmups((*c.runs, *c.pilots))
@@ -232,7 +235,11 @@ def ledger_table(costs: Sequence[StudyCost], warmup_s: float | None = None) -> p
                 warmup_s,
             )
         )
-    for name, chosen in (("all", costs), ("deciding", [c for c in costs if c.decided])):
+    matched = [
+        (f"matched per start: {g}", [c for c in costs if c.geometry == g])
+        for g in dict.fromkeys(c.geometry for c in costs if c.geometry)
+    ]
+    for name, chosen in (("all", costs), ("deciding", [c for c in costs if c.decided]), *matched):
         decided = list(dict.fromkeys(claim for c in chosen for claim in c.decided))
         rows.append(
             _row(
@@ -281,7 +288,8 @@ def ledger_lines(table: pd.DataFrame, root: Path, timed: bool) -> list[str]:
             if timed
             else f"not timed ({r['warmups']}, {r['sft_steps']} SFT steps)"
         )
-        name = f"**{r['study']}**" if r["study"] in ("all", "deciding") else r["study"]
+        total = r["study"] in ("all", "deciding") or str(r["study"]).startswith("matched per start: ")
+        name = f"**{r['study']}**" if total else r["study"]
         lines.append(
             f"| {name} | {r['runs']} | {r['starts']} | {_min(r['total_min'])} | {r['per_run_min']:.2f} "
             f"| {_min(r['per_start_min'])} | {decided} | {_min(r['per_claim_min'])} "
@@ -306,9 +314,15 @@ def headline(table: pd.DataFrame, timed: bool) -> str:
     every = table[table["study"] == "all"].iloc[0]
     deciding = table[table["study"] == "deciding"].iloc[0]
     what = "pilots, warm-ups and runs" if timed else "pilots and runs; warm-ups not timed"
+    matched = table[table["study"].astype(str).str.startswith("matched per start: ")]
+    per_model = "".join(
+        f"; matched per start on {str(r['study']).removeprefix('matched per start: ')}: {_min(r['per_claim_min'])} "
+        f"({_min(r['total_min'])} CPU-min / {r['decided']})"
+        for _, r in matched.iterrows()
+    )
     return (
         f"CPU-minutes per decided claim over all declared studies: {_min(every['per_claim_min'])} "
         f"({_min(every['total_min'])} CPU-min of {what} / {every['decided']} decided claims: "
         f"{every['decided_claims'] or 'none'}); over the studies that decided one: "
-        f"{_min(deciding['per_claim_min'])} ({_min(deciding['total_min'])} CPU-min)"
+        f"{_min(deciding['per_claim_min'])} ({_min(deciding['total_min'])} CPU-min){per_model}"
     )

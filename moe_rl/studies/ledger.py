@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from moe_rl.analysis import cost
 from moe_rl.analysis.claims import runs_folder
 from moe_rl.studies import study_rule
@@ -66,7 +68,17 @@ def study_cost(study: Study, root: Path) -> cost.StudyCost:
         decided,
         after=cost.members_after(study.members, looks, settled, len(by_look)),
         settled=f"look {settled} of {len(looks)} ({len(by_look)} read)" if by_look else "no look read",
+        geometry=reference_model(study, result.runs),
     )
+
+
+def reference_model(study: Study, runs: pd.DataFrame) -> str:
+    """The model a study matched per start ran its reference arm on (`study_rule.model_label`); "" for a study not
+    matched per start, or without those runs."""
+    if study.match is None or study.match.reference is None or "model" not in runs:
+        return ""
+    models = [str(m) for m in runs.loc[runs["arm"] == study.match.reference, "model"] if str(m)]
+    return models[0] if models else ""
 
 
 def ledger(root: Path, studies_dir: Path, warmup_s: float | None = None) -> list[str]:
