@@ -515,6 +515,8 @@ def test_a_matched_study_with_a_placebo_runs_end_to_end(tmp_path, cache, monkeyp
         assert len(kl[0]) == 2 and kl[0].tolist() == kl[1].tolist()
     contrasts = pd.read_csv(root / "contrasts.csv")
     assert set(contrasts["contrast"]) == {"placebo_minus_none"} and (contrasts["starts"] == 3).all()
+    k = int((lrs["status"] == "confirmed").sum())
+    assert f" {k} of its 3 matched seeds were within the tolerance (`confirmed`)" in (root / "summary.md").read_text()
     # the same command again: every probe and matched run is found finished, and no seed's lr moves
     written = matching.lrs_path(tmp_path, study).read_text()
     again = run_study(*command)

@@ -118,6 +118,17 @@ def section_function(name: str) -> Section:
     return getattr(importlib.import_module(module), attr)
 
 
+def confirmed_text(out: Path) -> str:
+    """How many of a confirmed study's seeds their own probe placed within the tolerance (<out>/match/lrs.csv)."""
+    from moe_rl.studies.matching import read_lrs
+
+    lrs = read_lrs(out / "match" / "lrs.csv")
+    if lrs is None or lrs.empty:
+        return ""
+    n, k = len(lrs), int((lrs["status"] == "confirmed").sum())
+    return f" {k} of its {n} matched seeds were within the tolerance (`confirmed`), the others at their nearest probe."
+
+
 def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Path]:
     """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv, forest.png (profile.png where the study
     declares axes) from the declaration, and the sections it names (their markdown after the contrasts): every file
@@ -178,7 +189,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         + (
             " Each run goes at the lr of its seed's probe nearest the reference's KL, among its bracket's and those at "
             f"{', '.join(f'x{c:g}' for c in match.confirm)} of the lr its bracket solved (`match.confirm`): the run's "
-            "first steps are that probe, so its ratio was known before it ran."
+            "first steps are that probe, so its ratio was known before it ran." + confirmed_text(out)
             if match.confirm
             else ""
         )
