@@ -42,8 +42,8 @@ cell runs `match.probe_steps` steps (default 20, at most 15% of its run's steps)
 its declared lr, every other arm at each multiplier of its declared lr in `match.bracket` (default [0.8, 1.0,
 1.25]); each run then goes at the lr where its probes' log KL on log lr reaches the reference's probe KL on the
 same seed. With `match.confirm` (multipliers of each seed's solved lr, e.g. [0.95, 1.0, 1.05]) each arm's seed also
-probes there, and its run goes at the lr of whichever of its probes came nearest the reference's KL: the run's first
-steps are that probe, so its realised ratio is known before it runs. Such a study must declare levels with an lr per
+probes there, and its run goes at the lr of whichever of those probes came nearest the reference's KL: the run's
+first steps are that probe, so its realised ratio is known before it runs. Such a study must declare levels with an lr per
 reference model and a placebo (`check_match`).
 """
 

@@ -19,11 +19,14 @@ every matched arm; with none the seed is not matched. A solution outside the bra
 its realised ratio says so).
 
 Where the study declares `match.confirm`, the solved lr is only a centre: each (seed, arm, level) then probes at
-each confirm multiplier of it (`confirm_folder`), and its run goes at the lr of whichever of its probes (bracket and
-confirm alike) came nearest the reference's KL in log (status `confirmed` within `match.tolerance`, else `nearest`).
-A start's early KL is a noisy function of the lr (a probe at 1.04x the reference's lr differs from the reference's
-own by an SD of 14-36% in log over members), so a line through three probes places a run only about that well;
-the nearest probe is the run's own first steps, so its ratio is the run's realised ratio, known before it runs.
+each confirm multiplier of it (`confirm_folder`), and its run goes at the lr of whichever of those confirm probes
+came nearest the reference's KL in log (status `confirmed` within `match.tolerance`, else `nearest`). A start's early
+KL is a noisy function of the lr (a probe at 1.04x the reference's lr differs from the reference's own by an SD of
+14-36% in log over members), so a line through three probes places a run only about that well; the chosen probe is
+the run's own first steps, so its ratio is the run's realised ratio, known before it runs. The candidates are the
+confirm probes alone, all within the confirm multipliers of the line's lr: a bracket probe that happened to land
+near the reference's KL far from that lr (an lr the trend says is 3x too high, its first steps low by chance) would
+trade a mismatch of the early KL for one of the lr, which acts on every later step.
 
 The chosen lrs are written to <runs>/<study>/match/lrs.csv (`LRS_COLUMNS`: seed, member, arm, level, the declared and
 chosen lr, the probes' multipliers and KLs, the slope and where it came from, the status). A seed's row, once
@@ -300,15 +303,19 @@ def confirm_probes(solved: pd.DataFrame, confirm: tuple[float, ...]) -> pd.DataF
 
 
 def nearest_lrs(solved: pd.DataFrame, probes: pd.DataFrame, confirm: int, tolerance: float) -> pd.DataFrame:
-    """`solved` (`solve_lrs`) with each row's lr that of the seed's probe of the cell (bracket and confirm alike,
-    `probes` as `read_probes` reads them) whose KL came nearest the reference's in log: status `confirmed` within
-    `tolerance`, `nearest` beyond it. A row with fewer than `confirm` confirm probes finished (or none with a KL)
-    keeps no lr (status `unconfirmed`), so a later call retries it; one that was not solved stays as it was."""
+    """`solved` (`solve_lrs`) with each row's lr that of the seed's confirm probe of the cell (`probes` as
+    `read_probes` reads them) whose KL came nearest the reference's in log: status `confirmed` within `tolerance`,
+    `nearest` beyond it; `probe_multipliers` and `probe_kls` then list the bracket's probes and the confirm probes.
+    A row with fewer than `confirm` confirm probes finished (or none with a KL) keeps no lr (status `unconfirmed`),
+    so a later call retries it; one that was not solved stays as it was."""
     keys = ["seed", "arm", "level"]
     out = solved.copy()
     found = probes.astype({"seed": int, "lr": float, "kl": float})
     counts = found[found["confirm"].astype(bool)].groupby(keys).size()
-    found = found[np.isfinite(found["kl"]) & (found["kl"] > 0)].sort_values([*keys, "lr"])
+    listed = found.sort_values([*keys, "lr"])
+    listed = {k: g for k, g in listed[np.isfinite(listed["kl"])].groupby(keys)}
+    found = found[found["confirm"].astype(bool) & np.isfinite(found["kl"]) & (found["kl"] > 0)]
+    found = found.sort_values([*keys, "lr"])
     groups = {k: g for k, g in found.groupby(keys)}
     for i, row in out.iterrows():
         if not np.isfinite(row["lr"]):
@@ -324,9 +331,9 @@ def nearest_lrs(solved: pd.DataFrame, probes: pd.DataFrame, confirm: int, tolera
         out.loc[i, "lr"] = float(best["lr"])
         out.loc[i, "multiplier"] = float(best["lr"]) / row["lr_declared"]
         out.loc[i, "status"] = "confirmed" if gap.min() <= math.log(tolerance) + 1e-12 else "nearest"
-        mults = cands["lr"].to_numpy() / row["lr_declared"]
-        out.loc[i, "probe_multipliers"] = ";".join(f"{m:.6g}" for m in mults)
-        out.loc[i, "probe_kls"] = ";".join(f"{k:.6g}" for k in cands["kl"])
+        every = listed[key]
+        out.loc[i, "probe_multipliers"] = ";".join(f"{m:.6g}" for m in every["lr"].to_numpy() / row["lr_declared"])
+        out.loc[i, "probe_kls"] = ";".join(f"{k:.6g}" for k in every["kl"])
     return out
 
 

@@ -187,7 +187,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
         + (f"; the placebo `{match.placebo}` must read inside its margin." if match.placebo else ".")
         + (
-            " Each run goes at the lr of its seed's probe nearest the reference's KL, among its bracket's and those at "
+            " Each run goes at the lr of its seed's probe nearest the reference's KL among those at "
             f"{', '.join(f'x{c:g}' for c in match.confirm)} of the lr its bracket solved (`match.confirm`): the run's "
             "first steps are that probe, so its ratio was known before it ran." + confirmed_text(out)
             if match.confirm
