@@ -336,6 +336,24 @@ def test_confirm_probes_bound_each_start_where_the_kl_is_a_noisy_function_of_the
     assert (chosen["status"] == "confirmed").mean() == pytest.approx((np.abs(near) <= inside + 1e-12).mean())
 
 
+def test_the_placebo_s_lr_and_what_it_did_by_hand(tmp_path) -> None:
+    """The placebo of the tiny matched study ran at 1x, 2x and 0.5x the reference's lr (2e-3) on members 310-312 and
+    ended 0, -5 and +5 points from the reference: -5 points per doubling, exactly (a zero-width interval), at a median
+    multiple of 1x. A start whose placebo run was not admitted is left out; with fewer than 3 starts, no reading."""
+    study = load_study(_write(tmp_path, _study_raw()))
+    lrs = pd.DataFrame(
+        {"member": [310, 311, 312], "arm": "placebo", "level": "hi", "lr": [2e-3, 4e-3, 1e-3], "seed": [310, 311, 312]}
+    )
+    rows = [(s, "none", 0.1, True) for s in (310, 311, 312)]
+    rows += [(310, "placebo", 0.1, True), (311, "placebo", 0.05, True), (312, "placebo", 0.15, True)]
+    runs = pd.DataFrame(rows, columns=["seed", "arm", "change", "admitted"]).assign(level="hi")
+    read = matching.placebo_lr(study, runs, lrs)
+    assert read is not None and read["n"] == 3 and read["ratio"] == pytest.approx(1.0)
+    assert read["slope"] == pytest.approx(-0.05) and read["lo"] == pytest.approx(-0.05) == read["hi"]
+    runs.loc[(runs["seed"] == 312) & (runs["arm"] == "placebo"), "admitted"] = False
+    assert matching.placebo_lr(study, runs, lrs) is None
+
+
 # --- the declaration and the launch ---------------------------------------------------------------------------
 
 

@@ -396,3 +396,42 @@ def seed_lrs(lrs: pd.DataFrame, arm: str, level: str, seeds: list[int]) -> dict[
     cell = lrs[(lrs["arm"] == arm) & (lrs["level"] == level) & lrs["lr"].notna()]
     chosen = dict(zip(cell["seed"].astype(int), cell["lr"].astype(float), strict=True))
     return {s: chosen[s] for s in seeds if s in chosen}
+
+
+def placebo_lr(study: Study, runs: pd.DataFrame, lrs: pd.DataFrame) -> dict[str, float] | None:
+    """What the placebo's matched lr did to its outcome. The placebo is the reference's model and method brought to
+    the reference's early KL like any arm, so per start it runs at its own multiple of the reference's lr; over the
+    starts with both runs admitted, its outcome difference (placebo - reference, `study.outcome`) regressed on log2
+    of that multiple: `n` starts, `ratio` the median multiple, `slope` the change per doubling with its 95% t
+    interval (`lo`, `hi`). A slope below 0: at equal early KL a higher lr still ends lower, so any matched arm that
+    ran at another lr than its model's carries that too. None where the study has no placebo matched per start or
+    fewer than 3 such starts."""
+    m = study.match
+    if m is None or m.reference is None or m.placebo is None:
+        return None
+    contrast = next(c for c in study.contrasts if c.name == m.placebo)
+    (arm, level) = next(cell for cell, w in contrast.weights.items() if w > 0)
+    ref_lr = declared_lr(study, m.reference, level)
+    chosen = lrs[(lrs["arm"] == arm) & (lrs["level"] == level) & lrs["lr"].notna()].set_index("member")["lr"]
+    admitted = runs[runs["admitted"].astype(bool) & (runs["level"] == level)]
+    admitted = admitted.assign(member=admitted["seed"].astype(int) % study.member_pool)
+    outcome = admitted.pivot_table(index="member", columns="arm", values=study.outcome, aggfunc="mean")
+    if arm not in outcome or m.reference not in outcome:
+        return None
+    diff = (outcome[arm] - outcome[m.reference]).dropna()
+    diff = diff[diff.index.isin(chosen.index)]
+    if len(diff) < 3:
+        return None
+    x = np.log2(chosen.loc[diff.index].to_numpy(float) / ref_lr)
+    y = diff.to_numpy(float)
+    from scipy import stats
+
+    fit = stats.linregress(x, y)
+    half = float(stats.t.ppf(0.975, len(y) - 2) * fit.stderr)
+    return {
+        "n": float(len(y)),
+        "ratio": float(np.exp2(np.median(x))),
+        "slope": float(fit.slope),
+        "lo": float(fit.slope) - half,
+        "hi": float(fit.slope) + half,
+    }

@@ -129,6 +129,26 @@ def confirmed_text(out: Path) -> str:
     return f" {k} of its {n} matched seeds were within the tolerance (`confirmed`), the others at their nearest probe."
 
 
+def placebo_lr_md(study: Study, result: StudyResult, out: Path) -> list[str]:
+    """A paragraph on the lr the placebo ran at and what it did (`matching.placebo_lr`), for a study matched per start
+    with a placebo whose chosen lrs lie in <out>/match/lrs.csv; [] otherwise."""
+    from moe_rl.studies.matching import placebo_lr, read_lrs
+
+    lrs = read_lrs(out / "match" / "lrs.csv")
+    read = None if lrs is None else placebo_lr(study, result.runs, lrs)
+    if read is None:
+        return []
+    what = UNITS.get(study.outcome, "(x 100)")
+    return [
+        f"The placebo's lr: brought to the reference's early KL, the placebo ran at a median {read['ratio']:.2f}x the "
+        f"reference's lr over {read['n']:.0f} starts, and its difference from the reference moves by "
+        f"{100 * read['slope']:+.1f} {what} [{100 * read['lo']:+.1f}, {100 * read['hi']:+.1f}] per doubling of that "
+        "multiple (least squares over starts, 95% t interval; `matching.placebo_lr`). Below 0: at equal early KL a "
+        "higher lr still ends lower, so a matched arm run at another lr than its model's carries that as well.",
+        "",
+    ]
+
+
 def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Path]:
     """<out>/summary.md, cells.csv, contrasts.csv, starts.csv, runs.csv, forest.png (profile.png where the study
     declares axes) from the declaration, and the sections it names (their markdown after the contrasts): every file
@@ -254,6 +274,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         "",
         _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
+        *placebo_lr_md(study, result, out),
         *secondary_md,
         *sections_md,
         *(
