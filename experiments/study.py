@@ -165,6 +165,15 @@ def run_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) 
     return failed
 
 
+def run_each(commands: list[tuple[str, list[str]]], jobs: int) -> list[str]:
+    """Run each (name, command), `jobs` at a time, one process each; the names of those that exited non-zero."""
+    if not commands:
+        return []
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        codes = list(pool.map(lambda c: subprocess.run(c[1], cwd=ROOT).returncode, commands))
+    return [name for (name, _), code in zip(commands, codes, strict=True) if code != 0]
+
+
 def confirm_command(
     study: Study, arm: str, level: str, multiplier: float, seed: int, lr: float, runs: Path
 ) -> list[str]:
@@ -206,12 +215,9 @@ def run_confirm_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run
             commands.append((name, confirm_command(study, arm, level, mult, seed, lr, runs)))
     print(f"[confirm] {len(commands)} probes at {len(study.match.confirm)} multipliers of each seed's solved lr")
     failed = []
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        codes = list(pool.map(lambda c: subprocess.run(c[1], cwd=ROOT).returncode, commands))
-    for (name, _), code in zip(commands, codes, strict=True):
-        if code != 0:
-            failed.append(f"probe {name}")
-            print(f"{study.name}: a confirm probe of {name} failed; going on", flush=True)
+    for name in run_each(commands, jobs):
+        failed.append(f"probe {name}")
+        print(f"{study.name}: a confirm probe of {name} failed; going on", flush=True)
     return failed
 
 
@@ -273,13 +279,9 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
                 flush=True,
             )
             singles.append((f"{arm}@{level}", matched_command(study, arm, level, seed, chosen[seed], runs)))
-    if singles:
-        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-            codes = list(pool.map(lambda c: subprocess.run(c[1], cwd=ROOT).returncode, singles))
-        for (cell_name, _), code in zip(singles, codes, strict=True):
-            if code != 0:
-                failed.append(cell_name)
-                print(f"{study.name}: a run of {cell_name} failed (its status.json says why); going on", flush=True)
+    for cell_name in run_each(singles, jobs):
+        failed.append(cell_name)
+        print(f"{study.name}: a run of {cell_name} failed (its status.json says why); going on", flush=True)
     return failed
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from moe_rl.studies.design import TWINS_UNIT, UNITS, Admission, Study, declaration, load_study, study_files
+from moe_rl.studies.matching import read_lrs
 from moe_rl.studies.secondary import LOG_SCALE, SECONDARY
 from moe_rl.studies.secondary import markdown as secondary_markdown
 from moe_rl.studies.study_rule import (
@@ -118,23 +119,19 @@ def section_function(name: str) -> Section:
     return getattr(importlib.import_module(module), attr)
 
 
-def confirmed_text(out: Path) -> str:
-    """How many of a confirmed study's seeds their own probe placed within the tolerance (<out>/match/lrs.csv)."""
-    from moe_rl.studies.matching import read_lrs
-
-    lrs = read_lrs(out / "match" / "lrs.csv")
+def confirmed_text(lrs: pd.DataFrame | None) -> str:
+    """How many of a confirmed study's seeds their own probe placed within the tolerance (its match/lrs.csv)."""
     if lrs is None or lrs.empty:
         return ""
     n, k = len(lrs), int((lrs["status"] == "confirmed").sum())
     return f" {k} of its {n} matched seeds were within the tolerance (`confirmed`), the others at their nearest probe."
 
 
-def placebo_lr_md(study: Study, result: StudyResult, out: Path) -> list[str]:
+def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -> list[str]:
     """A paragraph on the lr the placebo ran at and what it did (`matching.placebo_lr`), for a study matched per start
-    with a placebo whose chosen lrs lie in <out>/match/lrs.csv; [] otherwise."""
-    from moe_rl.studies.matching import placebo_lr, read_lrs
+    with a placebo whose chosen lrs are `lrs` (its match/lrs.csv); [] otherwise."""
+    from moe_rl.studies.matching import placebo_lr
 
-    lrs = read_lrs(out / "match" / "lrs.csv")
     read = None if lrs is None else placebo_lr(study, result.runs, lrs)
     if read is None:
         return []
@@ -202,6 +199,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
     left_out = f"; {len(out_w)} of {len(result.starts)} warm-ups left out, {out_r} runs" if len(out_w) else ""
     beside = ["contrast", "estimate", "kl_ratio", "kl_lo", "kl_hi"]
     match = study.match
+    lrs = read_lrs(out / "match" / "lrs.csv") if match is not None and match.probes else None
     matched = (
         f"Arms are matched per start on `{match.divergence}`: a matched contrast whose ratio lies outside "
         f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
@@ -209,7 +207,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         + (
             " Each run goes at the lr of its seed's probe nearest the reference's KL among those at "
             f"{', '.join(f'x{c:g}' for c in match.confirm)} of the lr its bracket solved (`match.confirm`): the run's "
-            "first steps are that probe, so its ratio was known before it ran." + confirmed_text(out)
+            "first steps are that probe, so its ratio was known before it ran." + confirmed_text(lrs)
             if match.confirm
             else ""
         )
@@ -274,7 +272,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
         "",
         _fmt(result.verdicts[[c for c in beside if c in result.verdicts]]),
         "",
-        *placebo_lr_md(study, result, out),
+        *placebo_lr_md(study, result, lrs),
         *secondary_md,
         *sections_md,
         *(
