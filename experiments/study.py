@@ -16,7 +16,8 @@ probes: one multirun per cell and bracket multiplier over the look's seeds, `mat
 <runs>/NAME/probes/<arm>@<level>@x<multiplier>/ (the reference at its declared lr alone); it then solves each seed's
 lr from them (and, where it declares `match.confirm`, probes each seed at those multipliers of its solved lr, one
 process per seed into <runs>/NAME/probes/<arm>@<level>@c<multiplier>/, and takes the lr of its probe nearest the
-reference's KL) into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
+reference's KL; with `match.per: pool`, only the first look's seeds probe and each arm runs every seed at the one
+lr its probes give) into <runs>/NAME/match/lrs.csv (kept once written) and runs the reference's cells as above and every
 other arm's runs one seed at a time, each at its own lr, `--jobs` at a time. `--dry-run` prints the probes; the full
 runs' lrs come from them. A probe longer than 15% of its run's steps is refused.
 
@@ -123,6 +124,8 @@ def probe_cost(study: Study) -> str:
         f"{lv}: {k} probes per seed, {k * study.match.probe_steps / total[lv]:.0%} of its {total[lv]} run steps"
         for lv, k in per_seed.items()
     )
+    if study.match.per == "pool":
+        each += f"; the first look's {study.design.looks[0]} starts alone probe (one lr per arm, `match.per: pool`)"
     return (
         f"probes of {study.match.probe_steps} steps, {min(shares):.0%}-{max(shares):.0%} of a run's steps each; {each}"
     )
@@ -144,8 +147,10 @@ def finished_at(folder: Path) -> set[tuple[int, str]]:
 
 
 def run_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:
-    """Each cell's probes at each of its multipliers over the look's seeds (those not probed yet)."""
+    """Each cell's probes at each of its multipliers over the look's seeds (those not probed yet; with `match.per:
+    pool`, the first look's seeds alone)."""
     failed = []
+    starts = matching.probe_starts(study, starts)
     for arm, level, mult in matching.probe_cells(study):
         seeds = study.seeds(starts, (arm, level))
         name = matching.probe_folder(arm, level, mult)
@@ -221,11 +226,12 @@ def run_confirm_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run
     return failed
 
 
-def choose_lrs(study: Study, runs: Path) -> pd.DataFrame:
-    """Each matched seed's lr from the probes run so far, the rows written before kept (`matching.study_lrs`)."""
+def choose_lrs(study: Study, runs: Path, starts: int) -> pd.DataFrame:
+    """Each matched seed's lr (of the first `starts` members) from the probes run so far, the rows written before
+    kept (`matching.study_lrs`)."""
     path = matching.lrs_path(runs, study)
     probes = matching.read_probes(runs / study.name / "probes", study)
-    lrs = matching.study_lrs(study, probes, matching.read_lrs(path))
+    lrs = matching.study_lrs(study, probes, matching.read_lrs(path), starts)
     matching.write_lrs(lrs, path)
     return lrs
 
@@ -237,7 +243,7 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
     failed = run_probes(study, starts, runs, jobs, dry_run)
     failed += run_confirm_probes(study, starts, runs, jobs, dry_run)
     path = matching.lrs_path(runs, study)
-    lrs = None if dry_run else choose_lrs(study, runs)
+    lrs = None if dry_run else choose_lrs(study, runs, starts)
     singles: list[tuple[str, list[str]]] = []
     for arm, level in study.cells():
         seeds = study.seeds(starts, (arm, level))
@@ -257,7 +263,10 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
                 print(f"{study.name}: a run of {arm}@{level} failed (its status.json says why); going on", flush=True)
             continue
         if lrs is None:
-            print(f"[{arm}@{level}] {len(seeds)} runs, each at the lr its seed's probes give ({path})", flush=True)
+            each = (
+                "one lr the first look's probes give" if study.match.per == "pool" else "the lr its seed's probes give"
+            )
+            print(f"[{arm}@{level}] {len(seeds)} runs, each at {each} ({path})", flush=True)
             continue
         chosen = matching.seed_lrs(lrs, arm, level, seeds)
         cell = lrs[(lrs["arm"] == arm) & (lrs["level"] == level)].set_index("seed")
@@ -330,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {err}")
     if study.match is not None and study.match.probes:
         try:
-            print(f"{study.name}: matched per start to {study.match.reference}: {probe_cost(study)}", flush=True)
+            how = "over the pool" if study.match.per == "pool" else "per start"
+            print(f"{study.name}: matched {how} to {study.match.reference}: {probe_cost(study)}", flush=True)
         except ValueError as err:
             sys.exit(f"error: study {study.name}: {err}")
     from moe_rl.studies.study_report import write_study_report

@@ -246,6 +246,103 @@ def test_lrs_once_written_are_kept_and_the_unmatched_retried(tmp_path) -> None:
     assert np.allclose(again[again["seed"] == 312]["multiplier"], 1.2 ** (2 / 3))
 
 
+def test_one_lr_per_arm_over_the_pool_by_hand() -> None:
+    """`match.per: pool`. Seeds 1 and 2 probe at x0.5, x1 and x2 of 1e-3; their log KL ratios to the reference's probe
+    on the same seed are (-0.6, -0.2, +0.2) and (-0.4, 0.0, +0.4): means -0.5, -0.1, +0.3, which cross 0 between x1 and
+    x2, on the line of slope 0.4 / ln 2 through (ln 1, -0.1): x = exp(0.1 ln 2 / 0.4) = 2^0.25. Seed 3 (a later look)
+    was not probed and runs at that lr too; seed 1's row lists its own probes."""
+    d = {1: (-0.6, -0.2, 0.2), 2: (-0.4, 0.0, 0.4)}
+    ref = {1: 0.01, 2: 0.02}
+    rows = [
+        (s, "arm", m, 1e-3 * m, ref[s] * math.exp(v)) for s in d for m, v in zip((0.5, 1.0, 2.0), d[s], strict=True)
+    ]
+    rows += [(s, "ref", 1.0, 5e-4, ref[s]) for s in ref]
+    cell = ("arm", "hi")
+    lrs = matching.pooled_lrs(_probes(rows), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2, 3]}, pool=1000)
+    lrs = lrs.set_index("seed")
+    assert list(lrs.index) == [1, 2, 3] and (lrs["status"] == "pooled").all()
+    assert np.allclose(lrs["multiplier"], 2**0.25, rtol=1e-5) and lrs["lr"].nunique() == 1
+    assert lrs.loc[1, "slope"] == pytest.approx(0.4 / math.log(2)) and lrs.loc[1, "slope_from"] == "pool"
+    assert lrs.loc[1, "probe_multipliers"] == "0.5;1;2" and lrs.loc[1, "kl_reference"] == pytest.approx(0.01)
+    assert lrs.loc[3, "probe_kls"] == "" and math.isnan(lrs.loc[3, "kl_reference"])
+    # every mean above 0: the lowest pair's line, beyond the bracket (0.5 / 1.25 at most), else clamped there
+    high = [(s, a, m, lr, kl * math.exp(0.55 if a == "arm" else 0.0)) for s, a, m, lr, kl in rows]
+    ext = matching.pooled_lrs(_probes(high), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000).iloc[0]
+    # means +0.05, +0.45: slope 0.4 / ln 2, x = 0.5 exp(-0.05 ln 2 / 0.4) = 0.5 * 2^-0.125
+    assert ext["status"] == "pooled_extrapolated" and ext["multiplier"] == pytest.approx(0.5 * 2**-0.125, rel=1e-5)
+    higher = [(s, a, m, lr, kl * math.exp(0.8 if a == "arm" else 0.0)) for s, a, m, lr, kl in rows]
+    clamped = matching.pooled_lrs(_probes(higher), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000)
+    assert clamped["status"].tolist() == ["clamped"] and clamped["multiplier"].iloc[0] == pytest.approx(0.4)
+    # a probed seed without its x2 probe: nothing is solved until it has one
+    missing = matching.pooled_lrs(
+        _probes(rows[:-3] + rows[-2:]), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2]}, 1000
+    )
+    assert (missing["status"] == "probes missing").all() and missing["lr"].isna().all()
+
+
+def test_the_pool_lr_puts_a_placebo_back_at_its_reference_s_lr_where_each_start_s_own_probe_does_not() -> None:
+    """Planted: each start's early KL is c_s lr (slope 1) times a probe's own noise (SD 0.3 in log), the reference
+    read once at lr 1. A placebo (the reference itself) probes at x0.8, x1, x1.25 of lr 1 and at x0.95, x1, x1.05 of
+    its own solved lr. Per start, the probe nearest the reference's KL is chosen for its noise as much as for its lr:
+    the chosen lrs spread by about the noise (log SD > 0.2 over 400 starts; at slope 1 that is each run's expected KL
+    ratio), while the chosen probes' own ratios spread less (the selection: they look better matched than the runs
+    will be). Over the pool, one lr: the mean log ratio at each multiplier has SD 0.3 sqrt(2 / 400)
+    = 0.021, so the pool's lr lies within 4 of those (0.085 in log at slope 1) of the reference's own."""
+    rng = np.random.default_rng(0)
+    n = 400
+    c = rng.normal(0, 0.5, n)
+    rows = [(s, "ref", 1.0, 1.0, math.exp(c[s] + rng.normal(0, 0.3))) for s in range(n)]
+    rows += [(s, "placebo", m, m, math.exp(c[s] + math.log(m) + rng.normal(0, 0.3))) for s in range(n) for m in BRACKET]
+    cell = ("placebo", "hi")
+    probes = _probes(rows)
+    pooled = matching.pooled_lrs(probes, "ref", {cell: 1.0}, {cell: list(range(n))}, {cell: list(range(n))}, n)
+    assert pooled["lr"].nunique() == 1 and abs(math.log(pooled["lr"].iloc[0])) < 4 * 0.3 * math.sqrt(2 / n)
+    solved = matching.solve_lrs(probes, "ref", BRACKET, {cell: 1.0}, n)
+    confirm = matching.confirm_probes(solved, (0.95, 1.0, 1.05))
+    noise = rng.normal(0, 0.3, len(confirm))
+    confirm = confirm.assign(kl=np.exp(c[confirm["seed"]] + np.log(confirm["lr"]) + noise), confirm=True)
+    every = pd.concat([probes.assign(confirm=False), confirm.drop(columns="multiplier").assign(multiplier=1.0)])
+    chosen = matching.nearest_lrs(solved, every, 3, 1.05)
+    assert np.log(chosen["lr"]).std() > 0.2
+    picked = every[every["confirm"]].merge(chosen[["seed", "lr"]], on=["seed", "lr"])
+    ref = chosen.set_index("seed").loc[picked["seed"], "kl_reference"].to_numpy()
+    ratio = np.log(picked["kl"].to_numpy()) - np.log(ref)
+    assert ratio.std() < 0.75 * np.log(chosen["lr"]).std()  # measured: 0.17 against 0.28
+
+
+def test_a_pooled_study_probes_its_first_look_and_gives_later_seeds_that_lr(tmp_path) -> None:
+    """`match.per: pool` in a declaration with looks [3, 4]: the first look's 3 members probe, a look of 4 probes the
+    same 3; both arms' lrs are solved on them, written, and member 312 (look 2) gets its arm's written lr, even where
+    new probes (here the reference's KL x1.2) would now solve another."""
+    raw = _study_raw(design={"mde": 0.05, "looks": [3, 4], "sized_from": "a test"})
+    raw["match"] = {**raw["match"], "per": "pool"}
+    raw["unit"] = {**raw["unit"], "members": "310..313"}
+    study = load_study(_write(tmp_path, raw))
+    assert study.match is not None and study.match.per == "pool"
+    assert matching.probe_starts(study, 3) == 3 and matching.probe_starts(study, 4) == 3
+    kl = {310: 0.01, 311: 0.03, 312: 0.02}
+    rows = [
+        (s, a, "hi", m, matching.probe_lr(study, a, "hi", m), kl[s] * m**2)
+        for s in kl
+        for a in ("r2", "placebo")
+        for m in (0.8, 1.25)
+    ]
+    rows += [(s, "none", "hi", 1.0, 2e-3, kl[s]) for s in kl]
+    probes = pd.DataFrame(rows, columns=["seed", "arm", "level", "multiplier", "lr", "kl"])
+    first = matching.study_lrs(study, probes, None, starts=3)
+    assert len(first) == 6 and (first["status"] == "pooled").all()
+    assert np.allclose(first["multiplier"], 1.0, rtol=1e-5)  # every seed reads the reference's KL at x1 exactly
+    path = matching.lrs_path(tmp_path, study)
+    matching.write_lrs(first, path)
+    moved = probes.assign(kl=probes["kl"] * np.where(probes["arm"] == "none", 1.2, 1.0))
+    later = matching.study_lrs(study, moved, matching.read_lrs(path), starts=4)
+    assert len(later) == 8 and later["lr"].notna().all()
+    for arm, rows_ in later.groupby("arm"):
+        assert rows_["lr"].nunique() == 1 and rows_["lr"].iloc[0] == pytest.approx(
+            first.set_index("arm").loc[arm, "lr"].iloc[0]
+        )
+
+
 def test_the_nearest_probe_by_hand() -> None:
     """Seed 1 solved at 1.2e-3 (the reference's KL 0.02) and confirmed at x0.9 and x1.1 of it: its probes read 0.01
     (1e-3), 0.04 (2e-3), 0.026 (1.08e-3) and 0.0205 (1.32e-3); of its confirm probes |log(KL / 0.02)| is least at
@@ -364,6 +461,8 @@ def test_the_placebo_s_lr_and_what_it_did_by_hand(tmp_path) -> None:
         ({"bracket": [1.0]}, "must list 2 or more increasing"),
         ({"probe_steps": 0}, "probe_steps 0 must be"),
         ({"confirm": [1.1, 0.9]}, "match.confirm .* must list increasing multipliers"),
+        ({"per": "member"}, "match.per 'member' must be 'start'"),
+        ({"per": "pool", "confirm": [0.95, 1.0]}, "declare one or the other"),
         ({"confirm": [0.0, 1.0]}, "match.confirm .* must list increasing multipliers"),
         ({"divergence": "kl_update"}, "probes read the early acting KL"),
         ({"reference": "dense"}, "match.reference 'dense' is not one of its arms"),

@@ -101,6 +101,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "match.confirm", "multipliers of each seed's solved lr it also probes at; the run takes its nearest probe", "[]"
     ),
+    Key("match.per", "start: an lr per seed; pool: one lr per arm, from the first look's probes", "start", "pool"),
     Key("runs[].arms", "as ran: a block's arms", example="[grpo_none]"),
     Key("runs[].levels", "as ran: a block's levels", example="[hi]"),
     Key("runs[].replicates", "as ran: the replicates a block ran of each member", "0 .. seeds_per_start - 1"),

@@ -136,6 +136,9 @@ class Match:
     bracket: tuple[float, ...] = (0.8, 1.0, 1.25)  # lr multipliers of each arm's declared lr its probes run at
     # multipliers of each seed's solved lr it also probes at; the run takes its nearest probe's lr (empty: the solved)
     confirm: tuple[float, ...] = ()
+    # "start": each seed its own lr from its own probes; "pool": one lr per arm and level for every seed, where the
+    # mean over the first look's seeds of the log KL ratio to the reference crosses 0 (`matching.pooled_lrs`)
+    per: str = "start"
 
     @property
     def probes(self) -> bool:
@@ -381,11 +384,11 @@ def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[
 
 
 def _match(raw: dict | None, study: str) -> Match | None:
-    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket, confirm} (`Match`); None
+    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket, confirm, per} (`Match`); None
     where the study matches nothing per start."""
     if raw is None:
         return None
-    known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket", "confirm")
+    known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket", "confirm", "per")
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ValueError(f"study {study}: match keys {unknown} are not among {list(known)}")
@@ -419,6 +422,16 @@ def _match(raw: dict | None, study: str) -> Match | None:
     reference = raw.get("reference")
     if confirm and reference is None:
         raise ValueError(f"study {study}: match.confirm probes around each seed's solved lr: it needs match.reference")
+    per = raw.get("per", Match.per)
+    if per not in ("start", "pool"):
+        raise ValueError(f"study {study}: match.per {per!r} must be 'start' (an lr per seed) or 'pool' (one per arm)")
+    if per == "pool" and reference is None:
+        raise ValueError(f"study {study}: match.per 'pool' solves each arm's lr from probes: it needs match.reference")
+    if per == "pool" and confirm:
+        raise ValueError(
+            f"study {study}: match.confirm picks each seed's own probe; with match.per 'pool' every seed runs at its "
+            "arm's one lr (declare one or the other)"
+        )
     return Match(
         divergence=str(raw.get("divergence", Match.divergence)),
         tolerance=tolerance,
@@ -428,6 +441,7 @@ def _match(raw: dict | None, study: str) -> Match | None:
         probe_steps=steps,
         bracket=tuple(float(x) for x in bracket),
         confirm=tuple(float(x) for x in confirm),
+        per=str(per),
     )
 
 

@@ -28,6 +28,18 @@ confirm probes alone, all within the confirm multipliers of the line's lr: a bra
 near the reference's KL far from that lr (an lr the trend says is 3x too high, its first steps low by chance) would
 trade a mismatch of the early KL for one of the lr, which acts on every later step.
 
+Where the study declares `match.per: pool`, no seed gets its own lr: the first look's seeds probe the bracket (later
+looks probe nothing), and each arm runs every seed at one lr per level (`pooled_lrs`), where the mean over those
+seeds of its log KL ratio to the reference's probe on the same seed, a line between the two bracket multipliers it
+crosses 0 between, reaches 0. Picking each seed's lr by its own noisy probes matches the probes, not the runs: a
+probe chosen because its KL landed near the reference's is low by chance as often as its lr is right, and the run
+goes on at that lr (the placebos of every study matched per start ran at 0.83-1.22x the reference's lr, pulled
+toward their declared lr, and their differences moved by 7-40 pp per doubling of it). One lr per arm, solved from the
+mean over seeds, carries no seed's noise into its runs, and the runs' own early KL, chosen by nothing, reads the
+realised ratio. The line is drawn between neighbouring multipliers, not through all of them: an arm's early KL
+flattens at high lr, and a line through a wide bracket placed the placebo (the reference itself) at 1.13-1.25x
+its own lr in the two dense studies.
+
 The chosen lrs are written to <runs>/<study>/match/lrs.csv (`LRS_COLUMNS`: seed, member, arm, level, the declared and
 chosen lr, the probes' multipliers and KLs, the slope and where it came from, the status). A seed's row, once
 written, is kept: its run is launched at that lr, and a later look (whose pooled slopes may differ) never moves it,
@@ -49,6 +61,7 @@ MAX_PROBE_SHARE = 0.15  # a probe runs at most this share of its run's steps
 EXTRAPOLATION = 1.25  # a solved lr may lie up to this factor beyond the bracket's ends; further, it is clamped there
 MATCHED = ("interpolated", "extrapolated")  # statuses whose lr is the solution itself
 CONFIRMED = ("confirmed", "nearest")  # statuses whose lr is that of the seed's probe nearest the reference's KL
+POOLED = ("pooled", "pooled_extrapolated")  # one lr per arm and level (`match.per: pool`), inside or beyond the bracket
 LRS_COLUMNS = [
     "seed",
     "member",
@@ -337,6 +350,79 @@ def nearest_lrs(solved: pd.DataFrame, probes: pd.DataFrame, confirm: int, tolera
     return out
 
 
+def pooled_lrs(
+    probes: pd.DataFrame,
+    reference: str,
+    declared: dict[tuple[str, str], float],
+    probed: dict[tuple[str, str], list[int]],
+    seeds: dict[tuple[str, str], list[int]],
+    pool: int,
+    extrapolation: float = EXTRAPOLATION,
+) -> pd.DataFrame:
+    """One lr per matched cell of `declared` (its declared lr) for every seed of `seeds[cell]`, from the bracket
+    probes (columns seed, arm, level, multiplier, lr, kl) of the seeds `probed[cell]` names: per multiplier, the mean
+    over those seeds of log(KL) minus the log KL of the reference's probe on the same seed; the lr where the line
+    between the two neighbouring multipliers whose means bracket 0 crosses it (the lowest such pair), status
+    `pooled`; where every mean lies on one side, the nearest end pair's line, status `pooled_extrapolated` (up to
+    `extrapolation` beyond the bracket's end, `clamped` there beyond it). Rows `LRS_COLUMNS`; `slope` is that line's
+    slope, `kl_reference` and the probe columns the seed's own where it was probed. Until every probed seed has the
+    reference's probe and every multiplier's (a finite, positive KL), the cell's rows keep no lr (status
+    `probes missing`), so a later call solves it on the same seeds."""
+    probes = probes.astype({"seed": int, "multiplier": float, "lr": float, "kl": float})
+    ok = probes[np.isfinite(probes["kl"]) & (probes["kl"] > 0)]
+    refs = ok[ok["arm"] == reference].groupby(["level", "seed"])["kl"].apply(lambda v: float(np.log(v).mean()))
+    rows = []
+    for (arm, level), lr_declared in declared.items():
+        if arm == reference:
+            continue
+        cell = ok[(ok["arm"] == arm) & (ok["level"] == level)]
+        table = cell.pivot_table(index="seed", columns="multiplier", values="kl", aggfunc="first")
+        mults = sorted(cell["multiplier"].unique())
+        want = probed.get((arm, level), [])
+        ready = (
+            bool(want)
+            and len(mults) >= 2
+            and all((level, s) in refs.index and s in table.index and table.loc[s].notna().all() for s in want)
+        )
+        lr, mult, slope, status = math.nan, math.nan, math.nan, "probes missing"
+        if ready:
+            ref = np.array([refs[(level, s)] for s in want])
+            means = np.array([float(np.mean(np.log(table.loc[want, m].to_numpy(float)) - ref)) for m in mults])
+            x = np.log(np.array(mults))
+            cross = [i for i in range(len(x) - 1) if means[i] <= 0 <= means[i + 1]]
+            i = cross[0] if cross else (0 if means[0] > 0 else len(x) - 2)
+            slope = (means[i + 1] - means[i]) / (x[i + 1] - x[i])
+            if slope > 0:
+                mult = math.exp(x[i] - means[i] / slope)
+                lo, hi = mults[0] / extrapolation, mults[-1] * extrapolation
+                status = "pooled" if cross else "pooled_extrapolated"
+                if not lo <= mult <= hi:
+                    mult, status = min(max(mult, lo), hi), "clamped"
+                lr = float(lr_text(lr_declared * mult))
+            else:
+                status = "no slope"
+        for seed in seeds.get((arm, level), []):
+            own = table.loc[seed] if seed in table.index else None
+            rows.append(
+                {
+                    "seed": seed,
+                    "member": seed % pool,
+                    "arm": arm,
+                    "level": level,
+                    "lr_declared": lr_declared,
+                    "lr": lr,
+                    "multiplier": lr / lr_declared if np.isfinite(lr) else math.nan,
+                    "kl_reference": math.exp(refs[(level, seed)]) if (level, seed) in refs.index else math.nan,
+                    "probe_multipliers": "" if own is None else ";".join(f"{m:g}" for m in own.dropna().index),
+                    "probe_kls": "" if own is None else ";".join(f"{k:.6g}" for k in own.dropna()),
+                    "slope": slope if np.isfinite(lr) else math.nan,
+                    "slope_from": "pool" if np.isfinite(lr) else "",
+                    "status": status,
+                }
+            )
+    return pd.DataFrame(rows, columns=LRS_COLUMNS)
+
+
 def solved_lrs(study: Study, probes: pd.DataFrame) -> pd.DataFrame:
     """`solve_lrs` for `study`'s matched cells from its bracket probes alone (a confirm probe does not move the
     solution, so a resumed look asks for the confirm probes it launched before)."""
@@ -351,12 +437,45 @@ def matched_cells(study: Study) -> dict[tuple[str, str], float]:
     return {(a, lv): declared_lr(study, a, lv) for a, lv in study.cells() if a != study.match.reference}
 
 
-def study_lrs(study: Study, probes: pd.DataFrame, kept: pd.DataFrame | None = None) -> pd.DataFrame:
-    """`solve_lrs` for `study`'s matched cells (then `nearest_lrs` where it declares `match.confirm`), with each
-    (seed, arm, level) `kept` already holds (a matched lr, as written before) kept as it was; rows that could not be
-    matched are not kept, so a later call retries them."""
+def probe_starts(study: Study, starts: int) -> int:
+    """How many of a look's `starts` probe: all of them, or with `match.per: pool` those of the first look alone."""
+    assert study.match is not None
+    return min(starts, study.design.looks[0]) if study.match.per == "pool" else starts
+
+
+def study_pooled_lrs(study: Study, probes: pd.DataFrame, starts: int, kept: pd.DataFrame | None) -> pd.DataFrame:
+    """`pooled_lrs` for `study`'s matched cells over the seeds of its first `starts` members, solved on the first
+    look's seeds; a cell `kept` already holds an lr for (as written before) gives its later seeds that lr."""
     assert study.match is not None and study.match.reference is not None
-    new = solved_lrs(study, probes)
+    cells = matched_cells(study)
+    first = study.design.looks[0]
+    probed = {c: study.seeds(min(starts, first), c) for c in cells}
+    bracket = probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
+    new = pooled_lrs(
+        bracket, study.match.reference, cells, probed, {c: study.seeds(starts, c) for c in cells}, study.member_pool
+    )
+    if kept is None or kept.empty:
+        return new
+    for (arm, level), rows in kept[kept["lr"].notna()].groupby(["arm", "level"]):
+        old = rows.iloc[0]
+        later = (new["arm"] == arm) & (new["level"] == level)
+        for col in ("lr", "multiplier", "slope", "slope_from", "status"):
+            new.loc[later, col] = old[col]
+    return new
+
+
+def study_lrs(
+    study: Study, probes: pd.DataFrame, kept: pd.DataFrame | None = None, starts: int | None = None
+) -> pd.DataFrame:
+    """`solve_lrs` for `study`'s matched cells (then `nearest_lrs` where it declares `match.confirm`; with
+    `match.per: pool`, `study_pooled_lrs` over the first `starts` members), with each (seed, arm, level) `kept`
+    already holds (a matched lr, as written before) kept as it was; rows that could not be matched are not kept, so
+    a later call retries them."""
+    assert study.match is not None and study.match.reference is not None
+    if study.match.per == "pool":
+        new = study_pooled_lrs(study, probes, study.design.looks[-1] if starts is None else starts, kept)
+    else:
+        new = solved_lrs(study, probes)
     if study.match.confirm:
         new = nearest_lrs(new, probes, len(study.match.confirm), study.match.tolerance)
     if kept is None or kept.empty:
@@ -403,7 +522,7 @@ def placebo_lr(study: Study, runs: pd.DataFrame, lrs: pd.DataFrame) -> dict[str,
     the reference's early KL like any arm, so per start it runs at its own multiple of the reference's lr; over the
     starts with both runs admitted, its outcome difference (placebo - reference, `study.outcome`) regressed on log2
     of that multiple: `n` starts, `ratio` the median multiple, `slope` the change per doubling with its 95% t
-    interval (`lo`, `hi`). A slope below 0: at equal early KL a higher lr still ends lower, so any matched arm that
+    interval (`lo`, `hi`; NaN where every start ran at one lr). A slope below 0: at equal early KL a higher lr still ends lower, so any matched arm that
     ran at another lr than its model's carries that too. None where the study has no placebo matched per start or
     fewer than 3 such starts."""
     m = study.match
@@ -424,6 +543,9 @@ def placebo_lr(study: Study, runs: pd.DataFrame, lrs: pd.DataFrame) -> dict[str,
         return None
     x = np.log2(chosen.loc[diff.index].to_numpy(float) / ref_lr)
     y = diff.to_numpy(float)
+    if np.ptp(x) == 0:  # one lr for every start (`match.per: pool`): nothing to regress on
+        nan = math.nan
+        return {"n": float(len(y)), "ratio": float(np.exp2(x[0])), "slope": nan, "lo": nan, "hi": nan}
     from scipy import stats
 
     fit = stats.linregress(x, y)

@@ -136,6 +136,13 @@ def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -
     if read is None:
         return []
     what = UNITS.get(study.outcome, "(x 100)")
+    if not np.isfinite(read["slope"]):
+        return [
+            f"The placebo's lr: brought to the reference's early KL over the pool, the placebo ran every one of its "
+            f"{read['n']:.0f} starts at {read['ratio']:.3f}x the reference's lr (`match.per: pool`; 1: the matching "
+            "put the reference back at its own lr).",
+            "",
+        ]
     return [
         f"The placebo's lr: brought to the reference's early KL, the placebo ran at a median {read['ratio']:.2f}x the "
         f"reference's lr over {read['n']:.0f} starts, and its difference from the reference moves by "
@@ -201,9 +208,17 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
     match = study.match
     lrs = read_lrs(out / "match" / "lrs.csv") if match is not None and match.probes else None
     matched = (
-        f"Arms are matched per start on `{match.divergence}`: a matched contrast whose ratio lies outside "
+        f"Arms are matched {'over the pool' if match.per == 'pool' else 'per start'} on `{match.divergence}`: a matched contrast whose ratio lies outside "
         f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
         + (f"; the placebo `{match.placebo}` must read inside its margin." if match.placebo else ".")
+        + (
+            f" Each arm runs every start at one lr per level, where the mean over the first look's "
+            f"{study.design.looks[0]} starts of its probes' log KL ratio to the reference's crosses 0 (`match.per: "
+            "pool`, a line between neighbouring bracket multipliers): no start's lr follows its own noisy probe, and "
+            "the runs' early KL, chosen by nothing, reads the ratio."
+            if match.per == "pool"
+            else ""
+        )
         + (
             " Each run goes at the lr of its seed's probe nearest the reference's KL among those at "
             f"{', '.join(f'x{c:g}' for c in match.confirm)} of the lr its bracket solved (`match.confirm`): the run's "
