@@ -343,6 +343,42 @@ def test_a_pooled_study_probes_its_first_look_and_gives_later_seeds_that_lr(tmp_
         )
 
 
+def test_what_one_pool_lr_would_have_been_for_a_study_matched_per_start(tmp_path) -> None:
+    """`pooled_reading` from match/lrs.csv alone: the tiny study's placebo (declared at 1.3x the reference's 2e-3,
+    bracket [0.8, 1.25]) reads KL = its reference's x (m / 0.9)^2 on both seeds at the bracket's multipliers, and a
+    confirm probe at x1.0 that is no bracket point (left out): the pool crosses 0 at m = 0.9 exactly (a power law is a
+    line in log-log), 1.17x the reference's lr; its runs went at x0.95 and x1.05 of 1.3x, a geometric mean of
+    1.3 sqrt(0.95 x 1.05)."""
+    study = load_study(_write(tmp_path, _study_raw()))
+    ref_kl = {310: 0.01, 311: 0.02}
+    lrs = pd.DataFrame(
+        [
+            {
+                "seed": s,
+                "member": s,
+                "arm": "placebo",
+                "level": "hi",
+                "lr_declared": 2.6e-3,
+                "lr": 2.6e-3 * f,
+                "multiplier": f,
+                "kl_reference": ref_kl[s],
+                "probe_multipliers": "0.8;1;1.25",
+                "probe_kls": ";".join(
+                    f"{ref_kl[s] * (m / 0.9) ** 2 * (3 if m == 1 else 1):.12g}" for m in (0.8, 1, 1.25)
+                ),
+                "slope": 2.0,
+                "slope_from": "own",
+                "status": "confirmed",
+            }
+            for s, f in ((310, 0.95), (311, 1.05))
+        ]
+    )
+    read = matching.pooled_reading(study, lrs).set_index("arm").loc["placebo"]
+    assert read["n"] == 2 and read["status"] == "pooled"
+    assert read["pooled"] == pytest.approx(0.9 * 1.3, rel=1e-6)
+    assert read["ran"] == pytest.approx(1.3 * math.sqrt(0.95 * 1.05), rel=1e-9)
+
+
 def test_the_nearest_probe_by_hand() -> None:
     """Seed 1 solved at 1.2e-3 (the reference's KL 0.02) and confirmed at x0.9 and x1.1 of it: its probes read 0.01
     (1e-3), 0.04 (2e-3), 0.026 (1.08e-3) and 0.0205 (1.32e-3); of its confirm probes |log(KL / 0.02)| is least at

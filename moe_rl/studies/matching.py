@@ -517,6 +517,37 @@ def seed_lrs(lrs: pd.DataFrame, arm: str, level: str, seeds: list[int]) -> dict[
     return {s: chosen[s] for s in seeds if s in chosen}
 
 
+def pooled_reading(study: Study, lrs: pd.DataFrame) -> pd.DataFrame:
+    """What one lr per arm would have been for a study matched per start: `pooled_lrs` on the bracket probes its
+    match/lrs.csv lists (each seed's probes at the bracket's multipliers, its reference's KL), over every seed with all
+    of them. Per matched cell: `n` seeds, `pooled` the pool's lr and `ran` the geometric mean of the lrs its seeds
+    ran at, both as multiples of the reference's lr, and the pool's `status`."""
+    assert study.match is not None and study.match.reference is not None
+    ref, bracket = study.match.reference, study.match.bracket
+    rows = []
+    for r in lrs[lrs["lr"].notna()].itertuples():
+        rows.append((int(r.seed), ref, str(r.level), 1.0, math.nan, float(r.kl_reference)))
+        mults = [float(m) for m in str(r.probe_multipliers).split(";") if m]
+        kls = [float(k) for k in str(r.probe_kls).split(";") if k]
+        for m, kl in zip(mults, kls, strict=True):
+            b = next((b for b in bracket if math.isclose(m, b, rel_tol=1e-4)), None)
+            if b is not None:
+                rows.append((int(r.seed), str(r.arm), str(r.level), b, float(r.lr_declared) * b, kl))
+    probes = pd.DataFrame(rows, columns=["seed", "arm", "level", "multiplier", "lr", "kl"]).drop_duplicates()
+    out = []
+    for (arm, level), cell in lrs[lrs["lr"].notna()].groupby(["arm", "level"]):
+        have = probes[(probes["arm"] == arm) & (probes["level"] == level)].groupby("seed")["multiplier"].nunique()
+        seeds = sorted(int(s) for s in have[have == len(bracket)].index)
+        key = (str(arm), str(level))
+        solved = pooled_lrs(probes, ref, {key: float(cell["lr_declared"].iloc[0])}, {key: seeds}, {key: seeds[:1]}, 1)
+        ref_lr = declared_lr(study, ref, str(level))
+        lr = float(solved["lr"].iloc[0]) if len(solved) else math.nan
+        ran = float(np.exp(np.log(cell["lr"].astype(float)).mean()))
+        status = str(solved["status"].iloc[0]) if len(solved) else "no probes"
+        out.append((arm, level, len(seeds), lr / ref_lr, ran / ref_lr, status))
+    return pd.DataFrame(out, columns=["arm", "level", "n", "pooled", "ran", "status"])
+
+
 def placebo_lr(study: Study, runs: pd.DataFrame, lrs: pd.DataFrame) -> dict[str, float] | None:
     """What the placebo's matched lr did to its outcome. The placebo is the reference's model and method brought to
     the reference's early KL like any arm, so per start it runs at its own multiple of the reference's lr; over the

@@ -143,12 +143,23 @@ def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -
             "put the reference back at its own lr).",
             "",
         ]
+    from moe_rl.studies.matching import pooled_reading
+
+    assert lrs is not None
+    pooled = pooled_reading(study, lrs)
+    each = "; ".join(
+        f"{r.arm} {r.pooled:.2f}x ({r.status.replace('_', ' ')}, {r.n} starts; its runs {r.ran:.2f}x)"
+        for r in pooled.itertuples()
+    )
     return [
         f"The placebo's lr: brought to the reference's early KL, the placebo ran at a median {read['ratio']:.2f}x the "
         f"reference's lr over {read['n']:.0f} starts, and its difference from the reference moves by "
         f"{100 * read['slope']:+.1f} {what} [{100 * read['lo']:+.1f}, {100 * read['hi']:+.1f}] per doubling of that "
         "multiple (least squares over starts, 95% t interval; `matching.placebo_lr`). Below 0: at equal early KL a "
-        "higher lr still ends lower, so a matched arm run at another lr than its model's carries that as well.",
+        "higher lr still ends lower, so a matched arm run at another lr than its model's carries that as well. "
+        "Over the pool instead (one lr per arm where the mean over starts of its bracket probes' log KL ratio to the "
+        "reference's crosses 0, `matching.pooled_reading`), as multiples of the reference's lr, against the geometric "
+        f"mean its runs went at: {each}.",
         "",
     ]
 
