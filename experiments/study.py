@@ -69,24 +69,30 @@ def cell_command(study: Study, arm: str, level: str, starts: int, runs: Path, jo
     return train_command(study.run_overrides(arm, level), study.name, out, study.seeds(starts, (arm, level)), jobs)
 
 
+def at_lr_command(
+    study: Study, arm: str, level: str, lr: float, seeds: list[int], out: Path, jobs: int | None, probe: bool
+) -> list[str]:
+    """A multirun of a cell at `lr` over `seeds` into `out`: its full runs, or (`probe`) their first
+    `match.probe_steps` steps under the study's probe experiment."""
+    assert study.match is not None
+    over = matching.with_override(study.run_overrides(arm, level), "optim.lr", matching.lr_text(lr))
+    if probe:
+        over = matching.with_override(over, "steps", study.match.probe_steps)
+    return train_command(over, f"{study.name}_probe" if probe else study.name, out, seeds, jobs)
+
+
 def probe_command(
     study: Study, arm: str, level: str, multiplier: float, seeds: list[int], runs: Path, jobs: int
 ) -> list[str]:
-    """The multirun of one cell's probes at one multiplier of its declared lr: its runs' first `match.probe_steps`
-    steps, under <runs>/NAME/probes/ (`matching.probe_folder`)."""
-    assert study.match is not None
-    over = matching.with_override(
-        study.run_overrides(arm, level), "optim.lr", matching.lr_text(matching.probe_lr(study, arm, level, multiplier))
-    )
-    over = matching.with_override(over, "steps", study.match.probe_steps)
+    """The multirun of one cell's probes at one multiplier of its declared lr, under <runs>/NAME/probes/
+    (`matching.probe_folder`)."""
     out = runs / study.name / "probes" / matching.probe_folder(arm, level, multiplier)
-    return train_command(over, f"{study.name}_probe", out, seeds, jobs)
+    return at_lr_command(study, arm, level, matching.probe_lr(study, arm, level, multiplier), seeds, out, jobs, True)
 
 
 def matched_command(study: Study, arm: str, level: str, seed: int, lr: float, runs: Path) -> list[str]:
     """One run of a matched cell at its seed's own lr, into the cell's folder (named as the multirun names it)."""
-    over = matching.with_override(study.run_overrides(arm, level), "optim.lr", matching.lr_text(lr))
-    return train_command(over, study.name, runs / study.name / "runs" / f"{arm}@{level}", [seed], None)
+    return at_lr_command(study, arm, level, lr, [seed], runs / study.name / "runs" / f"{arm}@{level}", None, False)
 
 
 def run_steps(study: Study) -> dict[tuple[str, str], int]:
@@ -184,11 +190,8 @@ def confirm_command(
 ) -> list[str]:
     """One confirm probe: the seed's run at `lr` (a multiplier of its solved lr) for `match.probe_steps` steps, under
     <runs>/NAME/probes/ (`matching.confirm_folder`)."""
-    assert study.match is not None
-    over = matching.with_override(study.run_overrides(arm, level), "optim.lr", matching.lr_text(lr))
-    over = matching.with_override(over, "steps", study.match.probe_steps)
     out = runs / study.name / "probes" / matching.confirm_folder(arm, level, multiplier)
-    return train_command(over, f"{study.name}_probe", out, [seed], None)
+    return at_lr_command(study, arm, level, lr, [seed], out, None, True)
 
 
 def run_confirm_probes(study: Study, starts: int, runs: Path, jobs: int, dry_run: bool) -> list[str]:

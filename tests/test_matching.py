@@ -537,7 +537,9 @@ def test_the_probe_plan_and_its_cost() -> None:
         "b=2",
         "optim.lr=4",
     ]
-    assert matching.parse_probe_folder(matching.probe_folder("r2", "hi", 1.25)) == ("r2", "hi", 1.25)
+    assert matching.parse_folder(matching.probe_folder("r2", "hi", 1.25)) == ("r2", "hi", 1.25, False)
+    assert matching.parse_folder(matching.confirm_folder("r2", "hi", 0.95)) == ("r2", "hi", 0.95, True)
+    assert matching.parse_folder("r2@hi") is None
 
 
 def test_the_dry_run_lists_the_probes_and_leaves_the_lrs_to_them(tmp_path) -> None:

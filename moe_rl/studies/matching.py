@@ -124,15 +124,11 @@ def confirm_folder(arm: str, level: str, multiplier: float) -> str:
     return f"{arm}@{level}@c{multiplier:g}"
 
 
-def parse_probe_folder(name: str) -> tuple[str, str, float] | None:
-    """(arm, level, multiplier) of a bracket probe's folder; None for any other name (a confirm folder included)."""
+def parse_folder(name: str) -> tuple[str, str, float, bool] | None:
+    """(arm, level, multiplier, confirm) of a probe folder: a bracket probe's (`probe_folder`, confirm False) or a
+    confirm probe's (`confirm_folder`, True); None for any other name."""
     m = _FOLDER.fullmatch(name)
-    return None if m is None or m["kind"] != "x" else (m["arm"], m["level"], float(m["mult"]))
-
-
-def parse_confirm_folder(name: str) -> tuple[str, str, float] | None:
-    m = _FOLDER.fullmatch(name)
-    return None if m is None or m["kind"] != "c" else (m["arm"], m["level"], float(m["mult"]))
+    return None if m is None else (m["arm"], m["level"], float(m["mult"]), m["kind"] == "c")
 
 
 def with_override(overrides: list[str], key: str, value: object) -> list[str]:
@@ -181,11 +177,10 @@ def read_probes(folder: Path, study: Study) -> pd.DataFrame:
     columns = ["seed", "member", "arm", "level", "multiplier", "lr", "kl", "status", "wall_s", "run_dir", "confirm"]
     frames = []
     for cell in sorted(p for p in Path(folder).glob("*@*@*") if p.is_dir()):
-        confirm = parse_confirm_folder(cell.name)
-        parsed = parse_probe_folder(cell.name) or confirm
+        parsed = parse_folder(cell.name)
         if parsed is None or not any(cell.rglob("metrics.parquet")):
             continue
-        arm, level, mult = parsed
+        arm, level, mult, confirm = parsed
         df = load_results(cell, keys=[KL_UPDATE_K3, KL_UPDATE_K3_ACTING])
         if df.empty:
             continue
@@ -193,7 +188,7 @@ def read_probes(folder: Path, study: Study) -> pd.DataFrame:
         table = table[~table["status"].isin(INCOMPLETE_STATUSES)]
         kl = acting_kl_per_run(df) if (df["key"] == KL_UPDATE_K3).any() else pd.Series(dtype=float)
         known = arm in study.arms and level in study.levels
-        if confirm is None:
+        if not confirm:
             lr: object = probe_lr(study, arm, level, mult) if known else np.nan
             mults: object = mult
         else:  # each seed at its own lr: as its run launched it
@@ -211,7 +206,7 @@ def read_probes(folder: Path, study: Study) -> pd.DataFrame:
                     "status": table["status"].to_numpy(),
                     "wall_s": [run_wall_s(Path(str(r))) for r in table["run_dir"]],
                     "run_dir": table["run_dir"].to_numpy(),
-                    "confirm": confirm is not None,
+                    "confirm": confirm,
                 }
             )
         )
