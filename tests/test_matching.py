@@ -257,8 +257,8 @@ def test_one_lr_per_arm_over_the_pool_by_hand() -> None:
         (s, "arm", m, 1e-3 * m, ref[s] * math.exp(v)) for s in d for m, v in zip((0.5, 1.0, 2.0), d[s], strict=True)
     ]
     rows += [(s, "ref", 1.0, 5e-4, ref[s]) for s in ref]
-    cell = ("arm", "hi")
-    lrs = matching.pooled_lrs(_probes(rows), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2, 3]}, pool=1000)
+    cell, B = ("arm", "hi"), (0.5, 1.0, 2.0)
+    lrs = matching.pooled_lrs(_probes(rows), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2, 3]}, pool=1000)
     lrs = lrs.set_index("seed")
     assert list(lrs.index) == [1, 2, 3] and (lrs["status"] == "pooled").all()
     assert np.allclose(lrs["multiplier"], 2**0.25, rtol=1e-5) and lrs["lr"].nunique() == 1
@@ -267,17 +267,44 @@ def test_one_lr_per_arm_over_the_pool_by_hand() -> None:
     assert lrs.loc[3, "probe_kls"] == "" and math.isnan(lrs.loc[3, "kl_reference"])
     # every mean above 0: the lowest pair's line, beyond the bracket (0.5 / 1.25 at most), else clamped there
     high = [(s, a, m, lr, kl * math.exp(0.55 if a == "arm" else 0.0)) for s, a, m, lr, kl in rows]
-    ext = matching.pooled_lrs(_probes(high), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000).iloc[0]
+    ext = matching.pooled_lrs(_probes(high), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000).iloc[0]
     # means +0.05, +0.45: slope 0.4 / ln 2, x = 0.5 exp(-0.05 ln 2 / 0.4) = 0.5 * 2^-0.125
     assert ext["status"] == "pooled_extrapolated" and ext["multiplier"] == pytest.approx(0.5 * 2**-0.125, rel=1e-5)
     higher = [(s, a, m, lr, kl * math.exp(0.8 if a == "arm" else 0.0)) for s, a, m, lr, kl in rows]
-    clamped = matching.pooled_lrs(_probes(higher), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000)
+    clamped = matching.pooled_lrs(_probes(higher), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000)
     assert clamped["status"].tolist() == ["clamped"] and clamped["multiplier"].iloc[0] == pytest.approx(0.4)
     # a probed seed without its x2 probe: nothing is solved until it has one
     missing = matching.pooled_lrs(
-        _probes(rows[:-3] + rows[-2:]), "ref", {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2]}, 1000
+        _probes(rows[:-3] + rows[-2:]), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1, 2]}, 1000
     )
     assert (missing["status"] == "probes missing").all() and missing["lr"].isna().all()
+    # every mean below 0 (-0.85, -0.45, -0.05): the highest pair's line, x = 2 * 2^(0.05 / 0.4), beyond the bracket
+    low = [(s, a, m, lr, kl * math.exp(-0.35 if a == "arm" else 0.0)) for s, a, m, lr, kl in rows]
+    up = matching.pooled_lrs(_probes(low), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000).iloc[0]
+    assert up["status"] == "pooled_extrapolated" and up["multiplier"] == pytest.approx(2 * 2**0.125, rel=1e-5)
+    # a finished probe without a KL leaves its seed out; with one seed left there is no pool
+    nan_kl = [(s, a, m, lr, math.nan if (s, a, m) == (2, "arm", 2.0) else kl) for s, a, m, lr, kl in rows]
+    alone = matching.pooled_lrs(_probes(nan_kl), "ref", B, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, pool=1000)
+    assert alone["status"].tolist() == ["no probe KL"]
+    third = [(3, a, m, lr, kl) for s, a, m, lr, kl in rows if s == 2]  # seed 3 reads what seed 2 read
+    kept = matching.pooled_lrs(_probes(nan_kl + third), "ref", B, {cell: 1e-3}, {cell: [1, 2, 3]}, {cell: [1]}, 1000)
+    assert kept["status"].tolist() == ["pooled"] and kept["multiplier"].iloc[0] == pytest.approx(2**0.25, rel=1e-5)
+
+
+def test_the_pool_lr_follows_the_pair_of_multipliers_around_its_crossing() -> None:
+    """Means -0.5, -0.1, +0.1, +0.15 at x0.5, x1, x2, x4 (the early KL flattening at high lr): the line between x1
+    and x2 crosses 0 at 2^0.5; a least-squares line through all four (slope 0.31, -0.195 at ln 1) crosses at 1.88x,
+    past the flattening: the overshoot of a line through a wide bracket."""
+    d = (-0.5, -0.1, 0.1, 0.15)
+    mults = (0.5, 1.0, 2.0, 4.0)
+    rows = [(s, "arm", m, 1e-3 * m, 0.01 * s * math.exp(v)) for s in (1, 2) for m, v in zip(mults, d, strict=True)]
+    rows += [(s, "ref", 1.0, 1e-3, 0.01 * s) for s in (1, 2)]
+    cell = ("arm", "hi")
+    got = matching.pooled_lrs(_probes(rows), "ref", mults, {cell: 1e-3}, {cell: [1, 2]}, {cell: [1]}, 1000).iloc[0]
+    assert got["status"] == "pooled" and got["multiplier"] == pytest.approx(2**0.5, rel=1e-5)
+    x = np.log(mults)
+    fit = np.polyfit(x, d, 1)
+    assert math.exp(-fit[1] / fit[0]) > 1.5 > 2**0.5
 
 
 def test_the_pool_lr_puts_a_placebo_back_at_its_reference_s_lr_where_each_start_s_own_probe_does_not() -> None:
@@ -295,7 +322,7 @@ def test_the_pool_lr_puts_a_placebo_back_at_its_reference_s_lr_where_each_start_
     rows += [(s, "placebo", m, m, math.exp(c[s] + math.log(m) + rng.normal(0, 0.3))) for s in range(n) for m in BRACKET]
     cell = ("placebo", "hi")
     probes = _probes(rows)
-    pooled = matching.pooled_lrs(probes, "ref", {cell: 1.0}, {cell: list(range(n))}, {cell: list(range(n))}, n)
+    pooled = matching.pooled_lrs(probes, "ref", BRACKET, {cell: 1.0}, {cell: list(range(n))}, {cell: list(range(n))}, n)
     assert pooled["lr"].nunique() == 1 and abs(math.log(pooled["lr"].iloc[0])) < 4 * 0.3 * math.sqrt(2 / n)
     solved = matching.solve_lrs(probes, "ref", BRACKET, {cell: 1.0}, n)
     confirm = matching.confirm_probes(solved, (0.95, 1.0, 1.05))
@@ -312,7 +339,7 @@ def test_the_pool_lr_puts_a_placebo_back_at_its_reference_s_lr_where_each_start_
 
 def test_a_pooled_study_probes_its_first_look_and_gives_later_seeds_that_lr(tmp_path) -> None:
     """`match.per: pool` in a declaration with looks [3, 4]: the first look's 3 members probe, a look of 4 probes the
-    same 3; both arms' lrs are solved on them, written, and member 312 (look 2) gets its arm's written lr, even where
+    same 3; both arms' lrs are solved on them, written, and member 313 (look 2) gets its arm's written lr, even where
     new probes (here the reference's KL x1.2) would now solve another."""
     raw = _study_raw(design={"mde": 0.05, "looks": [3, 4], "sized_from": "a test"})
     raw["match"] = {**raw["match"], "per": "pool"}

@@ -348,48 +348,62 @@ def nearest_lrs(solved: pd.DataFrame, probes: pd.DataFrame, confirm: int, tolera
 def pooled_lrs(
     probes: pd.DataFrame,
     reference: str,
+    bracket: tuple[float, ...],
     declared: dict[tuple[str, str], float],
     probed: dict[tuple[str, str], list[int]],
     seeds: dict[tuple[str, str], list[int]],
     pool: int,
     extrapolation: float = EXTRAPOLATION,
 ) -> pd.DataFrame:
-    """One lr per matched cell of `declared` (its declared lr) for every seed of `seeds[cell]`, from the bracket
-    probes (columns seed, arm, level, multiplier, lr, kl) of the seeds `probed[cell]` names: per multiplier, the mean
-    over those seeds of log(KL) minus the log KL of the reference's probe on the same seed; the lr where the line
-    between the two neighbouring multipliers whose means bracket 0 crosses it (the lowest such pair), status
-    `pooled`; where every mean lies on one side, the nearest end pair's line, status `pooled_extrapolated` (up to
-    `extrapolation` beyond the bracket's end, `clamped` there beyond it). Rows `LRS_COLUMNS`; `slope` is that line's
-    slope, `kl_reference` and the probe columns the seed's own where it was probed. Until every probed seed has the
-    reference's probe and every multiplier's (a finite, positive KL), the cell's rows keep no lr (status
-    `probes missing`), so a later call solves it on the same seeds."""
+    """One lr per matched cell of `declared` (its declared lr) for every seed of `seeds[cell]`, from the probes
+    (columns seed, arm, level, multiplier, lr, kl) at the `bracket`'s multipliers of the seeds `probed[cell]` names:
+    per multiplier, the mean over those seeds of log(KL) minus the log KL of the reference's probe on the same seed;
+    the lr where the line between the two neighbouring multipliers whose means bracket 0 crosses it (the lowest such
+    pair), status `pooled`; where every mean lies on one side, the nearest end pair's line, status
+    `pooled_extrapolated` (up to `extrapolation` beyond the bracket's end, `clamped` there beyond it). Rows
+    `LRS_COLUMNS`; `slope` is that line's slope, `kl_reference` and the probe columns the seed's own where it was
+    probed. Until every probed seed has a finished probe of the reference and at every multiplier, the cell's rows
+    keep no lr (status `probes missing`), so a later call solves it on the same seeds; a seed whose finished probes
+    read no finite, positive KL is left out of the means (fewer than 2 seeds left: `no probe KL`)."""
     probes = probes.astype({"seed": int, "multiplier": float, "lr": float, "kl": float})
-    ok = probes[np.isfinite(probes["kl"]) & (probes["kl"] > 0)]
+    probes = probes.assign(
+        multiplier=[next((b for b in bracket if math.isclose(m, b)), m) for m in probes["multiplier"]]
+    )
+    good = np.isfinite(probes["kl"]) & (probes["kl"] > 0)
+    ok = probes[good]
     refs = ok[ok["arm"] == reference].groupby(["level", "seed"])["kl"].apply(lambda v: float(np.log(v).mean()))
     rows = []
     for (arm, level), lr_declared in declared.items():
         if arm == reference:
             continue
-        cell = ok[(ok["arm"] == arm) & (ok["level"] == level)]
-        table = cell.pivot_table(index="seed", columns="multiplier", values="kl", aggfunc="first")
-        mults = sorted(cell["multiplier"].unique())
-        want = probed.get((arm, level), [])
-        ready = (
-            bool(want)
-            and len(mults) >= 2
-            and all((level, s) in refs.index and s in table.index and table.loc[s].notna().all() for s in want)
+        names = ((probes["arm"] == arm) & (probes["level"] == level)) | (
+            (probes["arm"] == reference) & (probes["level"] == level) & (probes["multiplier"] == 1.0)
         )
-        lr, mult, slope, status = math.nan, math.nan, math.nan, "probes missing"
-        if ready:
-            ref = np.array([refs[(level, s)] for s in want])
-            means = np.array([float(np.mean(np.log(table.loc[want, m].to_numpy(float)) - ref)) for m in mults])
-            x = np.log(np.array(mults))
+        ran = probes[names & probes["multiplier"].isin([*bracket, 1.0])]
+        table = ok[(ok["arm"] == arm) & (ok["level"] == level)].pivot_table(
+            index="seed", columns="multiplier", values="kl", aggfunc="first"
+        )
+        table = table.reindex(columns=list(bracket))
+        want = probed.get((arm, level), [])
+        finished = {
+            s
+            for s in want
+            if (ran[(ran["seed"] == s) & (ran["arm"] == reference)].shape[0] > 0)
+            and set(ran[(ran["seed"] == s) & (ran["arm"] == arm)]["multiplier"]) >= set(bracket)
+        }
+        use = [s for s in want if (level, s) in refs.index and s in table.index and table.loc[s].notna().all()]
+        lr, mult, slope = math.nan, math.nan, math.nan
+        status = "probes missing" if not want or len(finished) < len(want) else "no probe KL"
+        if status == "no probe KL" and len(use) >= 2:
+            ref = np.array([refs[(level, s)] for s in use])
+            means = np.array([float(np.mean(np.log(table.loc[use, m].to_numpy(float)) - ref)) for m in bracket])
+            x = np.log(np.array(bracket))
             cross = [i for i in range(len(x) - 1) if means[i] <= 0 <= means[i + 1]]
             i = cross[0] if cross else (0 if means[0] > 0 else len(x) - 2)
             slope = (means[i + 1] - means[i]) / (x[i + 1] - x[i])
             if slope > 0:
                 mult = math.exp(x[i] - means[i] / slope)
-                lo, hi = mults[0] / extrapolation, mults[-1] * extrapolation
+                lo, hi = bracket[0] / extrapolation, bracket[-1] * extrapolation
                 status = "pooled" if cross else "pooled_extrapolated"
                 if not lo <= mult <= hi:
                     mult, status = min(max(mult, lo), hi), "clamped"
@@ -447,11 +461,22 @@ def study_pooled_lrs(study: Study, probes: pd.DataFrame, starts: int, kept: pd.D
     probed = {c: study.seeds(min(starts, first), c) for c in cells}
     bracket = probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
     new = pooled_lrs(
-        bracket, study.match.reference, cells, probed, {c: study.seeds(starts, c) for c in cells}, study.member_pool
+        bracket,
+        study.match.reference,
+        study.match.bracket,
+        cells,
+        probed,
+        {c: study.seeds(starts, c) for c in cells},
+        study.member_pool,
     )
     if kept is None or kept.empty:
         return new
     for (arm, level), rows in kept[kept["lr"].notna()].groupby(["arm", "level"]):
+        if rows["lr"].nunique() != 1:
+            raise ValueError(
+                f"{study.name}: match/lrs.csv holds {rows['lr'].nunique()} lrs for {arm}@{level}, "
+                "where `match.per: pool` runs one (was it written per start?)"
+            )
         old = rows.iloc[0]
         later = (new["arm"] == arm) & (new["level"] == level)
         for col in ("lr", "multiplier", "slope", "slope_from", "status"):
@@ -529,12 +554,15 @@ def pooled_reading(study: Study, lrs: pd.DataFrame) -> pd.DataFrame:
             if b is not None:
                 rows.append((int(r.seed), str(r.arm), str(r.level), b, float(r.lr_declared) * b, kl))
     probes = pd.DataFrame(rows, columns=["seed", "arm", "level", "multiplier", "lr", "kl"]).drop_duplicates()
+    # a confirm probe that landed on a bracket multiplier makes that point ambiguous: leave it out
+    probes = probes.drop_duplicates(["seed", "arm", "level", "multiplier"], keep=False)
     out = []
     for (arm, level), cell in lrs[lrs["lr"].notna()].groupby(["arm", "level"]):
         have = probes[(probes["arm"] == arm) & (probes["level"] == level)].groupby("seed")["multiplier"].nunique()
         seeds = sorted(int(s) for s in have[have == len(bracket)].index)
         key = (str(arm), str(level))
-        solved = pooled_lrs(probes, ref, {key: float(cell["lr_declared"].iloc[0])}, {key: seeds}, {key: seeds[:1]}, 1)
+        declared = {key: float(cell["lr_declared"].iloc[0])}
+        solved = pooled_lrs(probes, ref, bracket, declared, {key: seeds}, {key: seeds[:1]}, 1)
         ref_lr = declared_lr(study, ref, str(level))
         lr = float(solved["lr"].iloc[0]) if len(solved) else math.nan
         ran = float(np.exp(np.log(cell["lr"].astype(float)).mean()))

@@ -136,11 +136,13 @@ def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -
     if read is None:
         return []
     what = UNITS.get(study.outcome, "(x 100)")
+    assert study.match is not None
     if not np.isfinite(read["slope"]):
+        how = " over the pool" if study.match.per == "pool" else ""
         return [
-            f"The placebo's lr: brought to the reference's early KL over the pool, the placebo ran every one of its "
-            f"{read['n']:.0f} starts at {read['ratio']:.3f}x the reference's lr (`match.per: pool`; 1: the matching "
-            "put the reference back at its own lr).",
+            f"The placebo's lr: brought to the reference's early KL{how}, the placebo ran every one of its "
+            f"{read['n']:.0f} starts at {read['ratio']:.3f}x the reference's lr"
+            + (" (`match.per: pool`; 1: the matching put the reference back at its own lr)." if how else "."),
             "",
         ]
     from moe_rl.studies.matching import pooled_reading
@@ -149,6 +151,8 @@ def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -
     pooled = pooled_reading(study, lrs)
     each = "; ".join(
         f"{r.arm} {r.pooled:.2f}x ({r.status.replace('_', ' ')}, {r.n} starts; its runs {r.ran:.2f}x)"
+        if np.isfinite(r.pooled)
+        else f"{r.arm} none ({r.status}; its runs {r.ran:.2f}x)"
         for r in pooled.itertuples()
     )
     return [
