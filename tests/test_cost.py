@@ -126,16 +126,16 @@ def test_ledger_by_hand(tree: tuple[Path, Path]) -> None:
     assert every["after_share"] == pytest.approx(12 / 36.5)
 
     assert (big.geometry, small.geometry) == ("", "")  # neither is matched per start
-    # per model, the studies matched per start: big alone on one model, small alone on another
+    # per model, the studies matched by probes: big alone on one model, small alone on another
     rows = cost.ledger_table([dataclasses.replace(big, geometry="m1"), dataclasses.replace(small, geometry="m2")])
     rows = rows.set_index("study")
-    assert rows.loc["matched per start: m1", "per_claim_min"] == pytest.approx(27.0)
-    assert rows.loc["matched per start: m2", "total_min"] == pytest.approx(9.5)
+    assert rows.loc["matched by probes: m1", "per_claim_min"] == pytest.approx(27.0)
+    assert rows.loc["matched by probes: m2", "total_min"] == pytest.approx(9.5)
     line = cost.headline(rows.reset_index(), timed=False)
     assert line.endswith(
-        "; matched per start on m1: 27.0 (27.0 CPU-min / 1); matched per start on m2: 9.5 (9.5 CPU-min / 1)"
+        "; matched by probes on m1: 27.0 (27.0 CPU-min / 1); matched by probes on m2: 9.5 (9.5 CPU-min / 1)"
     )
-    assert "matched per start" not in cost.headline(table.reset_index(), timed=False)
+    assert "matched by probes" not in cost.headline(table.reset_index(), timed=False)
 
     priced = cost.ledger_table([big, small], warmup_s=30.0).set_index("study")  # 11 warm-ups of half a minute
     assert priced.loc["big", "total_min"] == pytest.approx(31.0)

@@ -127,7 +127,7 @@ class StudyCost:
     after: frozenset[int] = frozenset()  # pool members of the looks read after its verdicts settled
     settled: str = ""  # how its verdicts settled, in words ("look 2 of 3, 3 read")
     note: str = ""  # why it has no verdicts ("": it has)
-    geometry: str = ""  # matched per start: the model its reference arm ran ("": not matched per start)
+    geometry: str = ""  # matched by probes: the model its reference arm ran ("": not matched per start)
 
     def members(self) -> set[int]:
         """The pool members its runs started from."""
@@ -215,7 +215,7 @@ def _row(
 def ledger_table(costs: Sequence[StudyCost], warmup_s: float | None = None) -> pd.DataFrame:
     """One row per study (`COLUMNS`; minutes are CPU-minutes, shares of the study's total), then `all`: every study
     together, a warm-up shared by two studies and a claim decided by two counted once, `deciding`: the studies
-    that decided at least one claim, and `matched per start: <model>`: per model, the studies matched per start
+    that decided at least one claim, and `matched by probes: <model>`: per model, the studies matched by probes (per start or over the pool)
     (probes, a placebo, futility stops: the verdict engine's design). `warmup_s`: the seconds one warm-up is priced
     at (None: not timed, NaN)."""
     rows = []
@@ -236,7 +236,7 @@ def ledger_table(costs: Sequence[StudyCost], warmup_s: float | None = None) -> p
             )
         )
     matched = [
-        (f"matched per start: {g}", [c for c in costs if c.geometry == g])
+        (f"matched by probes: {g}", [c for c in costs if c.geometry == g])
         for g in dict.fromkeys(c.geometry for c in costs if c.geometry)
     ]
     for name, chosen in (("all", costs), ("deciding", [c for c in costs if c.decided]), *matched):
@@ -288,7 +288,7 @@ def ledger_lines(table: pd.DataFrame, root: Path, timed: bool) -> list[str]:
             if timed
             else f"not timed ({r['warmups']}, {r['sft_steps']} SFT steps)"
         )
-        total = r["study"] in ("all", "deciding") or str(r["study"]).startswith("matched per start: ")
+        total = r["study"] in ("all", "deciding") or str(r["study"]).startswith("matched by probes: ")
         name = f"**{r['study']}**" if total else r["study"]
         lines.append(
             f"| {name} | {r['runs']} | {r['starts']} | {_min(r['total_min'])} | {r['per_run_min']:.2f} "
@@ -314,9 +314,9 @@ def headline(table: pd.DataFrame, timed: bool) -> str:
     every = table[table["study"] == "all"].iloc[0]
     deciding = table[table["study"] == "deciding"].iloc[0]
     what = "pilots, warm-ups and runs" if timed else "pilots and runs; warm-ups not timed"
-    matched = table[table["study"].astype(str).str.startswith("matched per start: ")]
+    matched = table[table["study"].astype(str).str.startswith("matched by probes: ")]
     per_model = "".join(
-        f"; matched per start on {str(r['study']).removeprefix('matched per start: ')}: {_min(r['per_claim_min'])} "
+        f"; matched by probes on {str(r['study']).removeprefix('matched by probes: ')}: {_min(r['per_claim_min'])} "
         f"({_min(r['total_min'])} CPU-min / {r['decided']})"
         for _, r in matched.iterrows()
     )
