@@ -115,7 +115,7 @@ class SweepProgress(Callback):
         folder = Path(config.hydra.sweep.dir) / ".sweep_progress"
         folder.mkdir(parents=True, exist_ok=True)
         for marker in folder.glob("job-*"):
-            marker.unlink()
+            marker.unlink(missing_ok=True)  # two runs of one cell launched at once clear the same markers
         (folder / "start.json").write_text(json.dumps({"n": sweep_size(config), "start": time.time()}))
         dirs = sweep_run_dirs(config)
         if dirs is not None:
