@@ -494,15 +494,21 @@ def test_the_one_rule_orders_untestable_reached_not_reproduced_inconclusive(kw: 
 
 
 @pytest.mark.parametrize(
-    ("stopped", "final", "stops"),
+    ("stopped", "final", "stops", "verdicts"),
     [
-        ([True, True], False, True),  # every contrast stopped (efficacy, exclusion or futility): stop early
-        ([True, False], False, False),  # a reference flat at look 1 may degrade later: that contrast goes on
-        ([False, False], True, True),  # the last look decides whatever it reads
+        ([True, True], False, True, None),  # every contrast stopped (efficacy, exclusion or futility): stop early
+        ([True, False], False, False, None),  # a reference flat at look 1 may degrade later: that contrast goes on
+        ([False, False], True, True, None),  # the last look decides whatever it reads
+        # stopped by its rule alone, but unmatched (no verdict): the next look reads it on more starts
+        ([True, True], False, False, [study_rule.UNMATCHED, study_rule.NEGLIGIBLE]),
+        ([True, True], True, True, [study_rule.UNMATCHED, study_rule.NEGLIGIBLE]),  # at the last look it stays so
     ],
 )
-def test_a_study_stops_early_only_where_every_contrast_stopped(stopped: list[bool], final: bool, stops: bool) -> None:
-    table = pd.DataFrame({"verdict": study_rule.INCONCLUSIVE, "reason": "", "final": final, "stopped": stopped})
+def test_a_study_stops_early_only_where_every_contrast_stopped(
+    stopped: list[bool], final: bool, stops: bool, verdicts: list[str] | None
+) -> None:
+    verdict = verdicts or study_rule.INCONCLUSIVE
+    table = pd.DataFrame({"verdict": verdict, "reason": "", "final": final, "stopped": stopped})
     result = study_rule.StudyResult(pd.DataFrame(), pd.DataFrame(), table, pd.DataFrame(), [], "")
     assert study_rule.decided(result) is stops
 

@@ -629,8 +629,12 @@ def secondary_contrasts(study: Study) -> dict[str, dict[tuple[str, str], float]]
 def decided(result: StudyResult) -> bool:
     """Whether every contrast has a verdict no further look can change: reached its boundary, or the last look read.
     A floor, a ceiling or a reference that does not degrade at an earlier look does not stop the study: more
-    starts can change the means they are read on."""
+    starts can change the means they are read on. Nor does an unmatched contrast (its realised ratio outside the
+    tolerance, or the placebo beyond its margin), whatever its rule alone reads: it has no verdict, and a later look
+    reads its ratio and the placebo on more starts (the futility boundary is non-binding, so going on keeps the
+    level)."""
     v = result.verdicts
     final = v["final"].astype(bool) if "final" in v else pd.Series(False, index=v.index)
     stopped = v["stopped"].astype(bool) if "stopped" in v else pd.Series(False, index=v.index)
+    stopped = stopped & (v["verdict"] != UNMATCHED)
     return bool((stopped | final).all())
