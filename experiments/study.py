@@ -8,8 +8,9 @@ One Hydra multirun of `experiments/train.py` per cell (arm@level) over the seeds
 not rerun), then decides each contrast at that look by the one rule (`moe_rl.studies.study_rule`) and writes the
 study's report into <runs>/NAME/. The looks run in order, stopping after the first at which every contrast has
 stopped (its efficacy boundary reached, the claimed effect excluded, or its futility boundary crossed: the remaining
-looks cannot move it), else at the last (a floor or a flat reference at an earlier look does not stop it: more starts
-can change the means it is read on); `--look K` runs look K alone.
+looks cannot move it), else at the last (a floor or a flat reference at an earlier look does not stop it, nor does an
+unmatched contrast: more starts can change the means, the ratio and the placebo it is read on); `--look K` runs look
+K alone.
 
 A study matched per start (`match.reference` in its declaration, `moe_rl.studies.matching`) first runs each look's
 probes: one multirun per cell and bracket multiplier over the look's seeds, `match.probe_steps` steps each, into
