@@ -172,3 +172,20 @@ def test_a_matched_study_s_probes_are_priced_as_pilots(tree: tuple[Path, Path], 
     _runs(copy / "big" / "probes", {"none@hi@x0.8": [0.0, 0.0]}, [300, 301], {"none@hi@x0.8": 12.0})
     big = ledger.study_cost(load_study(studies / "big.yaml"), copy)
     assert len(big.pilots) == 4 and cost.seconds(big.pilots) == pytest.approx(2 * 90.0 + 2 * 12.0)
+
+
+def test_an_earlier_look_is_re_read_with_the_study_s_matching_checks() -> None:
+    """The shipped `dense_pooled` (claim 7): at look 1 the placebo read -5.2 pp, past its 5-point margin, so the dense
+    contrast read unmatched (its rule alone a futility stop); at look 2 the placebo came inside and the contrast read
+    not reproduced. Re-read look by look, look 1 must say unmatched, so the study settled at look 2 and no run of it
+    counts as read after its verdict settled."""
+    from moe_rl.studies import study_rule
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    study = load_study(root.parent / "experiments" / "conf" / "study" / "dense_pooled.yaml")
+    by_look = ledger.verdicts_by_look(study, study_rule.analyse(study, root / "dense_pooled" / "runs"))
+    assert by_look == [
+        [study_rule.UNMATCHED, study_rule.NEGLIGIBLE],
+        [study_rule.NOT_REPRODUCED, study_rule.NEGLIGIBLE],
+    ]
+    assert cost.settled_look(by_look) == 2

@@ -50,7 +50,7 @@ def test_every_claim_is_decided_by_one_study_in_id_order() -> None:
         "staleness_erosion": [10, 11],
         "causal_matched": [14],
         "default_mechanism": [9, 15],
-        "dense_confirmed": [7],
+        "dense_pooled": [7],
         "length_edge": [12, 13],
     }
 

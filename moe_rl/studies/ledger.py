@@ -1,7 +1,8 @@
 """The cost ledger's study side (`python -m moe_rl.report --cost`): each declared study (experiments/conf/study/)
 with its records and its verdicts, re-decided at every look it read, for `moe_rl.analysis.cost` to price.
 
-A look j is re-decided by the one rule (`study_rule.decide`) on the admitted runs of the members of its blocks
+A look j is re-decided by the one rule (`study_rule.decide`, then the study's Holm and matching checks,
+`study_rule.correct`) on the admitted runs of the members of its blocks
 (members[:looks[j]]), with those members' complete set as the runs that were in: what the study would have said
 had it stopped there. The look from which every verdict equals its final one is where it settled
 (`cost.settled_look`); the runs of the looks read after it moved no verdict.
@@ -34,7 +35,8 @@ def verdicts_by_look(study: Study, result: study_rule.StudyResult) -> list[list[
     for j in range(reached - 1):
         block = set(study.members[: study.design.looks[j]])
         at = admitted[member.isin(block)]
-        out.append([str(study_rule.decide(study, at, c, ran & block)["verdict"]) for c in study.contrasts])
+        rows = pd.DataFrame([study_rule.decide(study, at, c, ran & block) for c in study.contrasts])
+        out.append([str(w) for w in study_rule.correct(study, rows)["verdict"]])  # Holm and matching, as the study
     return [*out, [str(v) for v in result.verdicts["verdict"]]]
 
 
