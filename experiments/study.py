@@ -131,7 +131,7 @@ def probe_cost(study: Study) -> str:
         f"{lv}: {k} probes per seed, {k * study.match.probe_steps / total[lv]:.0%} of its {total[lv]} run steps"
         for lv, k in per_seed.items()
     )
-    if study.match.per == "pool":
+    if study.match.pooled:
         each += f"; the first look's {study.design.looks[0]} starts alone probe (one lr per arm, `match.per: pool`)"
     return (
         f"probes of {study.match.probe_steps} steps, {min(shares):.0%}-{max(shares):.0%} of a run's steps each; {each}"
@@ -267,9 +267,7 @@ def run_matched_look(study: Study, starts: int, runs: Path, jobs: int, dry_run: 
                 print(f"{study.name}: a run of {arm}@{level} failed (its status.json says why); going on", flush=True)
             continue
         if lrs is None:
-            each = (
-                "one lr the first look's probes give" if study.match.per == "pool" else "the lr its seed's probes give"
-            )
+            each = "one lr the first look's probes give" if study.match.pooled else "the lr its seed's probes give"
             print(f"[{arm}@{level}] {len(seeds)} runs, each at {each} ({path})", flush=True)
             continue
         chosen = matching.seed_lrs(lrs, arm, level, seeds)
@@ -343,8 +341,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {err}")
     if study.match is not None and study.match.probes:
         try:
-            how = "over the pool" if study.match.per == "pool" else "per start"
-            print(f"{study.name}: matched {how} to {study.match.reference}: {probe_cost(study)}", flush=True)
+            print(
+                f"{study.name}: matched {study.match.scope} to {study.match.reference}: {probe_cost(study)}", flush=True
+            )
         except ValueError as err:
             sys.exit(f"error: study {study.name}: {err}")
     from moe_rl.studies.study_report import write_study_report

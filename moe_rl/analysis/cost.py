@@ -127,7 +127,7 @@ class StudyCost:
     after: frozenset[int] = frozenset()  # pool members of the looks read after its verdicts settled
     settled: str = ""  # how its verdicts settled, in words ("look 2 of 3, 3 read")
     note: str = ""  # why it has no verdicts ("": it has)
-    geometry: str = ""  # matched by probes: the model its reference arm ran ("": not matched per start)
+    geometry: str = ""  # matched by probes: the model its reference arm ran ("": not matched by probes)
 
     def members(self) -> set[int]:
         """The pool members its runs started from."""
@@ -215,9 +215,9 @@ def _row(
 def ledger_table(costs: Sequence[StudyCost], warmup_s: float | None = None) -> pd.DataFrame:
     """One row per study (`COLUMNS`; minutes are CPU-minutes, shares of the study's total), then `all`: every study
     together, a warm-up shared by two studies and a claim decided by two counted once, `deciding`: the studies
-    that decided at least one claim, and `matched by probes: <model>`: per model, the studies matched by probes (per start or over the pool)
-    (probes, a placebo, futility stops: the verdict engine's design). `warmup_s`: the seconds one warm-up is priced
-    at (None: not timed, NaN)."""
+    that decided at least one claim, and `matched by probes: <model>`: per model, the studies matched by probes (per
+    start or over the pool: probes, a placebo, futility stops, the verdict engine's design). `warmup_s`: the seconds
+    one warm-up is priced at (None: not timed, NaN)."""
     rows = []
     for c in costs:
         warm = warmups((*c.runs, *c.pilots))

@@ -145,6 +145,16 @@ class Match:
         """Whether the study matches per start by probes (`reference` set)."""
         return self.reference is not None
 
+    @property
+    def pooled(self) -> bool:
+        """Whether each arm runs every seed at one lr (`per: pool`)."""
+        return self.per == "pool"
+
+    @property
+    def scope(self) -> str:
+        """How the arms are matched, in words: "per start" or "over the pool"."""
+        return "over the pool" if self.pooled else "per start"
+
     def covers(self, contrast: str) -> bool:
         return contrast != self.placebo and (not self.contrasts or contrast in self.contrasts)
 
@@ -384,8 +394,8 @@ def _not_run(raw: list | None, arms: tuple[str, ...], study: str) -> dict[tuple[
 
 
 def _match(raw: dict | None, study: str) -> Match | None:
-    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket, confirm, per} (`Match`); None
-    where the study matches nothing per start."""
+    """`match`: {divergence, tolerance, placebo, contrasts, reference, probe_steps, bracket, confirm, per}
+    (`Match`); None where the study matches nothing per start."""
     if raw is None:
         return None
     known = ("divergence", "tolerance", "placebo", "contrasts", "reference", "probe_steps", "bracket", "confirm", "per")

@@ -376,21 +376,15 @@ def pooled_lrs(
     for (arm, level), lr_declared in declared.items():
         if arm == reference:
             continue
-        names = ((probes["arm"] == arm) & (probes["level"] == level)) | (
-            (probes["arm"] == reference) & (probes["level"] == level) & (probes["multiplier"] == 1.0)
-        )
-        ran = probes[names & probes["multiplier"].isin([*bracket, 1.0])]
+        at_level = probes[probes["level"] == level]
+        ran = at_level[at_level["arm"] == arm].groupby("seed")["multiplier"].agg(set)  # finished, with a KL or not
+        ref_ran = set(at_level.loc[at_level["arm"] == reference, "seed"])
         table = ok[(ok["arm"] == arm) & (ok["level"] == level)].pivot_table(
             index="seed", columns="multiplier", values="kl", aggfunc="first"
         )
         table = table.reindex(columns=list(bracket))
         want = probed.get((arm, level), [])
-        finished = {
-            s
-            for s in want
-            if (ran[(ran["seed"] == s) & (ran["arm"] == reference)].shape[0] > 0)
-            and set(ran[(ran["seed"] == s) & (ran["arm"] == arm)]["multiplier"]) >= set(bracket)
-        }
+        finished = {s for s in want if s in ref_ran and s in ran.index and ran[s] >= set(bracket)}
         use = [s for s in want if (level, s) in refs.index and s in table.index and table.loc[s].notna().all()]
         lr, mult, slope = math.nan, math.nan, math.nan
         status = "probes missing" if not want or len(finished) < len(want) else "no probe KL"
@@ -432,12 +426,18 @@ def pooled_lrs(
     return pd.DataFrame(rows, columns=LRS_COLUMNS)
 
 
+def bracket_probes(probes: pd.DataFrame) -> pd.DataFrame:
+    """The bracket's probes of `probes` (`read_probes`), the confirm probes left out."""
+    return probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
+
+
 def solved_lrs(study: Study, probes: pd.DataFrame) -> pd.DataFrame:
     """`solve_lrs` for `study`'s matched cells from its bracket probes alone (a confirm probe does not move the
     solution, so a resumed look asks for the confirm probes it launched before)."""
     assert study.match is not None and study.match.reference is not None
-    bracket = probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
-    return solve_lrs(bracket, study.match.reference, study.match.bracket, matched_cells(study), study.member_pool)
+    return solve_lrs(
+        bracket_probes(probes), study.match.reference, study.match.bracket, matched_cells(study), study.member_pool
+    )
 
 
 def matched_cells(study: Study) -> dict[tuple[str, str], float]:
@@ -449,7 +449,7 @@ def matched_cells(study: Study) -> dict[tuple[str, str], float]:
 def probe_starts(study: Study, starts: int) -> int:
     """How many of a look's `starts` probe: all of them, or with `match.per: pool` those of the first look alone."""
     assert study.match is not None
-    return min(starts, study.design.looks[0]) if study.match.per == "pool" else starts
+    return min(starts, study.design.looks[0]) if study.match.pooled else starts
 
 
 def study_pooled_lrs(study: Study, probes: pd.DataFrame, starts: int, kept: pd.DataFrame | None) -> pd.DataFrame:
@@ -459,9 +459,8 @@ def study_pooled_lrs(study: Study, probes: pd.DataFrame, starts: int, kept: pd.D
     cells = matched_cells(study)
     first = study.design.looks[0]
     probed = {c: study.seeds(min(starts, first), c) for c in cells}
-    bracket = probes[~probes["confirm"].astype(bool)] if "confirm" in probes else probes
     new = pooled_lrs(
-        bracket,
+        bracket_probes(probes),
         study.match.reference,
         study.match.bracket,
         cells,
@@ -492,7 +491,7 @@ def study_lrs(
     already holds (a matched lr, as written before) kept as it was; rows that could not be matched are not kept, so
     a later call retries them."""
     assert study.match is not None and study.match.reference is not None
-    if study.match.per == "pool":
+    if study.match.pooled:
         new = study_pooled_lrs(study, probes, study.design.looks[-1] if starts is None else starts, kept)
     else:
         new = solved_lrs(study, probes)
@@ -576,9 +575,9 @@ def placebo_lr(study: Study, runs: pd.DataFrame, lrs: pd.DataFrame) -> dict[str,
     the reference's early KL like any arm, so per start it runs at its own multiple of the reference's lr; over the
     starts with both runs admitted, its outcome difference (placebo - reference, `study.outcome`) regressed on log2
     of that multiple: `n` starts, `ratio` the median multiple, `slope` the change per doubling with its 95% t
-    interval (`lo`, `hi`; NaN where every start ran at one lr). A slope below 0: at equal early KL a higher lr still ends lower, so any matched arm that
-    ran at another lr than its model's carries that too. None where the study has no placebo matched per start or
-    fewer than 3 such starts."""
+    interval (`lo`, `hi`; NaN where every start ran at one lr). A slope below 0: at equal early KL a higher lr still
+    ends lower, so any matched arm that ran at another lr than its model's carries that too. None where the study
+    has no placebo matched per start or fewer than 3 such starts."""
     m = study.match
     if m is None or m.reference is None or m.placebo is None:
         return None

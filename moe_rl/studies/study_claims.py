@@ -28,8 +28,7 @@ def rule_text(study: Study, contrast: Contrast) -> str:
     )
     futility = " or crosses its futility boundary (beta spending at power, non-binding)" if d.futility else ""
     matched = (
-        f"; matched {'over the pool' if study.match.per == 'pool' else 'per start'} on `{study.match.divergence}` "
-        f"within [{1 / study.match.tolerance:.3f}, "
+        f"; matched {study.match.scope} on `{study.match.divergence}` within [{1 / study.match.tolerance:.3f}, "
         f"{study.match.tolerance:g}] (else unmatched)"
         if study.match and study.match.covers(contrast.name)
         else ""

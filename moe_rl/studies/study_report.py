@@ -138,7 +138,7 @@ def placebo_lr_md(study: Study, result: StudyResult, lrs: pd.DataFrame | None) -
     what = UNITS.get(study.outcome, "(x 100)")
     assert study.match is not None
     if not np.isfinite(read["slope"]):
-        how = " over the pool" if study.match.per == "pool" else ""
+        how = " over the pool" if study.match.pooled else ""
         return [
             f"The placebo's lr: brought to the reference's early KL{how}, the placebo ran every one of its "
             f"{read['n']:.0f} starts at {read['ratio']:.3f}x the reference's lr"
@@ -223,7 +223,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
     match = study.match
     lrs = read_lrs(out / "match" / "lrs.csv") if match is not None and match.probes else None
     matched = (
-        f"Arms are matched {'over the pool' if match.per == 'pool' else 'per start'} on `{match.divergence}`: a matched contrast whose ratio lies outside "
+        f"Arms are matched {match.scope} on `{match.divergence}`: a matched contrast whose ratio lies outside "
         f"[{1 / match.tolerance:.3f}, {match.tolerance:g}] reads **unmatched**"
         + (f"; the placebo `{match.placebo}` must read inside its margin." if match.placebo else ".")
         + (
@@ -231,7 +231,7 @@ def write_study_report(study: Study, result: StudyResult, out: Path) -> list[Pat
             f"{study.design.looks[0]} starts of its probes' log KL ratio to the reference's crosses 0 (`match.per: "
             "pool`, a line between neighbouring bracket multipliers): no start's lr follows its own noisy probe, and "
             "the runs' early KL, chosen by nothing, reads the ratio."
-            if match.per == "pool"
+            if match.pooled
             else ""
         )
         + (
